@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs everything NAAM-rs needs on a fresh Debian 12 (bookworm) machine.
+# Idempotent: every step checks first and skips what is already present.
+#
+#   - LLVM 22 development files (bookworm-security), which bpf-linker links against;
+#   - clang-22, used by tests that build C handlers with `clang -target bpf`;
+#   - bpf-linker 0.13 (built from crates.io against LLVM 22), the last step of the
+#     Rust-to-eBPF handler pipeline (see DESIGN.md section 3).
+set -euo pipefail
+
+log() { printf '[setup] %s\n' "$*"; }
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+APT_PACKAGES=(llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22 pkg-config)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  log "Debian packages present"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "[setup] error: cargo not found; install the Rust 1.95 toolchain first" >&2
+  exit 1
+fi
+
+BPF_LINKER_VERSION="0.13.0"
+if command -v bpf-linker >/dev/null 2>&1 && bpf-linker --version 2>/dev/null | grep -q "$BPF_LINKER_VERSION"; then
+  log "bpf-linker $BPF_LINKER_VERSION present"
+else
+  log "building bpf-linker $BPF_LINKER_VERSION against LLVM 22 (about 2 minutes)"
+  LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
+    cargo install "bpf-linker@$BPF_LINKER_VERSION" --locked --no-default-features --features llvm-22
+fi
+log "done"
