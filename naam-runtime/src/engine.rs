@@ -108,10 +108,73 @@ pub enum EngineError {
     },
 }
 
-/// rbpf JIT bound to bytecode the executable owns.
+/// Page-aligned memory for JIT output: writable while rbpf compiles, then read+execute only.
+struct ExecMemory {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl ExecMemory {
+    fn new(len: usize) -> Result<ExecMemory, String> {
+        let page = 4096;
+        let len = len.div_ceil(page) * page;
+        // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(format!("mmap of {len} bytes for JIT code failed"));
+        }
+        Ok(ExecMemory {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// The whole region as a mutable slice for rbpf to write code into.
+    ///
+    /// # Safety
+    /// The slice must not outlive `self` (the rbpf VM holding it is dropped first).
+    unsafe fn as_static_mut(&mut self) -> &'static mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    fn seal(&mut self) -> Result<(), String> {
+        // SAFETY: the region is our own mapping of `len` bytes.
+        let rc =
+            unsafe { libc::mprotect(self.ptr.cast(), self.len, libc::PROT_READ | libc::PROT_EXEC) };
+        if rc != 0 {
+            return Err("mprotect(PROT_READ | PROT_EXEC) of JIT code failed".into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ExecMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping, after the VM that used it was dropped.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// rbpf JIT bound to bytecode and code memory the executable owns.
 struct RbpfVm {
-    // Declared before `code` in `Executable`, so it drops first.
+    // Field order matters: the VM borrows both the bytecode and the code memory, so it drops
+    // first; `Executable` drops `rbpf` before `_code`.
     vm: rbpf::EbpfVmRaw<'static>,
+    _exec: ExecMemory,
+}
+
+/// Upper bound on x86_64 bytes rbpf emits per eBPF instruction, plus prologue room.
+fn jit_code_size(insns: usize) -> usize {
+    insns * 64 + 16 * 1024
 }
 
 // SAFETY: after construction the VM is only read: the JIT code and helper table are immutable,
@@ -190,19 +253,35 @@ impl Executable {
         let rbpf = match engine {
             EngineKind::Interp => None,
             EngineKind::Jit => {
-                jit_compatible(program).map_err(unsupported)?;
+                if !cfg!(target_arch = "x86_64") {
+                    return Err(unsupported("rbpf's JIT emits x86_64 code only".into()));
+                }
+                jit_compatible(program).map_err(&unsupported)?;
                 // SAFETY: `code` is a heap allocation owned by the same Executable and never
                 // mutated; `rbpf` is declared first so it drops before `code`.
                 let bytes: &'static [u8] =
                     unsafe { std::slice::from_raw_parts(code.as_ptr(), code.len()) };
                 let mut vm =
-                    rbpf::EbpfVmRaw::new(Some(bytes)).map_err(|e| unsupported(e.to_string()))?;
+                    rbpf::EbpfVmRaw::new(Some(bytes)).map_err(|e| unsupported(format!("{e:?}")))?;
                 for (id, f) in jit_table() {
                     vm.register_helper(id, f)
-                        .map_err(|e| unsupported(e.to_string()))?;
+                        .map_err(|e| unsupported(format!("{e:?}")))?;
                 }
-                vm.jit_compile().map_err(|e| unsupported(e.to_string()))?;
-                Some(RbpfVm { vm })
+                let mut exec =
+                    ExecMemory::new(jit_code_size(program.len())).map_err(&unsupported)?;
+                // SAFETY: `exec` moves into the same RbpfVm as `vm`, which drops first.
+                vm.set_jit_exec_memory(unsafe { exec.as_static_mut() })
+                    .map_err(|e| unsupported(format!("{e:?}")))?;
+                // rbpf asserts (panics) when code does not fit; that must not take the process down.
+                let compiled =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| vm.jit_compile()));
+                match compiled {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(unsupported(format!("{e:?}"))),
+                    Err(_) => return Err(unsupported("rbpf's JIT compiler panicked".into())),
+                }
+                exec.seal().map_err(&unsupported)?;
+                Some(RbpfVm { vm, _exec: exec })
             }
         };
         Ok(Executable {
@@ -475,7 +554,7 @@ impl Vm {
                 if let Some(code) = self.helpers.abort {
                     return Err(VmError::Aborted { code }.into());
                 }
-                (result.map_err(|e| VmError::Engine(e.to_string()))?, None)
+                (result.map_err(|e| VmError::Engine(format!("{e:?}")))?, None)
             }
         };
         self.check_output()?;

@@ -181,8 +181,8 @@ impl Drop for CurrentGuard {
     }
 }
 
-/// The rbpf-callable shim for helper `ID`.
-pub(crate) fn jit_helper<const ID: u32>(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
+/// Runs helper `id` for JIT-compiled code, against the thread's current state.
+fn jit_dispatch(id: u32, a: [u64; 5]) -> u64 {
     CURRENT.with(|cur| {
         let p = cur.get();
         if p.is_null() {
@@ -190,7 +190,7 @@ pub(crate) fn jit_helper<const ID: u32>(a: u64, b: u64, c: u64, d: u64, e: u64) 
         }
         // SAFETY: set by `CurrentGuard` to a state that outlives the JIT call on this thread.
         let state = unsafe { &mut *p };
-        match state.call(ID, [a, b, c, d, e]) {
+        match state.call(id, a) {
             HelperResult::Value(v) => v,
             HelperResult::Abort(_) => helper::ABORT_R0,
             HelperResult::Unknown => helper::ERR_FAULT,
@@ -198,16 +198,65 @@ pub(crate) fn jit_helper<const ID: u32>(a: u64, b: u64, c: u64, d: u64, e: u64) 
     })
 }
 
-/// rbpf helper table: (id, shim) for every helper.
-pub(crate) fn jit_table() -> [(u32, rbpf::Helper); 6] {
-    [
-        (helper::ABORT, jit_helper::<{ helper::ABORT }>),
-        (helper::TRACE, jit_helper::<{ helper::TRACE }>),
-        (helper::MEMCPY, jit_helper::<{ helper::MEMCPY }>),
-        (helper::MEMCMP, jit_helper::<{ helper::MEMCMP }>),
-        (helper::HASH64, jit_helper::<{ helper::HASH64 }>),
-        (helper::MEMSET, jit_helper::<{ helper::MEMSET }>),
-    ]
+/// rbpf's JIT calls helpers with the SysV argument registers but with the stack 8 bytes off the
+/// 16-byte alignment the ABI requires, so helpers that spill SSE values or allocate would fault.
+/// Each helper is therefore entered through a naked trampoline that realigns the stack and then
+/// calls the real (SysV) function.
+macro_rules! jit_helpers {
+    ($($id:path => $tramp:ident, $body:ident;)*) => {
+        $(
+            extern "sysv64" fn $body(a: u64, b: u64, c: u64, d: u64, e: u64) -> u64 {
+                jit_dispatch($id, [a, b, c, d, e])
+            }
+
+            #[unsafe(naked)]
+            extern "sysv64" fn $tramp(_a: u64, _b: u64, _c: u64, _d: u64, _e: u64) -> u64 {
+                core::arch::naked_asm!(
+                    "push rbp",
+                    "mov rbp, rsp",
+                    "and rsp, -16",
+                    "call {body}",
+                    "mov rsp, rbp",
+                    "pop rbp",
+                    "ret",
+                    body = sym $body,
+                )
+            }
+        )*
+
+        /// rbpf helper table: (id, trampoline) for every helper.
+        pub(crate) fn jit_table() -> Vec<(u32, rbpf::Helper)> {
+            vec![$(
+                (
+                    $id,
+                    // SAFETY: rbpf's JIT calls helpers with the SysV convention (rdi, rsi, rdx,
+                    // rcx, r8 -> rax), which is the trampoline's declared ABI; rbpf's own
+                    // interpreter, which would use the Rust ABI, is never given this table.
+                    unsafe {
+                        std::mem::transmute::<extern "sysv64" fn(u64, u64, u64, u64, u64) -> u64, rbpf::Helper>(
+                            $tramp,
+                        )
+                    },
+                ),
+            )*]
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+jit_helpers! {
+    helper::ABORT => tramp_abort, jit_abort;
+    helper::TRACE => tramp_trace, jit_trace;
+    helper::MEMCPY => tramp_memcpy, jit_memcpy;
+    helper::MEMCMP => tramp_memcmp, jit_memcmp;
+    helper::HASH64 => tramp_hash64, jit_hash64;
+    helper::MEMSET => tramp_memset, jit_memset;
+}
+
+/// rbpf's JIT emits x86_64 only: elsewhere there is no JIT and no helper table.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn jit_table() -> Vec<(u32, rbpf::Helper)> {
+    Vec::new()
 }
 
 #[cfg(test)]
@@ -228,6 +277,13 @@ mod tests {
         );
         assert!(!m.allows(a, 1, true), "read-only");
         assert!(!m.allows(u64::MAX, 2, false));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn every_helper_has_a_jit_trampoline() {
+        let ids: Vec<u32> = jit_table().iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, helper::ALL);
     }
 
     #[test]

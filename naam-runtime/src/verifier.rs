@@ -672,11 +672,11 @@ mod tests {
             Rule::Jump
         );
         assert_eq!(
-            rule_of(&prog(&[i(ebpf::STX_DW, 10, 1, -520, 0), Insn::EXIT])),
+            rule_of(&prog(&[i(ebpf::ST_DW_REG, 10, 1, -520, 0), Insn::EXIT])),
             Rule::Stack
         );
         assert_eq!(
-            rule_of(&prog(&[i(ebpf::STX_DW, 10, 1, -4, 0), Insn::EXIT])),
+            rule_of(&prog(&[i(ebpf::ST_DW_REG, 10, 1, -4, 0), Insn::EXIT])),
             Rule::Stack
         );
         assert_eq!(

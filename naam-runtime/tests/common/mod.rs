@@ -1,0 +1,58 @@
+//! Shared test support: builds handler crates with the real pipeline, once per test binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use naam_runtime::pipeline::{build, BuildOptions};
+use naam_runtime::LoadedObject;
+
+/// Repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Target dir shared by every handler build of the test run.
+pub fn handler_target_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("handlers")
+}
+
+/// Builds `crate_dir` (relative to the repository) into `<tmp>/<name>.o`.
+pub fn build_crate(
+    crate_dir: &str,
+    name: &str,
+) -> Result<PathBuf, naam_runtime::pipeline::BuildError> {
+    let mut opts = BuildOptions::new(repo().join(crate_dir));
+    opts.target_dir = Some(handler_target_dir());
+    opts.out = Some(handler_target_dir().join(format!("{name}.o")));
+    build(&opts).map(|b| b.object)
+}
+
+/// The example handlers (`examples/handlers`), built once.
+pub fn examples() -> &'static (PathBuf, LoadedObject) {
+    static EXAMPLES: OnceLock<(PathBuf, LoadedObject)> = OnceLock::new();
+    EXAMPLES.get_or_init(|| {
+        let path = build_crate("examples/handlers", "examples").unwrap_or_else(|e| {
+            panic!("building examples/handlers failed (run scripts/setup.sh first): {e}")
+        });
+        let obj = naam_runtime::load(&std::fs::read(&path).unwrap()).unwrap();
+        (path, obj)
+    })
+}
+
+/// Little-endian bytes of `words`.
+pub fn words(words: &[u64]) -> Vec<u8> {
+    words.iter().flat_map(|w| w.to_le_bytes()).collect()
+}
+
+/// A tiny deterministic generator (SplitMix64) for test data.
+pub struct Rng(pub u64);
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        naam_ebpf::hash::finish(self.0)
+    }
+}

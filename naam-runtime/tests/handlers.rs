@@ -1,0 +1,276 @@
+//! Handlers written in Rust, built by the pipeline, run on both engines.
+
+mod common;
+
+use common::{examples, words, Rng};
+use naam_ebpf::abi::{abort_code, error_code, write_kind, Return, ACCESS_READ};
+use naam_runtime::engine::{Grant, Invocation, StepError, Vm};
+use naam_runtime::interp::VmError;
+use naam_runtime::{EngineKind, Executable, Rule, Trust, VerifierConfig};
+
+fn exe(name: &str, engine: EngineKind) -> Executable {
+    let program = examples().1.get(name).unwrap();
+    Executable::new(program, engine, Trust::Trusted, &VerifierConfig::default()).unwrap()
+}
+
+fn both(name: &str) -> [Executable; 2] {
+    [exe(name, EngineKind::Interp), exe(name, EngineKind::Jit)]
+}
+
+/// Runs one step and returns (return, reply).
+fn run(
+    e: &Executable,
+    args: &[u8],
+    segments: &[&[u8]],
+) -> Result<(Option<Return>, Vec<u8>), StepError> {
+    let mut vm = Vm::new();
+    let inv = Invocation {
+        args,
+        segments: segments.iter().map(|s| Grant::read(s)).collect(),
+        ..Invocation::default()
+    };
+    let out = vm.run(e, &inv)?;
+    Ok((out.ret, vm.reply().to_vec()))
+}
+
+fn fletcher(ws: &[u64]) -> (u64, u64) {
+    let (mut a, mut b) = (0u64, 0u64);
+    for w in ws {
+        a = a.wrapping_add(*w);
+        b = b.wrapping_add(a);
+    }
+    (a, b)
+}
+
+#[test]
+fn checksum_over_a_segment() {
+    let mut rng = Rng(1);
+    for e in both("checksum") {
+        for n in [0usize, 1, 7, 64, 128] {
+            let ws: Vec<u64> = (0..n).map(|_| rng.next()).collect();
+            let (ret, reply) = run(&e, &[], &[&words(&ws)]).unwrap();
+            let (a, b) = fletcher(&ws);
+            assert_eq!(ret, Some(Return::Done), "{} n={n}", e.engine());
+            assert_eq!(reply, words(&[a, b]), "{} n={n}", e.engine());
+        }
+        // Longer than 1 KiB, or not whole words: the handler's own error.
+        let (ret, _) = run(&e, &[], &[&vec![0u8; 1032]]).unwrap();
+        assert_eq!(ret, Some(Return::Error(error_code::APP_BASE + 1)));
+        let (ret, _) = run(&e, &[], &[&[1, 2, 3]]).unwrap();
+        assert_eq!(ret, Some(Return::Error(error_code::APP_BASE + 1)));
+        // No segment at all.
+        let (ret, _) = run(&e, &[], &[]).unwrap();
+        assert_eq!(ret, Some(Return::Error(error_code::NO_SEGMENT)));
+    }
+}
+
+#[test]
+fn hash1k_matches_the_native_hash() {
+    let mut rng = Rng(2);
+    for e in both("hash1k") {
+        for n in [0usize, 3, 128] {
+            let data = words(&(0..n).map(|_| rng.next()).collect::<Vec<_>>());
+            let seed = rng.next();
+            let (ret, reply) = run(&e, &seed.to_le_bytes(), &[&data]).unwrap();
+            assert_eq!(ret, Some(Return::Done));
+            assert_eq!(reply, naam_ebpf::hash::hash64(&data, seed).to_le_bytes());
+        }
+    }
+}
+
+#[test]
+fn binary_search_over_a_sorted_array() {
+    let sorted: Vec<u64> = (0..1000u64).map(|i| i * 3 + 10).collect();
+    let seg = words(&sorted);
+    for e in both("bsearch") {
+        for key in [0u64, 10, 11, 13, 1500, 3007, 3009, u64::MAX] {
+            let (ret, reply) = run(&e, &key.to_le_bytes(), &[&seg]).unwrap();
+            let lo = sorted.partition_point(|&x| x < key) as u64;
+            let found = sorted.binary_search(&key).is_ok() as u64;
+            assert_eq!(ret, Some(Return::Done));
+            assert_eq!(reply, words(&[lo, found]), "{} key={key}", e.engine());
+        }
+        // Empty array.
+        let (_, reply) = run(&e, &5u64.to_le_bytes(), &[&[]]).unwrap();
+        assert_eq!(reply, words(&[0, 0]));
+    }
+}
+
+#[test]
+fn two_step_handler_continues() {
+    let region = words(&[0, 0, 0, 42]); // the word at offset 24 is 42
+    for e in both("two_step") {
+        let mut vm = Vm::new();
+        let first = words(&[24, 1000]); // pointer 24, and 1000 for state 0
+        let rkey = 0xabcdu64.to_le_bytes();
+        let inv = Invocation {
+            args: &rkey,
+            segments: vec![Grant::read(&first)],
+            ..Invocation::default()
+        };
+        let out = vm.run(&e, &inv).unwrap();
+        assert_eq!(out.ret, Some(Return::Continue));
+        assert_eq!(out.trace, vec![24]);
+        let next = vm.next().to_vec();
+        assert_eq!(next.len(), 1);
+        assert_eq!(
+            (next[0].rkey, next[0].offset, next[0].len, next[0].access),
+            (0xabcd, 24, 8, ACCESS_READ)
+        );
+        // Step 1 over the fetched descriptor, with the state carried over.
+        let d = next[0];
+        let fetched = &region[d.offset as usize..(d.offset + d.len as u64) as usize];
+        let inv = Invocation {
+            step: 1,
+            args: &rkey,
+            state: vm.state(),
+            segments: vec![Grant::read(fetched)],
+            ..Invocation::default()
+        };
+        let out = vm.run(&e, &inv).unwrap();
+        assert_eq!(out.ret, Some(Return::Done));
+        assert_eq!(vm.reply(), 1042u64.to_le_bytes());
+    }
+}
+
+#[test]
+fn panics_become_clean_aborts() {
+    for e in both("panics") {
+        let (ret, reply) = run(&e, &4u64.to_le_bytes(), &[]).unwrap();
+        assert_eq!(
+            (ret, reply),
+            (Some(Return::Done), 25u64.to_le_bytes().to_vec())
+        );
+        for arg in [7u64, 0] {
+            // 7: explicit panic!; 0: division by zero.
+            let err = run(&e, &arg.to_le_bytes(), &[]).unwrap_err();
+            assert_eq!(
+                err,
+                StepError::Vm(VmError::Aborted {
+                    code: abort_code::PANIC
+                }),
+                "{} arg={arg}",
+                e.engine()
+            );
+            assert!(err.to_string().contains("panic"));
+        }
+        // The VM keeps working after an abort.
+        let (ret, _) = run(&e, &5u64.to_le_bytes(), &[]).unwrap();
+        assert_eq!(ret, Some(Return::Done));
+    }
+}
+
+#[test]
+fn out_of_bounds_read_is_an_interpreter_error() {
+    let e = exe("oob_read", EngineKind::Interp);
+    let seg = [0u8; 16];
+    for distance in [0u64, 1, 8, 4096, 1 << 40] {
+        match run(&e, &distance.to_le_bytes(), &[&seg]) {
+            Err(StepError::Vm(VmError::OutOfBounds { kind, .. })) => assert_eq!(kind, "load"),
+            other => panic!("distance {distance}: expected an out-of-bounds error, got {other:?}"),
+        }
+    }
+    // Distance -8 lands inside the segment: allowed.
+    let (ret, _) = run(&e, &(-8i64 as u64).to_le_bytes(), &[&seg]).unwrap();
+    assert_eq!(ret, Some(Return::Done));
+}
+
+#[test]
+fn write_step_reports_its_operations() {
+    for e in both("store") {
+        let mut vm = Vm::new();
+        let seg = [0u8; 8];
+        let v = 0x1122334455667788u64.to_le_bytes();
+        let inv = Invocation {
+            args: &v,
+            segments: vec![Grant::read(&seg)],
+            ..Invocation::default()
+        };
+        let out = vm.run(&e, &inv).unwrap();
+        assert_eq!(out.ret, Some(Return::Write));
+        let w = vm.writes()[0];
+        assert_eq!(
+            (w.kind, w.segment, w.offset, w.len),
+            (write_kind::STORE, 0, 0, 8)
+        );
+        assert_eq!(&vm.write_data()[w.data_offset as usize..][..8], &v);
+        assert_eq!(vm.reply(), 1u64.to_le_bytes());
+    }
+}
+
+#[test]
+fn interpreter_and_jit_agree_on_random_inputs() {
+    let mut rng = Rng(3);
+    let cases: &[(&str, usize, usize)] = &[
+        ("add", 16, 0),
+        ("checksum", 0, 1024),
+        ("hash1k", 8, 1024),
+        ("bsearch", 8, 800),
+        ("two_step", 8, 16),
+        ("store", 8, 8),
+        ("panics", 8, 0),
+    ];
+    for &(name, args_len, seg_len) in cases {
+        let [interp, jit] = both(name);
+        for round in 0..50 {
+            let args: Vec<u8> = (0..args_len).map(|_| rng.next() as u8).collect();
+            let mut seg: Vec<u8> = (0..seg_len).map(|_| rng.next() as u8).collect();
+            if name == "bsearch" {
+                let mut ws: Vec<u64> = seg
+                    .chunks(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                ws.sort_unstable();
+                seg = words(&ws);
+            }
+            let segs: Vec<&[u8]> = if seg_len > 0 { vec![&seg] } else { vec![] };
+            let a = run(&interp, &args, &segs);
+            let b = run(&jit, &args, &segs);
+            assert_eq!(a, b, "{name} round {round}");
+        }
+    }
+}
+
+#[test]
+fn unbounded_loop_is_rejected_by_the_verifier() {
+    let path = common::build_crate("naam-runtime/tests/fixtures/bad-loop", "bad-loop").unwrap();
+    let obj = naam_runtime::load(&std::fs::read(path).unwrap()).unwrap();
+    let program = obj.get("walk").unwrap();
+    let v = naam_runtime::verify(program, &VerifierConfig::default()).unwrap_err();
+    assert_eq!(v.rule, Rule::BackwardJump);
+    assert!(v
+        .to_string()
+        .starts_with(&format!("insn {}: backward-jump:", v.index)));
+    // And no engine will take it.
+    assert!(Executable::new(
+        program,
+        EngineKind::Interp,
+        Trust::Untrusted,
+        &VerifierConfig::default()
+    )
+    .is_err());
+}
+
+#[test]
+fn undefined_symbols_fail_the_build() {
+    let err =
+        common::build_crate("naam-runtime/tests/fixtures/undefined", "undefined").unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("undefined symbols") && msg.contains("naam_fixture_not_defined_anywhere"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn untrusted_handlers_cannot_use_the_jit() {
+    let program = examples().1.get("add").unwrap();
+    let err = Executable::new(
+        program,
+        EngineKind::Jit,
+        Trust::Untrusted,
+        &VerifierConfig::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("only trusted handlers"), "{err}");
+}
