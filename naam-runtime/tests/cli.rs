@@ -1,0 +1,235 @@
+//! The `naam` CLI contract: `build`, `verify` and `run` as later tooling relies on them.
+
+mod common;
+
+use std::process::Command;
+
+use common::{examples, repo};
+use serde_json::Value;
+
+fn naam(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_naam"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn obj() -> String {
+    examples().0.display().to_string()
+}
+
+#[test]
+fn verify_prints_one_line_per_handler() {
+    let (code, out, _) = naam(&["verify", &obj()]);
+    assert_eq!(code, 0, "{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), examples().1.programs.len());
+    for line in lines {
+        let cols: Vec<&str> = line.split('\t').collect();
+        assert_eq!(cols.len(), 4, "{line}");
+        assert!(cols[1].ends_with(" insns") && cols[2] == "ok", "{line}");
+    }
+    // A rejected handler: exit 1, with the instruction and the rule.
+    let bad = common::build_crate("naam-runtime/tests/fixtures/bad-loop", "bad-loop").unwrap();
+    let (code, out, _) = naam(&["verify", bad.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(
+        out.starts_with("walk\t")
+            && out.contains("\trejected\tinsn ")
+            && out.contains("backward-jump"),
+        "{out}"
+    );
+}
+
+#[test]
+fn run_prints_the_contract_fields() {
+    for engine in ["interp", "jit"] {
+        let (code, out, err) = naam(&[
+            "run",
+            &obj(),
+            "--handler",
+            "add",
+            "--args-hex",
+            "05000000000000000700000000000000",
+            "--engine",
+            engine,
+            "--repeat",
+            "1000",
+        ]);
+        assert_eq!(code, 0, "{err}");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["status"], "done");
+        assert_eq!(v["return_code"], 0);
+        assert_eq!(v["reply_hex"], "0c00000000000000");
+        assert_eq!(v["next"], Value::Array(vec![]));
+        assert_eq!(v["engine"], engine);
+        assert!(v["ns_per_invocation"].as_f64().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn run_reports_continue_with_descriptors_and_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = dir.path().join("seg.bin");
+    std::fs::write(&seg, common::words(&[24, 1000])).unwrap();
+    let (code, out, _) = naam(&[
+        "run",
+        &obj(),
+        "--handler",
+        "two_step",
+        "--args-hex",
+        "cdab000000000000",
+        "--segment",
+        seg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "continue");
+    assert_eq!(v["return_code"], 1);
+    assert_eq!(v["next"][0]["rkey"], 0xabcd);
+    assert_eq!(v["next"][0]["offset"], 24);
+    assert_eq!(v["state"][0], 1000);
+}
+
+#[test]
+fn run_errors_are_clear() {
+    // A panic: clean abort, exit 1.
+    let (code, out, _) = naam(&[
+        "run",
+        &obj(),
+        "--handler",
+        "panics",
+        "--args-hex",
+        "0700000000000000",
+    ]);
+    assert_eq!(code, 1);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "aborted");
+    assert!(v["error"].as_str().unwrap().contains("panic"));
+    // Out-of-bounds read: fault, exit 1.
+    let dir = tempfile::tempdir().unwrap();
+    let seg = dir.path().join("seg.bin");
+    std::fs::write(&seg, [0u8; 8]).unwrap();
+    let (code, out, _) = naam(&[
+        "run",
+        &obj(),
+        "--handler",
+        "oob_read",
+        "--args-hex",
+        "0010000000000000",
+        "--segment",
+        seg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("\"status\":\"fault\"") && out.contains("outside the context"),
+        "{out}"
+    );
+    // Unknown handler: exit 2, naming the ones present.
+    let (code, _, err) = naam(&["run", &obj(), "--handler", "nope"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("no handler named `nope`") && err.contains("checksum"),
+        "{err}"
+    );
+    // Not an object file.
+    let junk = dir.path().join("junk.o");
+    std::fs::write(&junk, b"junk").unwrap();
+    let (code, _, err) = naam(&["verify", junk.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("malformed ELF"), "{err}");
+    // Bad hex.
+    let (code, _, err) = naam(&["run", &obj(), "--handler", "add", "--args-hex", "zz"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--args-hex"), "{err}");
+}
+
+#[test]
+fn build_writes_an_object_and_explains_a_missing_linker() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("ex.o");
+    let target = common::handler_target_dir();
+    let crate_dir = repo().join("examples/handlers");
+    let (code, out, err) = naam(&[
+        "build",
+        crate_dir.to_str().unwrap(),
+        "-o",
+        out_path.to_str().unwrap(),
+        "--target-dir",
+        target.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("wrote ") && out.contains("checksum"),
+        "{out}"
+    );
+    assert!(naam_runtime::load(&std::fs::read(&out_path).unwrap()).is_ok());
+
+    let out = Command::new(env!("CARGO_BIN_EXE_naam"))
+        .args(["build", crate_dir.to_str().unwrap()])
+        .env(
+            naam_runtime::pipeline::BPF_LINKER_ENV,
+            "/nonexistent/bpf-linker",
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bpf-linker not found") && err.contains("scripts/setup.sh"),
+        "{err}"
+    );
+}
+
+#[test]
+fn c_handlers_from_clang_load_and_run() {
+    use naam_ebpf::abi::Context;
+    use std::mem::offset_of;
+    // The offsets hard-coded in the C file.
+    assert_eq!(offset_of!(Context, args_len), 24);
+    assert_eq!(offset_of!(Context, reply_len), 32);
+    assert_eq!(offset_of!(Context, args), 752);
+    assert_eq!(offset_of!(Context, reply), 1008);
+    let clang = ["clang-22", "clang"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok());
+    let Some(clang) = clang else {
+        eprintln!("SKIPPED c_handlers_from_clang_load_and_run: no clang (scripts/setup.sh installs clang-22)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("c.o");
+    let src = repo().join("naam-runtime/tests/fixtures/c_handler.c");
+    let st = Command::new(clang)
+        .args(["-O2", "-target", "bpf", "-c"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&out_path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let (code, out, _) = naam(&["verify", out_path.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("triple_plus_one\t"));
+    for engine in ["interp", "jit"] {
+        let (code, out, _) = naam(&[
+            "run",
+            out_path.to_str().unwrap(),
+            "--handler",
+            "triple_plus_one",
+            "--args-hex",
+            "0500000000000000",
+            "--engine",
+            engine,
+        ]);
+        assert_eq!(code, 0);
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["reply_hex"], "1000000000000000");
+        assert_eq!(v["trace"][0], 5);
+    }
+}
