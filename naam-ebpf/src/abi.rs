@@ -347,6 +347,6 @@ const _: () = {
     assert!(core::mem::size_of::<WriteOp>() == 40);
     assert!(core::mem::offset_of!(Context, state) == 48);
     assert!(core::mem::offset_of!(Context, segments) == 48 + 8 * STATE_WORDS);
-    assert!(CONTEXT_SIZE % 8 == 0);
+    assert!(CONTEXT_SIZE.is_multiple_of(8));
     assert!(CONTEXT_SIZE == 48 + 64 + 128 + 192 + 320 + ARGS_CAP + REPLY_CAP + WRITE_DATA_CAP);
 };

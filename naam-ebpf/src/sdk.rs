@@ -501,6 +501,8 @@ macro_rules! handler {
         $(#[$meta])*
         #[unsafe(no_mangle)]
         #[unsafe(link_section = concat!("naam/", stringify!($name)))]
+        // The entry's contract is the ABI: the runtime passes a valid context in r1.
+        #[allow(clippy::not_unsafe_ptr_arg_deref)]
         pub extern "C" fn $name(ctx: *mut $crate::Context) -> u64 {
             #[inline(always)]
             fn body($ctx: &mut $crate::Context) -> $crate::StepResult $body

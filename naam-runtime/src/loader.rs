@@ -295,7 +295,7 @@ impl Linker<'_, '_> {
                     index,
                     reason,
                 };
-                if offset as usize % INSN_SIZE != 0 || index >= sec_len {
+                if !(offset as usize).is_multiple_of(INSN_SIZE) || index >= sec_len {
                     return Err(err(format!(
                         "relocation at byte offset {offset} is not an instruction"
                     )));
@@ -350,7 +350,7 @@ impl Linker<'_, '_> {
                         }
                     };
                     let byte = sym.address() as i64 + (insn.imm as i64 + 1) * INSN_SIZE as i64;
-                    if byte < 0 || byte as u64 % INSN_SIZE as u64 != 0 {
+                    if byte < 0 || !(byte as u64).is_multiple_of(INSN_SIZE as u64) {
                         return Err(err(format!(
                             "call to `{sym_name}` lands between instructions"
                         )));

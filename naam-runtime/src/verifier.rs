@@ -145,7 +145,7 @@ fn access_size(op: u8) -> usize {
 
 /// Checks `program` against every rule.
 pub fn verify(program: &Program, config: &VerifierConfig) -> Result<Verdict, Violation> {
-    if program.code.len() % INSN_SIZE != 0 {
+    if !program.code.len().is_multiple_of(INSN_SIZE) {
         return Err(violation(
             program.code.len() / INSN_SIZE,
             Rule::Size,
