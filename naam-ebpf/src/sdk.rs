@@ -197,6 +197,20 @@ impl SegmentRef {
         read_u64, write_u64, u64;
     }
 
+    /// Copies `dst.len()` bytes at `off` into `dst` (one bounded copy).
+    #[inline(always)]
+    pub fn read_bytes(&self, off: usize, dst: &mut [u8]) -> Result<(), Fault> {
+        let src = self.checked(off, dst.len(), ACCESS_READ)?;
+        copy(dst.as_mut_ptr() as u64, src, dst.len() as u64)
+    }
+
+    /// Copies `src` to byte offset `off` (needs the write right; one bounded copy).
+    #[inline(always)]
+    pub fn write_bytes(&self, off: usize, src: &[u8]) -> Result<(), Fault> {
+        let dst = self.checked(off, src.len(), ACCESS_WRITE)?;
+        copy(dst, src.as_ptr() as u64, src.len() as u64)
+    }
+
     /// Hashes `len` bytes at `off` with [`crate::hash::hash64`].
     #[inline(always)]
     pub fn hash(&self, off: usize, len: usize, seed: u64) -> Result<u64, Fault> {

@@ -274,3 +274,17 @@ fn untrusted_handlers_cannot_use_the_jit() {
     .unwrap_err();
     assert!(err.to_string().contains("only trusted handlers"), "{err}");
 }
+
+#[test]
+fn byte_range_reads_go_through_the_stack() {
+    let data: Vec<u8> = (0u8..32).collect();
+    for e in both("reverse16") {
+        let (ret, reply) = run(&e, &8u64.to_le_bytes(), &[&data]).unwrap();
+        assert_eq!(ret, Some(Return::Done), "{}", e.engine());
+        let want: Vec<u8> = (8u8..24).rev().collect();
+        assert_eq!(reply, want, "{}", e.engine());
+        // Past the end: the SDK's bounds check, not a memory access.
+        let (ret, _) = run(&e, &20u64.to_le_bytes(), &[&data]).unwrap();
+        assert_eq!(ret, Some(Return::Error(error_code::OUT_OF_BOUNDS)));
+    }
+}

@@ -146,3 +146,18 @@ handler! {
         Ok(Return::Write)
     }
 }
+
+handler! {
+    /// Copies the 16 bytes at offset `arg0` of segment 0 onto the stack, then replies them
+    /// reversed (byte-range reads and the stack through the copy helper).
+    fn reverse16(ctx) {
+        let off = ctx.arg_u64(0)? as usize;
+        let mut buf = [0u8; 16];
+        ctx.segment(0)?.read_bytes(off, &mut buf)?;
+        let lo = u64::from_le_bytes([buf[8], buf[9], buf[10], buf[11], buf[12], buf[13], buf[14], buf[15]]);
+        let hi = u64::from_le_bytes([buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6], buf[7]]);
+        ctx.reply_u64(lo.swap_bytes())?;
+        ctx.reply_u64(hi.swap_bytes())?;
+        Ok(Return::Done)
+    }
+}
