@@ -187,7 +187,13 @@ pub fn verify(program: &Program, config: &VerifierConfig) -> Result<Verdict, Vio
         }
     }
 
-    let mut functions: BTreeSet<usize> = program.functions.iter().copied().collect();
+    // Function starts come from the loader; a hand-built program may list nonsense.
+    let mut functions: BTreeSet<usize> = program
+        .functions
+        .iter()
+        .copied()
+        .filter(|&f| f < n && !wide_tail[f])
+        .collect();
     functions.insert(0);
     let mut helpers_used = BTreeSet::new();
     let mut calls: Vec<(usize, usize)> = Vec::new(); // (caller pc, callee start)
@@ -263,11 +269,11 @@ pub fn verify(program: &Program, config: &VerifierConfig) -> Result<Verdict, Vio
             let insn = insns[pc];
             if !wide_tail[pc] && insn.is_jump() {
                 let t = insn.target(pc) as usize;
-                if t >= end {
+                if t < start || t >= end {
                     return Err(violation(
                         pc,
                         Rule::Jump,
-                        format!("jump to {t} leaves its function"),
+                        format!("jump to {t} leaves its function ({start}..{end})"),
                     ));
                 }
             }
@@ -312,7 +318,12 @@ pub fn verify(program: &Program, config: &VerifierConfig) -> Result<Verdict, Vio
 }
 
 /// Successors of `pc` inside the function `[start, end)`.
-fn successors(insns: &[Insn], wide_tail: &[bool], pc: usize, end: usize) -> [Option<usize>; 2] {
+fn successors(
+    insns: &[Insn],
+    wide_tail: &[bool],
+    pc: usize,
+    (start, end): (usize, usize),
+) -> [Option<usize>; 2] {
     let insn = insns[pc];
     let step = if insn.is_wide() { 2 } else { 1 };
     let next = (pc + step < end).then_some(pc + step);
@@ -320,8 +331,9 @@ fn successors(insns: &[Insn], wide_tail: &[bool], pc: usize, end: usize) -> [Opt
         return [None, None];
     }
     if insn.is_jump() {
-        let t = insn.target(pc) as usize;
-        let t = (t < end && !wide_tail[t]).then_some(t);
+        let t = insn.target(pc);
+        let t = (t >= start as i64 && (t as usize) < end && !wide_tail[t as usize])
+            .then_some(t as usize);
         return if insn.op == ebpf::JA {
             [t, None]
         } else {
@@ -343,7 +355,7 @@ fn find_loop(
     let mut path: Vec<(usize, usize)> = vec![(start, 0)];
     state[0] = 1;
     while let Some(&mut (pc, ref mut k)) = path.last_mut() {
-        let succ = successors(insns, wide_tail, pc, end);
+        let succ = successors(insns, wide_tail, pc, (start, end));
         if *k >= succ.len() {
             state[pc - start] = 2;
             path.pop();
@@ -723,6 +735,22 @@ mod tests {
         let v = verify(&l, &VerifierConfig::default()).unwrap_err();
         assert_eq!((v.index, v.rule), (2, Rule::BackwardJump));
         assert!(v.reason.contains("insn 1"));
+    }
+
+    #[test]
+    fn jumps_may_not_leave_their_function() {
+        // entry 0..3 calls f at 3; f jumps back into the entry.
+        let mut p = prog(&[
+            i(ebpf::CALL, 0, 1, 0, 2),
+            i(ebpf::MOV64_IMM, 0, 0, 0, 0),
+            Insn::EXIT,
+            i(ebpf::JEQ_IMM, 1, 0, -3, 0),
+            Insn::EXIT,
+        ]);
+        p.functions = vec![0, 3];
+        let v = verify(&p, &VerifierConfig::default()).unwrap_err();
+        assert_eq!((v.index, v.rule), (3, Rule::Jump));
+        assert!(v.reason.contains("leaves its function"), "{v}");
     }
 
     #[test]
