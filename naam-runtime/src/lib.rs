@@ -17,8 +17,11 @@ pub mod insn;
 pub mod interp;
 pub mod loader;
 pub mod pipeline;
+pub mod placement;
 pub mod verifier;
+pub mod wire;
 
 pub use engine::{EngineKind, Executable, Grant, Invocation, StepError, StepOutput, Trust, Vm};
 pub use loader::{load, LoadError, LoadedObject, Program};
+pub use placement::Placement;
 pub use verifier::{verify, Rule, VerifierConfig, Violation};

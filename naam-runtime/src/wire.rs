@@ -1,0 +1,779 @@
+//! The wire codec for active messages and replies: pure, zero-copy on decode (args and reply
+//! payloads are `Bytes` slices of the received buffer), strict on every field.
+//!
+//! Request (all integers little-endian):
+//! ```text
+//!  0 u8  version (1)        1 u8  kind (1 = request)    2 u16 flags
+//!  4 u32 app                8 u32 handler id           12 u16 steps already run (hops)
+//! 14 u8  state words (≤ 8) 15 u8  descriptors (≤ 8)    16 u64 request id
+//! 24 u16 args length       26 u16 partial reply length 28 u32 reserved (0)
+//! 32 args | state words × 8 | descriptors × 24 (rkey u64, offset u64, len u32, access u32)
+//!    | partial reply bytes (a continuation carries the reply built so far)
+//! ```
+//! Reply:
+//! ```text
+//!  0 u8  version (1)        1 u8  kind (2 = reply)      2 u16 status
+//!  4 u32 app                8 u32 code (handler error code or detail)
+//! 12 u16 steps run         14 u8  placement            15 u8  reserved (0)
+//! 16 u64 request id        24 u32 payload length       28 u32 reserved (0)
+//! 32 load feedback: u32 queue depth, u16 utilisation ‰, u16 reserved, u64 queueing delay ns,
+//!    u64 service ns
+//! 56 payload
+//! ```
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use naam_ebpf::abi::{Descriptor, ACCESS_MASK, ARGS_CAP, MAX_NEXT, REPLY_CAP, STATE_WORDS};
+use serde::Serialize;
+
+use crate::placement::Placement;
+
+/// Wire format version.
+pub const VERSION: u8 = 1;
+/// Kind byte of a request.
+pub const KIND_REQUEST: u8 = 1;
+/// Kind byte of a reply.
+pub const KIND_REPLY: u8 = 2;
+/// Fixed request header size.
+pub const REQUEST_HEADER: usize = 32;
+/// Fixed reply header size, load feedback included.
+pub const REPLY_HEADER: usize = 56;
+/// Size of one encoded descriptor.
+pub const DESCRIPTOR_SIZE: usize = 24;
+/// Largest encoded message.
+pub const MAX_MESSAGE: usize =
+    REQUEST_HEADER + ARGS_CAP + 8 * STATE_WORDS + DESCRIPTOR_SIZE * MAX_NEXT + REPLY_CAP;
+
+/// Request flags.
+pub mod flags {
+    /// The handler may return `Write`: the message goes to the app's write owner.
+    pub const WRITE: u16 = 1;
+    /// A retransmission of an earlier request id (writes are deduplicated).
+    pub const RETRY: u16 = 2;
+    /// Every defined flag.
+    pub const ALL: u16 = WRITE | RETRY;
+}
+
+/// Why bytes are not a valid message.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// Fewer bytes than the header or the lengths it declares.
+    #[error("truncated message: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes required.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// Trailing bytes after the declared contents.
+    #[error("message is {actual} bytes but its header declares {expected}")]
+    LengthMismatch {
+        /// Declared length.
+        expected: usize,
+        /// Actual length.
+        actual: usize,
+    },
+    /// Unknown version.
+    #[error("unsupported wire version {0} (expected {VERSION})")]
+    Version(u8),
+    /// Unknown or unexpected kind.
+    #[error("unexpected message kind {0}")]
+    Kind(u8),
+    /// A count or length over its cap.
+    #[error("{field} is {value}, over the limit of {limit}")]
+    TooLarge {
+        /// Field name.
+        field: &'static str,
+        /// Value found.
+        value: usize,
+        /// The cap.
+        limit: usize,
+    },
+    /// Unknown flag bits, reserved bits set, or an invalid enumeration value.
+    #[error("invalid {field}: {value:#x}")]
+    Invalid {
+        /// Field name.
+        field: &'static str,
+        /// Value found.
+        value: u64,
+    },
+}
+
+/// Up to [`MAX_NEXT`] descriptors, stored inline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Descriptors {
+    items: [Descriptor; MAX_NEXT],
+    len: u8,
+}
+
+impl Descriptors {
+    /// An empty list.
+    pub const fn new() -> Self {
+        Descriptors {
+            items: [Descriptor {
+                rkey: 0,
+                offset: 0,
+                len: 0,
+                access: 0,
+            }; MAX_NEXT],
+            len: 0,
+        }
+    }
+
+    /// From a slice; `None` when it holds more than [`MAX_NEXT`].
+    pub fn from_slice(ds: &[Descriptor]) -> Option<Self> {
+        if ds.len() > MAX_NEXT {
+            return None;
+        }
+        let mut d = Descriptors::new();
+        d.items[..ds.len()].copy_from_slice(ds);
+        d.len = ds.len() as u8;
+        Some(d)
+    }
+
+    /// Appends; `false` when full.
+    pub fn push(&mut self, d: Descriptor) -> bool {
+        if (self.len as usize) < MAX_NEXT {
+            self.items[self.len as usize] = d;
+            self.len += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The descriptors.
+    pub fn as_slice(&self) -> &[Descriptor] {
+        &self.items[..self.len as usize]
+    }
+
+    /// Number of descriptors.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// An active message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Application id.
+    pub app: u32,
+    /// Handler id (see [`crate::registry::handler_id`]).
+    pub handler: u32,
+    /// Request id, unique per client.
+    pub request_id: u64,
+    /// [`flags`] bits.
+    pub flags: u16,
+    /// Steps already run (a continuation resumes after them).
+    pub steps: u16,
+    /// Inline args.
+    pub args: Bytes,
+    /// State words (trailing zero words are not sent).
+    pub state: [u64; STATE_WORDS],
+    /// Descriptors for the next step.
+    pub descriptors: Descriptors,
+    /// Reply bytes built by earlier steps.
+    pub partial_reply: Bytes,
+}
+
+impl Request {
+    /// A fresh request (step 0, no state, no partial reply).
+    pub fn new(
+        app: u32,
+        handler: u32,
+        request_id: u64,
+        args: Bytes,
+        descriptors: Descriptors,
+    ) -> Self {
+        Request {
+            app,
+            handler,
+            request_id,
+            flags: 0,
+            steps: 0,
+            args,
+            state: [0; STATE_WORDS],
+            descriptors,
+            partial_reply: Bytes::new(),
+        }
+    }
+
+    fn state_words(&self) -> usize {
+        self.state
+            .iter()
+            .rposition(|&w| w != 0)
+            .map_or(0, |i| i + 1)
+    }
+
+    /// Encoded size in bytes.
+    pub fn encoded_len(&self) -> usize {
+        REQUEST_HEADER
+            + self.args.len()
+            + 8 * self.state_words()
+            + DESCRIPTOR_SIZE * self.descriptors.len()
+            + self.partial_reply.len()
+    }
+
+    /// Checks the limits that encoding relies on.
+    pub fn validate(&self) -> Result<(), WireError> {
+        check_len("args length", self.args.len(), ARGS_CAP)?;
+        check_len("partial reply length", self.partial_reply.len(), REPLY_CAP)?;
+        if self.flags & !flags::ALL != 0 {
+            return Err(WireError::Invalid {
+                field: "flags",
+                value: self.flags as u64,
+            });
+        }
+        for d in self.descriptors.as_slice() {
+            check_access(d.access)?;
+        }
+        Ok(())
+    }
+
+    /// Appends the encoding to `out`.
+    pub fn encode(&self, out: &mut BytesMut) -> Result<(), WireError> {
+        self.validate()?;
+        let words = self.state_words();
+        out.reserve(self.encoded_len());
+        out.put_u8(VERSION);
+        out.put_u8(KIND_REQUEST);
+        out.put_u16_le(self.flags);
+        out.put_u32_le(self.app);
+        out.put_u32_le(self.handler);
+        out.put_u16_le(self.steps);
+        out.put_u8(words as u8);
+        out.put_u8(self.descriptors.len() as u8);
+        out.put_u64_le(self.request_id);
+        out.put_u16_le(self.args.len() as u16);
+        out.put_u16_le(self.partial_reply.len() as u16);
+        out.put_u32_le(0);
+        out.put_slice(&self.args);
+        for w in &self.state[..words] {
+            out.put_u64_le(*w);
+        }
+        for d in self.descriptors.as_slice() {
+            out.put_u64_le(d.rkey);
+            out.put_u64_le(d.offset);
+            out.put_u32_le(d.len);
+            out.put_u32_le(d.access);
+        }
+        out.put_slice(&self.partial_reply);
+        Ok(())
+    }
+
+    /// The encoding as one buffer.
+    pub fn to_bytes(&self) -> Result<Bytes, WireError> {
+        let mut b = BytesMut::with_capacity(self.encoded_len());
+        self.encode(&mut b)?;
+        Ok(b.freeze())
+    }
+
+    /// Decodes a request; `args` and `partial_reply` share `buf`'s storage.
+    pub fn decode(buf: Bytes) -> Result<Request, WireError> {
+        let have = buf.len();
+        if have < REQUEST_HEADER {
+            return Err(WireError::Truncated {
+                need: REQUEST_HEADER,
+                have,
+            });
+        }
+        let mut h = &buf[..REQUEST_HEADER];
+        check_version_kind(h.get_u8(), h.get_u8(), KIND_REQUEST)?;
+        let flag_bits = h.get_u16_le();
+        if flag_bits & !flags::ALL != 0 {
+            return Err(WireError::Invalid {
+                field: "flags",
+                value: flag_bits as u64,
+            });
+        }
+        let app = h.get_u32_le();
+        let handler = h.get_u32_le();
+        let steps = h.get_u16_le();
+        let words = h.get_u8() as usize;
+        let ndesc = h.get_u8() as usize;
+        let request_id = h.get_u64_le();
+        let args_len = h.get_u16_le() as usize;
+        let reply_len = h.get_u16_le() as usize;
+        let reserved = h.get_u32_le();
+        if reserved != 0 {
+            return Err(WireError::Invalid {
+                field: "reserved",
+                value: reserved as u64,
+            });
+        }
+        check_len("state words", words, STATE_WORDS)?;
+        check_len("descriptor count", ndesc, MAX_NEXT)?;
+        check_len("args length", args_len, ARGS_CAP)?;
+        check_len("partial reply length", reply_len, REPLY_CAP)?;
+        let expected = REQUEST_HEADER + args_len + 8 * words + DESCRIPTOR_SIZE * ndesc + reply_len;
+        if have < expected {
+            return Err(WireError::Truncated {
+                need: expected,
+                have,
+            });
+        }
+        if have > expected {
+            return Err(WireError::LengthMismatch {
+                expected,
+                actual: have,
+            });
+        }
+        let mut at = REQUEST_HEADER;
+        let args = buf.slice(at..at + args_len);
+        at += args_len;
+        let mut body = &buf[at..];
+        let mut state = [0u64; STATE_WORDS];
+        for w in state.iter_mut().take(words) {
+            *w = body.get_u64_le();
+        }
+        // Canonical form: trailing zero words are never sent, so one message has one encoding.
+        if words > 0 && state[words - 1] == 0 {
+            return Err(WireError::Invalid {
+                field: "state words (trailing zero word)",
+                value: words as u64,
+            });
+        }
+        let mut descriptors = Descriptors::new();
+        for _ in 0..ndesc {
+            let d = Descriptor {
+                rkey: body.get_u64_le(),
+                offset: body.get_u64_le(),
+                len: body.get_u32_le(),
+                access: body.get_u32_le(),
+            };
+            check_access(d.access)?;
+            descriptors.push(d);
+        }
+        at += 8 * words + DESCRIPTOR_SIZE * ndesc;
+        let partial_reply = buf.slice(at..at + reply_len);
+        Ok(Request {
+            app,
+            handler,
+            request_id,
+            flags: flag_bits,
+            steps,
+            args,
+            state,
+            descriptors,
+            partial_reply,
+        })
+    }
+}
+
+fn check_len(field: &'static str, value: usize, limit: usize) -> Result<(), WireError> {
+    if value > limit {
+        Err(WireError::TooLarge {
+            field,
+            value,
+            limit,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+fn check_access(access: u32) -> Result<(), WireError> {
+    if access == 0 || access & !ACCESS_MASK != 0 {
+        return Err(WireError::Invalid {
+            field: "descriptor access",
+            value: access as u64,
+        });
+    }
+    Ok(())
+}
+
+fn check_version_kind(version: u8, kind: u8, want: u8) -> Result<(), WireError> {
+    if version != VERSION {
+        return Err(WireError::Version(version));
+    }
+    if kind != want {
+        return Err(WireError::Kind(kind));
+    }
+    Ok(())
+}
+
+/// Reply status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+#[repr(u16)]
+pub enum Status {
+    /// The handler completed; the payload is its reply.
+    Ok = 0,
+    /// The handler returned `Error(code)`.
+    HandlerError = 1,
+    /// No such app.
+    UnknownApp = 2,
+    /// No such handler in the app.
+    UnknownHandler = 3,
+    /// A descriptor names an rkey that does not exist or belongs to another app.
+    BadKey = 4,
+    /// A descriptor's range runs past its region.
+    OutOfRange = 5,
+    /// A descriptor asks for rights its region does not grant.
+    AccessDenied = 6,
+    /// The request bytes were malformed.
+    Malformed = 7,
+    /// A queue was full: retry later (back-pressure).
+    Busy = 8,
+    /// More steps than the hop limit.
+    HopLimit = 9,
+    /// The handler aborted (panic or explicit abort).
+    Aborted = 10,
+    /// The handler faulted (out-of-bounds access, budget, invalid output).
+    Fault = 11,
+    /// A write reached a placement that is not the app's write owner.
+    NotOwner = 12,
+    /// The placement cannot run this handler (writes at the client).
+    PlacementRefused = 13,
+    /// The step asked for something the runtime refuses (bad write op, too many retries).
+    Refused = 14,
+    /// The server is shutting down or a peer is gone.
+    Unavailable = 15,
+}
+
+impl Status {
+    /// From the wire value.
+    pub fn from_u16(v: u16) -> Option<Status> {
+        use Status::*;
+        Some(match v {
+            0 => Ok,
+            1 => HandlerError,
+            2 => UnknownApp,
+            3 => UnknownHandler,
+            4 => BadKey,
+            5 => OutOfRange,
+            6 => AccessDenied,
+            7 => Malformed,
+            8 => Busy,
+            9 => HopLimit,
+            10 => Aborted,
+            11 => Fault,
+            12 => NotOwner,
+            13 => PlacementRefused,
+            14 => Refused,
+            15 => Unavailable,
+            _ => return None,
+        })
+    }
+}
+
+/// Load feedback piggybacked on every reply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LoadFeedback {
+    /// Messages queued at the placement when this one finished.
+    pub queue_depth: u32,
+    /// Utilisation of the placement's executors, in thousandths.
+    pub utilisation_permille: u16,
+    /// Queueing-delay EWMA at the placement, nanoseconds.
+    pub queue_delay_ns: u64,
+    /// Service time of this message, nanoseconds.
+    pub service_ns: u64,
+}
+
+/// A reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reply {
+    /// Application id.
+    pub app: u32,
+    /// Request id it answers.
+    pub request_id: u64,
+    /// Outcome.
+    pub status: Status,
+    /// Handler error code or detail.
+    pub code: u32,
+    /// Steps run.
+    pub steps: u16,
+    /// Where it ran.
+    pub placement: Placement,
+    /// Load at that placement.
+    pub load: LoadFeedback,
+    /// Reply bytes (status `Ok`) or an error message.
+    pub payload: Bytes,
+}
+
+impl Reply {
+    /// Appends the encoding to `out`.
+    pub fn encode(&self, out: &mut BytesMut) -> Result<(), WireError> {
+        check_len("payload length", self.payload.len(), REPLY_CAP)?;
+        out.reserve(REPLY_HEADER + self.payload.len());
+        out.put_u8(VERSION);
+        out.put_u8(KIND_REPLY);
+        out.put_u16_le(self.status as u16);
+        out.put_u32_le(self.app);
+        out.put_u32_le(self.code);
+        out.put_u16_le(self.steps);
+        out.put_u8(self.placement.abi() as u8);
+        out.put_u8(0);
+        out.put_u64_le(self.request_id);
+        out.put_u32_le(self.payload.len() as u32);
+        out.put_u32_le(0);
+        out.put_u32_le(self.load.queue_depth);
+        out.put_u16_le(self.load.utilisation_permille);
+        out.put_u16_le(0);
+        out.put_u64_le(self.load.queue_delay_ns);
+        out.put_u64_le(self.load.service_ns);
+        out.put_slice(&self.payload);
+        Ok(())
+    }
+
+    /// The encoding as one buffer.
+    pub fn to_bytes(&self) -> Result<Bytes, WireError> {
+        let mut b = BytesMut::with_capacity(REPLY_HEADER + self.payload.len());
+        self.encode(&mut b)?;
+        Ok(b.freeze())
+    }
+
+    /// Decodes a reply; the payload shares `buf`'s storage.
+    pub fn decode(buf: Bytes) -> Result<Reply, WireError> {
+        let have = buf.len();
+        if have < REPLY_HEADER {
+            return Err(WireError::Truncated {
+                need: REPLY_HEADER,
+                have,
+            });
+        }
+        let mut h = &buf[..REPLY_HEADER];
+        check_version_kind(h.get_u8(), h.get_u8(), KIND_REPLY)?;
+        let raw_status = h.get_u16_le();
+        let status = Status::from_u16(raw_status).ok_or(WireError::Invalid {
+            field: "status",
+            value: raw_status as u64,
+        })?;
+        let app = h.get_u32_le();
+        let code = h.get_u32_le();
+        let steps = h.get_u16_le();
+        let raw_placement = h.get_u8();
+        let placement = Placement::from_abi(raw_placement as u32).ok_or(WireError::Invalid {
+            field: "placement",
+            value: raw_placement as u64,
+        })?;
+        let r0 = h.get_u8();
+        let request_id = h.get_u64_le();
+        let payload_len = h.get_u32_le() as usize;
+        let r1 = h.get_u32_le();
+        let queue_depth = h.get_u32_le();
+        let utilisation_permille = h.get_u16_le();
+        let r2 = h.get_u16_le();
+        let queue_delay_ns = h.get_u64_le();
+        let service_ns = h.get_u64_le();
+        if r0 != 0 || r1 != 0 || r2 != 0 {
+            return Err(WireError::Invalid {
+                field: "reserved",
+                value: (r0 as u64) | (r1 as u64) << 8 | (r2 as u64) << 40,
+            });
+        }
+        check_len("payload length", payload_len, REPLY_CAP)?;
+        let expected = REPLY_HEADER + payload_len;
+        if have < expected {
+            return Err(WireError::Truncated {
+                need: expected,
+                have,
+            });
+        }
+        if have > expected {
+            return Err(WireError::LengthMismatch {
+                expected,
+                actual: have,
+            });
+        }
+        Ok(Reply {
+            app,
+            request_id,
+            status,
+            code,
+            steps,
+            placement,
+            load: LoadFeedback {
+                queue_depth,
+                utilisation_permille,
+                queue_delay_ns,
+                service_ns,
+            },
+            payload: buf.slice(REPLY_HEADER..),
+        })
+    }
+}
+
+/// The kind byte of an encoded message, if it has one.
+pub fn peek_kind(buf: &[u8]) -> Option<u8> {
+    buf.get(1).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn descriptor() -> impl Strategy<Value = Descriptor> {
+        (any::<u64>(), any::<u64>(), any::<u32>(), 1u32..8).prop_map(
+            |(rkey, offset, len, access)| Descriptor {
+                rkey,
+                offset,
+                len,
+                access,
+            },
+        )
+    }
+
+    fn request() -> impl Strategy<Value = Request> {
+        (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            0u16..4,
+            any::<u16>(),
+            proptest::collection::vec(any::<u8>(), 0..=ARGS_CAP),
+            proptest::array::uniform8(any::<u64>()),
+            proptest::collection::vec(descriptor(), 0..=MAX_NEXT),
+            proptest::collection::vec(any::<u8>(), 0..64),
+        )
+            .prop_map(
+                |(app, handler, request_id, flags, steps, args, state, ds, reply)| Request {
+                    app,
+                    handler,
+                    request_id,
+                    flags,
+                    steps,
+                    args: Bytes::from(args),
+                    state,
+                    descriptors: Descriptors::from_slice(&ds).unwrap(),
+                    partial_reply: Bytes::from(reply),
+                },
+            )
+    }
+
+    fn reply() -> impl Strategy<Value = Reply> {
+        (
+            any::<u32>(),
+            any::<u64>(),
+            0u16..16,
+            any::<u32>(),
+            any::<u16>(),
+            0usize..3,
+            any::<(u32, u16, u64, u64)>(),
+            proptest::collection::vec(any::<u8>(), 0..=REPLY_CAP),
+        )
+            .prop_map(
+                |(app, request_id, status, code, steps, p, (q, u, d, s), payload)| Reply {
+                    app,
+                    request_id,
+                    status: Status::from_u16(status).unwrap(),
+                    code,
+                    steps,
+                    placement: Placement::ALL[p],
+                    load: LoadFeedback {
+                        queue_depth: q,
+                        utilisation_permille: u,
+                        queue_delay_ns: d,
+                        service_ns: s,
+                    },
+                    payload: Bytes::from(payload),
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn request_round_trip(r in request()) {
+            let bytes = r.to_bytes().unwrap();
+            prop_assert_eq!(bytes.len(), r.encoded_len());
+            prop_assert_eq!(Request::decode(bytes).unwrap(), r);
+        }
+
+        #[test]
+        fn reply_round_trip(r in reply()) {
+            let bytes = r.to_bytes().unwrap();
+            prop_assert_eq!(Reply::decode(bytes).unwrap(), r);
+        }
+
+        #[test]
+        fn truncations_and_extensions_are_errors(r in request(), cut in any::<usize>()) {
+            let bytes = r.to_bytes().unwrap();
+            let n = cut % bytes.len();
+            prop_assert!(Request::decode(bytes.slice(..n)).is_err());
+            let mut longer = BytesMut::from(&bytes[..]);
+            longer.put_u8(0);
+            let is_mismatch = matches!(Request::decode(longer.freeze()), Err(WireError::LengthMismatch { .. }));
+            prop_assert!(is_mismatch);
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = Request::decode(Bytes::from(bytes.clone()));
+            let _ = Reply::decode(Bytes::from(bytes));
+        }
+    }
+
+    #[test]
+    fn decode_is_zero_copy() {
+        let r = Request::new(1, 2, 3, Bytes::from_static(b"hello"), Descriptors::new());
+        let bytes = r.to_bytes().unwrap();
+        let d = Request::decode(bytes.clone()).unwrap();
+        assert_eq!(d.args.as_ptr(), bytes[REQUEST_HEADER..].as_ptr());
+    }
+
+    #[test]
+    fn strict_fields() {
+        let r = Request::new(1, 2, 3, Bytes::new(), Descriptors::new());
+        let good = r.to_bytes().unwrap().to_vec();
+        let bad = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut b = good.clone();
+            f(&mut b);
+            Request::decode(Bytes::from(b)).unwrap_err()
+        };
+        assert_eq!(bad(&|b| b[0] = 9), WireError::Version(9));
+        assert_eq!(bad(&|b| b[1] = KIND_REPLY), WireError::Kind(KIND_REPLY));
+        assert!(matches!(
+            bad(&|b| b[2] = 0x80),
+            WireError::Invalid { field: "flags", .. }
+        ));
+        assert!(matches!(
+            bad(&|b| b[14] = 9),
+            WireError::TooLarge {
+                field: "state words",
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad(&|b| b[15] = 9),
+            WireError::TooLarge {
+                field: "descriptor count",
+                ..
+            }
+        ));
+        assert!(matches!(
+            bad(&|b| b[28] = 1),
+            WireError::Invalid {
+                field: "reserved",
+                ..
+            }
+        ));
+        // One zero state word: not canonical.
+        let mut b = good.clone();
+        b[14] = 1;
+        b.extend([0u8; 8]);
+        assert!(matches!(
+            Request::decode(Bytes::from(b)),
+            Err(WireError::Invalid { .. })
+        ));
+        let mut ds = Descriptors::new();
+        ds.push(Descriptor {
+            rkey: 1,
+            offset: 0,
+            len: 8,
+            access: 0,
+        });
+        let r = Request::new(1, 2, 3, Bytes::new(), ds);
+        assert!(matches!(
+            r.to_bytes(),
+            Err(WireError::Invalid {
+                field: "descriptor access",
+                ..
+            })
+        ));
+    }
+}
