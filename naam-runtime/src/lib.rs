@@ -18,6 +18,8 @@ pub mod interp;
 pub mod loader;
 pub mod pipeline;
 pub mod placement;
+pub mod region;
+pub mod registry;
 pub mod verifier;
 pub mod wire;
 

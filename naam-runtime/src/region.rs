@@ -1,0 +1,345 @@
+//! Registered memory: regions with random 64-bit rkeys and access rights, and the resolution of
+//! descriptors against them.
+//!
+//! Region memory is shared memory in the RDMA sense: executors, the one-sided agent and the
+//! write owner access it concurrently through raw pointers, and readers protect themselves with
+//! versions (seqlock style, DESIGN.md section 6). 64-bit atomics (CAS, FAA, version words) go
+//! through `AtomicU64` and need 8-byte alignment.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_MASK, ACCESS_READ, ACCESS_WRITE};
+
+/// 8-byte aligned, fixed-size memory shared by every placement of one server.
+pub struct RegionMemory {
+    words: Box<[AtomicU64]>,
+    len: usize,
+}
+
+impl std::fmt::Debug for RegionMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RegionMemory({} bytes)", self.len)
+    }
+}
+
+/// Why a region operation was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MemError {
+    /// The range runs past the region.
+    #[error("range {offset}+{len} runs past the region's {size} bytes")]
+    OutOfRange {
+        /// Offset asked for.
+        offset: u64,
+        /// Length asked for.
+        len: u64,
+        /// Region size.
+        size: usize,
+    },
+    /// A 64-bit atomic at an offset that is not a multiple of 8.
+    #[error("atomic operation at offset {0} is not 8-byte aligned")]
+    Misaligned(u64),
+}
+
+impl RegionMemory {
+    /// `len` zero bytes.
+    pub fn zeroed(len: usize) -> RegionMemory {
+        let words = (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
+        RegionMemory { words, len }
+    }
+
+    /// A copy of `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> RegionMemory {
+        let m = RegionMemory::zeroed(bytes.len());
+        m.write(0, bytes).expect("fits by construction");
+        m
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a zero-length region.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.words.as_ptr() as u64
+    }
+
+    /// Checks `[offset, offset + len)` and returns its start address.
+    pub fn range(&self, offset: u64, len: u64) -> Result<u64, MemError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len as u64 => Ok(self.addr() + offset),
+            _ => Err(MemError::OutOfRange {
+                offset,
+                len,
+                size: self.len,
+            }),
+        }
+    }
+
+    /// Copies `dst.len()` bytes at `offset` into `dst` (a DMA or RDMA READ).
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        let src = self.range(offset, dst.len() as u64)?;
+        // SAFETY: the range lies inside this region's allocation; concurrent writers are
+        // expected (shared memory), readers validate versions.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` to `offset` (a DMA or RDMA WRITE).
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), MemError> {
+        let dst = self.range(offset, src.len() as u64)?;
+        // SAFETY: the range lies inside this region's allocation.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        Ok(())
+    }
+
+    fn word(&self, offset: u64) -> Result<&AtomicU64, MemError> {
+        if offset % 8 != 0 {
+            return Err(MemError::Misaligned(offset));
+        }
+        self.range(offset, 8)?;
+        Ok(&self.words[(offset / 8) as usize])
+    }
+
+    /// Atomic 64-bit load (acquire).
+    pub fn load_u64(&self, offset: u64) -> Result<u64, MemError> {
+        Ok(u64::from_le(self.word(offset)?.load(Ordering::Acquire)))
+    }
+
+    /// Atomic 64-bit compare-and-swap; returns the previous value.
+    pub fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
+        let w = self.word(offset)?;
+        Ok(u64::from_le(
+            match w.compare_exchange(
+                expected.to_le(),
+                new.to_le(),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(v) | Err(v) => v,
+            },
+        ))
+    }
+
+    /// Atomic 64-bit fetch-and-add; returns the previous value.
+    pub fn faa(&self, offset: u64, add: u64) -> Result<u64, MemError> {
+        let w = self.word(offset)?;
+        // Little-endian host: the stored word is the value itself.
+        Ok(w.fetch_add(add, Ordering::AcqRel))
+    }
+
+    /// A copy of the whole region (tests, snapshots).
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        self.read(0, &mut v).expect("whole region");
+        v
+    }
+}
+
+/// A registered region.
+#[derive(Debug)]
+pub struct Region {
+    /// The capability naming it.
+    pub rkey: u64,
+    /// Owning app.
+    pub app: u32,
+    /// Human-readable name.
+    pub name: String,
+    /// `ACCESS_*` rights it grants.
+    pub access: u32,
+    /// The memory.
+    pub mem: RegionMemory,
+}
+
+/// Why a descriptor does not resolve. Each maps to an error reply, never a memory access.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    /// Unknown rkey, or one that belongs to another app (indistinguishable by design).
+    #[error("rkey {0:#018x} names no region of this app")]
+    BadKey(u64),
+    /// The range runs past the region.
+    #[error("descriptor range runs past its region: {0}")]
+    OutOfRange(MemError),
+    /// Rights the region does not grant.
+    #[error("descriptor asks for access {need:#x}, region grants {have:#x}")]
+    AccessDenied {
+        /// Rights asked for.
+        need: u32,
+        /// Rights granted.
+        have: u32,
+    },
+}
+
+/// A descriptor checked against its region.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    /// The region.
+    pub region: Arc<Region>,
+    /// Offset inside it.
+    pub offset: u64,
+    /// Length.
+    pub len: u32,
+    /// Rights the descriptor asked for (granted).
+    pub access: u32,
+}
+
+impl Resolved {
+    /// Address of the first byte.
+    pub fn addr(&self) -> u64 {
+        self.region.mem.addr() + self.offset
+    }
+}
+
+/// Every region of one server, by rkey.
+#[derive(Debug, Default)]
+pub struct RegionTable {
+    by_key: HashMap<u64, Arc<Region>>,
+}
+
+/// A fresh random rkey (never 0, never in use).
+fn fresh_rkey(used: &HashMap<u64, Arc<Region>>) -> u64 {
+    loop {
+        let mut b = [0u8; 8];
+        // A failing OS RNG is not recoverable for a capability system.
+        getrandom::fill(&mut b).expect("the OS random number generator failed");
+        let k = u64::from_ne_bytes(b);
+        if k != 0 && !used.contains_key(&k) {
+            return k;
+        }
+    }
+}
+
+impl RegionTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `mem` for `app` with `access` rights under a fresh random rkey.
+    pub fn register(
+        &mut self,
+        app: u32,
+        name: &str,
+        access: u32,
+        mem: RegionMemory,
+    ) -> Arc<Region> {
+        let rkey = fresh_rkey(&self.by_key);
+        let region = Arc::new(Region {
+            rkey,
+            app,
+            name: name.to_string(),
+            access: access & ACCESS_MASK,
+            mem,
+        });
+        self.by_key.insert(rkey, region.clone());
+        region
+    }
+
+    /// The region named `rkey`, if it belongs to `app`.
+    pub fn get(&self, app: u32, rkey: u64) -> Option<&Arc<Region>> {
+        self.by_key.get(&rkey).filter(|r| r.app == app)
+    }
+
+    /// Every region.
+    pub fn regions(&self) -> impl Iterator<Item = &Arc<Region>> {
+        self.by_key.values()
+    }
+
+    /// Checks `d` for `app`: key, app, rights, bounds.
+    pub fn resolve(&self, app: u32, d: &Descriptor) -> Result<Resolved, ResolveError> {
+        let region = self.get(app, d.rkey).ok_or(ResolveError::BadKey(d.rkey))?;
+        if d.access == 0 || d.access & !region.access != 0 {
+            return Err(ResolveError::AccessDenied {
+                need: d.access,
+                have: region.access,
+            });
+        }
+        region
+            .mem
+            .range(d.offset, d.len as u64)
+            .map_err(ResolveError::OutOfRange)?;
+        Ok(Resolved {
+            region: region.clone(),
+            offset: d.offset,
+            len: d.len,
+            access: d.access,
+        })
+    }
+}
+
+/// Rights of a read-only region.
+pub const READ_ONLY: u32 = ACCESS_READ;
+/// Rights of a region that readers read and the owner writes.
+pub const READ_WRITE: u32 = ACCESS_READ | ACCESS_WRITE;
+/// Every right.
+pub const ALL_RIGHTS: u32 = ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(rkey: u64, offset: u64, len: u32, access: u32) -> Descriptor {
+        Descriptor {
+            rkey,
+            offset,
+            len,
+            access,
+        }
+    }
+
+    #[test]
+    fn resolution_checks_key_app_rights_and_bounds() {
+        let mut t = RegionTable::new();
+        let a = t.register(1, "a", READ_ONLY, RegionMemory::zeroed(64));
+        let b = t.register(2, "b", ALL_RIGHTS, RegionMemory::zeroed(64));
+        assert_ne!(a.rkey, b.rkey);
+        assert!(t.resolve(1, &d(a.rkey, 0, 64, ACCESS_READ)).is_ok());
+        assert_eq!(
+            t.resolve(1, &d(12345, 0, 8, ACCESS_READ)).unwrap_err(),
+            ResolveError::BadKey(12345)
+        );
+        assert_eq!(
+            t.resolve(1, &d(b.rkey, 0, 8, ACCESS_READ)).unwrap_err(),
+            ResolveError::BadKey(b.rkey),
+            "another app's key"
+        );
+        assert!(matches!(
+            t.resolve(1, &d(a.rkey, 60, 8, ACCESS_READ)),
+            Err(ResolveError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            t.resolve(1, &d(a.rkey, u64::MAX, 8, ACCESS_READ)),
+            Err(ResolveError::OutOfRange(_))
+        ));
+        assert!(matches!(
+            t.resolve(1, &d(a.rkey, 0, 8, ACCESS_WRITE)),
+            Err(ResolveError::AccessDenied { .. })
+        ));
+        assert!(t.resolve(2, &d(b.rkey, 8, 8, ALL_RIGHTS)).is_ok());
+    }
+
+    #[test]
+    fn atomics() {
+        let m = RegionMemory::zeroed(16);
+        assert_eq!(m.faa(8, 5).unwrap(), 0);
+        assert_eq!(m.cas(8, 5, 9).unwrap(), 5);
+        assert_eq!(
+            m.cas(8, 5, 11).unwrap(),
+            9,
+            "failed CAS returns the current value"
+        );
+        assert_eq!(m.load_u64(8).unwrap(), 9);
+        assert_eq!(m.cas(4, 0, 1), Err(MemError::Misaligned(4)));
+        assert!(matches!(m.faa(16, 1), Err(MemError::OutOfRange { .. })));
+        let mut out = [0u8; 8];
+        m.read(8, &mut out).unwrap();
+        assert_eq!(u64::from_le_bytes(out), 9);
+    }
+}

@@ -1,0 +1,264 @@
+//! Apps and their handlers. Messages name a handler by a stable 32-bit id derived from its name
+//! (FNV-1a), so clients and servers in different processes agree without a lookup.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::engine::{EngineError, EngineKind, Executable, Trust};
+use crate::loader::LoadedObject;
+use crate::placement::Placement;
+use crate::verifier::VerifierConfig;
+
+/// The stable id of the handler named `name`.
+pub fn handler_id(name: &str) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in name.bytes() {
+        h ^= b as u32;
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// Whether a handler only reads, or may return `Write`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandlerKind {
+    /// Reads only: may run at any placement, including the client.
+    Read,
+    /// May write: runs at the app's write owner only.
+    Write,
+}
+
+/// A registered handler.
+#[derive(Debug)]
+pub struct HandlerEntry {
+    /// Name.
+    pub name: String,
+    /// Stable id.
+    pub id: u32,
+    /// App id.
+    pub app: u32,
+    /// Read or write.
+    pub kind: HandlerKind,
+    /// The executable.
+    pub exe: Executable,
+}
+
+/// A registered app.
+#[derive(Debug)]
+pub struct AppEntry {
+    /// App id.
+    pub id: u32,
+    /// Name.
+    pub name: String,
+    /// Handlers by id.
+    pub handlers: HashMap<u32, Arc<HandlerEntry>>,
+    /// Placement that applies this app's writes.
+    pub owner: Placement,
+}
+
+/// Why a registration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The app id is taken.
+    #[error("app {0} is already registered")]
+    DuplicateApp(u32),
+    /// No such app.
+    #[error("no app {0}")]
+    UnknownApp(u32),
+    /// The object has no handler of that name.
+    #[error(transparent)]
+    Load(#[from] crate::loader::LoadError),
+    /// The handler does not verify or cannot use the engine.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// Two names hash to the same id, or a name is registered twice.
+    #[error("handler `{name}` collides with `{other}` (id {id:#010x})")]
+    Collision {
+        /// New name.
+        name: String,
+        /// Registered name.
+        other: String,
+        /// The id.
+        id: u32,
+    },
+    /// A write owner that cannot write.
+    #[error("the client cannot own writes")]
+    ClientOwner,
+}
+
+/// How to register one handler.
+#[derive(Clone, Debug)]
+pub struct HandlerSpec {
+    /// Name in the object.
+    pub name: String,
+    /// Read or write.
+    pub kind: HandlerKind,
+    /// Engine.
+    pub engine: EngineKind,
+    /// Trust (the JIT needs `Trusted`).
+    pub trust: Trust,
+}
+
+impl HandlerSpec {
+    /// A read-only handler on the checked interpreter.
+    pub fn read(name: &str) -> Self {
+        HandlerSpec {
+            name: name.into(),
+            kind: HandlerKind::Read,
+            engine: EngineKind::Interp,
+            trust: Trust::Untrusted,
+        }
+    }
+
+    /// A write handler on the checked interpreter.
+    pub fn write(name: &str) -> Self {
+        HandlerSpec {
+            kind: HandlerKind::Write,
+            ..HandlerSpec::read(name)
+        }
+    }
+
+    /// The same handler on the JIT (its loader vouches for it).
+    pub fn jit(mut self) -> Self {
+        self.engine = EngineKind::Jit;
+        self.trust = Trust::Trusted;
+        self
+    }
+}
+
+/// Every app of one server.
+#[derive(Debug, Default)]
+pub struct Registry {
+    apps: HashMap<u32, AppEntry>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an app whose writes are applied at `owner`.
+    pub fn add_app(&mut self, id: u32, name: &str, owner: Placement) -> Result<(), RegistryError> {
+        if owner == Placement::Client {
+            return Err(RegistryError::ClientOwner);
+        }
+        if self.apps.contains_key(&id) {
+            return Err(RegistryError::DuplicateApp(id));
+        }
+        self.apps.insert(
+            id,
+            AppEntry {
+                id,
+                name: name.into(),
+                handlers: HashMap::new(),
+                owner,
+            },
+        );
+        Ok(())
+    }
+
+    /// Verifies and registers handlers of `object` for `app`; returns their ids.
+    pub fn add_handlers(
+        &mut self,
+        app: u32,
+        object: &LoadedObject,
+        specs: &[HandlerSpec],
+        config: &VerifierConfig,
+    ) -> Result<Vec<u32>, RegistryError> {
+        let entry = self
+            .apps
+            .get_mut(&app)
+            .ok_or(RegistryError::UnknownApp(app))?;
+        let mut ids = Vec::new();
+        for spec in specs {
+            let program = object.get(&spec.name)?;
+            let exe = Executable::new(program, spec.engine, spec.trust, config)?;
+            let id = handler_id(&spec.name);
+            if let Some(other) = entry.handlers.get(&id) {
+                return Err(RegistryError::Collision {
+                    name: spec.name.clone(),
+                    other: other.name.clone(),
+                    id,
+                });
+            }
+            entry.handlers.insert(
+                id,
+                Arc::new(HandlerEntry {
+                    name: spec.name.clone(),
+                    id,
+                    app,
+                    kind: spec.kind,
+                    exe,
+                }),
+            );
+            ids.push(id);
+        }
+        Ok(ids)
+    }
+
+    /// The app.
+    pub fn app(&self, app: u32) -> Option<&AppEntry> {
+        self.apps.get(&app)
+    }
+
+    /// Every app.
+    pub fn apps(&self) -> impl Iterator<Item = &AppEntry> {
+        self.apps.values()
+    }
+
+    /// The handler, if both app and handler exist.
+    pub fn handler(&self, app: u32, handler: u32) -> Result<&Arc<HandlerEntry>, LookupError> {
+        let a = self.apps.get(&app).ok_or(LookupError::UnknownApp(app))?;
+        a.handlers
+            .get(&handler)
+            .ok_or(LookupError::UnknownHandler { app, handler })
+    }
+}
+
+/// Why a message's app or handler does not exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LookupError {
+    /// No such app.
+    #[error("no app {0}")]
+    UnknownApp(u32),
+    /// No such handler.
+    #[error("app {app} has no handler {handler:#010x}")]
+    UnknownHandler {
+        /// App.
+        app: u32,
+        /// Handler id.
+        handler: u32,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_stable_fnv1a() {
+        assert_eq!(handler_id(""), 0x811c9dc5);
+        assert_eq!(handler_id("a"), 0xe40c292c);
+        assert_ne!(handler_id("get"), handler_id("put"));
+    }
+
+    #[test]
+    fn apps_and_lookups() {
+        let mut r = Registry::new();
+        r.add_app(1, "one", Placement::Host).unwrap();
+        assert!(matches!(
+            r.add_app(1, "again", Placement::Host),
+            Err(RegistryError::DuplicateApp(1))
+        ));
+        assert!(matches!(
+            r.add_app(2, "c", Placement::Client),
+            Err(RegistryError::ClientOwner)
+        ));
+        assert_eq!(r.handler(9, 1).unwrap_err(), LookupError::UnknownApp(9));
+        assert_eq!(
+            r.handler(1, 7).unwrap_err(),
+            LookupError::UnknownHandler { app: 1, handler: 7 }
+        );
+    }
+}
