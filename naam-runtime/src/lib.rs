@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod engine;
+pub mod executor;
 pub mod helpers;
 pub mod insn;
 pub mod interp;

@@ -101,7 +101,7 @@ impl RegionMemory {
     }
 
     fn word(&self, offset: u64) -> Result<&AtomicU64, MemError> {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(MemError::Misaligned(offset));
         }
         self.range(offset, 8)?;

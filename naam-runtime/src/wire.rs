@@ -433,6 +433,8 @@ pub enum Status {
     Refused = 14,
     /// The server is shutting down or a peer is gone.
     Unavailable = 15,
+    /// A compare-and-swap in the write batch failed; the operations before it were applied.
+    Conflict = 16,
 }
 
 impl Status {
@@ -456,6 +458,7 @@ impl Status {
             13 => PlacementRefused,
             14 => Refused,
             15 => Unavailable,
+            16 => Conflict,
             _ => return None,
         })
     }
@@ -650,7 +653,7 @@ mod tests {
         (
             any::<u32>(),
             any::<u64>(),
-            0u16..16,
+            0u16..17,
             any::<u32>(),
             any::<u16>(),
             0usize..3,

@@ -1,0 +1,703 @@
+//! The executor: a sans-IO state machine that runs one message's steps, and the data paths
+//! that feed it segments at each placement.
+//!
+//! A [`StepMachine`] never touches memory or the network itself. It asks its driver for
+//! segments ([`Action::Fetch`]) or for writes to be applied ([`Action::Write`]) and is resumed
+//! with the result; it ends with [`Action::Complete`]. Threads, the simulator and the UDP server
+//! all drive this same code. Data access lives behind [`DataPath`]:
+//! - [`HostPath`]: zero-copy grants straight into region memory;
+//! - [`NicPath`]: DMA-like copies into NIC-local buffers, each access charged by a [`DmaModel`];
+//! - [`ClientPath`]: one-sided READs through a [`OneSided`] transport, one round trip per step.
+//!
+//! Segments are always granted read-only: handlers change memory only through write operations,
+//! which the write owner applies in order ([`apply_writes`]), so every placement sees the same
+//! semantics.
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use naam_ebpf::abi::{
+    write_kind, Descriptor, Return, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE, STATE_WORDS,
+};
+
+use crate::engine::{Grant, Invocation, StepError, Vm};
+use crate::interp::VmError;
+use crate::placement::Placement;
+use crate::region::{MemError, RegionTable, ResolveError};
+use crate::registry::{HandlerEntry, HandlerKind};
+use crate::wire::{Descriptors, Request, Status};
+
+/// Bounds on one message's execution.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most steps a message may take (hop limit).
+    pub max_steps: u16,
+    /// Most `Retry` returns (torn optimistic reads) per message.
+    pub max_retries: u16,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_steps: 32,
+            max_retries: 16,
+        }
+    }
+}
+
+/// One write operation, resolved against the descriptor of the segment it targets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteRequest {
+    /// Descriptor of the target segment (as the message granted it).
+    pub target: Descriptor,
+    /// `write_kind::*`.
+    pub kind: u32,
+    /// Offset inside the target segment.
+    pub offset: u32,
+    /// Bytes to store (`STORE`).
+    pub data: Vec<u8>,
+    /// New value (`CAS`) or addend (`FAA`).
+    pub operand: u64,
+    /// Expected value (`CAS`).
+    pub expected: u64,
+}
+
+/// The writes of one step, applied in order by the write owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteBatch {
+    /// App.
+    pub app: u32,
+    /// Request id (for deduplication).
+    pub request_id: u64,
+    /// Operations in order.
+    pub ops: Vec<WriteRequest>,
+}
+
+/// What the driver must do next.
+#[derive(Debug)]
+pub enum Action {
+    /// Fetch these descriptors and call [`StepMachine::step`] with the segments.
+    Fetch(Descriptors),
+    /// Apply these writes (at the owner) and call [`StepMachine::writes_applied`].
+    Write(WriteBatch),
+    /// The message is finished.
+    Complete(Completion),
+}
+
+/// The end of a message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Completion {
+    /// Outcome.
+    pub status: Status,
+    /// Handler error code, or a detail code.
+    pub code: u32,
+    /// Reply bytes (`Ok`) or an error message.
+    pub payload: Bytes,
+    /// Steps run.
+    pub steps: u16,
+    /// Interpreter instructions executed (0 under the JIT).
+    pub insns: u64,
+    /// Optimistic-read retries taken.
+    pub retries: u16,
+}
+
+impl Completion {
+    /// An error completion with a message.
+    pub fn error(status: Status, code: u32, message: impl Into<String>, steps: u16) -> Completion {
+        Completion {
+            status,
+            code,
+            payload: Bytes::from(message.into().into_bytes()),
+            steps,
+            insns: 0,
+            retries: 0,
+        }
+    }
+}
+
+/// Why writes could not be applied.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WriteError {
+    /// The target descriptor does not resolve.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The operation falls outside its segment, or is misaligned.
+    #[error("write operation {index}: {reason}")]
+    Invalid {
+        /// Operation index.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A compare-and-swap found another value; the operations before it were applied.
+    #[error("write operation {index}: compare-and-swap expected {expected:#x}, found {found:#x}")]
+    Conflict {
+        /// Operation index.
+        index: usize,
+        /// Expected value.
+        expected: u64,
+        /// Value found.
+        found: u64,
+    },
+    /// This placement is not the app's write owner.
+    #[error("this placement does not own the app's writes")]
+    NotOwner,
+}
+
+impl WriteError {
+    /// The reply status for this error.
+    pub fn status(&self) -> Status {
+        match self {
+            WriteError::Resolve(e) => resolve_status(e),
+            WriteError::Invalid { .. } => Status::Refused,
+            WriteError::Conflict { .. } => Status::Conflict,
+            WriteError::NotOwner => Status::NotOwner,
+        }
+    }
+}
+
+/// The reply status for a descriptor that does not resolve.
+pub fn resolve_status(e: &ResolveError) -> Status {
+    match e {
+        ResolveError::BadKey(_) => Status::BadKey,
+        ResolveError::OutOfRange(_) => Status::OutOfRange,
+        ResolveError::AccessDenied { .. } => Status::AccessDenied,
+    }
+}
+
+/// One message in flight at one placement.
+#[derive(Debug)]
+pub struct StepMachine {
+    handler: Arc<HandlerEntry>,
+    placement: Placement,
+    request_id: u64,
+    args: Bytes,
+    state: [u64; STATE_WORDS],
+    reply: Vec<u8>,
+    current: Descriptors,
+    steps: u16,
+    retries: u16,
+    insns: u64,
+    limits: Limits,
+}
+
+impl StepMachine {
+    /// Starts `req` at `placement`; the first action fetches the request's descriptors.
+    pub fn start(
+        req: &Request,
+        handler: Arc<HandlerEntry>,
+        placement: Placement,
+        limits: Limits,
+    ) -> (StepMachine, Action) {
+        let m = StepMachine {
+            placement,
+            request_id: req.request_id,
+            args: req.args.clone(),
+            state: req.state,
+            reply: req.partial_reply.to_vec(),
+            current: req.descriptors,
+            steps: req.steps,
+            retries: 0,
+            insns: 0,
+            limits,
+            handler,
+        };
+        let action = if placement == Placement::Client && m.handler.kind == HandlerKind::Write {
+            m.fail(
+                Status::PlacementRefused,
+                "write handlers run at the write owner, not at the client",
+            )
+        } else if m.steps >= m.limits.max_steps {
+            m.fail(
+                Status::HopLimit,
+                format!("hop limit of {} steps reached", m.limits.max_steps),
+            )
+        } else {
+            Action::Fetch(m.current)
+        };
+        (m, action)
+    }
+
+    /// The handler.
+    pub fn handler(&self) -> &Arc<HandlerEntry> {
+        &self.handler
+    }
+
+    /// Descriptors of the step being fetched or run.
+    pub fn current(&self) -> &Descriptors {
+        &self.current
+    }
+
+    /// Steps run so far.
+    pub fn steps(&self) -> u16 {
+        self.steps
+    }
+
+    fn fail(&self, status: Status, message: impl Into<String>) -> Action {
+        let mut c = Completion::error(status, 0, message, self.steps);
+        c.insns = self.insns;
+        c.retries = self.retries;
+        Action::Complete(c)
+    }
+
+    fn complete(&self, status: Status, code: u32) -> Action {
+        Action::Complete(Completion {
+            status,
+            code,
+            payload: Bytes::copy_from_slice(&self.reply),
+            steps: self.steps,
+            insns: self.insns,
+            retries: self.retries,
+        })
+    }
+
+    /// The fetch failed: the message ends with the matching error.
+    pub fn fetch_failed(&mut self, e: &ResolveError) -> Action {
+        self.fail(resolve_status(e), e.to_string())
+    }
+
+    /// Runs one step over `segments` (in the order of [`StepMachine::current`]).
+    pub fn step(&mut self, vm: &mut Vm, segments: Vec<Grant<'_>>) -> Action {
+        let inv = Invocation {
+            app: self.handler.app,
+            request_id: self.request_id,
+            step: self.steps as u32,
+            placement: self.placement.abi(),
+            args: &self.args,
+            state: self.state,
+            reply: &self.reply,
+            segments,
+        };
+        let out = match vm.run(&self.handler.exe, &inv) {
+            Ok(out) => out,
+            Err(StepError::Vm(VmError::Aborted { code })) => {
+                let mut c = Completion::error(
+                    Status::Aborted,
+                    code as u32,
+                    format!("handler aborted with code {code}"),
+                    self.steps,
+                );
+                c.insns = self.insns;
+                return Action::Complete(c);
+            }
+            Err(e @ StepError::BadInput(_)) => return self.fail(Status::Refused, e.to_string()),
+            Err(e) => return self.fail(Status::Fault, e.to_string()),
+        };
+        self.insns += out.insns.unwrap_or(0);
+        self.steps += 1;
+        self.reply.clear();
+        self.reply.extend_from_slice(vm.reply());
+        self.state = vm.state();
+        match out.ret {
+            Some(Return::Done) => self.complete(Status::Ok, 0),
+            Some(Return::Error(code)) => self.complete(Status::HandlerError, code),
+            Some(Return::Continue) => {
+                if self.steps >= self.limits.max_steps {
+                    return self.fail(
+                        Status::HopLimit,
+                        format!("hop limit of {} steps reached", self.limits.max_steps),
+                    );
+                }
+                match Descriptors::from_slice(vm.next()) {
+                    Some(next)
+                        if next.as_slice().iter().all(|d| {
+                            d.access != 0 && d.access & !naam_ebpf::abi::ACCESS_MASK == 0
+                        }) =>
+                    {
+                        self.current = next;
+                        Action::Fetch(next)
+                    }
+                    _ => self.fail(Status::Refused, "Continue with invalid next descriptors"),
+                }
+            }
+            Some(Return::Retry) => {
+                self.retries += 1;
+                if self.retries > self.limits.max_retries {
+                    return self.fail(
+                        Status::Refused,
+                        format!(
+                            "more than {} optimistic-read retries",
+                            self.limits.max_retries
+                        ),
+                    );
+                }
+                // Same step, same descriptors, fresh data.
+                self.steps -= 1;
+                Action::Fetch(self.current)
+            }
+            Some(Return::Write) => {
+                if self.handler.kind != HandlerKind::Write {
+                    return self.fail(Status::Refused, "a read handler returned Write");
+                }
+                match self.write_batch(vm) {
+                    Ok(batch) => Action::Write(batch),
+                    Err(why) => self.fail(Status::Refused, why),
+                }
+            }
+            None => self.fail(
+                Status::Fault,
+                format!("handler returned invalid r0 {:#x}", out.return_code),
+            ),
+        }
+    }
+
+    fn write_batch(&self, vm: &Vm) -> Result<WriteBatch, String> {
+        let data = vm.write_data();
+        let mut ops = Vec::with_capacity(vm.writes().len());
+        for (i, w) in vm.writes().iter().enumerate() {
+            let target = *self
+                .current
+                .as_slice()
+                .get(w.segment as usize)
+                .ok_or_else(|| {
+                    format!(
+                        "write {i} targets segment {} of {}",
+                        w.segment,
+                        self.current.len()
+                    )
+                })?;
+            let end = w.offset as u64 + w.len as u64;
+            if end > target.len as u64 {
+                return Err(format!(
+                    "write {i} runs past its segment ({end} > {})",
+                    target.len
+                ));
+            }
+            let op = match w.kind {
+                write_kind::STORE => {
+                    let bytes = data
+                        .get(w.data_offset as usize..w.data_offset as usize + w.len as usize)
+                        .ok_or_else(|| format!("write {i}: data outside the staging buffer"))?;
+                    WriteRequest {
+                        target,
+                        kind: w.kind,
+                        offset: w.offset,
+                        data: bytes.to_vec(),
+                        operand: 0,
+                        expected: 0,
+                    }
+                }
+                write_kind::CAS | write_kind::FAA => {
+                    if w.len != 8 {
+                        return Err(format!("write {i}: atomics are 8 bytes"));
+                    }
+                    WriteRequest {
+                        target,
+                        kind: w.kind,
+                        offset: w.offset,
+                        data: Vec::new(),
+                        operand: w.operand,
+                        expected: w.expected,
+                    }
+                }
+                k => return Err(format!("write {i}: unknown kind {k}")),
+            };
+            ops.push(op);
+        }
+        Ok(WriteBatch {
+            app: self.handler.app,
+            request_id: self.request_id,
+            ops,
+        })
+    }
+
+    /// The writes were applied (or not): the message completes.
+    pub fn writes_applied(&mut self, result: Result<(), WriteError>) -> Action {
+        match result {
+            Ok(()) => self.complete(Status::Ok, 0),
+            Err(e) => self.fail(e.status(), e.to_string()),
+        }
+    }
+}
+
+/// Applies `batch` to `regions` in order, each operation visible before the next (release
+/// fences), as the write owner must.
+pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), WriteError> {
+    for (index, op) in batch.ops.iter().enumerate() {
+        let need = match op.kind {
+            write_kind::STORE => ACCESS_WRITE,
+            _ => ACCESS_WRITE | ACCESS_ATOMIC,
+        };
+        if op.target.access & need != need {
+            return Err(WriteError::Invalid {
+                index,
+                reason: format!(
+                    "the descriptor grants {:#x}, the write needs {need:#x}",
+                    op.target.access
+                ),
+            });
+        }
+        let resolved = regions.resolve(batch.app, &op.target)?;
+        let at = resolved.offset + op.offset as u64;
+        let mem = &resolved.region.mem;
+        let invalid = |e: MemError| WriteError::Invalid {
+            index,
+            reason: e.to_string(),
+        };
+        match op.kind {
+            write_kind::STORE => mem.write(at, &op.data).map_err(invalid)?,
+            write_kind::CAS => {
+                let found = mem.cas(at, op.expected, op.operand).map_err(invalid)?;
+                if found != op.expected {
+                    return Err(WriteError::Conflict {
+                        index,
+                        expected: op.expected,
+                        found,
+                    });
+                }
+            }
+            write_kind::FAA => {
+                mem.faa(at, op.operand).map_err(invalid)?;
+            }
+            k => {
+                return Err(WriteError::Invalid {
+                    index,
+                    reason: format!("unknown kind {k}"),
+                })
+            }
+        }
+        fence(Ordering::Release);
+    }
+    Ok(())
+}
+
+/// Segments fetched for one step, and what fetching them cost in the model.
+pub struct Fetched<'a> {
+    /// One grant per descriptor, in order.
+    pub grants: Vec<Grant<'a>>,
+    /// Modelled cost of the fetch, nanoseconds (0 for direct memory).
+    pub cost_ns: u64,
+}
+
+/// How a placement reaches the data a step needs.
+pub trait DataPath {
+    /// The placement this path serves.
+    fn placement(&self) -> Placement;
+    /// Resolves and fetches `descs` of `app`.
+    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, ResolveError>;
+}
+
+/// Host cores: descriptors resolve to zero-copy, read-only views of region memory.
+pub struct HostPath {
+    regions: Arc<RegionTable>,
+}
+
+impl HostPath {
+    /// A host path over `regions`.
+    pub fn new(regions: Arc<RegionTable>) -> Self {
+        HostPath { regions }
+    }
+}
+
+impl DataPath for HostPath {
+    fn placement(&self) -> Placement {
+        Placement::Host
+    }
+
+    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, ResolveError> {
+        let mut grants = Vec::with_capacity(descs.len());
+        for d in descs {
+            let r = self.regions.resolve(app, d)?;
+            // SAFETY: the resolved range lies inside a region that `self.regions` keeps alive for
+            // the whole step; it is granted read-only.
+            grants.push(unsafe { Grant::raw(r.addr(), r.len as usize, ACCESS_READ) });
+        }
+        Ok(Fetched { grants, cost_ns: 0 })
+    }
+}
+
+/// Cost model of a DMA access from NIC cores to host memory: a fixed PCIe round trip plus a
+/// per-byte transfer time. Defaults follow published BlueField-2 figures (about 1 µs for a
+/// small DMA read across PCIe Gen4, about 10 GB/s sustained per engine); they are a model, not a
+/// measurement on this machine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DmaModel {
+    /// Fixed cost of one access, nanoseconds.
+    pub access_ns: u64,
+    /// Transfer cost, picoseconds per byte.
+    pub ps_per_byte: u64,
+}
+
+impl Default for DmaModel {
+    fn default() -> Self {
+        DmaModel {
+            access_ns: 1_000,
+            ps_per_byte: 100,
+        }
+    }
+}
+
+impl DmaModel {
+    /// Modelled cost of reading `bytes` in one access.
+    pub fn cost_ns(&self, bytes: u64) -> u64 {
+        self.access_ns + bytes * self.ps_per_byte / 1000
+    }
+}
+
+/// NIC cores: each descriptor is one DMA read into a NIC-local buffer, charged by the model.
+pub struct NicPath {
+    regions: Arc<RegionTable>,
+    model: DmaModel,
+    buffers: Vec<Vec<u8>>,
+}
+
+impl NicPath {
+    /// A NIC path over `regions` with the DMA cost `model`.
+    pub fn new(regions: Arc<RegionTable>, model: DmaModel) -> Self {
+        NicPath {
+            regions,
+            model,
+            buffers: Vec::new(),
+        }
+    }
+}
+
+impl DataPath for NicPath {
+    fn placement(&self) -> Placement {
+        Placement::Nic
+    }
+
+    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, ResolveError> {
+        if self.buffers.len() < descs.len() {
+            self.buffers.resize_with(descs.len(), Vec::new);
+        }
+        let mut cost_ns = 0;
+        for (d, buf) in descs.iter().zip(self.buffers.iter_mut()) {
+            let r = self.regions.resolve(app, d)?;
+            buf.resize(r.len as usize, 0);
+            r.region
+                .mem
+                .read(r.offset, buf)
+                .map_err(ResolveError::OutOfRange)?;
+            cost_ns += self.model.cost_ns(r.len as u64);
+        }
+        let grants = self.buffers[..descs.len()]
+            .iter()
+            .map(|b| Grant::read(b))
+            .collect();
+        Ok(Fetched { grants, cost_ns })
+    }
+}
+
+/// A one-sided READ transport: fetch the bytes of several descriptors in one round trip.
+pub trait OneSided {
+    /// Reads `descs` of `app` into `bufs` (one per descriptor, resized to fit); returns the
+    /// round-trip cost in nanoseconds (measured or modelled).
+    fn read(
+        &mut self,
+        app: u32,
+        descs: &[Descriptor],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<u64, ResolveError>;
+}
+
+/// The client: every step's data comes from one batched one-sided READ.
+pub struct ClientPath<T: OneSided> {
+    transport: T,
+    buffers: Vec<Vec<u8>>,
+}
+
+impl<T: OneSided> ClientPath<T> {
+    /// A client path over `transport`.
+    pub fn new(transport: T) -> Self {
+        ClientPath {
+            transport,
+            buffers: Vec::new(),
+        }
+    }
+
+    /// The transport.
+    pub fn transport(&mut self) -> &mut T {
+        &mut self.transport
+    }
+}
+
+impl<T: OneSided> DataPath for ClientPath<T> {
+    fn placement(&self) -> Placement {
+        Placement::Client
+    }
+
+    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, ResolveError> {
+        if self.buffers.len() < descs.len() {
+            self.buffers.resize_with(descs.len(), Vec::new);
+        }
+        let cost_ns = if descs.is_empty() {
+            0
+        } else {
+            self.transport
+                .read(app, descs, &mut self.buffers[..descs.len()])?
+        };
+        let grants = self.buffers[..descs.len()]
+            .iter()
+            .map(|b| Grant::read(b))
+            .collect();
+        Ok(Fetched { grants, cost_ns })
+    }
+}
+
+/// The one-sided agent's READ, served from the region table (the in-process agent, and the
+/// server side of remote agents). READ needs the read right.
+pub fn one_sided_read(
+    regions: &RegionTable,
+    app: u32,
+    descs: &[Descriptor],
+    bufs: &mut [Vec<u8>],
+) -> Result<(), ResolveError> {
+    for (d, buf) in descs.iter().zip(bufs.iter_mut()) {
+        if d.access & ACCESS_READ == 0 {
+            return Err(ResolveError::AccessDenied {
+                need: ACCESS_READ,
+                have: d.access,
+            });
+        }
+        let r = regions.resolve(app, d)?;
+        buf.resize(r.len as usize, 0);
+        r.region
+            .mem
+            .read(r.offset, buf)
+            .map_err(ResolveError::OutOfRange)?;
+    }
+    Ok(())
+}
+
+/// Accounting of one driven message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunCost {
+    /// Modelled data-access cost, nanoseconds.
+    pub fetch_ns: u64,
+    /// Fetches made (one per step, retries included).
+    pub fetches: u32,
+}
+
+/// Drives `req` to completion on `path` (the synchronous driver used by executor threads, the
+/// client and tests). `apply` applies write batches when this placement owns the app's writes.
+pub fn run_message<P: DataPath>(
+    req: &Request,
+    handler: Arc<HandlerEntry>,
+    path: &mut P,
+    vm: &mut Vm,
+    limits: Limits,
+    mut apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
+) -> (Completion, RunCost) {
+    let app = req.app;
+    let (mut m, mut action) = StepMachine::start(req, handler, path.placement(), limits);
+    let mut cost = RunCost::default();
+    loop {
+        action = match action {
+            Action::Complete(c) => return (c, cost),
+            Action::Fetch(descs) => match path.fetch(app, descs.as_slice()) {
+                Ok(f) => {
+                    cost.fetch_ns += f.cost_ns;
+                    cost.fetches += 1;
+                    m.step(vm, f.grants)
+                }
+                Err(e) => m.fetch_failed(&e),
+            },
+            Action::Write(batch) => {
+                let r = apply(&batch);
+                m.writes_applied(r)
+            }
+        };
+    }
+}
