@@ -11,6 +11,7 @@
 //! Everything except [`pipeline`] is IO-free: bytes in, decisions out.
 #![deny(missing_docs)]
 
+pub mod clock;
 pub mod engine;
 pub mod executor;
 pub mod helpers;
@@ -21,6 +22,8 @@ pub mod pipeline;
 pub mod placement;
 pub mod region;
 pub mod registry;
+pub mod sim;
+pub mod steering;
 pub mod verifier;
 pub mod wire;
 

@@ -1,0 +1,414 @@
+//! A deterministic virtual-time simulator of one server's placements under a steady stream of
+//! read messages. It drives the real steering code ([`LoadTracker`], any [`Policy`]) with a
+//! virtual clock: arrivals, FIFO queues at Host and NIC executors, client execution with
+//! one-sided round trips, a congestion window that slows host executors, and a steering period.
+//! Figures from it are labelled `sim`; they are model outputs, not measurements.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use serde::Serialize;
+
+use crate::clock::Nanos;
+use crate::placement::Placement;
+use crate::steering::{HandlerKey, HandlerLoad, LoadTracker, Policy, SteeringInputs, Weights};
+
+/// The simulated handler's key.
+pub const SIM_KEY: HandlerKey = (1, 1);
+
+/// What to simulate.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimConfig {
+    /// Virtual run time.
+    pub duration_ns: Nanos,
+    /// One message every this many nanoseconds.
+    pub arrival_interval_ns: Nanos,
+    /// Host executor threads.
+    pub host_executors: u32,
+    /// NIC executor threads.
+    pub nic_executors: u32,
+    /// Service time per message at each placement (index [`Placement::index`]), nanoseconds.
+    pub service_ns: [Nanos; 3],
+    /// Steps per message (each a one-sided round trip at the client).
+    pub steps: u16,
+    /// One-sided READ round trip, nanoseconds.
+    pub client_rtt_ns: Nanos,
+    /// Steering period.
+    pub period_ns: Nanos,
+    /// Host congestion: `(start, end, slowdown)`: host service time × slowdown inside the window.
+    pub congestion: Option<(Nanos, Nanos, f64)>,
+    /// Width of the reporting buckets.
+    pub bucket_ns: Nanos,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            duration_ns: 200_000_000,
+            arrival_interval_ns: 2_000,
+            host_executors: 2,
+            nic_executors: 4,
+            service_ns: [1_500, 3_000, 1_000],
+            steps: 2,
+            client_rtt_ns: 5_000,
+            period_ns: 1_000_000,
+            congestion: Some((50_000_000, 120_000_000, 10.0)),
+            bucket_ns: 1_000_000,
+        }
+    }
+}
+
+/// Messages started per placement within one bucket.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Bucket {
+    /// Bucket start.
+    pub start_ns: Nanos,
+    /// Messages per placement (index [`Placement::index`]).
+    pub placed: [u64; 3],
+    /// Mean completion time of messages that arrived in the bucket, nanoseconds.
+    pub mean_latency_ns: f64,
+}
+
+impl Bucket {
+    /// Fraction of the bucket's messages at `p`.
+    pub fn share(&self, p: Placement) -> f64 {
+        let total: u64 = self.placed.iter().sum();
+        if total == 0 {
+            0.0
+        } else {
+            self.placed[p.index()] as f64 / total as f64
+        }
+    }
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimResult {
+    /// The configuration.
+    pub config: SimConfig,
+    /// Policy name.
+    pub policy: String,
+    /// Per-bucket placement counts.
+    pub buckets: Vec<Bucket>,
+    /// Weights after every steering decision.
+    pub weights: Vec<(Nanos, Weights)>,
+}
+
+impl SimResult {
+    /// First time at or after `from` when `p`'s share is at most `limit` and stays there for
+    /// `hold` buckets; `None` if never.
+    pub fn first_time_share_at_most(
+        &self,
+        p: Placement,
+        limit: f64,
+        from: Nanos,
+        hold: usize,
+    ) -> Option<Nanos> {
+        let idx: Vec<usize> = (0..self.buckets.len())
+            .filter(|&i| self.buckets[i].start_ns >= from)
+            .collect();
+        idx.iter().enumerate().find_map(|(k, &i)| {
+            let window = idx.get(k..k + hold)?;
+            window
+                .iter()
+                .all(|&j| self.buckets[j].share(p) <= limit)
+                .then_some(self.buckets[i].start_ns)
+        })
+    }
+
+    /// First time at or after `from` when `p`'s share is at least `limit` for `hold` buckets.
+    pub fn first_time_share_at_least(
+        &self,
+        p: Placement,
+        limit: f64,
+        from: Nanos,
+        hold: usize,
+    ) -> Option<Nanos> {
+        let idx: Vec<usize> = (0..self.buckets.len())
+            .filter(|&i| self.buckets[i].start_ns >= from)
+            .collect();
+        idx.iter().enumerate().find_map(|(k, &i)| {
+            let window = idx.get(k..k + hold)?;
+            window
+                .iter()
+                .all(|&j| self.buckets[j].share(p) >= limit)
+                .then_some(self.buckets[i].start_ns)
+        })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    // Order matters for ties: finish work before new arrivals, decide last.
+    Done {
+        placement: usize,
+        arrived: Nanos,
+        service: Nanos,
+    },
+    Arrival,
+    Tick,
+}
+
+struct Station {
+    queue: VecDeque<Nanos>,
+    busy: u32,
+    executors: u32,
+}
+
+/// Smooth weighted round robin: deterministic, and exact fractions over any window.
+#[derive(Default)]
+struct Selector {
+    credit: [f64; 3],
+}
+
+impl Selector {
+    fn pick(&mut self, w: &Weights) -> Placement {
+        for p in Placement::ALL {
+            self.credit[p.index()] += w.of(p);
+        }
+        let mut best = Placement::Host;
+        for p in Placement::ALL {
+            if w.of(p) > 0.0
+                && (w.of(best) == 0.0 || self.credit[p.index()] > self.credit[best.index()])
+            {
+                best = p;
+            }
+        }
+        self.credit[best.index()] -= 1.0;
+        best
+    }
+}
+
+/// Runs the simulation with `policy`.
+pub fn simulate(config: &SimConfig, policy: &mut dyn Policy) -> SimResult {
+    let c = config;
+    let mut events: BinaryHeap<Reverse<(Nanos, Event)>> = BinaryHeap::new();
+    events.push(Reverse((0, Event::Arrival)));
+    events.push(Reverse((c.period_ns, Event::Tick)));
+    let mut stations = [
+        Station {
+            queue: VecDeque::new(),
+            busy: 0,
+            executors: u32::MAX,
+        },
+        Station {
+            queue: VecDeque::new(),
+            busy: 0,
+            executors: c.nic_executors,
+        },
+        Station {
+            queue: VecDeque::new(),
+            busy: 0,
+            executors: c.host_executors,
+        },
+    ];
+    let mut trackers = [
+        LoadTracker::new(1, 0),
+        LoadTracker::new(c.nic_executors, 0),
+        LoadTracker::new(c.host_executors, 0),
+    ];
+    let mut weights = Weights::all(Placement::Host);
+    let mut selector = Selector::default();
+    let nbuckets = c.duration_ns.div_ceil(c.bucket_ns) as usize;
+    let mut buckets: Vec<Bucket> = (0..nbuckets)
+        .map(|i| Bucket {
+            start_ns: i as u64 * c.bucket_ns,
+            ..Bucket::default()
+        })
+        .collect();
+    let mut latency_sum = vec![0f64; nbuckets];
+    let mut latency_n = vec![0u64; nbuckets];
+    let mut timeline = Vec::new();
+
+    let service_at = |p: Placement, now: Nanos| -> Nanos {
+        let base = c.service_ns[p.index()];
+        match (p, c.congestion) {
+            (Placement::Host, Some((s, e, slow))) if now >= s && now < e => {
+                (base as f64 * slow) as Nanos
+            }
+            _ => base,
+        }
+    };
+
+    while let Some(Reverse((now, ev))) = events.pop() {
+        if now >= c.duration_ns {
+            break;
+        }
+        match ev {
+            Event::Arrival => {
+                let p = selector.pick(&weights);
+                buckets[(now / c.bucket_ns) as usize].placed[p.index()] += 1;
+                let st = &mut stations[p.index()];
+                if p == Placement::Client {
+                    let service = service_at(p, now);
+                    let latency = service + c.steps as u64 * c.client_rtt_ns;
+                    events.push(Reverse((
+                        now + latency,
+                        Event::Done {
+                            placement: 0,
+                            arrived: now,
+                            service,
+                        },
+                    )));
+                } else if st.busy < st.executors {
+                    st.busy += 1;
+                    trackers[p.index()].dequeued(0, st.queue.len() as u32);
+                    let service = service_at(p, now);
+                    events.push(Reverse((
+                        now + service,
+                        Event::Done {
+                            placement: p.index(),
+                            arrived: now,
+                            service,
+                        },
+                    )));
+                } else {
+                    st.queue.push_back(now);
+                }
+                events.push(Reverse((now + c.arrival_interval_ns, Event::Arrival)));
+            }
+            Event::Done {
+                placement,
+                arrived,
+                service,
+            } => {
+                trackers[placement].completed(SIM_KEY, service, c.steps);
+                let b = (arrived / c.bucket_ns) as usize;
+                latency_sum[b] += (now - arrived) as f64;
+                latency_n[b] += 1;
+                if placement != 0 {
+                    let st = &mut stations[placement];
+                    if let Some(enq) = st.queue.pop_front() {
+                        trackers[placement].dequeued(now - enq, st.queue.len() as u32);
+                        let p = Placement::ALL[placement];
+                        let service = service_at(p, now);
+                        events.push(Reverse((
+                            now + service,
+                            Event::Done {
+                                placement,
+                                arrived: enq,
+                                service,
+                            },
+                        )));
+                    } else {
+                        st.busy -= 1;
+                    }
+                }
+            }
+            Event::Tick => {
+                let mut inputs = SteeringInputs {
+                    client_rtt_ns: c.client_rtt_ns as f64,
+                    ..SteeringInputs::default()
+                };
+                for p in Placement::ALL {
+                    inputs.placements[p.index()] = trackers[p.index()].sample(now);
+                }
+                // A queue that is not draining counts with what it holds, not only what it served.
+                for p in [Placement::Nic, Placement::Host] {
+                    let st = &stations[p.index()];
+                    if let Some(&oldest) = st.queue.front() {
+                        let l = &mut inputs.placements[p.index()];
+                        l.queue_delay_ns = l.queue_delay_ns.max((now - oldest) as f64);
+                    }
+                }
+                let handler = HandlerLoad {
+                    service_ns: [0, 1, 2].map(|i| trackers[i].service(SIM_KEY)),
+                    steps: c.steps as f64,
+                    read_only: true,
+                    owner: Some(Placement::Host),
+                };
+                weights = policy.decide(SIM_KEY, &handler, &inputs, now);
+                timeline.push((now, weights));
+                events.push(Reverse((now + c.period_ns, Event::Tick)));
+            }
+        }
+    }
+    for (i, b) in buckets.iter_mut().enumerate() {
+        b.mean_latency_ns = if latency_n[i] > 0 {
+            latency_sum[i] / latency_n[i] as f64
+        } else {
+            0.0
+        };
+    }
+    SimResult {
+        config: c.clone(),
+        policy: policy.name(),
+        buckets,
+        weights: timeline,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::steering::{CostPolicy, CostPolicyConfig, StaticPolicy};
+
+    #[test]
+    fn congestion_moves_reads_off_the_host_within_10ms_and_back() {
+        let cfg = SimConfig::default();
+        let (onset, end, _) = cfg.congestion.unwrap();
+        let r = simulate(&cfg, &mut CostPolicy::new(CostPolicyConfig::default()));
+        // Before congestion the host is the cheapest placement.
+        let before = r
+            .first_time_share_at_least(Placement::Host, 0.9, 10_000_000, 30)
+            .expect("host carries traffic");
+        assert!(before < onset);
+        // At least 90% off the host within 10 ms of virtual time, and it stays off.
+        let moved = r
+            .first_time_share_at_most(Placement::Host, 0.1, onset, 20)
+            .expect("traffic moved");
+        assert!(
+            moved - onset <= 10_000_000,
+            "moved after {} ms",
+            (moved - onset) as f64 / 1e6
+        );
+        // Back on the host after the congestion ends.
+        let back = r
+            .first_time_share_at_least(Placement::Host, 0.9, end, 20)
+            .expect("traffic came back");
+        eprintln!(
+            "sim: 90% off the host {:.1} ms after onset, back {:.1} ms after the end",
+            (moved - onset) as f64 / 1e6,
+            (back - end) as f64 / 1e6
+        );
+        assert!(
+            back - end <= 30_000_000,
+            "back after {} ms",
+            (back - end) as f64 / 1e6
+        );
+    }
+
+    #[test]
+    fn deterministic() {
+        let cfg = SimConfig {
+            duration_ns: 60_000_000,
+            ..SimConfig::default()
+        };
+        let a = simulate(&cfg, &mut CostPolicy::new(CostPolicyConfig::default()));
+        let b = simulate(&cfg, &mut CostPolicy::new(CostPolicyConfig::default()));
+        assert_eq!(a.buckets, b.buckets);
+    }
+
+    #[test]
+    fn static_host_suffers_where_auto_does_not() {
+        let cfg = SimConfig {
+            duration_ns: 100_000_000,
+            ..SimConfig::default()
+        };
+        let auto = simulate(&cfg, &mut CostPolicy::new(CostPolicyConfig::default()));
+        let host = simulate(&cfg, &mut StaticPolicy(Placement::Host));
+        let late = |r: &SimResult| {
+            r.buckets[60..90]
+                .iter()
+                .map(|b| b.mean_latency_ns)
+                .sum::<f64>()
+                / 30.0
+        };
+        assert!(
+            late(&host) > 10.0 * late(&auto),
+            "static host {} vs auto {}",
+            late(&host),
+            late(&auto)
+        );
+    }
+}

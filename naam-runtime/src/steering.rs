@@ -1,0 +1,495 @@
+//! Steering: load signals per placement and the policies that turn them into per-(app, handler)
+//! weights over placements. Everything here is pure and takes time as an argument, so the
+//! threaded cluster, the UDP server and the virtual-time simulator run the same decisions.
+//!
+//! The cost policy estimates, for each placement a handler may use, its expected completion time
+//! `queueing delay + service time (+ steps × one-sided RTT at the client)`, moves the traffic to
+//! the cheapest placement, and keeps a small probe share on the others so their signals stay
+//! fresh (that is how traffic comes back when congestion ends). Hysteresis: a move happens only
+//! when the challenger is cheaper by a margin for several consecutive decisions.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::clock::Nanos;
+use crate::placement::Placement;
+
+/// Exponentially weighted moving average.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Ewma {
+    value: f64,
+    samples: u64,
+}
+
+impl Ewma {
+    /// Smoothing factor for new samples.
+    pub const ALPHA: f64 = 0.25;
+
+    /// Adds a sample.
+    pub fn add(&mut self, x: f64) {
+        self.value = if self.samples == 0 {
+            x
+        } else {
+            self.value + Self::ALPHA * (x - self.value)
+        };
+        self.samples += 1;
+    }
+
+    /// The average, if any sample was seen.
+    pub fn get(&self) -> Option<f64> {
+        (self.samples > 0).then_some(self.value)
+    }
+
+    /// Samples seen.
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+}
+
+/// Identifies a handler of an app.
+pub type HandlerKey = (u32, u32);
+
+/// Load of one placement as the controller sees it after a period.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PlacementLoad {
+    /// Messages waiting.
+    pub queue_depth: u32,
+    /// Queueing-delay EWMA, nanoseconds.
+    pub queue_delay_ns: f64,
+    /// Busy fraction of the executors over the last period (0..=1).
+    pub utilisation: f64,
+    /// Whether the placement can take messages at all (its executors are up).
+    pub available: bool,
+}
+
+/// Per-handler signals.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct HandlerLoad {
+    /// Service-time EWMA per placement (index [`Placement::index`]), nanoseconds.
+    pub service_ns: [Option<f64>; 3],
+    /// Average steps per message.
+    pub steps: f64,
+    /// Whether the handler only reads (may run at the client).
+    pub read_only: bool,
+    /// The app's write owner (where a write handler must run).
+    pub owner: Option<Placement>,
+}
+
+/// Everything a policy decides from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SteeringInputs {
+    /// Per placement (index [`Placement::index`]).
+    pub placements: [PlacementLoad; 3],
+    /// One-sided READ round trip seen by clients, nanoseconds.
+    pub client_rtt_ns: f64,
+}
+
+/// Fractions of a handler's messages per placement (index [`Placement::index`]); they sum to 1.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Weights(pub [f64; 3]);
+
+impl Weights {
+    /// Everything at `p`.
+    pub fn all(p: Placement) -> Weights {
+        let mut w = [0.0; 3];
+        w[p.index()] = 1.0;
+        Weights(w)
+    }
+
+    /// The weight of `p`.
+    pub fn of(&self, p: Placement) -> f64 {
+        self.0[p.index()]
+    }
+
+    /// The placement with the largest weight.
+    pub fn major(&self) -> Placement {
+        let mut best = Placement::Host;
+        for p in Placement::ALL {
+            if self.of(p) > self.of(best) {
+                best = p;
+            }
+        }
+        best
+    }
+}
+
+/// A steering policy.
+pub trait Policy: Send {
+    /// Name, for reports.
+    fn name(&self) -> String;
+    /// Weights for `key` at time `now`.
+    fn decide(
+        &mut self,
+        key: HandlerKey,
+        handler: &HandlerLoad,
+        inputs: &SteeringInputs,
+        now: Nanos,
+    ) -> Weights;
+}
+
+/// Always one placement: the baselines. Write handlers still go to their owner. A static policy
+/// ignores load and availability by design; that is what it is a baseline for.
+#[derive(Clone, Copy, Debug)]
+pub struct StaticPolicy(pub Placement);
+
+impl Policy for StaticPolicy {
+    fn name(&self) -> String {
+        format!("always-{}", self.0)
+    }
+
+    fn decide(
+        &mut self,
+        _: HandlerKey,
+        handler: &HandlerLoad,
+        _: &SteeringInputs,
+        _: Nanos,
+    ) -> Weights {
+        match (handler.read_only, handler.owner) {
+            (false, Some(owner)) => Weights::all(owner),
+            _ => Weights::all(self.0),
+        }
+    }
+}
+
+/// Settings of the cost policy.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CostPolicyConfig {
+    /// A challenger must be cheaper than the incumbent by this fraction.
+    pub margin: f64,
+    /// ...for this many consecutive decisions.
+    pub confirm: u32,
+    /// Share kept on every other usable placement, so its signals stay fresh.
+    pub probe: f64,
+    /// Service-time guess for a placement never measured, relative to the cheapest measured one.
+    pub unknown_factor: f64,
+}
+
+impl Default for CostPolicyConfig {
+    fn default() -> Self {
+        CostPolicyConfig {
+            margin: 0.2,
+            confirm: 2,
+            probe: 0.02,
+            unknown_factor: 1.5,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Incumbent {
+    placement: Placement,
+    challenger: Option<Placement>,
+    streak: u32,
+}
+
+/// Minimises expected completion time, with hysteresis and probes.
+#[derive(Debug, Default)]
+pub struct CostPolicy {
+    config: CostPolicyConfig,
+    state: HashMap<HandlerKey, Incumbent>,
+}
+
+impl CostPolicy {
+    /// A cost policy with `config`.
+    pub fn new(config: CostPolicyConfig) -> Self {
+        CostPolicy {
+            config,
+            state: HashMap::new(),
+        }
+    }
+
+    /// Expected completion time of one message at each placement (`None`: not usable).
+    pub fn completion_times(&self, h: &HandlerLoad, inputs: &SteeringInputs) -> [Option<f64>; 3] {
+        let measured = h
+            .service_ns
+            .iter()
+            .flatten()
+            .fold(f64::INFINITY, |a, &b| a.min(b));
+        let guess = if measured.is_finite() {
+            measured * self.config.unknown_factor
+        } else {
+            1_000.0
+        };
+        let mut out = [None; 3];
+        for p in Placement::ALL {
+            let load = &inputs.placements[p.index()];
+            let usable = load.available && (h.read_only || p != Placement::Client);
+            if !usable {
+                continue;
+            }
+            let service = h.service_ns[p.index()].unwrap_or(guess);
+            let extra = if p == Placement::Client {
+                h.steps.max(1.0) * inputs.client_rtt_ns
+            } else {
+                load.queue_delay_ns
+            };
+            out[p.index()] = Some(service + extra);
+        }
+        out
+    }
+}
+
+impl Policy for CostPolicy {
+    fn name(&self) -> String {
+        "auto".into()
+    }
+
+    fn decide(
+        &mut self,
+        key: HandlerKey,
+        h: &HandlerLoad,
+        inputs: &SteeringInputs,
+        _now: Nanos,
+    ) -> Weights {
+        if !h.read_only {
+            // Writes go to the owner, whatever the load.
+            return Weights::all(h.owner.unwrap_or(Placement::Host));
+        }
+        let ect = self.completion_times(h, inputs);
+        let best = Placement::ALL
+            .into_iter()
+            .filter_map(|p| ect[p.index()].map(|t| (p, t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(b.0.index().cmp(&a.0.index())));
+        let Some((best, best_t)) = best else {
+            return Weights::all(Placement::Host);
+        };
+        let cfg = self.config;
+        let inc = self.state.entry(key).or_insert(Incumbent {
+            placement: best,
+            challenger: None,
+            streak: 0,
+        });
+        match ect[inc.placement.index()] {
+            // The incumbent became unusable: move at once.
+            None => {
+                *inc = Incumbent {
+                    placement: best,
+                    challenger: None,
+                    streak: 0,
+                }
+            }
+            Some(inc_t) if best != inc.placement && best_t * (1.0 + cfg.margin) < inc_t => {
+                if inc.challenger == Some(best) {
+                    inc.streak += 1;
+                } else {
+                    inc.challenger = Some(best);
+                    inc.streak = 1;
+                }
+                if inc.streak >= cfg.confirm {
+                    *inc = Incumbent {
+                        placement: best,
+                        challenger: None,
+                        streak: 0,
+                    };
+                }
+            }
+            Some(_) => {
+                inc.challenger = None;
+                inc.streak = 0;
+            }
+        }
+        let mut w = [0.0; 3];
+        let others: Vec<Placement> = Placement::ALL
+            .into_iter()
+            .filter(|&p| p != inc.placement && ect[p.index()].is_some())
+            .collect();
+        for &p in &others {
+            w[p.index()] = cfg.probe;
+        }
+        w[inc.placement.index()] = 1.0 - cfg.probe * others.len() as f64;
+        Weights(w)
+    }
+}
+
+/// Tracks one placement's load from the events its executors report.
+#[derive(Clone, Debug, Default)]
+pub struct LoadTracker {
+    queue_delay: Ewma,
+    depth: u32,
+    busy_ns: u64,
+    window_start: Nanos,
+    executors: u32,
+    available: bool,
+    service: HashMap<HandlerKey, Ewma>,
+    steps: HashMap<HandlerKey, Ewma>,
+}
+
+impl LoadTracker {
+    /// A tracker for `executors` executor threads, starting at `now`.
+    pub fn new(executors: u32, now: Nanos) -> Self {
+        LoadTracker {
+            executors,
+            window_start: now,
+            available: executors > 0,
+            ..Default::default()
+        }
+    }
+
+    /// A message left the queue after waiting `waited` nanoseconds; `depth` are still queued.
+    pub fn dequeued(&mut self, waited: Nanos, depth: u32) {
+        self.queue_delay.add(waited as f64);
+        self.depth = depth;
+    }
+
+    /// A message of `key` finished after `service` nanoseconds of executor time and `steps`.
+    pub fn completed(&mut self, key: HandlerKey, service: Nanos, steps: u16) {
+        self.busy_ns += service;
+        self.service.entry(key).or_default().add(service as f64);
+        self.steps.entry(key).or_default().add(steps as f64);
+    }
+
+    /// Executor time taken away from messages (a CPU hog, a capacity limit).
+    pub fn stolen(&mut self, ns: Nanos) {
+        self.busy_ns += ns;
+    }
+
+    /// Marks the placement up or down.
+    pub fn set_available(&mut self, up: bool) {
+        self.available = up;
+    }
+
+    /// Closes the period ending at `now` and returns the placement's load.
+    pub fn sample(&mut self, now: Nanos) -> PlacementLoad {
+        let window =
+            now.saturating_sub(self.window_start).max(1) as f64 * self.executors.max(1) as f64;
+        let utilisation = (self.busy_ns as f64 / window).min(1.0);
+        self.busy_ns = 0;
+        self.window_start = now;
+        PlacementLoad {
+            queue_depth: self.depth,
+            queue_delay_ns: self.queue_delay.get().unwrap_or(0.0),
+            utilisation,
+            available: self.available,
+        }
+    }
+
+    /// Service-time EWMA of `key` here.
+    pub fn service(&self, key: HandlerKey) -> Option<f64> {
+        self.service.get(&key).and_then(Ewma::get)
+    }
+
+    /// Steps EWMA of `key` here.
+    pub fn steps(&self, key: HandlerKey) -> Option<f64> {
+        self.steps.get(&key).and_then(Ewma::get)
+    }
+
+    /// Every handler seen here.
+    pub fn handlers(&self) -> impl Iterator<Item = &HandlerKey> {
+        self.service.keys()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: HandlerKey = (1, 2);
+
+    fn inputs(host_delay: f64, nic_delay: f64) -> SteeringInputs {
+        let up = |d| PlacementLoad {
+            queue_depth: 0,
+            queue_delay_ns: d,
+            utilisation: 0.5,
+            available: true,
+        };
+        SteeringInputs {
+            placements: [up(0.0), up(nic_delay), up(host_delay)],
+            client_rtt_ns: 5_000.0,
+        }
+    }
+
+    fn handler() -> HandlerLoad {
+        HandlerLoad {
+            service_ns: [Some(1_000.0), Some(3_000.0), Some(1_000.0)],
+            steps: 2.0,
+            read_only: true,
+            owner: Some(Placement::Host),
+        }
+    }
+
+    #[test]
+    fn moves_off_a_congested_placement_and_comes_back() {
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        let h = handler();
+        let w = p.decide(KEY, &h, &inputs(0.0, 0.0), 0);
+        assert_eq!(w.major(), Placement::Host);
+        assert!((w.0.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        // Congestion: the host's queue grows. One decision is not enough (hysteresis)...
+        let congested = inputs(50_000.0, 0.0);
+        assert_eq!(p.decide(KEY, &h, &congested, 1).major(), Placement::Host);
+        // ...two are.
+        let w = p.decide(KEY, &h, &congested, 2);
+        assert_eq!(w.major(), Placement::Nic);
+        assert!(
+            w.of(Placement::Host) <= 0.1,
+            "at least 90% off the host: {w:?}"
+        );
+        // Congestion ends: back to the host after confirmation.
+        p.decide(KEY, &h, &inputs(0.0, 0.0), 3);
+        assert_eq!(
+            p.decide(KEY, &h, &inputs(0.0, 0.0), 4).major(),
+            Placement::Host
+        );
+    }
+
+    #[test]
+    fn does_not_flap_under_noise() {
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        let h = handler();
+        // Host and NIC completion times within the margin of each other, noise alternating.
+        let mut moves = 0;
+        let mut last = p.decide(KEY, &h, &inputs(0.0, 0.0), 0).major();
+        for i in 0..1000u64 {
+            let noise = if i % 2 == 0 { 2_500.0 } else { 1_500.0 };
+            let now = p.decide(KEY, &h, &inputs(noise, 0.0), i).major();
+            if now != last {
+                moves += 1;
+                last = now;
+            }
+        }
+        assert_eq!(
+            moves, 0,
+            "alternating noise inside the margin must not move traffic"
+        );
+    }
+
+    #[test]
+    fn writes_stay_at_the_owner_and_clients_only_read() {
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        let mut h = handler();
+        h.read_only = false;
+        h.owner = Some(Placement::Nic);
+        assert_eq!(
+            p.decide(KEY, &h, &inputs(0.0, 1e9), 0),
+            Weights::all(Placement::Nic)
+        );
+        let mut s = StaticPolicy(Placement::Client);
+        assert_eq!(
+            s.decide(KEY, &h, &inputs(0.0, 0.0), 0),
+            Weights::all(Placement::Nic)
+        );
+    }
+
+    #[test]
+    fn unavailable_placements_get_nothing() {
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        let h = handler();
+        let mut i = inputs(0.0, 0.0);
+        i.placements[Placement::Host.index()].available = false;
+        let w = p.decide(KEY, &h, &i, 0);
+        assert_eq!(w.of(Placement::Host), 0.0);
+        assert!(w.major() != Placement::Host);
+    }
+
+    #[test]
+    fn tracker_utilisation() {
+        let mut t = LoadTracker::new(2, 0);
+        t.completed(KEY, 500_000, 1);
+        t.dequeued(1_000, 3);
+        let l = t.sample(1_000_000);
+        assert!((l.utilisation - 0.25).abs() < 1e-9);
+        assert_eq!((l.queue_depth, l.queue_delay_ns), (3, 1_000.0));
+        assert_eq!(t.sample(2_000_000).utilisation, 0.0);
+    }
+}
