@@ -12,12 +12,14 @@
 #![deny(missing_docs)]
 
 pub mod clock;
+pub mod cluster;
 pub mod engine;
 pub mod executor;
 pub mod helpers;
 pub mod insn;
 pub mod interp;
 pub mod loader;
+pub mod metrics;
 pub mod pipeline;
 pub mod placement;
 pub mod region;

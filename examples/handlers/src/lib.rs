@@ -161,3 +161,14 @@ handler! {
         Ok(Return::Done)
     }
 }
+
+handler! {
+    /// Adds `arg0` to the word at offset 0 of segment 0 with a fetch-and-add write (not
+    /// idempotent: deduplication of retried writes is visible through it).
+    fn counter_add(ctx) {
+        let v = ctx.arg_u64(0)?;
+        ctx.push_faa(0, 0, v)?;
+        ctx.reply_u64(v)?;
+        Ok(Return::Write)
+    }
+}

@@ -1,0 +1,1408 @@
+//! The in-process cluster (`inproc` mode): host executor threads, NIC executor threads, the
+//! one-sided agent and a steering controller in one process, joined by bounded crossbeam queues.
+//! It is the embedded default that the demo and benchmarks run and that tests use.
+//!
+//! NIC cores, DMA and RDMA are emulated here: NIC executors are ordinary threads on this
+//! machine's cores that copy data through [`NicPath`] and, when [`NicModel::emulate_costs`] is
+//! set, busy-wait the modelled DMA time and the Arm-core slowdown; the one-sided agent is a
+//! thread that serves READs from region memory. Everything the cluster reports is labelled
+//! `inproc`.
+//!
+//! Roles, as on real hardware: the client picks Client vs server for each read message from the
+//! steering weights; the switch ([`Cluster::route`]) splits server messages between Host and NIC
+//! and sends writes to the app's write owner; executors run the sans-IO [`StepMachine`] through
+//! [`run_message`]; the controller samples load every period and publishes new weights.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use naam_ebpf::abi::Descriptor;
+
+use crate::clock::{Clock, Nanos, SystemClock};
+use crate::engine::Vm;
+use crate::executor::{
+    apply_writes, one_sided_read, run_message, Action, ClientPath, Completion, DataPath, DmaModel,
+    HostPath, Limits, NicPath, OneSided, StepMachine, WriteError,
+};
+use crate::loader::LoadedObject;
+use crate::metrics::Metrics;
+use crate::placement::Placement;
+use crate::region::{RegionMemory, RegionTable, ResolveError};
+use crate::registry::{HandlerEntry, HandlerKind, HandlerSpec, Registry, RegistryError};
+use crate::steering::{
+    CostPolicy, CostPolicyConfig, Ewma, HandlerKey, HandlerLoad, LoadTracker, Policy, StaticPolicy,
+    SteeringInputs, Weights,
+};
+use crate::verifier::VerifierConfig;
+use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status, WireError};
+
+/// A region to register for an app.
+#[derive(Clone, Debug)]
+pub struct RegionSpec {
+    /// Name (clients look the rkey up by it).
+    pub name: String,
+    /// `ACCESS_*` rights.
+    pub access: u32,
+    /// Initial contents (its length is the region size).
+    pub contents: Vec<u8>,
+}
+
+/// An app to install.
+#[derive(Clone, Debug)]
+pub struct AppSpec {
+    /// App id.
+    pub id: u32,
+    /// Name.
+    pub name: String,
+    /// Placement applying its writes (Host or Nic).
+    pub owner: Placement,
+    /// Its regions.
+    pub regions: Vec<RegionSpec>,
+    /// The object holding its handlers.
+    pub object: Arc<LoadedObject>,
+    /// Handlers to register from the object.
+    pub handlers: Vec<HandlerSpec>,
+}
+
+/// Which steering policy the cluster runs.
+#[derive(Clone, Copy, Debug)]
+pub enum PolicyChoice {
+    /// The cost policy.
+    Auto(CostPolicyConfig),
+    /// Always one placement (reads); writes at their owner.
+    Always(Placement),
+}
+
+impl PolicyChoice {
+    fn build(self) -> Box<dyn Policy> {
+        match self {
+            PolicyChoice::Auto(c) => Box::new(CostPolicy::new(c)),
+            PolicyChoice::Always(p) => Box::new(StaticPolicy(p)),
+        }
+    }
+}
+
+/// How NIC cores are emulated.
+#[derive(Clone, Copy, Debug)]
+pub struct NicModel {
+    /// DMA cost per access.
+    pub dma: DmaModel,
+    /// Handler run time on a NIC core relative to a host core (BlueField-2's Arm A72 cores at
+    /// 2.0–2.75 GHz against a server x86 core: about 2×, a model, not a measurement).
+    pub core_slowdown: f64,
+    /// Busy-wait the modelled costs so wall-clock figures include them.
+    pub emulate_costs: bool,
+}
+
+impl Default for NicModel {
+    fn default() -> Self {
+        NicModel {
+            dma: DmaModel::default(),
+            core_slowdown: 2.0,
+            emulate_costs: true,
+        }
+    }
+}
+
+/// Cluster settings.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Host executor threads.
+    pub host_executors: usize,
+    /// NIC executor threads.
+    pub nic_executors: usize,
+    /// Capacity of each executor queue (back-pressure beyond it).
+    pub queue_capacity: usize,
+    /// Steering policy.
+    pub policy: PolicyChoice,
+    /// NIC emulation.
+    pub nic: NicModel,
+    /// Per-message bounds.
+    pub limits: Limits,
+    /// Steering decision period.
+    pub steering_period: Duration,
+    /// How long a client waits for a reply.
+    pub client_timeout: Duration,
+    /// Verifier settings for handlers.
+    pub verifier: VerifierConfig,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            host_executors: 1,
+            nic_executors: 1,
+            queue_capacity: 4096,
+            policy: PolicyChoice::Auto(CostPolicyConfig::default()),
+            nic: NicModel::default(),
+            limits: Limits::default(),
+            steering_period: Duration::from_millis(1),
+            client_timeout: Duration::from_secs(5),
+            verifier: VerifierConfig::default(),
+        }
+    }
+}
+
+/// Why a cluster could not be built or an operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// Registering an app or handler failed.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// A thread could not be started.
+    #[error("starting thread {0}: {1}")]
+    Thread(String, std::io::Error),
+    /// Unknown app.
+    #[error("no app {0}")]
+    UnknownApp(u32),
+    /// The owner handoff did not drain in time.
+    #[error("write owner handoff of app {0} did not drain in-flight writes within {1:?}")]
+    HandoffTimeout(u32, Duration),
+    /// Bad configuration.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Why a client call produced no reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    /// The placement's queue is full: back-pressure, try again later.
+    #[error("the {0} queue is full (back-pressure); retry later")]
+    Busy(Placement),
+    /// No reply within the timeout.
+    #[error("no reply within {0:?}")]
+    Timeout(Duration),
+    /// The cluster is shutting down.
+    #[error("the cluster is shut down")]
+    Shutdown,
+    /// The request does not fit the wire format.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+}
+
+enum ReplySink {
+    Sync(Sender<Reply>),
+    Async(tokio::sync::oneshot::Sender<Reply>),
+}
+
+impl ReplySink {
+    fn send(self, r: Reply) {
+        // A caller that gave up (timeout, dropped future) is not an error for the executor.
+        match self {
+            ReplySink::Sync(s) => {
+                let _ = s.try_send(r);
+            }
+            ReplySink::Async(s) => {
+                let _ = s.send(r);
+            }
+        }
+    }
+}
+
+struct Job {
+    req: Request,
+    enqueued: Nanos,
+    sink: ReplySink,
+}
+
+type AgentResult = Result<Vec<Vec<u8>>, ResolveError>;
+
+enum AgentSink {
+    Sync(Sender<AgentResult>),
+    Async(tokio::sync::oneshot::Sender<AgentResult>),
+}
+
+struct AgentJob {
+    app: u32,
+    descs: Descriptors,
+    bufs: Vec<Vec<u8>>,
+    sink: AgentSink,
+}
+
+/// Write ownership of one app.
+struct Owner {
+    placement: AtomicU8,
+    draining: AtomicBool,
+    inflight: AtomicU32,
+    epoch: AtomicU64,
+}
+
+enum Dedup {
+    Pending,
+    Done(Completion),
+}
+
+#[derive(Default)]
+struct DedupTable {
+    entries: HashMap<u64, Dedup>,
+    order: VecDeque<u64>,
+}
+
+const DEDUP_CAP: usize = 1 << 16;
+
+impl DedupTable {
+    fn insert(&mut self, id: u64, e: Dedup) {
+        if self.entries.insert(id, e).is_none() {
+            self.order.push_back(id);
+            if self.order.len() > DEDUP_CAP {
+                if let Some(old) = self.order.pop_front() {
+                    self.entries.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+/// Takes host executor capacity away, for experiments.
+#[derive(Default)]
+pub struct CongestionInjector {
+    host_extra_ns: AtomicU64,
+    hog_stop: Arc<AtomicBool>,
+    hogs: Mutex<Vec<JoinHandle<()>>>,
+}
+
+fn spin_for(ns: u64) {
+    if ns == 0 {
+        return;
+    }
+    let t = Instant::now();
+    while (t.elapsed().as_nanos() as u64) < ns {
+        std::hint::spin_loop();
+    }
+}
+
+impl CongestionInjector {
+    /// Capacity limit: every host executor spends `ns` extra (busy) per message.
+    pub fn limit_host(&self, extra_ns_per_message: u64) {
+        self.host_extra_ns
+            .store(extra_ns_per_message, Ordering::SeqCst);
+    }
+
+    /// Starts `threads` CPU hogs that compete with every thread for cores until [`clear`].
+    ///
+    /// [`clear`]: CongestionInjector::clear
+    pub fn start_cpu_hogs(&self, threads: usize) {
+        self.hog_stop.store(false, Ordering::SeqCst);
+        let mut hogs = self.hogs.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..threads {
+            let stop = self.hog_stop.clone();
+            hogs.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            }));
+        }
+    }
+
+    /// Ends every injected congestion.
+    pub fn clear(&self) {
+        self.host_extra_ns.store(0, Ordering::SeqCst);
+        self.hog_stop.store(true, Ordering::SeqCst);
+        let hogs = std::mem::take(&mut *self.hogs.lock().unwrap_or_else(|e| e.into_inner()));
+        for h in hogs {
+            let _ = h.join();
+        }
+    }
+
+    /// Extra nanoseconds per host message currently injected.
+    pub fn host_extra_ns(&self) -> u64 {
+        self.host_extra_ns.load(Ordering::SeqCst)
+    }
+}
+
+struct Inner {
+    config: ClusterConfig,
+    clock: Arc<dyn Clock>,
+    regions: Arc<RegionTable>,
+    registry: Registry,
+    region_keys: HashMap<(u32, String), u64>,
+    queues: [Option<Sender<Job>>; 3],
+    agent: Sender<AgentJob>,
+    trackers: [Mutex<LoadTracker>; 3],
+    weights: RwLock<HashMap<HandlerKey, Weights>>,
+    owners: HashMap<u32, Owner>,
+    dedup: HashMap<u32, Mutex<DedupTable>>,
+    client_rtt: Mutex<Ewma>,
+    metrics: Metrics,
+    congestion: CongestionInjector,
+    shutdown: AtomicBool,
+    next_client: AtomicU32,
+    policy_name: String,
+}
+
+impl Inner {
+    fn owner_of(&self, app: u32) -> Option<Placement> {
+        self.owners
+            .get(&app)
+            .and_then(|o| Placement::from_abi(o.placement.load(Ordering::SeqCst) as u32))
+    }
+
+    fn weights(&self, key: HandlerKey) -> Weights {
+        self.weights
+            .read()
+            .ok()
+            .and_then(|w| w.get(&key).copied())
+            .unwrap_or(Weights::all(Placement::Host))
+    }
+
+    fn lock_tracker(&self, p: Placement) -> std::sync::MutexGuard<'_, LoadTracker> {
+        self.trackers[p.index()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A running in-process cluster. Dropping it shuts it down.
+pub struct Cluster {
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// Builds a [`Cluster`].
+#[derive(Default)]
+pub struct ClusterBuilder {
+    config: ClusterConfig,
+    apps: Vec<AppSpec>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl ClusterBuilder {
+    /// Defaults: one host and one NIC executor, the cost policy, a 1 ms steering period.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces the whole configuration.
+    pub fn config(mut self, config: ClusterConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Adds an app.
+    pub fn app(mut self, app: AppSpec) -> Self {
+        self.apps.push(app);
+        self
+    }
+
+    /// Host executor threads.
+    pub fn host_executors(mut self, n: usize) -> Self {
+        self.config.host_executors = n;
+        self
+    }
+
+    /// NIC executor threads.
+    pub fn nic_executors(mut self, n: usize) -> Self {
+        self.config.nic_executors = n;
+        self
+    }
+
+    /// Steering policy.
+    pub fn policy(mut self, p: PolicyChoice) -> Self {
+        self.config.policy = p;
+        self
+    }
+
+    /// Executor queue capacity.
+    pub fn queue_capacity(mut self, n: usize) -> Self {
+        self.config.queue_capacity = n;
+        self
+    }
+
+    /// NIC emulation model.
+    pub fn nic_model(mut self, m: NicModel) -> Self {
+        self.config.nic = m;
+        self
+    }
+
+    /// Uses `clock` instead of the OS clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Registers everything and starts the threads.
+    pub fn build(self) -> Result<Cluster, ClusterError> {
+        let config = self.config;
+        if config.queue_capacity == 0 {
+            return Err(ClusterError::Config(
+                "queue capacity must be at least 1".into(),
+            ));
+        }
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
+        let mut regions = RegionTable::new();
+        let mut registry = Registry::new();
+        let mut region_keys = HashMap::new();
+        let mut owners = HashMap::new();
+        let mut dedup = HashMap::new();
+        for app in &self.apps {
+            registry.add_app(app.id, &app.name, app.owner)?;
+            registry.add_handlers(app.id, &app.object, &app.handlers, &config.verifier)?;
+            for r in &app.regions {
+                let region = regions.register(
+                    app.id,
+                    &r.name,
+                    r.access,
+                    RegionMemory::from_bytes(&r.contents),
+                );
+                region_keys.insert((app.id, r.name.clone()), region.rkey);
+            }
+            owners.insert(
+                app.id,
+                Owner {
+                    placement: AtomicU8::new(app.owner.abi() as u8),
+                    draining: AtomicBool::new(false),
+                    inflight: AtomicU32::new(0),
+                    epoch: AtomicU64::new(0),
+                },
+            );
+            dedup.insert(app.id, Mutex::new(DedupTable::default()));
+        }
+        let now = clock.now();
+        let (host_tx, host_rx) = bounded::<Job>(config.queue_capacity);
+        let (nic_tx, nic_rx) = bounded::<Job>(config.queue_capacity);
+        let (agent_tx, agent_rx) = bounded::<AgentJob>(config.queue_capacity);
+        let mut policy = config.policy.build();
+        let policy_name = policy.name();
+        let inner = Arc::new(Inner {
+            trackers: [
+                Mutex::new(LoadTracker::new(1, now)),
+                Mutex::new(LoadTracker::new(config.nic_executors as u32, now)),
+                Mutex::new(LoadTracker::new(config.host_executors as u32, now)),
+            ],
+            queues: [
+                None,
+                (config.nic_executors > 0).then_some(nic_tx),
+                (config.host_executors > 0).then_some(host_tx),
+            ],
+            config,
+            clock,
+            regions: Arc::new(regions),
+            registry,
+            region_keys,
+            agent: agent_tx,
+            weights: RwLock::new(HashMap::new()),
+            owners,
+            dedup,
+            client_rtt: Mutex::new(Ewma::default()),
+            metrics: Metrics::default(),
+            congestion: CongestionInjector::default(),
+            shutdown: AtomicBool::new(false),
+            next_client: AtomicU32::new(1),
+            policy_name,
+        });
+        // First decision with no measurements.
+        decide_all(&inner, policy.as_mut());
+        let mut threads = Vec::new();
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.clone())
+                .spawn(f)
+                .map_err(|e| ClusterError::Thread(name, e))
+        };
+        for i in 0..inner.config.host_executors {
+            let (inner2, rx) = (inner.clone(), host_rx.clone());
+            threads.push(spawn(
+                format!("naam-host-{i}"),
+                Box::new(move || executor_loop(inner2, rx, Placement::Host)),
+            )?);
+        }
+        for i in 0..inner.config.nic_executors {
+            let (inner2, rx) = (inner.clone(), nic_rx.clone());
+            threads.push(spawn(
+                format!("naam-nic-{i}"),
+                Box::new(move || executor_loop(inner2, rx, Placement::Nic)),
+            )?);
+        }
+        let inner2 = inner.clone();
+        threads.push(spawn(
+            "naam-one-sided-agent".into(),
+            Box::new(move || agent_loop(inner2, agent_rx)),
+        )?);
+        let inner2 = inner.clone();
+        threads.push(spawn(
+            "naam-steering".into(),
+            Box::new(move || controller_loop(inner2, policy)),
+        )?);
+        Ok(Cluster { inner, threads })
+    }
+}
+
+fn reply_for(req: &Request, c: &Completion, placement: Placement, load: LoadFeedback) -> Reply {
+    Reply {
+        app: req.app,
+        request_id: req.request_id,
+        status: c.status,
+        code: c.code,
+        steps: c.steps,
+        placement,
+        load,
+        payload: c.payload.clone(),
+    }
+}
+
+fn error_reply(req: &Request, status: Status, placement: Placement, message: String) -> Reply {
+    Reply {
+        app: req.app,
+        request_id: req.request_id,
+        status,
+        code: 0,
+        steps: req.steps,
+        placement,
+        load: LoadFeedback::default(),
+        payload: Bytes::from(message.into_bytes()),
+    }
+}
+
+/// Runs one message at a server placement, with write ownership and deduplication.
+fn serve<P: DataPath>(
+    inner: &Inner,
+    req: &Request,
+    path: &mut P,
+    vm: &mut Vm,
+) -> (Completion, u64) {
+    let placement = path.placement();
+    let handler = match inner.registry.handler(req.app, req.handler) {
+        Ok(h) => h.clone(),
+        Err(e) => {
+            let status = match e {
+                crate::registry::LookupError::UnknownApp(_) => Status::UnknownApp,
+                _ => Status::UnknownHandler,
+            };
+            return (Completion::error(status, 0, e.to_string(), req.steps), 0);
+        }
+    };
+    if handler.kind == HandlerKind::Read {
+        let (c, cost) = run_message(req, handler, path, vm, inner.config.limits, |_| {
+            Err(WriteError::NotOwner)
+        });
+        return (c, cost.fetch_ns);
+    }
+    // Writes: only at the owner, once per request id.
+    let owner = inner.owners.get(&req.app);
+    let result = (|| {
+        if inner.owner_of(req.app) != Some(placement) {
+            return (
+                Completion::error(
+                    Status::NotOwner,
+                    0,
+                    format!("{placement} does not own app {}'s writes", req.app),
+                    req.steps,
+                ),
+                0,
+            );
+        }
+        let table = &inner.dedup[&req.app];
+        {
+            let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
+            match t.entries.get(&req.request_id) {
+                Some(Dedup::Done(c)) => return (c.clone(), 0),
+                Some(Dedup::Pending) => {
+                    return (
+                        Completion::error(
+                            Status::Busy,
+                            0,
+                            "a write with this request id is in progress",
+                            req.steps,
+                        ),
+                        0,
+                    )
+                }
+                None => t.insert(req.request_id, Dedup::Pending),
+            }
+        }
+        let regions = inner.regions.clone();
+        let (c, cost) = run_message(req, handler, path, vm, inner.config.limits, |batch| {
+            apply_writes(&regions, batch)
+        });
+        let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
+        t.entries.insert(req.request_id, Dedup::Done(c.clone()));
+        (c, cost.fetch_ns)
+    })();
+    if let Some(o) = owner {
+        o.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+    result
+}
+
+fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
+    let mut vm = Vm::new();
+    let mut host = HostPath::new(inner.regions.clone());
+    let mut nic = NicPath::new(inner.regions.clone(), inner.config.nic.dma);
+    loop {
+        let job = match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(j) => j,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if inner.shutdown.load(Ordering::SeqCst) {
+                    return;
+                }
+                continue;
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+        };
+        if inner.shutdown.load(Ordering::SeqCst) {
+            job.sink.send(error_reply(
+                &job.req,
+                Status::Unavailable,
+                placement,
+                "the cluster is shutting down".into(),
+            ));
+            continue;
+        }
+        let start = inner.clock.now();
+        let depth = rx.len() as u32;
+        inner
+            .lock_tracker(placement)
+            .dequeued(start.saturating_sub(job.enqueued), depth);
+        if placement == Placement::Host {
+            let extra = inner.congestion.host_extra_ns();
+            spin_for(extra);
+            inner.lock_tracker(placement).stolen(extra);
+        }
+        let begin = inner.clock.now();
+        let c = match placement {
+            Placement::Nic => {
+                let (c, fetch_ns) = serve(&inner, &job.req, &mut nic, &mut vm);
+                if inner.config.nic.emulate_costs {
+                    let run = inner.clock.now().saturating_sub(begin);
+                    let slower =
+                        (run as f64 * (inner.config.nic.core_slowdown - 1.0).max(0.0)) as u64;
+                    spin_for(fetch_ns + slower);
+                }
+                c
+            }
+            _ => serve(&inner, &job.req, &mut host, &mut vm).0,
+        };
+        let service = inner.clock.now().saturating_sub(begin);
+        let load = {
+            let mut t = inner.lock_tracker(placement);
+            t.completed((job.req.app, job.req.handler), service, c.steps);
+            LoadFeedback {
+                queue_depth: rx.len() as u32,
+                utilisation_permille: 0,
+                queue_delay_ns: start.saturating_sub(job.enqueued),
+                service_ns: service,
+            }
+        };
+        job.sink.send(reply_for(&job.req, &c, placement, load));
+    }
+}
+
+fn agent_loop(inner: Arc<Inner>, rx: Receiver<AgentJob>) {
+    loop {
+        let mut job = match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(j) => j,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if inner.shutdown.load(Ordering::SeqCst) {
+                    return;
+                }
+                continue;
+            }
+            Err(_) => return,
+        };
+        let n = job.descs.len();
+        job.bufs.resize_with(n.max(job.bufs.len()), Vec::new);
+        let r = one_sided_read(
+            &inner.regions,
+            job.app,
+            job.descs.as_slice(),
+            &mut job.bufs[..n],
+        )
+        .map(|()| job.bufs);
+        match job.sink {
+            AgentSink::Sync(s) => {
+                let _ = s.try_send(r);
+            }
+            AgentSink::Async(s) => {
+                let _ = s.send(r);
+            }
+        }
+    }
+}
+
+fn decide_all(inner: &Inner, policy: &mut dyn Policy) {
+    let now = inner.clock.now();
+    let mut inputs = SteeringInputs {
+        client_rtt_ns: inner
+            .client_rtt
+            .lock()
+            .ok()
+            .and_then(|e| e.get())
+            .unwrap_or(5_000.0),
+        ..SteeringInputs::default()
+    };
+    for p in Placement::ALL {
+        let mut t = inner.lock_tracker(p);
+        let mut load = t.sample(now);
+        if let Some(q) = &inner.queues[p.index()] {
+            // Little's law on what is queued right now: a stalled queue shows at once, not only
+            // when its messages finally get served.
+            let executors = match p {
+                Placement::Host => inner.config.host_executors,
+                _ => inner.config.nic_executors,
+            }
+            .max(1) as f64;
+            let mean_service = t
+                .handlers()
+                .filter_map(|k| t.service(*k))
+                .fold(0.0f64, f64::max);
+            load.queue_depth = q.len() as u32;
+            load.queue_delay_ns = load
+                .queue_delay_ns
+                .max(q.len() as f64 * mean_service / executors);
+        }
+        load.available = p == Placement::Client || inner.queues[p.index()].is_some();
+        inputs.placements[p.index()] = load;
+    }
+    let mut updates = Vec::new();
+    for app in inner.registry.apps() {
+        for h in app.handlers.values() {
+            let key = (app.id, h.id);
+            let handler = HandlerLoad {
+                service_ns: Placement::ALL.map(|p| inner.lock_tracker(p).service(key)),
+                steps: Placement::ALL
+                    .into_iter()
+                    .filter_map(|p| inner.lock_tracker(p).steps(key))
+                    .fold(1.0, f64::max),
+                read_only: h.kind == HandlerKind::Read,
+                owner: inner.owner_of(app.id),
+            };
+            updates.push((key, policy.decide(key, &handler, &inputs, now)));
+        }
+    }
+    let mut table = inner.weights.write().unwrap_or_else(|e| e.into_inner());
+    for (key, w) in updates {
+        if table.get(&key) != Some(&w) {
+            inner.metrics.record_weights(now, key, w);
+        }
+        table.insert(key, w);
+    }
+}
+
+fn controller_loop(inner: Arc<Inner>, mut policy: Box<dyn Policy>) {
+    while !inner.shutdown.load(Ordering::SeqCst) {
+        std::thread::sleep(inner.config.steering_period);
+        decide_all(&inner, policy.as_mut());
+    }
+}
+
+/// Smooth weighted round robin over placements.
+#[derive(Default, Clone, Copy)]
+struct Selector {
+    credit: [f64; 3],
+}
+
+impl Selector {
+    fn pick(&mut self, w: &Weights, allowed: impl Fn(Placement) -> bool) -> Option<Placement> {
+        let mut best: Option<Placement> = None;
+        for p in Placement::ALL {
+            if w.of(p) > 0.0 && allowed(p) {
+                self.credit[p.index()] += w.of(p);
+                if best.is_none_or(|b| self.credit[p.index()] > self.credit[b.index()]) {
+                    best = Some(p);
+                }
+            }
+        }
+        let b = best?;
+        let total: f64 = Placement::ALL
+            .into_iter()
+            .filter(|&p| w.of(p) > 0.0 && allowed(p))
+            .map(|p| w.of(p))
+            .sum();
+        self.credit[b.index()] -= total;
+        Some(b)
+    }
+}
+
+impl Cluster {
+    /// A new builder.
+    pub fn builder() -> ClusterBuilder {
+        ClusterBuilder::new()
+    }
+
+    /// The rkey of `app`'s region `name`.
+    pub fn region_key(&self, app: u32, name: &str) -> Option<u64> {
+        self.inner
+            .region_keys
+            .get(&(app, name.to_string()))
+            .copied()
+    }
+
+    /// A copy of region memory (tests, inspection).
+    pub fn region_snapshot(&self, app: u32, name: &str) -> Option<Vec<u8>> {
+        let key = self.region_key(app, name)?;
+        self.inner.regions.get(app, key).map(|r| r.mem.snapshot())
+    }
+
+    /// A synchronous client.
+    pub fn client(&self) -> Client {
+        let id = self.inner.next_client.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = bounded(64);
+        Client {
+            transport: ClientPath::new(AgentTransport::new(self.inner.clone())),
+            inner: self.inner.clone(),
+            id,
+            seq: 0,
+            tx,
+            rx,
+            vm: Vm::new(),
+            selectors: HashMap::new(),
+        }
+    }
+
+    /// An asynchronous (tokio) client; cheap to clone and share.
+    pub fn async_client(&self) -> AsyncClient {
+        let id = self.inner.next_client.fetch_add(1, Ordering::SeqCst);
+        AsyncClient {
+            inner: self.inner.clone(),
+            id,
+            seq: Arc::new(AtomicU64::new(0)),
+            selector: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The congestion injector.
+    pub fn congestion(&self) -> &CongestionInjector {
+        &self.inner.congestion
+    }
+
+    /// Current weights of a handler.
+    pub fn weights(&self, app: u32, handler: u32) -> Weights {
+        self.inner.weights((app, handler))
+    }
+
+    /// Name of the steering policy.
+    pub fn policy_name(&self) -> &str {
+        &self.inner.policy_name
+    }
+
+    /// The app's current write owner.
+    pub fn owner(&self, app: u32) -> Option<Placement> {
+        self.inner.owner_of(app)
+    }
+
+    /// Moves `app`'s write ownership to `to`: new writes wait (Busy) while in-flight writes at
+    /// the old owner drain, then the owner changes and the epoch advances.
+    pub fn move_owner(
+        &self,
+        app: u32,
+        to: Placement,
+        timeout: Duration,
+    ) -> Result<u64, ClusterError> {
+        if to == Placement::Client {
+            return Err(ClusterError::Config("the client cannot own writes".into()));
+        }
+        let o = self
+            .inner
+            .owners
+            .get(&app)
+            .ok_or(ClusterError::UnknownApp(app))?;
+        o.draining.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + timeout;
+        while o.inflight.load(Ordering::SeqCst) > 0 {
+            if Instant::now() > deadline {
+                o.draining.store(false, Ordering::SeqCst);
+                return Err(ClusterError::HandoffTimeout(app, timeout));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        o.placement.store(to.abi() as u8, Ordering::SeqCst);
+        let epoch = o.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        o.draining.store(false, Ordering::SeqCst);
+        Ok(epoch)
+    }
+
+    /// The switch: where a server-bound message goes. Writes go to the owner (counted in flight
+    /// until their reply); reads split between Host and NIC by the weights.
+    pub fn route(&self, req: &Request) -> Result<Placement, Status> {
+        route(&self.inner, req, &mut Selector::default())
+    }
+
+    /// Submits raw request bytes as a NIC would receive them, and waits for the reply. Malformed
+    /// bytes get a `Malformed` reply (request id 0 when it cannot be read).
+    pub fn submit_bytes(&self, bytes: Bytes) -> Reply {
+        match Request::decode(bytes) {
+            Ok(req) => {
+                let mut sel = Selector::default();
+                let (tx, rx) = bounded(1);
+                match route(&self.inner, &req, &mut sel) {
+                    Ok(p) => match enqueue(&self.inner, p, req.clone(), ReplySink::Sync(tx)) {
+                        Ok(()) => rx
+                            .recv_timeout(self.inner.config.client_timeout)
+                            .unwrap_or_else(|_| {
+                                error_reply(&req, Status::Unavailable, p, "no reply".into())
+                            }),
+                        Err(e) => error_reply(&req, Status::Busy, p, e.to_string()),
+                    },
+                    Err(s) => error_reply(&req, s, Placement::Host, format!("{s:?}")),
+                }
+            }
+            Err(e) => Reply {
+                app: 0,
+                request_id: 0,
+                status: Status::Malformed,
+                code: 0,
+                steps: 0,
+                placement: Placement::Nic,
+                load: LoadFeedback::default(),
+                payload: Bytes::from(e.to_string().into_bytes()),
+            },
+        }
+    }
+
+    /// Stops every thread; queued messages get `Unavailable`.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.inner.shutdown.store(true, Ordering::SeqCst);
+        self.inner.congestion.clear();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn route(inner: &Inner, req: &Request, sel: &mut Selector) -> Result<Placement, Status> {
+    let handler = inner
+        .registry
+        .handler(req.app, req.handler)
+        .map_err(|e| match e {
+            crate::registry::LookupError::UnknownApp(_) => Status::UnknownApp,
+            _ => Status::UnknownHandler,
+        })?;
+    if handler.kind == HandlerKind::Write {
+        let o = inner.owners.get(&req.app).ok_or(Status::UnknownApp)?;
+        if o.draining.load(Ordering::SeqCst) {
+            return Err(Status::Busy);
+        }
+        o.inflight.fetch_add(1, Ordering::SeqCst);
+        // Re-check: a handoff that started in between must see this write, or we back off.
+        if o.draining.load(Ordering::SeqCst) {
+            o.inflight.fetch_sub(1, Ordering::SeqCst);
+            return Err(Status::Busy);
+        }
+        return inner.owner_of(req.app).ok_or(Status::UnknownApp);
+    }
+    let w = inner.weights((req.app, req.handler));
+    sel.pick(&w, |p| {
+        p != Placement::Client && inner.queues[p.index()].is_some()
+    })
+    .ok_or(Status::Unavailable)
+}
+
+fn enqueue(inner: &Inner, p: Placement, req: Request, sink: ReplySink) -> Result<(), ClientError> {
+    let Some(q) = &inner.queues[p.index()] else {
+        return Err(ClientError::Shutdown);
+    };
+    if inner.shutdown.load(Ordering::SeqCst) {
+        return Err(ClientError::Shutdown);
+    }
+    let is_write = inner
+        .registry
+        .handler(req.app, req.handler)
+        .is_ok_and(|h| h.kind == HandlerKind::Write);
+    let app = req.app;
+    match q.try_send(Job {
+        req,
+        enqueued: inner.clock.now(),
+        sink,
+    }) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            if is_write {
+                if let Some(o) = inner.owners.get(&app) {
+                    o.inflight.fetch_sub(1, Ordering::SeqCst);
+                }
+            }
+            match e {
+                TrySendError::Full(_) => Err(ClientError::Busy(p)),
+                TrySendError::Disconnected(_) => Err(ClientError::Shutdown),
+            }
+        }
+    }
+}
+
+/// The in-process one-sided transport: READs served by the agent thread.
+pub struct AgentTransport {
+    inner: Arc<Inner>,
+    tx: Sender<AgentResult>,
+    rx: Receiver<AgentResult>,
+}
+
+impl AgentTransport {
+    fn new(inner: Arc<Inner>) -> Self {
+        let (tx, rx) = bounded(1);
+        AgentTransport { inner, tx, rx }
+    }
+}
+
+impl OneSided for AgentTransport {
+    fn read(
+        &mut self,
+        app: u32,
+        descs: &[Descriptor],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<u64, ResolveError> {
+        // A late answer to a READ that timed out must not be taken for this one.
+        while self.rx.try_recv().is_ok() {}
+        let start = Instant::now();
+        let job = AgentJob {
+            app,
+            descs: Descriptors::from_slice(descs).unwrap_or_default(),
+            bufs: bufs.iter_mut().map(std::mem::take).collect(),
+            sink: AgentSink::Sync(self.tx.clone()),
+        };
+        let unavailable = ResolveError::BadKey(0);
+        if self
+            .inner
+            .agent
+            .send_timeout(job, self.inner.config.client_timeout)
+            .is_err()
+        {
+            return Err(unavailable);
+        }
+        let got = self
+            .rx
+            .recv_timeout(self.inner.config.client_timeout)
+            .map_err(|_| unavailable)??;
+        for (dst, src) in bufs.iter_mut().zip(got) {
+            *dst = src;
+        }
+        let rtt = start.elapsed().as_nanos() as u64;
+        if let Ok(mut e) = self.inner.client_rtt.lock() {
+            e.add(rtt as f64);
+        }
+        Ok(rtt)
+    }
+}
+
+/// A synchronous client of the in-process cluster (one call at a time).
+pub struct Client {
+    inner: Arc<Inner>,
+    id: u32,
+    seq: u64,
+    tx: Sender<Reply>,
+    rx: Receiver<Reply>,
+    vm: Vm,
+    transport: ClientPath<AgentTransport>,
+    selectors: HashMap<HandlerKey, Selector>,
+}
+
+impl Client {
+    fn next_id(&mut self) -> u64 {
+        self.seq += 1;
+        ((self.id as u64) << 40) | (self.seq & ((1 << 40) - 1))
+    }
+
+    /// Sends one message, placed by the steering weights; waits for the reply.
+    pub fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        self.call_with(None, app, handler, args, descs)
+    }
+
+    /// Sends one message to `placement` (reads only for the client; writes always go to the
+    /// owner), bypassing steering.
+    pub fn call_at(
+        &mut self,
+        placement: Placement,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        self.call_with(Some(placement), app, handler, args, descs)
+    }
+
+    /// Sends a prepared request (its request id is replaced by a fresh one unless it is a retry).
+    pub fn send(
+        &mut self,
+        placement: Option<Placement>,
+        mut req: Request,
+    ) -> Result<Reply, ClientError> {
+        if req.flags & crate::wire::flags::RETRY == 0 {
+            req.request_id = self.next_id();
+        }
+        req.validate()?;
+        let key = (req.app, req.handler);
+        let kind = self
+            .inner
+            .registry
+            .handler(req.app, req.handler)
+            .map(|h| h.kind)
+            .ok();
+        let start = Instant::now();
+        let weights = self.inner.weights(key);
+        let sel = self.selectors.entry(key).or_default();
+        let target = match (placement, kind) {
+            (_, Some(HandlerKind::Write)) | (_, None) => None,
+            (Some(p), _) => Some(p),
+            (None, _) => sel.pick(&weights, |p| {
+                p == Placement::Client || self.inner.queues[p.index()].is_some()
+            }),
+        };
+        let reply = if target == Some(Placement::Client) {
+            self.run_locally(&req)
+        } else {
+            let p = match target {
+                Some(p) => p,
+                None => match route(&self.inner, &req, sel) {
+                    Ok(p) => p,
+                    Err(status) => {
+                        return Ok(error_reply(
+                            &req,
+                            status,
+                            Placement::Host,
+                            format!("not routed: {status:?}"),
+                        ))
+                    }
+                },
+            };
+            enqueue(
+                &self.inner,
+                p,
+                req.clone(),
+                ReplySink::Sync(self.tx.clone()),
+            )?;
+            let deadline = Instant::now() + self.inner.config.client_timeout;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.rx.recv_timeout(left) {
+                    Ok(r) if r.request_id == req.request_id => break r,
+                    Ok(_) => continue, // a late reply to an earlier, timed-out call
+                    Err(_) => return Err(ClientError::Timeout(self.inner.config.client_timeout)),
+                }
+            }
+        };
+        self.inner.metrics.record(
+            reply.placement,
+            key,
+            start.elapsed().as_nanos() as u64,
+            reply.status,
+        );
+        Ok(reply)
+    }
+
+    fn call_with(
+        &mut self,
+        placement: Option<Placement>,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        let descriptors = Descriptors::from_slice(descs).ok_or(WireError::TooLarge {
+            field: "descriptor count",
+            value: descs.len(),
+            limit: naam_ebpf::abi::MAX_NEXT,
+        })?;
+        let req = Request::new(app, handler, 0, Bytes::copy_from_slice(args), descriptors);
+        self.send(placement, req)
+    }
+
+    fn run_locally(&mut self, req: &Request) -> Reply {
+        let handler: Arc<HandlerEntry> = match self.inner.registry.handler(req.app, req.handler) {
+            Ok(h) => h.clone(),
+            Err(e) => {
+                return error_reply(
+                    req,
+                    Status::UnknownHandler,
+                    Placement::Client,
+                    e.to_string(),
+                )
+            }
+        };
+        let begin = Instant::now();
+        let (c, cost) = run_message(
+            req,
+            handler,
+            &mut self.transport,
+            &mut self.vm,
+            self.inner.config.limits,
+            |_| Err(WriteError::NotOwner),
+        );
+        let total = begin.elapsed().as_nanos() as u64;
+        let service = total.saturating_sub(cost.fetch_ns);
+        self.inner.lock_tracker(Placement::Client).completed(
+            (req.app, req.handler),
+            service,
+            c.steps,
+        );
+        reply_for(
+            req,
+            &c,
+            Placement::Client,
+            LoadFeedback {
+                service_ns: service,
+                ..LoadFeedback::default()
+            },
+        )
+    }
+}
+
+/// An asynchronous client: many calls in flight, replies through tokio oneshots; client-side
+/// execution awaits one-sided READs without blocking the runtime.
+#[derive(Clone)]
+pub struct AsyncClient {
+    inner: Arc<Inner>,
+    id: u32,
+    seq: Arc<AtomicU64>,
+    selector: Arc<Mutex<HashMap<HandlerKey, Selector>>>,
+}
+
+impl AsyncClient {
+    /// Sends one message placed by the steering weights and awaits the reply.
+    pub async fn call(
+        &self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        let descriptors = Descriptors::from_slice(descs).ok_or(WireError::TooLarge {
+            field: "descriptor count",
+            value: descs.len(),
+            limit: naam_ebpf::abi::MAX_NEXT,
+        })?;
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let id = ((self.id as u64) << 40) | (seq & ((1 << 40) - 1));
+        let req = Request::new(app, handler, id, Bytes::copy_from_slice(args), descriptors);
+        req.validate()?;
+        let key = (app, handler);
+        let start = Instant::now();
+        let kind = self
+            .inner
+            .registry
+            .handler(app, handler)
+            .map(|h| h.kind)
+            .ok();
+        let (target, routed) = {
+            let mut sels = self.selector.lock().unwrap_or_else(|e| e.into_inner());
+            let sel = sels.entry(key).or_default();
+            let w = self.inner.weights(key);
+            match kind {
+                Some(HandlerKind::Read) => {
+                    let t = sel.pick(&w, |p| {
+                        p == Placement::Client || self.inner.queues[p.index()].is_some()
+                    });
+                    (t, None)
+                }
+                _ => (None, Some(route(&self.inner, &req, sel))),
+            }
+        };
+        let reply = match (target, routed) {
+            (Some(Placement::Client), _) => self.run_locally(&req).await,
+            (Some(p), _) | (None, Some(Ok(p))) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                enqueue(&self.inner, p, req.clone(), ReplySink::Async(tx))?;
+                match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(_)) => return Err(ClientError::Shutdown),
+                    Err(_) => return Err(ClientError::Timeout(self.inner.config.client_timeout)),
+                }
+            }
+            (None, Some(Err(status))) => error_reply(
+                &req,
+                status,
+                Placement::Host,
+                format!("not routed: {status:?}"),
+            ),
+            (None, None) => error_reply(
+                &req,
+                Status::Unavailable,
+                Placement::Host,
+                "no usable placement".into(),
+            ),
+        };
+        self.inner.metrics.record(
+            reply.placement,
+            key,
+            start.elapsed().as_nanos() as u64,
+            reply.status,
+        );
+        Ok(reply)
+    }
+
+    async fn run_locally(&self, req: &Request) -> Reply {
+        let handler: Arc<HandlerEntry> = match self.inner.registry.handler(req.app, req.handler) {
+            Ok(h) => h.clone(),
+            Err(e) => {
+                return error_reply(
+                    req,
+                    Status::UnknownHandler,
+                    Placement::Client,
+                    e.to_string(),
+                )
+            }
+        };
+        let mut vm = Vm::new();
+        let (mut m, mut action) =
+            StepMachine::start(req, handler, Placement::Client, self.inner.config.limits);
+        let mut bufs: Vec<Vec<u8>> = Vec::new();
+        loop {
+            action = match action {
+                Action::Complete(c) => {
+                    return reply_for(req, &c, Placement::Client, LoadFeedback::default())
+                }
+                Action::Write(_) => m.writes_applied(Err(WriteError::NotOwner)),
+                Action::Fetch(descs) => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let job = AgentJob {
+                        app: req.app,
+                        descs,
+                        bufs: std::mem::take(&mut bufs),
+                        sink: AgentSink::Async(tx),
+                    };
+                    if self.inner.agent.try_send(job).is_err() {
+                        return error_reply(
+                            req,
+                            Status::Busy,
+                            Placement::Client,
+                            "the one-sided agent's queue is full".into(),
+                        );
+                    }
+                    match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
+                        Ok(Ok(Ok(got))) => {
+                            bufs = got;
+                            let grants = bufs[..descs.len()]
+                                .iter()
+                                .map(|b| crate::engine::Grant::read(b))
+                                .collect();
+                            m.step(&mut vm, grants)
+                        }
+                        Ok(Ok(Err(e))) => m.fetch_failed(&e),
+                        _ => {
+                            return error_reply(
+                                req,
+                                Status::Unavailable,
+                                Placement::Client,
+                                "the one-sided agent did not answer".into(),
+                            )
+                        }
+                    }
+                }
+            };
+        }
+    }
+}

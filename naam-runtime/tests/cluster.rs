@@ -1,0 +1,437 @@
+//! The in-process cluster: replies at every placement, bad input, back-pressure, write
+//! ownership, deduplication, handoff, the async client.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{examples, words};
+use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, NicModel, PolicyChoice, RegionSpec};
+use naam_runtime::region::{ALL_RIGHTS, READ_ONLY};
+use naam_runtime::registry::{handler_id, HandlerSpec};
+use naam_runtime::wire::{flags, Descriptors, Request, Status};
+use naam_runtime::Placement;
+
+const APP: u32 = 3;
+
+fn app() -> AppSpec {
+    AppSpec {
+        id: APP,
+        name: "examples".into(),
+        owner: Placement::Host,
+        regions: vec![
+            RegionSpec {
+                name: "sorted".into(),
+                access: READ_ONLY,
+                contents: words(&(0..512u64).map(|i| i * 4).collect::<Vec<_>>()),
+            },
+            RegionSpec {
+                name: "data".into(),
+                access: ALL_RIGHTS,
+                contents: words(&[24, 1000, 0, 42, 0, 0, 0, 0]),
+            },
+        ],
+        object: Arc::new(examples().1.clone()),
+        handlers: vec![
+            HandlerSpec::read("bsearch").jit(),
+            HandlerSpec::read("two_step").jit(),
+            HandlerSpec::read("add").jit(),
+            HandlerSpec::read("panics"),
+            HandlerSpec::write("counter_add").jit(),
+            HandlerSpec::write("store").jit(),
+        ],
+    }
+}
+
+fn cluster(config: ClusterConfig) -> Cluster {
+    Cluster::builder()
+        .config(config)
+        .app(app())
+        .build()
+        .unwrap()
+}
+
+fn fast() -> ClusterConfig {
+    ClusterConfig {
+        nic: NicModel {
+            emulate_costs: false,
+            ..NicModel::default()
+        },
+        ..ClusterConfig::default()
+    }
+}
+
+fn rd(rkey: u64, offset: u64, len: u32) -> Descriptor {
+    Descriptor {
+        rkey,
+        offset,
+        len,
+        access: ACCESS_READ,
+    }
+}
+
+#[test]
+fn same_replies_at_every_placement_and_multi_step() {
+    let c = cluster(fast());
+    let sorted = c.region_key(APP, "sorted").unwrap();
+    let data = c.region_key(APP, "data").unwrap();
+    let mut client = c.client();
+    for key in [0u64, 3, 4, 1000, 2044, 5000] {
+        let mut replies = Vec::new();
+        for p in Placement::ALL {
+            let r = client
+                .call_at(
+                    p,
+                    APP,
+                    handler_id("bsearch"),
+                    &words(&[key]),
+                    &[rd(sorted, 0, 4096)],
+                )
+                .unwrap();
+            assert_eq!((r.status, r.placement), (Status::Ok, p));
+            replies.push(r.payload);
+        }
+        assert!(replies.windows(2).all(|w| w[0] == w[1]), "key {key}");
+    }
+    for p in Placement::ALL {
+        let r = client
+            .call_at(
+                p,
+                APP,
+                handler_id("two_step"),
+                &words(&[data]),
+                &[rd(data, 0, 16)],
+            )
+            .unwrap();
+        assert_eq!(
+            (r.status, r.steps, &r.payload[..]),
+            (Status::Ok, 2, &words(&[1042])[..]),
+            "{p}"
+        );
+    }
+    // Steered calls work too, and metrics count them.
+    for _ in 0..100 {
+        let r = client
+            .call(APP, handler_id("add"), &words(&[1, 2]), &[])
+            .unwrap();
+        assert_eq!(&r.payload[..], &words(&[3])[..]);
+    }
+    let snap = c.metrics().snapshot();
+    assert!(snap.ops.iter().sum::<u64>() >= 100 + 18 + 3);
+}
+
+#[test]
+fn bad_input_gets_error_replies_and_the_cluster_keeps_serving() {
+    let c = cluster(fast());
+    let sorted = c.region_key(APP, "sorted").unwrap();
+    let mut client = c.client();
+    let ok = |client: &mut naam_runtime::cluster::Client| {
+        let r = client
+            .call(APP, handler_id("add"), &words(&[2, 2]), &[])
+            .unwrap();
+        assert_eq!(r.status, Status::Ok);
+    };
+    // Malformed bytes.
+    for junk in [&b""[..], b"garbage", &[1u8; 31], &[1u8; 200]] {
+        let r = c.submit_bytes(Bytes::copy_from_slice(junk));
+        assert_eq!(
+            r.status,
+            Status::Malformed,
+            "{}",
+            String::from_utf8_lossy(&r.payload)
+        );
+    }
+    ok(&mut client);
+    // Unknown handler, unknown app.
+    assert_eq!(
+        client.call(APP, 0x1234, &[], &[]).unwrap().status,
+        Status::UnknownHandler
+    );
+    assert_eq!(
+        client.call(99, handler_id("add"), &[], &[]).unwrap().status,
+        Status::UnknownApp
+    );
+    // Bad keys, ranges, rights, at every placement.
+    for p in Placement::ALL {
+        let cases = [
+            (rd(0xbad, 0, 8), Status::BadKey),
+            (rd(sorted, 4090, 16), Status::OutOfRange),
+            (
+                Descriptor {
+                    rkey: sorted,
+                    offset: 0,
+                    len: 8,
+                    access: ACCESS_READ | ACCESS_WRITE,
+                },
+                Status::AccessDenied,
+            ),
+        ];
+        for (d, want) in cases {
+            let r = client
+                .call_at(p, APP, handler_id("bsearch"), &words(&[1]), &[d])
+                .unwrap();
+            assert_eq!(r.status, want, "{p} {d:?}");
+        }
+        let r = client
+            .call_at(p, APP, handler_id("panics"), &words(&[7]), &[])
+            .unwrap();
+        assert_eq!(r.status, Status::Aborted);
+    }
+    // A write aimed at the read-only region.
+    let w = Descriptor {
+        rkey: sorted,
+        offset: 0,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    assert_eq!(
+        client
+            .call(APP, handler_id("counter_add"), &words(&[1]), &[w])
+            .unwrap()
+            .status,
+        Status::AccessDenied
+    );
+    // Oversized args are refused before sending.
+    assert!(client
+        .call(APP, handler_id("add"), &vec![0u8; 300], &[])
+        .is_err());
+    ok(&mut client);
+    assert!(c
+        .metrics()
+        .snapshot()
+        .errors
+        .iter()
+        .any(|(s, _)| *s == Status::BadKey));
+}
+
+#[test]
+fn full_queues_give_back_pressure_errors() {
+    let config = ClusterConfig {
+        queue_capacity: 2,
+        ..fast()
+    };
+    let c = cluster(config);
+    // Make the host slow, then flood it from an async client.
+    c.congestion().limit_host(2_000_000);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ac = c.async_client();
+    let data = c.region_key(APP, "data").unwrap();
+    let w = Descriptor {
+        rkey: data,
+        offset: 16,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    let results = rt.block_on(async {
+        let calls = (0..12).map(|_| {
+            let ac = ac.clone();
+            async move {
+                ac.call(APP, handler_id("counter_add"), &words(&[1]), &[w])
+                    .await
+            }
+        });
+        futures_join_all(calls).await
+    });
+    let busy = results
+        .iter()
+        .filter(|r| {
+            matches!(
+                r,
+                Err(naam_runtime::cluster::ClientError::Busy(Placement::Host))
+            )
+        })
+        .count();
+    let ok = results
+        .iter()
+        .filter(|r| matches!(r, Ok(rep) if rep.status == Status::Ok))
+        .count();
+    assert!(busy > 0, "some calls must see back-pressure: {results:?}");
+    assert_eq!(ok + busy, 12);
+    c.congestion().clear();
+    // Nothing was lost: every accepted increment landed exactly once.
+    let counter = u64::from_le_bytes(
+        c.region_snapshot(APP, "data").unwrap()[16..24]
+            .try_into()
+            .unwrap(),
+    );
+    assert_eq!(counter as usize, ok);
+}
+
+/// Polls futures to completion concurrently (no extra dependency).
+async fn futures_join_all<F: std::future::Future>(
+    fs: impl IntoIterator<Item = F>,
+) -> Vec<F::Output> {
+    let handles: Vec<_> = fs.into_iter().map(|f| Box::pin(f)).collect();
+    let mut out = Vec::new();
+    let mut pending: Vec<_> = handles.into_iter().map(Some).collect();
+    let mut results: Vec<Option<F::Output>> = (0..pending.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (i, slot) in pending.iter_mut().enumerate() {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        results[i] = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    for r in results {
+        out.push(r.expect("completed"));
+    }
+    out
+}
+
+#[test]
+fn retried_writes_apply_once() {
+    let c = cluster(fast());
+    let data = c.region_key(APP, "data").unwrap();
+    let w = Descriptor {
+        rkey: data,
+        offset: 16,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    let mut client = c.client();
+    let mut req = Request::new(
+        APP,
+        handler_id("counter_add"),
+        0,
+        Bytes::from(words(&[5])),
+        Descriptors::from_slice(&[w]).unwrap(),
+    );
+    req.request_id = 0xfeed;
+    req.flags = flags::WRITE | flags::RETRY;
+    for _ in 0..3 {
+        let r = client.send(None, req.clone()).unwrap();
+        assert_eq!(r.status, Status::Ok);
+    }
+    let counter = u64::from_le_bytes(
+        c.region_snapshot(APP, "data").unwrap()[16..24]
+            .try_into()
+            .unwrap(),
+    );
+    assert_eq!(counter, 5, "three deliveries of one request id add once");
+}
+
+#[test]
+fn owner_handoff_loses_and_duplicates_nothing() {
+    let config = ClusterConfig {
+        nic_executors: 1,
+        ..fast()
+    };
+    let c = Arc::new(cluster(config));
+    let data = c.region_key(APP, "data").unwrap();
+    let w = Descriptor {
+        rkey: data,
+        offset: 16,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    let writer = {
+        let c = c.clone();
+        std::thread::spawn(move || {
+            let mut client = c.client();
+            let mut applied = 0u64;
+            for _ in 0..3000 {
+                // Busy during a handoff: retry the same request until it lands.
+                loop {
+                    let r = client
+                        .call(APP, handler_id("counter_add"), &words(&[1]), &[w])
+                        .unwrap();
+                    match r.status {
+                        Status::Ok => {
+                            applied += 1;
+                            break;
+                        }
+                        Status::Busy => std::thread::yield_now(),
+                        s => panic!("unexpected {s:?}"),
+                    }
+                }
+            }
+            applied
+        })
+    };
+    let mut epochs = 0;
+    for i in 0..10 {
+        std::thread::sleep(Duration::from_millis(2));
+        let to = if i % 2 == 0 {
+            Placement::Nic
+        } else {
+            Placement::Host
+        };
+        epochs = c.move_owner(APP, to, Duration::from_secs(5)).unwrap();
+        assert_eq!(c.owner(APP), Some(to));
+    }
+    let applied = writer.join().unwrap();
+    assert_eq!(epochs, 10);
+    let counter = u64::from_le_bytes(
+        c.region_snapshot(APP, "data").unwrap()[16..24]
+            .try_into()
+            .unwrap(),
+    );
+    assert_eq!(counter, applied);
+    assert_eq!(applied, 3000);
+}
+
+#[test]
+fn async_client_many_in_flight() {
+    let c = cluster(fast());
+    let sorted = c.region_key(APP, "sorted").unwrap();
+    let ac = c.async_client();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let results = rt.block_on(futures_join_all((0..200u64).map(|k| {
+        let ac = ac.clone();
+        async move {
+            ac.call(
+                APP,
+                handler_id("bsearch"),
+                &words(&[k * 4]),
+                &[rd(sorted, 0, 4096)],
+            )
+            .await
+        }
+    })));
+    for (k, r) in results.into_iter().enumerate() {
+        let r = r.unwrap();
+        assert_eq!(r.status, Status::Ok);
+        assert_eq!(&r.payload[..], &words(&[k as u64, 1])[..]);
+    }
+}
+
+#[test]
+fn static_policies_pin_reads() {
+    for p in Placement::ALL {
+        let config = ClusterConfig {
+            policy: PolicyChoice::Always(p),
+            ..fast()
+        };
+        let c = cluster(config);
+        std::thread::sleep(Duration::from_millis(5));
+        let mut client = c.client();
+        for _ in 0..50 {
+            let r = client
+                .call(APP, handler_id("add"), &words(&[1, 1]), &[])
+                .unwrap();
+            assert_eq!(r.placement, p);
+        }
+    }
+}
