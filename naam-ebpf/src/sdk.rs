@@ -129,6 +129,11 @@ pub fn hash_bytes(ptr: u64, len: u64, seed: u64) -> u64 {
     helper_fn!(helper::HASH64, fn(u64, u64, u64) -> u64)(ptr, len, seed)
 }
 
+/// An integer at any alignment (volatile accesses need a type whose alignment the address has).
+#[repr(C, packed)]
+#[derive(Clone, Copy)]
+struct Unaligned<T: Copy>(T);
+
 /// A fetched segment: a bounds- and rights-checked view of `len` bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct SegmentRef {
@@ -144,7 +149,9 @@ macro_rules! segment_int_access {
         pub fn $read(&self, off: usize) -> Result<$t, Fault> {
             let addr = self.checked(off, core::mem::size_of::<$t>(), ACCESS_READ)?;
             // SAFETY: `checked` proved [addr, addr + size) lies inside the readable segment.
-            let v = unsafe { core::ptr::read_unaligned(addr as *const $t) };
+            // Volatile: reads of shared region memory must happen, once each, in program order
+            // (versions before and after the data they guard). Packed: any alignment.
+            let v = unsafe { core::ptr::read_volatile(addr as *const Unaligned<$t>) }.0;
             Ok(<$t>::from_le(v))
         }
 
@@ -153,7 +160,7 @@ macro_rules! segment_int_access {
         pub fn $write(&self, off: usize, value: $t) -> Result<(), Fault> {
             let addr = self.checked(off, core::mem::size_of::<$t>(), ACCESS_WRITE)?;
             // SAFETY: `checked` proved [addr, addr + size) lies inside the writable segment.
-            unsafe { core::ptr::write_unaligned(addr as *mut $t, value.to_le()) }
+            unsafe { core::ptr::write_volatile(addr as *mut Unaligned<$t>, Unaligned(value.to_le())) }
             Ok(())
         }
     )*};
@@ -195,6 +202,21 @@ impl SegmentRef {
         read_u16, write_u16, u16;
         read_u32, write_u32, u32;
         read_u64, write_u64, u64;
+    }
+
+    /// Ends an optimistic read of a versioned object: `front_version` (read before the data)
+    /// must equal the version word at `back_off` (read after it). A writer stores the back
+    /// version first and the front version last ([`Context::begin_versioned_write`],
+    /// [`Context::end_versioned_write`]), so any overlap with a write shows as a mismatch. A
+    /// mismatch is [`Fault::TORN_READ`], which [`handler!`] turns into `Return::Retry`: the step
+    /// runs again over freshly fetched segments.
+    #[inline(always)]
+    pub fn validate(&self, back_off: usize, front_version: u64) -> Result<(), Fault> {
+        if self.read_u64(back_off)? == front_version {
+            Ok(())
+        } else {
+            Err(Fault::TORN_READ)
+        }
     }
 
     /// Copies `dst.len()` bytes at `off` into `dst` (one bounded copy).
@@ -447,6 +469,29 @@ impl Context {
         Ok(())
     }
 
+    /// First write of a versioned update: the back version word of the object becomes
+    /// `version` (see [`SegmentRef::validate`]).
+    #[inline(always)]
+    pub fn begin_versioned_write(
+        &mut self,
+        segment: u32,
+        back_offset: u32,
+        version: u64,
+    ) -> Result<(), Fault> {
+        self.push_store_u64(segment, back_offset, version)
+    }
+
+    /// Last write of a versioned update: the front version word becomes `version`.
+    #[inline(always)]
+    pub fn end_versioned_write(
+        &mut self,
+        segment: u32,
+        front_offset: u32,
+        version: u64,
+    ) -> Result<(), Fault> {
+        self.push_store_u64(segment, front_offset, version)
+    }
+
     /// Queues a 64-bit compare-and-swap at `segment[offset]`.
     #[inline(always)]
     pub fn push_cas(
@@ -498,7 +543,8 @@ pub const STATE_LEN: usize = STATE_WORDS;
 
 /// Declares a handler: an `extern "C"` entry in ELF section `naam/<name>` that receives the
 /// [`Context`] and returns an encoded [`Return`]. The body evaluates to `Result<Return, Fault>`;
-/// an `Err(fault)` becomes `Return::Error(fault.code())`.
+/// an `Err(fault)` becomes `Return::Error(fault.code())`, except [`Fault::TORN_READ`], which
+/// becomes `Return::Retry`.
 ///
 /// ```ignore
 /// naam_ebpf::handler! {
@@ -524,6 +570,8 @@ macro_rules! handler {
             let ctx = unsafe { &mut *ctx };
             match body(ctx) {
                 Ok(ret) => ret.encode(),
+                // A torn optimistic read is not an error: run the step again.
+                Err($crate::Fault::TORN_READ) => $crate::Return::Retry.encode(),
                 Err(fault) => $crate::Return::Error(fault.code()).encode(),
             }
         }

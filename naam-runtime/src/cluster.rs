@@ -677,7 +677,9 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
             }
             _ => serve(&inner, &job.req, &mut host, &mut vm).0,
         };
-        let service = inner.clock.now().saturating_sub(begin);
+        // Service time runs from dequeue: time taken away from the executor (a hog, a capacity
+        // limit) is time this message spent at this placement.
+        let service = inner.clock.now().saturating_sub(start);
         let load = {
             let mut t = inner.lock_tracker(placement);
             t.completed((job.req.app, job.req.handler), service, c.steps);
@@ -1367,6 +1369,9 @@ impl AsyncClient {
                 }
                 Action::Write(_) => m.writes_applied(Err(WriteError::NotOwner)),
                 Action::Fetch(descs) => {
+                    if let Some(ns) = m.retry_backoff_ns() {
+                        tokio::time::sleep(Duration::from_nanos(ns)).await;
+                    }
                     let (tx, rx) = tokio::sync::oneshot::channel();
                     let job = AgentJob {
                         app: req.app,

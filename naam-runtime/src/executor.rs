@@ -41,10 +41,13 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_steps: 32,
-            max_retries: 16,
+            max_retries: 64,
         }
     }
 }
+
+/// Longest wait between two attempts of a torn optimistic read.
+pub const MAX_RETRY_BACKOFF_NS: u64 = 1_000_000;
 
 /// One write operation, resolved against the descriptor of the segment it targets.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -232,6 +235,15 @@ impl StepMachine {
     /// Steps run so far.
     pub fn steps(&self) -> u16 {
         self.steps
+    }
+
+    /// How long the driver should wait before fetching again after a torn read: doubling from
+    /// 1 µs per retry, capped at [`MAX_RETRY_BACKOFF_NS`]. A writer preempted in the middle of
+    /// an update keeps an object torn for a whole scheduler slice; readers that retry at once
+    /// would spend their budget in microseconds.
+    pub fn retry_backoff_ns(&self) -> Option<u64> {
+        (self.retries > 0)
+            .then(|| (1_000u64 << (self.retries - 1).min(20)).min(MAX_RETRY_BACKOFF_NS))
     }
 
     fn fail(&self, status: Status, message: impl Into<String>) -> Action {
@@ -661,6 +673,21 @@ pub fn one_sided_read(
     Ok(())
 }
 
+/// Waits `ns` before a retry: first yields (the writer may be waiting for this core), then
+/// sleeps or spins for the rest.
+fn backoff(ns: u64) {
+    let start = std::time::Instant::now();
+    std::thread::yield_now();
+    let left = ns.saturating_sub(start.elapsed().as_nanos() as u64);
+    if left >= 50_000 {
+        std::thread::sleep(std::time::Duration::from_nanos(left));
+    } else {
+        while (start.elapsed().as_nanos() as u64) < ns {
+            std::hint::spin_loop();
+        }
+    }
+}
+
 /// Accounting of one driven message.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RunCost {
@@ -686,14 +713,19 @@ pub fn run_message<P: DataPath>(
     loop {
         action = match action {
             Action::Complete(c) => return (c, cost),
-            Action::Fetch(descs) => match path.fetch(app, descs.as_slice()) {
-                Ok(f) => {
-                    cost.fetch_ns += f.cost_ns;
-                    cost.fetches += 1;
-                    m.step(vm, f.grants)
+            Action::Fetch(descs) => {
+                if let Some(ns) = m.retry_backoff_ns() {
+                    backoff(ns);
                 }
-                Err(e) => m.fetch_failed(&e),
-            },
+                match path.fetch(app, descs.as_slice()) {
+                    Ok(f) => {
+                        cost.fetch_ns += f.cost_ns;
+                        cost.fetches += 1;
+                        m.step(vm, f.grants)
+                    }
+                    Err(e) => m.fetch_failed(&e),
+                }
+            }
             Action::Write(batch) => {
                 let r = apply(&batch);
                 m.writes_applied(r)

@@ -15,6 +15,7 @@ pub mod clock;
 pub mod cluster;
 pub mod engine;
 pub mod executor;
+pub mod experiment;
 pub mod helpers;
 pub mod insn;
 pub mod interp;

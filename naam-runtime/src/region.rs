@@ -84,19 +84,52 @@ impl RegionMemory {
     }
 
     /// Copies `dst.len()` bytes at `offset` into `dst` (a DMA or RDMA READ).
+    ///
+    /// The copy loads whole words in ascending address order with acquire ordering, so a reader
+    /// that finds equal versions at both ends of an object saw no concurrent write (writers
+    /// store the back version first and the front version last). `memcpy` promises no order.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        let src = self.range(offset, dst.len() as u64)?;
-        // SAFETY: the range lies inside this region's allocation; concurrent writers are
-        // expected (shared memory), readers validate versions.
-        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst.as_mut_ptr(), dst.len()) };
+        self.range(offset, dst.len() as u64)?;
+        let mut at = offset as usize;
+        let mut out = 0;
+        while out < dst.len() {
+            let word = self.words[at / 8].load(Ordering::Acquire).to_le_bytes();
+            let from = at % 8;
+            let n = (8 - from).min(dst.len() - out);
+            dst[out..out + n].copy_from_slice(&word[from..from + n]);
+            out += n;
+            at += n;
+        }
         Ok(())
     }
 
-    /// Copies `src` to `offset` (a DMA or RDMA WRITE).
+    /// Copies `src` to `offset` (a DMA or RDMA WRITE), word by word in ascending order; partial
+    /// words at the edges are merged atomically.
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), MemError> {
-        let dst = self.range(offset, src.len() as u64)?;
-        // SAFETY: the range lies inside this region's allocation.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
+        self.range(offset, src.len() as u64)?;
+        let mut at = offset as usize;
+        let mut inp = 0;
+        while inp < src.len() {
+            let from = at % 8;
+            let n = (8 - from).min(src.len() - inp);
+            let w = &self.words[at / 8];
+            if n == 8 {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&src[inp..inp + 8]);
+                w.store(u64::from_le_bytes(b), Ordering::Release);
+            } else {
+                let mut mask = [0u8; 8];
+                let mut bits = [0u8; 8];
+                mask[from..from + n].fill(0xff);
+                bits[from..from + n].copy_from_slice(&src[inp..inp + n]);
+                let (mask, bits) = (u64::from_le_bytes(mask), u64::from_le_bytes(bits));
+                let _ = w.fetch_update(Ordering::Release, Ordering::Relaxed, |old| {
+                    Some((old & !mask) | bits)
+                });
+            }
+            inp += n;
+            at += n;
+        }
         Ok(())
     }
 
@@ -323,6 +356,27 @@ mod tests {
             Err(ResolveError::AccessDenied { .. })
         ));
         assert!(t.resolve(2, &d(b.rkey, 8, 8, ALL_RIGHTS)).is_ok());
+    }
+
+    #[test]
+    fn unaligned_reads_and_writes() {
+        let m = RegionMemory::from_bytes(&(0u8..40).collect::<Vec<_>>());
+        let mut out = [0u8; 13];
+        m.read(3, &mut out).unwrap();
+        assert_eq!(out.to_vec(), (3u8..16).collect::<Vec<_>>());
+        m.write(5, &[0xaa; 11]).unwrap();
+        let snap = m.snapshot();
+        assert_eq!(&snap[..5], &[0, 1, 2, 3, 4]);
+        assert_eq!(&snap[5..16], &[0xaa; 11]);
+        assert_eq!(&snap[16..18], &[16, 17]);
+        assert_eq!(
+            m.read(35, &mut [0u8; 6]),
+            Err(MemError::OutOfRange {
+                offset: 35,
+                len: 6,
+                size: 40
+            })
+        );
     }
 
     #[test]

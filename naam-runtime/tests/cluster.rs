@@ -435,3 +435,61 @@ fn static_policies_pin_reads() {
         }
     }
 }
+
+#[test]
+fn optimistic_reads_are_never_torn_at_any_placement() {
+    let mut spec = app();
+    spec.regions.push(RegionSpec {
+        name: "rec".into(),
+        access: ALL_RIGHTS,
+        contents: words(&[0, 0, !0, 0]),
+    });
+    spec.handlers.push(HandlerSpec::read("vget").jit());
+    spec.handlers.push(HandlerSpec::write("vput").jit());
+    let c = Arc::new(Cluster::builder().config(fast()).app(spec).build().unwrap());
+    let rec = c.region_key(APP, "rec").unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (c, stop) = (c.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut client = c.client();
+            let w = Descriptor {
+                rkey: rec,
+                offset: 0,
+                len: 32,
+                access: ACCESS_READ | ACCESS_WRITE,
+            };
+            let mut a = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                a += 1;
+                let r = client
+                    .call(APP, handler_id("vput"), &words(&[a]), &[w])
+                    .unwrap();
+                assert_eq!(r.status, Status::Ok);
+            }
+            a
+        })
+    };
+    let mut client = c.client();
+    let mut last = [0u64; 3];
+    for i in 0..6000 {
+        let p = Placement::ALL[i % 3];
+        let r = client
+            .call_at(p, APP, handler_id("vget"), &[], &[rd(rec, 0, 32)])
+            .unwrap();
+        assert_eq!(
+            r.status,
+            Status::Ok,
+            "{p}: {}",
+            String::from_utf8_lossy(&r.payload)
+        );
+        let a = u64::from_le_bytes(r.payload[..8].try_into().unwrap());
+        let b = u64::from_le_bytes(r.payload[8..16].try_into().unwrap());
+        assert_eq!(b, !a, "torn read at {p}: a={a} b={b:#x}");
+        assert!(a >= last[p.index()], "values go forward at {p}");
+        last[p.index()] = a;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    assert!(written > 0);
+}

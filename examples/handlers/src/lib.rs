@@ -172,3 +172,36 @@ handler! {
         Ok(Return::Write)
     }
 }
+
+/// Versioned record: `[front version][a][b = !a][back version]`, 32 bytes.
+const REC_A: usize = 8;
+const REC_B: usize = 16;
+const REC_BACK: usize = 24;
+
+handler! {
+    /// Optimistic read of a versioned record: replies `a` and `b`; a torn read retries.
+    fn vget(ctx) {
+        let seg = ctx.segment(0)?;
+        let v = seg.read_u64(0)?;
+        let a = seg.read_u64(REC_A)?;
+        let b = seg.read_u64(REC_B)?;
+        seg.validate(REC_BACK, v)?;
+        ctx.reply_u64(a)?;
+        ctx.reply_u64(b)?;
+        Ok(Return::Done)
+    }
+}
+
+handler! {
+    /// Versioned update at the owner: `a = arg0`, `b = !arg0`, both versions bumped.
+    fn vput(ctx) {
+        let seg = ctx.segment(0)?;
+        let v = seg.read_u64(0)?.wrapping_add(1);
+        let a = ctx.arg_u64(0)?;
+        ctx.begin_versioned_write(0, REC_BACK as u32, v)?;
+        ctx.push_store_u64(0, REC_A as u32, a)?;
+        ctx.push_store_u64(0, REC_B as u32, !a)?;
+        ctx.end_versioned_write(0, 0, v)?;
+        Ok(Return::Write)
+    }
+}

@@ -77,6 +77,49 @@ enum Cmd {
         #[arg(long, default_value_t = DEFAULT_MAX_INSNS)]
         max_insns: usize,
     },
+    /// Start an in-process cluster, run binary-search lookups against it, congest the host for a
+    /// while, and print placement fractions as the steering moves traffic (mode: inproc).
+    Demo(DemoArgs),
+}
+
+#[derive(clap::Args)]
+struct DemoArgs {
+    /// Handler object with `bsearch` (default: build examples/handlers).
+    #[arg(long)]
+    object: Option<PathBuf>,
+    /// Handler crate to build when no object is given.
+    #[arg(long, default_value = "examples/handlers")]
+    handlers_dir: PathBuf,
+    /// Run time, seconds.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Congestion start, seconds.
+    #[arg(long, default_value_t = 1.0)]
+    congestion_start: f64,
+    /// Congestion end, seconds.
+    #[arg(long, default_value_t = 2.0)]
+    congestion_end: f64,
+    /// Extra busy microseconds per host message while congested.
+    #[arg(long, default_value_t = 200)]
+    extra_us: u64,
+    /// Closed-loop client threads.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// Steering policy: auto, host, nic or client.
+    #[arg(long, default_value = "auto")]
+    policy: String,
+    /// Host executor threads.
+    #[arg(long, default_value_t = 1)]
+    host_executors: usize,
+    /// NIC executor threads.
+    #[arg(long, default_value_t = 1)]
+    nic_executors: usize,
+    /// Print interval, milliseconds.
+    #[arg(long, default_value_t = 100)]
+    interval_ms: u64,
+    /// Write the full result as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -92,6 +135,7 @@ fn main() -> ExitCode {
 
 fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
+        Cmd::Demo(args) => demo(args),
         Cmd::Build {
             crate_dir,
             out,
@@ -199,6 +243,160 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
             Ok(code)
         }
     }
+}
+
+fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, PolicyChoice, RegionSpec};
+    use naam_runtime::experiment::{read_call, run_shift, ShiftConfig};
+    use naam_runtime::registry::{handler_id, HandlerSpec};
+    use naam_runtime::steering::CostPolicyConfig;
+    use naam_runtime::Placement;
+    use std::time::Duration;
+
+    if !(args.seconds > 0.0
+        && args.congestion_start <= args.congestion_end
+        && args.congestion_end <= args.seconds)
+    {
+        bail!("need 0 <= --congestion-start <= --congestion-end <= --seconds");
+    }
+    let policy = match args.policy.as_str() {
+        "auto" => PolicyChoice::Auto(CostPolicyConfig::default()),
+        other => PolicyChoice::Always(other.parse::<Placement>().map_err(anyhow::Error::msg)?),
+    };
+    let object = match &args.object {
+        Some(p) => p.clone(),
+        None => {
+            let mut opts = BuildOptions::new(&args.handlers_dir);
+            opts.out = Some(PathBuf::from("target/naam/examples.o"));
+            build(&opts)
+                .with_context(|| format!("building {}", args.handlers_dir.display()))?
+                .object
+        }
+    };
+    let bytes = std::fs::read(&object).with_context(|| format!("reading {}", object.display()))?;
+    let loaded = load(&bytes).with_context(|| format!("loading {}", object.display()))?;
+    const APP: u32 = 1;
+    const N: u64 = 4_096;
+    let sorted: Vec<u8> = (0..N).flat_map(|i| (i * 2).to_le_bytes()).collect();
+    let config = ClusterConfig {
+        host_executors: args.host_executors,
+        nic_executors: args.nic_executors,
+        policy,
+        ..ClusterConfig::default()
+    };
+    let cluster = Cluster::builder()
+        .config(config)
+        .app(AppSpec {
+            id: APP,
+            name: "demo".into(),
+            owner: Placement::Host,
+            regions: vec![RegionSpec {
+                name: "sorted".into(),
+                access: naam_runtime::region::READ_ONLY,
+                contents: sorted,
+            }],
+            object: std::sync::Arc::new(loaded),
+            handlers: vec![HandlerSpec::read("bsearch").jit()],
+        })
+        .build()?;
+    let rkey = cluster.region_key(APP, "sorted").context("region")?;
+    let desc = naam_ebpf::abi::Descriptor {
+        rkey,
+        offset: 0,
+        len: (N * 8) as u32,
+        access: naam_ebpf::abi::ACCESS_READ,
+    };
+    let shift = ShiftConfig {
+        duration: Duration::from_secs_f64(args.seconds),
+        congestion: (
+            Duration::from_secs_f64(args.congestion_start),
+            Duration::from_secs_f64(args.congestion_end),
+        ),
+        host_extra_ns: args.extra_us * 1000,
+        clients: args.clients,
+        sample: Duration::from_millis(1),
+    };
+    println!(
+        "mode: inproc (one process; NIC cores, DMA and one-sided RDMA are emulated, not hardware)\n\
+         policy: {}; host congested +{} us/message from {:.1}s to {:.1}s; {} client thread(s); bsearch over {N} keys",
+        cluster.policy_name(), args.extra_us, args.congestion_start, args.congestion_end, args.clients
+    );
+    let result = run_shift(
+        &cluster,
+        &shift,
+        read_call(
+            APP,
+            handler_id("bsearch"),
+            12_345u64.to_le_bytes().to_vec(),
+            vec![desc],
+        ),
+    );
+    println!(
+        "{:>7}  {:>7} {:>7} {:>7}  {:>10}",
+        "t (s)", "client", "nic", "host", "ops/s"
+    );
+    let per = (args.interval_ms.max(1)) as usize;
+    for chunk in result.samples.chunks(per) {
+        let mut ops = [0u64; 3];
+        for s in chunk {
+            for (sum, n) in ops.iter_mut().zip(s.ops) {
+                *sum += n;
+            }
+        }
+        let total: u64 = ops.iter().sum();
+        let pct = |i: usize| {
+            if total == 0 {
+                0.0
+            } else {
+                100.0 * ops[i] as f64 / total as f64
+            }
+        };
+        let t = chunk.last().map_or(0.0, |s| s.t);
+        let secs = chunk.len() as f64 * shift.sample.as_secs_f64();
+        let marker = if t > args.congestion_start && t <= args.congestion_end + 1e-9 {
+            "  congested"
+        } else {
+            ""
+        };
+        println!(
+            "{t:>7.2}  {:>6.1}% {:>6.1}% {:>6.1}%  {:>10.0}{marker}",
+            pct(0),
+            pct(1),
+            pct(2),
+            total as f64 / secs
+        );
+    }
+    let ms = |v: Option<f64>| v.map_or("never".to_string(), |x| format!("{x:.1} ms"));
+    println!(
+        "steering: 90% of traffic off the host {} after congestion onset; back on the host {} after it ended",
+        ms(result.moved_ms),
+        ms(result.back_ms)
+    );
+    let snap = cluster.metrics().snapshot();
+    for p in Placement::ALL {
+        let q = snap.placement[p.index()];
+        if q.count > 0 {
+            println!(
+                "latency at {p}: p50 {:.1} us, p99 {:.1} us, p99.9 {:.1} us ({} ops)",
+                q.p50 as f64 / 1e3,
+                q.p99 as f64 / 1e3,
+                q.p999 as f64 / 1e3,
+                q.count
+            );
+        }
+    }
+    if let Some(path) = &args.json {
+        let doc = json!({
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "result": result,
+            "latency": snap,
+            "weights_timeline": cluster.metrics().timeline(),
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    cluster.shutdown();
+    Ok(ExitCode::SUCCESS)
 }
 
 fn parse_u64(s: &str) -> anyhow::Result<u64> {
