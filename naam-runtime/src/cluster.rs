@@ -577,9 +577,15 @@ fn serve<P: DataPath>(
         }
     };
     if handler.kind == HandlerKind::Read {
-        let (c, cost) = run_message(req, handler, path, vm, inner.config.limits, |_| {
-            Err(WriteError::NotOwner)
-        });
+        let (c, cost) = run_message(
+            req,
+            handler,
+            path,
+            vm,
+            inner.config.limits,
+            inner.clock.as_ref(),
+            |_| Err(WriteError::NotOwner),
+        );
         return (c, cost.fetch_ns);
     }
     // Writes: only at the owner, once per request id.
@@ -616,9 +622,15 @@ fn serve<P: DataPath>(
             }
         }
         let regions = inner.regions.clone();
-        let (c, cost) = run_message(req, handler, path, vm, inner.config.limits, |batch| {
-            apply_writes(&regions, batch)
-        });
+        let (c, cost) = run_message(
+            req,
+            handler,
+            path,
+            vm,
+            inner.config.limits,
+            inner.clock.as_ref(),
+            |batch| apply_writes(&regions, batch),
+        );
         let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
         t.entries.insert(req.request_id, Dedup::Done(c.clone()));
         (c, cost.fetch_ns)
@@ -685,8 +697,8 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
             t.completed((job.req.app, job.req.handler), service, c.steps);
             LoadFeedback {
                 queue_depth: rx.len() as u32,
-                utilisation_permille: 0,
-                queue_delay_ns: start.saturating_sub(job.enqueued),
+                utilisation_permille: (t.last_utilisation() * 1000.0).round() as u16,
+                queue_delay_ns: t.queue_delay_ns() as u64,
                 service_ns: service,
             }
         };
@@ -1242,6 +1254,7 @@ impl Client {
             &mut self.transport,
             &mut self.vm,
             self.inner.config.limits,
+            self.inner.clock.as_ref(),
             |_| Err(WriteError::NotOwner),
         );
         let total = begin.elapsed().as_nanos() as u64;
@@ -1394,7 +1407,7 @@ impl AsyncClient {
                                 .iter()
                                 .map(|b| crate::engine::Grant::read(b))
                                 .collect();
-                            m.step(&mut vm, grants)
+                            m.step(&mut vm, grants, self.inner.clock.as_ref(), 0)
                         }
                         Ok(Ok(Err(e))) => m.fetch_failed(&e),
                         _ => {

@@ -21,6 +21,7 @@ use naam_ebpf::abi::{
     write_kind, Descriptor, Return, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE, STATE_WORDS,
 };
 
+use crate::clock::Clock;
 use crate::engine::{Grant, Invocation, StepError, Vm};
 use crate::interp::VmError;
 use crate::placement::Placement;
@@ -103,6 +104,19 @@ pub struct Completion {
     pub insns: u64,
     /// Optimistic-read retries taken.
     pub retries: u16,
+    /// Accounting of every step run (retries included), in order.
+    pub records: Vec<StepRecord>,
+}
+
+/// Accounting of one step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StepRecord {
+    /// Instructions the interpreter executed (`None` under the JIT, which does not count).
+    pub insns: Option<u64>,
+    /// Handler run time, nanoseconds, measured with the injected clock.
+    pub exec_ns: u64,
+    /// Cost of fetching the step's segments, nanoseconds (modelled DMA, measured READ, 0).
+    pub fetch_ns: u64,
 }
 
 impl Completion {
@@ -115,6 +129,7 @@ impl Completion {
             steps,
             insns: 0,
             retries: 0,
+            records: Vec::new(),
         }
     }
 }
@@ -183,6 +198,7 @@ pub struct StepMachine {
     retries: u16,
     insns: u64,
     limits: Limits,
+    records: Vec<StepRecord>,
 }
 
 impl StepMachine {
@@ -204,6 +220,7 @@ impl StepMachine {
             retries: 0,
             insns: 0,
             limits,
+            records: Vec::new(),
             handler,
         };
         let action = if placement == Placement::Client && m.handler.kind == HandlerKind::Write {
@@ -250,6 +267,7 @@ impl StepMachine {
         let mut c = Completion::error(status, 0, message, self.steps);
         c.insns = self.insns;
         c.retries = self.retries;
+        c.records = self.records.clone();
         Action::Complete(c)
     }
 
@@ -261,6 +279,7 @@ impl StepMachine {
             steps: self.steps,
             insns: self.insns,
             retries: self.retries,
+            records: self.records.clone(),
         })
     }
 
@@ -269,8 +288,15 @@ impl StepMachine {
         self.fail(resolve_status(e), e.to_string())
     }
 
-    /// Runs one step over `segments` (in the order of [`StepMachine::current`]).
-    pub fn step(&mut self, vm: &mut Vm, segments: Vec<Grant<'_>>) -> Action {
+    /// Runs one step over `segments` (in the order of [`StepMachine::current`]), which cost
+    /// `fetch_ns` to fetch; the handler's run time is measured with `clock`.
+    pub fn step(
+        &mut self,
+        vm: &mut Vm,
+        segments: Vec<Grant<'_>>,
+        clock: &dyn Clock,
+        fetch_ns: u64,
+    ) -> Action {
         let inv = Invocation {
             app: self.handler.app,
             request_id: self.request_id,
@@ -281,7 +307,14 @@ impl StepMachine {
             reply: &self.reply,
             segments,
         };
-        let out = match vm.run(&self.handler.exe, &inv) {
+        let started = clock.now();
+        let result = vm.run(&self.handler.exe, &inv);
+        self.records.push(StepRecord {
+            insns: result.as_ref().ok().and_then(|o| o.insns),
+            exec_ns: clock.now().saturating_sub(started),
+            fetch_ns,
+        });
+        let out = match result {
             Ok(out) => out,
             Err(StepError::Vm(VmError::Aborted { code })) => {
                 let mut c = Completion::error(
@@ -291,6 +324,7 @@ impl StepMachine {
                     self.steps,
                 );
                 c.insns = self.insns;
+                c.records = self.records.clone();
                 return Action::Complete(c);
             }
             Err(e @ StepError::BadInput(_)) => return self.fail(Status::Refused, e.to_string()),
@@ -705,6 +739,7 @@ pub fn run_message<P: DataPath>(
     path: &mut P,
     vm: &mut Vm,
     limits: Limits,
+    clock: &dyn Clock,
     mut apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
 ) -> (Completion, RunCost) {
     let app = req.app;
@@ -721,7 +756,7 @@ pub fn run_message<P: DataPath>(
                     Ok(f) => {
                         cost.fetch_ns += f.cost_ns;
                         cost.fetches += 1;
-                        m.step(vm, f.grants)
+                        m.step(vm, f.grants, clock, f.cost_ns)
                     }
                     Err(e) => m.fetch_failed(&e),
                 }

@@ -311,6 +311,7 @@ pub struct LoadTracker {
     window_start: Nanos,
     executors: u32,
     available: bool,
+    last_utilisation: f64,
     service: HashMap<HandlerKey, Ewma>,
     steps: HashMap<HandlerKey, Ewma>,
 }
@@ -354,6 +355,7 @@ impl LoadTracker {
         let window =
             now.saturating_sub(self.window_start).max(1) as f64 * self.executors.max(1) as f64;
         let utilisation = (self.busy_ns as f64 / window).min(1.0);
+        self.last_utilisation = utilisation;
         self.busy_ns = 0;
         self.window_start = now;
         PlacementLoad {
@@ -362,6 +364,16 @@ impl LoadTracker {
             utilisation,
             available: self.available,
         }
+    }
+
+    /// Utilisation over the last closed period (0..=1).
+    pub fn last_utilisation(&self) -> f64 {
+        self.last_utilisation
+    }
+
+    /// Queueing-delay EWMA, nanoseconds.
+    pub fn queue_delay_ns(&self) -> f64 {
+        self.queue_delay.get().unwrap_or(0.0)
     }
 
     /// Service-time EWMA of `key` here.

@@ -125,7 +125,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Completion {
         l: Limits,
         o: impl FnMut(&naam_runtime::executor::WriteBatch) -> Result<(), WriteError>,
     ) -> Completion {
-        run_message(r, h, p, vm, l, o).0
+        run_message(r, h, p, vm, l, &naam_runtime::clock::SystemClock::new(), o).0
     }
     match placement {
         Placement::Host => go(
