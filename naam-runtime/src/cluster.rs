@@ -773,7 +773,9 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy) {
         inputs.placements[p.index()] = load;
     }
     let mut updates = Vec::new();
+    let mut owner_moves = Vec::new();
     for app in inner.registry.apps() {
+        let mut loads = Vec::new();
         for h in app.handlers.values() {
             let key = (app.id, h.id);
             let handler = HandlerLoad {
@@ -786,15 +788,61 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy) {
                 owner: inner.owner_of(app.id),
             };
             updates.push((key, policy.decide(key, &handler, &inputs, now)));
+            loads.push(handler);
+        }
+        if let Some(current) = inner.owner_of(app.id) {
+            let want = policy.owner(app.id, current, &loads, &inputs, now);
+            if want != current {
+                owner_moves.push((app.id, want));
+            }
         }
     }
-    let mut table = inner.weights.write().unwrap_or_else(|e| e.into_inner());
-    for (key, w) in updates {
-        if table.get(&key) != Some(&w) {
-            inner.metrics.record_weights(now, key, w);
+    {
+        let mut table = inner.weights.write().unwrap_or_else(|e| e.into_inner());
+        for (key, w) in updates {
+            if table.get(&key) != Some(&w) {
+                inner.metrics.record_weights(now, key, w);
+            }
+            table.insert(key, w);
         }
-        table.insert(key, w);
     }
+    for (app, to) in owner_moves {
+        // A handoff that cannot drain in time is abandoned; a later decision may try again.
+        let _ = move_owner(inner, app, to, OWNER_DRAIN_TIMEOUT);
+    }
+}
+
+/// How long the controller waits for an owner handoff to drain.
+const OWNER_DRAIN_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Moves `app`'s write ownership to `to`: new writes get `Busy` while in-flight writes at the
+/// old owner drain; then the owner changes and the epoch advances.
+fn move_owner(
+    inner: &Inner,
+    app: u32,
+    to: Placement,
+    timeout: Duration,
+) -> Result<u64, ClusterError> {
+    if to == Placement::Client {
+        return Err(ClusterError::Config("the client cannot own writes".into()));
+    }
+    let o = inner
+        .owners
+        .get(&app)
+        .ok_or(ClusterError::UnknownApp(app))?;
+    o.draining.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + timeout;
+    while o.inflight.load(Ordering::SeqCst) > 0 {
+        if Instant::now() > deadline {
+            o.draining.store(false, Ordering::SeqCst);
+            return Err(ClusterError::HandoffTimeout(app, timeout));
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    o.placement.store(to.abi() as u8, Ordering::SeqCst);
+    let epoch = o.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+    o.draining.store(false, Ordering::SeqCst);
+    Ok(epoch)
 }
 
 fn controller_loop(inner: Arc<Inner>, mut policy: Box<dyn Policy>) {
@@ -912,27 +960,7 @@ impl Cluster {
         to: Placement,
         timeout: Duration,
     ) -> Result<u64, ClusterError> {
-        if to == Placement::Client {
-            return Err(ClusterError::Config("the client cannot own writes".into()));
-        }
-        let o = self
-            .inner
-            .owners
-            .get(&app)
-            .ok_or(ClusterError::UnknownApp(app))?;
-        o.draining.store(true, Ordering::SeqCst);
-        let deadline = Instant::now() + timeout;
-        while o.inflight.load(Ordering::SeqCst) > 0 {
-            if Instant::now() > deadline {
-                o.draining.store(false, Ordering::SeqCst);
-                return Err(ClusterError::HandoffTimeout(app, timeout));
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        o.placement.store(to.abi() as u8, Ordering::SeqCst);
-        let epoch = o.epoch.fetch_add(1, Ordering::SeqCst) + 1;
-        o.draining.store(false, Ordering::SeqCst);
-        Ok(epoch)
+        move_owner(&self.inner, app, to, timeout)
     }
 
     /// The switch: where a server-bound message goes. Writes go to the owner (counted in flight

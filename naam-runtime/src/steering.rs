@@ -126,6 +126,19 @@ pub trait Policy: Send {
         inputs: &SteeringInputs,
         now: Nanos,
     ) -> Weights;
+    /// Where `app`'s writes should be applied, given the loads of all its handlers; the caller
+    /// moves the owner (with a draining handoff) when this differs from `current`. Default: stay.
+    fn owner(
+        &mut self,
+        app: u32,
+        current: Placement,
+        handlers: &[HandlerLoad],
+        inputs: &SteeringInputs,
+        now: Nanos,
+    ) -> Placement {
+        let _ = (app, handlers, inputs, now);
+        current
+    }
 }
 
 /// Always one placement: the baselines. Write handlers still go to their owner. A static policy
@@ -176,6 +189,12 @@ impl Default for CostPolicyConfig {
     }
 }
 
+/// Owner moves are costly (a drain): they need a larger margin, a longer streak, and an
+/// absolute gain: microsecond differences between two uncongested placements are noise.
+const OWNER_MARGIN: f64 = 1.0;
+const OWNER_CONFIRM: u32 = 5;
+const OWNER_MIN_GAIN_NS: f64 = 50_000.0;
+
 #[derive(Clone, Copy, Debug)]
 struct Incumbent {
     placement: Placement,
@@ -188,6 +207,7 @@ struct Incumbent {
 pub struct CostPolicy {
     config: CostPolicyConfig,
     state: HashMap<HandlerKey, Incumbent>,
+    owners: HashMap<u32, (Placement, u32)>,
 }
 
 impl CostPolicy {
@@ -195,6 +215,7 @@ impl CostPolicy {
     pub fn new(config: CostPolicyConfig) -> Self {
         CostPolicy {
             config,
+            owners: HashMap::new(),
             state: HashMap::new(),
         }
     }
@@ -233,6 +254,60 @@ impl CostPolicy {
 impl Policy for CostPolicy {
     fn name(&self) -> String {
         "auto".into()
+    }
+
+    fn owner(
+        &mut self,
+        app: u32,
+        current: Placement,
+        handlers: &[HandlerLoad],
+        inputs: &SteeringInputs,
+        _now: Nanos,
+    ) -> Placement {
+        let other = if current == Placement::Host {
+            Placement::Nic
+        } else {
+            Placement::Host
+        };
+        let has_writes = handlers.iter().any(|h| !h.read_only);
+        if !has_writes || !inputs.placements[other.index()].available {
+            self.owners.remove(&app);
+            return current;
+        }
+        // Congestion signal per placement: the app's read handlers are probed everywhere, so
+        // their completion times are measured at both server placements; writes run only at the
+        // owner and would leave the other side a guess. Apps without reads fall back to writes.
+        let reads: Vec<&HandlerLoad> = handlers.iter().filter(|h| h.read_only).collect();
+        let basis: Vec<&HandlerLoad> = if reads.is_empty() {
+            handlers.iter().collect()
+        } else {
+            reads
+        };
+        let cost = |p: Placement| -> f64 {
+            let sum: f64 = basis
+                .iter()
+                .map(|h| {
+                    let as_read = HandlerLoad {
+                        read_only: true,
+                        ..(*h).clone()
+                    };
+                    self.completion_times(&as_read, inputs)[p.index()].unwrap_or(f64::INFINITY)
+                })
+                .sum();
+            sum / basis.len() as f64
+        };
+        let (here, there) = (cost(current), cost(other));
+        let streak = self.owners.entry(app).or_insert((other, 0));
+        if there * (1.0 + OWNER_MARGIN) < here && here - there > OWNER_MIN_GAIN_NS {
+            *streak = (other, streak.1 + 1);
+            if streak.1 >= OWNER_CONFIRM {
+                self.owners.remove(&app);
+                return other;
+            }
+        } else {
+            *streak = (other, 0);
+        }
+        current
     }
 
     fn decide(
@@ -480,6 +555,43 @@ mod tests {
         assert_eq!(
             s.decide(KEY, &h, &inputs(0.0, 0.0), 0),
             Weights::all(Placement::Nic)
+        );
+    }
+
+    #[test]
+    fn owner_moves_only_after_sustained_congestion() {
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        let mut w = handler();
+        w.read_only = false;
+        let writes = [w];
+        let calm = inputs(0.0, 0.0);
+        for t in 0..20 {
+            assert_eq!(
+                p.owner(1, Placement::Host, &writes, &calm, t),
+                Placement::Host
+            );
+        }
+        // Relatively 3x worse but only by a few microseconds: not worth a drain.
+        let busyish = inputs(5_000.0, 0.0);
+        for t in 0..20 {
+            assert_eq!(
+                p.owner(1, Placement::Host, &writes, &busyish, t),
+                Placement::Host
+            );
+        }
+        let congested = inputs(100_000.0, 0.0);
+        let moves: Vec<Placement> = (0..OWNER_CONFIRM as u64)
+            .map(|t| p.owner(1, Placement::Host, &writes, &congested, t))
+            .collect();
+        assert!(moves[..moves.len() - 1]
+            .iter()
+            .all(|&m| m == Placement::Host));
+        assert_eq!(*moves.last().unwrap(), Placement::Nic);
+        // Static policies never move the owner.
+        let mut s = StaticPolicy(Placement::Host);
+        assert_eq!(
+            s.owner(1, Placement::Host, &writes, &congested, 0),
+            Placement::Host
         );
     }
 
