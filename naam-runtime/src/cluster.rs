@@ -266,6 +266,32 @@ pub struct CongestionInjector {
     hogs: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// How long a waiting thread polls before it blocks: a parked thread costs microseconds to
+/// wake, more than a whole in-process round trip.
+const POLL_BEFORE_BLOCKING: Duration = Duration::from_micros(20);
+
+/// Receives from `rx`, polling for [`POLL_BEFORE_BLOCKING`] before blocking up to `timeout`.
+fn recv_polling<T>(
+    rx: &Receiver<T>,
+    timeout: Duration,
+) -> Result<T, crossbeam_channel::RecvTimeoutError> {
+    let start = Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(v) => return Ok(v),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                return Err(crossbeam_channel::RecvTimeoutError::Disconnected)
+            }
+            Err(crossbeam_channel::TryRecvError::Empty) => {}
+        }
+        let waited = start.elapsed();
+        if waited >= POLL_BEFORE_BLOCKING {
+            return rx.recv_timeout(timeout.saturating_sub(waited));
+        }
+        std::hint::spin_loop();
+    }
+}
+
 fn spin_for(ns: u64) {
     if ns == 0 {
         return;
@@ -646,7 +672,7 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
     let mut host = HostPath::new(inner.regions.clone());
     let mut nic = NicPath::new(inner.regions.clone(), inner.config.nic.dma);
     loop {
-        let job = match rx.recv_timeout(Duration::from_millis(20)) {
+        let job = match recv_polling(&rx, Duration::from_millis(20)) {
             Ok(j) => j,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 if inner.shutdown.load(Ordering::SeqCst) {
@@ -1230,7 +1256,7 @@ impl Client {
             let deadline = Instant::now() + self.inner.config.client_timeout;
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
-                match self.rx.recv_timeout(left) {
+                match recv_polling(&self.rx, left) {
                     Ok(r) if r.request_id == req.request_id => break r,
                     Ok(_) => continue, // a late reply to an earlier, timed-out call
                     Err(_) => return Err(ClientError::Timeout(self.inner.config.client_timeout)),
