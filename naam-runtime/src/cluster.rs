@@ -734,7 +734,7 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
 
 fn agent_loop(inner: Arc<Inner>, rx: Receiver<AgentJob>) {
     loop {
-        let mut job = match rx.recv_timeout(Duration::from_millis(20)) {
+        let mut job = match recv_polling(&rx, Duration::from_millis(20)) {
             Ok(j) => j,
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 if inner.shutdown.load(Ordering::SeqCst) {
@@ -1146,10 +1146,8 @@ impl OneSided for AgentTransport {
         {
             return Err(unavailable);
         }
-        let got = self
-            .rx
-            .recv_timeout(self.inner.config.client_timeout)
-            .map_err(|_| unavailable)??;
+        let got =
+            recv_polling(&self.rx, self.inner.config.client_timeout).map_err(|_| unavailable)??;
         for (dst, src) in bufs.iter_mut().zip(got) {
             *dst = src;
         }

@@ -76,7 +76,10 @@ pub struct ShiftResult {
     pub ops: u64,
 }
 
-/// Windows of `hold` samples whose pooled host share meets `pred`, from time `from` on.
+/// The first time at or after `from` where each of `hold` consecutive samples (that saw any
+/// operation) has a host share meeting `pred`, in milliseconds after `from`. Samples are judged
+/// one by one: pooling operations would let many fast operations after a shift hide the few slow
+/// ones before it.
 fn first_time(
     samples: &[ShiftSample],
     from: f64,
@@ -88,20 +91,18 @@ fn first_time(
         .collect();
     for k in 0..idx.len() {
         let window = idx.get(k..k + hold)?;
-        let (host, total) = window.iter().fold((0u64, 0u64), |(h, t), &i| {
-            (
-                h + samples[i].ops[Placement::Host.index()],
-                t + samples[i].ops.iter().sum::<u64>(),
-            )
-        });
-        if total > 0 && pred(host as f64 / total as f64) {
-            // The window's start is the end of the sample before it.
+        let shares: Vec<f64> = window
+            .iter()
+            .filter_map(|&i| samples[i].share(Placement::Host))
+            .collect();
+        if !shares.is_empty() && shares.iter().all(|&h| pred(h)) {
+            // The window starts where the sample before it ended.
             let start = if idx[k] == 0 {
                 0.0
             } else {
                 samples[idx[k] - 1].t
             };
-            return Some(((start - from).max(0.0)) * 1e3);
+            return Some((start - from).max(0.0) * 1e3);
         }
     }
     None
