@@ -22,3 +22,5 @@ for engine in interp jit; do
   echo "== a panicking handler aborts cleanly ($engine)"
   $naam run "$obj" --handler panics --args-hex 0700000000000000 --engine $engine || echo "(exit $?: aborted as expected)"
 done
+echo "== the in-process cluster under host congestion (naam demo)"
+$naam demo --object "$obj" --seconds 3
