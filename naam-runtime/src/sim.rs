@@ -95,8 +95,28 @@ pub struct SimResult {
 }
 
 impl SimResult {
-    /// First time at or after `from` when `p`'s share is at most `limit` and stays there for
-    /// `hold` buckets; `None` if never.
+    /// First bucket start at or after `from` from which `hold` consecutive buckets all have a
+    /// share of `p` that satisfies `pred`; `None` if never.
+    pub fn first_time_share(
+        &self,
+        p: Placement,
+        from: Nanos,
+        hold: usize,
+        pred: impl Fn(f64) -> bool,
+    ) -> Option<Nanos> {
+        let idx: Vec<usize> = (0..self.buckets.len())
+            .filter(|&i| self.buckets[i].start_ns >= from)
+            .collect();
+        idx.iter().enumerate().find_map(|(k, &i)| {
+            let window = idx.get(k..k + hold)?;
+            window
+                .iter()
+                .all(|&j| pred(self.buckets[j].share(p)))
+                .then_some(self.buckets[i].start_ns)
+        })
+    }
+
+    /// [`SimResult::first_time_share`] with share at most `limit`.
     pub fn first_time_share_at_most(
         &self,
         p: Placement,
@@ -104,19 +124,10 @@ impl SimResult {
         from: Nanos,
         hold: usize,
     ) -> Option<Nanos> {
-        let idx: Vec<usize> = (0..self.buckets.len())
-            .filter(|&i| self.buckets[i].start_ns >= from)
-            .collect();
-        idx.iter().enumerate().find_map(|(k, &i)| {
-            let window = idx.get(k..k + hold)?;
-            window
-                .iter()
-                .all(|&j| self.buckets[j].share(p) <= limit)
-                .then_some(self.buckets[i].start_ns)
-        })
+        self.first_time_share(p, from, hold, |s| s <= limit)
     }
 
-    /// First time at or after `from` when `p`'s share is at least `limit` for `hold` buckets.
+    /// [`SimResult::first_time_share`] with share at least `limit`.
     pub fn first_time_share_at_least(
         &self,
         p: Placement,
@@ -124,16 +135,7 @@ impl SimResult {
         from: Nanos,
         hold: usize,
     ) -> Option<Nanos> {
-        let idx: Vec<usize> = (0..self.buckets.len())
-            .filter(|&i| self.buckets[i].start_ns >= from)
-            .collect();
-        idx.iter().enumerate().find_map(|(k, &i)| {
-            let window = idx.get(k..k + hold)?;
-            window
-                .iter()
-                .all(|&j| self.buckets[j].share(p) >= limit)
-                .then_some(self.buckets[i].start_ns)
-        })
+        self.first_time_share(p, from, hold, |s| s >= limit)
     }
 }
 

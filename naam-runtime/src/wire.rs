@@ -275,14 +275,7 @@ impl Request {
     /// Decodes a request; `args` and `partial_reply` share `buf`'s storage.
     pub fn decode(buf: Bytes) -> Result<Request, WireError> {
         let have = buf.len();
-        if have < REQUEST_HEADER {
-            return Err(WireError::Truncated {
-                need: REQUEST_HEADER,
-                have,
-            });
-        }
-        let mut h = &buf[..REQUEST_HEADER];
-        check_version_kind(h.get_u8(), h.get_u8(), KIND_REQUEST)?;
+        let mut h = header(&buf, REQUEST_HEADER, KIND_REQUEST)?;
         let flag_bits = h.get_u16_le();
         if flag_bits & !flags::ALL != 0 {
             return Err(WireError::Invalid {
@@ -310,18 +303,7 @@ impl Request {
         check_len("args length", args_len, ARGS_CAP)?;
         check_len("partial reply length", reply_len, REPLY_CAP)?;
         let expected = REQUEST_HEADER + args_len + 8 * words + DESCRIPTOR_SIZE * ndesc + reply_len;
-        if have < expected {
-            return Err(WireError::Truncated {
-                need: expected,
-                have,
-            });
-        }
-        if have > expected {
-            return Err(WireError::LengthMismatch {
-                expected,
-                actual: have,
-            });
-        }
+        check_exact(have, expected)?;
         let mut at = REQUEST_HEADER;
         let args = buf.slice(at..at + args_len);
         at += args_len;
@@ -386,12 +368,35 @@ fn check_access(access: u32) -> Result<(), WireError> {
     Ok(())
 }
 
-fn check_version_kind(version: u8, kind: u8, want: u8) -> Result<(), WireError> {
-    if version != VERSION {
-        return Err(WireError::Version(version));
+/// The fixed header of `size` bytes, after checking the version and that the kind is `want`;
+/// the returned slice starts after those two bytes.
+fn header(buf: &[u8], size: usize, want: u8) -> Result<&[u8], WireError> {
+    let have = buf.len();
+    if have < size {
+        return Err(WireError::Truncated { need: size, have });
     }
-    if kind != want {
-        return Err(WireError::Kind(kind));
+    if buf[0] != VERSION {
+        return Err(WireError::Version(buf[0]));
+    }
+    if buf[1] != want {
+        return Err(WireError::Kind(buf[1]));
+    }
+    Ok(&buf[2..size])
+}
+
+/// A message must be exactly as long as its header declares.
+fn check_exact(have: usize, expected: usize) -> Result<(), WireError> {
+    if have < expected {
+        return Err(WireError::Truncated {
+            need: expected,
+            have,
+        });
+    }
+    if have > expected {
+        return Err(WireError::LengthMismatch {
+            expected,
+            actual: have,
+        });
     }
     Ok(())
 }
@@ -533,14 +538,7 @@ impl Reply {
     /// Decodes a reply; the payload shares `buf`'s storage.
     pub fn decode(buf: Bytes) -> Result<Reply, WireError> {
         let have = buf.len();
-        if have < REPLY_HEADER {
-            return Err(WireError::Truncated {
-                need: REPLY_HEADER,
-                have,
-            });
-        }
-        let mut h = &buf[..REPLY_HEADER];
-        check_version_kind(h.get_u8(), h.get_u8(), KIND_REPLY)?;
+        let mut h = header(&buf, REPLY_HEADER, KIND_REPLY)?;
         let raw_status = h.get_u16_le();
         let status = Status::from_u16(raw_status).ok_or(WireError::Invalid {
             field: "status",
@@ -571,18 +569,7 @@ impl Reply {
         }
         check_len("payload length", payload_len, REPLY_CAP)?;
         let expected = REPLY_HEADER + payload_len;
-        if have < expected {
-            return Err(WireError::Truncated {
-                need: expected,
-                have,
-            });
-        }
-        if have > expected {
-            return Err(WireError::LengthMismatch {
-                expected,
-                actual: have,
-            });
-        }
+        check_exact(have, expected)?;
         Ok(Reply {
             app,
             request_id,
