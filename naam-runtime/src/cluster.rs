@@ -27,7 +27,7 @@ use crate::clock::{Clock, Nanos, SystemClock};
 use crate::engine::Vm;
 use crate::executor::{
     apply_writes, one_sided_read, run_message, Action, ClientPath, Completion, DataPath, DmaModel,
-    HostPath, Limits, NicPath, OneSided, StepMachine, WriteError,
+    FetchError, HostPath, Limits, NicPath, OneSided, StepMachine, WriteError,
 };
 use crate::loader::LoadedObject;
 use crate::metrics::Metrics;
@@ -989,10 +989,10 @@ impl Cluster {
         move_owner(&self.inner, app, to, timeout)
     }
 
-    /// The switch: where a server-bound message goes. Writes go to the owner (counted in flight
-    /// until their reply); reads split between Host and NIC by the weights.
+    /// The switch's choice for a server-bound message, without sending it: writes go to the
+    /// owner, reads split between Host and NIC by the weights.
     pub fn route(&self, req: &Request) -> Result<Placement, Status> {
-        route(&self.inner, req, &mut Selector::default())
+        route(&self.inner, req, &mut Selector::default()).map(|(p, _)| p)
     }
 
     /// Submits raw request bytes as a NIC would receive them, and waits for the reply. Malformed
@@ -1002,16 +1002,19 @@ impl Cluster {
             Ok(req) => {
                 let mut sel = Selector::default();
                 let (tx, rx) = bounded(1);
-                match route(&self.inner, &req, &mut sel) {
-                    Ok(p) => match enqueue(&self.inner, p, req.clone(), ReplySink::Sync(tx)) {
-                        Ok(()) => rx
-                            .recv_timeout(self.inner.config.client_timeout)
-                            .unwrap_or_else(|_| {
-                                error_reply(&req, Status::Unavailable, p, "no reply".into())
-                            }),
-                        Err(e) => error_reply(&req, Status::Busy, p, e.to_string()),
-                    },
-                    Err(s) => error_reply(&req, s, Placement::Host, format!("{s:?}")),
+                match submit(
+                    &self.inner,
+                    req.clone(),
+                    &mut sel,
+                    None,
+                    ReplySink::Sync(tx),
+                ) {
+                    Ok(p) => rx
+                        .recv_timeout(self.inner.config.client_timeout)
+                        .unwrap_or_else(|_| {
+                            error_reply(&req, Status::Unavailable, p, "no reply".into())
+                        }),
+                    Err(r) => r.reply(&req),
                 }
             }
             Err(e) => Reply {
@@ -1047,7 +1050,12 @@ impl Drop for Cluster {
     }
 }
 
-fn route(inner: &Inner, req: &Request, sel: &mut Selector) -> Result<Placement, Status> {
+/// Where a server-bound message goes, and its handler's kind; no side effects.
+fn route(
+    inner: &Inner,
+    req: &Request,
+    sel: &mut Selector,
+) -> Result<(Placement, HandlerKind), Status> {
     let handler = inner
         .registry
         .handler(req.app, req.handler)
@@ -1056,23 +1064,82 @@ fn route(inner: &Inner, req: &Request, sel: &mut Selector) -> Result<Placement, 
             _ => Status::UnknownHandler,
         })?;
     if handler.kind == HandlerKind::Write {
-        let o = inner.owners.get(&req.app).ok_or(Status::UnknownApp)?;
-        if o.draining.load(Ordering::SeqCst) {
-            return Err(Status::Busy);
-        }
-        o.inflight.fetch_add(1, Ordering::SeqCst);
-        // Re-check: a handoff that started in between must see this write, or we back off.
-        if o.draining.load(Ordering::SeqCst) {
-            o.inflight.fetch_sub(1, Ordering::SeqCst);
-            return Err(Status::Busy);
-        }
-        return inner.owner_of(req.app).ok_or(Status::UnknownApp);
+        let owner = inner.owner_of(req.app).ok_or(Status::UnknownApp)?;
+        return Ok((owner, HandlerKind::Write));
     }
     let w = inner.weights((req.app, req.handler));
     sel.pick(&w, |p| {
         p != Placement::Client && inner.queues[p.index()].is_some()
     })
+    .map(|p| (p, HandlerKind::Read))
     .ok_or(Status::Unavailable)
+}
+
+/// Why a message did not enter a server queue.
+enum Refusal {
+    /// The switch refused it (unknown handler, handoff in progress, no placement).
+    Status(Status),
+    /// The queue refused it (full, shut down).
+    Client(ClientError),
+}
+
+impl Refusal {
+    fn reply(self, req: &Request) -> Reply {
+        match self {
+            Refusal::Status(s) => {
+                error_reply(req, s, Placement::Host, format!("not routed: {s:?}"))
+            }
+            Refusal::Client(e) => {
+                let status = match e {
+                    ClientError::Busy(_) => Status::Busy,
+                    _ => Status::Unavailable,
+                };
+                error_reply(req, status, Placement::Host, e.to_string())
+            }
+        }
+    }
+}
+
+/// Routes `req` and puts it in its queue: the one way into a server queue. A write is counted in
+/// flight at its owner from here until its executor finishes it (an owner handoff waits for the
+/// count to drain); every failure path takes the count back. `forced` pins a read to a placement.
+fn submit(
+    inner: &Inner,
+    req: Request,
+    sel: &mut Selector,
+    forced: Option<Placement>,
+    sink: ReplySink,
+) -> Result<Placement, Refusal> {
+    let (routed, kind) = route(inner, &req, sel).map_err(Refusal::Status)?;
+    let p = match (kind, forced) {
+        (HandlerKind::Read, Some(p)) => p,
+        _ => routed,
+    };
+    let app = req.app;
+    let write = kind == HandlerKind::Write;
+    if write {
+        let o = inner
+            .owners
+            .get(&app)
+            .ok_or(Refusal::Status(Status::UnknownApp))?;
+        if o.draining.load(Ordering::SeqCst) {
+            return Err(Refusal::Status(Status::Busy));
+        }
+        o.inflight.fetch_add(1, Ordering::SeqCst);
+        // Re-check: a handoff that started in between must see this write, or we back off.
+        // The owner may also have changed between routing and counting.
+        if o.draining.load(Ordering::SeqCst) || inner.owner_of(app) != Some(p) {
+            o.inflight.fetch_sub(1, Ordering::SeqCst);
+            return Err(Refusal::Status(Status::Busy));
+        }
+    }
+    let result = enqueue(inner, p, req, sink);
+    if result.is_err() && write {
+        if let Some(o) = inner.owners.get(&app) {
+            o.inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    result.map(|()| p).map_err(Refusal::Client)
 }
 
 fn enqueue(inner: &Inner, p: Placement, req: Request, sink: ReplySink) -> Result<(), ClientError> {
@@ -1082,28 +1149,14 @@ fn enqueue(inner: &Inner, p: Placement, req: Request, sink: ReplySink) -> Result
     if inner.shutdown.load(Ordering::SeqCst) {
         return Err(ClientError::Shutdown);
     }
-    let is_write = inner
-        .registry
-        .handler(req.app, req.handler)
-        .is_ok_and(|h| h.kind == HandlerKind::Write);
-    let app = req.app;
     match q.try_send(Job {
         req,
         enqueued: inner.clock.now(),
         sink,
     }) {
         Ok(()) => Ok(()),
-        Err(e) => {
-            if is_write {
-                if let Some(o) = inner.owners.get(&app) {
-                    o.inflight.fetch_sub(1, Ordering::SeqCst);
-                }
-            }
-            match e {
-                TrySendError::Full(_) => Err(ClientError::Busy(p)),
-                TrySendError::Disconnected(_) => Err(ClientError::Shutdown),
-            }
-        }
+        Err(TrySendError::Full(_)) => Err(ClientError::Busy(p)),
+        Err(TrySendError::Disconnected(_)) => Err(ClientError::Shutdown),
     }
 }
 
@@ -1127,7 +1180,7 @@ impl OneSided for AgentTransport {
         app: u32,
         descs: &[Descriptor],
         bufs: &mut [Vec<u8>],
-    ) -> Result<u64, ResolveError> {
+    ) -> Result<u64, FetchError> {
         // A late answer to a READ that timed out must not be taken for this one.
         while self.rx.try_recv().is_ok() {}
         let start = Instant::now();
@@ -1137,17 +1190,17 @@ impl OneSided for AgentTransport {
             bufs: bufs.iter_mut().map(std::mem::take).collect(),
             sink: AgentSink::Sync(self.tx.clone()),
         };
-        let unavailable = ResolveError::BadKey(0);
+        let unavailable = || FetchError::Unavailable("the one-sided agent did not answer".into());
         if self
             .inner
             .agent
             .send_timeout(job, self.inner.config.client_timeout)
             .is_err()
         {
-            return Err(unavailable);
+            return Err(unavailable());
         }
-        let got =
-            recv_polling(&self.rx, self.inner.config.client_timeout).map_err(|_| unavailable)??;
+        let got = recv_polling(&self.rx, self.inner.config.client_timeout)
+            .map_err(|_| unavailable())??;
         for (dst, src) in bufs.iter_mut().zip(got) {
             *dst = src;
         }
@@ -1212,52 +1265,42 @@ impl Client {
         }
         req.validate()?;
         let key = (req.app, req.handler);
-        let kind = self
+        let is_read = self
             .inner
             .registry
             .handler(req.app, req.handler)
-            .map(|h| h.kind)
-            .ok();
+            .is_ok_and(|h| h.kind == HandlerKind::Read);
         let start = Instant::now();
         let weights = self.inner.weights(key);
         let sel = self.selectors.entry(key).or_default();
-        let target = match (placement, kind) {
-            (_, Some(HandlerKind::Write)) | (_, None) => None,
-            (Some(p), _) => Some(p),
-            (None, _) => sel.pick(&weights, |p| {
+        // The client decides Client vs server for reads, with one weighted pick; a server pick is
+        // passed on to the switch as the placement. Writes always go to the owner.
+        let choice = match placement {
+            Some(p) => Some(p),
+            None if is_read => sel.pick(&weights, |p| {
                 p == Placement::Client || self.inner.queues[p.index()].is_some()
             }),
+            None => None,
         };
-        let reply = if target == Some(Placement::Client) {
+        let reply = if is_read && choice == Some(Placement::Client) {
             self.run_locally(&req)
         } else {
-            let p = match target {
-                Some(p) => p,
-                None => match route(&self.inner, &req, sel) {
-                    Ok(p) => p,
-                    Err(status) => {
-                        return Ok(error_reply(
-                            &req,
-                            status,
-                            Placement::Host,
-                            format!("not routed: {status:?}"),
-                        ))
+            let sink = ReplySink::Sync(self.tx.clone());
+            match submit(&self.inner, req.clone(), sel, choice, sink) {
+                Err(Refusal::Client(e)) => return Err(e),
+                Err(refusal) => refusal.reply(&req),
+                Ok(_) => {
+                    let deadline = Instant::now() + self.inner.config.client_timeout;
+                    loop {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        match recv_polling(&self.rx, left) {
+                            Ok(r) if r.request_id == req.request_id => break r,
+                            Ok(_) => continue, // a late reply to an earlier, timed-out call
+                            Err(_) => {
+                                return Err(ClientError::Timeout(self.inner.config.client_timeout))
+                            }
+                        }
                     }
-                },
-            };
-            enqueue(
-                &self.inner,
-                p,
-                req.clone(),
-                ReplySink::Sync(self.tx.clone()),
-            )?;
-            let deadline = Instant::now() + self.inner.config.client_timeout;
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match recv_polling(&self.rx, left) {
-                    Ok(r) if r.request_id == req.request_id => break r,
-                    Ok(_) => continue, // a late reply to an earlier, timed-out call
-                    Err(_) => return Err(ClientError::Timeout(self.inner.config.client_timeout)),
                 }
             }
         };
@@ -1358,49 +1401,38 @@ impl AsyncClient {
         req.validate()?;
         let key = (app, handler);
         let start = Instant::now();
-        let kind = self
+        let is_read = self
             .inner
             .registry
             .handler(app, handler)
-            .map(|h| h.kind)
-            .ok();
-        let (target, routed) = {
+            .is_ok_and(|h| h.kind == HandlerKind::Read);
+        let choice = if is_read {
             let mut sels = self.selector.lock().unwrap_or_else(|e| e.into_inner());
-            let sel = sels.entry(key).or_default();
             let w = self.inner.weights(key);
-            match kind {
-                Some(HandlerKind::Read) => {
-                    let t = sel.pick(&w, |p| {
-                        p == Placement::Client || self.inner.queues[p.index()].is_some()
-                    });
-                    (t, None)
-                }
-                _ => (None, Some(route(&self.inner, &req, sel))),
-            }
+            sels.entry(key).or_default().pick(&w, |p| {
+                p == Placement::Client || self.inner.queues[p.index()].is_some()
+            })
+        } else {
+            None
         };
-        let reply = match (target, routed) {
-            (Some(Placement::Client), _) => self.run_locally(&req).await,
-            (Some(p), _) | (None, Some(Ok(p))) => {
-                let (tx, rx) = tokio::sync::oneshot::channel();
-                enqueue(&self.inner, p, req.clone(), ReplySink::Async(tx))?;
-                match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
+        let reply = if choice == Some(Placement::Client) {
+            self.run_locally(&req).await
+        } else {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let submitted = {
+                let mut sels = self.selector.lock().unwrap_or_else(|e| e.into_inner());
+                let sel = sels.entry(key).or_default();
+                submit(&self.inner, req.clone(), sel, choice, ReplySink::Async(tx))
+            };
+            match submitted {
+                Err(Refusal::Client(e)) => return Err(e),
+                Err(refusal) => refusal.reply(&req),
+                Ok(_) => match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
                     Ok(Ok(r)) => r,
                     Ok(Err(_)) => return Err(ClientError::Shutdown),
                     Err(_) => return Err(ClientError::Timeout(self.inner.config.client_timeout)),
-                }
+                },
             }
-            (None, Some(Err(status))) => error_reply(
-                &req,
-                status,
-                Placement::Host,
-                format!("not routed: {status:?}"),
-            ),
-            (None, None) => error_reply(
-                &req,
-                Status::Unavailable,
-                Placement::Host,
-                "no usable placement".into(),
-            ),
         };
         self.inner.metrics.record(
             reply.placement,
@@ -1461,7 +1493,7 @@ impl AsyncClient {
                                 .collect();
                             m.step(&mut vm, grants, self.inner.clock.as_ref(), 0)
                         }
-                        Ok(Ok(Err(e))) => m.fetch_failed(&e),
+                        Ok(Ok(Err(e))) => m.fetch_failed(&e.into()),
                         _ => {
                             return error_reply(
                                 req,

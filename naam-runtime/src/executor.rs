@@ -175,6 +175,27 @@ impl WriteError {
     }
 }
 
+/// Why a step's segments could not be fetched.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    /// A descriptor does not resolve.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The data source did not answer (one-sided agent down, timeout).
+    #[error("data source unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl FetchError {
+    /// The reply status for this error.
+    pub fn status(&self) -> Status {
+        match self {
+            FetchError::Resolve(e) => resolve_status(e),
+            FetchError::Unavailable(_) => Status::Unavailable,
+        }
+    }
+}
+
 /// The reply status for a descriptor that does not resolve.
 pub fn resolve_status(e: &ResolveError) -> Status {
     match e {
@@ -284,8 +305,8 @@ impl StepMachine {
     }
 
     /// The fetch failed: the message ends with the matching error.
-    pub fn fetch_failed(&mut self, e: &ResolveError) -> Action {
-        self.fail(resolve_status(e), e.to_string())
+    pub fn fetch_failed(&mut self, e: &FetchError) -> Action {
+        self.fail(e.status(), e.to_string())
     }
 
     /// Runs one step over `segments` (in the order of [`StepMachine::current`]), which cost
@@ -521,7 +542,7 @@ pub trait DataPath {
     /// The placement this path serves.
     fn placement(&self) -> Placement;
     /// Resolves and fetches `descs` of `app`.
-    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, ResolveError>;
+    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError>;
 }
 
 /// Host cores: descriptors resolve to zero-copy, read-only views of region memory.
@@ -541,7 +562,7 @@ impl DataPath for HostPath {
         Placement::Host
     }
 
-    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, ResolveError> {
+    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError> {
         let mut grants = Vec::with_capacity(descs.len());
         for d in descs {
             let r = self.regions.resolve(app, d)?;
@@ -604,7 +625,7 @@ impl DataPath for NicPath {
         Placement::Nic
     }
 
-    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, ResolveError> {
+    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError> {
         if self.buffers.len() < descs.len() {
             self.buffers.resize_with(descs.len(), Vec::new);
         }
@@ -635,7 +656,7 @@ pub trait OneSided {
         app: u32,
         descs: &[Descriptor],
         bufs: &mut [Vec<u8>],
-    ) -> Result<u64, ResolveError>;
+    ) -> Result<u64, FetchError>;
 }
 
 /// The client: every step's data comes from one batched one-sided READ.
@@ -664,7 +685,7 @@ impl<T: OneSided> DataPath for ClientPath<T> {
         Placement::Client
     }
 
-    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, ResolveError> {
+    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError> {
         if self.buffers.len() < descs.len() {
             self.buffers.resize_with(descs.len(), Vec::new);
         }

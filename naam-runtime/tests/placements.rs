@@ -13,7 +13,7 @@ use naam_runtime::executor::{
     apply_writes, one_sided_read, run_message, ClientPath, Completion, DataPath, DmaModel,
     HostPath, Limits, NicPath, OneSided, WriteError,
 };
-use naam_runtime::region::{RegionMemory, RegionTable, ResolveError, READ_ONLY, READ_WRITE};
+use naam_runtime::region::{RegionMemory, RegionTable, READ_ONLY, READ_WRITE};
 use naam_runtime::registry::{handler_id, HandlerSpec, Registry};
 use naam_runtime::wire::{Descriptors, Request, Status};
 use naam_runtime::{Placement, VerifierConfig};
@@ -26,7 +26,7 @@ impl OneSided for Agent {
         app: u32,
         descs: &[Descriptor],
         bufs: &mut [Vec<u8>],
-    ) -> Result<u64, ResolveError> {
+    ) -> Result<u64, naam_runtime::executor::FetchError> {
         one_sided_read(&self.0, app, descs, bufs)?;
         Ok(0)
     }
