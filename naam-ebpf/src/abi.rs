@@ -13,8 +13,9 @@ pub const ABI_VERSION: u32 = 1;
 /// Prefix of the ELF section that holds a handler: `naam/<name>`.
 pub const SECTION_PREFIX: &str = "naam/";
 
-/// Capacity of the inline argument bytes.
-pub const ARGS_CAP: usize = 256;
+/// Capacity of the inline argument bytes (a write carries its value inline: YCSB records are
+/// 10 x 100 bytes).
+pub const ARGS_CAP: usize = 2048;
 /// Number of 64-bit state words carried across the steps of one message.
 pub const STATE_WORDS: usize = 8;
 /// Maximum number of segments fetched for one step.

@@ -353,9 +353,13 @@ impl StepMachine {
         };
         self.insns += out.insns.unwrap_or(0);
         self.steps += 1;
-        self.reply.clear();
-        self.reply.extend_from_slice(vm.reply());
-        self.state = vm.state();
+        // A step that asks to be retried saw inconsistent data: whatever it wrote into the
+        // reply or the state words is discarded with it.
+        if out.ret != Some(Return::Retry) {
+            self.reply.clear();
+            self.reply.extend_from_slice(vm.reply());
+            self.state = vm.state();
+        }
         match out.ret {
             Some(Return::Done) => self.complete(Status::Ok, 0),
             Some(Return::Error(code)) => self.complete(Status::HandlerError, code),

@@ -191,7 +191,7 @@ fn invocation_limits_are_checked() {
     )
     .unwrap();
     let mut vm = Vm::new();
-    let big = vec![0u8; 300];
+    let big = vec![0u8; naam_ebpf::abi::ARGS_CAP + 1];
     let err = vm
         .run(
             &exe,

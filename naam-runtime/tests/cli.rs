@@ -194,7 +194,7 @@ fn c_handlers_from_clang_load_and_run() {
     assert_eq!(offset_of!(Context, args_len), 24);
     assert_eq!(offset_of!(Context, reply_len), 32);
     assert_eq!(offset_of!(Context, args), 752);
-    assert_eq!(offset_of!(Context, reply), 1008);
+    assert_eq!(offset_of!(Context, reply), 2800);
     let clang = ["clang-22", "clang"]
         .into_iter()
         .find(|c| Command::new(c).arg("--version").output().is_ok());

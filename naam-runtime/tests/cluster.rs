@@ -196,7 +196,12 @@ fn bad_input_gets_error_replies_and_the_cluster_keeps_serving() {
     );
     // Oversized args are refused before sending.
     assert!(client
-        .call(APP, handler_id("add"), &vec![0u8; 300], &[])
+        .call(
+            APP,
+            handler_id("add"),
+            &vec![0u8; naam_ebpf::abi::ARGS_CAP + 1],
+            &[]
+        )
         .is_err());
     ok(&mut client);
     assert!(c
