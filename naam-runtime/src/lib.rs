@@ -27,6 +27,7 @@ pub mod region;
 pub mod registry;
 pub mod sim;
 pub mod steering;
+pub mod transport;
 pub mod verifier;
 pub mod wire;
 

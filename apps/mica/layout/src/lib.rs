@@ -98,7 +98,8 @@ pub const fn bucket_of(keyhash: u64, buckets: u64) -> u64 {
 /// Seed of the key hash (`naam_ebpf::hash::hash64`).
 pub const HASH_SEED: u64 = 0x4d49_4341; // "MICA"
 
-/// Fixed part of every handler's args.
+/// Handler args: a fixed part, then the key, then the value. `KEYHASH..KEY` mirrors the item's
+/// `ITEM_KEYHASH..ITEM_KEY`, so a write stores header and key with one copy.
 pub mod args {
     /// rkey of the meta region.
     pub const RKEY_META: usize = 0;
@@ -108,15 +109,27 @@ pub mod args {
     pub const RKEY_LOG: usize = 16;
     /// Offset of the key's bucket in the index.
     pub const BUCKET_OFFSET: usize = 24;
+    /// Items in the log (readers use it to place candidates; writers read the meta region).
+    pub const LOG_ITEMS: usize = 32;
+    /// Item size (u32).
+    pub const ITEM_SIZE: usize = 40;
+    /// Key capacity (u32).
+    pub const KEY_CAP: usize = 44;
     /// The key's hash.
-    pub const KEYHASH: usize = 32;
+    pub const KEYHASH: usize = 48;
     /// Key length (u32).
-    pub const KEY_LEN: usize = 40;
+    pub const KEY_LEN: usize = 56;
     /// Value length (u32).
-    pub const VALUE_LEN: usize = 44;
-    /// First key byte.
-    pub const KEY: usize = 48;
+    pub const VALUE_LEN: usize = 60;
+    /// First key byte; the value follows the key.
+    pub const KEY: usize = 64;
 }
+
+const _: () = {
+    assert!(args::KEY_LEN - args::KEYHASH == ITEM_KEY_LEN - ITEM_KEYHASH);
+    assert!(args::VALUE_LEN - args::KEYHASH == ITEM_VALUE_LEN - ITEM_KEYHASH);
+    assert!(args::KEY - args::KEYHASH == ITEM_KEY - ITEM_KEYHASH);
+};
 
 /// Reply of GET: first byte.
 pub mod reply {

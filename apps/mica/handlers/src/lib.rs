@@ -1,0 +1,313 @@
+//! MICA's handlers: GET in two steps (bucket, then candidate items) at any placement; PUT,
+//! UPDATE and DELETE at the write owner, as ordered write batches guarded by compare-and-swap.
+//! The layout is `naam_mica_layout`'s.
+#![no_std]
+// seq! unrolls with literal indices (`0 * 8`, `I as u64` on a literal), and the last unrolled
+// iteration's updates of loop variables are never read: all by construction.
+#![allow(clippy::erasing_op, clippy::identity_op, clippy::unnecessary_cast, unused_assignments)]
+
+use naam_ebpf::abi::{ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+use naam_ebpf::{handler, Context, Descriptor, Fault, Return, SegmentRef, StepResult};
+use naam_mica_layout as l;
+use naam_mica_layout::args as a;
+use seq_macro::seq;
+
+const RW: u32 = ACCESS_READ | ACCESS_WRITE;
+const RWA: u32 = RW | ACCESS_ATOMIC;
+
+/// The key of the request, checked against the args.
+struct Key {
+    hash: u64,
+    len: usize,
+    value_len: usize,
+}
+
+#[inline(always)]
+fn key_of(ctx: &Context) -> Result<Key, Fault> {
+    let hash = ctx.arg_u64(a::KEYHASH)?;
+    let len = ctx.arg_u32(a::KEY_LEN)? as usize;
+    let value_len = ctx.arg_u32(a::VALUE_LEN)? as usize;
+    if len == 0 {
+        return Err(Fault::app(l::error::TOO_LARGE));
+    }
+    // Key and value must lie inside the args.
+    ctx.arg_range(a::KEY, len + value_len)?;
+    Ok(Key { hash, len, value_len })
+}
+
+/// Whether `seg` starts with a valid copy of item `expected` (its version) holding `key`. Reads
+/// the front version, the header and the key; the caller checks the back version last.
+#[inline(always)]
+fn same_key(ctx: &Context, seg: &SegmentRef, expected: u64, key: &Key) -> Result<bool, Fault> {
+    if seg.read_u64(l::ITEM_FRONT)? != expected
+        || seg.read_u64(l::ITEM_KEYHASH)? != key.hash
+        || seg.read_u32(l::ITEM_KEY_LEN)? as usize != key.len
+    {
+        return Ok(false);
+    }
+    let mine = ctx.arg_range(a::KEY, key.len)?;
+    let theirs = seg.checked(l::ITEM_KEY, key.len, ACCESS_READ)?;
+    Ok(naam_ebpf::compare(theirs, mine, key.len as u64)? == core::cmp::Ordering::Equal)
+}
+
+handler! {
+    /// GET. Step 0 reads the key's bucket and asks for every item whose tag matches; step 1
+    /// finds the item holding the key and replies `[HIT][value]`, or `[MISS]`. A bucket held by
+    /// a writer or a torn item retries the step.
+    fn mica_get(ctx) {
+        let key = key_of(ctx)?;
+        if ctx.step == 0 {
+            let bucket = ctx.segment(0)?;
+            let version = bucket.read_u64(0)?;
+            if version & 1 == 1 {
+                return Err(Fault::TORN_READ);
+            }
+            let tag = l::tag(key.hash);
+            let log_items = ctx.arg_u64(a::LOG_ITEMS)?;
+            let item_size = ctx.arg_u32(a::ITEM_SIZE)? as u64;
+            let rkey_log = ctx.arg_u64(a::RKEY_LOG)?;
+            if log_items == 0 {
+                return Err(Fault::app(l::error::TOO_LARGE));
+            }
+            let mut n = 0usize;
+            seq!(I in 0..15 {
+                let w = bucket.read_u64(l::slot_offset(I))?;
+                if w != 0 && w >> 48 == tag && n < l::MAX_CANDIDATES {
+                    let item = (w & l::ITEM_MASK) - 1;
+                    ctx.push_next(Descriptor {
+                        rkey: rkey_log,
+                        offset: (item % log_items) * item_size,
+                        len: item_size as u32,
+                        access: ACCESS_READ,
+                    })?;
+                    ctx.set_state(n, item + 1)?;
+                    n += 1;
+                }
+            });
+            bucket.validate(0, version)?;
+            if n == 0 {
+                ctx.reply_u8(l::reply::MISS)?;
+                return Ok(Return::Done);
+            }
+            return Ok(Return::Continue);
+        }
+        let key_cap = ctx.arg_u32(a::KEY_CAP)? as usize;
+        let back = l::item_back(ctx.arg_u32(a::ITEM_SIZE)? as usize);
+        seq!(K in 0..8 {
+            if K < ctx.segment_count as usize {
+                let seg = ctx.segment(K)?;
+                let expected = ctx.state(K)?;
+                if same_key(ctx, &seg, expected, &key)? {
+                    let len = seg.read_u32(l::ITEM_VALUE_LEN)? as usize;
+                    ctx.reply_u8(l::reply::HIT)?;
+                    ctx.reply_from_segment(&seg, l::item_value(key_cap), len)?;
+                    // Versions at both ends: a writer overwriting this item stored the back one
+                    // first, so a copy that overlapped it ends with a different back version.
+                    seg.validate(back, expected)?;
+                    return Ok(Return::Done);
+                }
+            }
+        });
+        ctx.reply_u8(l::reply::MISS)?;
+        Ok(Return::Done)
+    }
+}
+
+/// The table geometry, read from the meta region (writers trust the server, not the args).
+struct Geometry {
+    tail: u64,
+    log_items: u64,
+    item_size: u64,
+    key_cap: usize,
+}
+
+#[inline(always)]
+fn geometry(ctx: &Context, meta: &SegmentRef, key: &Key) -> Result<Geometry, Fault> {
+    let g = Geometry {
+        tail: meta.read_u64(l::META_TAIL)?,
+        log_items: meta.read_u64(l::META_LOG_ITEMS)?,
+        item_size: meta.read_u64(l::META_ITEM_SIZE)?,
+        key_cap: meta.read_u64(l::META_KEY_CAP)? as usize,
+    };
+    let value_cap = meta.read_u64(l::META_VALUE_CAP)? as usize;
+    let buckets = meta.read_u64(l::META_BUCKETS)?;
+    if key.len > g.key_cap || key.value_len > value_cap || g.log_items == 0 || buckets == 0 {
+        return Err(Fault::app(l::error::TOO_LARGE));
+    }
+    // The bucket the client named must be the key's: a wrong one would hide the key.
+    let bucket_offset = ctx.arg_u64(a::BUCKET_OFFSET)?;
+    if bucket_offset != l::bucket_of(key.hash, buckets) * l::BUCKET_SIZE as u64 {
+        return Err(Fault::app(l::error::TOO_LARGE));
+    }
+    Ok(g)
+}
+
+/// Step 0 of a write: read meta and bucket, ask for them again (writable), for the log slot the
+/// tail names, and for the live items whose tag matches (state: tail, bucket version, candidates
+/// as `slot << 56 | version`).
+#[inline(always)]
+fn write_step0(ctx: &mut Context, key: &Key, with_target: bool) -> StepResult {
+    let meta = ctx.segment(0)?;
+    let bucket = ctx.segment(1)?;
+    let g = geometry(ctx, &meta, key)?;
+    let version = bucket.read_u64(0)?;
+    if version & 1 == 1 {
+        return Err(Fault::TORN_READ);
+    }
+    let rkey_log = ctx.arg_u64(a::RKEY_LOG)?;
+    ctx.push_next(Descriptor { rkey: ctx.arg_u64(a::RKEY_META)?, offset: 0, len: l::META_SIZE as u32, access: RWA })?;
+    ctx.push_next(Descriptor {
+        rkey: ctx.arg_u64(a::RKEY_INDEX)?,
+        offset: ctx.arg_u64(a::BUCKET_OFFSET)?,
+        len: l::BUCKET_SIZE as u32,
+        access: RWA,
+    })?;
+    if with_target {
+        ctx.push_next(Descriptor {
+            rkey: rkey_log,
+            offset: (g.tail % g.log_items) * g.item_size,
+            len: g.item_size as u32,
+            access: RW,
+        })?;
+    }
+    ctx.set_state(0, g.tail)?;
+    ctx.set_state(1, version)?;
+    let tag = l::tag(key.hash);
+    let mut n = 0usize;
+    seq!(I in 0..15 {
+        let w = bucket.read_u64(l::slot_offset(I))?;
+        if w != 0 && w >> 48 == tag && n < l::MAX_WRITE_CANDIDATES {
+            let item = (w & l::ITEM_MASK) - 1;
+            // Items the log has already overwritten cannot hold the key.
+            if item + g.log_items > g.tail {
+                ctx.push_next(Descriptor {
+                    rkey: rkey_log,
+                    offset: (item % g.log_items) * g.item_size,
+                    len: g.item_size as u32,
+                    access: ACCESS_READ,
+                })?;
+                ctx.set_state(2 + n, ((I as u64) << 56) | (item + 1))?;
+                n += 1;
+            }
+        }
+    });
+    Ok(Return::Continue)
+}
+
+/// Step 1 of a write: the slot among the candidates (segments from `first`) that holds the key.
+#[inline(always)]
+fn find_slot(ctx: &Context, key: &Key, first: usize, item_size: u64) -> Result<Option<usize>, Fault> {
+    let back = l::item_back(item_size as usize);
+    seq!(K in 0..5 {
+        if first + K < ctx.segment_count as usize {
+            let seg = ctx.segment(first + K)?;
+            let s = ctx.state(2 + K)?;
+            let expected = s & ((1 << 56) - 1);
+            if same_key(ctx, &seg, expected, key)? && seg.read_u64(back)? == expected {
+                return Ok(Some((s >> 56) as usize));
+            }
+        }
+    });
+    Ok(None)
+}
+
+/// PUT or UPDATE, step 1: append the item at the tail and publish it in the bucket.
+#[inline(always)]
+fn write_item(ctx: &mut Context, key: &Key, update_only: bool) -> StepResult {
+    let meta = ctx.segment(0)?;
+    let bucket = ctx.segment(1)?;
+    let g = geometry(ctx, &meta, key)?;
+    let tail = ctx.state(0)?;
+    let version = ctx.state(1)?;
+    let found = find_slot(ctx, key, 3, g.item_size)?;
+    if update_only && found.is_none() {
+        return Err(Fault::app(l::error::NOT_FOUND));
+    }
+    let slot = match found {
+        Some(s) => s,
+        None => {
+            // A free slot (empty, or naming an item the log overwrote), else the oldest item.
+            let mut free = 99usize;
+            let mut oldest = 0usize;
+            let mut oldest_item = u64::MAX;
+            seq!(I in 0..15 {
+                let w = bucket.read_u64(l::slot_offset(I))?;
+                let item = (w & l::ITEM_MASK).wrapping_sub(1);
+                if free == 99 && (w == 0 || item + g.log_items <= tail) {
+                    free = I;
+                }
+                if w != 0 && item < oldest_item {
+                    oldest_item = item;
+                    oldest = I;
+                }
+            });
+            if free != 99 { free } else { oldest }
+        }
+    };
+    let item_version = tail + 1;
+    // Claim the log slot, then lock the bucket: a lost race on either is a Conflict reply and
+    // the client retries; a claimed slot never written is a harmless hole in the log.
+    ctx.push_cas(0, l::META_TAIL as u32, tail, tail + 1)?;
+    ctx.push_cas(1, 0, version, version + 1)?;
+    ctx.begin_versioned_write(2, l::item_back(g.item_size as usize) as u32, item_version)?;
+    ctx.push_store(2, l::ITEM_KEYHASH as u32, ctx.arg_range(a::KEYHASH, 16 + key.len)?, (16 + key.len) as u32)?;
+    ctx.push_store(
+        2,
+        l::item_value(g.key_cap) as u32,
+        ctx.arg_range(a::KEY + key.len, key.value_len)?,
+        key.value_len as u32,
+    )?;
+    ctx.end_versioned_write(2, l::ITEM_FRONT as u32, item_version)?;
+    ctx.push_store_u64(1, l::slot_offset(slot) as u32, l::slot(l::tag(key.hash), tail))?;
+    ctx.push_store_u64(1, 0, version + 2)?;
+    ctx.reply_u8(found.is_some() as u8)?;
+    Ok(Return::Write)
+}
+
+handler! {
+    /// PUT (insert or replace). Replies 1 if the key existed, 0 if it is new.
+    fn mica_put(ctx) {
+        let key = key_of(ctx)?;
+        if ctx.step == 0 {
+            return write_step0(ctx, &key, true);
+        }
+        write_item(ctx, &key, false)
+    }
+}
+
+handler! {
+    /// UPDATE (replace an existing key only; NOT_FOUND otherwise).
+    fn mica_update(ctx) {
+        let key = key_of(ctx)?;
+        if ctx.step == 0 {
+            return write_step0(ctx, &key, true);
+        }
+        write_item(ctx, &key, true)
+    }
+}
+
+handler! {
+    /// DELETE. Replies 1 and clears the key's slot if it exists, 0 otherwise.
+    fn mica_delete(ctx) {
+        let key = key_of(ctx)?;
+        if ctx.step == 0 {
+            return write_step0(ctx, &key, false);
+        }
+        let meta = ctx.segment(0)?;
+        let g = geometry(ctx, &meta, &key)?;
+        let version = ctx.state(1)?;
+        match find_slot(ctx, &key, 2, g.item_size)? {
+            Some(slot) => {
+                ctx.push_cas(1, 0, version, version + 1)?;
+                ctx.push_store_u64(1, l::slot_offset(slot) as u32, 0)?;
+                ctx.push_store_u64(1, 0, version + 2)?;
+                ctx.reply_u8(1)?;
+                Ok(Return::Write)
+            }
+            None => {
+                ctx.reply_u8(0)?;
+                Ok(Return::Done)
+            }
+        }
+    }
+}

@@ -1,0 +1,478 @@
+//! # naam-mica
+//!
+//! The MICA key-value store (Lim et al., NSDI'14) as a NAAM application: a lossy index of
+//! buckets and a circular log of items in registered regions ([`layout`]), handlers compiled from
+//! Rust to eBPF (`apps/mica/handlers`), a client library over any [`Transport`], and a native
+//! reference implementation of the same table ([`reference::NativeMica`]).
+//!
+//! GET runs anywhere (two steps: bucket, then items; versions at both ends of every item detect
+//! torn reads, which retry). PUT, UPDATE and DELETE run at the app's write owner as ordered write
+//! batches: compare-and-swap on the log tail and on the bucket version serialise writers, and a
+//! lost race is a `Conflict` reply that the client retries. Writing item `n` evicts item
+//! `n - log_items`: MICA's lossy log.
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+use naam_runtime::cluster::{AppSpec, ClientError, Cluster, RegionSpec};
+use naam_runtime::pipeline::{build, BuildError, BuildOptions};
+use naam_runtime::region::{ALL_RIGHTS, READ_WRITE};
+use naam_runtime::registry::{handler_id, HandlerSpec};
+use naam_runtime::transport::Transport;
+use naam_runtime::wire::Status;
+use naam_runtime::{load, LoadError, LoadedObject, Placement};
+
+pub use naam_mica_layout as layout;
+use naam_mica_layout as l;
+
+pub mod reference;
+
+/// Handler names.
+pub mod handlers {
+    /// GET.
+    pub const GET: &str = "mica_get";
+    /// PUT (insert or replace).
+    pub const PUT: &str = "mica_put";
+    /// UPDATE (existing keys only).
+    pub const UPDATE: &str = "mica_update";
+    /// DELETE.
+    pub const DELETE: &str = "mica_delete";
+}
+
+/// Errors of the MICA library.
+#[derive(Debug, thiserror::Error)]
+pub enum MicaError {
+    /// A key or value over the table's capacity, or an empty key.
+    #[error("key of {key} bytes or value of {value} bytes does not fit (capacities {key_cap} and {value_cap}; keys must not be empty)")]
+    TooLarge {
+        /// Key length.
+        key: usize,
+        /// Value length.
+        value: usize,
+        /// Key capacity.
+        key_cap: usize,
+        /// Value capacity.
+        value_cap: usize,
+    },
+    /// The configuration is not usable.
+    #[error("invalid MICA configuration: {0}")]
+    Config(String),
+    /// The server answered with an error.
+    #[error("{op}: server replied {status:?} (code {code}): {message}")]
+    Server {
+        /// Operation.
+        op: &'static str,
+        /// Status.
+        status: Status,
+        /// Code.
+        code: u32,
+        /// Message.
+        message: String,
+    },
+    /// The fabric failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// Building the handlers failed.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// Loading the handlers failed.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// A conflicting writer won every retry.
+    #[error("{0}: gave up after {1} conflicting attempts")]
+    Contended(&'static str, u32),
+}
+
+/// Table geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MicaConfig {
+    /// Buckets in the index (a power of two).
+    pub buckets: u64,
+    /// Items in the circular log.
+    pub log_items: u64,
+    /// Largest key, bytes.
+    pub key_cap: usize,
+    /// Largest value, bytes.
+    pub value_cap: usize,
+}
+
+impl MicaConfig {
+    /// 8-byte keys and values.
+    pub fn preset_8_8(items: u64) -> Self {
+        Self::sized(items, 8, 8)
+    }
+
+    /// 16-byte keys, 64-byte values.
+    pub fn preset_16_64(items: u64) -> Self {
+        Self::sized(items, 16, 64)
+    }
+
+    /// YCSB records: keys `user` + up to 20 digits, values of 10 fields × 100 bytes.
+    pub fn preset_ycsb(items: u64) -> Self {
+        Self::sized(items, 24, 1000)
+    }
+
+    /// A table for about `items` live items: about 4 items per bucket on average (of 15 slots)
+    /// and a log twice as large as the live set, so eviction only trims old versions.
+    pub fn sized(items: u64, key_cap: usize, value_cap: usize) -> Self {
+        let buckets = (items.max(1) / 4).max(1).next_power_of_two();
+        MicaConfig {
+            buckets,
+            log_items: (items * 2).max(16),
+            key_cap,
+            value_cap,
+        }
+    }
+
+    /// Bytes per log item.
+    pub fn item_size(&self) -> usize {
+        l::item_size(self.key_cap, self.value_cap)
+    }
+
+    /// Checks the configuration.
+    pub fn validate(&self) -> Result<(), MicaError> {
+        if !self.buckets.is_power_of_two() {
+            return Err(MicaError::Config(format!(
+                "{} buckets is not a power of two",
+                self.buckets
+            )));
+        }
+        if self.log_items == 0 || self.log_items >= 1 << 40 {
+            return Err(MicaError::Config(format!(
+                "{} log items is out of range",
+                self.log_items
+            )));
+        }
+        if self.key_cap == 0
+            || self.key_cap + self.value_cap + l::args::KEY > naam_ebpf::abi::ARGS_CAP
+        {
+            return Err(MicaError::Config(format!(
+                "keys of {} and values of {} bytes do not fit in a message's {} bytes of args",
+                self.key_cap,
+                self.value_cap,
+                naam_ebpf::abi::ARGS_CAP
+            )));
+        }
+        if self.item_size() + l::ITEM_HEADER > naam_ebpf::abi::WRITE_DATA_CAP {
+            return Err(MicaError::Config("items larger than a write batch".into()));
+        }
+        let bytes = (self.buckets as u128) * l::BUCKET_SIZE as u128
+            + (self.log_items as u128) * self.item_size() as u128;
+        if bytes > u32::MAX as u128 * 4 {
+            return Err(MicaError::Config(format!(
+                "{bytes} bytes of regions is too large"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The meta region's initial contents.
+    pub fn meta(&self) -> Vec<u8> {
+        let mut m = vec![0u8; l::META_SIZE];
+        let mut put = |at: usize, v: u64| m[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        put(l::META_TAIL, 0);
+        put(l::META_BUCKETS, self.buckets);
+        put(l::META_LOG_ITEMS, self.log_items);
+        put(l::META_ITEM_SIZE, self.item_size() as u64);
+        put(l::META_KEY_CAP, self.key_cap as u64);
+        put(l::META_VALUE_CAP, self.value_cap as u64);
+        m
+    }
+
+    /// The key hash MICA uses for `key`.
+    pub fn keyhash(key: &[u8]) -> u64 {
+        naam_ebpf::hash::hash64(key, l::HASH_SEED)
+    }
+}
+
+/// Region names of a MICA app.
+pub mod regions {
+    /// Meta (tail, geometry).
+    pub const META: &str = "mica-meta";
+    /// Index (buckets).
+    pub const INDEX: &str = "mica-index";
+    /// Log (items).
+    pub const LOG: &str = "mica-log";
+}
+
+/// Builds the handler crate with the pipeline (into `target_dir`, default the workspace's
+/// `target/naam`) and loads it.
+pub fn build_handlers(target_dir: Option<&Path>) -> Result<LoadedObject, MicaError> {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("handlers");
+    let target = target_dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/naam/mica"));
+    let mut opts = BuildOptions::new(crate_dir);
+    opts.target_dir = Some(target.clone());
+    opts.out = Some(target.join("mica.o"));
+    let built = build(&opts)?;
+    let bytes = std::fs::read(&built.object)
+        .map_err(|e| MicaError::Config(format!("reading {}: {e}", built.object.display())))?;
+    Ok(load(&bytes)?)
+}
+
+/// The app a cluster installs for a MICA table: its regions and handlers (GET read-only, the
+/// others writes at `owner`). `jit` puts the handlers on the JIT (they are this crate's own).
+pub fn app_spec(
+    app: u32,
+    config: &MicaConfig,
+    object: Arc<LoadedObject>,
+    owner: Placement,
+    jit: bool,
+) -> Result<AppSpec, MicaError> {
+    config.validate()?;
+    let spec = |s: HandlerSpec| if jit { s.jit() } else { s };
+    Ok(AppSpec {
+        id: app,
+        name: "mica".into(),
+        owner,
+        regions: vec![
+            RegionSpec {
+                name: regions::META.into(),
+                access: ALL_RIGHTS,
+                contents: config.meta(),
+            },
+            RegionSpec {
+                name: regions::INDEX.into(),
+                access: ALL_RIGHTS,
+                contents: vec![0u8; config.buckets as usize * l::BUCKET_SIZE],
+            },
+            RegionSpec {
+                name: regions::LOG.into(),
+                access: READ_WRITE,
+                contents: vec![0u8; config.log_items as usize * config.item_size()],
+            },
+        ],
+        object,
+        handlers: vec![
+            spec(HandlerSpec::read(handlers::GET)),
+            spec(HandlerSpec::write(handlers::PUT)),
+            spec(HandlerSpec::write(handlers::UPDATE)),
+            spec(HandlerSpec::write(handlers::DELETE)),
+        ],
+    })
+}
+
+/// What a client needs to address one MICA table.
+#[derive(Clone, Copy, Debug)]
+pub struct MicaHandle {
+    /// App id.
+    pub app: u32,
+    /// Geometry.
+    pub config: MicaConfig,
+    /// rkey of the meta region.
+    pub rkey_meta: u64,
+    /// rkey of the index region.
+    pub rkey_index: u64,
+    /// rkey of the log region.
+    pub rkey_log: u64,
+}
+
+impl MicaHandle {
+    /// The handle of table `app` in an in-process cluster.
+    pub fn from_cluster(cluster: &Cluster, app: u32, config: MicaConfig) -> Option<MicaHandle> {
+        Some(MicaHandle {
+            app,
+            config,
+            rkey_meta: cluster.region_key(app, regions::META)?,
+            rkey_index: cluster.region_key(app, regions::INDEX)?,
+            rkey_log: cluster.region_key(app, regions::LOG)?,
+        })
+    }
+}
+
+/// Most attempts a write makes when other writers win its compare-and-swap, or queues are full.
+pub const MAX_ATTEMPTS: u32 = 10_000;
+
+/// A MICA client over any [`Transport`].
+pub struct MicaClient<T: Transport> {
+    transport: T,
+    handle: MicaHandle,
+    args: Vec<u8>,
+    ids: [u32; 4],
+}
+
+impl<T: Transport> MicaClient<T> {
+    /// A client of the table `handle` over `transport`.
+    pub fn new(transport: T, handle: MicaHandle) -> Self {
+        MicaClient {
+            transport,
+            handle,
+            args: Vec::with_capacity(
+                l::args::KEY + handle.config.key_cap + handle.config.value_cap,
+            ),
+            ids: [
+                handlers::GET,
+                handlers::PUT,
+                handlers::UPDATE,
+                handlers::DELETE,
+            ]
+            .map(handler_id),
+        }
+    }
+
+    /// The transport.
+    pub fn transport(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
+    fn check(&self, key: &[u8], value: &[u8]) -> Result<(), MicaError> {
+        let c = &self.handle.config;
+        if key.is_empty() || key.len() > c.key_cap || value.len() > c.value_cap {
+            return Err(MicaError::TooLarge {
+                key: key.len(),
+                value: value.len(),
+                key_cap: c.key_cap,
+                value_cap: c.value_cap,
+            });
+        }
+        Ok(())
+    }
+
+    fn fill_args(&mut self, key: &[u8], value: &[u8]) -> u64 {
+        let h = &self.handle;
+        let hash = MicaConfig::keyhash(key);
+        let bucket = l::bucket_of(hash, h.config.buckets) * l::BUCKET_SIZE as u64;
+        let a = &mut self.args;
+        a.clear();
+        a.extend_from_slice(&h.rkey_meta.to_le_bytes());
+        a.extend_from_slice(&h.rkey_index.to_le_bytes());
+        a.extend_from_slice(&h.rkey_log.to_le_bytes());
+        a.extend_from_slice(&bucket.to_le_bytes());
+        a.extend_from_slice(&h.config.log_items.to_le_bytes());
+        a.extend_from_slice(&(h.config.item_size() as u32).to_le_bytes());
+        a.extend_from_slice(&(h.config.key_cap as u32).to_le_bytes());
+        a.extend_from_slice(&hash.to_le_bytes());
+        a.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        a.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        a.extend_from_slice(key);
+        a.extend_from_slice(value);
+        bucket
+    }
+
+    fn send(
+        &mut self,
+        op: &'static str,
+        id: u32,
+        key: &[u8],
+        value: &[u8],
+        write: bool,
+    ) -> Result<naam_runtime::wire::Reply, MicaError> {
+        self.check(key, value)?;
+        let bucket = self.fill_args(key, value);
+        let h = self.handle;
+        let descs: Vec<Descriptor> = if write {
+            let rwa = ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC;
+            vec![
+                Descriptor {
+                    rkey: h.rkey_meta,
+                    offset: 0,
+                    len: l::META_SIZE as u32,
+                    access: rwa,
+                },
+                Descriptor {
+                    rkey: h.rkey_index,
+                    offset: bucket,
+                    len: l::BUCKET_SIZE as u32,
+                    access: rwa,
+                },
+            ]
+        } else {
+            vec![Descriptor {
+                rkey: h.rkey_index,
+                offset: bucket,
+                len: l::BUCKET_SIZE as u32,
+                access: ACCESS_READ,
+            }]
+        };
+        for attempt in 1..=MAX_ATTEMPTS {
+            let reply = match self.transport.call(h.app, id, &self.args, &descs) {
+                Ok(r) => r,
+                Err(ClientError::Busy(_)) => {
+                    backoff(attempt);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match reply.status {
+                Status::Ok => return Ok(reply),
+                // Another writer won a compare-and-swap, the bucket was locked, a queue was
+                // full or an owner handoff was draining: nothing was applied, try again.
+                Status::Conflict | Status::Busy => backoff(attempt),
+                status => {
+                    return Err(MicaError::Server {
+                        op,
+                        status,
+                        code: reply.code,
+                        message: String::from_utf8_lossy(&reply.payload).into_owned(),
+                    })
+                }
+            }
+        }
+        Err(MicaError::Contended(op, MAX_ATTEMPTS))
+    }
+
+    /// The value of `key`, if the table holds it.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, MicaError> {
+        let r = self.send("get", self.ids[0], key, &[], false)?;
+        Ok(match r.payload.first() {
+            Some(&l::reply::HIT) => Some(r.payload[1..].to_vec()),
+            _ => None,
+        })
+    }
+
+    /// Inserts or replaces; returns whether the key existed.
+    pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<bool, MicaError> {
+        let r = self.send("put", self.ids[1], key, value, true)?;
+        Ok(r.payload.first() == Some(&1))
+    }
+
+    /// Replaces the value of an existing key; returns false (and changes nothing) if absent.
+    pub fn update(&mut self, key: &[u8], value: &[u8]) -> Result<bool, MicaError> {
+        match self.send("update", self.ids[2], key, value, true) {
+            Ok(_) => Ok(true),
+            Err(MicaError::Server {
+                status: Status::HandlerError,
+                code,
+                ..
+            }) if code == naam_ebpf::abi::error_code::APP_BASE + l::error::NOT_FOUND => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes `key`; returns whether it existed.
+    pub fn delete(&mut self, key: &[u8]) -> Result<bool, MicaError> {
+        let r = self.send("delete", self.ids[3], key, &[], true)?;
+        Ok(r.payload.first() == Some(&1))
+    }
+
+    /// Read-modify-write (YCSB-F): reads the value, applies `f`, writes the result back; returns
+    /// the new value, or `None` if the key was absent.
+    pub fn rmw(
+        &mut self,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> Vec<u8>,
+    ) -> Result<Option<Vec<u8>>, MicaError> {
+        let Some(old) = self.get(key)? else {
+            return Ok(None);
+        };
+        let new = f(&old);
+        self.put(key, &new)?;
+        Ok(Some(new))
+    }
+}
+
+fn backoff(attempt: u32) {
+    if attempt < 16 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(std::time::Duration::from_micros((attempt as u64).min(1000)));
+    }
+}
+
+/// Where the handler crate lives (for tools that build it themselves).
+pub fn handlers_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("handlers")
+}

@@ -1,0 +1,456 @@
+//! MICA on NAAM: equivalence with a HashMap and with the native reference at every placement,
+//! concurrent readers and a writer, steering mid-run, and bad input.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use naam_ebpf::abi::{Descriptor, ACCESS_READ};
+use naam_mica::reference::NativeMica;
+use naam_mica::{app_spec, build_handlers, MicaClient, MicaConfig, MicaError, MicaHandle};
+use naam_runtime::cluster::{Cluster, ClusterConfig, NicModel, PolicyChoice};
+use naam_runtime::registry::handler_id;
+use naam_runtime::transport::Pinned;
+use naam_runtime::wire::Status;
+use naam_runtime::{LoadedObject, Placement};
+use proptest::prelude::*;
+
+const APP: u32 = 5;
+
+fn object() -> Arc<LoadedObject> {
+    static OBJ: OnceLock<Arc<LoadedObject>> = OnceLock::new();
+    OBJ.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mica");
+        Arc::new(build_handlers(Some(&dir)).expect("building MICA's handlers (scripts/setup.sh)"))
+    })
+    .clone()
+}
+
+fn cluster_with(config: MicaConfig, cluster: ClusterConfig) -> Cluster {
+    Cluster::builder()
+        .config(cluster)
+        .app(app_spec(APP, &config, object(), Placement::Host, true).unwrap())
+        .build()
+        .unwrap()
+}
+
+fn fast() -> ClusterConfig {
+    ClusterConfig {
+        nic: NicModel {
+            emulate_costs: false,
+            ..NicModel::default()
+        },
+        ..ClusterConfig::default()
+    }
+}
+
+fn pinned(c: &Cluster, config: MicaConfig, p: Placement) -> MicaClient<Pinned> {
+    let handle = MicaHandle::from_cluster(c, APP, config).unwrap();
+    MicaClient::new(
+        Pinned {
+            client: c.client(),
+            placement: p,
+        },
+        handle,
+    )
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Put(u8, Vec<u8>),
+    Get(u8),
+    Update(u8, Vec<u8>),
+    Delete(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0u8..24;
+    let value = proptest::collection::vec(any::<u8>(), 0..=64);
+    prop_oneof![
+        3 => (key.clone(), value.clone()).prop_map(|(k, v)| Op::Put(k, v)),
+        4 => key.clone().prop_map(Op::Get),
+        2 => (key.clone(), value).prop_map(|(k, v)| Op::Update(k, v)),
+        1 => key.prop_map(Op::Delete),
+    ]
+}
+
+fn key(k: u8) -> Vec<u8> {
+    format!("key-{k:03}").into_bytes()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// With room for everything (no eviction), MICA behaves as a map at every placement.
+    #[test]
+    fn behaves_as_a_hashmap_at_every_placement(ops in proptest::collection::vec(op(), 1..80)) {
+        let config = MicaConfig::preset_16_64(256);
+        let c = cluster_with(config, fast());
+        for p in Placement::ALL {
+            // Each placement reads the same table after the same writes.
+            let mut m = pinned(&c, config, p);
+            let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+            // Start from what the previous placement left.
+            for k in 0..24u8 {
+                if let Some(v) = pinned(&c, config, Placement::Host).get(&key(k)).unwrap() {
+                    model.insert(key(k), v);
+                }
+            }
+            for op in &ops {
+                match op {
+                    Op::Put(k, v) => prop_assert_eq!(m.put(&key(*k), v).unwrap(), model.insert(key(*k), v.clone()).is_some()),
+                    Op::Get(k) => prop_assert_eq!(m.get(&key(*k)).unwrap(), model.get(&key(*k)).cloned(), "{} {:?}", p, op),
+                    Op::Update(k, v) => {
+                        let had = model.contains_key(&key(*k));
+                        prop_assert_eq!(m.update(&key(*k), v).unwrap(), had);
+                        if had { model.insert(key(*k), v.clone()); }
+                    }
+                    Op::Delete(k) => prop_assert_eq!(m.delete(&key(*k)).unwrap(), model.remove(&key(*k)).is_some()),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matches_the_native_reference_through_evictions() {
+    // A tiny table: 16 log items and 4 buckets, so the log wraps every 16 writes and buckets fill.
+    let config = MicaConfig {
+        buckets: 4,
+        log_items: 16,
+        key_cap: 8,
+        value_cap: 8,
+    };
+    let c = cluster_with(config, fast());
+    let mut native = NativeMica::new(config);
+    let mut clients: Vec<_> = Placement::ALL
+        .iter()
+        .map(|&p| pinned(&c, config, p))
+        .collect();
+    let mut rng = 0x1234_5678u64;
+    let mut next = || {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        rng >> 33
+    };
+    for i in 0..1500 {
+        let k = format!("k{}", next() % 40).into_bytes();
+        let v = (next() as u32).to_le_bytes().to_vec();
+        let m = &mut clients[i % 3];
+        match next() % 4 {
+            0 => assert_eq!(m.put(&k, &v).unwrap(), native.put(&k, &v), "put {i}"),
+            1 => assert_eq!(
+                m.update(&k, &v).unwrap(),
+                native.update(&k, &v),
+                "update {i}"
+            ),
+            2 => assert_eq!(m.delete(&k).unwrap(), native.delete(&k), "delete {i}"),
+            _ => assert_eq!(
+                m.get(&k).unwrap(),
+                native.get(&k),
+                "get {i} at {}",
+                Placement::ALL[i % 3]
+            ),
+        }
+    }
+    assert!(
+        native.tail() > 3 * config.log_items,
+        "the log wrapped several times"
+    );
+}
+
+/// A value that proves it was written whole: a sequence number and a checksum of key and number.
+fn value_for(key: &[u8], seq: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len.max(16)];
+    v[..8].copy_from_slice(&seq.to_le_bytes());
+    let mut input = key.to_vec();
+    input.extend_from_slice(&seq.to_le_bytes());
+    let sum = naam_ebpf::hash::hash64(&input, 7);
+    v[8..16].copy_from_slice(&sum.to_le_bytes());
+    for (i, b) in v[16..].iter_mut().enumerate() {
+        *b = (sum >> (8 * (i % 8))) as u8;
+    }
+    v
+}
+
+fn check_value(key: &[u8], v: &[u8], len: usize) -> u64 {
+    assert_eq!(v.len(), len.max(16), "length");
+    let seq = u64::from_le_bytes(v[..8].try_into().unwrap());
+    assert_eq!(
+        v,
+        value_for(key, seq, len),
+        "torn or foreign value for {}",
+        String::from_utf8_lossy(key)
+    );
+    seq
+}
+
+#[test]
+fn readers_at_every_placement_never_see_torn_values() {
+    let config = MicaConfig::preset_16_64(64 * 1024);
+    let c = Arc::new(cluster_with(config, fast()));
+    let keys: Vec<Vec<u8>> = (0..64)
+        .map(|k| format!("user{k:08}").into_bytes())
+        .collect();
+    let mut w = pinned(&c, config, Placement::Host);
+    for k in &keys {
+        w.put(k, &value_for(k, 0, 64)).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (c, stop, keys) = (c.clone(), stop.clone(), keys.clone());
+        std::thread::spawn(move || {
+            let mut w = pinned(&c, config, Placement::Host);
+            let mut seq = 1u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = &keys[(seq % 64) as usize];
+                w.put(k, &value_for(k, seq, 64)).unwrap();
+                seq += 1;
+            }
+            seq
+        })
+    };
+    let readers: Vec<_> = Placement::ALL
+        .into_iter()
+        .map(|p| {
+            let (c, stop, keys) = (c.clone(), stop.clone(), keys.clone());
+            std::thread::spawn(move || {
+                let mut r = pinned(&c, config, p);
+                let mut reads = 0u64;
+                let mut last = vec![0u64; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    let i = (reads * 7919 % 64) as usize;
+                    let v = r
+                        .get(&keys[i])
+                        .unwrap()
+                        .expect("no key is ever evicted here");
+                    let seq = check_value(&keys[i], &v, 64);
+                    assert!(seq >= last[i], "{p}: values of one key go forward");
+                    last[i] = seq;
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    let reads: Vec<u64> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    assert!(writes > 100, "writer made progress: {writes}");
+    assert!(
+        reads.iter().all(|&n| n > 50),
+        "every placement read: {reads:?}"
+    );
+}
+
+#[test]
+fn steering_moves_readers_mid_run_and_loses_nothing() {
+    let config = MicaConfig::preset_16_64(4096);
+    let cc = ClusterConfig {
+        policy: PolicyChoice::Auto(Default::default()),
+        ..ClusterConfig::default()
+    };
+    let c = Arc::new(cluster_with(config, cc));
+    let handle = MicaHandle::from_cluster(&c, APP, config).unwrap();
+    let keys: Vec<Vec<u8>> = (0..200)
+        .map(|k| format!("user{k:08}").into_bytes())
+        .collect();
+    let last_written = Arc::new(Mutex::new(HashMap::new()));
+    let mut m = MicaClient::new(c.client(), handle);
+    for k in &keys {
+        m.put(k, &value_for(k, 0, 64)).unwrap();
+        last_written.lock().unwrap().insert(k.clone(), 0u64);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (c, stop, keys, last) = (c.clone(), stop.clone(), keys.clone(), last_written.clone());
+        std::thread::spawn(move || {
+            let mut w = MicaClient::new(c.client(), handle);
+            let mut seq = 1u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = &keys[(seq * 13 % 200) as usize];
+                w.put(k, &value_for(k, seq, 64)).unwrap();
+                last.lock().unwrap().insert(k.clone(), seq);
+                seq += 1;
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    let reader = {
+        let (c, stop, keys) = (c.clone(), stop.clone(), keys.clone());
+        std::thread::spawn(move || {
+            let mut r = MicaClient::new(c.client(), handle);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = &keys[(n * 31 % 200) as usize];
+                let v = r.get(k).unwrap().expect("present");
+                check_value(k, &v, 64);
+                n += 1;
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_millis(150));
+    let before = c.metrics().ops();
+    c.congestion().limit_host(200_000);
+    std::thread::sleep(Duration::from_millis(300));
+    let during = c.metrics().ops();
+    c.congestion().clear();
+    std::thread::sleep(Duration::from_millis(150));
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let reads = reader.join().unwrap();
+    assert!(reads > 100);
+    // Reads moved off the host while it was congested.
+    let host = during[Placement::Host.index()] - before[Placement::Host.index()];
+    let total: u64 = (0..3).map(|i| during[i] - before[i]).sum();
+    assert!(
+        (host as f64) < 0.5 * total as f64,
+        "host kept {host} of {total} operations while congested"
+    );
+    // Nothing was lost: every key holds the last value written to it.
+    let mut check = MicaClient::new(c.client(), handle);
+    for (k, seq) in last_written.lock().unwrap().iter() {
+        let v = check.get(k).unwrap().expect("present");
+        assert_eq!(
+            check_value(k, &v, 64),
+            *seq,
+            "{}",
+            String::from_utf8_lossy(k)
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_refused_and_the_table_stays_intact() {
+    let config = MicaConfig::preset_8_8(256);
+    let c = cluster_with(config, fast());
+    let handle = MicaHandle::from_cluster(&c, APP, config).unwrap();
+    let mut m = pinned(&c, config, Placement::Host);
+    m.put(b"alpha", b"one").unwrap();
+    // Oversized keys and values: refused by the client before sending.
+    assert!(matches!(
+        m.put(b"much-too-long-key", b"x"),
+        Err(MicaError::TooLarge { .. })
+    ));
+    assert!(matches!(
+        m.put(b"k", b"value too long"),
+        Err(MicaError::TooLarge { .. })
+    ));
+    assert!(matches!(m.get(b""), Err(MicaError::TooLarge { .. })));
+    // The same, forged past the client: the handler refuses (args out of range, lengths over
+    // the table's capacity).
+    let mut raw = c.client();
+    let put = handler_id(naam_mica::handlers::PUT);
+    let get = handler_id(naam_mica::handlers::GET);
+    let mut args = vec![0u8; 64];
+    args[0..8].copy_from_slice(&handle.rkey_meta.to_le_bytes());
+    args[8..16].copy_from_slice(&handle.rkey_index.to_le_bytes());
+    args[16..24].copy_from_slice(&handle.rkey_log.to_le_bytes());
+    args[56..60].copy_from_slice(&1000u32.to_le_bytes()); // key length beyond the args
+    let rwa =
+        naam_ebpf::abi::ACCESS_READ | naam_ebpf::abi::ACCESS_WRITE | naam_ebpf::abi::ACCESS_ATOMIC;
+    let meta = Descriptor {
+        rkey: handle.rkey_meta,
+        offset: 0,
+        len: 48,
+        access: rwa,
+    };
+    let bucket0 = Descriptor {
+        rkey: handle.rkey_index,
+        offset: 0,
+        len: 128,
+        access: rwa,
+    };
+    let r = raw.call(APP, put, &args, &[meta, bucket0]).unwrap();
+    assert_eq!(r.status, Status::HandlerError);
+    // A key that fits the args but not the table.
+    let mut long = args.clone();
+    long[56..60].copy_from_slice(&20u32.to_le_bytes());
+    long.extend_from_slice(&[b'x'; 20]);
+    assert_eq!(
+        raw.call(APP, put, &long, &[meta, bucket0]).unwrap().status,
+        Status::HandlerError
+    );
+    // A PUT naming the wrong bucket for its key is refused (it would hide the key).
+    let mut wrong = args.clone();
+    wrong[56..60].copy_from_slice(&5u32.to_le_bytes());
+    wrong.extend_from_slice(b"alpha");
+    let h = MicaConfig::keyhash(b"alpha");
+    wrong[48..56].copy_from_slice(&h.to_le_bytes());
+    let right = naam_mica::layout::bucket_of(h, config.buckets) * 128;
+    let other = (right + 128) % (config.buckets * 128);
+    wrong[24..32].copy_from_slice(&other.to_le_bytes());
+    let b = Descriptor {
+        rkey: handle.rkey_index,
+        offset: other,
+        len: 128,
+        access: rwa,
+    };
+    assert_eq!(
+        raw.call(APP, put, &wrong, &[meta, b]).unwrap().status,
+        Status::HandlerError
+    );
+    // Forged descriptors: a bucket past the index, a key of another region, a write right the
+    // log does not grant.
+    let mut gargs = wrong.clone();
+    gargs[24..32].copy_from_slice(&right.to_le_bytes());
+    let past = Descriptor {
+        rkey: handle.rkey_index,
+        offset: config.buckets * 128,
+        len: 128,
+        access: ACCESS_READ,
+    };
+    assert_eq!(
+        raw.call(APP, get, &gargs, &[past]).unwrap().status,
+        Status::OutOfRange
+    );
+    let forged = Descriptor {
+        rkey: 0x5eed,
+        offset: 0,
+        len: 128,
+        access: ACCESS_READ,
+    };
+    assert_eq!(
+        raw.call(APP, get, &gargs, &[forged]).unwrap().status,
+        Status::BadKey
+    );
+    let log_atomic = Descriptor {
+        rkey: handle.rkey_log,
+        offset: 0,
+        len: 32,
+        access: rwa,
+    };
+    assert_eq!(
+        raw.call(APP, put, &gargs, &[meta, log_atomic])
+            .unwrap()
+            .status,
+        Status::AccessDenied
+    );
+    // Intact.
+    assert_eq!(m.get(b"alpha").unwrap().as_deref(), Some(&b"one"[..]));
+    assert!(!m.put(b"beta", b"two").unwrap(), "beta is new");
+    assert_eq!(m.get(b"beta").unwrap().as_deref(), Some(&b"two"[..]));
+}
+
+#[test]
+fn rmw_reads_modifies_and_writes() {
+    let config = MicaConfig::preset_8_8(64);
+    let c = cluster_with(config, fast());
+    let mut m = pinned(&c, config, Placement::Nic);
+    assert_eq!(m.rmw(b"n", |v| v.to_vec()).unwrap(), None);
+    m.put(b"n", &1u64.to_le_bytes()).unwrap();
+    let bump = |v: &[u8]| {
+        (u64::from_le_bytes(v.try_into().unwrap()) + 1)
+            .to_le_bytes()
+            .to_vec()
+    };
+    for _ in 0..10 {
+        m.rmw(b"n", bump).unwrap();
+    }
+    assert_eq!(m.get(b"n").unwrap(), Some(11u64.to_le_bytes().to_vec()));
+}
