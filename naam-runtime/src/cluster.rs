@@ -460,23 +460,14 @@ impl ClusterBuilder {
             ));
         }
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
-        let mut regions = RegionTable::new();
-        let mut registry = Registry::new();
-        let mut region_keys = HashMap::new();
+        let Installed {
+            regions,
+            registry,
+            region_keys,
+        } = install(&self.apps, &config.verifier)?;
         let mut owners = HashMap::new();
         let mut dedup = HashMap::new();
         for app in &self.apps {
-            registry.add_app(app.id, &app.name, app.owner)?;
-            registry.add_handlers(app.id, &app.object, &app.handlers, &config.verifier)?;
-            for r in &app.regions {
-                let region = regions.register(
-                    app.id,
-                    &r.name,
-                    r.access,
-                    RegionMemory::from_bytes(&r.contents),
-                );
-                region_keys.insert((app.id, r.name.clone()), region.rkey);
-            }
             owners.insert(
                 app.id,
                 Owner {
@@ -558,7 +549,48 @@ impl ClusterBuilder {
     }
 }
 
-fn reply_for(req: &Request, c: &Completion, placement: Placement, load: LoadFeedback) -> Reply {
+/// Apps installed on a server: their regions, handlers, and rkeys by (app, region name).
+pub struct Installed {
+    /// Every region.
+    pub regions: RegionTable,
+    /// Every app and handler.
+    pub registry: Registry,
+    /// rkey of each (app, region name).
+    pub region_keys: HashMap<(u32, String), u64>,
+}
+
+/// Registers `apps`: verifies and loads their handlers, registers their regions under fresh
+/// rkeys.
+pub fn install(apps: &[AppSpec], verifier: &VerifierConfig) -> Result<Installed, ClusterError> {
+    let mut regions = RegionTable::new();
+    let mut registry = Registry::new();
+    let mut region_keys = HashMap::new();
+    for app in apps {
+        registry.add_app(app.id, &app.name, app.owner)?;
+        registry.add_handlers(app.id, &app.object, &app.handlers, verifier)?;
+        for r in &app.regions {
+            let region = regions.register(
+                app.id,
+                &r.name,
+                r.access,
+                RegionMemory::from_bytes(&r.contents),
+            );
+            region_keys.insert((app.id, r.name.clone()), region.rkey);
+        }
+    }
+    Ok(Installed {
+        regions,
+        registry,
+        region_keys,
+    })
+}
+
+pub(crate) fn reply_for(
+    req: &Request,
+    c: &Completion,
+    placement: Placement,
+    load: LoadFeedback,
+) -> Reply {
     Reply {
         app: req.app,
         request_id: req.request_id,
@@ -571,7 +603,12 @@ fn reply_for(req: &Request, c: &Completion, placement: Placement, load: LoadFeed
     }
 }
 
-fn error_reply(req: &Request, status: Status, placement: Placement, message: String) -> Reply {
+pub(crate) fn error_reply(
+    req: &Request,
+    status: Status,
+    placement: Placement,
+    message: String,
+) -> Reply {
     Reply {
         app: req.app,
         request_id: req.request_id,

@@ -2,10 +2,21 @@
 //! and returns its reply (the in-process cluster's [`crate::cluster::Client`] now; UDP and verbs
 //! clients later).
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
 use naam_ebpf::abi::Descriptor;
 
-use crate::cluster::ClientError;
-use crate::wire::Reply;
+use crate::clock::SystemClock;
+use crate::cluster::{error_reply, install, reply_for, AppSpec, ClientError, ClusterError};
+use crate::engine::Vm;
+use crate::executor::{apply_writes, run_message, HostPath, Limits, WriteError};
+use crate::placement::Placement;
+use crate::region::RegionTable;
+use crate::registry::{HandlerKind, Registry};
+use crate::verifier::VerifierConfig;
+use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status, WireError};
 
 /// Sends one active message and returns its reply.
 pub trait Transport {
@@ -49,5 +60,101 @@ impl Transport for Pinned {
     ) -> Result<Reply, ClientError> {
         self.client
             .call_at(self.placement, app, handler, args, descs)
+    }
+}
+
+/// Runs every message in the caller's thread at Host placement, writes included (this transport
+/// is the owner of every app): the NAAM execution path without any fabric, for benchmarks against
+/// native code and for embedding. Not shared between threads.
+pub struct Direct {
+    regions: Arc<RegionTable>,
+    registry: Registry,
+    region_keys: HashMap<(u32, String), u64>,
+    vm: Vm,
+    path: HostPath,
+    clock: SystemClock,
+    limits: Limits,
+    next_id: u64,
+}
+
+impl Direct {
+    /// Installs `apps` and returns the transport.
+    pub fn new(apps: &[AppSpec]) -> Result<Direct, ClusterError> {
+        let installed = install(apps, &VerifierConfig::default())?;
+        let regions = Arc::new(installed.regions);
+        Ok(Direct {
+            path: HostPath::new(regions.clone()),
+            regions,
+            registry: installed.registry,
+            region_keys: installed.region_keys,
+            vm: Vm::new(),
+            clock: SystemClock::new(),
+            limits: Limits::default(),
+            next_id: 0,
+        })
+    }
+
+    /// The rkey of `app`'s region `name`.
+    pub fn region_key(&self, app: u32, name: &str) -> Option<u64> {
+        self.region_keys.get(&(app, name.to_string())).copied()
+    }
+}
+
+impl Transport for Direct {
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        let descriptors = Descriptors::from_slice(descs).ok_or(WireError::TooLarge {
+            field: "descriptor count",
+            value: descs.len(),
+            limit: naam_ebpf::abi::MAX_NEXT,
+        })?;
+        self.next_id += 1;
+        let req = Request::new(
+            app,
+            handler,
+            self.next_id,
+            Bytes::copy_from_slice(args),
+            descriptors,
+        );
+        req.validate()?;
+        let entry = match self.registry.handler(app, handler) {
+            Ok(h) => h.clone(),
+            Err(e) => {
+                return Ok(error_reply(
+                    &req,
+                    Status::UnknownHandler,
+                    Placement::Host,
+                    e.to_string(),
+                ))
+            }
+        };
+        let regions = &self.regions;
+        let writes = entry.kind == HandlerKind::Write;
+        let (c, _) = run_message(
+            &req,
+            entry,
+            &mut self.path,
+            &mut self.vm,
+            self.limits,
+            &self.clock,
+            |batch| {
+                if writes {
+                    apply_writes(regions, batch)
+                } else {
+                    Err(WriteError::NotOwner)
+                }
+            },
+        );
+        Ok(reply_for(
+            &req,
+            &c,
+            Placement::Host,
+            LoadFeedback::default(),
+        ))
     }
 }

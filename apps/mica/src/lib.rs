@@ -273,12 +273,21 @@ pub struct MicaHandle {
 impl MicaHandle {
     /// The handle of table `app` in an in-process cluster.
     pub fn from_cluster(cluster: &Cluster, app: u32, config: MicaConfig) -> Option<MicaHandle> {
+        Self::with_keys(app, config, |name| cluster.region_key(app, name))
+    }
+
+    /// The handle of table `app`, looking each region's rkey up by name.
+    pub fn with_keys(
+        app: u32,
+        config: MicaConfig,
+        key: impl Fn(&str) -> Option<u64>,
+    ) -> Option<MicaHandle> {
         Some(MicaHandle {
             app,
             config,
-            rkey_meta: cluster.region_key(app, regions::META)?,
-            rkey_index: cluster.region_key(app, regions::INDEX)?,
-            rkey_log: cluster.region_key(app, regions::LOG)?,
+            rkey_meta: key(regions::META)?,
+            rkey_index: key(regions::INDEX)?,
+            rkey_log: key(regions::LOG)?,
         })
     }
 }
