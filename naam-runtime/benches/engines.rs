@@ -93,7 +93,7 @@ fn bench(c: &mut Criterion) {
         let mut vm = Vm::new();
         let inv = Invocation {
             args: &seed,
-            segments: vec![Grant::read(&data)],
+            segments: &[Grant::read(&data)],
             ..Invocation::default()
         };
         g.bench_function(engine.name(), |b| {

@@ -1502,7 +1502,8 @@ impl AsyncClient {
                     return reply_for(req, &c, Placement::Client, LoadFeedback::default())
                 }
                 Action::Write(_) => m.writes_applied(Err(WriteError::NotOwner)),
-                Action::Fetch(descs) => {
+                Action::Fetch => {
+                    let descs = *m.current();
                     if let Some(ns) = m.retry_backoff_ns() {
                         tokio::time::sleep(Duration::from_nanos(ns)).await;
                     }
@@ -1524,11 +1525,11 @@ impl AsyncClient {
                     match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
                         Ok(Ok(Ok(got))) => {
                             bufs = got;
-                            let grants = bufs[..descs.len()]
+                            let grants: Vec<crate::engine::Grant> = bufs[..descs.len()]
                                 .iter()
                                 .map(|b| crate::engine::Grant::read(b))
                                 .collect();
-                            m.step(&mut vm, grants, self.inner.clock.as_ref(), 0)
+                            m.step(&mut vm, &grants, self.inner.clock.as_ref(), 0)
                         }
                         Ok(Ok(Err(e))) => m.fetch_failed(&e.into()),
                         _ => {

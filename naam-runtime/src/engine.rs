@@ -389,7 +389,7 @@ pub struct Invocation<'a> {
     /// Reply bytes accumulated by earlier steps.
     pub reply: &'a [u8],
     /// Segments fetched for this step.
-    pub segments: Vec<Grant<'a>>,
+    pub segments: &'a [Grant<'a>],
 }
 
 /// Why a step failed before, during or after the handler ran.
@@ -493,7 +493,7 @@ impl Vm {
         c.args[..inv.args.len()].copy_from_slice(inv.args);
         c.state = inv.state;
         c.segment_count = inv.segments.len() as u32;
-        for (slot, g) in c.segments.iter_mut().zip(&inv.segments) {
+        for (slot, g) in c.segments.iter_mut().zip(inv.segments) {
             *slot = naam_ebpf::Segment {
                 addr: g.addr,
                 len: g.len as u32,
@@ -511,7 +511,7 @@ impl Vm {
         h.mem.add(c as *mut Context as u64, CONTEXT_SIZE, true);
         h.mem
             .add(self.stack.as_mut_ptr() as u64, self.stack.len(), true);
-        for g in &inv.segments {
+        for g in inv.segments {
             h.mem
                 .add(g.addr, g.len, g.access & naam_ebpf::abi::ACCESS_WRITE != 0);
         }

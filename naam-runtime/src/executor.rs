@@ -81,8 +81,9 @@ pub struct WriteBatch {
 /// What the driver must do next.
 #[derive(Debug)]
 pub enum Action {
-    /// Fetch these descriptors and call [`StepMachine::step`] with the segments.
-    Fetch(Descriptors),
+    /// Fetch [`StepMachine::current`]'s descriptors and call [`StepMachine::step`] with the
+    /// segments (the descriptors stay in the machine: no copy per step).
+    Fetch,
     /// Apply these writes (at the owner) and call [`StepMachine::writes_applied`].
     Write(WriteBatch),
     /// The message is finished.
@@ -230,7 +231,7 @@ impl StepMachine {
         placement: Placement,
         limits: Limits,
     ) -> (StepMachine, Action) {
-        let m = StepMachine {
+        let mut m = StepMachine {
             placement,
             request_id: req.request_id,
             args: req.args.clone(),
@@ -255,7 +256,7 @@ impl StepMachine {
                 format!("hop limit of {} steps reached", m.limits.max_steps),
             )
         } else {
-            Action::Fetch(m.current)
+            Action::Fetch
         };
         (m, action)
     }
@@ -284,23 +285,24 @@ impl StepMachine {
             .then(|| (1_000u64 << (self.retries - 1).min(20)).min(MAX_RETRY_BACKOFF_NS))
     }
 
-    fn fail(&self, status: Status, message: impl Into<String>) -> Action {
+    fn fail(&mut self, status: Status, message: impl Into<String>) -> Action {
         let mut c = Completion::error(status, 0, message, self.steps);
         c.insns = self.insns;
         c.retries = self.retries;
-        c.records = self.records.clone();
+        c.records = std::mem::take(&mut self.records);
         Action::Complete(c)
     }
 
-    fn complete(&self, status: Status, code: u32) -> Action {
+    /// The message ends: the reply and the records move into the completion.
+    fn complete(&mut self, status: Status, code: u32) -> Action {
         Action::Complete(Completion {
             status,
             code,
-            payload: Bytes::copy_from_slice(&self.reply),
+            payload: Bytes::from(std::mem::take(&mut self.reply)),
             steps: self.steps,
             insns: self.insns,
             retries: self.retries,
-            records: self.records.clone(),
+            records: std::mem::take(&mut self.records),
         })
     }
 
@@ -314,7 +316,7 @@ impl StepMachine {
     pub fn step(
         &mut self,
         vm: &mut Vm,
-        segments: Vec<Grant<'_>>,
+        segments: &[Grant<'_>],
         clock: &dyn Clock,
         fetch_ns: u64,
     ) -> Action {
@@ -345,7 +347,7 @@ impl StepMachine {
                     self.steps,
                 );
                 c.insns = self.insns;
-                c.records = self.records.clone();
+                c.records = std::mem::take(&mut self.records);
                 return Action::Complete(c);
             }
             Err(e @ StepError::BadInput(_)) => return self.fail(Status::Refused, e.to_string()),
@@ -377,7 +379,7 @@ impl StepMachine {
                         }) =>
                     {
                         self.current = next;
-                        Action::Fetch(next)
+                        Action::Fetch
                     }
                     _ => self.fail(Status::Refused, "Continue with invalid next descriptors"),
                 }
@@ -395,7 +397,7 @@ impl StepMachine {
                 }
                 // Same step, same descriptors, fresh data.
                 self.steps -= 1;
-                Action::Fetch(self.current)
+                Action::Fetch
             }
             Some(Return::Write) => {
                 if self.handler.kind != HandlerKind::Write {
@@ -535,8 +537,8 @@ pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), Wri
 
 /// Segments fetched for one step, and what fetching them cost in the model.
 pub struct Fetched<'a> {
-    /// One grant per descriptor, in order.
-    pub grants: Vec<Grant<'a>>,
+    /// One grant per descriptor, in order (borrowed from the path's reused buffer).
+    pub grants: &'a [Grant<'a>],
     /// Modelled cost of the fetch, nanoseconds (0 for direct memory).
     pub cost_ns: u64,
 }
@@ -552,13 +554,30 @@ pub trait DataPath {
 /// Host cores: descriptors resolve to zero-copy, read-only views of region memory.
 pub struct HostPath {
     regions: Arc<RegionTable>,
+    grants: Vec<Grant<'static>>,
 }
 
 impl HostPath {
     /// A host path over `regions`.
     pub fn new(regions: Arc<RegionTable>) -> Self {
-        HostPath { regions }
+        HostPath {
+            regions,
+            grants: Vec::new(),
+        }
     }
+}
+
+/// Refills `grants` with read-only views of `buffers` (the NIC's and the client's local copies).
+fn grant_buffers<'a>(
+    grants: &'a mut Vec<Grant<'static>>,
+    buffers: &'a [Vec<u8>],
+) -> &'a [Grant<'a>] {
+    grants.clear();
+    for b in buffers {
+        // SAFETY: the buffers are borrowed, unmodified, for as long as the returned grants.
+        grants.push(unsafe { Grant::raw(b.as_ptr() as u64, b.len(), ACCESS_READ) });
+    }
+    grants
 }
 
 impl DataPath for HostPath {
@@ -567,14 +586,18 @@ impl DataPath for HostPath {
     }
 
     fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError> {
-        let mut grants = Vec::with_capacity(descs.len());
+        self.grants.clear();
         for d in descs {
             let r = self.regions.resolve(app, d)?;
             // SAFETY: the resolved range lies inside a region that `self.regions` keeps alive for
             // the whole step; it is granted read-only.
-            grants.push(unsafe { Grant::raw(r.addr(), r.len as usize, ACCESS_READ) });
+            self.grants
+                .push(unsafe { Grant::raw(r.addr(), r.len as usize, ACCESS_READ) });
         }
-        Ok(Fetched { grants, cost_ns: 0 })
+        Ok(Fetched {
+            grants: &self.grants,
+            cost_ns: 0,
+        })
     }
 }
 
@@ -611,6 +634,7 @@ pub struct NicPath {
     regions: Arc<RegionTable>,
     model: DmaModel,
     buffers: Vec<Vec<u8>>,
+    grants: Vec<Grant<'static>>,
 }
 
 impl NicPath {
@@ -620,6 +644,7 @@ impl NicPath {
             regions,
             model,
             buffers: Vec::new(),
+            grants: Vec::new(),
         }
     }
 }
@@ -643,10 +668,7 @@ impl DataPath for NicPath {
                 .map_err(ResolveError::OutOfRange)?;
             cost_ns += self.model.cost_ns(r.len as u64);
         }
-        let grants = self.buffers[..descs.len()]
-            .iter()
-            .map(|b| Grant::read(b))
-            .collect();
+        let grants = grant_buffers(&mut self.grants, &self.buffers[..descs.len()]);
         Ok(Fetched { grants, cost_ns })
     }
 }
@@ -667,6 +689,7 @@ pub trait OneSided {
 pub struct ClientPath<T: OneSided> {
     transport: T,
     buffers: Vec<Vec<u8>>,
+    grants: Vec<Grant<'static>>,
 }
 
 impl<T: OneSided> ClientPath<T> {
@@ -675,6 +698,7 @@ impl<T: OneSided> ClientPath<T> {
         ClientPath {
             transport,
             buffers: Vec::new(),
+            grants: Vec::new(),
         }
     }
 
@@ -699,10 +723,7 @@ impl<T: OneSided> DataPath for ClientPath<T> {
             self.transport
                 .read(app, descs, &mut self.buffers[..descs.len()])?
         };
-        let grants = self.buffers[..descs.len()]
-            .iter()
-            .map(|b| Grant::read(b))
-            .collect();
+        let grants = grant_buffers(&mut self.grants, &self.buffers[..descs.len()]);
         Ok(Fetched { grants, cost_ns })
     }
 }
@@ -773,11 +794,11 @@ pub fn run_message<P: DataPath>(
     loop {
         action = match action {
             Action::Complete(c) => return (c, cost),
-            Action::Fetch(descs) => {
+            Action::Fetch => {
                 if let Some(ns) = m.retry_backoff_ns() {
                     backoff(ns);
                 }
-                match path.fetch(app, descs.as_slice()) {
+                match path.fetch(app, m.current().as_slice()) {
                     Ok(f) => {
                         cost.fetch_ns += f.cost_ns;
                         cost.fetches += 1;

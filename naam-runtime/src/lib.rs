@@ -19,6 +19,7 @@ pub mod experiment;
 pub mod helpers;
 pub mod insn;
 pub mod interp;
+pub mod intmap;
 pub mod loader;
 pub mod metrics;
 pub mod pipeline;

@@ -6,10 +6,10 @@
 //! versions (seqlock style, DESIGN.md section 6). 64-bit atomics (CAS, FAA, version words) go
 //! through `AtomicU64` and need 8-byte alignment.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::intmap::IntMap;
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_MASK, ACCESS_READ, ACCESS_WRITE};
 
 /// 8-byte aligned, fixed-size memory shared by every placement of one server.
@@ -233,11 +233,11 @@ impl Resolved {
 /// Every region of one server, by rkey.
 #[derive(Debug, Default)]
 pub struct RegionTable {
-    by_key: HashMap<u64, Arc<Region>>,
+    by_key: IntMap<u64, Arc<Region>>,
 }
 
 /// A fresh random rkey (never 0, never in use).
-fn fresh_rkey(used: &HashMap<u64, Arc<Region>>) -> u64 {
+fn fresh_rkey(used: &IntMap<u64, Arc<Region>>) -> u64 {
     loop {
         let mut b = [0u8; 8];
         // A failing OS RNG is not recoverable for a capability system.

@@ -1,10 +1,10 @@
 //! Apps and their handlers. Messages name a handler by a stable 32-bit id derived from its name
 //! (FNV-1a), so clients and servers in different processes agree without a lookup.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::engine::{EngineError, EngineKind, Executable, Trust};
+use crate::intmap::IntMap;
 use crate::loader::LoadedObject;
 use crate::placement::Placement;
 use crate::verifier::VerifierConfig;
@@ -51,7 +51,7 @@ pub struct AppEntry {
     /// Name.
     pub name: String,
     /// Handlers by id.
-    pub handlers: HashMap<u32, Arc<HandlerEntry>>,
+    pub handlers: IntMap<u32, Arc<HandlerEntry>>,
     /// Placement that applies this app's writes.
     pub owner: Placement,
 }
@@ -129,7 +129,7 @@ impl HandlerSpec {
 /// Every app of one server.
 #[derive(Debug, Default)]
 pub struct Registry {
-    apps: HashMap<u32, AppEntry>,
+    apps: IntMap<u32, AppEntry>,
 }
 
 impl Registry {
@@ -151,7 +151,7 @@ impl Registry {
             AppEntry {
                 id,
                 name: name.into(),
-                handlers: HashMap::new(),
+                handlers: IntMap::default(),
                 owner,
             },
         );

@@ -156,7 +156,7 @@ fn stores_to_read_only_segments_are_refused() {
     let mut vm = Vm::new();
     let seg = [0u8; 8];
     let inv = Invocation {
-        segments: vec![Grant::read(&seg)],
+        segments: &[Grant::read(&seg)],
         ..Invocation::default()
     };
     let err = vm.run(&exe, &inv).unwrap_err();
@@ -171,7 +171,7 @@ fn stores_to_read_only_segments_are_refused() {
     // With the write right the same store lands.
     let mut seg = [0u8; 8];
     let inv = Invocation {
-        segments: vec![Grant::with_access(
+        segments: &[Grant::with_access(
             &mut seg,
             naam_ebpf::abi::ACCESS_READ | naam_ebpf::abi::ACCESS_WRITE,
         )],
@@ -208,7 +208,7 @@ fn invocation_limits_are_checked() {
         .run(
             &exe,
             &Invocation {
-                segments: nine,
+                segments: &nine,
                 ..Invocation::default()
             },
         )
@@ -335,7 +335,7 @@ proptest! {
         let p = Program::from_bytecode("fuzz", bytes);
         if let Ok(exe) = Executable::new(&p, EngineKind::Interp, Trust::Untrusted, &VerifierConfig::default()) {
             let seg = [0xabu8; 32];
-            let inv = Invocation { args: &[1, 2, 3], segments: vec![Grant::read(&seg)], ..Invocation::default() };
+            let inv = Invocation { args: &[1, 2, 3], segments: &[Grant::read(&seg)], ..Invocation::default() };
             let _ = Vm::new().run(&exe, &inv);
             prop_assert_eq!(seg, [0xabu8; 32]);
         }

@@ -24,9 +24,10 @@ fn run(
     segments: &[&[u8]],
 ) -> Result<(Option<Return>, Vec<u8>), StepError> {
     let mut vm = Vm::new();
+    let grants: Vec<Grant> = segments.iter().map(|s| Grant::read(s)).collect();
     let inv = Invocation {
         args,
-        segments: segments.iter().map(|s| Grant::read(s)).collect(),
+        segments: &grants,
         ..Invocation::default()
     };
     let out = vm.run(e, &inv)?;
@@ -105,7 +106,7 @@ fn two_step_handler_continues() {
         let rkey = 0xabcdu64.to_le_bytes();
         let inv = Invocation {
             args: &rkey,
-            segments: vec![Grant::read(&first)],
+            segments: &[Grant::read(&first)],
             ..Invocation::default()
         };
         let out = vm.run(&e, &inv).unwrap();
@@ -124,7 +125,7 @@ fn two_step_handler_continues() {
             step: 1,
             args: &rkey,
             state: vm.state(),
-            segments: vec![Grant::read(fetched)],
+            segments: &[Grant::read(fetched)],
             ..Invocation::default()
         };
         let out = vm.run(&e, &inv).unwrap();
@@ -183,7 +184,7 @@ fn write_step_reports_its_operations() {
         let v = 0x1122334455667788u64.to_le_bytes();
         let inv = Invocation {
             args: &v,
-            segments: vec![Grant::read(&seg)],
+            segments: &[Grant::read(&seg)],
             ..Invocation::default()
         };
         let out = vm.run(&e, &inv).unwrap();

@@ -372,32 +372,31 @@ impl<T: Transport> MicaClient<T> {
         self.check(key, value)?;
         let bucket = self.fill_args(key, value);
         let h = self.handle;
-        let descs: Vec<Descriptor> = if write {
-            let rwa = ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC;
-            vec![
-                Descriptor {
-                    rkey: h.rkey_meta,
-                    offset: 0,
-                    len: l::META_SIZE as u32,
-                    access: rwa,
-                },
-                Descriptor {
-                    rkey: h.rkey_index,
-                    offset: bucket,
-                    len: l::BUCKET_SIZE as u32,
-                    access: rwa,
-                },
-            ]
-        } else {
-            vec![Descriptor {
+        let rwa = ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC;
+        let all = [
+            Descriptor {
+                rkey: h.rkey_meta,
+                offset: 0,
+                len: l::META_SIZE as u32,
+                access: rwa,
+            },
+            Descriptor {
+                rkey: h.rkey_index,
+                offset: bucket,
+                len: l::BUCKET_SIZE as u32,
+                access: rwa,
+            },
+            Descriptor {
                 rkey: h.rkey_index,
                 offset: bucket,
                 len: l::BUCKET_SIZE as u32,
                 access: ACCESS_READ,
-            }]
-        };
+            },
+        ];
+        // Writes name meta and bucket (writable); reads only the bucket.
+        let descs = if write { &all[..2] } else { &all[2..] };
         for attempt in 1..=MAX_ATTEMPTS {
-            let reply = match self.transport.call(h.app, id, &self.args, &descs) {
+            let reply = match self.transport.call(h.app, id, &self.args, descs) {
                 Ok(r) => r,
                 Err(ClientError::Busy(_)) => {
                     backoff(attempt);

@@ -10,7 +10,7 @@ fuzz_target!(|data: &[u8]| {
     let p = Program::from_bytecode("fuzz", code);
     if let Ok(exe) = Executable::new(&p, EngineKind::Interp, Trust::Untrusted, &VerifierConfig::default()) {
         let seg = [0x5au8; 64];
-        let inv = Invocation { args: &[1, 2, 3, 4], segments: vec![Grant::read(&seg)], ..Invocation::default() };
+        let inv = Invocation { args: &[1, 2, 3, 4], segments: &[Grant::read(&seg)], ..Invocation::default() };
         let mut vm = Vm::new();
         vm.set_budget(100_000);
         let _ = vm.run(&exe, &inv);

@@ -228,12 +228,13 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     std::fs::read(p).with_context(|| format!("reading segment {}", p.display()))
                 })
                 .collect::<Result<_, _>>()?;
+            let grants: Vec<Grant> = data.iter().map(|d| Grant::read(d)).collect();
             let inv = Invocation {
                 step,
                 placement: placement::STANDALONE,
                 args: &args,
                 state: words,
-                segments: data.iter().map(|d| Grant::read(d)).collect(),
+                segments: &grants,
                 ..Invocation::default()
             };
             let mut vm = Vm::new();
