@@ -24,10 +24,11 @@ pub const MAX_SEGMENTS: usize = 8;
 pub const MAX_NEXT: usize = 8;
 /// Capacity of the reply buffer (it persists across the steps of one message).
 pub const REPLY_CAP: usize = 4096;
-/// Maximum number of write operations one step may emit.
-pub const MAX_WRITES: usize = 8;
-/// Capacity of the staging buffer that holds the bytes of `STORE` write operations.
-pub const WRITE_DATA_CAP: usize = 2048;
+/// Maximum number of write operations one step may emit (a B-tree node split needs about 14).
+pub const MAX_WRITES: usize = 16;
+/// Capacity of the staging buffer that holds the bytes of `STORE` write operations (a split
+/// moves half a node and shifts a parent).
+pub const WRITE_DATA_CAP: usize = 4096;
 /// eBPF stack size available to a handler, in bytes.
 pub const STACK_SIZE: usize = 512;
 
@@ -349,5 +350,8 @@ const _: () = {
     assert!(core::mem::offset_of!(Context, state) == 48);
     assert!(core::mem::offset_of!(Context, segments) == 48 + 8 * STATE_WORDS);
     assert!(CONTEXT_SIZE.is_multiple_of(8));
-    assert!(CONTEXT_SIZE == 48 + 64 + 128 + 192 + 320 + ARGS_CAP + REPLY_CAP + WRITE_DATA_CAP);
+    assert!(
+        CONTEXT_SIZE
+            == 48 + 64 + 128 + 192 + 40 * MAX_WRITES + ARGS_CAP + REPLY_CAP + WRITE_DATA_CAP
+    );
 };

@@ -193,8 +193,8 @@ fn c_handlers_from_clang_load_and_run() {
     // The offsets hard-coded in the C file.
     assert_eq!(offset_of!(Context, args_len), 24);
     assert_eq!(offset_of!(Context, reply_len), 32);
-    assert_eq!(offset_of!(Context, args), 752);
-    assert_eq!(offset_of!(Context, reply), 2800);
+    assert_eq!(offset_of!(Context, args), 1072);
+    assert_eq!(offset_of!(Context, reply), 3120);
     let clang = ["clang-22", "clang"]
         .into_iter()
         .find(|c| Command::new(c).arg("--version").output().is_ok());
