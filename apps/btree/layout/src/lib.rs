@@ -1,0 +1,149 @@
+//! A Cell-style B+tree in NAAM regions: a B-link tree (Lehman and Yao) of fixed-size nodes, so
+//! readers at any placement descend without locks and survive concurrent splits by moving right.
+//! Shared by the eBPF handlers and the host library (one source of truth).
+//!
+//! Two regions per tree:
+//! - **meta** ([`META_SIZE`] bytes): root node id, write version (every write batch starts with a
+//!   compare-and-swap on it), next free node id, node size, node capacity;
+//! - **nodes**: node `id` at `id * node_size`. A node: `[front version][header][high key]
+//!   [right sibling][leftmost child][(key, value) × cap][back version]`. The header packs the
+//!   level (0 = leaf), the entry count and flags ([`FLAG_ROOT`]). A node holds keys below its high
+//!   key; a key at or above it lives to the right. In a leaf the values are the values; in an
+//!   internal node, entry `i` names the child for keys from `key[i]` up to `key[i + 1]` and the
+//!   leftmost child holds keys below `key[0]`.
+//!
+//! Writers store a node's back version first and its front version last; readers check that both
+//! ends agree, so a node copied while being written retries.
+#![no_std]
+#![deny(missing_docs)]
+
+/// Meta: root node id.
+pub const META_ROOT: usize = 0;
+/// Meta: write version.
+pub const META_WVERSION: usize = 8;
+/// Meta: next free node id.
+pub const META_NEXT_NODE: usize = 16;
+/// Meta: node size in bytes.
+pub const META_NODE_SIZE: usize = 24;
+/// Meta: number of nodes the region holds.
+pub const META_MAX_NODES: usize = 32;
+/// Meta region size.
+pub const META_SIZE: usize = 40;
+
+/// Node: front version.
+pub const NODE_FRONT: usize = 0;
+/// Node: header word (`level | count << 16 | flags << 32`).
+pub const NODE_HEADER: usize = 8;
+/// Node: high key (exclusive upper bound; [`NO_KEY`] = unbounded).
+pub const NODE_HIGH: usize = 16;
+/// Node: right sibling id ([`NO_NODE`] = none).
+pub const NODE_SIBLING: usize = 24;
+/// Node: leftmost child (internal nodes).
+pub const NODE_LEFT: usize = 32;
+/// Node: first entry.
+pub const NODE_ENTRIES: usize = 40;
+/// Bytes per entry: key and value.
+pub const ENTRY_SIZE: usize = 16;
+
+/// The root flag.
+pub const FLAG_ROOT: u64 = 1;
+/// "No node" (a leaf's missing sibling).
+pub const NO_NODE: u64 = u64::MAX;
+/// "No key": the unbounded high key. Not a valid key.
+pub const NO_KEY: u64 = u64::MAX;
+
+/// Entries a node of `node_size` bytes holds.
+pub const fn capacity(node_size: usize) -> usize {
+    (node_size - NODE_ENTRIES - 8) / ENTRY_SIZE
+}
+
+/// Offset of entry `i`.
+pub const fn entry(i: usize) -> usize {
+    NODE_ENTRIES + ENTRY_SIZE * i
+}
+
+/// Offset of the back version.
+pub const fn node_back(node_size: usize) -> usize {
+    node_size - 8
+}
+
+/// Packs a header word.
+pub const fn header(level: u64, count: u64, flags: u64) -> u64 {
+    (level & 0xffff) | (count & 0xffff) << 16 | flags << 32
+}
+
+/// Level of a header word.
+pub const fn level(h: u64) -> u64 {
+    h & 0xffff
+}
+
+/// Entry count of a header word.
+pub const fn count(h: u64) -> u64 {
+    (h >> 16) & 0xffff
+}
+
+/// Flags of a header word.
+pub const fn flags(h: u64) -> u64 {
+    h >> 32
+}
+
+/// Handler args.
+pub mod args {
+    /// rkey of the nodes region.
+    pub const RKEY_NODES: usize = 0;
+    /// Node size (u64).
+    pub const NODE_SIZE: usize = 8;
+    /// The key (lookups, scans: the first key; writes: the key).
+    pub const KEY: usize = 16;
+    /// Writes: the value, right after the key (so key and value form one entry). Scans: the
+    /// most entries to return.
+    pub const VALUE: usize = 24;
+    /// Writes: rkey of the meta region.
+    pub const RKEY_META: usize = 32;
+    /// Writes: 0 upsert, 1 update only.
+    pub const MODE: usize = 40;
+    /// Size of the writes' args.
+    pub const WRITE_SIZE: usize = 48;
+}
+
+/// Leaves one scan message visits at most (the hop limit bounds a message's steps; a longer scan
+/// continues in another message from the last key returned).
+pub const SCAN_LEAVES_PER_MESSAGE: u64 = 16;
+
+/// Replies of writes (first byte).
+pub mod reply {
+    /// A new key was inserted.
+    pub const INSERTED: u8 = 0;
+    /// An existing key's value was replaced.
+    pub const REPLACED: u8 = 1;
+    /// A full node on the way was split; send the write again.
+    pub const SPLIT: u8 = 2;
+}
+
+/// Handler error codes (added to `naam_ebpf::abi::error_code::APP_BASE`).
+pub mod error {
+    /// The node the client started from is no longer the root: refresh it from meta.
+    pub const STALE_ROOT: u32 = 1;
+    /// UPDATE of a key that is not in the tree.
+    pub const NOT_FOUND: u32 = 2;
+    /// No free nodes left.
+    pub const FULL: u32 = 3;
+    /// The key is [`super::NO_KEY`], or the args do not match the tree.
+    pub const BAD_ARGS: u32 = 4;
+    /// The tree changed under a write's descent: send it again.
+    pub const RESTART: u32 = 5;
+}
+
+/// Write descent segments: meta, the node, two spare nodes for splits, then the parent.
+pub mod seg {
+    /// Meta.
+    pub const META: u32 = 0;
+    /// The current node.
+    pub const NODE: u32 = 1;
+    /// Where a split puts the new right sibling.
+    pub const SPARE: u32 = 2;
+    /// Where a root split puts the new root.
+    pub const SPARE_ROOT: u32 = 3;
+    /// The parent (absent at the root).
+    pub const PARENT: u32 = 4;
+}

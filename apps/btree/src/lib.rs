@@ -1,0 +1,489 @@
+//! # naam-btree
+//!
+//! A Cell-style B+tree (a B-link tree of fixed-size nodes) as a NAAM application: layout
+//! ([`layout`]), handlers compiled from Rust to eBPF (`apps/btree/handlers`), a client that caches
+//! the root and detects a stale one, and a native reference implementation of the same tree
+//! ([`reference::NativeBTree`]). Keys and values are `u64`; [`layout::NO_KEY`] is reserved.
+//!
+//! Lookups and scans descend one node per step at any placement (at the client each step is one
+//! READ, as in Cell). Inserts and updates run at the write owner: they split full nodes on the
+//! way down, one split per write batch (the client sends the write again), so every batch is
+//! small and every reader sees either the old or the new node by its versions.
+#![deny(missing_docs)]
+
+use std::path::Path;
+use std::sync::Arc;
+
+use naam_btree_layout as l;
+use naam_ebpf::abi::{error_code::APP_BASE, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+use naam_runtime::cluster::{AppSpec, ClientError, Cluster, RegionSpec};
+use naam_runtime::pipeline::{build, BuildError, BuildOptions};
+use naam_runtime::region::ALL_RIGHTS;
+use naam_runtime::registry::{handler_id, HandlerSpec};
+use naam_runtime::transport::Transport;
+use naam_runtime::wire::Status;
+use naam_runtime::{load, LoadError, LoadedObject, Placement};
+
+pub use naam_btree_layout as layout;
+
+pub mod reference;
+
+/// Handler names.
+pub mod handlers {
+    /// Lookup.
+    pub const GET: &str = "btree_get";
+    /// Scan.
+    pub const SCAN: &str = "btree_scan";
+    /// Insert/replace and update.
+    pub const PUT: &str = "btree_put";
+    /// Current root.
+    pub const ROOT: &str = "btree_root";
+}
+
+/// Region names.
+pub mod regions {
+    /// Meta.
+    pub const META: &str = "btree-meta";
+    /// Nodes.
+    pub const NODES: &str = "btree-nodes";
+}
+
+/// Errors of the B-tree library.
+#[derive(Debug, thiserror::Error)]
+pub enum BTreeError {
+    /// `NO_KEY` is not a key.
+    #[error("key {0:#x} is reserved")]
+    ReservedKey(u64),
+    /// The configuration is not usable.
+    #[error("invalid B-tree configuration: {0}")]
+    Config(String),
+    /// The tree has no free node left.
+    #[error("the tree is full ({0} nodes)")]
+    Full(u64),
+    /// The server answered with an error.
+    #[error("{op}: server replied {status:?} (code {code}): {message}")]
+    Server {
+        /// Operation.
+        op: &'static str,
+        /// Status.
+        status: Status,
+        /// Code.
+        code: u32,
+        /// Message.
+        message: String,
+    },
+    /// The fabric failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// Building the handlers failed.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// Loading the handlers failed.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// Concurrent writers or splits won every attempt.
+    #[error("{0}: gave up after {1} attempts")]
+    Contended(&'static str, u32),
+}
+
+/// Tree geometry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BTreeConfig {
+    /// Node size in bytes (multiple of 8, 128 to 2048; default 1024).
+    pub node_size: usize,
+    /// Nodes the region holds.
+    pub max_nodes: u64,
+}
+
+impl BTreeConfig {
+    /// 1 KiB nodes, room for about `keys` keys (leaves half full after splits, plus inner nodes).
+    pub fn for_keys(keys: u64) -> Self {
+        Self::with_node_size(keys, 1024)
+    }
+
+    /// Nodes of `node_size` bytes, room for about `keys` keys.
+    pub fn with_node_size(keys: u64, node_size: usize) -> Self {
+        let per_leaf = (l::capacity(node_size) / 2).max(1) as u64;
+        BTreeConfig {
+            node_size,
+            max_nodes: (keys / per_leaf) * 2 + 16,
+        }
+    }
+
+    /// Checks the configuration.
+    pub fn validate(&self) -> Result<(), BTreeError> {
+        if !(128..=2048).contains(&self.node_size) || !self.node_size.is_multiple_of(8) {
+            return Err(BTreeError::Config(format!(
+                "node size {} is not a multiple of 8 in 128..=2048",
+                self.node_size
+            )));
+        }
+        if self.max_nodes < 3
+            || (self.max_nodes as u128) * self.node_size as u128 > u32::MAX as u128
+        {
+            return Err(BTreeError::Config(format!(
+                "{} nodes is out of range",
+                self.max_nodes
+            )));
+        }
+        Ok(())
+    }
+
+    /// The meta region's initial contents.
+    pub fn meta(&self) -> Vec<u8> {
+        let mut m = vec![0u8; l::META_SIZE];
+        let mut put = |at: usize, v: u64| m[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        put(l::META_ROOT, 0);
+        put(l::META_WVERSION, 0);
+        put(l::META_NEXT_NODE, 1);
+        put(l::META_NODE_SIZE, self.node_size as u64);
+        put(l::META_MAX_NODES, self.max_nodes);
+        m
+    }
+
+    /// The nodes region's initial contents: node 0 is an empty root leaf.
+    pub fn nodes(&self) -> Vec<u8> {
+        let mut n = vec![0u8; self.max_nodes as usize * self.node_size];
+        write_empty_root(&mut n[..self.node_size]);
+        n
+    }
+}
+
+/// Formats `node` as an empty root leaf.
+pub fn write_empty_root(node: &mut [u8]) {
+    let size = node.len();
+    let mut put = |at: usize, v: u64| node[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    put(l::NODE_FRONT, 2);
+    put(l::NODE_HEADER, l::header(0, 0, l::FLAG_ROOT));
+    put(l::NODE_HIGH, l::NO_KEY);
+    put(l::NODE_SIBLING, l::NO_NODE);
+    put(l::NODE_LEFT, 0);
+    put(l::node_back(size), 2);
+}
+
+/// Builds the handler crate with the pipeline and loads it.
+pub fn build_handlers(target_dir: Option<&Path>) -> Result<LoadedObject, BTreeError> {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("handlers");
+    let target = target_dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/naam/btree"));
+    let mut opts = BuildOptions::new(crate_dir);
+    opts.target_dir = Some(target.clone());
+    opts.out = Some(target.join("btree.o"));
+    let built = build(&opts)?;
+    let bytes = std::fs::read(&built.object)
+        .map_err(|e| BTreeError::Config(format!("reading {}: {e}", built.object.display())))?;
+    Ok(load(&bytes)?)
+}
+
+/// The app a cluster installs for a tree.
+pub fn app_spec(
+    app: u32,
+    config: &BTreeConfig,
+    object: Arc<LoadedObject>,
+    owner: Placement,
+    jit: bool,
+) -> Result<AppSpec, BTreeError> {
+    config.validate()?;
+    let spec = |s: HandlerSpec| if jit { s.jit() } else { s };
+    Ok(AppSpec {
+        id: app,
+        name: "btree".into(),
+        owner,
+        regions: vec![
+            RegionSpec {
+                name: regions::META.into(),
+                access: ALL_RIGHTS,
+                contents: config.meta(),
+            },
+            RegionSpec {
+                name: regions::NODES.into(),
+                access: ACCESS_READ | ACCESS_WRITE,
+                contents: config.nodes(),
+            },
+        ],
+        object,
+        handlers: vec![
+            spec(HandlerSpec::read(handlers::GET)),
+            spec(HandlerSpec::read(handlers::SCAN)),
+            spec(HandlerSpec::read(handlers::ROOT)),
+            spec(HandlerSpec::write(handlers::PUT)),
+        ],
+    })
+}
+
+/// What a client needs to address one tree.
+#[derive(Clone, Copy, Debug)]
+pub struct BTreeHandle {
+    /// App id.
+    pub app: u32,
+    /// Geometry.
+    pub config: BTreeConfig,
+    /// rkey of the meta region.
+    pub rkey_meta: u64,
+    /// rkey of the nodes region.
+    pub rkey_nodes: u64,
+}
+
+impl BTreeHandle {
+    /// The handle of tree `app`, looking each region's rkey up by name.
+    pub fn with_keys(
+        app: u32,
+        config: BTreeConfig,
+        key: impl Fn(&str) -> Option<u64>,
+    ) -> Option<Self> {
+        Some(BTreeHandle {
+            app,
+            config,
+            rkey_meta: key(regions::META)?,
+            rkey_nodes: key(regions::NODES)?,
+        })
+    }
+
+    /// The handle of tree `app` in an in-process cluster.
+    pub fn from_cluster(cluster: &Cluster, app: u32, config: BTreeConfig) -> Option<Self> {
+        Self::with_keys(app, config, |n| cluster.region_key(app, n))
+    }
+}
+
+/// Most attempts an operation makes (splits, conflicts, stale roots, full queues).
+pub const MAX_ATTEMPTS: u32 = 10_000;
+
+/// What a write did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// A new key.
+    Inserted,
+    /// An existing key's value changed.
+    Replaced,
+}
+
+/// A B-tree client over any [`Transport`]; caches the root.
+pub struct BTreeClient<T: Transport> {
+    transport: T,
+    handle: BTreeHandle,
+    root: u64,
+    ids: [u32; 4],
+    /// Root refreshes made (stale roots detected).
+    pub root_refreshes: u64,
+}
+
+fn code_is(code: u32, e: u32) -> bool {
+    code == APP_BASE + e
+}
+
+impl<T: Transport> BTreeClient<T> {
+    /// A client of `handle` over `transport`, starting from root node 0 (refreshed on demand).
+    pub fn new(transport: T, handle: BTreeHandle) -> Self {
+        BTreeClient {
+            transport,
+            handle,
+            root: 0,
+            ids: [handlers::GET, handlers::SCAN, handlers::PUT, handlers::ROOT].map(handler_id),
+            root_refreshes: 0,
+        }
+    }
+
+    /// The transport.
+    pub fn transport(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
+    fn root_desc(&self) -> Descriptor {
+        let s = self.handle.config.node_size as u64;
+        Descriptor {
+            rkey: self.handle.rkey_nodes,
+            offset: self.root * s,
+            len: s as u32,
+            access: ACCESS_READ,
+        }
+    }
+
+    fn reader_args(&self, key: u64, extra: u64) -> [u8; 32] {
+        let mut a = [0u8; 32];
+        a[0..8].copy_from_slice(&self.handle.rkey_nodes.to_le_bytes());
+        a[8..16].copy_from_slice(&(self.handle.config.node_size as u64).to_le_bytes());
+        a[16..24].copy_from_slice(&key.to_le_bytes());
+        a[24..32].copy_from_slice(&extra.to_le_bytes());
+        a
+    }
+
+    /// Reads the current root id from meta.
+    pub fn refresh_root(&mut self) -> Result<u64, BTreeError> {
+        let d = Descriptor {
+            rkey: self.handle.rkey_meta,
+            offset: 0,
+            len: l::META_SIZE as u32,
+            access: ACCESS_READ,
+        };
+        let r = self
+            .transport
+            .call(self.handle.app, self.ids[3], &[], &[d])?;
+        if r.status != Status::Ok || r.payload.len() < 8 {
+            return Err(server_error("root", &r));
+        }
+        self.root = u64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"));
+        self.root_refreshes += 1;
+        Ok(self.root)
+    }
+
+    /// Sends a read, refreshing the root when the cached one is stale.
+    fn read(
+        &mut self,
+        op: &'static str,
+        id: u32,
+        args: &[u8],
+    ) -> Result<naam_runtime::wire::Reply, BTreeError> {
+        for attempt in 1..=MAX_ATTEMPTS {
+            let r = match self
+                .transport
+                .call(self.handle.app, id, args, &[self.root_desc()])
+            {
+                Ok(r) => r,
+                Err(ClientError::Busy(_)) => {
+                    backoff(attempt);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match r.status {
+                Status::Ok => return Ok(r),
+                Status::HandlerError if code_is(r.code, l::error::STALE_ROOT) => {
+                    self.refresh_root()?;
+                }
+                Status::Busy => backoff(attempt),
+                _ => return Err(server_error(op, &r)),
+            }
+        }
+        Err(BTreeError::Contended(op, MAX_ATTEMPTS))
+    }
+
+    fn check_key(key: u64) -> Result<(), BTreeError> {
+        if key == l::NO_KEY {
+            Err(BTreeError::ReservedKey(key))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The value of `key`.
+    pub fn get(&mut self, key: u64) -> Result<Option<u64>, BTreeError> {
+        Self::check_key(key)?;
+        let args = self.reader_args(key, 0);
+        let r = self.read("get", self.ids[0], &args)?;
+        if r.payload.len() < 9 {
+            return Err(BTreeError::Config("short lookup reply".into()));
+        }
+        Ok((r.payload[0] == 1)
+            .then(|| u64::from_le_bytes(r.payload[1..9].try_into().expect("8 bytes"))))
+    }
+
+    /// Up to `max` `(key, value)` pairs with keys at or above `start`, in key order. A scan
+    /// longer than one message may visit continues from the last key returned.
+    pub fn scan(&mut self, start: u64, max: usize) -> Result<Vec<(u64, u64)>, BTreeError> {
+        Self::check_key(start)?;
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(max);
+        let mut from = start;
+        while out.len() < max {
+            let args = self.reader_args(from, (max - out.len()) as u64);
+            let r = self.read("scan", self.ids[1], &args)?;
+            let Some((&more, pairs)) = r.payload.split_first() else {
+                return Err(BTreeError::Config("empty scan reply".into()));
+            };
+            let before = out.len();
+            out.extend(pairs.chunks_exact(16).map(|c| {
+                (
+                    u64::from_le_bytes(c[..8].try_into().expect("8")),
+                    u64::from_le_bytes(c[8..].try_into().expect("8")),
+                )
+            }));
+            // Continue after the last key, but only if this message made progress: a message that
+            // returned nothing would be asked the same question again.
+            match out.last() {
+                Some(&(last, _)) if more == 1 && out.len() > before && last < l::NO_KEY - 1 => {
+                    from = last + 1
+                }
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    fn write(
+        &mut self,
+        op: &'static str,
+        key: u64,
+        value: u64,
+        update_only: bool,
+    ) -> Result<Option<Written>, BTreeError> {
+        Self::check_key(key)?;
+        let h = self.handle;
+        let mut args = [0u8; l::args::WRITE_SIZE];
+        args[0..8].copy_from_slice(&h.rkey_nodes.to_le_bytes());
+        args[8..16].copy_from_slice(&(h.config.node_size as u64).to_le_bytes());
+        args[16..24].copy_from_slice(&key.to_le_bytes());
+        args[24..32].copy_from_slice(&value.to_le_bytes());
+        args[32..40].copy_from_slice(&h.rkey_meta.to_le_bytes());
+        args[40..48].copy_from_slice(&(update_only as u64).to_le_bytes());
+        let meta = Descriptor {
+            rkey: h.rkey_meta,
+            offset: 0,
+            len: l::META_SIZE as u32,
+            access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+        };
+        for attempt in 1..=MAX_ATTEMPTS {
+            let r = match self.transport.call(h.app, self.ids[2], &args, &[meta]) {
+                Ok(r) => r,
+                Err(ClientError::Busy(_)) => {
+                    backoff(attempt);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match (r.status, r.payload.first().copied()) {
+                (Status::Ok, Some(l::reply::SPLIT)) => continue,
+                (Status::Ok, Some(l::reply::INSERTED)) => return Ok(Some(Written::Inserted)),
+                (Status::Ok, Some(l::reply::REPLACED)) => return Ok(Some(Written::Replaced)),
+                (Status::HandlerError, _) if code_is(r.code, l::error::NOT_FOUND) => {
+                    return Ok(None)
+                }
+                (Status::HandlerError, _) if code_is(r.code, l::error::FULL) => {
+                    return Err(BTreeError::Full(h.config.max_nodes))
+                }
+                (Status::HandlerError, _) if code_is(r.code, l::error::RESTART) => backoff(attempt),
+                (Status::Conflict | Status::Busy, _) => backoff(attempt),
+                _ => return Err(server_error(op, &r)),
+            }
+        }
+        Err(BTreeError::Contended(op, MAX_ATTEMPTS))
+    }
+
+    /// Inserts or replaces.
+    pub fn insert(&mut self, key: u64, value: u64) -> Result<Written, BTreeError> {
+        Ok(self
+            .write("insert", key, value, false)?
+            .expect("upserts always write"))
+    }
+
+    /// Replaces the value of an existing key; false (and no change) if absent.
+    pub fn update(&mut self, key: u64, value: u64) -> Result<bool, BTreeError> {
+        Ok(self.write("update", key, value, true)?.is_some())
+    }
+}
+
+fn server_error(op: &'static str, r: &naam_runtime::wire::Reply) -> BTreeError {
+    BTreeError::Server {
+        op,
+        status: r.status,
+        code: r.code,
+        message: String::from_utf8_lossy(&r.payload).into_owned(),
+    }
+}
+
+fn backoff(attempt: u32) {
+    if attempt < 16 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(std::time::Duration::from_micros((attempt as u64).min(1000)));
+    }
+}

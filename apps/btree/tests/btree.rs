@@ -1,0 +1,374 @@
+//! The B-tree on NAAM: equivalence with `BTreeMap` and with the native reference at every
+//! placement (small nodes, so splits and deep trees happen early), readers racing a writer that
+//! splits nodes, stale roots, steering mid-run, and bad input.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use naam_btree::reference::NativeBTree;
+use naam_btree::{
+    app_spec, build_handlers, BTreeClient, BTreeConfig, BTreeError, BTreeHandle, Written,
+};
+use naam_ebpf::abi::{Descriptor, ACCESS_READ};
+use naam_runtime::cluster::{Cluster, ClusterConfig, NicModel, PolicyChoice};
+use naam_runtime::registry::handler_id;
+use naam_runtime::transport::Pinned;
+use naam_runtime::wire::Status;
+use naam_runtime::{LoadedObject, Placement};
+use proptest::prelude::*;
+
+const APP: u32 = 9;
+
+fn object() -> Arc<LoadedObject> {
+    static OBJ: OnceLock<Arc<LoadedObject>> = OnceLock::new();
+    OBJ.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("btree");
+        Arc::new(
+            build_handlers(Some(&dir)).expect("building the B-tree's handlers (scripts/setup.sh)"),
+        )
+    })
+    .clone()
+}
+
+fn fast() -> ClusterConfig {
+    ClusterConfig {
+        nic: NicModel {
+            emulate_costs: false,
+            ..NicModel::default()
+        },
+        ..ClusterConfig::default()
+    }
+}
+
+fn cluster_with(config: BTreeConfig, cc: ClusterConfig) -> Cluster {
+    Cluster::builder()
+        .config(cc)
+        .app(app_spec(APP, &config, object(), Placement::Host, true).unwrap())
+        .build()
+        .unwrap()
+}
+
+fn pinned(c: &Cluster, config: BTreeConfig, p: Placement) -> BTreeClient<Pinned> {
+    let h = BTreeHandle::from_cluster(c, APP, config).unwrap();
+    BTreeClient::new(
+        Pinned {
+            client: c.client(),
+            placement: p,
+        },
+        h,
+    )
+}
+
+/// 128-byte nodes: 5 entries each, so a few dozen keys make a three-level tree.
+fn small() -> BTreeConfig {
+    BTreeConfig {
+        node_size: 128,
+        max_nodes: 4096,
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Insert(u64, u64),
+    Update(u64, u64),
+    Get(u64),
+    Scan(u64, usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0u64..200;
+    prop_oneof![
+        4 => (key.clone(), any::<u64>()).prop_map(|(k, v)| Op::Insert(k * 3, v)),
+        1 => (key.clone(), any::<u64>()).prop_map(|(k, v)| Op::Update(k * 3, v)),
+        3 => key.clone().prop_map(|k| Op::Get(k * 3)),
+        1 => (key, 0usize..40).prop_map(|(k, n)| Op::Scan(k * 3, n)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(10))]
+
+    #[test]
+    fn behaves_as_a_btreemap_at_every_placement(ops in proptest::collection::vec(op(), 1..120)) {
+        let config = small();
+        let c = cluster_with(config, fast());
+        let mut model = BTreeMap::new();
+        let mut clients: Vec<_> = Placement::ALL.iter().map(|&p| pinned(&c, config, p)).collect();
+        for (i, op) in ops.iter().enumerate() {
+            let t = &mut clients[i % 3];
+            match *op {
+                Op::Insert(k, v) => {
+                    let w = t.insert(k, v).unwrap();
+                    prop_assert_eq!(w == Written::Replaced, model.insert(k, v).is_some());
+                }
+                Op::Update(k, v) => {
+                    let had = model.contains_key(&k);
+                    prop_assert_eq!(t.update(k, v).unwrap(), had);
+                    if had { model.insert(k, v); }
+                }
+                Op::Get(k) => prop_assert_eq!(t.get(k).unwrap(), model.get(&k).copied(), "get {} at {}", k, Placement::ALL[i % 3]),
+                Op::Scan(k, n) => {
+                    let want: Vec<(u64, u64)> = model.range(k..).take(n).map(|(a, b)| (*a, *b)).collect();
+                    prop_assert_eq!(t.scan(k, n).unwrap(), want, "scan {} {} at {}", k, n, Placement::ALL[i % 3]);
+                }
+            }
+        }
+        // Every placement sees the whole tree the same way.
+        let all: Vec<(u64, u64)> = model.iter().map(|(a, b)| (*a, *b)).collect();
+        for t in &mut clients {
+            prop_assert_eq!(t.scan(0, 256).unwrap(), all.iter().take(256).copied().collect::<Vec<_>>());
+        }
+    }
+}
+
+#[test]
+fn matches_the_native_reference_and_grows_deep() {
+    let config = small();
+    let c = cluster_with(config, fast());
+    let mut native = NativeBTree::new(config);
+    let mut t = pinned(&c, config, Placement::Host);
+    let mut x = 88172645463325252u64;
+    for i in 0..1500u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let k = x % 5000;
+        assert_eq!(t.insert(k, i).unwrap(), native.insert(k, i), "insert {k}");
+    }
+    assert!(native.height() >= 4, "height {}", native.height());
+    for k in 0..5000 {
+        assert_eq!(t.get(k).unwrap(), native.get(k), "get {k}");
+    }
+    for start in [0u64, 1, 777, 2500, 4990] {
+        assert_eq!(
+            t.scan(start, 100).unwrap(),
+            native.scan(start, 100),
+            "scan {start}"
+        );
+    }
+}
+
+#[test]
+fn stale_roots_are_detected_and_refreshed() {
+    let config = small();
+    let c = cluster_with(config, fast());
+    let mut reader = pinned(&c, config, Placement::Client);
+    assert_eq!(reader.get(1).unwrap(), None); // caches root 0, the current root
+    let mut writer = pinned(&c, config, Placement::Host);
+    for k in 0..200 {
+        writer.insert(k, k * 10).unwrap();
+    }
+    // The cached root 0 has been split long ago: the reader notices and refreshes.
+    assert_eq!(reader.get(150).unwrap(), Some(1500));
+    assert!(reader.root_refreshes >= 1);
+}
+
+fn value_for(key: u64, seq: u64) -> u64 {
+    (seq << 32) | (naam_ebpf::hash::hash64(&(key ^ seq << 20).to_le_bytes(), 3) & 0xffff_ffff)
+}
+
+fn check(key: u64, v: u64) -> u64 {
+    let seq = v >> 32;
+    assert_eq!(v, value_for(key, seq), "torn or foreign value for {key}");
+    seq
+}
+
+#[test]
+fn readers_race_a_splitting_writer_at_every_placement() {
+    let config = BTreeConfig {
+        node_size: 256,
+        max_nodes: 8192,
+    };
+    let c = Arc::new(cluster_with(config, fast()));
+    let mut w = pinned(&c, config, Placement::Host);
+    for k in 0..50 {
+        w.insert(k * 1000, value_for(k * 1000, 0)).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (c, stop) = (c.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut w = pinned(&c, config, Placement::Host);
+            let mut seq = 1u64;
+            while !stop.load(Ordering::Relaxed) {
+                // New keys between the old ones split leaves and inner nodes; old keys change.
+                let k = if seq.is_multiple_of(3) {
+                    (seq % 50) * 1000
+                } else {
+                    (seq * 7919) % 50_000 + 1
+                };
+                w.insert(k, value_for(k, seq)).unwrap();
+                seq += 1;
+            }
+            seq
+        })
+    };
+    let readers: Vec<_> = Placement::ALL
+        .into_iter()
+        .map(|p| {
+            let (c, stop) = (c.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut r = pinned(&c, config, p);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = (n % 50) * 1000;
+                    let v = r.get(k).unwrap().expect("old keys are never removed");
+                    check(k, v);
+                    if n.is_multiple_of(10) {
+                        let s = r.scan(k, 20).unwrap();
+                        assert!(
+                            s.windows(2).all(|w| w[0].0 < w[1].0),
+                            "{p}: scans are ordered"
+                        );
+                        for (key, v) in s {
+                            check(key, v);
+                        }
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(800));
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.join().unwrap();
+    let reads: Vec<u64> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    assert!(writes > 200, "writer made progress: {writes}");
+    assert!(
+        reads.iter().all(|&n| n > 20),
+        "every placement read: {reads:?}"
+    );
+}
+
+#[test]
+fn steering_moves_readers_mid_run_and_loses_nothing() {
+    let config = BTreeConfig::for_keys(20_000);
+    let cc = ClusterConfig {
+        policy: PolicyChoice::Auto(Default::default()),
+        ..ClusterConfig::default()
+    };
+    let c = Arc::new(cluster_with(config, cc));
+    let h = BTreeHandle::from_cluster(&c, APP, config).unwrap();
+    let mut w = BTreeClient::new(c.client(), h);
+    for k in 0..2000 {
+        w.insert(k, value_for(k, 0)).unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (c, stop) = (c.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut r = BTreeClient::new(c.client(), h);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let k = n * 37 % 2000;
+                check(k, r.get(k).unwrap().expect("present"));
+                n += 1;
+            }
+            n
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    let before = c.metrics().ops();
+    c.congestion().limit_host(200_000);
+    // Writes go on at the owner while reads move.
+    for k in 2000..2300 {
+        w.insert(k, value_for(k, 0)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let during = c.metrics().ops();
+    c.congestion().clear();
+    stop.store(true, Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 50);
+    let host = during[Placement::Host.index()] - before[Placement::Host.index()];
+    let total: u64 = (0..3).map(|i| during[i] - before[i]).sum();
+    assert!(
+        (host as f64) < 0.5 * total as f64,
+        "host kept {host} of {total} operations"
+    );
+    for k in 0..2300 {
+        check(k, w.get(k).unwrap().expect("nothing lost"));
+    }
+}
+
+#[test]
+fn bad_input_is_refused_and_the_tree_stays_intact() {
+    let config = BTreeConfig {
+        node_size: 128,
+        max_nodes: 8,
+    };
+    let c = cluster_with(config, fast());
+    let h = BTreeHandle::from_cluster(&c, APP, config).unwrap();
+    let mut t = pinned(&c, config, Placement::Host);
+    t.insert(10, 100).unwrap();
+    // The reserved key.
+    assert!(matches!(
+        t.insert(u64::MAX, 1),
+        Err(BTreeError::ReservedKey(_))
+    ));
+    assert!(matches!(t.get(u64::MAX), Err(BTreeError::ReservedKey(_))));
+    // A scan past the end is empty, not an error.
+    assert_eq!(t.scan(1_000_000, 10).unwrap(), vec![]);
+    // Fill the tiny tree until it has no free node: a clear error, and what is in it stays.
+    let mut inserted = vec![10u64];
+    let full = (0..1000u64)
+        .map(|k| k * 2 + 11)
+        .find_map(|k| match t.insert(k, k) {
+            Ok(_) => {
+                inserted.push(k);
+                None
+            }
+            Err(e) => Some(e),
+        });
+    assert!(matches!(full, Some(BTreeError::Full(8))), "{full:?}");
+    // Forged messages: a start node past the region, another app's rkey, a node size that does
+    // not match the tree.
+    let mut raw = c.client();
+    let get = handler_id(naam_btree::handlers::GET);
+    let mut args = [0u8; 32];
+    args[0..8].copy_from_slice(&h.rkey_nodes.to_le_bytes());
+    args[8..16].copy_from_slice(&128u64.to_le_bytes());
+    args[16..24].copy_from_slice(&10u64.to_le_bytes());
+    let past = Descriptor {
+        rkey: h.rkey_nodes,
+        offset: 8 * 128,
+        len: 128,
+        access: ACCESS_READ,
+    };
+    assert_eq!(
+        raw.call(APP, get, &args, &[past]).unwrap().status,
+        Status::OutOfRange
+    );
+    let forged = Descriptor {
+        rkey: 0xf00d,
+        offset: 0,
+        len: 128,
+        access: ACCESS_READ,
+    };
+    assert_eq!(
+        raw.call(APP, get, &args, &[forged]).unwrap().status,
+        Status::BadKey
+    );
+    args[8..16].copy_from_slice(&100u64.to_le_bytes());
+    let root = Descriptor {
+        rkey: h.rkey_nodes,
+        offset: 0,
+        len: 128,
+        access: ACCESS_READ,
+    };
+    assert_eq!(
+        raw.call(APP, get, &args, &[root]).unwrap().status,
+        Status::HandlerError
+    );
+    // Intact: every key that went in is still there.
+    for k in inserted {
+        assert_eq!(
+            t.get(k).unwrap(),
+            Some(if k == 10 { 100 } else { k }),
+            "{k}"
+        );
+    }
+}
