@@ -39,6 +39,8 @@ pub mod handlers {
     pub const UPDATE: &str = "mica_update";
     /// DELETE.
     pub const DELETE: &str = "mica_delete";
+    /// RMW: patch a field of the value, return the old value.
+    pub const RMW: &str = "mica_rmw";
 }
 
 /// Errors of the MICA library.
@@ -251,6 +253,7 @@ pub fn app_spec(
             spec(HandlerSpec::write(handlers::PUT)),
             spec(HandlerSpec::write(handlers::UPDATE)),
             spec(HandlerSpec::write(handlers::DELETE)),
+            spec(HandlerSpec::write(handlers::RMW)),
         ],
     })
 }
@@ -300,7 +303,7 @@ pub struct MicaClient<T: Transport> {
     transport: T,
     handle: MicaHandle,
     args: Vec<u8>,
-    ids: [u32; 4],
+    ids: [u32; 5],
 }
 
 impl<T: Transport> MicaClient<T> {
@@ -317,6 +320,7 @@ impl<T: Transport> MicaClient<T> {
                 handlers::PUT,
                 handlers::UPDATE,
                 handlers::DELETE,
+                handlers::RMW,
             ]
             .map(handler_id),
         }
@@ -327,9 +331,10 @@ impl<T: Transport> MicaClient<T> {
         &mut self.transport
     }
 
-    fn check(&self, key: &[u8], value: &[u8]) -> Result<(), MicaError> {
+    /// Checks sizes; `extra` is what the operation adds to the value (RMW's field offset).
+    fn check(&self, key: &[u8], value: &[u8], extra: usize) -> Result<(), MicaError> {
         let c = &self.handle.config;
-        if key.is_empty() || key.len() > c.key_cap || value.len() > c.value_cap {
+        if key.is_empty() || key.len() > c.key_cap || value.len() > c.value_cap + extra {
             return Err(MicaError::TooLarge {
                 key: key.len(),
                 value: value.len(),
@@ -369,7 +374,12 @@ impl<T: Transport> MicaClient<T> {
         value: &[u8],
         write: bool,
     ) -> Result<naam_runtime::wire::Reply, MicaError> {
-        self.check(key, value)?;
+        let extra = if id == self.ids[4] {
+            l::RMW_OFFSET_SIZE
+        } else {
+            0
+        };
+        self.check(key, value, extra)?;
         let bucket = self.fill_args(key, value);
         let h = self.handle;
         let rwa = ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC;
@@ -456,8 +466,30 @@ impl<T: Transport> MicaClient<T> {
         Ok(r.payload.first() == Some(&1))
     }
 
-    /// Read-modify-write (YCSB-F): reads the value, applies `f`, writes the result back; returns
-    /// the new value, or `None` if the key was absent.
+    /// Read-modify-write at the owner in one message (YCSB-F): writes `patch` over the value's
+    /// bytes from `field`, and returns the old value, or `None` if the key is absent.
+    pub fn rmw_field(
+        &mut self,
+        key: &[u8],
+        field: u32,
+        patch: &[u8],
+    ) -> Result<Option<Vec<u8>>, MicaError> {
+        let mut value = Vec::with_capacity(l::RMW_OFFSET_SIZE + patch.len());
+        value.extend_from_slice(&field.to_le_bytes());
+        value.extend_from_slice(patch);
+        match self.send("rmw", self.ids[4], key, &value, true) {
+            Ok(r) => Ok(Some(r.payload.to_vec())),
+            Err(MicaError::Server {
+                status: Status::HandlerError,
+                code,
+                ..
+            }) if code == naam_ebpf::abi::error_code::APP_BASE + l::error::NOT_FOUND => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Read-modify-write with any function, on the client: reads the value, applies `f`, writes
+    /// the result back (two messages, not atomic); returns the new value, or `None` if absent.
     pub fn rmw(
         &mut self,
         key: &[u8],

@@ -454,3 +454,31 @@ fn rmw_reads_modifies_and_writes() {
     }
     assert_eq!(m.get(b"n").unwrap(), Some(11u64.to_le_bytes().to_vec()));
 }
+
+#[test]
+fn rmw_handler_patches_a_field_atomically_at_the_owner() {
+    let config = MicaConfig::preset_ycsb(256);
+    let c = cluster_with(config, fast());
+    let mut m = pinned(&c, config, Placement::Client);
+    // A YCSB record: 10 fields of 100 bytes.
+    let record: Vec<u8> = (0..10u8).flat_map(|f| vec![b'a' + f; 100]).collect();
+    m.put(b"user42", &record).unwrap();
+    let old = m
+        .rmw_field(b"user42", 300, &[b'Z'; 100])
+        .unwrap()
+        .expect("present");
+    assert_eq!(old, record, "the reply is the value before the patch");
+    let mut want = record.clone();
+    want[300..400].fill(b'Z');
+    assert_eq!(m.get(b"user42").unwrap(), Some(want));
+    assert_eq!(m.rmw_field(b"nobody", 0, b"x").unwrap(), None);
+    // A patch running past the value is refused; nothing changes.
+    assert!(matches!(
+        m.rmw_field(b"user42", 950, &[b'Q'; 100]),
+        Err(MicaError::Server {
+            status: Status::HandlerError,
+            ..
+        })
+    ));
+    assert_eq!(m.get(b"user42").unwrap().unwrap()[950..], record[950..]);
+}

@@ -122,7 +122,7 @@ struct Geometry {
 }
 
 #[inline(always)]
-fn geometry(ctx: &Context, meta: &SegmentRef, key: &Key) -> Result<Geometry, Fault> {
+fn geometry(ctx: &Context, meta: &SegmentRef, key: &Key, extra: usize) -> Result<Geometry, Fault> {
     let g = Geometry {
         tail: meta.read_u64(l::META_TAIL)?,
         log_items: meta.read_u64(l::META_LOG_ITEMS)?,
@@ -131,7 +131,7 @@ fn geometry(ctx: &Context, meta: &SegmentRef, key: &Key) -> Result<Geometry, Fau
     };
     let value_cap = meta.read_u64(l::META_VALUE_CAP)? as usize;
     let buckets = meta.read_u64(l::META_BUCKETS)?;
-    if key.len > g.key_cap || key.value_len > value_cap || g.log_items == 0 || buckets == 0 {
+    if key.len > g.key_cap || key.value_len > value_cap + extra || g.log_items == 0 || buckets == 0 {
         return Err(Fault::app(l::error::TOO_LARGE));
     }
     // The bucket the client named must be the key's: a wrong one would hide the key.
@@ -146,10 +146,10 @@ fn geometry(ctx: &Context, meta: &SegmentRef, key: &Key) -> Result<Geometry, Fau
 /// tail names, and for the live items whose tag matches (state: tail, bucket version, candidates
 /// as `slot << 56 | version`).
 #[inline(always)]
-fn write_step0(ctx: &mut Context, key: &Key, with_target: bool) -> StepResult {
+fn write_step0(ctx: &mut Context, key: &Key, with_target: bool, extra: usize) -> StepResult {
     let meta = ctx.segment(0)?;
     let bucket = ctx.segment(1)?;
-    let g = geometry(ctx, &meta, key)?;
+    let g = geometry(ctx, &meta, key, extra)?;
     let version = bucket.read_u64(0)?;
     if version & 1 == 1 {
         return Err(Fault::TORN_READ);
@@ -216,7 +216,7 @@ fn find_slot(ctx: &Context, key: &Key, first: usize, item_size: u64) -> Result<O
 fn write_item(ctx: &mut Context, key: &Key, update_only: bool) -> StepResult {
     let meta = ctx.segment(0)?;
     let bucket = ctx.segment(1)?;
-    let g = geometry(ctx, &meta, key)?;
+    let g = geometry(ctx, &meta, key, 0)?;
     let tail = ctx.state(0)?;
     let version = ctx.state(1)?;
     let found = find_slot(ctx, key, 3, g.item_size)?;
@@ -264,12 +264,86 @@ fn write_item(ctx: &mut Context, key: &Key, update_only: bool) -> StepResult {
     Ok(Return::Write)
 }
 
+/// Step 1 of RMW: the key's current item, patched, becomes a new item at the tail; the reply is
+/// the old value. Args value part: `[offset: u32][patch]`.
+#[inline(always)]
+fn rmw_item(ctx: &mut Context, key: &Key) -> StepResult {
+    let meta = ctx.segment(0)?;
+    let g = geometry(ctx, &meta, key, l::RMW_OFFSET_SIZE)?;
+    let tail = ctx.state(0)?;
+    let version = ctx.state(1)?;
+    let back = l::item_back(g.item_size as usize);
+    // Which candidate holds the key (segments from 3), and its slot.
+    let mut found: Option<(usize, usize)> = None;
+    seq!(K in 0..5 {
+        if found.is_none() && 3 + K < ctx.segment_count as usize {
+            let seg = ctx.segment(3 + K)?;
+            let s = ctx.state(2 + K)?;
+            let expected = s & ((1 << 56) - 1);
+            if same_key(ctx, &seg, expected, key)? && seg.read_u64(back)? == expected {
+                found = Some((3 + K, (s >> 56) as usize));
+            }
+        }
+    });
+    let Some((old_seg, slot)) = found else {
+        return Err(Fault::app(l::error::NOT_FOUND));
+    };
+    let old = ctx.segment(old_seg)?;
+    let old_len = old.read_u32(l::ITEM_VALUE_LEN)? as usize;
+    let value_off = l::item_value(g.key_cap);
+    // The patch: offset, then bytes, inside the old value.
+    let patch_at = a::KEY + key.len;
+    if key.value_len < l::RMW_OFFSET_SIZE {
+        return Err(Fault::app(l::error::TOO_LARGE));
+    }
+    let field = ctx.arg_u32(patch_at)? as usize;
+    let patch_len = key.value_len - l::RMW_OFFSET_SIZE;
+    if field + patch_len > old_len {
+        return Err(Fault::app(l::error::TOO_LARGE));
+    }
+    let item_version = tail + 1;
+    ctx.push_cas(0, l::META_TAIL as u32, tail, tail + 1)?;
+    ctx.push_cas(1, 0, version, version + 1)?;
+    ctx.begin_versioned_write(2, back as u32, item_version)?;
+    // Header and key: the old item's, with its value length.
+    ctx.push_store(2, l::ITEM_KEYHASH as u32, old.checked(l::ITEM_KEYHASH, 16 + key.len, naam_ebpf::abi::ACCESS_READ)?, (16 + key.len) as u32)?;
+    // Value: old bytes around the patch.
+    if old_len > 0 {
+        ctx.push_store(2, value_off as u32, old.checked(value_off, old_len, naam_ebpf::abi::ACCESS_READ)?, old_len as u32)?;
+    }
+    if patch_len > 0 {
+        ctx.push_store(
+            2,
+            (value_off + field) as u32,
+            ctx.arg_range(patch_at + l::RMW_OFFSET_SIZE, patch_len)?,
+            patch_len as u32,
+        )?;
+    }
+    ctx.end_versioned_write(2, l::ITEM_FRONT as u32, item_version)?;
+    ctx.push_store_u64(1, l::slot_offset(slot) as u32, l::slot(l::tag(key.hash), tail))?;
+    ctx.push_store_u64(1, 0, version + 2)?;
+    ctx.reply_from_segment(&old, value_off, old_len)?;
+    Ok(Return::Write)
+}
+
+handler! {
+    /// RMW (YCSB-F): writes the key's value with a field patched, in one write batch at the
+    /// owner, and replies the old value; NOT_FOUND if the key is absent.
+    fn mica_rmw(ctx) {
+        let key = key_of(ctx)?;
+        if ctx.step == 0 {
+            return write_step0(ctx, &key, true, l::RMW_OFFSET_SIZE);
+        }
+        rmw_item(ctx, &key)
+    }
+}
+
 handler! {
     /// PUT (insert or replace). Replies 1 if the key existed, 0 if it is new.
     fn mica_put(ctx) {
         let key = key_of(ctx)?;
         if ctx.step == 0 {
-            return write_step0(ctx, &key, true);
+            return write_step0(ctx, &key, true, 0);
         }
         write_item(ctx, &key, false)
     }
@@ -280,7 +354,7 @@ handler! {
     fn mica_update(ctx) {
         let key = key_of(ctx)?;
         if ctx.step == 0 {
-            return write_step0(ctx, &key, true);
+            return write_step0(ctx, &key, true, 0);
         }
         write_item(ctx, &key, true)
     }
@@ -291,10 +365,10 @@ handler! {
     fn mica_delete(ctx) {
         let key = key_of(ctx)?;
         if ctx.step == 0 {
-            return write_step0(ctx, &key, false);
+            return write_step0(ctx, &key, false, 0);
         }
         let meta = ctx.segment(0)?;
-        let g = geometry(ctx, &meta, &key)?;
+        let g = geometry(ctx, &meta, &key, 0)?;
         let version = ctx.state(1)?;
         match find_slot(ctx, &key, 2, g.item_size)? {
             Some(slot) => {

@@ -131,6 +131,10 @@ const _: () = {
     assert!(args::KEY - args::KEYHASH == ITEM_KEY - ITEM_KEYHASH);
 };
 
+/// RMW args: the value part of the args is `[field offset: u32][patch]`; the new value is the old
+/// one with `patch` written at the offset (YCSB-F updates one field of a record).
+pub const RMW_OFFSET_SIZE: usize = 4;
+
 /// Reply of GET: first byte.
 pub mod reply {
     /// The key was not found (or was evicted).
