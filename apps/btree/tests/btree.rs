@@ -272,23 +272,24 @@ fn steering_moves_readers_mid_run_and_loses_nothing() {
         })
     };
     std::thread::sleep(Duration::from_millis(100));
-    let before = c.metrics().ops();
     c.congestion().limit_host(200_000);
-    // Writes go on at the owner while reads move.
+    // Writes go on at the owner while reads move. The read handler's own steering weight shows
+    // the move (operation counts would mix in the writes, which must stay at the owner).
+    let get = handler_id(naam_btree::handlers::GET);
+    let mut moved = false;
     for k in 2000..2300 {
         w.insert(k, value_for(k, 0)).unwrap();
+        moved |= c.weights(APP, get).of(Placement::Host) <= 0.1;
     }
-    std::thread::sleep(Duration::from_millis(200));
-    let during = c.metrics().ops();
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while !moved && std::time::Instant::now() < deadline {
+        moved = c.weights(APP, get).of(Placement::Host) <= 0.1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
     c.congestion().clear();
     stop.store(true, Ordering::Relaxed);
     assert!(reader.join().unwrap() > 50);
-    let host = during[Placement::Host.index()] - before[Placement::Host.index()];
-    let total: u64 = (0..3).map(|i| during[i] - before[i]).sum();
-    assert!(
-        (host as f64) < 0.5 * total as f64,
-        "host kept {host} of {total} operations"
-    );
+    assert!(moved, "lookups moved off the congested host");
     for k in 0..2300 {
         check(k, w.get(k).unwrap().expect("nothing lost"));
     }

@@ -295,23 +295,24 @@ fn steering_moves_readers_mid_run_and_loses_nothing() {
         })
     };
     std::thread::sleep(Duration::from_millis(150));
-    let before = c.metrics().ops();
     c.congestion().limit_host(200_000);
-    std::thread::sleep(Duration::from_millis(300));
-    let during = c.metrics().ops();
+    // The GET handler's own steering weight shows the move (operation counts would mix in the
+    // writer's PUTs, which must stay at the owner).
+    let get = handler_id(naam_mica::handlers::GET);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let mut moved = false;
+    while !moved && std::time::Instant::now() < deadline {
+        moved = c.weights(APP, get).of(Placement::Host) <= 0.1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(100));
     c.congestion().clear();
     std::thread::sleep(Duration::from_millis(150));
     stop.store(true, Ordering::Relaxed);
     writer.join().unwrap();
     let reads = reader.join().unwrap();
     assert!(reads > 100);
-    // Reads moved off the host while it was congested.
-    let host = during[Placement::Host.index()] - before[Placement::Host.index()];
-    let total: u64 = (0..3).map(|i| during[i] - before[i]).sum();
-    assert!(
-        (host as f64) < 0.5 * total as f64,
-        "host kept {host} of {total} operations while congested"
-    );
+    assert!(moved, "GETs moved off the congested host");
     // Nothing was lost: every key holds the last value written to it.
     let mut check = MicaClient::new(c.client(), handle);
     for (k, seq) in last_written.lock().unwrap().iter() {
