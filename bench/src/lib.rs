@@ -1,1 +1,9 @@
+//! # naam-bench
+//!
+//! YCSB A–F against MICA and the B-tree on NAAM ([`ycsb`] generators, [`driver`] runs), and the
+//! paper's experiments. Every result names its mode: `inproc` is one process with NIC cores,
+//! DMA and one-sided RDMA emulated; nothing here is a hardware figure.
+#![deny(missing_docs)]
+
+pub mod driver;
 pub mod ycsb;

@@ -1,1 +1,268 @@
-fn main() {}
+//! `naam-bench`: YCSB and key-distribution runs. Exit codes: 0 success, 1 a run failed,
+//! 2 bad usage.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use naam_bench::driver::{run_inproc, App, PlacementChoice, YcsbConfig, YcsbResult};
+use naam_bench::ycsb::{Distribution, KeyChooser, RecordShape, Rng, Workload};
+use naam_runtime::Placement;
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(
+    name = "naam-bench",
+    version,
+    about = "YCSB on NAAM (MICA, B-tree) and key distributions"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Load records, then run a YCSB core workload; prints a summary and writes JSON.
+    Ycsb {
+        /// Application: mica or btree.
+        #[arg(long, default_value = "mica")]
+        app: App,
+        /// Workload: a, b, c, d, e or f.
+        #[arg(long, default_value = "b")]
+        workload: char,
+        /// Records to load.
+        #[arg(long, default_value_t = 10_000)]
+        records: u64,
+        /// Operations to run.
+        #[arg(long, default_value_t = 100_000)]
+        ops: u64,
+        /// Client threads.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// Where reads run: auto, host, nic or client.
+        #[arg(long, default_value = "auto")]
+        placement: PlacementChoice,
+        /// Fabric: inproc (the multi-process fabric is another issue).
+        #[arg(long, default_value = "inproc")]
+        fabric: String,
+        /// Fields per record.
+        #[arg(long, default_value_t = 10)]
+        field_count: usize,
+        /// Bytes per field.
+        #[arg(long, default_value_t = 100)]
+        field_length: usize,
+        /// Host executor threads.
+        #[arg(long, default_value_t = 1)]
+        host_executors: usize,
+        /// NIC executor threads.
+        #[arg(long, default_value_t = 1)]
+        nic_executors: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Write the full result here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Where handler crates are built.
+        #[arg(long, default_value = "target/naam")]
+        target_dir: PathBuf,
+    },
+    /// Draw key numbers from a distribution and write per-key counts.
+    Keys {
+        /// scrambled-zipfian, zipfian, uniform or latest.
+        #[arg(long, default_value = "scrambled-zipfian")]
+        dist: Distribution,
+        /// Records.
+        #[arg(long, default_value_t = 1000)]
+        records: u64,
+        /// Draws.
+        #[arg(long, default_value_t = 1_000_000)]
+        draws: u64,
+        /// Seed.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Write the counts here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("naam-bench: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Cmd::Ycsb {
+            app,
+            workload,
+            records,
+            ops,
+            threads,
+            placement,
+            fabric,
+            field_count,
+            field_length,
+            host_executors,
+            nic_executors,
+            seed,
+            json,
+            target_dir,
+        } => {
+            let Some(wl) = Workload::core(workload) else {
+                eprintln!("naam-bench: error: unknown workload `{workload}` (a-f)");
+                return Ok(ExitCode::from(2));
+            };
+            if fabric != "inproc" {
+                eprintln!("naam-bench: error: fabric `{fabric}` is not available yet (inproc)");
+                return Ok(ExitCode::from(2));
+            }
+            let cfg = YcsbConfig {
+                app,
+                workload: wl,
+                records,
+                ops,
+                threads,
+                placement,
+                shape: RecordShape {
+                    field_count,
+                    field_length,
+                },
+                seed,
+                executors: (host_executors, nic_executors),
+                fabric,
+            };
+            let bar = indicatif::ProgressBar::new(ops);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} ops {per_sec} eta {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            let result = run_inproc(&cfg, &target_dir, &|done, _| bar.set_position(done))?;
+            bar.finish_and_clear();
+            print_summary(&result);
+            if let Some(path) = json {
+                let doc = json!({ "command": command_line(), "result": result });
+                std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            let errors: u64 = result.ops.iter().map(|o| o.errors).sum();
+            Ok(if errors == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
+        Cmd::Keys {
+            dist,
+            records,
+            draws,
+            seed,
+            json,
+        } => {
+            if records == 0 {
+                eprintln!("naam-bench: error: --records must be at least 1");
+                return Ok(ExitCode::from(2));
+            }
+            let mut rng = Rng::new(seed);
+            let mut chooser = KeyChooser::new(dist, records);
+            let mut counts = vec![0u64; records as usize];
+            for _ in 0..draws {
+                counts[chooser.next(&mut rng) as usize] += 1;
+            }
+            let mut order: Vec<usize> = (0..counts.len()).collect();
+            order.sort_by(|&a, &b| counts[b].cmp(&counts[a]));
+            let top: u64 = order
+                .iter()
+                .take((records as usize / 100).max(1))
+                .map(|&i| counts[i])
+                .sum();
+            println!(
+                "{dist:?} over {records} records, {draws} draws: hottest key {} ({:.2}%), hottest 1% of keys {:.1}% of draws, {} keys never drawn",
+                order[0],
+                100.0 * counts[order[0]] as f64 / draws as f64,
+                100.0 * top as f64 / draws as f64,
+                counts.iter().filter(|&&c| c == 0).count()
+            );
+            if let Some(path) = json {
+                let doc = json!({ "command": command_line(), "dist": dist, "records": records, "draws": draws, "seed": seed, "counts": counts });
+                std::fs::write(&path, serde_json::to_vec(&doc)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1}", ns as f64 / 1e3)
+}
+
+fn print_summary(r: &YcsbResult) {
+    let c = &r.config;
+    println!("mode: {}", r.mode);
+    let record = match c.app {
+        App::Mica => format!("{} B", c.shape.len()),
+        App::Btree => "8-byte values".to_string(),
+    };
+    println!(
+        "YCSB-{} on {:?}: {} records ({record}), {} ops, {} client thread(s), reads at {:?}",
+        c.workload.name.to_ascii_uppercase(),
+        c.app,
+        c.records,
+        c.ops,
+        c.threads,
+        c.placement
+    );
+    println!(
+        "load: {:.0} records/s; run: {:.0} ops/s over {:.2} s",
+        r.load_throughput, r.throughput, r.seconds
+    );
+    println!(
+        "{:<8} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "op", "count", "p50 us", "p99 us", "p99.9 us", "errors"
+    );
+    for o in &r.ops {
+        println!(
+            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>8}",
+            o.op.name(),
+            o.latency.count,
+            us(o.latency.p50),
+            us(o.latency.p99),
+            us(o.latency.p999),
+            o.errors
+        );
+    }
+    println!(
+        "{:<8} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "place", "messages", "p50 us", "p99 us", "p99.9 us", "share"
+    );
+    for p in Placement::ALL {
+        let q = r.placements.placement[p.index()];
+        println!(
+            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>7.1}%",
+            p.name(),
+            q.count,
+            us(q.p50),
+            us(q.p99),
+            us(q.p999),
+            100.0 * r.placement_fractions[p.index()]
+        );
+    }
+    if r.misses > 0 {
+        println!("misses: {} reads found no record", r.misses);
+    }
+}

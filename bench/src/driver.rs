@@ -1,0 +1,481 @@
+//! The YCSB driver: a load phase, then a run phase of closed-loop client threads against MICA or
+//! the B-tree on the in-process cluster, with per-operation and per-placement latencies.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use hdrhistogram::Histogram;
+use naam_btree::{BTreeClient, BTreeConfig, BTreeHandle};
+use naam_mica::{MicaClient, MicaConfig, MicaHandle};
+use naam_runtime::cluster::{Client, Cluster, ClusterConfig, PolicyChoice};
+use naam_runtime::metrics::{Percentiles, Snapshot};
+use naam_runtime::steering::CostPolicyConfig;
+use naam_runtime::Placement;
+use serde::Serialize;
+
+use crate::ycsb::{key_name, key_u64, KeyChooser, Op, RecordShape, Rng, Workload};
+
+/// Which application serves the records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum App {
+    /// The MICA hash table (records are values of `field_count × field_length` bytes).
+    Mica,
+    /// The B-tree (records are 8-byte values; scans supported).
+    Btree,
+}
+
+impl std::str::FromStr for App {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "mica" => Ok(App::Mica),
+            "btree" => Ok(App::Btree),
+            o => Err(format!("unknown app `{o}` (mica, btree)")),
+        }
+    }
+}
+
+/// Where reads run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementChoice {
+    /// Steered by the cost policy.
+    Auto,
+    /// Always at one placement (writes stay at the owner, the host).
+    Fixed(Placement),
+}
+
+impl std::str::FromStr for PlacementChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(PlacementChoice::Auto),
+            other => other
+                .parse::<Placement>()
+                .map(PlacementChoice::Fixed)
+                .map_err(|e| format!("{e}, or auto")),
+        }
+    }
+}
+
+/// A YCSB run.
+#[derive(Clone, Debug, Serialize)]
+pub struct YcsbConfig {
+    /// Application.
+    pub app: App,
+    /// Workload.
+    pub workload: Workload,
+    /// Records loaded.
+    pub records: u64,
+    /// Operations in the run phase.
+    pub ops: u64,
+    /// Client threads.
+    pub threads: usize,
+    /// Placement of reads.
+    pub placement: PlacementChoice,
+    /// Record shape (MICA).
+    pub shape: RecordShape,
+    /// Seed.
+    pub seed: u64,
+    /// Host and NIC executor threads.
+    pub executors: (usize, usize),
+    /// Fabric (`inproc`).
+    pub fabric: String,
+}
+
+/// Latency summary of one operation type.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpSummary {
+    /// Operation.
+    pub op: Op,
+    /// Percentiles, nanoseconds.
+    pub latency: Percentiles,
+    /// Operations that failed (an error, not a miss).
+    pub errors: u64,
+}
+
+/// The outcome of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct YcsbResult {
+    /// Mode label.
+    pub mode: String,
+    /// Settings.
+    pub config: YcsbConfig,
+    /// Load phase: records per second.
+    pub load_throughput: f64,
+    /// Run phase: operations per second.
+    pub throughput: f64,
+    /// Run phase wall time, seconds.
+    pub seconds: f64,
+    /// Per operation type.
+    pub ops: Vec<OpSummary>,
+    /// Per placement (messages, from the cluster's metrics over the run phase).
+    pub placements: Snapshot,
+    /// Fraction of messages per placement.
+    pub placement_fractions: [f64; 3],
+    /// Reads that found no record (MICA is lossy when the log wraps).
+    pub misses: u64,
+}
+
+/// One thread's view of the store.
+trait Store {
+    fn read(&mut self, n: u64) -> anyhow::Result<bool>;
+    fn update(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
+    fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()>;
+    fn scan(&mut self, n: u64, len: usize) -> anyhow::Result<usize>;
+    fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
+}
+
+struct MicaStore {
+    m: MicaClient<Client>,
+    field_length: usize,
+}
+
+impl Store for MicaStore {
+    fn read(&mut self, n: u64) -> anyhow::Result<bool> {
+        Ok(self.m.get(key_name(n).as_bytes())?.is_some())
+    }
+    fn update(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()> {
+        // YCSB updates one field (writeallfields=false): patch it at the owner.
+        self.m.rmw_field(
+            key_name(n).as_bytes(),
+            (field * self.field_length) as u32,
+            bytes,
+        )?;
+        Ok(())
+    }
+    fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()> {
+        self.m.put(key_name(n).as_bytes(), record)?;
+        Ok(())
+    }
+    fn scan(&mut self, _: u64, _: usize) -> anyhow::Result<usize> {
+        bail!("MICA is a hash table and has no scans: run workload E with --app btree")
+    }
+    fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()> {
+        // Read the record, then modify one field of it at the owner (one message each).
+        let key = key_name(n);
+        self.m.get(key.as_bytes())?;
+        self.m
+            .rmw_field(key.as_bytes(), (field * self.field_length) as u32, bytes)?;
+        Ok(())
+    }
+}
+
+struct BTreeStore {
+    t: BTreeClient<Client>,
+}
+
+fn word(bytes: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    let n = bytes.len().min(8);
+    w[..n].copy_from_slice(&bytes[..n]);
+    u64::from_le_bytes(w)
+}
+
+impl Store for BTreeStore {
+    fn read(&mut self, n: u64) -> anyhow::Result<bool> {
+        Ok(self.t.get(key_u64(n))?.is_some())
+    }
+    fn update(&mut self, n: u64, _: usize, bytes: &[u8]) -> anyhow::Result<()> {
+        self.t.update(key_u64(n), word(bytes))?;
+        Ok(())
+    }
+    fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()> {
+        self.t.insert(key_u64(n), word(record))?;
+        Ok(())
+    }
+    fn scan(&mut self, n: u64, len: usize) -> anyhow::Result<usize> {
+        Ok(self.t.scan(key_u64(n), len)?.len())
+    }
+    fn rmw(&mut self, n: u64, _: usize, bytes: &[u8]) -> anyhow::Result<()> {
+        let k = key_u64(n);
+        let old = self.t.get(k)?.unwrap_or(0);
+        self.t.update(k, old ^ word(bytes))?;
+        Ok(())
+    }
+}
+
+/// Handlers built once per process.
+struct Objects {
+    mica: Option<Arc<naam_runtime::LoadedObject>>,
+    btree: Option<Arc<naam_runtime::LoadedObject>>,
+}
+
+fn objects(app: App, target: &Path) -> anyhow::Result<Objects> {
+    Ok(match app {
+        App::Mica => Objects {
+            mica: Some(Arc::new(
+                naam_mica::build_handlers(Some(&target.join("mica")))
+                    .context("building MICA's handlers")?,
+            )),
+            btree: None,
+        },
+        App::Btree => Objects {
+            mica: None,
+            btree: Some(Arc::new(
+                naam_btree::build_handlers(Some(&target.join("btree")))
+                    .context("building the B-tree's handlers")?,
+            )),
+        },
+    })
+}
+
+const APP_ID: u32 = 1;
+
+/// The cluster for `cfg`, and a way to make one store per thread.
+fn setup(
+    cfg: &YcsbConfig,
+    target: &Path,
+) -> anyhow::Result<(
+    Cluster,
+    Box<dyn Fn(&Cluster) -> Box<dyn Store + Send> + Send + Sync>,
+)> {
+    let policy = match cfg.placement {
+        PlacementChoice::Auto => PolicyChoice::Auto(CostPolicyConfig::default()),
+        PlacementChoice::Fixed(p) => PolicyChoice::Always(p),
+    };
+    let cc = ClusterConfig {
+        host_executors: cfg.executors.0,
+        nic_executors: cfg.executors.1,
+        policy,
+        ..ClusterConfig::default()
+    };
+    let objs = objects(cfg.app, target)?;
+    // Inserts grow the key space: size for the records plus every operation being an insert.
+    let capacity = cfg.records + cfg.ops;
+    match cfg.app {
+        App::Mica => {
+            let mc = MicaConfig::sized(capacity, 24, cfg.shape.len());
+            let spec = naam_mica::app_spec(
+                APP_ID,
+                &mc,
+                objs.mica.expect("built"),
+                Placement::Host,
+                true,
+            )?;
+            let cluster = Cluster::builder().config(cc).app(spec).build()?;
+            let handle = MicaHandle::from_cluster(&cluster, APP_ID, mc).context("MICA regions")?;
+            let fl = cfg.shape.field_length;
+            Ok((
+                cluster,
+                Box::new(move |c: &Cluster| {
+                    Box::new(MicaStore {
+                        m: MicaClient::new(c.client(), handle),
+                        field_length: fl,
+                    }) as Box<dyn Store + Send>
+                }),
+            ))
+        }
+        App::Btree => {
+            let bc = BTreeConfig::for_keys(capacity);
+            let spec = naam_btree::app_spec(
+                APP_ID,
+                &bc,
+                objs.btree.expect("built"),
+                Placement::Host,
+                true,
+            )?;
+            let cluster = Cluster::builder().config(cc).app(spec).build()?;
+            let handle =
+                BTreeHandle::from_cluster(&cluster, APP_ID, bc).context("B-tree regions")?;
+            Ok((
+                cluster,
+                Box::new(move |c: &Cluster| {
+                    Box::new(BTreeStore {
+                        t: BTreeClient::new(c.client(), handle),
+                    }) as Box<dyn Store + Send>
+                }),
+            ))
+        }
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+}
+
+/// Runs `cfg` on the in-process cluster; `progress` is told the operations done so far.
+pub fn run_inproc(
+    cfg: &YcsbConfig,
+    target: &Path,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> anyhow::Result<YcsbResult> {
+    if cfg
+        .workload
+        .mix
+        .iter()
+        .any(|(op, p)| *op == Op::Scan && *p > 0.0)
+        && cfg.app == App::Mica
+    {
+        bail!(
+            "workload {} scans; MICA is a hash table: use --app btree",
+            cfg.workload.name
+        );
+    }
+    if cfg.records == 0 || cfg.threads == 0 {
+        bail!("--records and --threads must be at least 1");
+    }
+    let (cluster, make) = setup(cfg, target)?;
+    let cluster = Arc::new(cluster);
+    let make = Arc::new(make);
+
+    // Load phase: threads insert disjoint key ranges.
+    let load_start = Instant::now();
+    let per = cfg.records.div_ceil(cfg.threads as u64);
+    std::thread::scope(|s| -> anyhow::Result<()> {
+        let handles: Vec<_> = (0..cfg.threads as u64)
+            .map(|t| {
+                let (cluster, make) = (cluster.clone(), make.clone());
+                let shape = cfg.shape;
+                let seed = cfg.seed;
+                s.spawn(move || -> anyhow::Result<()> {
+                    let mut store = make(&cluster);
+                    let mut rng = Rng::new(seed ^ 0x10ad ^ t);
+                    for n in (t * per)..((t + 1) * per).min(cfg.records) {
+                        store.insert(n, &shape.record(&mut rng))?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a load thread panicked"))??;
+        }
+        Ok(())
+    })?;
+    let load_secs = load_start.elapsed().as_secs_f64();
+    // Let steering settle on the loaded table, then measure the run phase alone.
+    std::thread::sleep(Duration::from_millis(20));
+    cluster.metrics().reset();
+
+    let done = AtomicU64::new(0);
+    let next_insert = AtomicU64::new(cfg.records);
+    let failed = AtomicBool::new(false);
+    let run_start = Instant::now();
+    let per_thread = cfg.ops.div_ceil(cfg.threads as u64);
+    let results: Vec<(Vec<(Op, Histogram<u64>, u64)>, u64, Instant)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..cfg.threads as u64)
+            .map(|t| {
+                let (cluster, make) = (cluster.clone(), make.clone());
+                let (done, next_insert, failed) = (&done, &next_insert, &failed);
+                let wl = cfg.workload.clone();
+                let shape = cfg.shape;
+                let seed = cfg.seed;
+                let records = cfg.records;
+                let ops = per_thread.min(cfg.ops.saturating_sub(t * per_thread));
+                s.spawn(move || {
+                    let mut store = make(&cluster);
+                    let mut rng = Rng::new(seed ^ (t + 1).wrapping_mul(0x9e37_79b9));
+                    let mut keys = KeyChooser::new(wl.distribution, records);
+                    let mut hist: Vec<(Op, Histogram<u64>, u64)> =
+                        Op::ALL.iter().map(|&o| (o, histogram(), 0)).collect();
+                    let mut misses = 0u64;
+                    for i in 0..ops {
+                        if failed.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let op = wl.next_op(&mut rng);
+                        keys.set_records(next_insert.load(Ordering::Relaxed));
+                        let start = Instant::now();
+                        let r = match op {
+                            Op::Read => store
+                                .read(keys.next(&mut rng))
+                                .map(|found| misses += (!found) as u64),
+                            Op::Update => {
+                                let f = rng.range(0, shape.field_count as u64 - 1) as usize;
+                                let bytes = shape.bytes(&mut rng, shape.field_length);
+                                store.update(keys.next(&mut rng), f, &bytes)
+                            }
+                            Op::Insert => {
+                                let n = next_insert.fetch_add(1, Ordering::Relaxed);
+                                store.insert(n, &shape.record(&mut rng))
+                            }
+                            Op::Scan => {
+                                let len = rng.range(1, wl.max_scan) as usize;
+                                store.scan(keys.next(&mut rng), len).map(|_| ())
+                            }
+                            Op::Rmw => {
+                                let f = rng.range(0, shape.field_count as u64 - 1) as usize;
+                                let bytes = shape.bytes(&mut rng, shape.field_length);
+                                store.rmw(keys.next(&mut rng), f, &bytes)
+                            }
+                        };
+                        let ns = start.elapsed().as_nanos() as u64;
+                        let slot =
+                            &mut hist[Op::ALL.iter().position(|&o| o == op).expect("known op")];
+                        match r {
+                            Ok(()) => {
+                                let _ = slot.1.record(ns.max(1));
+                            }
+                            Err(e) => {
+                                slot.2 += 1;
+                                if slot.2 == 1 {
+                                    eprintln!("naam-bench: {} failed: {e:#}", op.name());
+                                }
+                            }
+                        }
+                        if i % 256 == 0 {
+                            done.fetch_add(256.min(ops - i), Ordering::Relaxed);
+                        }
+                    }
+                    (hist, misses, Instant::now())
+                })
+            })
+            .collect();
+        // Progress while the threads run.
+        while handles.iter().any(|h| !h.is_finished()) {
+            progress(done.load(Ordering::Relaxed).min(cfg.ops), cfg.ops);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| (Vec::new(), 0, Instant::now())))
+            .collect()
+    });
+    // The run ends when its last thread does (not when this thread next wakes up).
+    let run_end = results
+        .iter()
+        .map(|r| r.2)
+        .max()
+        .unwrap_or_else(Instant::now);
+    let seconds = run_end.duration_since(run_start).as_secs_f64().max(1e-9);
+    progress(cfg.ops, cfg.ops);
+
+    let mut merged: Vec<(Op, Histogram<u64>, u64)> =
+        Op::ALL.iter().map(|&o| (o, histogram(), 0)).collect();
+    let mut misses = 0;
+    for (hist, m, _) in results {
+        misses += m;
+        for (i, (_, h, e)) in hist.into_iter().enumerate() {
+            merged[i].1.add(&h).expect("same bounds");
+            merged[i].2 += e;
+        }
+    }
+    let completed: u64 = merged.iter().map(|(_, h, _)| h.len()).sum();
+    let placements = cluster.metrics().snapshot();
+    let fractions = [0, 1, 2].map(|i| placements.fraction(Placement::ALL[i]));
+    Ok(YcsbResult {
+        mode: "inproc (one process; NIC cores, DMA and one-sided RDMA emulated)".into(),
+        config: cfg.clone(),
+        load_throughput: cfg.records as f64 / load_secs,
+        throughput: completed as f64 / seconds,
+        seconds,
+        ops: merged
+            .into_iter()
+            .filter(|(_, h, e)| h.len() > 0 || *e > 0)
+            .map(|(op, h, errors)| OpSummary {
+                op,
+                latency: Percentiles::of(&h),
+                errors,
+            })
+            .collect(),
+        placement_fractions: fractions,
+        placements,
+        misses,
+    })
+}

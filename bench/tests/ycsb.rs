@@ -1,0 +1,117 @@
+//! Every core workload runs end to end on the in-process cluster, with no failed operation; the
+//! CLI rejects what it cannot run with a clear message and exit code.
+
+use std::path::Path;
+use std::process::Command;
+
+use naam_bench::driver::{run_inproc, App, PlacementChoice, YcsbConfig};
+use naam_bench::ycsb::{Op, RecordShape, Workload};
+use naam_runtime::Placement;
+
+fn cfg(app: App, w: char, placement: PlacementChoice) -> YcsbConfig {
+    YcsbConfig {
+        app,
+        workload: Workload::core(w).unwrap(),
+        records: 300,
+        ops: 1500,
+        threads: 2,
+        placement,
+        shape: RecordShape {
+            field_count: 4,
+            field_length: 16,
+        },
+        seed: 7,
+        executors: (1, 1),
+        fabric: "inproc".into(),
+    }
+}
+
+fn target() -> std::path::PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-handlers")
+}
+
+#[test]
+fn every_workload_runs_without_errors() {
+    let runs = [
+        (App::Mica, 'a'),
+        (App::Mica, 'b'),
+        (App::Mica, 'c'),
+        (App::Mica, 'd'),
+        (App::Mica, 'f'),
+        (App::Btree, 'a'),
+        (App::Btree, 'e'),
+    ];
+    for (app, w) in runs {
+        let r = run_inproc(&cfg(app, w, PlacementChoice::Auto), &target(), &|_, _| {}).unwrap();
+        let done: u64 = r.ops.iter().map(|o| o.latency.count).sum();
+        let errors: u64 = r.ops.iter().map(|o| o.errors).sum();
+        assert_eq!((done, errors), (1500, 0), "{app:?} {w}");
+        assert!(r.throughput > 0.0 && r.load_throughput > 0.0);
+        if w == 'e' {
+            assert!(r
+                .ops
+                .iter()
+                .any(|o| o.op == Op::Scan && o.latency.count > 0));
+        }
+    }
+}
+
+#[test]
+fn pinned_placements_carry_the_reads() {
+    for p in Placement::ALL {
+        let r = run_inproc(
+            &cfg(App::Mica, 'c', PlacementChoice::Fixed(p)),
+            &target(),
+            &|_, _| {},
+        )
+        .unwrap();
+        assert!(
+            r.placement_fractions[p.index()] > 0.99,
+            "{p}: {:?}",
+            r.placement_fractions
+        );
+    }
+}
+
+#[test]
+fn cli_errors_are_clear() {
+    let bin = env!("CARGO_BIN_EXE_naam-bench");
+    let out = Command::new(bin)
+        .args(["ycsb", "--workload", "z"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown workload"));
+    let t = target();
+    let out = Command::new(bin)
+        .args([
+            "ycsb",
+            "--app",
+            "mica",
+            "--workload",
+            "e",
+            "--records",
+            "10",
+            "--ops",
+            "10",
+            "--target-dir",
+        ])
+        .arg(&t)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use --app btree"));
+    let out = Command::new(bin)
+        .args([
+            "keys",
+            "--dist",
+            "uniform",
+            "--records",
+            "100",
+            "--draws",
+            "1000",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
