@@ -227,13 +227,20 @@ fn objects(app: App, target: &Path) -> anyhow::Result<Objects> {
 const APP_ID: u32 = 1;
 
 /// The cluster for `cfg`, and a way to make one store per thread.
-fn setup(
-    cfg: &YcsbConfig,
-    target: &Path,
-) -> anyhow::Result<(
-    Cluster,
-    Box<dyn Fn(&Cluster) -> Box<dyn Store + Send> + Send + Sync>,
-)> {
+/// Makes one store per client thread.
+type StoreFactory = Box<dyn Fn(&Cluster) -> Box<dyn Store + Send> + Send + Sync>;
+
+/// Latencies and errors per operation type, as one thread saw them.
+type OpStats = Vec<(Op, Histogram<u64>, u64)>;
+
+/// What a run-phase thread returns: its statistics, its misses, and when it finished.
+struct ThreadResult {
+    stats: OpStats,
+    misses: u64,
+    end: Instant,
+}
+
+fn setup(cfg: &YcsbConfig, target: &Path) -> anyhow::Result<(Cluster, StoreFactory)> {
     let policy = match cfg.placement {
         PlacementChoice::Auto => PolicyChoice::Auto(CostPolicyConfig::default()),
         PlacementChoice::Fixed(p) => PolicyChoice::Always(p),
@@ -358,7 +365,7 @@ pub fn run_inproc(
     let failed = AtomicBool::new(false);
     let run_start = Instant::now();
     let per_thread = cfg.ops.div_ceil(cfg.threads as u64);
-    let results: Vec<(Vec<(Op, Histogram<u64>, u64)>, u64, Instant)> = std::thread::scope(|s| {
+    let results: Vec<ThreadResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..cfg.threads as u64)
             .map(|t| {
                 let (cluster, make) = (cluster.clone(), make.clone());
@@ -372,8 +379,7 @@ pub fn run_inproc(
                     let mut store = make(&cluster);
                     let mut rng = Rng::new(seed ^ (t + 1).wrapping_mul(0x9e37_79b9));
                     let mut keys = KeyChooser::new(wl.distribution, records);
-                    let mut hist: Vec<(Op, Histogram<u64>, u64)> =
-                        Op::ALL.iter().map(|&o| (o, histogram(), 0)).collect();
+                    let mut hist: OpStats = Op::ALL.iter().map(|&o| (o, histogram(), 0)).collect();
                     let mut misses = 0u64;
                     for i in 0..ops {
                         if failed.load(Ordering::Relaxed) {
@@ -423,7 +429,11 @@ pub fn run_inproc(
                             done.fetch_add(256.min(ops - i), Ordering::Relaxed);
                         }
                     }
-                    (hist, misses, Instant::now())
+                    ThreadResult {
+                        stats: hist,
+                        misses,
+                        end: Instant::now(),
+                    }
                 })
             })
             .collect();
@@ -434,24 +444,29 @@ pub fn run_inproc(
         }
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| (Vec::new(), 0, Instant::now())))
+            .map(|h| {
+                h.join().unwrap_or_else(|_| ThreadResult {
+                    stats: Vec::new(),
+                    misses: 0,
+                    end: Instant::now(),
+                })
+            })
             .collect()
     });
     // The run ends when its last thread does (not when this thread next wakes up).
     let run_end = results
         .iter()
-        .map(|r| r.2)
+        .map(|r| r.end)
         .max()
         .unwrap_or_else(Instant::now);
     let seconds = run_end.duration_since(run_start).as_secs_f64().max(1e-9);
     progress(cfg.ops, cfg.ops);
 
-    let mut merged: Vec<(Op, Histogram<u64>, u64)> =
-        Op::ALL.iter().map(|&o| (o, histogram(), 0)).collect();
+    let mut merged: OpStats = Op::ALL.iter().map(|&o| (o, histogram(), 0)).collect();
     let mut misses = 0;
-    for (hist, m, _) in results {
-        misses += m;
-        for (i, (_, h, e)) in hist.into_iter().enumerate() {
+    for r in results {
+        misses += r.misses;
+        for (i, (_, h, e)) in r.stats.into_iter().enumerate() {
             merged[i].1.add(&h).expect("same bounds");
             merged[i].2 += e;
         }
@@ -467,7 +482,7 @@ pub fn run_inproc(
         seconds,
         ops: merged
             .into_iter()
-            .filter(|(_, h, e)| h.len() > 0 || *e > 0)
+            .filter(|(_, h, e)| !h.is_empty() || *e > 0)
             .map(|(op, h, errors)| OpSummary {
                 op,
                 latency: Percentiles::of(&h),
