@@ -119,10 +119,17 @@ pub struct YcsbResult {
     pub placement_fractions: [f64; 3],
     /// Reads that found no record (MICA is lossy when the log wraps).
     pub misses: u64,
+    /// Latency of every operation of the run phase together.
+    pub all: Percentiles,
+}
+
+/// Latency of every operation of `r`'s run phase together.
+pub fn overall(r: &YcsbResult) -> Percentiles {
+    r.all
 }
 
 /// One thread's view of the store.
-trait Store {
+pub(crate) trait Store {
     fn read(&mut self, n: u64) -> anyhow::Result<bool>;
     fn update(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
     fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()>;
@@ -228,7 +235,7 @@ const APP_ID: u32 = 1;
 
 /// The cluster for `cfg`, and a way to make one store per thread.
 /// Makes one store per client thread.
-type StoreFactory = Box<dyn Fn(&Cluster) -> Box<dyn Store + Send> + Send + Sync>;
+pub(crate) type StoreFactory = Arc<dyn Fn() -> anyhow::Result<Box<dyn Store + Send>> + Send + Sync>;
 
 /// Latencies and errors per operation type, as one thread saw them.
 type OpStats = Vec<(Op, Histogram<u64>, u64)>;
@@ -240,7 +247,7 @@ struct ThreadResult {
     end: Instant,
 }
 
-fn setup(cfg: &YcsbConfig, target: &Path) -> anyhow::Result<(Cluster, StoreFactory)> {
+fn setup(cfg: &YcsbConfig, target: &Path) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
     let policy = match cfg.placement {
         PlacementChoice::Auto => PolicyChoice::Auto(CostPolicyConfig::default()),
         PlacementChoice::Fixed(p) => PolicyChoice::Always(p),
@@ -264,18 +271,17 @@ fn setup(cfg: &YcsbConfig, target: &Path) -> anyhow::Result<(Cluster, StoreFacto
                 Placement::Host,
                 true,
             )?;
-            let cluster = Cluster::builder().config(cc).app(spec).build()?;
+            let cluster = Arc::new(Cluster::builder().config(cc).app(spec).build()?);
             let handle = MicaHandle::from_cluster(&cluster, APP_ID, mc).context("MICA regions")?;
             let fl = cfg.shape.field_length;
-            Ok((
-                cluster,
-                Box::new(move |c: &Cluster| {
-                    Box::new(MicaStore {
-                        m: MicaClient::new(c.client(), handle),
-                        field_length: fl,
-                    }) as Box<dyn Store + Send>
-                }),
-            ))
+            let c = cluster.clone();
+            let make: StoreFactory = Arc::new(move || {
+                Ok(Box::new(MicaStore {
+                    m: MicaClient::new(c.client(), handle),
+                    field_length: fl,
+                }) as Box<dyn Store + Send>)
+            });
+            Ok((cluster, make))
         }
         App::Btree => {
             let bc = BTreeConfig::for_keys(capacity);
@@ -286,17 +292,16 @@ fn setup(cfg: &YcsbConfig, target: &Path) -> anyhow::Result<(Cluster, StoreFacto
                 Placement::Host,
                 true,
             )?;
-            let cluster = Cluster::builder().config(cc).app(spec).build()?;
+            let cluster = Arc::new(Cluster::builder().config(cc).app(spec).build()?);
             let handle =
                 BTreeHandle::from_cluster(&cluster, APP_ID, bc).context("B-tree regions")?;
-            Ok((
-                cluster,
-                Box::new(move |c: &Cluster| {
-                    Box::new(BTreeStore {
-                        t: BTreeClient::new(c.client(), handle),
-                    }) as Box<dyn Store + Send>
-                }),
-            ))
+            let c = cluster.clone();
+            let make: StoreFactory = Arc::new(move || {
+                Ok(Box::new(BTreeStore {
+                    t: BTreeClient::new(c.client(), handle),
+                }) as Box<dyn Store + Send>)
+            });
+            Ok((cluster, make))
         }
     }
 }
@@ -327,20 +332,31 @@ pub fn run_inproc(
         bail!("--records and --threads must be at least 1");
     }
     let (cluster, make) = setup(cfg, target)?;
-    let cluster = Arc::new(cluster);
-    let make = Arc::new(make);
+    run_phases(cfg, make, Some(&cluster), progress, INPROC_MODE)
+}
 
+/// Mode label of in-process runs.
+pub const INPROC_MODE: &str = "inproc (one process; NIC cores, DMA and one-sided RDMA emulated)";
+
+/// Load, then run, with stores from `make`; per-placement figures from `cluster` if given.
+pub(crate) fn run_phases(
+    cfg: &YcsbConfig,
+    make: StoreFactory,
+    cluster: Option<&Cluster>,
+    progress: &(dyn Fn(u64, u64) + Sync),
+    mode: &str,
+) -> anyhow::Result<YcsbResult> {
     // Load phase: threads insert disjoint key ranges.
     let load_start = Instant::now();
     let per = cfg.records.div_ceil(cfg.threads as u64);
     std::thread::scope(|s| -> anyhow::Result<()> {
         let handles: Vec<_> = (0..cfg.threads as u64)
             .map(|t| {
-                let (cluster, make) = (cluster.clone(), make.clone());
+                let make = make.clone();
                 let shape = cfg.shape;
                 let seed = cfg.seed;
                 s.spawn(move || -> anyhow::Result<()> {
-                    let mut store = make(&cluster);
+                    let mut store = make()?;
                     let mut rng = Rng::new(seed ^ 0x10ad ^ t);
                     for n in (t * per)..((t + 1) * per).min(cfg.records) {
                         store.insert(n, &shape.record(&mut rng))?;
@@ -358,7 +374,9 @@ pub fn run_inproc(
     let load_secs = load_start.elapsed().as_secs_f64();
     // Let steering settle on the loaded table, then measure the run phase alone.
     std::thread::sleep(Duration::from_millis(20));
-    cluster.metrics().reset();
+    if let Some(c) = cluster {
+        c.metrics().reset();
+    }
 
     let done = AtomicU64::new(0);
     let next_insert = AtomicU64::new(cfg.records);
@@ -368,7 +386,7 @@ pub fn run_inproc(
     let results: Vec<ThreadResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..cfg.threads as u64)
             .map(|t| {
-                let (cluster, make) = (cluster.clone(), make.clone());
+                let make = make.clone();
                 let (done, next_insert, failed) = (&done, &next_insert, &failed);
                 let wl = cfg.workload.clone();
                 let shape = cfg.shape;
@@ -376,7 +394,18 @@ pub fn run_inproc(
                 let records = cfg.records;
                 let ops = per_thread.min(cfg.ops.saturating_sub(t * per_thread));
                 s.spawn(move || {
-                    let mut store = make(&cluster);
+                    let mut store = match make() {
+                        Ok(s) => s,
+                        Err(e) => {
+                            eprintln!("naam-bench: a client could not start: {e:#}");
+                            failed.store(true, Ordering::Relaxed);
+                            return ThreadResult {
+                                stats: Vec::new(),
+                                misses: 0,
+                                end: Instant::now(),
+                            };
+                        }
+                    };
                     let mut rng = Rng::new(seed ^ (t + 1).wrapping_mul(0x9e37_79b9));
                     let mut keys = KeyChooser::new(wl.distribution, records);
                     let mut hist: OpStats = Op::ALL.iter().map(|&o| (o, histogram(), 0)).collect();
@@ -453,6 +482,9 @@ pub fn run_inproc(
             })
             .collect()
     });
+    if failed.load(Ordering::Relaxed) {
+        bail!("a client thread could not start; the run is incomplete");
+    }
     // The run ends when its last thread does (not when this thread next wakes up).
     let run_end = results
         .iter()
@@ -472,10 +504,17 @@ pub fn run_inproc(
         }
     }
     let completed: u64 = merged.iter().map(|(_, h, _)| h.len()).sum();
-    let placements = cluster.metrics().snapshot();
+    let mut every = histogram();
+    for (_, h, _) in &merged {
+        every.add(h).expect("same bounds");
+    }
+    let placements = match cluster {
+        Some(c) => c.metrics().snapshot(),
+        None => naam_runtime::metrics::Metrics::default().snapshot(),
+    };
     let fractions = [0, 1, 2].map(|i| placements.fraction(Placement::ALL[i]));
     Ok(YcsbResult {
-        mode: "inproc (one process; NIC cores, DMA and one-sided RDMA emulated)".into(),
+        mode: mode.to_string(),
         config: cfg.clone(),
         load_throughput: cfg.records as f64 / load_secs,
         throughput: completed as f64 / seconds,
@@ -492,5 +531,6 @@ pub fn run_inproc(
         placement_fractions: fractions,
         placements,
         misses,
+        all: Percentiles::of(&every),
     })
 }

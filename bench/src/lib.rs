@@ -6,4 +6,5 @@
 #![deny(missing_docs)]
 
 pub mod driver;
+pub mod memcached;
 pub mod ycsb;

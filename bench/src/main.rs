@@ -69,6 +69,33 @@ enum Cmd {
         #[arg(long, default_value = "target/naam")]
         target_dir: PathBuf,
     },
+    /// YCSB A, B and C on NAAM MICA (in-process) and on memcached (loopback), in one run.
+    CompareMemcached {
+        /// Workloads (of a, b, c).
+        #[arg(long, default_value = "a,b,c", value_delimiter = ',')]
+        workloads: Vec<char>,
+        /// Records to load.
+        #[arg(long, default_value_t = 10_000)]
+        records: u64,
+        /// Operations per workload.
+        #[arg(long, default_value_t = 100_000)]
+        ops: u64,
+        /// Client threads.
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        /// memcached worker threads.
+        #[arg(long, default_value_t = 1)]
+        memcached_threads: usize,
+        /// Seed.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+        /// Write the results here.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Where handler crates are built.
+        #[arg(long, default_value = "target/naam")]
+        target_dir: PathBuf,
+    },
     /// Draw key numbers from a distribution and write per-key counts.
     Keys {
         /// scrambled-zipfian, zipfian, uniform or latest.
@@ -165,6 +192,63 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             })
+        }
+        Cmd::CompareMemcached {
+            workloads,
+            records,
+            ops,
+            threads,
+            memcached_threads,
+            seed,
+            json,
+            target_dir,
+        } => {
+            let mut rows = Vec::new();
+            println!("mode: NAAM MICA inproc (emulated NIC and RDMA) vs memcached over loopback TCP, same driver");
+            println!(
+                "{:<9} {:>12} {:>9} {:>9} {:>15} {:>9} {:>9}",
+                "workload", "naam ops/s", "p50 us", "p99 us", "memcached ops/s", "p50 us", "p99 us"
+            );
+            for w in workloads {
+                let Some(wl) = Workload::core(w).filter(|_| matches!(w, 'a' | 'b' | 'c')) else {
+                    eprintln!("naam-bench: error: the memcached comparison covers workloads a, b and c, not `{w}`");
+                    return Ok(ExitCode::from(2));
+                };
+                let cfg = YcsbConfig {
+                    app: App::Mica,
+                    workload: wl,
+                    records,
+                    ops,
+                    threads,
+                    placement: PlacementChoice::Auto,
+                    shape: RecordShape::default(),
+                    seed,
+                    executors: (1, 1),
+                    fabric: "inproc".into(),
+                };
+                let naam = run_inproc(&cfg, &target_dir, &|_, _| {})?;
+                let mc = naam_bench::memcached::run_memcached(&cfg, memcached_threads, &|_, _| {})?;
+                // Latency of all operations of the run together.
+                let all = |r: &YcsbResult| naam_bench::driver::overall(r);
+                let (a, b) = (all(&naam), all(&mc));
+                println!(
+                    "{:<9} {:>12.0} {:>9} {:>9} {:>15.0} {:>9} {:>9}",
+                    format!("YCSB-{}", w.to_ascii_uppercase()),
+                    naam.throughput,
+                    us(a.p50),
+                    us(a.p99),
+                    mc.throughput,
+                    us(b.p50),
+                    us(b.p99)
+                );
+                rows.push(json!({ "workload": w, "naam": naam, "memcached": mc }));
+            }
+            if let Some(path) = json {
+                let doc = json!({ "command": command_line(), "runs": rows });
+                std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Keys {
             dist,

@@ -115,3 +115,35 @@ fn cli_errors_are_clear() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
 }
+
+#[test]
+fn memcached_baseline_runs_the_same_workloads() {
+    if Command::new("memcached").arg("-h").output().is_err() {
+        eprintln!("SKIPPED memcached_baseline_runs_the_same_workloads: memcached is not installed (scripts/setup.sh installs it)");
+        return;
+    }
+    for w in ['a', 'b', 'c'] {
+        let r = naam_bench::memcached::run_memcached(
+            &cfg(App::Mica, w, PlacementChoice::Auto),
+            1,
+            &|_, _| {},
+        )
+        .unwrap();
+        let done: u64 = r.ops.iter().map(|o| o.latency.count).sum();
+        let errors: u64 = r.ops.iter().map(|o| o.errors).sum();
+        assert_eq!((done, errors), (1500, 0), "memcached {w}");
+        assert_eq!(r.misses, 0, "every loaded record is there");
+    }
+    // No server outlives its run.
+    let left = Command::new("pgrep")
+        .arg("-x")
+        .arg("memcached")
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "memcached left running: {}",
+        String::from_utf8_lossy(&left)
+    );
+}
