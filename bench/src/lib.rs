@@ -6,5 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod driver;
+pub mod experiments;
 pub mod memcached;
+pub mod plot;
 pub mod ycsb;

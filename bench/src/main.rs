@@ -96,6 +96,38 @@ enum Cmd {
         #[arg(long, default_value = "target/naam")]
         target_dir: PathBuf,
     },
+    /// Run one of the paper's experiments; writes NAME.json and SVG charts into --out.
+    Experiment {
+        /// shift, capacity, scale, engines, placements or placements-congested.
+        name: String,
+        /// Output directory.
+        #[arg(long, default_value = "bench/out")]
+        out: PathBuf,
+        /// Where handler crates are built.
+        #[arg(long, default_value = "target/naam")]
+        target_dir: PathBuf,
+        /// Run time for time-based experiments, seconds.
+        #[arg(long, default_value_t = 3.0)]
+        seconds: f64,
+        /// Operations per measurement.
+        #[arg(long, default_value_t = 50_000)]
+        ops: u64,
+        /// Extra busy microseconds per host message while congested.
+        #[arg(long, default_value_t = 200)]
+        extra_us: u64,
+        /// Emulated NIC executors (capacity).
+        #[arg(long, default_value_t = 1)]
+        nic_executors: usize,
+        /// App counts (scale).
+        #[arg(long, value_delimiter = ',', default_value = "1,8,64,256,1024")]
+        counts: Vec<u32>,
+        /// Offered loads in ops/s (placements).
+        #[arg(long, value_delimiter = ',', default_value = "5000,20000,50000,100000")]
+        rates: Vec<u64>,
+        /// The example handler crate (engines).
+        #[arg(long, default_value = "examples/handlers")]
+        examples: PathBuf,
+    },
     /// Draw key numbers from a distribution and write per-key counts.
     Keys {
         /// scrambled-zipfian, zipfian, uniform or latest.
@@ -192,6 +224,50 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             } else {
                 ExitCode::from(1)
             })
+        }
+        Cmd::Experiment {
+            name,
+            out,
+            target_dir,
+            seconds,
+            ops,
+            extra_us,
+            nic_executors,
+            counts,
+            rates,
+            examples,
+        } => {
+            use naam_bench::experiments as x;
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let doc = match name.as_str() {
+                "shift" => x::shift(&out, &target_dir, seconds, extra_us)?,
+                "capacity" => x::capacity(&out, &target_dir, ops, nic_executors)?,
+                "scale" => x::scale(&out, &target_dir, &counts, ops)?,
+                "engines" => x::engines(&out, &examples, ops.max(1000))?,
+                "placements" => {
+                    x::placements(&out, &target_dir, &rates, (seconds / 6.0).max(0.2), None)?
+                }
+                "placements-congested" => x::placements(
+                    &out,
+                    &target_dir,
+                    &rates,
+                    (seconds / 6.0).max(0.2),
+                    Some(extra_us),
+                )?,
+                other => {
+                    eprintln!("naam-bench: error: unknown experiment `{other}` (shift, capacity, scale, engines, placements, placements-congested)");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let mut summary = doc.clone();
+            if let Some(o) = summary.as_object_mut() {
+                for big in ["fractions_10ms", "p99_us_10ms", "ops", "runs", "rows"] {
+                    o.remove(big);
+                }
+            }
+            println!("{}", serde_json::to_string_pretty(&summary)?);
+            println!("wrote {}/{name}.json and its SVG chart(s)", out.display());
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::CompareMemcached {
             workloads,

@@ -705,6 +705,7 @@ fn serve<P: DataPath>(
 }
 
 fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
+    let mut last_done: Nanos = 0;
     let mut vm = Vm::new();
     let mut host = HostPath::new(inner.regions.clone());
     let mut nic = NicPath::new(inner.regions.clone(), inner.config.nic.dma);
@@ -730,9 +731,16 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
         }
         let start = inner.clock.now();
         let depth = rx.len() as u32;
-        inner
-            .lock_tracker(placement)
-            .dequeued(start.saturating_sub(job.enqueued), depth);
+        // Queueing delay is time spent behind other work. A message that arrived while this
+        // executor was idle waited only for it to wake up, an artefact of emulating executors as
+        // threads that park (real ones busy-poll); counting it would make every idle placement
+        // look congested to its probes.
+        let waited = if job.enqueued >= last_done {
+            0
+        } else {
+            start.saturating_sub(job.enqueued)
+        };
+        inner.lock_tracker(placement).dequeued(waited, depth);
         if placement == Placement::Host {
             let extra = inner.congestion.host_extra_ns();
             spin_for(extra);
@@ -765,6 +773,7 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
                 service_ns: service,
             }
         };
+        last_done = inner.clock.now();
         job.sink.send(reply_for(&job.req, &c, placement, load));
     }
 }

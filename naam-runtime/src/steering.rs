@@ -36,6 +36,20 @@ impl Ewma {
         self.samples += 1;
     }
 
+    /// Adds a sample clipped to [`Ewma::CLIP`] times the current average: one scheduler hiccup
+    /// cannot make a healthy placement look many times slower, while a sustained change still
+    /// gets through (each clipped sample raises the average by up to 1.75x).
+    pub fn add_clipped(&mut self, x: f64) {
+        let x = match self.get() {
+            Some(v) if v > 0.0 => x.min(v * Self::CLIP),
+            _ => x,
+        };
+        self.add(x);
+    }
+
+    /// How far above the average a sample may count.
+    pub const CLIP: f64 = 4.0;
+
     /// The average, if any sample was seen.
     pub fn get(&self) -> Option<f64> {
         (self.samples > 0).then_some(self.value)
@@ -369,10 +383,20 @@ impl Policy for CostPolicy {
             .into_iter()
             .filter(|&p| p != inc.placement && ect[p.index()].is_some())
             .collect();
+        let incumbent_t = ect[inc.placement.index()].unwrap_or(f64::MAX);
+        let mut probes = 0.0;
         for &p in &others {
-            w[p.index()] = cfg.probe;
+            // A placement far worse than the incumbent gets a tenth of the probe share: enough to
+            // notice it recover, too little to set the tail latency.
+            let far_worse = ect[p.index()].is_some_and(|t| t > 10.0 * incumbent_t);
+            w[p.index()] = if far_worse {
+                cfg.probe / 10.0
+            } else {
+                cfg.probe
+            };
+            probes += w[p.index()];
         }
-        w[inc.placement.index()] = 1.0 - cfg.probe * others.len() as f64;
+        w[inc.placement.index()] = 1.0 - probes;
         Weights(w)
     }
 }
@@ -404,14 +428,19 @@ impl LoadTracker {
 
     /// A message left the queue after waiting `waited` nanoseconds; `depth` are still queued.
     pub fn dequeued(&mut self, waited: Nanos, depth: u32) {
-        self.queue_delay.add(waited as f64);
+        // Waits are often zero, so clip against a floor of a microsecond.
+        let cap = self.queue_delay.get().unwrap_or(0.0).max(1_000.0) * Ewma::CLIP;
+        self.queue_delay.add((waited as f64).min(cap));
         self.depth = depth;
     }
 
     /// A message of `key` finished after `service` nanoseconds of executor time and `steps`.
     pub fn completed(&mut self, key: HandlerKey, service: Nanos, steps: u16) {
         self.busy_ns += service;
-        self.service.entry(key).or_default().add(service as f64);
+        self.service
+            .entry(key)
+            .or_default()
+            .add_clipped(service as f64);
         self.steps.entry(key).or_default().add(steps as f64);
     }
 

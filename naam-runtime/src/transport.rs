@@ -158,3 +158,15 @@ impl Transport for Direct {
         ))
     }
 }
+
+impl<T: Transport + ?Sized> Transport for &mut T {
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        (**self).call(app, handler, args, descs)
+    }
+}

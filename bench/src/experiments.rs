@@ -1,0 +1,523 @@
+//! The paper's experiments on the in-process cluster. Each writes JSON (with the command) and an
+//! SVG chart into an output directory. Mode inproc: NIC cores, DMA and one-sided RDMA are
+//! emulated in one process on this machine; no figure is a hardware figure.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+use naam_mica::{MicaClient, MicaConfig, MicaHandle};
+use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, PolicyChoice};
+use naam_runtime::engine::{Grant, Invocation, Vm};
+use naam_runtime::experiment::{run_shift, ShiftConfig};
+use naam_runtime::metrics::Percentiles;
+use naam_runtime::registry::HandlerSpec;
+use naam_runtime::steering::CostPolicyConfig;
+use naam_runtime::{EngineKind, Executable, LoadedObject, Placement, Trust, VerifierConfig};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::driver::{run_inproc, App, PlacementChoice, YcsbConfig, INPROC_MODE};
+use crate::plot::{lines, Chart, Series};
+use crate::ycsb::{key_name, RecordShape, Rng, Workload};
+
+fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, serde_json::to_vec_pretty(value)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+fn command_line() -> String {
+    std::env::args().collect::<Vec<_>>().join(" ")
+}
+
+fn mica_object(target: &Path) -> anyhow::Result<Arc<LoadedObject>> {
+    Ok(Arc::new(
+        naam_mica::build_handlers(Some(&target.join("mica")))
+            .context("building MICA's handlers")?,
+    ))
+}
+
+/// A cluster with one loaded MICA table (16-byte keys, 64-byte values) and its handle.
+fn mica_cluster(
+    records: u64,
+    config: ClusterConfig,
+    object: Arc<LoadedObject>,
+) -> anyhow::Result<(Arc<Cluster>, MicaHandle)> {
+    let mc = MicaConfig::preset_16_64(records);
+    let spec = naam_mica::app_spec(1, &mc, object, Placement::Host, true)?;
+    let cluster = Arc::new(Cluster::builder().config(config).app(spec).build()?);
+    let handle = MicaHandle::from_cluster(&cluster, 1, mc).context("MICA regions")?;
+    let mut m = MicaClient::new(cluster.client(), handle);
+    let mut rng = Rng::new(1);
+    let shape = RecordShape {
+        field_count: 4,
+        field_length: 16,
+    };
+    for n in 0..records {
+        m.put(key16(n).as_bytes(), &shape.record(&mut rng))?;
+    }
+    Ok((cluster, handle))
+}
+
+/// A 16-byte key for key number `n`.
+fn key16(n: u64) -> String {
+    let k = key_name(n);
+    k[..16.min(k.len())].to_string()
+}
+
+/// Congestion shift: MICA GETs while host congestion starts and stops; placement fractions and
+/// p99 every 10 ms; time to move 90% off the host and back.
+pub fn shift(
+    out: &Path,
+    target: &Path,
+    seconds: f64,
+    extra_us: u64,
+) -> anyhow::Result<serde_json::Value> {
+    let object = mica_object(target)?;
+    let records = 4096;
+    let (cluster, handle) = mica_cluster(records, ClusterConfig::default(), object)?;
+    let lat: Arc<Mutex<Vec<(f64, u64)>>> = Arc::new(Mutex::new(Vec::with_capacity(1 << 20)));
+    let start = Instant::now();
+    let (lat2, counter) = (lat.clone(), Arc::new(AtomicU64::new(0)));
+    let call = move |client: &mut naam_runtime::cluster::Client| {
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let _ = MicaClient::new(&mut *client, handle).get(key16(n * 7919 % records).as_bytes());
+        if let Ok(mut v) = lat2.lock() {
+            v.push((
+                t0.duration_since(start).as_secs_f64(),
+                t0.elapsed().as_nanos() as u64,
+            ));
+        }
+    };
+    let cfg = ShiftConfig {
+        duration: Duration::from_secs_f64(seconds),
+        congestion: (
+            Duration::from_secs_f64(seconds / 3.0),
+            Duration::from_secs_f64(2.0 * seconds / 3.0),
+        ),
+        host_extra_ns: extra_us * 1000,
+        clients: 1,
+        sample: Duration::from_millis(1),
+    };
+    let result = run_shift(&cluster, &cfg, call);
+    // p99 per 10 ms window (the run's clock started a little before run_shift's).
+    let lat = lat.lock().map(|v| v.clone()).unwrap_or_default();
+    let window = 0.010;
+    let mut p99 = Vec::new();
+    let mut i = 0;
+    while i < lat.len() {
+        let w = (lat[i].0 / window).floor();
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+        while i < lat.len() && (lat[i].0 / window).floor() == w {
+            let _ = h.record(lat[i].1.max(1));
+            i += 1;
+        }
+        p99.push(((w + 0.5) * window, h.value_at_quantile(0.99) as f64 / 1e3));
+    }
+    let markers = vec![
+        (
+            cfg.congestion.0.as_secs_f64(),
+            "congestion starts".to_string(),
+        ),
+        (cfg.congestion.1.as_secs_f64(), "ends".to_string()),
+    ];
+    // Fractions per 10 ms.
+    let mut fr: [Vec<(f64, f64)>; 3] = Default::default();
+    for chunk in result.samples.chunks(10) {
+        let mut ops = [0u64; 3];
+        for s in chunk {
+            for (sum, n) in ops.iter_mut().zip(s.ops) {
+                *sum += n;
+            }
+        }
+        let total: u64 = ops.iter().sum();
+        if total > 0 {
+            let t = chunk.last().map_or(0.0, |s| s.t);
+            for p in 0..3 {
+                fr[p].push((t, 100.0 * ops[p] as f64 / total as f64));
+            }
+        }
+    }
+    let series: Vec<Series> = Placement::ALL
+        .iter()
+        .map(|p| Series {
+            label: p.name().to_string(),
+            points: fr[p.index()].clone(),
+        })
+        .collect();
+    lines(
+        &out.join("shift-fractions.svg"),
+        &Chart {
+            title: "Congestion shift: MICA GET placement (inproc, emulated NIC)",
+            x_label: "time (s)",
+            y_label: "% of operations",
+            log_y: false,
+            markers: markers.clone(),
+        },
+        &series,
+    )?;
+    lines(
+        &out.join("shift-p99.svg"),
+        &Chart {
+            title: "Congestion shift: MICA GET p99 per 10 ms (inproc)",
+            x_label: "time (s)",
+            y_label: "p99 (us)",
+            log_y: true,
+            markers,
+        },
+        &[Series {
+            label: "p99".into(),
+            points: p99.clone(),
+        }],
+    )?;
+    let doc = json!({
+        "command": command_line(), "mode": INPROC_MODE, "experiment": "congestion-shift",
+        "moved_ms": result.moved_ms, "back_ms": result.back_ms, "config": cfg,
+        "fractions_10ms": Placement::ALL.iter().map(|p| json!({ "placement": p, "points": fr[p.index()] })).collect::<Vec<_>>(),
+        "p99_us_10ms": p99, "ops": result.ops,
+    });
+    write_json(out, "shift", &doc)?;
+    Ok(doc)
+}
+
+/// Offload capacity: YCSB-B on MICA and lookups (YCSB-C) on the B-tree pinned to the NIC, with
+/// more client threads until throughput stops growing.
+pub fn capacity(
+    out: &Path,
+    target: &Path,
+    ops: u64,
+    nic_executors: usize,
+) -> anyhow::Result<serde_json::Value> {
+    let mut rows = Vec::new();
+    let mut series = Vec::new();
+    for (app, w, label) in [
+        (App::Mica, 'b', "MICA YCSB-B"),
+        (App::Btree, 'c', "B-tree lookups"),
+    ] {
+        let mut points = Vec::new();
+        for threads in [1usize, 2, 4, 8] {
+            let cfg = YcsbConfig {
+                app,
+                workload: Workload::core(w).expect("core"),
+                records: 10_000,
+                ops,
+                threads,
+                placement: PlacementChoice::Fixed(Placement::Nic),
+                shape: RecordShape::default(),
+                seed: 5,
+                executors: (1, nic_executors),
+                fabric: "inproc".into(),
+            };
+            let r = run_inproc(&cfg, target, &|_, _| {})?;
+            points.push((threads as f64, r.throughput));
+            rows.push(json!({ "app": label, "threads": threads, "throughput": r.throughput, "all": r.all, "placement_fractions": r.placement_fractions }));
+        }
+        series.push(Series {
+            label: label.to_string(),
+            points,
+        });
+    }
+    lines(
+        &out.join("capacity.svg"),
+        &Chart {
+            title: &format!("Offload capacity at the NIC placement ({nic_executors} emulated NIC executor(s), inproc)"),
+            x_label: "client threads",
+            y_label: "ops/s",
+            log_y: false,
+            markers: vec![],
+        },
+        &series,
+    )?;
+    let best: Vec<_> = series
+        .iter()
+        .map(|s| json!({ "app": s.label, "max_ops_per_s": s.points.iter().map(|p| p.1).fold(0.0, f64::max) }))
+        .collect();
+    let doc = json!({ "command": command_line(), "mode": INPROC_MODE, "experiment": "offload-capacity", "nic_executors": nic_executors, "max": best, "runs": rows });
+    write_json(out, "capacity", &doc)?;
+    Ok(doc)
+}
+
+/// Offload scale: 1..=1024 apps, each a MICA table, registered and active at once; one client
+/// sends GETs round robin over every app; p50 and p99 against the app count.
+pub fn scale(
+    out: &Path,
+    target: &Path,
+    counts: &[u32],
+    ops: u64,
+) -> anyhow::Result<serde_json::Value> {
+    let object = mica_object(target)?;
+    let mc = MicaConfig::preset_8_8(32);
+    let mut rows = Vec::new();
+    let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+    for &n in counts {
+        let apps: Vec<AppSpec> = (1..=n)
+            .map(|id| {
+                let mut spec = naam_mica::app_spec(id, &mc, object.clone(), Placement::Host, true)?;
+                // Reads and puts only: registering 2 handlers per app keeps setup short.
+                spec.handlers = vec![
+                    HandlerSpec::read(naam_mica::handlers::GET).jit(),
+                    HandlerSpec::write(naam_mica::handlers::PUT).jit(),
+                ];
+                Ok(spec)
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let setup = Instant::now();
+        let mut b = Cluster::builder().config(ClusterConfig::default());
+        for a in apps {
+            b = b.app(a);
+        }
+        let cluster = b.build()?;
+        let setup_s = setup.elapsed().as_secs_f64();
+        let mut clients: Vec<MicaClient<&mut naam_runtime::cluster::Client>> = Vec::new();
+        let mut raw: Vec<naam_runtime::cluster::Client> =
+            (0..n).map(|_| cluster.client()).collect();
+        for (i, c) in raw.iter_mut().enumerate() {
+            let handle = MicaHandle::from_cluster(&cluster, i as u32 + 1, mc).context("regions")?;
+            clients.push(MicaClient::new(c, handle));
+        }
+        for m in clients.iter_mut() {
+            for k in 0..8u64 {
+                m.put(&k.to_le_bytes(), &k.to_le_bytes())?;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+        let start = Instant::now();
+        for i in 0..ops {
+            let m = &mut clients[(i % n as u64) as usize];
+            let t0 = Instant::now();
+            m.get(&(i % 8).to_le_bytes())?;
+            let _ = h.record(t0.elapsed().as_nanos() as u64);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let q = Percentiles::of(&h);
+        p50s.push((n as f64, q.p50 as f64 / 1e3));
+        p99s.push((n as f64, q.p99 as f64 / 1e3));
+        rows.push(
+            json!({ "apps": n, "latency": q, "ops_per_s": ops as f64 / secs, "setup_s": setup_s }),
+        );
+        drop(clients);
+    }
+    lines(
+        &out.join("scale.svg"),
+        &Chart {
+            title: "Offload scale: MICA GET latency vs active apps (inproc)",
+            x_label: "apps registered and active",
+            y_label: "latency (us)",
+            log_y: true,
+            markers: vec![],
+        },
+        &[
+            Series {
+                label: "p50".into(),
+                points: p50s,
+            },
+            Series {
+                label: "p99".into(),
+                points: p99s.clone(),
+            },
+        ],
+    )?;
+    let ratio = match (p99s.first(), p99s.last()) {
+        (Some(a), Some(b)) if a.1 > 0.0 => Some(b.1 / a.1),
+        _ => None,
+    };
+    let doc = json!({ "command": command_line(), "mode": INPROC_MODE, "experiment": "offload-scale", "p99_ratio_last_to_first": ratio, "runs": rows });
+    write_json(out, "scale", &doc)?;
+    Ok(doc)
+}
+
+/// Engines: nanoseconds per invocation of example handlers under the interpreter and the JIT,
+/// beside the same logic in native Rust where it exists.
+pub fn engines(out: &Path, examples: &Path, iters: u64) -> anyhow::Result<serde_json::Value> {
+    let mut opts = naam_runtime::pipeline::BuildOptions::new(examples);
+    opts.out = Some(out.join("examples.o"));
+    let built = naam_runtime::pipeline::build(&opts).context("building the example handlers")?;
+    let obj = naam_runtime::load(&std::fs::read(&built.object)?)?;
+    let args16: Vec<u8> = [5u64, 7].iter().flat_map(|w| w.to_le_bytes()).collect();
+    let data: Vec<u8> = (0..1024u32).map(|i| (i * 31 % 251) as u8).collect();
+    let sorted: Vec<u8> = (0..128u64).flat_map(|i| (i * 3).to_le_bytes()).collect();
+    let key = 300u64.to_le_bytes();
+    /// A handler, its args and its segments.
+    type Case<'a> = (&'a str, &'a [u8], Vec<&'a [u8]>);
+    let cases: Vec<Case> = vec![
+        ("add", &args16, vec![]),
+        ("bsearch", &key, vec![&sorted]),
+        ("checksum", &[], vec![&data]),
+        ("hash1k", &key, vec![&data]),
+    ];
+    #[derive(Serialize)]
+    struct Row {
+        handler: String,
+        engine: String,
+        ns: f64,
+    }
+    let mut rows = Vec::new();
+    let mut series: Vec<Series> = ["interp", "jit", "native"]
+        .iter()
+        .map(|l| Series {
+            label: l.to_string(),
+            points: vec![],
+        })
+        .collect();
+    for (x, (name, args, segs)) in cases.iter().enumerate() {
+        for (si, engine) in [EngineKind::Interp, EngineKind::Jit]
+            .into_iter()
+            .enumerate()
+        {
+            let exe = Executable::new(
+                obj.get(name)?,
+                engine,
+                Trust::Trusted,
+                &VerifierConfig::default(),
+            )?;
+            let grants: Vec<Grant> = segs.iter().map(|s| Grant::read(s)).collect();
+            let inv = Invocation {
+                args,
+                segments: &grants,
+                ..Invocation::default()
+            };
+            let mut vm = Vm::new();
+            let (_, ns) = naam_runtime::engine::time_runs(&mut vm, &exe, &inv, iters);
+            series[si].points.push((x as f64, ns));
+            rows.push(Row {
+                handler: name.to_string(),
+                engine: engine.name().into(),
+                ns,
+            });
+        }
+        // Native: the same logic compiled natively (hash and checksum; add is trivially ~1 ns).
+        let t = Instant::now();
+        let mut acc = 0u64;
+        for _ in 0..iters {
+            acc = acc.wrapping_add(match *name {
+                "hash1k" => naam_ebpf::hash::hash64(std::hint::black_box(&data), 300),
+                "checksum" => data.chunks_exact(8).fold(0u64, |a, c| {
+                    a.wrapping_add(u64::from_le_bytes(c.try_into().expect("8")))
+                }),
+                "bsearch" => sorted
+                    .chunks_exact(8)
+                    .map(|c| u64::from_le_bytes(c.try_into().expect("8")))
+                    .collect::<Vec<_>>()
+                    .partition_point(|&v| v < 300) as u64,
+                _ => std::hint::black_box(5u64) + 7,
+            });
+        }
+        std::hint::black_box(acc);
+        let ns = t.elapsed().as_nanos() as f64 / iters as f64;
+        series[2].points.push((x as f64, ns));
+        rows.push(Row {
+            handler: name.to_string(),
+            engine: "native".into(),
+            ns,
+        });
+    }
+    lines(
+        &out.join("engines.svg"),
+        &Chart {
+            title: "Engines: ns per invocation (x: 0 add, 1 bsearch, 2 checksum, 3 hash1k)",
+            x_label: "handler",
+            y_label: "ns per invocation",
+            log_y: true,
+            markers: vec![],
+        },
+        &series,
+    )?;
+    let doc = json!({ "command": command_line(), "mode": "standalone (one process, no fabric)", "experiment": "engines", "iterations": iters, "rows": rows,
+        "note": "native bsearch collects the array into a Vec each call; the criterion bench compares like for like (cargo bench -p naam-runtime --bench engines)" });
+    write_json(out, "engines", &doc)?;
+    Ok(doc)
+}
+
+/// Placement comparison: MICA GETs offered at fixed rates (open loop) under always-Host,
+/// always-NIC, always-Client and auto; achieved throughput and p99 (from the scheduled send
+/// time, so queueing behind a late send counts).
+pub fn placements(
+    out: &Path,
+    target: &Path,
+    rates: &[u64],
+    seconds: f64,
+    extra_us: Option<u64>,
+) -> anyhow::Result<serde_json::Value> {
+    let object = mica_object(target)?;
+    let records = 4096u64;
+    let mut rows = Vec::new();
+    let mut series = Vec::new();
+    let policies = [
+        ("always-host", PolicyChoice::Always(Placement::Host)),
+        ("always-nic", PolicyChoice::Always(Placement::Nic)),
+        ("always-client", PolicyChoice::Always(Placement::Client)),
+        ("auto", PolicyChoice::Auto(CostPolicyConfig::default())),
+    ];
+    for (name, policy) in policies {
+        let (cluster, handle) = mica_cluster(
+            records,
+            ClusterConfig {
+                policy,
+                ..ClusterConfig::default()
+            },
+            object.clone(),
+        )?;
+        if let Some(us) = extra_us {
+            cluster.congestion().limit_host(us * 1000);
+        }
+        let mut m = MicaClient::new(cluster.client(), handle);
+        let mut points = Vec::new();
+        for &rate in rates {
+            std::thread::sleep(Duration::from_millis(30));
+            let interval = Duration::from_secs_f64(1.0 / rate as f64);
+            let n = (rate as f64 * seconds) as u64;
+            let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+            let start = Instant::now();
+            for i in 0..n {
+                let scheduled = start + interval * i as u32;
+                let now = Instant::now();
+                if now < scheduled {
+                    std::thread::sleep(scheduled - now);
+                }
+                m.get(key16(i * 7919 % records).as_bytes())?;
+                let _ = h.record(scheduled.elapsed().as_nanos() as u64);
+            }
+            let achieved = n as f64 / start.elapsed().as_secs_f64();
+            let q = Percentiles::of(&h);
+            points.push((rate as f64, q.p99 as f64 / 1e3));
+            rows.push(
+                json!({ "policy": name, "offered": rate, "achieved": achieved, "latency": q }),
+            );
+        }
+        series.push(Series {
+            label: name.to_string(),
+            points,
+        });
+    }
+    let title = match extra_us {
+        Some(us) => format!("Placement comparison: MICA GET p99 vs offered load, host congested +{us} us/msg (inproc)"),
+        None => "Placement comparison: MICA GET p99 vs offered load (inproc)".to_string(),
+    };
+    let file = if extra_us.is_some() {
+        "placements-congested"
+    } else {
+        "placements"
+    };
+    lines(
+        &out.join(format!("{file}.svg")),
+        &Chart {
+            title: &title,
+            x_label: "offered load (ops/s)",
+            y_label: "p99 from scheduled send (us)",
+            log_y: true,
+            markers: vec![],
+        },
+        &series,
+    )?;
+    let doc = json!({ "command": command_line(), "mode": INPROC_MODE, "experiment": "placement-comparison", "host_extra_us": extra_us, "runs": rows });
+    write_json(out, file, &doc)?;
+    Ok(doc)
+}
