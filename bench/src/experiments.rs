@@ -244,6 +244,9 @@ pub fn capacity(
     Ok(doc)
 }
 
+/// Runs per app count in [`scale`]; the median run (by p99) is reported.
+const SCALE_REPETITIONS: usize = 3;
+
 /// Offload scale: 1..=1024 apps, each a MICA table, registered and active at once; one client
 /// sends GETs round robin over every app; p50 and p99 against the app count.
 pub fn scale(
@@ -288,21 +291,32 @@ pub fn scale(
             }
         }
         std::thread::sleep(Duration::from_millis(20));
-        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
-        let start = Instant::now();
-        for i in 0..ops {
-            let m = &mut clients[(i % n as u64) as usize];
-            let t0 = Instant::now();
-            m.get(&(i % 8).to_le_bytes())?;
-            let _ = h.record(t0.elapsed().as_nanos() as u64);
+        // On 2 vCPUs a single run's p99 is bimodal (a descheduled executor thread costs tens of
+        // microseconds), so each count runs SCALE_REPETITIONS times and reports the median run.
+        let mut reps = Vec::with_capacity(SCALE_REPETITIONS);
+        for _ in 0..SCALE_REPETITIONS {
+            let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+            let start = Instant::now();
+            for i in 0..ops {
+                let m = &mut clients[(i % n as u64) as usize];
+                let t0 = Instant::now();
+                m.get(&(i % 8).to_le_bytes())?;
+                let _ = h.record(t0.elapsed().as_nanos() as u64);
+            }
+            reps.push((
+                Percentiles::of(&h),
+                ops as f64 / start.elapsed().as_secs_f64(),
+            ));
         }
-        let secs = start.elapsed().as_secs_f64();
-        let q = Percentiles::of(&h);
+        reps.sort_by_key(|(q, _)| q.p99);
+        let (q, ops_per_s) = reps[reps.len() / 2];
+        let p99_runs: Vec<u64> = reps.iter().map(|(q, _)| q.p99).collect();
         p50s.push((n as f64, q.p50 as f64 / 1e3));
         p99s.push((n as f64, q.p99 as f64 / 1e3));
-        rows.push(
-            json!({ "apps": n, "latency": q, "ops_per_s": ops as f64 / secs, "setup_s": setup_s }),
-        );
+        rows.push(json!({
+            "apps": n, "latency": q, "ops_per_s": ops_per_s, "setup_s": setup_s,
+            "repetitions": SCALE_REPETITIONS, "p99_ns_each_run": p99_runs,
+        }));
         drop(clients);
     }
     lines(

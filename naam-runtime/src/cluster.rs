@@ -359,6 +359,8 @@ struct Inner {
     shutdown: AtomicBool,
     next_client: AtomicU32,
     policy_name: String,
+    last_decision: AtomicU64,
+    decision_cursor: AtomicU64,
 }
 
 impl Inner {
@@ -511,9 +513,11 @@ impl ClusterBuilder {
             shutdown: AtomicBool::new(false),
             next_client: AtomicU32::new(1),
             policy_name,
+            last_decision: AtomicU64::new(now),
+            decision_cursor: AtomicU64::new(0),
         });
         // First decision with no measurements.
-        decide_all(&inner, policy.as_mut());
+        decide_all(&inner, policy.as_mut(), true);
         let mut threads = Vec::new();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -810,7 +814,10 @@ fn agent_loop(inner: Arc<Inner>, rx: Receiver<AgentJob>) {
     }
 }
 
-fn decide_all(inner: &Inner, policy: &mut dyn Policy) {
+/// One steering decision. Each tracker is locked once. Only apps whose handlers saw traffic
+/// since the last decision are decided again (`full` decides every app): with a thousand apps,
+/// deciding all of them every millisecond would take a core.
+fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
     let now = inner.clock.now();
     let mut inputs = SteeringInputs {
         client_rtt_ns: inner
@@ -821,6 +828,12 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy) {
             .unwrap_or(5_000.0),
         ..SteeringInputs::default()
     };
+    let mut active: std::collections::HashSet<u32> = std::collections::HashSet::new();
+    let mut counts: HashMap<HandlerKey, u64> = HashMap::new();
+    let period = now
+        .saturating_sub(inner.last_decision.swap(now, Ordering::Relaxed))
+        .max(1) as f64
+        / 1e9;
     for p in Placement::ALL {
         let mut t = inner.lock_tracker(p);
         let mut load = t.sample(now);
@@ -832,49 +845,92 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy) {
                 _ => inner.config.nic_executors,
             }
             .max(1) as f64;
-            let mean_service = t
-                .handlers()
-                .filter_map(|k| t.service(*k))
-                .fold(0.0f64, f64::max);
             load.queue_depth = q.len() as u32;
             load.queue_delay_ns = load
                 .queue_delay_ns
-                .max(q.len() as f64 * mean_service / executors);
+                .max(q.len() as f64 * t.overall_service().unwrap_or(0.0) / executors);
         }
         load.available = p == Placement::Client || inner.queues[p.index()].is_some();
         inputs.placements[p.index()] = load;
+        for (key, n) in t.take_touched() {
+            active.insert(key.0);
+            *counts.entry(key).or_default() += n;
+        }
     }
-    let mut updates = Vec::new();
+    inputs.total_rate = counts.values().sum::<u64>() as f64 / period;
+    // At most DECISION_BUDGET apps per period, round robin over the active ones: a thousand
+    // apps are each decided every few periods instead of one core's worth of work per period.
+    let mut apps: Vec<_> = inner
+        .registry
+        .apps()
+        .filter(|a| full || active.contains(&a.id))
+        .collect();
+    if !full && apps.len() > DECISION_BUDGET {
+        apps.sort_unstable_by_key(|a| a.id);
+        let start = inner
+            .decision_cursor
+            .fetch_add(DECISION_BUDGET as u64, Ordering::Relaxed) as usize
+            % apps.len();
+        apps.rotate_left(start);
+        apps.truncate(DECISION_BUDGET);
+    }
+    let keys: Vec<(HandlerKey, bool)> = apps
+        .iter()
+        .flat_map(|a| {
+            a.handlers
+                .values()
+                .map(move |h| ((a.id, h.id), h.kind == HandlerKind::Read))
+        })
+        .collect();
+    // Per-handler signals, one lock per tracker.
+    let mut service = vec![[None; 3]; keys.len()];
+    let mut steps = vec![1.0f64; keys.len()];
+    for p in Placement::ALL {
+        let t = inner.lock_tracker(p);
+        for (i, (k, _)) in keys.iter().enumerate() {
+            service[i][p.index()] = t.service(*k);
+            if let Some(s) = t.steps(*k) {
+                steps[i] = steps[i].max(s);
+            }
+        }
+    }
+    let mut updates = Vec::with_capacity(keys.len());
     let mut owner_moves = Vec::new();
-    for app in inner.registry.apps() {
-        let mut loads = Vec::new();
-        for h in app.handlers.values() {
-            let key = (app.id, h.id);
+    let mut i = 0;
+    for app in apps {
+        let owner = inner.owner_of(app.id);
+        let mut loads = Vec::with_capacity(app.handlers.len());
+        for _ in 0..app.handlers.len() {
+            let (key, read_only) = keys[i];
             let handler = HandlerLoad {
-                service_ns: Placement::ALL.map(|p| inner.lock_tracker(p).service(key)),
-                steps: Placement::ALL
-                    .into_iter()
-                    .filter_map(|p| inner.lock_tracker(p).steps(key))
-                    .fold(1.0, f64::max),
-                read_only: h.kind == HandlerKind::Read,
-                owner: inner.owner_of(app.id),
+                service_ns: service[i],
+                steps: steps[i],
+                read_only,
+                owner,
             };
             updates.push((key, policy.decide(key, &handler, &inputs, now)));
             loads.push(handler);
+            i += 1;
         }
-        if let Some(current) = inner.owner_of(app.id) {
+        if let Some(current) = owner {
             let want = policy.owner(app.id, current, &loads, &inputs, now);
             if want != current {
                 owner_moves.push((app.id, want));
             }
         }
     }
-    {
+    // Clients read the weights on every message: take the write lock only for real changes.
+    let changed: Vec<_> = {
+        let table = inner.weights.read().unwrap_or_else(|e| e.into_inner());
+        updates
+            .into_iter()
+            .filter(|(k, w)| table.get(k) != Some(w))
+            .collect()
+    };
+    if !changed.is_empty() {
         let mut table = inner.weights.write().unwrap_or_else(|e| e.into_inner());
-        for (key, w) in updates {
-            if table.get(&key) != Some(&w) {
-                inner.metrics.record_weights(now, key, w);
-            }
+        for (key, w) in changed {
+            inner.metrics.record_weights(now, key, w);
             table.insert(key, w);
         }
     }
@@ -883,6 +939,9 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy) {
         let _ = move_owner(inner, app, to, OWNER_DRAIN_TIMEOUT);
     }
 }
+
+/// Most apps one steering decision looks at.
+const DECISION_BUDGET: usize = 256;
 
 /// How long the controller waits for an owner handoff to drain.
 const OWNER_DRAIN_TIMEOUT: Duration = Duration::from_millis(200);
@@ -920,7 +979,7 @@ fn move_owner(
 fn controller_loop(inner: Arc<Inner>, mut policy: Box<dyn Policy>) {
     while !inner.shutdown.load(Ordering::SeqCst) {
         std::thread::sleep(inner.config.steering_period);
-        decide_all(&inner, policy.as_mut());
+        decide_all(&inner, policy.as_mut(), false);
     }
 }
 

@@ -313,6 +313,12 @@ pub fn simulate(config: &SimConfig, policy: &mut dyn Policy) -> SimResult {
                         l.queue_delay_ns = l.queue_delay_ns.max((now - oldest) as f64);
                     }
                 }
+                let done: u64 = trackers
+                    .iter_mut()
+                    .flat_map(|t| t.take_touched())
+                    .map(|(_, n)| n)
+                    .sum();
+                inputs.total_rate = done as f64 / (c.period_ns as f64 / 1e9);
                 let handler = HandlerLoad {
                     service_ns: [0, 1, 2].map(|i| trackers[i].service(SIM_KEY)),
                     steps: c.steps as f64,

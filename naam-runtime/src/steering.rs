@@ -20,6 +20,8 @@ use crate::placement::Placement;
 pub struct Ewma {
     value: f64,
     samples: u64,
+    /// Set while the owner has listed this average as updated since its last decision.
+    pub(crate) touched: bool,
 }
 
 impl Ewma {
@@ -38,17 +40,26 @@ impl Ewma {
 
     /// Adds a sample clipped to [`Ewma::CLIP`] times the current average: one scheduler hiccup
     /// cannot make a healthy placement look many times slower, while a sustained change still
-    /// gets through (each clipped sample raises the average by up to 1.75x).
+    /// gets through (each clipped sample raises the average by up to 1.75x). Samples below the
+    /// average count double, so a recovered placement needs few probes to look recovered.
     pub fn add_clipped(&mut self, x: f64) {
-        let x = match self.get() {
-            Some(v) if v > 0.0 => x.min(v * Self::CLIP),
-            _ => x,
-        };
-        self.add(x);
+        match self.get() {
+            Some(v) if v > 0.0 && x < v => {
+                self.value = v + 2.0 * Self::ALPHA * (x - v);
+                self.samples += 1;
+            }
+            Some(v) if v > 0.0 => self.add(x.min(v * Self::CLIP)),
+            _ => self.add(x),
+        }
     }
 
     /// How far above the average a sample may count.
     pub const CLIP: f64 = 4.0;
+
+    /// Multiplies the average by `factor` (time passing without samples).
+    pub fn decay(&mut self, factor: f64) {
+        self.value *= factor;
+    }
 
     /// The average, if any sample was seen.
     pub fn get(&self) -> Option<f64> {
@@ -97,6 +108,8 @@ pub struct SteeringInputs {
     pub placements: [PlacementLoad; 3],
     /// One-sided READ round trip seen by clients, nanoseconds.
     pub client_rtt_ns: f64,
+    /// Messages per second over the last period, every handler and placement (0 if unknown).
+    pub total_rate: f64,
 }
 
 /// Fractions of a handler's messages per placement (index [`Placement::index`]); they sum to 1.
@@ -190,6 +203,13 @@ pub struct CostPolicyConfig {
     pub probe: f64,
     /// Service-time guess for a placement never measured, relative to the cheapest measured one.
     pub unknown_factor: f64,
+    /// Probes per second each other placement should get, shared by every handler: the probe
+    /// share is this divided by the total message rate, between `min_probe` and `probe`. Fresh
+    /// estimates need a few hundred probes a second, not a fixed share of every handler's
+    /// traffic (with a thousand apps, per-handler shares would make probes the tail).
+    pub probes_per_second: f64,
+    /// Smallest probe share.
+    pub min_probe: f64,
 }
 
 impl Default for CostPolicyConfig {
@@ -199,6 +219,8 @@ impl Default for CostPolicyConfig {
             confirm: 2,
             probe: 0.02,
             unknown_factor: 1.5,
+            probes_per_second: 200.0,
+            min_probe: 0.0005,
         }
     }
 }
@@ -383,18 +405,15 @@ impl Policy for CostPolicy {
             .into_iter()
             .filter(|&p| p != inc.placement && ect[p.index()].is_some())
             .collect();
-        let incumbent_t = ect[inc.placement.index()].unwrap_or(f64::MAX);
+        let probe = if inputs.total_rate > 0.0 {
+            (cfg.probes_per_second / inputs.total_rate).clamp(cfg.min_probe, cfg.probe)
+        } else {
+            cfg.probe
+        };
         let mut probes = 0.0;
         for &p in &others {
-            // A placement far worse than the incumbent gets a tenth of the probe share: enough to
-            // notice it recover, too little to set the tail latency.
-            let far_worse = ect[p.index()].is_some_and(|t| t > 10.0 * incumbent_t);
-            w[p.index()] = if far_worse {
-                cfg.probe / 10.0
-            } else {
-                cfg.probe
-            };
-            probes += w[p.index()];
+            w[p.index()] = probe;
+            probes += probe;
         }
         w[inc.placement.index()] = 1.0 - probes;
         Weights(w)
@@ -413,6 +432,10 @@ pub struct LoadTracker {
     last_utilisation: f64,
     service: HashMap<HandlerKey, Ewma>,
     steps: HashMap<HandlerKey, Ewma>,
+    touched: Vec<HandlerKey>,
+    completions: HashMap<HandlerKey, u64>,
+    overall: Ewma,
+    dequeues: u64,
 }
 
 impl LoadTracker {
@@ -431,16 +454,21 @@ impl LoadTracker {
         // Waits are often zero, so clip against a floor of a microsecond.
         let cap = self.queue_delay.get().unwrap_or(0.0).max(1_000.0) * Ewma::CLIP;
         self.queue_delay.add((waited as f64).min(cap));
+        self.dequeues += 1;
         self.depth = depth;
     }
 
     /// A message of `key` finished after `service` nanoseconds of executor time and `steps`.
     pub fn completed(&mut self, key: HandlerKey, service: Nanos, steps: u16) {
         self.busy_ns += service;
-        self.service
-            .entry(key)
-            .or_default()
-            .add_clipped(service as f64);
+        self.overall.add_clipped(service as f64);
+        *self.completions.entry(key).or_default() += 1;
+        let e = self.service.entry(key).or_default();
+        if !e.touched {
+            e.touched = true;
+            self.touched.push(key);
+        }
+        e.add_clipped(service as f64);
         self.steps.entry(key).or_default().add(steps as f64);
     }
 
@@ -456,6 +484,15 @@ impl LoadTracker {
 
     /// Closes the period ending at `now` and returns the placement's load.
     pub fn sample(&mut self, now: Nanos) -> PlacementLoad {
+        // Queueing delay describes the present: a placement that dequeued nothing for a whole
+        // period has no queue to speak of (a standing queue still shows through the
+        // controller's Little's-law estimate), so its estimate decays with time instead of
+        // waiting for the rare probe (sample-driven averages go stale exactly where the policy
+        // stopped sending traffic).
+        if self.dequeues == 0 {
+            self.queue_delay.decay(0.5);
+        }
+        self.dequeues = 0;
         let window =
             now.saturating_sub(self.window_start).max(1) as f64 * self.executors.max(1) as f64;
         let utilisation = (self.busy_ns as f64 / window).min(1.0);
@@ -490,6 +527,26 @@ impl LoadTracker {
         self.steps.get(&key).and_then(Ewma::get)
     }
 
+    /// Service-time average over every handler here, nanoseconds.
+    pub fn overall_service(&self) -> Option<f64> {
+        self.overall.get()
+    }
+
+    /// Handlers that completed messages here since the last call, with how many, and forgets
+    /// them.
+    pub fn take_touched(&mut self) -> Vec<(HandlerKey, u64)> {
+        let touched = std::mem::take(&mut self.touched);
+        touched
+            .into_iter()
+            .map(|k| {
+                if let Some(e) = self.service.get_mut(&k) {
+                    e.touched = false;
+                }
+                (k, self.completions.remove(&k).unwrap_or(0))
+            })
+            .collect()
+    }
+
     /// Every handler seen here.
     pub fn handlers(&self) -> impl Iterator<Item = &HandlerKey> {
         self.service.keys()
@@ -512,6 +569,7 @@ mod tests {
         SteeringInputs {
             placements: [up(0.0), up(nic_delay), up(host_delay)],
             client_rtt_ns: 5_000.0,
+            total_rate: 0.0,
         }
     }
 
@@ -644,5 +702,55 @@ mod tests {
         assert!((l.utilisation - 0.25).abs() < 1e-9);
         assert_eq!((l.queue_depth, l.queue_delay_ns), (3, 1_000.0));
         assert_eq!(t.sample(2_000_000).utilisation, 0.0);
+    }
+
+    #[test]
+    fn probe_share_follows_the_global_budget() {
+        let cfg = CostPolicyConfig::default();
+        let share = |rate: f64| {
+            let mut p = CostPolicy::new(cfg);
+            let mut i = inputs(0.0, 0.0);
+            i.total_rate = rate;
+            p.decide(KEY, &handler(), &i, 0).of(Placement::Nic)
+        };
+        // Unknown rate: the configured ceiling.
+        assert_eq!(share(0.0), cfg.probe);
+        // 100 K msg/s: 200 probes/s is a 0.2% share.
+        assert!((share(100_000.0) - 0.002).abs() < 1e-12);
+        // Very low and very high rates are clamped.
+        assert_eq!(share(10.0), cfg.probe);
+        assert_eq!(share(1e9), cfg.min_probe);
+    }
+
+    #[test]
+    fn idle_queue_delay_decays_and_recovery_counts_double() {
+        let mut t = LoadTracker::new(1, 0);
+        t.dequeued(2_000, 1);
+        assert_eq!(t.sample(1_000_000).queue_delay_ns, 2_000.0);
+        // No dequeues for a period: the stale estimate halves instead of sticking.
+        assert_eq!(t.sample(2_000_000).queue_delay_ns, 1_000.0);
+        assert_eq!(t.sample(3_000_000).queue_delay_ns, 500.0);
+        let mut e = Ewma::default();
+        e.add(1_000.0);
+        e.add_clipped(100_000.0);
+        let high = e.get().unwrap();
+        assert!(high <= 1_000.0 * (1.0 - Ewma::ALPHA) + 4_000.0 * Ewma::ALPHA + 1e-9);
+        e.add_clipped(1_000.0);
+        let drop = high - e.get().unwrap();
+        assert!((drop - 2.0 * Ewma::ALPHA * (high - 1_000.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn touched_handlers_are_reported_once() {
+        let mut t = LoadTracker::new(1, 0);
+        t.completed(KEY, 1_000, 1);
+        t.completed(KEY, 1_000, 1);
+        t.completed((3, 4), 1_000, 1);
+        let mut got = t.take_touched();
+        got.sort();
+        assert_eq!(got, vec![(KEY, 2), ((3, 4), 1)]);
+        assert!(t.take_touched().is_empty());
+        t.completed(KEY, 1_000, 1);
+        assert_eq!(t.take_touched(), vec![(KEY, 1)]);
     }
 }
