@@ -296,6 +296,7 @@ pub fn scale(
         let mut reps = Vec::with_capacity(SCALE_REPETITIONS);
         for _ in 0..SCALE_REPETITIONS {
             let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+            cluster.metrics().reset();
             let start = Instant::now();
             for i in 0..ops {
                 let m = &mut clients[(i % n as u64) as usize];
@@ -303,19 +304,27 @@ pub fn scale(
                 m.get(&(i % 8).to_le_bytes())?;
                 let _ = h.record(t0.elapsed().as_nanos() as u64);
             }
-            reps.push((
-                Percentiles::of(&h),
-                ops as f64 / start.elapsed().as_secs_f64(),
-            ));
+            let secs = start.elapsed().as_secs_f64();
+            let placed = cluster.metrics().snapshot();
+            reps.push((Percentiles::of(&h), ops as f64 / secs, placed));
         }
-        reps.sort_by_key(|(q, _)| q.p99);
-        let (q, ops_per_s) = reps[reps.len() / 2];
-        let p99_runs: Vec<u64> = reps.iter().map(|(q, _)| q.p99).collect();
+        reps.sort_by_key(|(q, _, _)| q.p99);
+        let p99_runs: Vec<u64> = reps.iter().map(|(q, _, _)| q.p99).collect();
+        let (q, ops_per_s, placed) = &reps[reps.len() / 2];
+        let by_placement: serde_json::Map<String, serde_json::Value> = Placement::ALL
+            .iter()
+            .map(|p| {
+                let i = p.index();
+                let v = json!({ "ops": placed.ops[i], "latency": placed.placement[i] });
+                (p.to_string(), v)
+            })
+            .collect();
         p50s.push((n as f64, q.p50 as f64 / 1e3));
         p99s.push((n as f64, q.p99 as f64 / 1e3));
         rows.push(json!({
             "apps": n, "latency": q, "ops_per_s": ops_per_s, "setup_s": setup_s,
             "repetitions": SCALE_REPETITIONS, "p99_ns_each_run": p99_runs,
+            "placements": by_placement,
         }));
         drop(clients);
     }

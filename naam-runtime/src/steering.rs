@@ -86,6 +86,9 @@ pub struct PlacementLoad {
     pub utilisation: f64,
     /// Whether the placement can take messages at all (its executors are up).
     pub available: bool,
+    /// Service-time average over every handler that ran here, nanoseconds (`None`: nothing
+    /// ran yet). The ratio between placements is the prior for a handler never measured at one.
+    pub mean_service_ns: Option<f64>,
 }
 
 /// Per-handler signals.
@@ -256,18 +259,29 @@ impl CostPolicy {
         }
     }
 
+    /// Service time of `h` at `p` where it was never measured. Placements differ mostly by a
+    /// speed factor (Arm cores and DMA against host cores and loads), so the handler's cheapest
+    /// measurement is scaled by the ratio of the placements' averages over every handler; with
+    /// a thousand apps, each app would otherwise rediscover that the NIC is slower by being
+    /// sent there. The guess is never below the measurement (probes find faster placements),
+    /// and without both averages it is [`CostPolicyConfig::unknown_factor`] times it.
+    fn unmeasured_service(&self, h: &HandlerLoad, inputs: &SteeringInputs, p: Placement) -> f64 {
+        let cheapest = Placement::ALL
+            .into_iter()
+            .filter_map(|q| h.service_ns[q.index()].map(|t| (q, t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((q, t)) = cheapest else {
+            return 1_000.0;
+        };
+        let mean = |x: Placement| inputs.placements[x.index()].mean_service_ns;
+        match (mean(p), mean(q)) {
+            (Some(there), Some(here)) if here > 0.0 => t * (there / here).max(1.0),
+            _ => t * self.config.unknown_factor,
+        }
+    }
+
     /// Expected completion time of one message at each placement (`None`: not usable).
     pub fn completion_times(&self, h: &HandlerLoad, inputs: &SteeringInputs) -> [Option<f64>; 3] {
-        let measured = h
-            .service_ns
-            .iter()
-            .flatten()
-            .fold(f64::INFINITY, |a, &b| a.min(b));
-        let guess = if measured.is_finite() {
-            measured * self.config.unknown_factor
-        } else {
-            1_000.0
-        };
         let mut out = [None; 3];
         for p in Placement::ALL {
             let load = &inputs.placements[p.index()];
@@ -275,7 +289,8 @@ impl CostPolicy {
             if !usable {
                 continue;
             }
-            let service = h.service_ns[p.index()].unwrap_or(guess);
+            let service =
+                h.service_ns[p.index()].unwrap_or_else(|| self.unmeasured_service(h, inputs, p));
             let extra = if p == Placement::Client {
                 h.steps.max(1.0) * inputs.client_rtt_ns
             } else {
@@ -504,6 +519,7 @@ impl LoadTracker {
             queue_delay_ns: self.queue_delay.get().unwrap_or(0.0),
             utilisation,
             available: self.available,
+            mean_service_ns: self.overall.get(),
         }
     }
 
@@ -565,6 +581,7 @@ mod tests {
             queue_delay_ns: d,
             utilisation: 0.5,
             available: true,
+            mean_service_ns: None,
         };
         SteeringInputs {
             placements: [up(0.0), up(nic_delay), up(host_delay)],
@@ -702,6 +719,34 @@ mod tests {
         assert!((l.utilisation - 0.25).abs() < 1e-9);
         assert_eq!((l.queue_depth, l.queue_delay_ns), (3, 1_000.0));
         assert_eq!(t.sample(2_000_000).utilisation, 0.0);
+    }
+
+    #[test]
+    fn unmeasured_placements_are_priced_by_the_placement_speed_ratio() {
+        let mut h = handler();
+        h.service_ns = [None, None, Some(1_000.0)];
+        // The host queue delay makes a NIC guessed at 1.5x look better...
+        let mut i = inputs(5_000.0, 0.0);
+        let p = CostPolicy::new(CostPolicyConfig::default());
+        assert_eq!(
+            p.completion_times(&h, &i)[Placement::Nic.index()],
+            Some(1_500.0)
+        );
+        // ...but other handlers show the NIC is 30x slower than the host.
+        i.placements[Placement::Host.index()].mean_service_ns = Some(2_000.0);
+        i.placements[Placement::Nic.index()].mean_service_ns = Some(60_000.0);
+        let ect = p.completion_times(&h, &i);
+        assert_eq!(ect[Placement::Nic.index()], Some(30_000.0));
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        for t in 0..10 {
+            assert_eq!(p.decide(KEY, &h, &i, t).major(), Placement::Host);
+        }
+        // A faster average elsewhere is not taken on trust: probes measure it.
+        i.placements[Placement::Nic.index()].mean_service_ns = Some(100.0);
+        assert_eq!(
+            p.completion_times(&h, &i)[Placement::Nic.index()],
+            Some(1_000.0)
+        );
     }
 
     #[test]
