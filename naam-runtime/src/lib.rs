@@ -13,6 +13,7 @@
 
 pub mod clock;
 pub mod cluster;
+pub mod datagram;
 pub mod engine;
 pub mod executor;
 pub mod experiment;

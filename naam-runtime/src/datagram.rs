@@ -1,0 +1,570 @@
+//! Datagram framing for the UDP fabric, IO-free: splitting a wire message into MTU-sized
+//! fragments, reassembling them with bounded memory, and the retransmission timers a client keeps
+//! per outstanding request. Sockets live in a thin driver; everything here takes time as an
+//! argument so the simulator and tests drive it with a virtual clock.
+//!
+//! Fragment header (little-endian):
+//! ```text
+//!  0 u32 magic "NAAM"        4 u8 version (1)       5 u8 fragment index   6 u8 fragment count
+//!  7 u8  reserved (0)        8 u64 message id      16 u16 message length  18 u16 fragment offset
+//! 20 u16 fragment length    22 u16 reserved (0)
+//! 24 fragment bytes
+//! ```
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::clock::Nanos;
+
+/// Magic number opening every fragment ("NAAM" in little-endian byte order).
+pub const MAGIC: u32 = u32::from_le_bytes(*b"NAAM");
+/// Framing version.
+pub const VERSION: u8 = 1;
+/// Fragment header size.
+pub const HEADER: usize = 24;
+/// Largest message the fabric carries (a request with full args, state, descriptors and a
+/// partial reply fits).
+pub const MAX_MESSAGE: usize = 8 * 1024;
+/// Most fragments one message may have.
+pub const MAX_FRAGMENTS: usize = 64;
+/// Smallest datagram payload the framing accepts (IPv4's minimum reassembly size less headers).
+pub const MIN_DATAGRAM: usize = 512;
+
+/// Why a datagram or a message was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Shorter than the header or than the length it declares.
+    #[error("truncated fragment: need {need} bytes, have {have}")]
+    Truncated {
+        /// Bytes required.
+        need: usize,
+        /// Bytes present.
+        have: usize,
+    },
+    /// Not a NAAM datagram.
+    #[error("bad magic {0:#010x}: not a NAAM datagram")]
+    Magic(u32),
+    /// Unknown framing version.
+    #[error("unsupported framing version {0} (expected {VERSION})")]
+    Version(u8),
+    /// A header field out of range or inconsistent with the others.
+    #[error("invalid fragment header: {0}")]
+    Header(&'static str),
+    /// A message over [`MAX_MESSAGE`].
+    #[error("message of {0} bytes is over the limit of {MAX_MESSAGE}")]
+    TooLarge(usize),
+    /// A datagram size too small to carry fragments.
+    #[error("datagram size {0} is under the minimum of {MIN_DATAGRAM}")]
+    DatagramTooSmall(usize),
+}
+
+/// One decoded fragment; `data` is a slice of the received datagram.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fragment {
+    /// Message id (the request id for requests and replies).
+    pub message: u64,
+    /// Index of this fragment.
+    pub index: u8,
+    /// Fragments in the message.
+    pub count: u8,
+    /// Length of the whole message.
+    pub total: u16,
+    /// Where `data` starts in the message.
+    pub offset: u16,
+    /// The fragment's bytes.
+    pub data: Bytes,
+}
+
+impl Fragment {
+    /// Decodes and checks one datagram.
+    pub fn decode(datagram: Bytes) -> Result<Fragment, FrameError> {
+        if datagram.len() < HEADER {
+            return Err(FrameError::Truncated {
+                need: HEADER,
+                have: datagram.len(),
+            });
+        }
+        let d = &datagram[..];
+        let u16_at = |i: usize| u16::from_le_bytes([d[i], d[i + 1]]);
+        let magic = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+        if magic != MAGIC {
+            return Err(FrameError::Magic(magic));
+        }
+        if d[4] != VERSION {
+            return Err(FrameError::Version(d[4]));
+        }
+        let (index, count) = (d[5], d[6]);
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&d[8..16]);
+        let (total, offset, len) = (u16_at(16), u16_at(18), u16_at(20));
+        if d[7] != 0 || u16_at(22) != 0 {
+            return Err(FrameError::Header("reserved bytes are not zero"));
+        }
+        if count == 0 || count as usize > MAX_FRAGMENTS || index >= count {
+            return Err(FrameError::Header("fragment index or count out of range"));
+        }
+        if total as usize > MAX_MESSAGE {
+            return Err(FrameError::TooLarge(total as usize));
+        }
+        if offset as usize + len as usize > total as usize {
+            return Err(FrameError::Header("fragment extends past the message"));
+        }
+        if len == 0 && total != 0 {
+            return Err(FrameError::Header("empty fragment of a non-empty message"));
+        }
+        // Fragments are equal-sized chunks in index order, the last one ending the message.
+        let last = index + 1 == count;
+        if last && offset as usize + len as usize != total as usize {
+            return Err(FrameError::Header(
+                "the last fragment does not end the message",
+            ));
+        }
+        if !last && offset as usize != index as usize * len as usize {
+            return Err(FrameError::Header("fragment offset is not index x length"));
+        }
+        // (`n.is_multiple_of(0)` holds only for 0: the first fragment starts the message.)
+        if !(offset as usize).is_multiple_of(index as usize) {
+            return Err(FrameError::Header("fragment offset is not index x length"));
+        }
+        let need = HEADER + len as usize;
+        if datagram.len() != need {
+            return Err(if datagram.len() < need {
+                FrameError::Truncated {
+                    need,
+                    have: datagram.len(),
+                }
+            } else {
+                FrameError::Header("datagram longer than its fragment")
+            });
+        }
+        Ok(Fragment {
+            message: u64::from_le_bytes(id),
+            index,
+            count,
+            total,
+            offset,
+            data: datagram.slice(HEADER..),
+        })
+    }
+}
+
+/// Splits `message` into datagrams of at most `datagram` bytes each.
+pub fn fragment(message: u64, bytes: &[u8], datagram: usize) -> Result<Vec<Bytes>, FrameError> {
+    if bytes.len() > MAX_MESSAGE {
+        return Err(FrameError::TooLarge(bytes.len()));
+    }
+    if datagram < MIN_DATAGRAM {
+        return Err(FrameError::DatagramTooSmall(datagram));
+    }
+    let chunk = datagram - HEADER;
+    let count = bytes.len().div_ceil(chunk).max(1);
+    if count > MAX_FRAGMENTS {
+        return Err(FrameError::TooLarge(bytes.len()));
+    }
+    let mut out = Vec::with_capacity(count);
+    for index in 0..count {
+        let start = index * chunk;
+        let part = &bytes[start..(start + chunk).min(bytes.len())];
+        let mut b = BytesMut::with_capacity(HEADER + part.len());
+        b.put_u32_le(MAGIC);
+        b.put_u8(VERSION);
+        b.put_u8(index as u8);
+        b.put_u8(count as u8);
+        b.put_u8(0);
+        b.put_u64_le(message);
+        b.put_u16_le(bytes.len() as u16);
+        b.put_u16_le(start as u16);
+        b.put_u16_le(part.len() as u16);
+        b.put_u16_le(0);
+        b.put_slice(part);
+        out.push(b.freeze());
+    }
+    Ok(out)
+}
+
+/// A message being reassembled.
+#[derive(Debug)]
+struct Partial {
+    buf: Vec<u8>,
+    /// Every fragment but the last is this long.
+    chunk: usize,
+    count: u8,
+    seen: u64,
+    started: Nanos,
+}
+
+/// What [`Reassembler::push`] did with a fragment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pushed {
+    /// The message is complete.
+    Complete(Bytes),
+    /// Stored; more fragments are needed.
+    Pending,
+    /// A fragment already received (a retransmission): ignored.
+    Duplicate,
+    /// Inconsistent with the fragments received before it (another message under the same id,
+    /// or overlapping bytes that differ): the partial message is dropped.
+    Conflict,
+    /// Too many partial messages or bytes: dropped (the sender retransmits).
+    Full,
+}
+
+/// Reassembles fragments into messages, per `(peer, message id)`, within fixed memory bounds;
+/// partial messages older than the timeout are dropped by [`Reassembler::expire`].
+#[derive(Debug)]
+pub struct Reassembler<P: Eq + Hash + Copy> {
+    partial: HashMap<(P, u64), Partial>,
+    bytes: usize,
+    max_partial: usize,
+    max_bytes: usize,
+    timeout: Nanos,
+}
+
+impl<P: Eq + Hash + Copy> Reassembler<P> {
+    /// A reassembler holding at most `max_partial` partial messages and `max_bytes` of them;
+    /// partial messages older than `timeout` nanoseconds are dropped.
+    pub fn new(max_partial: usize, max_bytes: usize, timeout: Nanos) -> Self {
+        Reassembler {
+            partial: HashMap::new(),
+            bytes: 0,
+            max_partial,
+            max_bytes,
+            timeout,
+        }
+    }
+
+    /// Partial messages held.
+    pub fn pending(&self) -> usize {
+        self.partial.len()
+    }
+
+    /// Adds a fragment from `peer` received at `now`.
+    pub fn push(&mut self, peer: P, f: Fragment, now: Nanos) -> Pushed {
+        if f.count == 1 {
+            return Pushed::Complete(f.data);
+        }
+        let key = (peer, f.message);
+        if !self.partial.contains_key(&key) {
+            if self.partial.len() >= self.max_partial
+                || self.bytes + f.total as usize > self.max_bytes
+            {
+                return Pushed::Full;
+            }
+            let chunk = if f.index + 1 == f.count {
+                f.offset as usize / f.index.max(1) as usize
+            } else {
+                f.data.len()
+            };
+            // The chunk must make exactly `count` fragments of `total` bytes.
+            let fits = chunk > 0
+                && (f.count as usize - 1) * chunk < f.total as usize
+                && f.total as usize <= f.count as usize * chunk;
+            if !fits {
+                return Pushed::Conflict;
+            }
+            self.bytes += f.total as usize;
+            self.partial.insert(
+                key,
+                Partial {
+                    buf: vec![0; f.total as usize],
+                    chunk,
+                    count: f.count,
+                    seen: 0,
+                    started: now,
+                },
+            );
+        }
+        let Some(p) = self.partial.get_mut(&key) else {
+            return Pushed::Full;
+        };
+        let (start, end) = (f.offset as usize, f.offset as usize + f.data.len());
+        let last = f.index + 1 == f.count;
+        let placed =
+            f.offset as usize == f.index as usize * p.chunk && (last || f.data.len() == p.chunk);
+        if p.count != f.count || p.buf.len() != f.total as usize || !placed {
+            self.drop_partial(key);
+            return Pushed::Conflict;
+        }
+        let bit = 1u64 << f.index;
+        if p.seen & bit != 0 {
+            return if p.buf[start..end] == f.data[..] {
+                Pushed::Duplicate
+            } else {
+                self.drop_partial(key);
+                Pushed::Conflict
+            };
+        }
+        p.buf[start..end].copy_from_slice(&f.data);
+        p.seen |= bit;
+        let all = if p.count as usize == 64 {
+            u64::MAX
+        } else {
+            (1u64 << p.count) - 1
+        };
+        if p.seen == all {
+            let done = self.partial.remove(&key).map(|p| p.buf).unwrap_or_default();
+            self.bytes -= done.len();
+            return Pushed::Complete(Bytes::from(done));
+        }
+        Pushed::Pending
+    }
+
+    /// Drops partial messages started more than the timeout before `now`; returns how many.
+    pub fn expire(&mut self, now: Nanos) -> usize {
+        let timeout = self.timeout;
+        let stale: Vec<_> = self
+            .partial
+            .iter()
+            .filter(|(_, p)| now.saturating_sub(p.started) > timeout)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in &stale {
+            self.drop_partial(*k);
+        }
+        stale.len()
+    }
+
+    fn drop_partial(&mut self, key: (P, u64)) {
+        if let Some(p) = self.partial.remove(&key) {
+            self.bytes -= p.buf.len();
+        }
+    }
+}
+
+/// What to do about an outstanding request whose timer fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Timeout {
+    /// Send it again (attempt number, from 2).
+    Resend(u32),
+    /// Out of attempts: fail the call.
+    GiveUp,
+}
+
+/// Retransmission timers for a client's outstanding requests: exponential backoff from an
+/// initial timeout, a fixed number of attempts. Writes are safe to resend because the server
+/// suppresses duplicates by request id.
+#[derive(Debug)]
+pub struct Retransmit {
+    initial: Nanos,
+    max_attempts: u32,
+    outstanding: HashMap<u64, (Nanos, u32)>,
+}
+
+impl Retransmit {
+    /// Timers starting at `initial` nanoseconds, doubling per attempt, `max_attempts` sends in all.
+    pub fn new(initial: Nanos, max_attempts: u32) -> Self {
+        Retransmit {
+            initial: initial.max(1),
+            max_attempts: max_attempts.max(1),
+            outstanding: HashMap::new(),
+        }
+    }
+
+    /// Request `id` was sent for the first time at `now`.
+    pub fn sent(&mut self, id: u64, now: Nanos) {
+        self.outstanding.insert(id, (now + self.initial, 1));
+    }
+
+    /// The reply to `id` arrived; returns whether it was outstanding (false: a late duplicate).
+    pub fn answered(&mut self, id: u64) -> bool {
+        self.outstanding.remove(&id).is_some()
+    }
+
+    /// Requests outstanding.
+    pub fn len(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// Whether nothing is outstanding.
+    pub fn is_empty(&self) -> bool {
+        self.outstanding.is_empty()
+    }
+
+    /// The earliest deadline, for the driver's poll timeout.
+    pub fn next_deadline(&self) -> Option<Nanos> {
+        self.outstanding.values().map(|(d, _)| *d).min()
+    }
+
+    /// Timers that fired by `now`: each is rearmed (resend) or removed (give up).
+    pub fn poll(&mut self, now: Nanos) -> Vec<(u64, Timeout)> {
+        let mut out = Vec::new();
+        let mut done = Vec::new();
+        for (&id, (deadline, attempt)) in self.outstanding.iter_mut() {
+            if *deadline > now {
+                continue;
+            }
+            if *attempt >= self.max_attempts {
+                done.push(id);
+                out.push((id, Timeout::GiveUp));
+            } else {
+                *attempt += 1;
+                let backoff = self.initial.saturating_mul(1 << (*attempt - 1).min(20));
+                *deadline = now + backoff;
+                out.push((id, Timeout::Resend(*attempt)));
+            }
+        }
+        for id in done {
+            self.outstanding.remove(&id);
+        }
+        out.sort_unstable_by_key(|(id, _)| *id);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn reassemble(frags: Vec<Bytes>) -> Option<Bytes> {
+        let mut r = Reassembler::<u8>::new(8, 1 << 20, 1_000);
+        let mut out = None;
+        for d in frags {
+            if let Pushed::Complete(b) = r.push(0, Fragment::decode(d).expect("valid"), 0) {
+                out = Some(b);
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn any_order_and_duplicates_reassemble(
+            msg in proptest::collection::vec(any::<u8>(), 0..MAX_MESSAGE),
+            mtu in MIN_DATAGRAM..9000usize,
+            seed in any::<u64>(),
+        ) {
+            let mut frags = fragment(7, &msg, mtu).unwrap();
+            prop_assert!(frags.iter().all(|f| f.len() <= mtu));
+            // Shuffle deterministically and duplicate the first fragment.
+            let n = frags.len();
+            for i in (1..n).rev() {
+                frags.swap(i, (seed.wrapping_mul(i as u64 + 1) >> 7) as usize % (i + 1));
+            }
+            let first = frags[0].clone();
+            frags.insert(n / 2, first);
+            let got = reassemble(frags);
+            prop_assert_eq!(got.as_deref(), Some(&msg[..]));
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = Fragment::decode(Bytes::from(bytes));
+        }
+    }
+
+    #[test]
+    fn bad_datagrams_are_refused_with_reasons() {
+        let good = fragment(1, b"hello", 1500).unwrap().remove(0);
+        assert!(Fragment::decode(good.clone()).is_ok());
+        let bad = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut v = good.to_vec();
+            f(&mut v);
+            Fragment::decode(Bytes::from(v)).unwrap_err()
+        };
+        assert!(matches!(bad(&|v| v[0] = b'X'), FrameError::Magic(_)));
+        assert_eq!(bad(&|v| v[4] = 9), FrameError::Version(9));
+        assert!(matches!(bad(&|v| v[5] = 1), FrameError::Header(_)));
+        assert!(matches!(bad(&|v| v[7] = 1), FrameError::Header(_)));
+        assert!(matches!(
+            bad(&|v| v.truncate(HEADER + 2)),
+            FrameError::Truncated { .. }
+        ));
+        assert!(matches!(bad(&|v| v.push(0)), FrameError::Header(_)));
+        // A lone fragment must be the whole message.
+        assert!(matches!(
+            bad(&|v| v[18..20].copy_from_slice(&1u16.to_le_bytes())),
+            FrameError::Header(_)
+        ));
+        // Forged offsets in a fragmented message.
+        let two = fragment(3, &[7u8; 1000], 600).unwrap();
+        let mut v = two[0].to_vec();
+        v[18..20].copy_from_slice(&4u16.to_le_bytes());
+        assert!(Fragment::decode(Bytes::from(v)).is_err());
+        let mut v = two[1].to_vec();
+        v[18..20].copy_from_slice(&(1000u16 - 3).to_le_bytes());
+        v[20..22].copy_from_slice(&3u16.to_le_bytes());
+        v.truncate(HEADER + 3);
+        let f = Fragment::decode(Bytes::from(v)).unwrap();
+        let mut r = Reassembler::<u8>::new(4, 1 << 20, 1_000);
+        // A 997-byte chunk is a valid split on its own, but not with the real first fragment.
+        assert_eq!(r.push(0, f, 0), Pushed::Pending);
+        let first = Fragment::decode(two[0].clone()).unwrap();
+        assert_eq!(r.push(0, first, 0), Pushed::Conflict);
+        assert_eq!(r.pending(), 0);
+        assert!(matches!(
+            bad(&|v| v[16..18].copy_from_slice(&9000u16.to_le_bytes())),
+            FrameError::TooLarge(9000)
+        ));
+        assert!(matches!(
+            Fragment::decode(Bytes::from_static(b"short")),
+            Err(FrameError::Truncated { .. })
+        ));
+        assert_eq!(
+            fragment(1, &[0; MAX_MESSAGE + 1], 1500),
+            Err(FrameError::TooLarge(MAX_MESSAGE + 1))
+        );
+        assert_eq!(
+            fragment(1, b"x", 100),
+            Err(FrameError::DatagramTooSmall(100))
+        );
+    }
+
+    #[test]
+    fn reassembly_is_bounded_and_expires() {
+        let msg = vec![1u8; 3000];
+        let mut r = Reassembler::<u8>::new(2, 1 << 20, 1_000);
+        for id in 0..3u64 {
+            let f = Fragment::decode(fragment(id, &msg, 1500).unwrap().remove(0)).unwrap();
+            let want = if id < 2 {
+                Pushed::Pending
+            } else {
+                Pushed::Full
+            };
+            assert_eq!(r.push(9, f, 0), want);
+        }
+        assert_eq!(r.expire(500), 0);
+        assert_eq!(r.expire(2_000), 2);
+        assert_eq!(r.pending(), 0);
+    }
+
+    #[test]
+    fn conflicting_fragments_drop_the_message() {
+        let a = fragment(5, &[1u8; 3000], 1500).unwrap();
+        let b = fragment(5, &[2u8; 3000], 1500).unwrap();
+        let mut r = Reassembler::<u8>::new(4, 1 << 20, 1_000);
+        assert_eq!(
+            r.push(0, Fragment::decode(a[0].clone()).unwrap(), 0),
+            Pushed::Pending
+        );
+        assert_eq!(
+            r.push(0, Fragment::decode(b[0].clone()).unwrap(), 0),
+            Pushed::Conflict
+        );
+        assert_eq!(r.pending(), 0);
+        // The same id from another peer is another message.
+        assert_eq!(
+            r.push(1, Fragment::decode(b[0].clone()).unwrap(), 0),
+            Pushed::Pending
+        );
+    }
+
+    #[test]
+    fn retransmission_backs_off_then_gives_up() {
+        let mut t = Retransmit::new(100, 3);
+        t.sent(1, 0);
+        t.sent(2, 50);
+        assert_eq!(t.next_deadline(), Some(100));
+        assert!(t.poll(99).is_empty());
+        assert_eq!(t.poll(100), vec![(1, Timeout::Resend(2))]);
+        assert!(t.answered(2));
+        assert!(!t.answered(2), "a late duplicate reply is not outstanding");
+        // The second resend waits twice as long; after the third send's 400 ns, give up.
+        assert_eq!(t.poll(300), vec![(1, Timeout::Resend(3))]);
+        assert!(t.poll(699).is_empty());
+        assert_eq!(t.poll(700), vec![(1, Timeout::GiveUp)]);
+        assert!(t.is_empty());
+    }
+}
