@@ -363,7 +363,7 @@ pub fn engines(out: &Path, examples: &Path, iters: u64) -> anyhow::Result<serde_
     let mut opts = naam_runtime::pipeline::BuildOptions::new(examples);
     opts.out = Some(out.join("examples.o"));
     let built = naam_runtime::pipeline::build(&opts).context("building the example handlers")?;
-    let obj = naam_runtime::load(&std::fs::read(&built.object)?)?;
+    let obj = built.loaded;
     let args16: Vec<u8> = [5u64, 7].iter().flat_map(|w| w.to_le_bytes()).collect();
     let data: Vec<u8> = (0..1024u32).map(|i| (i * 31 % 251) as u8).collect();
     let sorted: Vec<u8> = (0..128u64).flat_map(|i| (i * 3).to_le_bytes()).collect();

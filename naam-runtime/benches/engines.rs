@@ -12,7 +12,7 @@ use naam_ebpf::abi::{Context, Segment, ACCESS_READ};
 use naam_ebpf::{hash, Fault, Return};
 use naam_runtime::engine::{Grant, Invocation, Vm};
 use naam_runtime::pipeline::{build, BuildOptions};
-use naam_runtime::{load, EngineKind, Executable, LoadedObject, Trust, VerifierConfig};
+use naam_runtime::{EngineKind, Executable, LoadedObject, Trust, VerifierConfig};
 
 fn examples() -> LoadedObject {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
@@ -20,8 +20,9 @@ fn examples() -> LoadedObject {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("handlers");
     opts.target_dir = Some(dir.clone());
     opts.out = Some(dir.join("bench-examples.o"));
-    let built = build(&opts).expect("building examples/handlers (run scripts/setup.sh first)");
-    load(&std::fs::read(built.object).unwrap()).unwrap()
+    build(&opts)
+        .expect("building examples/handlers (run scripts/setup.sh first)")
+        .loaded
 }
 
 /// `add`, natively: the handler's body over a native Context.

@@ -19,7 +19,7 @@ use std::process::Command;
 use object::read::archive::ArchiveFile;
 use object::{Object, ObjectSymbol, SymbolSection};
 
-use crate::loader::{self, LoadError};
+use crate::loader::{self, LoadError, LoadedObject};
 
 /// Environment variable naming the bpf-linker binary to use.
 pub const BPF_LINKER_ENV: &str = "NAAM_BPF_LINKER";
@@ -61,8 +61,8 @@ impl BuildOptions {
 pub struct BuildOutput {
     /// Path of the eBPF object.
     pub object: PathBuf,
-    /// Handler names found in it.
-    pub handlers: Vec<String>,
+    /// The object as loaded (the build checks that it loads; callers need not read it again).
+    pub loaded: LoadedObject,
     /// Warnings bpf-linker printed.
     pub linker_warnings: Vec<String>,
 }
@@ -318,10 +318,20 @@ pub fn build(opts: &BuildOptions) -> Result<BuildOutput, BuildError> {
     if !undefined.is_empty() {
         return Err(BuildError::Undefined(undefined));
     }
-    let loaded = loader::load(&bytes)?;
     Ok(BuildOutput {
         object: out,
-        handlers: loaded.programs.iter().map(|p| p.name.clone()).collect(),
+        loaded: loader::load(&bytes)?,
         linker_warnings,
     })
+}
+
+impl BuildOutput {
+    /// Names of the handlers in the object.
+    pub fn handler_names(&self) -> Vec<&str> {
+        self.loaded
+            .programs
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect()
+    }
 }

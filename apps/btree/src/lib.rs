@@ -22,7 +22,7 @@ use naam_runtime::region::ALL_RIGHTS;
 use naam_runtime::registry::{handler_id, HandlerSpec};
 use naam_runtime::transport::Transport;
 use naam_runtime::wire::Status;
-use naam_runtime::{load, LoadError, LoadedObject, Placement};
+use naam_runtime::{LoadError, LoadedObject, Placement};
 
 pub use naam_btree_layout as layout;
 
@@ -170,10 +170,7 @@ pub fn build_handlers(target_dir: Option<&Path>) -> Result<LoadedObject, BTreeEr
     let mut opts = BuildOptions::new(crate_dir);
     opts.target_dir = Some(target.clone());
     opts.out = Some(target.join("btree.o"));
-    let built = build(&opts)?;
-    let bytes = std::fs::read(&built.object)
-        .map_err(|e| BTreeError::Config(format!("reading {}: {e}", built.object.display())))?;
-    Ok(load(&bytes)?)
+    Ok(build(&opts)?.loaded)
 }
 
 /// The app a cluster installs for a tree.

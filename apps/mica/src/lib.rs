@@ -22,7 +22,7 @@ use naam_runtime::region::{ALL_RIGHTS, READ_WRITE};
 use naam_runtime::registry::{handler_id, HandlerSpec};
 use naam_runtime::transport::Transport;
 use naam_runtime::wire::Status;
-use naam_runtime::{load, LoadError, LoadedObject, Placement};
+use naam_runtime::{LoadError, LoadedObject, Placement};
 
 pub use naam_mica_layout as layout;
 use naam_mica_layout as l;
@@ -209,10 +209,7 @@ pub fn build_handlers(target_dir: Option<&Path>) -> Result<LoadedObject, MicaErr
     let mut opts = BuildOptions::new(crate_dir);
     opts.target_dir = Some(target.clone());
     opts.out = Some(target.join("mica.o"));
-    let built = build(&opts)?;
-    let bytes = std::fs::read(&built.object)
-        .map_err(|e| MicaError::Config(format!("reading {}: {e}", built.object.display())))?;
-    Ok(load(&bytes)?)
+    Ok(build(&opts)?.loaded)
 }
 
 /// The app a cluster installs for a MICA table: its regions and handlers (GET read-only, the

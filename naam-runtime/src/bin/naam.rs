@@ -152,7 +152,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
             println!(
                 "wrote {} (handlers: {})",
                 built.object.display(),
-                built.handlers.join(", ")
+                built.handler_names().join(", ")
             );
             Ok(ExitCode::SUCCESS)
         }

@@ -25,21 +25,28 @@ pub fn build_crate(
     crate_dir: &str,
     name: &str,
 ) -> Result<PathBuf, naam_runtime::pipeline::BuildError> {
+    build_output(crate_dir, name).map(|b| b.object)
+}
+
+/// Builds `crate_dir` (relative to the repository) into `<tmp>/<name>.o`, loaded.
+pub fn build_output(
+    crate_dir: &str,
+    name: &str,
+) -> Result<naam_runtime::pipeline::BuildOutput, naam_runtime::pipeline::BuildError> {
     let mut opts = BuildOptions::new(repo().join(crate_dir));
     opts.target_dir = Some(handler_target_dir());
     opts.out = Some(handler_target_dir().join(format!("{name}.o")));
-    build(&opts).map(|b| b.object)
+    build(&opts)
 }
 
 /// The example handlers (`examples/handlers`), built once.
 pub fn examples() -> &'static (PathBuf, LoadedObject) {
     static EXAMPLES: OnceLock<(PathBuf, LoadedObject)> = OnceLock::new();
     EXAMPLES.get_or_init(|| {
-        let path = build_crate("examples/handlers", "examples").unwrap_or_else(|e| {
+        let built = build_output("examples/handlers", "examples").unwrap_or_else(|e| {
             panic!("building examples/handlers failed (run scripts/setup.sh first): {e}")
         });
-        let obj = naam_runtime::load(&std::fs::read(&path).unwrap()).unwrap();
-        (path, obj)
+        (built.object, built.loaded)
     })
 }
 
