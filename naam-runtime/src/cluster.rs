@@ -1426,11 +1426,7 @@ impl Client {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let descriptors = Descriptors::from_slice(descs).ok_or(WireError::TooLarge {
-            field: "descriptor count",
-            value: descs.len(),
-            limit: naam_ebpf::abi::MAX_NEXT,
-        })?;
+        let descriptors = Descriptors::from_slice(descs)?;
         let req = Request::new(app, handler, 0, Bytes::copy_from_slice(args), descriptors);
         self.send(placement, req)
     }
@@ -1495,11 +1491,7 @@ impl AsyncClient {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let descriptors = Descriptors::from_slice(descs).ok_or(WireError::TooLarge {
-            field: "descriptor count",
-            value: descs.len(),
-            limit: naam_ebpf::abi::MAX_NEXT,
-        })?;
+        let descriptors = Descriptors::from_slice(descs)?;
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let id = ((self.id as u64) << 40) | (seq & ((1 << 40) - 1));
         let req = Request::new(app, handler, id, Bytes::copy_from_slice(args), descriptors);

@@ -373,7 +373,7 @@ impl StepMachine {
                     );
                 }
                 match Descriptors::from_slice(vm.next()) {
-                    Some(next)
+                    Ok(next)
                         if next.as_slice().iter().all(|d| {
                             d.access != 0 && d.access & !naam_ebpf::abi::ACCESS_MASK == 0
                         }) =>

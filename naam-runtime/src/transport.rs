@@ -16,7 +16,7 @@ use crate::placement::Placement;
 use crate::region::RegionTable;
 use crate::registry::{HandlerKind, Registry};
 use crate::verifier::VerifierConfig;
-use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status, WireError};
+use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status};
 
 /// Sends one active message and returns its reply.
 pub trait Transport {
@@ -108,11 +108,7 @@ impl Transport for Direct {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let descriptors = Descriptors::from_slice(descs).ok_or(WireError::TooLarge {
-            field: "descriptor count",
-            value: descs.len(),
-            limit: naam_ebpf::abi::MAX_NEXT,
-        })?;
+        let descriptors = Descriptors::from_slice(descs)?;
         self.next_id += 1;
         let req = Request::new(
             app,

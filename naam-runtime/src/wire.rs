@@ -119,15 +119,19 @@ impl Descriptors {
         }
     }
 
-    /// From a slice; `None` when it holds more than [`MAX_NEXT`].
-    pub fn from_slice(ds: &[Descriptor]) -> Option<Self> {
+    /// From a slice; [`WireError::TooLarge`] when it holds more than [`MAX_NEXT`].
+    pub fn from_slice(ds: &[Descriptor]) -> Result<Self, WireError> {
         if ds.len() > MAX_NEXT {
-            return None;
+            return Err(WireError::TooLarge {
+                field: "descriptor count",
+                value: ds.len(),
+                limit: MAX_NEXT,
+            });
         }
         let mut d = Descriptors::new();
         d.items[..ds.len()].copy_from_slice(ds);
         d.len = ds.len() as u8;
-        Some(d)
+        Ok(d)
     }
 
     /// Appends; `false` when full.
