@@ -316,13 +316,7 @@ pub fn run_inproc(
     target: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
-    if cfg
-        .workload
-        .mix
-        .iter()
-        .any(|(op, p)| *op == Op::Scan && *p > 0.0)
-        && cfg.app == App::Mica
-    {
+    if cfg.workload.has_scans() && cfg.app == App::Mica {
         bail!(
             "workload {} scans; MICA is a hash table: use --app btree",
             cfg.workload.name

@@ -198,12 +198,7 @@ pub fn run_memcached(
     server_threads: usize,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
-    if cfg
-        .workload
-        .mix
-        .iter()
-        .any(|(op, p)| *op == crate::ycsb::Op::Scan && *p > 0.0)
-    {
+    if cfg.workload.has_scans() {
         bail!(
             "memcached has no scans: workload {} is not comparable",
             cfg.workload.name

@@ -258,6 +258,11 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// Whether the mix includes scans (workload E): only ordered stores can run it.
+    pub fn has_scans(&self) -> bool {
+        self.mix.iter().any(|(op, p)| *op == Op::Scan && *p > 0.0)
+    }
+
     /// YCSB's core workload `letter` (a-f).
     pub fn core(letter: char) -> Option<Workload> {
         let mix = |r, u, i, s, m| {
