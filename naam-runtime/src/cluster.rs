@@ -829,7 +829,7 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
         ..SteeringInputs::default()
     };
     let mut active: std::collections::HashSet<u32> = std::collections::HashSet::new();
-    let mut counts: HashMap<HandlerKey, u64> = HashMap::new();
+    let mut completions: u64 = 0;
     let period = now
         .saturating_sub(inner.last_decision.swap(now, Ordering::Relaxed))
         .max(1) as f64
@@ -854,10 +854,10 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
         inputs.placements[p.index()] = load;
         for (key, n) in t.take_touched() {
             active.insert(key.0);
-            *counts.entry(key).or_default() += n;
+            completions += n;
         }
     }
-    inputs.total_rate = counts.values().sum::<u64>() as f64 / period;
+    inputs.total_rate = completions as f64 / period;
     // At most DECISION_BUDGET apps per period, round robin over the active ones: a thousand
     // apps are each decided every few periods instead of one core's worth of work per period.
     let mut apps: Vec<_> = inner

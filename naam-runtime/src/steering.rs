@@ -20,8 +20,6 @@ use crate::placement::Placement;
 pub struct Ewma {
     value: f64,
     samples: u64,
-    /// Set while the owner has listed this average as updated since its last decision.
-    pub(crate) touched: bool,
 }
 
 impl Ewma {
@@ -447,7 +445,6 @@ pub struct LoadTracker {
     last_utilisation: f64,
     service: HashMap<HandlerKey, Ewma>,
     steps: HashMap<HandlerKey, Ewma>,
-    touched: Vec<HandlerKey>,
     completions: HashMap<HandlerKey, u64>,
     overall: Ewma,
     dequeues: u64,
@@ -478,12 +475,10 @@ impl LoadTracker {
         self.busy_ns += service;
         self.overall.add_clipped(service as f64);
         *self.completions.entry(key).or_default() += 1;
-        let e = self.service.entry(key).or_default();
-        if !e.touched {
-            e.touched = true;
-            self.touched.push(key);
-        }
-        e.add_clipped(service as f64);
+        self.service
+            .entry(key)
+            .or_default()
+            .add_clipped(service as f64);
         self.steps.entry(key).or_default().add(steps as f64);
     }
 
@@ -551,16 +546,8 @@ impl LoadTracker {
     /// Handlers that completed messages here since the last call, with how many, and forgets
     /// them.
     pub fn take_touched(&mut self) -> Vec<(HandlerKey, u64)> {
-        let touched = std::mem::take(&mut self.touched);
-        touched
-            .into_iter()
-            .map(|k| {
-                if let Some(e) = self.service.get_mut(&k) {
-                    e.touched = false;
-                }
-                (k, self.completions.remove(&k).unwrap_or(0))
-            })
-            .collect()
+        // Drained, not replaced: the map keeps its capacity for the next period.
+        self.completions.drain().collect()
     }
 
     /// Every handler seen here.
