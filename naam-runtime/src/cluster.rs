@@ -35,8 +35,8 @@ use crate::placement::Placement;
 use crate::region::{RegionMemory, RegionTable, ResolveError};
 use crate::registry::{HandlerEntry, HandlerKind, HandlerSpec, Registry, RegistryError};
 use crate::steering::{
-    CostPolicy, CostPolicyConfig, Ewma, HandlerKey, HandlerLoad, LoadTracker, Policy, StaticPolicy,
-    SteeringInputs, Weights,
+    CostPolicy, CostPolicyConfig, Ewma, HandlerKey, HandlerLoad, LoadTracker, Policy, RemoteLoad,
+    StaticPolicy, SteeringInputs, Weights,
 };
 use crate::verifier::VerifierConfig;
 use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status, WireError};
@@ -130,7 +130,17 @@ pub struct ClusterConfig {
     pub client_timeout: Duration,
     /// Verifier settings for handlers.
     pub verifier: VerifierConfig,
+    /// The NIC placement (executors and one-sided agent) runs in another process
+    /// (`naam-nic`): reads routed to it come back from [`Cluster::dispatch`] for the caller to
+    /// forward, its load arrives through [`Cluster::absorb_remote_load`], and it counts as down
+    /// when its reports stop for [`REMOTE_SILENCE`].
+    pub remote_nic: bool,
+    /// Run the steering controller (off in a NIC process, which reports its load instead).
+    pub controller: bool,
 }
+
+/// How long a remote NIC may stay silent before the controller takes it out of the weights.
+pub const REMOTE_SILENCE: Duration = Duration::from_millis(30);
 
 impl Default for ClusterConfig {
     fn default() -> Self {
@@ -144,6 +154,8 @@ impl Default for ClusterConfig {
             steering_period: Duration::from_millis(1),
             client_timeout: Duration::from_secs(5),
             verifier: VerifierConfig::default(),
+            remote_nic: false,
+            controller: true,
         }
     }
 }
@@ -166,6 +178,16 @@ pub enum ClusterError {
     /// Bad configuration.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// Region memory could not be provided.
+    #[error("region {region} of app {app}: {message}")]
+    Region {
+        /// App.
+        app: u32,
+        /// Region name.
+        region: String,
+        /// What failed.
+        message: String,
+    },
 }
 
 /// Why a client call produced no reply.
@@ -188,6 +210,8 @@ pub enum ClientError {
 enum ReplySink {
     Sync(Sender<Reply>),
     Async(tokio::sync::oneshot::Sender<Reply>),
+    /// A fabric driver's callback (sends the reply back over the network).
+    Func(Box<dyn FnOnce(Reply) + Send>),
 }
 
 impl ReplySink {
@@ -200,6 +224,7 @@ impl ReplySink {
             ReplySink::Async(s) => {
                 let _ = s.send(r);
             }
+            ReplySink::Func(f) => f(r),
         }
     }
 }
@@ -361,6 +386,8 @@ struct Inner {
     policy_name: String,
     last_decision: AtomicU64,
     decision_cursor: AtomicU64,
+    remote_nic_up: AtomicBool,
+    remote_nic_seen: AtomicU64,
 }
 
 impl Inner {
@@ -378,6 +405,19 @@ impl Inner {
             .unwrap_or(Weights::all(Placement::Host))
     }
 
+    /// Whether `p` can take server messages: a local queue, or a remote NIC that reports.
+    fn available(&self, p: Placement) -> bool {
+        self.queues[p.index()].is_some()
+            || (p == Placement::Nic
+                && self.config.remote_nic
+                && self.remote_nic_up.load(Ordering::SeqCst))
+    }
+
+    /// Whether the one-sided agent clients read from is up.
+    fn agent_available(&self) -> bool {
+        !self.config.remote_nic || self.remote_nic_up.load(Ordering::SeqCst)
+    }
+
     fn lock_tracker(&self, p: Placement) -> std::sync::MutexGuard<'_, LoadTracker> {
         self.trackers[p.index()]
             .lock()
@@ -391,12 +431,21 @@ pub struct Cluster {
     threads: Vec<JoinHandle<()>>,
 }
 
+/// Provides the memory of one region of an app: `(memory, rkey)`; `None` picks a fresh random
+/// rkey.
+pub type RegionBackingFn =
+    dyn FnMut(u32, &RegionSpec) -> Result<(RegionMemory, Option<u64>), ClusterError>;
+
+/// A boxed [`RegionBackingFn`].
+pub type RegionBacking = Box<RegionBackingFn>;
+
 /// Builds a [`Cluster`].
 #[derive(Default)]
 pub struct ClusterBuilder {
     config: ClusterConfig,
     apps: Vec<AppSpec>,
     clock: Option<Arc<dyn Clock>>,
+    backing: Option<RegionBacking>,
 }
 
 impl ClusterBuilder {
@@ -453,6 +502,12 @@ impl ClusterBuilder {
         self
     }
 
+    /// Takes region memory from `backing` (shared memory for a NIC process) instead of the heap.
+    pub fn region_backing(mut self, backing: RegionBacking) -> Self {
+        self.backing = Some(backing);
+        self
+    }
+
     /// Registers everything and starts the threads.
     pub fn build(self) -> Result<Cluster, ClusterError> {
         let config = self.config;
@@ -462,11 +517,19 @@ impl ClusterBuilder {
             ));
         }
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
+        let mut backing = self.backing.unwrap_or_else(|| {
+            Box::new(|_, r: &RegionSpec| Ok((RegionMemory::from_bytes(&r.contents), None)))
+        });
         let Installed {
             regions,
             registry,
             region_keys,
-        } = install(&self.apps, &config.verifier)?;
+        } = install_with(&self.apps, &config.verifier, &mut *backing)?;
+        if config.remote_nic && self.apps.iter().any(|a| a.owner == Placement::Nic) {
+            return Err(ClusterError::Config(
+                "with a remote NIC, writes are owned by the host (owner = host)".into(),
+            ));
+        }
         let mut owners = HashMap::new();
         let mut dedup = HashMap::new();
         for app in &self.apps {
@@ -515,6 +578,8 @@ impl ClusterBuilder {
             policy_name,
             last_decision: AtomicU64::new(now),
             decision_cursor: AtomicU64::new(0),
+            remote_nic_up: AtomicBool::new(false),
+            remote_nic_seen: AtomicU64::new(0),
         });
         // First decision with no measurements.
         decide_all(&inner, policy.as_mut(), true);
@@ -544,11 +609,13 @@ impl ClusterBuilder {
             "naam-one-sided-agent".into(),
             Box::new(move || agent_loop(inner2, agent_rx)),
         )?);
-        let inner2 = inner.clone();
-        threads.push(spawn(
-            "naam-steering".into(),
-            Box::new(move || controller_loop(inner2, policy)),
-        )?);
+        if inner.config.controller {
+            let inner2 = inner.clone();
+            threads.push(spawn(
+                "naam-steering".into(),
+                Box::new(move || controller_loop(inner2, policy)),
+            )?);
+        }
         Ok(Cluster { inner, threads })
     }
 }
@@ -566,6 +633,17 @@ pub struct Installed {
 /// Registers `apps`: verifies and loads their handlers, registers their regions under fresh
 /// rkeys.
 pub fn install(apps: &[AppSpec], verifier: &VerifierConfig) -> Result<Installed, ClusterError> {
+    install_with(apps, verifier, &mut |_, r| {
+        Ok((RegionMemory::from_bytes(&r.contents), None))
+    })
+}
+
+/// [`install`] with region memory (and optionally rkeys) from `backing`.
+pub fn install_with(
+    apps: &[AppSpec],
+    verifier: &VerifierConfig,
+    backing: &mut RegionBackingFn,
+) -> Result<Installed, ClusterError> {
     let mut regions = RegionTable::new();
     let mut registry = Registry::new();
     let mut region_keys = HashMap::new();
@@ -573,12 +651,17 @@ pub fn install(apps: &[AppSpec], verifier: &VerifierConfig) -> Result<Installed,
         registry.add_app(app.id, &app.name, app.owner)?;
         registry.add_handlers(app.id, &app.object, &app.handlers, verifier)?;
         for r in &app.regions {
-            let region = regions.register(
-                app.id,
-                &r.name,
-                r.access,
-                RegionMemory::from_bytes(&r.contents),
-            );
+            let (mem, key) = backing(app.id, r)?;
+            let region = match key {
+                None => regions.register(app.id, &r.name, r.access, mem),
+                Some(k) => regions
+                    .register_with_key(k, app.id, &r.name, r.access, mem)
+                    .ok_or_else(|| ClusterError::Region {
+                        app: app.id,
+                        region: r.name.clone(),
+                        message: format!("rkey {k:#x} is 0 or already in use"),
+                    })?,
+            };
             region_keys.insert((app.id, r.name.clone()), region.rkey);
         }
     }
@@ -828,6 +911,13 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
             .unwrap_or(5_000.0),
         ..SteeringInputs::default()
     };
+    if inner.config.remote_nic
+        && inner.remote_nic_up.load(Ordering::SeqCst)
+        && now.saturating_sub(inner.remote_nic_seen.load(Ordering::SeqCst))
+            > REMOTE_SILENCE.as_nanos() as u64
+    {
+        inner.remote_nic_up.store(false, Ordering::SeqCst);
+    }
     let mut active: std::collections::HashSet<u32> = std::collections::HashSet::new();
     let mut completions: u64 = 0;
     let period = now
@@ -850,7 +940,10 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
                 .queue_delay_ns
                 .max(q.len() as f64 * t.overall_service().unwrap_or(0.0) / executors);
         }
-        load.available = p == Placement::Client || inner.queues[p.index()].is_some();
+        load.available = match p {
+            Placement::Client => inner.agent_available(),
+            _ => inner.available(p),
+        };
         inputs.placements[p.index()] = load;
         for (key, n) in t.take_touched() {
             active.insert(key.0);
@@ -983,14 +1076,16 @@ fn controller_loop(inner: Arc<Inner>, mut policy: Box<dyn Policy>) {
     }
 }
 
-/// Smooth weighted round robin over placements.
-#[derive(Default, Clone, Copy)]
-struct Selector {
+/// Smooth weighted round robin over placements: a client's (and a switch's) memory of past
+/// picks, so that weights are followed exactly over any window.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct Selector {
     credit: [f64; 3],
 }
 
 impl Selector {
-    fn pick(&mut self, w: &Weights, allowed: impl Fn(Placement) -> bool) -> Option<Placement> {
+    /// The next placement among the `allowed` ones with positive weight.
+    pub fn pick(&mut self, w: &Weights, allowed: impl Fn(Placement) -> bool) -> Option<Placement> {
         let mut best: Option<Placement> = None;
         for p in Placement::ALL {
             if w.of(p) > 0.0 && allowed(p) {
@@ -1135,6 +1230,94 @@ impl Cluster {
         }
     }
 
+    /// Routes `req` like the switch and queues it at a local executor; the reply goes to
+    /// `on_reply` (from the executor's thread). `forced` pins a read to a placement; `sel` is the
+    /// caller's round-robin memory. A read routed to a NIC in another process comes back as
+    /// [`Dispatch::Remote`] for the caller to forward.
+    pub fn dispatch(
+        &self,
+        req: Request,
+        sel: &mut Selector,
+        forced: Option<Placement>,
+        on_reply: impl FnOnce(Reply) + Send + 'static,
+    ) -> Dispatch {
+        let keep = req.clone();
+        match submit(
+            &self.inner,
+            req,
+            sel,
+            forced,
+            ReplySink::Func(Box::new(on_reply)),
+        ) {
+            Ok(p) => Dispatch::Queued(p),
+            Err(Refusal::Remote(r)) => Dispatch::Remote(r),
+            Err(refusal) => Dispatch::Refused(refusal.reply(&keep)),
+        }
+    }
+
+    /// A fresh client id (the top 24 bits of the request ids a client makes, so that ids of
+    /// different clients never collide in write deduplication).
+    pub fn next_client_id(&self) -> u32 {
+        self.inner.next_client.fetch_add(1, Ordering::SeqCst) & 0xff_ffff
+    }
+
+    /// Every app and handler.
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// Every region.
+    pub fn regions(&self) -> &Arc<RegionTable> {
+        &self.inner.regions
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.inner.config
+    }
+
+    /// The load report of local placement `p` since the last call (a NIC process sends it to
+    /// the server's controller).
+    pub fn take_load_report(&self, p: Placement) -> RemoteLoad {
+        let depth = self.inner.queues[p.index()]
+            .as_ref()
+            .map_or(0, |q| q.len() as u32);
+        let mut r = self.inner.lock_tracker(p).report();
+        r.queue_depth = depth;
+        r
+    }
+
+    /// Takes in a remote NIC's report: the NIC counts as up until it is silent for
+    /// [`REMOTE_SILENCE`].
+    pub fn absorb_remote_load(&self, r: &RemoteLoad) {
+        self.inner.lock_tracker(Placement::Nic).absorb(r);
+        self.inner
+            .remote_nic_seen
+            .store(self.inner.clock.now(), Ordering::SeqCst);
+        self.inner.remote_nic_up.store(true, Ordering::SeqCst);
+    }
+
+    /// Takes in what a remote client measured running handlers locally (service times, steps)
+    /// and its one-sided round-trip time, for the Client placement's cost.
+    pub fn absorb_client_load(&self, r: &RemoteLoad, rtt_ns: Option<f64>) {
+        self.inner.lock_tracker(Placement::Client).absorb(r);
+        if let Some(rtt) = rtt_ns.filter(|x| x.is_finite() && *x > 0.0) {
+            if let Ok(mut e) = self.inner.client_rtt.lock() {
+                e.add(rtt);
+            }
+        }
+    }
+
+    /// Marks the remote NIC down at once (it said goodbye, or its address failed).
+    pub fn remote_nic_down(&self) {
+        self.inner.remote_nic_up.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether the remote NIC is up.
+    pub fn remote_nic_up(&self) -> bool {
+        self.inner.remote_nic_up.load(Ordering::SeqCst)
+    }
+
     /// Stops every thread; queued messages get `Unavailable`.
     pub fn shutdown(mut self) {
         self.stop();
@@ -1155,6 +1338,17 @@ impl Drop for Cluster {
     }
 }
 
+/// What [`Cluster::dispatch`] did with a message.
+#[derive(Debug)]
+pub enum Dispatch {
+    /// Queued at a local executor of this placement; the reply goes to the callback.
+    Queued(Placement),
+    /// Routed to the NIC in another process: forward it there.
+    Remote(Box<Request>),
+    /// Refused: send this error reply.
+    Refused(Reply),
+}
+
 /// Where a server-bound message goes, and its handler's kind; no side effects.
 fn route(
     inner: &Inner,
@@ -1173,11 +1367,9 @@ fn route(
         return Ok((owner, HandlerKind::Write));
     }
     let w = inner.weights((req.app, req.handler));
-    sel.pick(&w, |p| {
-        p != Placement::Client && inner.queues[p.index()].is_some()
-    })
-    .map(|p| (p, HandlerKind::Read))
-    .ok_or(Status::Unavailable)
+    sel.pick(&w, |p| p != Placement::Client && inner.available(p))
+        .map(|p| (p, HandlerKind::Read))
+        .ok_or(Status::Unavailable)
 }
 
 /// Why a message did not enter a server queue.
@@ -1186,6 +1378,8 @@ enum Refusal {
     Status(Status),
     /// The queue refused it (full, shut down).
     Client(ClientError),
+    /// Routed to a NIC in another process: the fabric driver forwards it.
+    Remote(Box<Request>),
 }
 
 impl Refusal {
@@ -1201,6 +1395,12 @@ impl Refusal {
                 };
                 error_reply(req, status, Placement::Host, e.to_string())
             }
+            Refusal::Remote(_) => error_reply(
+                req,
+                Status::Unavailable,
+                Placement::Nic,
+                "the NIC runs in another process and this caller cannot forward".into(),
+            ),
         }
     }
 }
@@ -1222,6 +1422,12 @@ fn submit(
     };
     let app = req.app;
     let write = kind == HandlerKind::Write;
+    if p == Placement::Nic && inner.queues[p.index()].is_none() && inner.config.remote_nic {
+        if write {
+            return Err(Refusal::Status(Status::NotOwner));
+        }
+        return Err(Refusal::Remote(Box::new(req)));
+    }
     if write {
         let o = inner
             .owners
@@ -1383,7 +1589,8 @@ impl Client {
         let choice = match placement {
             Some(p) => Some(p),
             None if is_read => sel.pick(&weights, |p| {
-                p == Placement::Client || self.inner.queues[p.index()].is_some()
+                (p == Placement::Client && self.inner.agent_available())
+                    || self.inner.queues[p.index()].is_some()
             }),
             None => None,
         };
@@ -1507,7 +1714,8 @@ impl AsyncClient {
             let mut sels = self.selector.lock().unwrap_or_else(|e| e.into_inner());
             let w = self.inner.weights(key);
             sels.entry(key).or_default().pick(&w, |p| {
-                p == Placement::Client || self.inner.queues[p.index()].is_some()
+                (p == Placement::Client && self.inner.agent_available())
+                    || self.inner.queues[p.index()].is_some()
             })
         } else {
             None

@@ -185,6 +185,14 @@ pub enum FetchError {
     /// The data source did not answer (one-sided agent down, timeout).
     #[error("data source unavailable: {0}")]
     Unavailable(String),
+    /// A remote agent refused the access (its status and message).
+    #[error("the one-sided agent refused the access ({status:?}): {message}")]
+    Refused {
+        /// The agent's status.
+        status: Status,
+        /// Its message.
+        message: String,
+    },
 }
 
 impl FetchError {
@@ -193,6 +201,7 @@ impl FetchError {
         match self {
             FetchError::Resolve(e) => resolve_status(e),
             FetchError::Unavailable(_) => Status::Unavailable,
+            FetchError::Refused { status, .. } => *status,
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod interp;
 pub mod intmap;
 pub mod loader;
 pub mod metrics;
+pub mod onesided;
 pub mod pipeline;
 pub mod placement;
 pub mod region;
@@ -30,6 +31,7 @@ pub mod registry;
 pub mod sim;
 pub mod steering;
 pub mod transport;
+pub mod udp;
 pub mod verifier;
 pub mod wire;
 

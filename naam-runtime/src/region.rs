@@ -12,10 +12,46 @@ use std::sync::Arc;
 use crate::intmap::IntMap;
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_MASK, ACCESS_READ, ACCESS_WRITE};
 
-/// 8-byte aligned, fixed-size memory shared by every placement of one server.
+/// 8-byte aligned, fixed-size memory shared by every placement of one server: heap memory in
+/// one process, or a shared file mapping (`/dev/shm`) that a separate NIC process maps too.
 pub struct RegionMemory {
-    words: Box<[AtomicU64]>,
+    storage: Storage,
     len: usize,
+}
+
+enum Storage {
+    Heap(Box<[AtomicU64]>),
+    /// A `MAP_SHARED` mapping of `words` words; unmapped on drop.
+    Mapped {
+        ptr: *mut AtomicU64,
+        words: usize,
+    },
+}
+
+// The mapping is plain memory accessed only through atomics, like the heap variant.
+unsafe impl Send for Storage {}
+unsafe impl Sync for Storage {}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Storage::Mapped { ptr, words } = *self {
+            if words > 0 {
+                // SAFETY: `ptr` came from mmap with exactly this length and is unmapped once.
+                unsafe { libc::munmap(ptr.cast(), words * 8) };
+            }
+        }
+    }
+}
+
+/// Why shared region memory could not be created or mapped.
+#[derive(Debug, thiserror::Error)]
+#[error("shared region memory {path}: {source}")]
+pub struct ShmError {
+    /// The file.
+    pub path: std::path::PathBuf,
+    /// What failed.
+    #[source]
+    pub source: std::io::Error,
 }
 
 impl std::fmt::Debug for RegionMemory {
@@ -46,7 +82,102 @@ impl RegionMemory {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> RegionMemory {
         let words = (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
-        RegionMemory { words, len }
+        RegionMemory {
+            storage: Storage::Heap(words),
+            len,
+        }
+    }
+
+    /// Creates (or truncates) the file `path` (normally under `/dev/shm`), fills it with
+    /// `contents` and maps it shared: another process that [`map_shared`]s the same file sees
+    /// every write, as a NIC sees host memory through DMA.
+    ///
+    /// [`map_shared`]: RegionMemory::map_shared
+    pub fn create_shared(
+        path: &std::path::Path,
+        contents: &[u8],
+    ) -> Result<RegionMemory, ShmError> {
+        let err = |source| ShmError {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(err)?;
+        file.set_len(contents.len().div_ceil(8) as u64 * 8)
+            .map_err(err)?;
+        let m = Self::map_file(&file, contents.len()).map_err(err)?;
+        m.write(0, contents).expect("fits by construction");
+        Ok(m)
+    }
+
+    /// Maps the existing shared file `path` of `len` bytes (made by [`create_shared`]).
+    ///
+    /// [`create_shared`]: RegionMemory::create_shared
+    pub fn map_shared(path: &std::path::Path, len: usize) -> Result<RegionMemory, ShmError> {
+        let err = |source| ShmError {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(err)?;
+        let have = file.metadata().map_err(err)?.len();
+        if have < len.div_ceil(8) as u64 * 8 {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("the file has {have} bytes, the region needs {len}"),
+            )));
+        }
+        Self::map_file(&file, len).map_err(err)
+    }
+
+    fn map_file(file: &std::fs::File, len: usize) -> std::io::Result<RegionMemory> {
+        use std::os::fd::AsRawFd;
+        let words = len.div_ceil(8);
+        if words == 0 {
+            return Ok(RegionMemory::zeroed(0));
+        }
+        // SAFETY: a fresh shared mapping of a file we hold open; the kernel picks the address.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                words * 8,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(RegionMemory {
+            storage: Storage::Mapped {
+                ptr: ptr.cast(),
+                words,
+            },
+            len,
+        })
+    }
+
+    /// True when the memory is a shared file mapping.
+    pub fn is_shared(&self) -> bool {
+        matches!(self.storage, Storage::Mapped { .. })
+    }
+
+    fn words(&self) -> &[AtomicU64] {
+        match &self.storage {
+            Storage::Heap(w) => w,
+            // SAFETY: the mapping is page-aligned, `words` words long and lives as long as self.
+            Storage::Mapped { ptr, words } => unsafe { std::slice::from_raw_parts(*ptr, *words) },
+        }
     }
 
     /// A copy of `bytes`.
@@ -68,7 +199,7 @@ impl RegionMemory {
 
     /// Address of the first byte.
     pub fn addr(&self) -> u64 {
-        self.words.as_ptr() as u64
+        self.words().as_ptr() as u64
     }
 
     /// Checks `[offset, offset + len)` and returns its start address.
@@ -93,7 +224,7 @@ impl RegionMemory {
         let mut at = offset as usize;
         let mut out = 0;
         while out < dst.len() {
-            let word = self.words[at / 8].load(Ordering::Acquire).to_le_bytes();
+            let word = self.words()[at / 8].load(Ordering::Acquire).to_le_bytes();
             let from = at % 8;
             let n = (8 - from).min(dst.len() - out);
             dst[out..out + n].copy_from_slice(&word[from..from + n]);
@@ -112,7 +243,7 @@ impl RegionMemory {
         while inp < src.len() {
             let from = at % 8;
             let n = (8 - from).min(src.len() - inp);
-            let w = &self.words[at / 8];
+            let w = &self.words()[at / 8];
             if n == 8 {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(&src[inp..inp + 8]);
@@ -138,7 +269,7 @@ impl RegionMemory {
             return Err(MemError::Misaligned(offset));
         }
         self.range(offset, 8)?;
-        Ok(&self.words[(offset / 8) as usize])
+        Ok(&self.words()[(offset / 8) as usize])
     }
 
     /// Atomic 64-bit load (acquire).
@@ -264,6 +395,33 @@ impl RegionTable {
         mem: RegionMemory,
     ) -> Arc<Region> {
         let rkey = fresh_rkey(&self.by_key);
+        self.insert(rkey, app, name, access, mem)
+    }
+
+    /// Registers `mem` under a given `rkey` (a NIC process mirroring the server's table); `None`
+    /// when the rkey is 0 or already in use.
+    pub fn register_with_key(
+        &mut self,
+        rkey: u64,
+        app: u32,
+        name: &str,
+        access: u32,
+        mem: RegionMemory,
+    ) -> Option<Arc<Region>> {
+        if rkey == 0 || self.by_key.contains_key(&rkey) {
+            return None;
+        }
+        Some(self.insert(rkey, app, name, access, mem))
+    }
+
+    fn insert(
+        &mut self,
+        rkey: u64,
+        app: u32,
+        name: &str,
+        access: u32,
+        mem: RegionMemory,
+    ) -> Arc<Region> {
         let region = Arc::new(Region {
             rkey,
             app,

@@ -68,6 +68,45 @@ impl Ewma {
     pub fn samples(&self) -> u64 {
         self.samples
     }
+
+    /// Replaces the average with `x` (a value averaged elsewhere, e.g. by a remote placement).
+    pub fn set(&mut self, x: f64) {
+        self.value = x;
+        self.samples = self.samples.max(1);
+    }
+}
+
+/// One handler's figures in a [`RemoteLoad`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct RemoteHandler {
+    /// App.
+    pub app: u32,
+    /// Handler.
+    pub handler: u32,
+    /// Service-time average, nanoseconds.
+    pub service_ns: f64,
+    /// Steps average.
+    pub steps: f64,
+    /// Messages completed since the last report.
+    pub completions: u64,
+}
+
+/// What a placement running in another process (a NIC's executor) reports to the steering
+/// controller every period: the tracker's signals, averaged where they were measured.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct RemoteLoad {
+    /// Executors behind the placement.
+    pub executors: u32,
+    /// Messages queued at the end of the period.
+    pub queue_depth: u32,
+    /// Queueing-delay average, nanoseconds.
+    pub queue_delay_ns: f64,
+    /// Executor time spent since the last report, nanoseconds.
+    pub busy_ns: u64,
+    /// Messages dequeued since the last report.
+    pub dequeues: u64,
+    /// Handlers that completed messages since the last report.
+    pub handlers: Vec<RemoteHandler>,
 }
 
 /// Identifies a handler of an app.
@@ -553,6 +592,62 @@ impl LoadTracker {
     /// Every handler seen here.
     pub fn handlers(&self) -> impl Iterator<Item = &HandlerKey> {
         self.service.keys()
+    }
+
+    /// The report a remote placement sends: what happened since the last report (busy time,
+    /// dequeues, completions are drained), with the current averages.
+    pub fn report(&mut self) -> RemoteLoad {
+        let handlers = self
+            .completions
+            .drain()
+            .map(|((app, handler), completions)| RemoteHandler {
+                app,
+                handler,
+                service_ns: self
+                    .service
+                    .get(&(app, handler))
+                    .and_then(Ewma::get)
+                    .unwrap_or(0.0),
+                steps: self
+                    .steps
+                    .get(&(app, handler))
+                    .and_then(Ewma::get)
+                    .unwrap_or(1.0),
+                completions,
+            })
+            .collect();
+        let r = RemoteLoad {
+            executors: self.executors,
+            queue_depth: self.depth,
+            queue_delay_ns: self.queue_delay_ns(),
+            busy_ns: self.busy_ns,
+            dequeues: self.dequeues,
+            handlers,
+        };
+        self.busy_ns = 0;
+        self.dequeues = 0;
+        r
+    }
+
+    /// Takes in a remote placement's report as if its executors had run here.
+    pub fn absorb(&mut self, r: &RemoteLoad) {
+        self.executors = r.executors.max(1);
+        self.depth = r.queue_depth;
+        if r.dequeues > 0 || self.queue_delay.get().is_none() {
+            self.queue_delay.set(r.queue_delay_ns);
+        }
+        self.busy_ns += r.busy_ns;
+        self.dequeues += r.dequeues;
+        for h in &r.handlers {
+            let key = (h.app, h.handler);
+            if !h.service_ns.is_finite() || !h.steps.is_finite() {
+                continue;
+            }
+            self.service.entry(key).or_default().set(h.service_ns);
+            self.steps.entry(key).or_default().set(h.steps);
+            self.overall.add_clipped(h.service_ns);
+            *self.completions.entry(key).or_default() += h.completions;
+        }
     }
 }
 

@@ -49,8 +49,12 @@ pub mod flags {
     pub const WRITE: u16 = 1;
     /// A retransmission of an earlier request id (writes are deduplicated).
     pub const RETRY: u16 = 2;
+    /// Run at the host (a placement baseline: the switch does not steer it).
+    pub const PIN_HOST: u16 = 4;
+    /// Run at the NIC (a placement baseline: the switch does not steer it).
+    pub const PIN_NIC: u16 = 8;
     /// Every defined flag.
-    pub const ALL: u16 = WRITE | RETRY;
+    pub const ALL: u16 = WRITE | RETRY | PIN_HOST | PIN_NIC;
 }
 
 /// Why bytes are not a valid message.
@@ -211,6 +215,17 @@ impl Request {
             .iter()
             .rposition(|&w| w != 0)
             .map_or(0, |i| i + 1)
+    }
+
+    /// The placement a `PIN_*` flag asks for (host wins if both are set).
+    pub fn pinned(&self) -> Option<Placement> {
+        if self.flags & flags::PIN_HOST != 0 {
+            Some(Placement::Host)
+        } else if self.flags & flags::PIN_NIC != 0 {
+            Some(Placement::Nic)
+        } else {
+            None
+        }
     }
 
     /// Encoded size in bytes.

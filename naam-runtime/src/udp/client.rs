@@ -1,0 +1,591 @@
+//! The client side of the UDP fabric: a [`Transport`] that sends active messages to
+//! `naam-server` with request ids, timeouts and retransmission, and runs read handlers itself
+//! (Client placement) with one-sided READs served by the NIC's agent. It follows the server's
+//! steering weights, which it refreshes every few milliseconds while reporting what it measured.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use naam_ebpf::abi::{Descriptor, ACCESS_READ};
+
+use super::control::{object_hash, Control, Manifest, KIND_CONTROL};
+use super::socket::{Socket, DEFAULT_DATAGRAM};
+use crate::clock::SystemClock;
+use crate::cluster::{error_reply, reply_for, ClientError, Selector};
+use crate::datagram::{Retransmit, Timeout};
+use crate::engine::Vm;
+use crate::executor::{run_message, ClientPath, FetchError, Limits, OneSided, WriteError};
+use crate::metrics::Metrics;
+use crate::onesided::{self, KIND_COMPLETION};
+use crate::placement::Placement;
+use crate::registry::{HandlerKind, HandlerSpec, Registry};
+use crate::steering::{Ewma, HandlerKey, LoadTracker, Weights};
+use crate::transport::Transport;
+use crate::verifier::VerifierConfig;
+use crate::wire::{
+    flags, peek_kind, Descriptors, LoadFeedback, Reply, Request, Status, KIND_REPLY,
+};
+
+/// Client settings.
+#[derive(Clone, Debug)]
+pub struct UdpConfig {
+    /// `naam-server`'s address.
+    pub server: SocketAddr,
+    /// Datagram size (1472 fits a 1500-byte MTU; up to 8972 with jumbo frames).
+    pub datagram: usize,
+    /// First retransmission timeout; it doubles on every retry.
+    pub rto: Duration,
+    /// Sends per request before giving up (the first one included).
+    pub attempts: u32,
+    /// How often the steering weights are refreshed.
+    pub refresh: Duration,
+    /// How long the first contact may take.
+    pub connect_timeout: Duration,
+    /// Pin every read to one placement (baselines); `None` follows the weights.
+    pub pin: Option<Placement>,
+}
+
+impl UdpConfig {
+    /// Defaults for `server`.
+    pub fn new(server: SocketAddr) -> UdpConfig {
+        UdpConfig {
+            server,
+            datagram: DEFAULT_DATAGRAM,
+            rto: Duration::from_millis(20),
+            attempts: 8,
+            refresh: Duration::from_millis(5),
+            connect_timeout: Duration::from_secs(2),
+            pin: None,
+        }
+    }
+}
+
+/// Why a UDP client could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum UdpError {
+    /// A socket operation failed.
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server did not answer the hello.
+    #[error("no answer from naam-server at {server} within {waited:?} (is it running, and is the address reachable from this namespace?)")]
+    NoServer {
+        /// Address tried.
+        server: SocketAddr,
+        /// How long.
+        waited: Duration,
+    },
+    /// The server refused.
+    #[error("naam-server at {server} refused: {message}")]
+    Refused {
+        /// Address.
+        server: SocketAddr,
+        /// Its message.
+        message: String,
+    },
+    /// The server serves no such app.
+    #[error("naam-server serves no app {0}")]
+    UnknownApp(u32),
+    /// The client's handler object is not the server's.
+    #[error("app {app}: the handler object here (hash {local:#x}) differs from the server's ({server:#x}); rebuild both from the same source")]
+    ObjectMismatch {
+        /// App.
+        app: u32,
+        /// Local hash.
+        local: u64,
+        /// Server's hash.
+        server: u64,
+    },
+    /// The handlers could not be loaded or verified.
+    #[error("loading app {0}'s handlers: {1}")]
+    Handlers(u32, String),
+}
+
+/// Why an exchange got no answer.
+#[derive(Debug)]
+enum Exchange {
+    Timeout(Duration),
+    Io(std::io::Error),
+}
+
+/// The socket, ids and retransmission state one client uses for everything.
+pub struct Conn {
+    socket: Socket,
+    server: SocketAddr,
+    agent: Option<SocketAddr>,
+    client_id: u32,
+    seq: u64,
+    rto: Duration,
+    attempts: u32,
+    epoch: Instant,
+    inbox: Vec<Control>,
+    rtt: Ewma,
+}
+
+/// The id a reply, completion or control message answers.
+fn answered_id(kind: u8, m: &[u8]) -> Option<u64> {
+    let at = match kind {
+        KIND_REPLY => 16,
+        KIND_COMPLETION | KIND_CONTROL => 8,
+        _ => return None,
+    };
+    m.get(at..at + 8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+}
+
+impl Conn {
+    fn next_id(&mut self) -> u64 {
+        self.seq += 1;
+        ((self.client_id as u64) << 40) | (self.seq & ((1 << 40) - 1))
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Sends `msg` to `to` and waits for the `want`-kind message answering `id`, resending
+    /// `resend` (default `msg`) on each timeout. Control answers that arrive meanwhile are kept.
+    fn exchange(
+        &mut self,
+        to: SocketAddr,
+        id: u64,
+        msg: &[u8],
+        resend: Option<&[u8]>,
+        want: u8,
+    ) -> Result<Bytes, Exchange> {
+        let mut rt = Retransmit::new(self.rto.as_nanos() as u64, self.attempts);
+        let started = Instant::now();
+        self.socket.send(to, id, msg).map_err(Exchange::Io)?;
+        rt.sent(id, self.now());
+        loop {
+            let wait = rt
+                .next_deadline()
+                .map_or(0, |d| d.saturating_sub(self.now()))
+                .min(1_000_000);
+            for (_, m) in self
+                .socket
+                .recv(Duration::from_nanos(wait))
+                .map_err(Exchange::Io)?
+            {
+                let Some(kind) = peek_kind(&m) else { continue };
+                if kind == want && answered_id(kind, &m) == Some(id) {
+                    return Ok(m);
+                }
+                if kind == KIND_CONTROL {
+                    if let Ok((_, c)) = Control::decode(&m) {
+                        self.inbox.push(c);
+                    }
+                }
+                // Anything else is a late answer to an earlier, given-up exchange.
+            }
+            for (_, t) in rt.poll(self.now()) {
+                match t {
+                    Timeout::Resend(_) => {
+                        let _ = self.socket.send(to, id, resend.unwrap_or(msg));
+                    }
+                    Timeout::GiveUp => return Err(Exchange::Timeout(started.elapsed())),
+                }
+            }
+        }
+    }
+}
+
+impl OneSided for Conn {
+    fn read(
+        &mut self,
+        app: u32,
+        descs: &[Descriptor],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<u64, FetchError> {
+        if let Some(d) = descs.iter().find(|d| d.access & ACCESS_READ == 0) {
+            return Err(FetchError::Resolve(
+                crate::region::ResolveError::AccessDenied {
+                    need: ACCESS_READ,
+                    have: d.access,
+                },
+            ));
+        }
+        let agent = self.agent.ok_or_else(|| {
+            FetchError::Unavailable("no one-sided agent: the server reports no naam-nic".into())
+        })?;
+        let id = self.next_id();
+        let op = onesided::Request {
+            app,
+            id,
+            op: onesided::Op::Read(descs.to_vec()),
+        };
+        let bytes = op.to_bytes().map_err(|e| FetchError::Refused {
+            status: Status::Refused,
+            message: e.to_string(),
+        })?;
+        let start = Instant::now();
+        let m = self
+            .exchange(agent, id, &bytes, None, KIND_COMPLETION)
+            .map_err(|e| {
+                FetchError::Unavailable(format!("the one-sided agent at {agent}: {e:?}"))
+            })?;
+        let c = onesided::Completion::decode(m).map_err(|e| FetchError::Refused {
+            status: Status::Malformed,
+            message: e.to_string(),
+        })?;
+        if c.status != Status::Ok {
+            return Err(FetchError::Refused {
+                status: c.status,
+                message: String::from_utf8_lossy(&c.data).into_owned(),
+            });
+        }
+        let total: usize = descs.iter().map(|d| d.len as usize).sum();
+        if c.data.len() != total {
+            return Err(FetchError::Refused {
+                status: Status::Malformed,
+                message: format!("READ returned {} bytes for {total}", c.data.len()),
+            });
+        }
+        let mut at = 0;
+        for (d, b) in descs.iter().zip(bufs.iter_mut()) {
+            let n = d.len as usize;
+            b.clear();
+            b.extend_from_slice(&c.data[at..at + n]);
+            at += n;
+        }
+        let rtt = start.elapsed().as_nanos() as u64;
+        self.rtt.add(rtt as f64);
+        Ok(rtt)
+    }
+}
+
+/// A client of `naam-server` over UDP. One call at a time; make one per thread.
+pub struct UdpClient {
+    path: ClientPath<Conn>,
+    manifest: Manifest,
+    registry: Registry,
+    kinds: HashMap<HandlerKey, HandlerKind>,
+    vm: Vm,
+    clock: SystemClock,
+    limits: Limits,
+    weights: HashMap<HandlerKey, Weights>,
+    selectors: HashMap<HandlerKey, Selector>,
+    refresh: Duration,
+    last_refresh: Instant,
+    apps_used: HashSet<u32>,
+    agent_down_until: Option<Instant>,
+    tracker: LoadTracker,
+    metrics: Option<Arc<Metrics>>,
+    pin: Option<Placement>,
+}
+
+impl UdpClient {
+    /// Says hello to the server and learns what it serves.
+    pub fn connect(config: &UdpConfig) -> Result<UdpClient, UdpError> {
+        let bind: SocketAddr = if config.server.is_ipv4() {
+            "0.0.0.0:0".parse().expect("literal")
+        } else {
+            "[::]:0".parse().expect("literal")
+        };
+        let socket = Socket::bind(bind, config.datagram)?;
+        let mut conn = Conn {
+            socket,
+            server: config.server,
+            agent: None,
+            client_id: 0,
+            seq: 0,
+            rto: (config.connect_timeout / 4).max(Duration::from_millis(1)),
+            attempts: 3,
+            epoch: Instant::now(),
+            inbox: Vec::new(),
+            rtt: Ewma::default(),
+        };
+        let id = conn.next_id();
+        let hello = Control::Hello.to_bytes(id);
+        let m = match conn.exchange(config.server, id, &hello, None, KIND_CONTROL) {
+            Ok(m) => m,
+            Err(Exchange::Io(e)) => return Err(UdpError::Io(e)),
+            Err(Exchange::Timeout(waited)) => {
+                return Err(UdpError::NoServer {
+                    server: config.server,
+                    waited,
+                })
+            }
+        };
+        let (client_id, manifest, agent) = match Control::decode(&m) {
+            Ok((
+                _,
+                Control::Welcome {
+                    client_id,
+                    manifest,
+                    agent,
+                },
+            )) => (client_id, manifest, agent),
+            Ok((_, Control::Error { message })) => {
+                return Err(UdpError::Refused {
+                    server: config.server,
+                    message,
+                })
+            }
+            other => {
+                return Err(UdpError::Refused {
+                    server: config.server,
+                    message: format!("unexpected answer to hello: {other:?}"),
+                })
+            }
+        };
+        conn.client_id = client_id;
+        conn.agent = agent;
+        conn.rto = config.rto;
+        conn.attempts = config.attempts.max(1);
+        let mut kinds = HashMap::new();
+        for a in &manifest.apps {
+            for h in &a.handlers {
+                let k = if h.write {
+                    HandlerKind::Write
+                } else {
+                    HandlerKind::Read
+                };
+                kinds.insert((a.id, h.id), k);
+            }
+        }
+        Ok(UdpClient {
+            path: ClientPath::new(conn),
+            manifest,
+            registry: Registry::new(),
+            kinds,
+            vm: Vm::new(),
+            clock: SystemClock::new(),
+            limits: Limits::default(),
+            weights: HashMap::new(),
+            selectors: HashMap::new(),
+            refresh: config.refresh,
+            last_refresh: Instant::now() - config.refresh,
+            apps_used: HashSet::new(),
+            agent_down_until: None,
+            tracker: LoadTracker::new(1, 0),
+            metrics: None,
+            pin: config.pin,
+        })
+    }
+
+    /// What the server serves.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Records every call's latency and placement into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Installs `app`'s handler object (the ELF bytes) so that its read handlers can run here
+    /// (Client placement). The object must be the one the server loaded.
+    pub fn install_handlers(&mut self, app: u32, object: &[u8]) -> Result<(), UdpError> {
+        let a = self.manifest.app(app).ok_or(UdpError::UnknownApp(app))?;
+        let local = object_hash(object);
+        if local != a.object_hash {
+            return Err(UdpError::ObjectMismatch {
+                app,
+                local,
+                server: a.object_hash,
+            });
+        }
+        let loaded =
+            crate::loader::load(object).map_err(|e| UdpError::Handlers(app, e.to_string()))?;
+        let specs: Vec<HandlerSpec> = a
+            .handlers
+            .iter()
+            .filter(|h| !h.write)
+            .map(|h| {
+                let s = HandlerSpec::read(&h.name);
+                if h.jit {
+                    s.jit()
+                } else {
+                    s
+                }
+            })
+            .collect();
+        let fail = |e: crate::registry::RegistryError| UdpError::Handlers(app, e.to_string());
+        self.registry
+            .add_app(app, &a.name, Placement::Host)
+            .map_err(fail)?;
+        self.registry
+            .add_handlers(app, &loaded, &specs, &VerifierConfig::default())
+            .map_err(fail)?;
+        Ok(())
+    }
+
+    /// The one-sided agent, as last reported by the server.
+    pub fn agent(&mut self) -> Option<SocketAddr> {
+        self.path.transport().agent
+    }
+
+    fn refresh_weights(&mut self) {
+        if self.last_refresh.elapsed() < self.refresh {
+            return;
+        }
+        self.last_refresh = Instant::now();
+        let report = self.tracker.report();
+        let conn = self.path.transport();
+        let rtt_ns = conn.rtt.get();
+        let mut first = true;
+        for app in self.apps_used.iter().copied() {
+            let id = conn.next_id();
+            let q = Control::QueryWeights {
+                app,
+                client: first.then(|| report.clone()),
+                rtt_ns,
+            };
+            first = false;
+            // Fire and forget: the answer is picked up by whichever exchange sees it.
+            let server = conn.server;
+            let _ = conn.socket.send(server, id, &q.to_bytes(id));
+        }
+    }
+
+    fn take_inbox(&mut self) {
+        let inbox = std::mem::take(&mut self.path.transport().inbox);
+        for c in inbox {
+            if let Control::Weights {
+                app,
+                handlers,
+                agent,
+            } = c
+            {
+                for h in handlers {
+                    self.weights.insert((app, h.handler), Weights(h.weights));
+                }
+                self.path.transport().agent = agent;
+            }
+        }
+    }
+
+    fn client_ok(&self, key: HandlerKey) -> bool {
+        self.registry.handler(key.0, key.1).is_ok()
+            && self.agent_down_until.is_none_or(|t| Instant::now() >= t)
+    }
+
+    fn run_locally(&mut self, req: &Request) -> Reply {
+        let handler = match self.registry.handler(req.app, req.handler) {
+            Ok(h) => h.clone(),
+            Err(e) => {
+                return error_reply(
+                    req,
+                    Status::UnknownHandler,
+                    Placement::Client,
+                    e.to_string(),
+                )
+            }
+        };
+        let begin = Instant::now();
+        let (c, cost) = run_message(
+            req,
+            handler,
+            &mut self.path,
+            &mut self.vm,
+            self.limits,
+            &self.clock,
+            |_| Err(WriteError::NotOwner),
+        );
+        let service = (begin.elapsed().as_nanos() as u64).saturating_sub(cost.fetch_ns);
+        self.tracker
+            .completed((req.app, req.handler), service, c.steps);
+        reply_for(
+            req,
+            &c,
+            Placement::Client,
+            LoadFeedback {
+                service_ns: service,
+                ..LoadFeedback::default()
+            },
+        )
+    }
+
+    fn call_server(&mut self, mut req: Request) -> Result<Reply, ClientError> {
+        let conn = self.path.transport();
+        req.request_id = conn.next_id();
+        let mut b = BytesMut::new();
+        req.encode(&mut b)?;
+        let first = b.freeze();
+        let mut retry = first.to_vec();
+        let f = u16::from_le_bytes([retry[2], retry[3]]) | flags::RETRY;
+        retry[2..4].copy_from_slice(&f.to_le_bytes());
+        let server = conn.server;
+        match conn.exchange(server, req.request_id, &first, Some(&retry), KIND_REPLY) {
+            Ok(m) => Ok(Reply::decode(m)?),
+            Err(Exchange::Timeout(d)) => Err(ClientError::Timeout(d)),
+            Err(Exchange::Io(_)) => Err(ClientError::Shutdown),
+        }
+    }
+}
+
+impl Transport for UdpClient {
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        let descriptors = Descriptors::from_slice(descs)?;
+        let mut req = Request::new(app, handler, 0, Bytes::copy_from_slice(args), descriptors);
+        req.validate()?;
+        let key = (app, handler);
+        if self.apps_used.insert(app) {
+            self.last_refresh = Instant::now() - self.refresh;
+        }
+        self.refresh_weights();
+        self.take_inbox();
+        let start = Instant::now();
+        let read = self.kinds.get(&key) == Some(&HandlerKind::Read);
+        let client_ok = read && self.client_ok(key);
+        let agent_up = self.path.transport().agent.is_some();
+        let choice = match self.pin {
+            Some(p) if read => Some(p),
+            Some(_) => None,
+            None if client_ok && agent_up => {
+                let w = self
+                    .weights
+                    .get(&key)
+                    .copied()
+                    .unwrap_or(Weights::all(Placement::Host));
+                self.selectors
+                    .entry(key)
+                    .or_default()
+                    .pick(&w, |_| true)
+                    .filter(|&p| p == Placement::Client)
+            }
+            None => None,
+        };
+        let mut reply = None;
+        if choice == Some(Placement::Client) && client_ok {
+            req.request_id = self.path.transport().next_id();
+            let r = self.run_locally(&req);
+            if r.status == Status::Unavailable && self.pin != Some(Placement::Client) {
+                // The agent is gone: stop using it for a while and let the server answer.
+                self.agent_down_until = Some(Instant::now() + Duration::from_millis(200));
+            } else {
+                reply = Some(r);
+            }
+        }
+        let reply = match reply {
+            Some(r) => r,
+            None => {
+                match choice {
+                    Some(Placement::Host) => req.flags |= flags::PIN_HOST,
+                    Some(Placement::Nic) => req.flags |= flags::PIN_NIC,
+                    _ => {}
+                }
+                self.call_server(req)?
+            }
+        };
+        if let Some(m) = &self.metrics {
+            m.record(
+                reply.placement,
+                key,
+                start.elapsed().as_nanos() as u64,
+                reply.status,
+            );
+        }
+        Ok(reply)
+    }
+}

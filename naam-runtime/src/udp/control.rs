@@ -1,0 +1,298 @@
+//! Control-plane messages of the UDP fabric, IO-free: the manifest a server publishes (apps,
+//! handlers, regions and their rkeys), the client hello and weight queries, the NIC's
+//! registration and load reports, and the header of requests the switch forwards to the NIC.
+//!
+//! Control message: `0 u8 version, 1 u8 kind (5), 2 u16 0, 4 u32 0, 8 u64 id, 16 JSON body`.
+//! Forwarded request: `0 u8 version, 1 u8 kind (6), 2 u16 client port, 4 u32 0,
+//! 8 [u8; 16] client IPv6 address (IPv4-mapped for IPv4), 24 the request as the client sent it`.
+
+use std::net::{IpAddr, SocketAddr};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde::{Deserialize, Serialize};
+
+use crate::steering::RemoteLoad;
+use crate::wire::{WireError, VERSION};
+
+/// Kind byte of a control message.
+pub const KIND_CONTROL: u8 = 5;
+/// Kind byte of a forwarded request.
+pub const KIND_FORWARD: u8 = 6;
+/// Control header size.
+pub const CONTROL_HEADER: usize = 16;
+/// Forward header size.
+pub const FORWARD_HEADER: usize = 24;
+
+/// A handler as the manifest lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandlerManifest {
+    /// Section name in the object.
+    pub name: String,
+    /// Id on the wire.
+    pub id: u32,
+    /// Read-only (may run at the client) or a write (at the owner).
+    pub write: bool,
+    /// Runs on the JIT (trusted handler).
+    pub jit: bool,
+}
+
+/// A region as the manifest lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionManifest {
+    /// Name.
+    pub name: String,
+    /// Its rkey.
+    pub rkey: u64,
+    /// `ACCESS_*` rights.
+    pub access: u32,
+    /// Size in bytes.
+    pub len: u64,
+    /// The shared-memory file backing it (the NIC maps it; clients ignore it).
+    pub path: Option<String>,
+}
+
+/// An installed app.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AppManifest {
+    /// Id.
+    pub id: u32,
+    /// Name.
+    pub name: String,
+    /// Application kind (`mica`, `btree`, or `object` for a plain eBPF object).
+    pub kind: String,
+    /// Kind-specific parameters (the table geometry a client needs).
+    pub params: serde_json::Value,
+    /// Path of the handler object (an eBPF ELF) the server loaded.
+    pub object: String,
+    /// [`object_hash`] of the object's bytes, so a client can check it runs the same handlers.
+    pub object_hash: u64,
+    /// Handlers.
+    pub handlers: Vec<HandlerManifest>,
+    /// Regions.
+    pub regions: Vec<RegionManifest>,
+}
+
+impl AppManifest {
+    /// The rkey of region `name`.
+    pub fn region_key(&self, name: &str) -> Option<u64> {
+        self.regions.iter().find(|r| r.name == name).map(|r| r.rkey)
+    }
+}
+
+/// What a server serves.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Apps.
+    pub apps: Vec<AppManifest>,
+    /// The mode label (`udp`: NIC cores, DMA and one-sided RDMA emulated).
+    pub mode: String,
+}
+
+impl Manifest {
+    /// The app `id`.
+    pub fn app(&self, id: u32) -> Option<&AppManifest> {
+        self.apps.iter().find(|a| a.id == id)
+    }
+
+    /// The first app of `kind`.
+    pub fn app_of_kind(&self, kind: &str) -> Option<&AppManifest> {
+        self.apps.iter().find(|a| a.kind == kind)
+    }
+}
+
+/// One handler's weights.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HandlerWeights {
+    /// Handler id.
+    pub handler: u32,
+    /// Fractions per placement (Client, Nic, Host).
+    pub weights: [f64; 3],
+}
+
+/// A control message.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case")]
+pub enum Control {
+    /// Client → server: who are you?
+    Hello,
+    /// Server → client: the manifest, a client id, and where the one-sided agent listens.
+    Welcome {
+        /// Top 24 bits of the client's request ids.
+        client_id: u32,
+        /// What is served.
+        manifest: Manifest,
+        /// The NIC's one-sided agent, when a NIC is up.
+        agent: Option<SocketAddr>,
+    },
+    /// Client → server: current weights of `app`'s handlers; carries what the client measured
+    /// running handlers itself since its last query.
+    QueryWeights {
+        /// App.
+        app: u32,
+        /// Client-side executions since the last query.
+        client: Option<RemoteLoad>,
+        /// One-sided READ round trip the client sees, nanoseconds.
+        rtt_ns: Option<f64>,
+    },
+    /// Server → client: the weights.
+    Weights {
+        /// App.
+        app: u32,
+        /// Per handler.
+        handlers: Vec<HandlerWeights>,
+        /// The one-sided agent, when a NIC is up.
+        agent: Option<SocketAddr>,
+    },
+    /// NIC → server: load since the last report (also its registration and heartbeat).
+    NicLoad {
+        /// Where the NIC takes forwarded requests and one-sided operations.
+        agent: SocketAddr,
+        /// The report.
+        load: RemoteLoad,
+    },
+    /// NIC → server: draining, stop forwarding.
+    NicBye,
+    /// Any direction: a refusal.
+    Error {
+        /// Why.
+        message: String,
+    },
+}
+
+impl Control {
+    /// Encodes the message with id `id`.
+    pub fn to_bytes(&self, id: u64) -> Bytes {
+        let body = serde_json::to_vec(self).unwrap_or_default();
+        let mut b = BytesMut::with_capacity(CONTROL_HEADER + body.len());
+        b.put_u8(VERSION);
+        b.put_u8(KIND_CONTROL);
+        b.put_u16_le(0);
+        b.put_u32_le(0);
+        b.put_u64_le(id);
+        b.put_slice(&body);
+        b.freeze()
+    }
+
+    /// Decodes a control message and its id.
+    pub fn decode(buf: &[u8]) -> Result<(u64, Control), WireError> {
+        if buf.len() < CONTROL_HEADER {
+            return Err(WireError::Truncated {
+                need: CONTROL_HEADER,
+                have: buf.len(),
+            });
+        }
+        if buf[0] != VERSION {
+            return Err(WireError::Version(buf[0]));
+        }
+        if buf[1] != KIND_CONTROL {
+            return Err(WireError::Kind(buf[1]));
+        }
+        if buf[2..8].iter().any(|&b| b != 0) {
+            return Err(WireError::Invalid {
+                field: "reserved",
+                value: 0,
+            });
+        }
+        let id = u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes"));
+        let c = serde_json::from_slice(&buf[CONTROL_HEADER..]).map_err(|_| WireError::Invalid {
+            field: "control body",
+            value: (buf.len() - CONTROL_HEADER) as u64,
+        })?;
+        Ok((id, c))
+    }
+}
+
+/// Wraps `request` (as the client sent it) for the NIC, which replies to `client` directly.
+pub fn forward(client: SocketAddr, request: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(FORWARD_HEADER + request.len());
+    b.put_u8(VERSION);
+    b.put_u8(KIND_FORWARD);
+    b.put_u16_le(client.port());
+    b.put_u32_le(0);
+    let ip = match client.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    b.put_slice(&ip.octets());
+    b.put_slice(request);
+    b.freeze()
+}
+
+/// Unwraps a forwarded request: the client's address and the request bytes.
+pub fn unforward(buf: &Bytes) -> Result<(SocketAddr, Bytes), WireError> {
+    if buf.len() < FORWARD_HEADER {
+        return Err(WireError::Truncated {
+            need: FORWARD_HEADER,
+            have: buf.len(),
+        });
+    }
+    if buf[0] != VERSION {
+        return Err(WireError::Version(buf[0]));
+    }
+    if buf[1] != KIND_FORWARD {
+        return Err(WireError::Kind(buf[1]));
+    }
+    if buf[4..8].iter().any(|&b| b != 0) {
+        return Err(WireError::Invalid {
+            field: "reserved",
+            value: 0,
+        });
+    }
+    let port = u16::from_le_bytes([buf[2], buf[3]]);
+    let octets: [u8; 16] = buf[8..24].try_into().expect("16 bytes");
+    let v6 = std::net::Ipv6Addr::from(octets);
+    let ip = match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    };
+    Ok((SocketAddr::new(ip, port), buf.slice(FORWARD_HEADER..)))
+}
+
+/// The manifest's hash of an object's bytes (the handlers' own `hash64`, seed 0).
+pub fn object_hash(bytes: &[u8]) -> u64 {
+    naam_ebpf::hash::hash64(bytes, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn control_messages_round_trip() {
+        let m = Control::Weights {
+            app: 3,
+            handlers: vec![HandlerWeights {
+                handler: 9,
+                weights: [0.25, 0.25, 0.5],
+            }],
+            agent: Some("10.0.0.1:7002".parse().unwrap()),
+        };
+        let b = m.to_bytes(77);
+        assert_eq!(Control::decode(&b).unwrap(), (77, m));
+        assert!(Control::decode(&b[..10]).is_err());
+        let mut bad = b.to_vec();
+        bad[20] = b'!';
+        assert!(Control::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn forwarded_requests_keep_the_client_address() {
+        for client in ["10.1.2.3:4567", "[fe80::1]:80"] {
+            let c: SocketAddr = client.parse().unwrap();
+            let f = forward(c, b"request bytes");
+            let (back, req) = unforward(&f).unwrap();
+            assert_eq!(back, c);
+            assert_eq!(&req[..], b"request bytes");
+        }
+        assert!(unforward(&Bytes::from_static(b"short")).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
+            let _ = Control::decode(&bytes);
+            let _ = unforward(&Bytes::from(bytes));
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Starting the two server-side processes of a UDP deployment from library code (the binaries
+//! `naam-server` and `naam-nic` are thin wrappers, and tests start both in one process).
+//!
+//! The host creates every region as a file in a shared-memory directory (`/dev/shm/...`) and
+//! writes `manifest.json` there with the regions' rkeys and the handler objects; the NIC maps
+//! the same files, which is how this emulation gives NIC cores DMA access to host memory.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::control::{object_hash, AppManifest, HandlerManifest, Manifest, RegionManifest};
+use crate::cluster::{AppSpec, Cluster, ClusterConfig, ClusterError, PolicyChoice, RegionSpec};
+use crate::engine::EngineKind;
+use crate::placement::Placement;
+use crate::region::RegionMemory;
+use crate::registry::{handler_id, HandlerKind, HandlerSpec};
+
+/// Name of the manifest file in the shared-memory directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// Why a deployment could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// The cluster refused the apps or configuration.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest is not valid.
+    #[error("{path}: invalid manifest: {message}")]
+    Manifest {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
+}
+
+/// An app for the host, with what the manifest says about it.
+pub struct HostApp {
+    /// The app.
+    pub spec: AppSpec,
+    /// Kind (`mica`, `btree`, `object`).
+    pub kind: String,
+    /// Kind-specific parameters for clients.
+    pub params: serde_json::Value,
+    /// The handler object's ELF bytes.
+    pub object_bytes: Vec<u8>,
+}
+
+fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> DeployError + '_ {
+    move |source| DeployError::File {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Builds the host's cluster (host executors only; the NIC is remote) with every region in
+/// `shm_dir`, and writes the manifest there.
+pub fn start_host(
+    apps: Vec<HostApp>,
+    mut config: ClusterConfig,
+    shm_dir: &Path,
+) -> Result<(Arc<Cluster>, Manifest), DeployError> {
+    config.remote_nic = true;
+    config.nic_executors = 0;
+    std::fs::create_dir_all(shm_dir).map_err(file_err(shm_dir))?;
+    let dir = shm_dir.to_path_buf();
+    let region_path = move |app: u32, name: &str| dir.join(format!("app{app}-{name}.region"));
+    let rp = region_path.clone();
+    let mut builder =
+        Cluster::builder()
+            .config(config)
+            .region_backing(Box::new(move |app, r: &RegionSpec| {
+                let path = rp(app, &r.name);
+                RegionMemory::create_shared(&path, &r.contents)
+                    .map(|m| (m, None))
+                    .map_err(|e| ClusterError::Region {
+                        app,
+                        region: r.name.clone(),
+                        message: e.to_string(),
+                    })
+            }));
+    let mut manifest = Manifest {
+        apps: Vec::new(),
+        mode: super::MODE.into(),
+    };
+    let mut pending = Vec::new();
+    for a in apps {
+        let object_path = shm_dir.join(format!("app{}.o", a.spec.id));
+        std::fs::write(&object_path, &a.object_bytes).map_err(file_err(&object_path))?;
+        pending.push((
+            a.spec.id,
+            a.spec.name.clone(),
+            a.kind,
+            a.params,
+            object_path,
+            object_hash(&a.object_bytes),
+            a.spec.handlers.clone(),
+            a.spec.regions.clone(),
+        ));
+        builder = builder.app(a.spec);
+    }
+    let cluster = Arc::new(builder.build()?);
+    for (id, name, kind, params, object, hash, handlers, regions) in pending {
+        manifest.apps.push(AppManifest {
+            id,
+            name,
+            kind,
+            params,
+            object: object.display().to_string(),
+            object_hash: hash,
+            handlers: handlers
+                .iter()
+                .map(|h| HandlerManifest {
+                    name: h.name.clone(),
+                    id: handler_id(&h.name),
+                    write: h.kind == HandlerKind::Write,
+                    jit: h.engine == EngineKind::Jit,
+                })
+                .collect(),
+            regions: regions
+                .iter()
+                .map(|r| RegionManifest {
+                    name: r.name.clone(),
+                    rkey: cluster.region_key(id, &r.name).unwrap_or(0),
+                    access: r.access,
+                    len: r.contents.len() as u64,
+                    path: Some(region_path(id, &r.name).display().to_string()),
+                })
+                .collect(),
+        });
+    }
+    let path = shm_dir.join(MANIFEST_FILE);
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| DeployError::Manifest {
+        path: path.clone(),
+        message: e.to_string(),
+    })?;
+    // Written whole, then renamed: a NIC starting now never reads half a manifest.
+    let tmp = shm_dir.join(".manifest.json.tmp");
+    std::fs::write(&tmp, json).map_err(file_err(&tmp))?;
+    std::fs::rename(&tmp, &path).map_err(file_err(&path))?;
+    Ok((cluster, manifest))
+}
+
+/// Reads the manifest a host wrote in `shm_dir`.
+pub fn read_manifest(shm_dir: &Path) -> Result<Manifest, DeployError> {
+    let path = shm_dir.join(MANIFEST_FILE);
+    let bytes = std::fs::read(&path).map_err(file_err(&path))?;
+    serde_json::from_slice(&bytes).map_err(|e| DeployError::Manifest {
+        path,
+        message: e.to_string(),
+    })
+}
+
+/// Builds the NIC's cluster (NIC executors only, no controller) from the host's manifest in
+/// `shm_dir`: the same handlers, the host's regions mapped under the same rkeys.
+pub fn start_nic(
+    shm_dir: &Path,
+    mut config: ClusterConfig,
+) -> Result<(Arc<Cluster>, Manifest), DeployError> {
+    let manifest = read_manifest(shm_dir)?;
+    let mpath = shm_dir.join(MANIFEST_FILE);
+    config.host_executors = 0;
+    config.nic_executors = config.nic_executors.max(1);
+    config.controller = false;
+    config.remote_nic = false;
+    config.policy = PolicyChoice::Always(Placement::Nic);
+    let regions = manifest.apps.clone();
+    let mut builder =
+        Cluster::builder()
+            .config(config)
+            .region_backing(Box::new(move |app, r: &RegionSpec| {
+                let m = regions
+                    .iter()
+                    .find(|a| a.id == app)
+                    .and_then(|a| a.regions.iter().find(|x| x.name == r.name));
+                let fail = |message: String| ClusterError::Region {
+                    app,
+                    region: r.name.clone(),
+                    message,
+                };
+                let m = m.ok_or_else(|| fail("not in the manifest".into()))?;
+                let path = m
+                    .path
+                    .as_ref()
+                    .ok_or_else(|| fail("the manifest names no shared-memory file".into()))?;
+                let mem = RegionMemory::map_shared(Path::new(path), m.len as usize)
+                    .map_err(|e| fail(e.to_string()))?;
+                Ok((mem, Some(m.rkey)))
+            }));
+    for a in &manifest.apps {
+        let opath = PathBuf::from(&a.object);
+        let bytes = std::fs::read(&opath).map_err(file_err(&opath))?;
+        if object_hash(&bytes) != a.object_hash {
+            return Err(DeployError::Manifest {
+                path: mpath.clone(),
+                message: format!("{} changed since the host loaded it", a.object),
+            });
+        }
+        let object = crate::loader::load(&bytes).map_err(|e| DeployError::Manifest {
+            path: opath.clone(),
+            message: e.to_string(),
+        })?;
+        builder = builder.app(AppSpec {
+            id: a.id,
+            name: a.name.clone(),
+            owner: Placement::Host,
+            regions: a
+                .regions
+                .iter()
+                .map(|r| RegionSpec {
+                    name: r.name.clone(),
+                    access: r.access,
+                    contents: Vec::new(),
+                })
+                .collect(),
+            object: Arc::new(object),
+            handlers: a
+                .handlers
+                .iter()
+                .map(|h| {
+                    let s = if h.write {
+                        HandlerSpec::write(&h.name)
+                    } else {
+                        HandlerSpec::read(&h.name)
+                    };
+                    if h.jit {
+                        s.jit()
+                    } else {
+                        s
+                    }
+                })
+                .collect(),
+        });
+    }
+    Ok((Arc::new(builder.build()?), manifest))
+}

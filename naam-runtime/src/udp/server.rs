@@ -1,0 +1,229 @@
+//! The host side of the UDP fabric: the driver loop of `naam-server`. It receives messages in
+//! batches, acts as the user-space switch (reads routed to the NIC are forwarded to `naam-nic`,
+//! which answers the client directly; everything else is queued at the host executors, whose
+//! threads send the replies), answers control queries, and takes in the NIC's load reports.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use super::control::{self, Control, HandlerWeights, Manifest, KIND_CONTROL};
+use super::socket::Socket;
+use crate::cluster::{Cluster, Dispatch, Selector};
+use crate::onesided::{self, KIND_OP};
+use crate::placement::Placement;
+use crate::wire::{peek_kind, LoadFeedback, Reply, Request, Status, KIND_REQUEST};
+
+/// Counters of a server driver.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct ServerStats {
+    /// Requests queued at host executors.
+    pub host: u64,
+    /// Requests forwarded to the NIC.
+    pub forwarded: u64,
+    /// Requests refused by the switch (unknown handler, busy, shutting down).
+    pub refused: u64,
+    /// Messages that did not decode.
+    pub malformed: u64,
+    /// Control messages answered.
+    pub control: u64,
+}
+
+/// How the server driver behaves.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// The manifest handed to clients.
+    pub manifest: Manifest,
+    /// How long SIGTERM waits for queued work to finish.
+    pub drain: Duration,
+}
+
+/// A malformed-request reply (request id 0 when it could not be read).
+pub(crate) fn malformed(app: u32, id: u64, placement: Placement, why: String) -> Reply {
+    Reply {
+        app,
+        request_id: id,
+        status: Status::Malformed,
+        code: 0,
+        steps: 0,
+        placement,
+        load: LoadFeedback::default(),
+        payload: Bytes::from(why.into_bytes()),
+    }
+}
+
+/// Runs the host driver on `socket` until `stop` is set, then drains: new requests get
+/// `Unavailable` while queued ones finish (at most `options.drain`).
+pub fn serve_host(
+    cluster: Arc<Cluster>,
+    mut socket: Socket,
+    options: ServerOptions,
+    stop: &AtomicBool,
+) -> std::io::Result<ServerStats> {
+    let sender = Arc::new(socket.sender()?);
+    let inflight = Arc::new(AtomicU64::new(0));
+    let mut stats = ServerStats::default();
+    let mut nic: Option<SocketAddr> = None;
+    let mut switch = Selector::default();
+    let mut drain_deadline: Option<Instant> = None;
+    loop {
+        if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
+            drain_deadline = Some(Instant::now() + options.drain);
+        }
+        if let Some(d) = drain_deadline {
+            if inflight.load(Ordering::SeqCst) == 0 || Instant::now() >= d {
+                return Ok(stats);
+            }
+        }
+        for (peer, msg) in socket.recv(Duration::from_millis(1))? {
+            match peek_kind(&msg) {
+                Some(KIND_REQUEST) => {
+                    let req = match Request::decode(msg.clone()) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            stats.malformed += 1;
+                            let r = malformed(0, 0, Placement::Host, e.to_string());
+                            let _ = sender.send(peer, 0, &r.to_bytes().unwrap_or_default());
+                            continue;
+                        }
+                    };
+                    let id = req.request_id;
+                    let pinned = req.pinned();
+                    if drain_deadline.is_some() {
+                        stats.refused += 1;
+                        let r = crate::cluster::error_reply(
+                            &req,
+                            Status::Unavailable,
+                            Placement::Host,
+                            "the server is shutting down".into(),
+                        );
+                        let _ = sender.send(peer, id, &r.to_bytes().unwrap_or_default());
+                        continue;
+                    }
+                    let (s, n) = (sender.clone(), inflight.clone());
+                    n.fetch_add(1, Ordering::SeqCst);
+                    let reply_to = move |r: Reply| {
+                        if let Ok(b) = r.to_bytes() {
+                            let _ = s.send(peer, r.request_id, &b);
+                        }
+                        n.fetch_sub(1, Ordering::SeqCst);
+                    };
+                    match cluster.dispatch(req, &mut switch, pinned, reply_to) {
+                        Dispatch::Queued(_) => stats.host += 1,
+                        Dispatch::Remote(req) => {
+                            inflight.fetch_sub(1, Ordering::SeqCst);
+                            match nic.filter(|_| cluster.remote_nic_up()) {
+                                Some(to) => {
+                                    stats.forwarded += 1;
+                                    let _ = sender.send(to, id, &control::forward(peer, &msg));
+                                }
+                                None => {
+                                    stats.refused += 1;
+                                    let r = crate::cluster::error_reply(
+                                        &req,
+                                        Status::Unavailable,
+                                        Placement::Nic,
+                                        "the NIC is down".into(),
+                                    );
+                                    let _ =
+                                        sender.send(peer, id, &r.to_bytes().unwrap_or_default());
+                                }
+                            }
+                        }
+                        Dispatch::Refused(r) => {
+                            inflight.fetch_sub(1, Ordering::SeqCst);
+                            stats.refused += 1;
+                            let _ = sender.send(peer, id, &r.to_bytes().unwrap_or_default());
+                        }
+                    }
+                }
+                Some(KIND_CONTROL) => {
+                    stats.control += 1;
+                    let (id, c) = match Control::decode(&msg) {
+                        Ok(x) => x,
+                        Err(e) => {
+                            stats.malformed += 1;
+                            let m = Control::Error {
+                                message: format!("malformed control message: {e}"),
+                            };
+                            let _ = sender.send(peer, 0, &m.to_bytes(0));
+                            continue;
+                        }
+                    };
+                    let agent = nic.filter(|_| cluster.remote_nic_up());
+                    if let Control::QueryWeights {
+                        client: Some(load),
+                        rtt_ns,
+                        ..
+                    } = &c
+                    {
+                        cluster.absorb_client_load(load, *rtt_ns);
+                    }
+                    let answer = match c {
+                        Control::Hello => Some(Control::Welcome {
+                            client_id: cluster.next_client_id(),
+                            manifest: options.manifest.clone(),
+                            agent,
+                        }),
+                        Control::QueryWeights { app, .. } => match cluster.registry().app(app) {
+                            Some(a) => Some(Control::Weights {
+                                app,
+                                handlers: a
+                                    .handlers
+                                    .values()
+                                    .map(|h| HandlerWeights {
+                                        handler: h.id,
+                                        weights: cluster.weights(app, h.id).0,
+                                    })
+                                    .collect(),
+                                agent,
+                            }),
+                            None => Some(Control::Error {
+                                message: format!("no app {app}"),
+                            }),
+                        },
+                        Control::NicLoad { agent, load } => {
+                            // The NIC names its address; an unspecified IP means "as seen".
+                            let mut at = agent;
+                            if at.ip().is_unspecified() {
+                                at.set_ip(peer.ip());
+                            }
+                            nic = Some(at);
+                            cluster.absorb_remote_load(&load);
+                            None
+                        }
+                        Control::NicBye => {
+                            cluster.remote_nic_down();
+                            None
+                        }
+                        other => Some(Control::Error {
+                            message: format!("unexpected control message {other:?}"),
+                        }),
+                    };
+                    if let Some(a) = answer {
+                        let _ = sender.send(peer, id, &a.to_bytes(id));
+                    }
+                }
+                Some(KIND_OP) => {
+                    // One-sided operations are the NIC's job, never the host cores'.
+                    stats.refused += 1;
+                    if let Ok(op) = onesided::Request::decode(msg.clone()) {
+                        let c = onesided::Completion::error(
+                            op.app,
+                            op.id,
+                            Status::Unavailable,
+                            "one-sided operations are served by the NIC's agent (naam-nic), \
+                             not by the host",
+                        );
+                        let _ = sender.send(peer, op.id, &c.to_bytes());
+                    }
+                }
+                _ => stats.malformed += 1,
+            }
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The thin IO layer of the UDP fabric: a socket that sends whole messages as fragments in one
+//! `sendmmsg` and receives datagrams in batches with `recvmmsg`, reassembling them into messages.
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::datagram::{fragment, Fragment, Pushed, Reassembler, MAX_MESSAGE};
+
+/// Datagrams one `recvmmsg` call takes at most.
+pub const RECV_BATCH: usize = 32;
+/// Largest datagram accepted (a jumbo frame's payload).
+pub const MAX_DATAGRAM: usize = 9000;
+/// Default datagram size: fits a 1500-byte Ethernet MTU with IPv4 and UDP headers.
+pub const DEFAULT_DATAGRAM: usize = 1472;
+
+fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin: &libc::sockaddr_in = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let s: &libc::sockaddr_in6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                s.sin6_addr.s6_addr.into(),
+                u16::from_be(s.sin6_port),
+                s.sin6_flowinfo,
+                s.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Counters of one socket.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SocketStats {
+    /// Datagrams sent.
+    pub sent: u64,
+    /// Datagrams received.
+    pub received: u64,
+    /// Datagrams that were not NAAM fragments or were inconsistent.
+    pub malformed: u64,
+    /// Fragments dropped because reassembly memory was full.
+    pub dropped: u64,
+    /// `sendmmsg` errors (peer unreachable, buffer full).
+    pub send_errors: u64,
+}
+
+/// A UDP socket carrying NAAM messages.
+pub struct Socket {
+    sock: UdpSocket,
+    datagram: usize,
+    bufs: Vec<[u8; MAX_DATAGRAM]>,
+    reassembler: Reassembler<SocketAddr>,
+    stats: SocketStats,
+    epoch: std::time::Instant,
+}
+
+impl Socket {
+    /// Binds `addr`; messages go out in datagrams of at most `datagram` bytes.
+    pub fn bind(addr: SocketAddr, datagram: usize) -> io::Result<Socket> {
+        let sock = UdpSocket::bind(addr)?;
+        Ok(Self::from_socket(sock, datagram))
+    }
+
+    /// Wraps a bound socket.
+    pub fn from_socket(sock: UdpSocket, datagram: usize) -> Socket {
+        // Bigger kernel buffers absorb bursts of many clients (best effort: capped by sysctl).
+        let size: libc::c_int = 4 << 20;
+        for opt in [libc::SO_RCVBUF, libc::SO_SNDBUF] {
+            // SAFETY: a valid socket, option and int-sized value.
+            unsafe {
+                libc::setsockopt(
+                    sock.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&size as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        Socket {
+            sock,
+            datagram: datagram.clamp(crate::datagram::MIN_DATAGRAM, MAX_DATAGRAM),
+            bufs: vec![[0u8; MAX_DATAGRAM]; RECV_BATCH],
+            reassembler: Reassembler::new(4096, 16 << 20, 200_000_000),
+            stats: SocketStats::default(),
+            epoch: std::time::Instant::now(),
+        }
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.sock.local_addr()
+    }
+
+    /// A handle that can send from other threads (executors send their replies directly).
+    pub fn sender(&self) -> io::Result<Sender> {
+        Ok(Sender {
+            sock: self.sock.try_clone()?,
+            datagram: self.datagram,
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SocketStats {
+        self.stats
+    }
+
+    /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
+    pub fn send(&mut self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
+        let r = send_message(&self.sock, self.datagram, peer, id, message);
+        match &r {
+            Ok(n) => self.stats.sent += *n as u64,
+            Err(_) => self.stats.send_errors += 1,
+        }
+        r.map(|_| ())
+    }
+
+    /// Waits up to `timeout` for datagrams and returns the messages they complete, with their
+    /// senders. Foreign or inconsistent datagrams are counted and dropped.
+    pub fn recv(&mut self, timeout: Duration) -> io::Result<Vec<(SocketAddr, Bytes)>> {
+        let timeout = timeout.max(Duration::from_micros(1));
+        self.sock.set_read_timeout(Some(timeout))?;
+        let mut out = Vec::new();
+        let got = recv_batch(&self.sock, &mut self.bufs)?;
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        for (i, (peer, len)) in got.into_iter().enumerate() {
+            self.stats.received += 1;
+            let f = match Fragment::decode(Bytes::copy_from_slice(&self.bufs[i][..len])) {
+                Ok(f) => f,
+                Err(_) => {
+                    self.stats.malformed += 1;
+                    continue;
+                }
+            };
+            match self.reassembler.push(peer, f, now) {
+                Pushed::Complete(m) => out.push((peer, m)),
+                Pushed::Pending | Pushed::Duplicate => {}
+                Pushed::Conflict => self.stats.malformed += 1,
+                Pushed::Full => self.stats.dropped += 1,
+            }
+        }
+        if self.reassembler.pending() > 0 {
+            self.reassembler.expire(now);
+        }
+        Ok(out)
+    }
+}
+
+/// A cloned socket handle that sends messages.
+pub struct Sender {
+    sock: UdpSocket,
+    datagram: usize,
+}
+
+impl Sender {
+    /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
+    pub fn send(&self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
+        send_message(&self.sock, self.datagram, peer, id, message).map(|_| ())
+    }
+}
+
+fn send_message(
+    sock: &UdpSocket,
+    datagram: usize,
+    peer: SocketAddr,
+    id: u64,
+    message: &[u8],
+) -> io::Result<usize> {
+    if message.len() > MAX_MESSAGE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("message of {} bytes over {MAX_MESSAGE}", message.len()),
+        ));
+    }
+    let frags = fragment(id, message, datagram)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let (mut ss, sslen) = sockaddr(&peer);
+    let mut iovs: Vec<libc::iovec> = frags
+        .iter()
+        .map(|f| libc::iovec {
+            iov_base: f.as_ptr() as *mut libc::c_void,
+            iov_len: f.len(),
+        })
+        .collect();
+    let mut msgs: Vec<libc::mmsghdr> = iovs
+        .iter_mut()
+        .map(|iov| {
+            // SAFETY: all-zero is a valid msghdr; the pointers set below outlive the call.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            h.msg_name = (&mut ss as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = sslen;
+            h.msg_iov = iov;
+            h.msg_iovlen = 1;
+            libc::mmsghdr {
+                msg_hdr: h,
+                msg_len: 0,
+            }
+        })
+        .collect();
+    let mut sent = 0;
+    while sent < msgs.len() {
+        // SAFETY: `msgs[sent..]` are valid headers pointing at live buffers.
+        let n = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                msgs[sent..].as_mut_ptr(),
+                (msgs.len() - sent) as libc::c_uint,
+                0,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        sent += n as usize;
+    }
+    Ok(sent)
+}
+
+fn recv_batch(
+    sock: &UdpSocket,
+    bufs: &mut [[u8; MAX_DATAGRAM]],
+) -> io::Result<Vec<(SocketAddr, usize)>> {
+    let n = bufs.len();
+    let mut addrs: Vec<MaybeUninit<libc::sockaddr_storage>> = vec![MaybeUninit::zeroed(); n];
+    let mut iovs: Vec<libc::iovec> = bufs
+        .iter_mut()
+        .map(|b| libc::iovec {
+            iov_base: b.as_mut_ptr().cast(),
+            iov_len: MAX_DATAGRAM,
+        })
+        .collect();
+    let mut msgs: Vec<libc::mmsghdr> = iovs
+        .iter_mut()
+        .zip(addrs.iter_mut())
+        .map(|(iov, a)| {
+            // SAFETY: all-zero is a valid msghdr; the pointers set below outlive the call.
+            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+            h.msg_name = a.as_mut_ptr().cast();
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = iov;
+            h.msg_iovlen = 1;
+            libc::mmsghdr {
+                msg_hdr: h,
+                msg_len: 0,
+            }
+        })
+        .collect();
+    // MSG_WAITFORONE: block (up to the socket's read timeout) for the first datagram only.
+    // SAFETY: `msgs` are valid headers pointing at live buffers and address storage.
+    let got = unsafe {
+        libc::recvmmsg(
+            sock.as_raw_fd(),
+            msgs.as_mut_ptr(),
+            n as libc::c_uint,
+            libc::MSG_WAITFORONE,
+            std::ptr::null_mut(),
+        )
+    };
+    if got < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted => {
+                Ok(Vec::new())
+            }
+            // An ICMP error from an earlier send surfaces here on Linux; not this socket's fault.
+            io::ErrorKind::ConnectionRefused => Ok(Vec::new()),
+            _ => Err(e),
+        };
+    }
+    let mut out = Vec::with_capacity(got as usize);
+    for (m, a) in msgs.iter().zip(addrs.iter()).take(got as usize) {
+        // SAFETY: the kernel filled the address of every returned message.
+        let ss = unsafe { a.assume_init_ref() };
+        if let Some(peer) = from_sockaddr(ss) {
+            out.push((peer, (m.msg_len as usize).min(MAX_DATAGRAM)));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_of_every_size_cross_a_socket_pair() {
+        let mut a = Socket::bind("127.0.0.1:0".parse().unwrap(), 600).unwrap();
+        let mut b = Socket::bind("127.0.0.1:0".parse().unwrap(), 600).unwrap();
+        let to = b.local_addr().unwrap();
+        for (id, len) in [
+            (1u64, 0usize),
+            (2, 10),
+            (3, 576),
+            (4, 5000),
+            (5, MAX_MESSAGE),
+        ] {
+            let msg: Vec<u8> = (0..len).map(|i| (i * 7 + id as usize) as u8).collect();
+            a.send(to, id, &msg).unwrap();
+            let mut got = Vec::new();
+            for _ in 0..100 {
+                got.extend(b.recv(Duration::from_millis(10)).unwrap());
+                if !got.is_empty() {
+                    break;
+                }
+            }
+            assert_eq!(got.len(), 1, "message {id}");
+            assert_eq!(got[0].0, a.local_addr().unwrap());
+            assert_eq!(&got[0].1[..], &msg[..]);
+        }
+        assert!(a.send(to, 9, &vec![0u8; MAX_MESSAGE + 1]).is_err());
+    }
+
+    #[test]
+    fn foreign_datagrams_are_counted_and_dropped() {
+        let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let mut b = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+        raw.send_to(b"GET / HTTP/1.0\r\n", b.local_addr().unwrap())
+            .unwrap();
+        let mut seen = 0;
+        for _ in 0..100 {
+            assert!(b.recv(Duration::from_millis(5)).unwrap().is_empty());
+            seen = b.stats().malformed;
+            if seen > 0 {
+                break;
+            }
+        }
+        assert_eq!(seen, 1);
+    }
+}
