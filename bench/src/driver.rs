@@ -10,9 +10,10 @@ use anyhow::{bail, Context as _};
 use hdrhistogram::Histogram;
 use naam_btree::{BTreeClient, BTreeConfig, BTreeHandle};
 use naam_mica::{MicaClient, MicaConfig, MicaHandle};
-use naam_runtime::cluster::{Client, Cluster, ClusterConfig, PolicyChoice};
+use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::metrics::{Percentiles, Snapshot};
 use naam_runtime::steering::CostPolicyConfig;
+use naam_runtime::transport::Transport;
 use naam_runtime::Placement;
 use serde::Serialize;
 
@@ -83,8 +84,10 @@ pub struct YcsbConfig {
     pub seed: u64,
     /// Host and NIC executor threads.
     pub executors: (usize, usize),
-    /// Fabric (`inproc`).
+    /// Fabric (`inproc` or `udp`).
     pub fabric: String,
+    /// The server (`udp`).
+    pub server: Option<std::net::SocketAddr>,
 }
 
 /// Latency summary of one operation type.
@@ -137,12 +140,12 @@ pub(crate) trait Store {
     fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
 }
 
-struct MicaStore {
-    m: MicaClient<Client>,
+struct MicaStore<T: Transport> {
+    m: MicaClient<T>,
     field_length: usize,
 }
 
-impl Store for MicaStore {
+impl<T: Transport> Store for MicaStore<T> {
     fn read(&mut self, n: u64) -> anyhow::Result<bool> {
         Ok(self.m.get(key_name(n).as_bytes())?.is_some())
     }
@@ -172,8 +175,8 @@ impl Store for MicaStore {
     }
 }
 
-struct BTreeStore {
-    t: BTreeClient<Client>,
+struct BTreeStore<T: Transport> {
+    t: BTreeClient<T>,
 }
 
 fn word(bytes: &[u8]) -> u64 {
@@ -183,7 +186,7 @@ fn word(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(w)
 }
 
-impl Store for BTreeStore {
+impl<T: Transport> Store for BTreeStore<T> {
     fn read(&mut self, n: u64) -> anyhow::Result<bool> {
         Ok(self.t.get(key_u64(n))?.is_some())
     }
@@ -326,7 +329,91 @@ pub fn run_inproc(
         bail!("--records and --threads must be at least 1");
     }
     let (cluster, make) = setup(cfg, target)?;
-    run_phases(cfg, make, Some(&cluster), progress, INPROC_MODE)
+    run_phases(cfg, make, Some(cluster.metrics()), progress, INPROC_MODE)
+}
+
+/// Runs `cfg` against `naam-server` at `server` over the UDP fabric: every client thread has its
+/// own socket and follows the server's steering weights (or `cfg.placement`).
+pub fn run_udp(
+    cfg: &YcsbConfig,
+    server: std::net::SocketAddr,
+    target: &Path,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> anyhow::Result<YcsbResult> {
+    use naam_runtime::udp::client::{UdpClient, UdpConfig};
+    if cfg.workload.has_scans() && cfg.app == App::Mica {
+        bail!(
+            "workload {} scans; MICA is a hash table: use --app btree",
+            cfg.workload.name
+        );
+    }
+    if cfg.records == 0 || cfg.threads == 0 {
+        bail!("--records and --threads must be at least 1");
+    }
+    let mut ucfg = UdpConfig::new(server);
+    ucfg.pin = match cfg.placement {
+        PlacementChoice::Auto => None,
+        PlacementChoice::Fixed(p) => Some(p),
+    };
+    let probe = UdpClient::connect(&ucfg)?;
+    let kind = match cfg.app {
+        App::Mica => "mica",
+        App::Btree => "btree",
+    };
+    let app = probe
+        .manifest()
+        .app_of_kind(kind)
+        .with_context(|| format!("naam-server at {server} serves no {kind} app"))?
+        .clone();
+    // The handlers the server runs: its object file when this machine sees it (same build),
+    // else a local build, which must hash the same.
+    let object = match std::fs::read(&app.object) {
+        Ok(b) if naam_runtime::udp::control::object_hash(&b) == app.object_hash => b,
+        _ => {
+            let out = match cfg.app {
+                App::Mica => naam_mica::build_handlers_output(Some(&target.join("mica")))?,
+                App::Btree => naam_btree::build_handlers_output(Some(&target.join("btree")))?,
+            };
+            std::fs::read(&out.object)?
+        }
+    };
+    let object = Arc::new(object);
+    let metrics = Arc::new(naam_runtime::metrics::Metrics::default());
+    let connect = {
+        let (ucfg, object, metrics, id) = (ucfg.clone(), object.clone(), metrics.clone(), app.id);
+        move || -> anyhow::Result<UdpClient> {
+            let mut c = UdpClient::connect(&ucfg)?.with_metrics(metrics.clone());
+            c.install_handlers(id, &object)?;
+            Ok(c)
+        }
+    };
+    let make: StoreFactory = match cfg.app {
+        App::Mica => {
+            let mc: MicaConfig = serde_json::from_value(app.params.clone())
+                .context("the server's MICA parameters")?;
+            let handle = MicaHandle::with_keys(app.id, mc, |n| app.region_key(n))
+                .context("MICA regions in the manifest")?;
+            let fl = cfg.shape.field_length;
+            Arc::new(move || {
+                Ok(Box::new(MicaStore {
+                    m: MicaClient::new(connect()?, handle),
+                    field_length: fl,
+                }) as Box<dyn Store + Send>)
+            })
+        }
+        App::Btree => {
+            let bc: BTreeConfig = serde_json::from_value(app.params.clone())
+                .context("the server's B-tree parameters")?;
+            let handle = BTreeHandle::with_keys(app.id, bc, |n| app.region_key(n))
+                .context("B-tree regions in the manifest")?;
+            Arc::new(move || {
+                Ok(Box::new(BTreeStore {
+                    t: BTreeClient::new(connect()?, handle),
+                }) as Box<dyn Store + Send>)
+            })
+        }
+    };
+    run_phases(cfg, make, Some(&metrics), progress, naam_runtime::udp::MODE)
 }
 
 /// Mode label of in-process runs.
@@ -336,7 +423,7 @@ pub const INPROC_MODE: &str = "inproc (one process; NIC cores, DMA and one-sided
 pub(crate) fn run_phases(
     cfg: &YcsbConfig,
     make: StoreFactory,
-    cluster: Option<&Cluster>,
+    metrics: Option<&naam_runtime::metrics::Metrics>,
     progress: &(dyn Fn(u64, u64) + Sync),
     mode: &str,
 ) -> anyhow::Result<YcsbResult> {
@@ -368,8 +455,8 @@ pub(crate) fn run_phases(
     let load_secs = load_start.elapsed().as_secs_f64();
     // Let steering settle on the loaded table, then measure the run phase alone.
     std::thread::sleep(Duration::from_millis(20));
-    if let Some(c) = cluster {
-        c.metrics().reset();
+    if let Some(m) = metrics {
+        m.reset();
     }
 
     let done = AtomicU64::new(0);
@@ -502,8 +589,8 @@ pub(crate) fn run_phases(
     for (_, h, _) in &merged {
         every.add(h).expect("same bounds");
     }
-    let placements = match cluster {
-        Some(c) => c.metrics().snapshot(),
+    let placements = match metrics {
+        Some(m) => m.snapshot(),
         None => naam_runtime::metrics::Metrics::default().snapshot(),
     };
     let fractions = [0, 1, 2].map(|i| placements.fraction(Placement::ALL[i]));

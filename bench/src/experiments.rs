@@ -214,6 +214,7 @@ pub fn capacity(
                 seed: 5,
                 executors: (1, nic_executors),
                 fabric: "inproc".into(),
+                server: None,
             };
             let r = run_inproc(&cfg, target, &|_, _| {})?;
             points.push((threads as f64, r.throughput));

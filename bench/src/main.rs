@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use naam_bench::driver::{run_inproc, App, PlacementChoice, YcsbConfig, YcsbResult};
+use naam_bench::driver::{run_inproc, run_udp, App, PlacementChoice, YcsbConfig, YcsbResult};
 use naam_bench::ycsb::{Distribution, KeyChooser, RecordShape, Rng, Workload};
 use naam_runtime::Placement;
 use serde_json::json;
@@ -44,9 +44,12 @@ enum Cmd {
         /// Where reads run: auto, host, nic or client.
         #[arg(long, default_value = "auto")]
         placement: PlacementChoice,
-        /// Fabric: inproc (the multi-process fabric is another issue).
+        /// Fabric: inproc (one process) or udp (naam-server at --server).
         #[arg(long, default_value = "inproc")]
         fabric: String,
+        /// naam-server's address (with --fabric udp).
+        #[arg(long)]
+        server: Option<std::net::SocketAddr>,
         /// Fields per record.
         #[arg(long, default_value_t = 10)]
         field_count: usize,
@@ -86,6 +89,10 @@ enum Cmd {
         /// memcached worker threads.
         #[arg(long, default_value_t = 1)]
         memcached_threads: usize,
+        /// Also run NAAM over UDP against naam-server at this address (its config must serve a
+        /// MICA app sized for the records).
+        #[arg(long)]
+        server: Option<std::net::SocketAddr>,
         /// Seed.
         #[arg(long, default_value_t = 42)]
         seed: u64,
@@ -172,6 +179,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             threads,
             placement,
             fabric,
+            server,
             field_count,
             field_length,
             host_executors,
@@ -184,9 +192,20 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 eprintln!("naam-bench: error: unknown workload `{workload}` (a-f)");
                 return Ok(ExitCode::from(2));
             };
-            if fabric != "inproc" {
-                eprintln!("naam-bench: error: fabric `{fabric}` is not available yet (inproc)");
-                return Ok(ExitCode::from(2));
+            match (fabric.as_str(), server) {
+                ("inproc", None) | ("udp", Some(_)) => {}
+                ("inproc", Some(_)) => {
+                    eprintln!("naam-bench: error: --server needs --fabric udp");
+                    return Ok(ExitCode::from(2));
+                }
+                ("udp", None) => {
+                    eprintln!("naam-bench: error: --fabric udp needs --server ADDR (naam-server)");
+                    return Ok(ExitCode::from(2));
+                }
+                _ => {
+                    eprintln!("naam-bench: error: unknown fabric `{fabric}` (inproc, udp)");
+                    return Ok(ExitCode::from(2));
+                }
             }
             let cfg = YcsbConfig {
                 app,
@@ -202,6 +221,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 seed,
                 executors: (host_executors, nic_executors),
                 fabric,
+                server,
             };
             let bar = indicatif::ProgressBar::new(ops);
             bar.set_style(
@@ -210,7 +230,10 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 )
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
-            let result = run_inproc(&cfg, &target_dir, &|done, _| bar.set_position(done))?;
+            let result = match server {
+                Some(addr) => run_udp(&cfg, addr, &target_dir, &|done, _| bar.set_position(done))?,
+                None => run_inproc(&cfg, &target_dir, &|done, _| bar.set_position(done))?,
+            };
             bar.finish_and_clear();
             print_summary(&result);
             if let Some(path) = json {
@@ -275,14 +298,21 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             ops,
             threads,
             memcached_threads,
+            server,
             seed,
             json,
             target_dir,
         } => {
             let mut rows = Vec::new();
-            println!("mode: NAAM MICA inproc (emulated NIC and RDMA) vs memcached over loopback TCP, same driver");
+            println!("mode: NAAM MICA inproc (emulated NIC and RDMA){} vs memcached over loopback TCP, same driver",
+                server.map_or(String::new(), |a| format!(", NAAM MICA over UDP to naam-server at {a}")));
+            let udp_head = if server.is_some() {
+                format!(" {:>12} {:>9} {:>9}", "udp ops/s", "p50 us", "p99 us")
+            } else {
+                String::new()
+            };
             println!(
-                "{:<9} {:>12} {:>9} {:>9} {:>15} {:>9} {:>9}",
+                "{:<9} {:>12} {:>9} {:>9}{udp_head} {:>15} {:>9} {:>9}",
                 "workload", "naam ops/s", "p50 us", "p99 us", "memcached ops/s", "p50 us", "p99 us"
             );
             for w in workloads {
@@ -301,14 +331,30 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     seed,
                     executors: (1, 1),
                     fabric: "inproc".into(),
+                    server: None,
                 };
                 let naam = run_inproc(&cfg, &target_dir, &|_, _| {})?;
+                let udp = match server {
+                    Some(addr) => {
+                        let ucfg = YcsbConfig {
+                            fabric: "udp".into(),
+                            server: Some(addr),
+                            ..cfg.clone()
+                        };
+                        Some(run_udp(&ucfg, addr, &target_dir, &|_, _| {})?)
+                    }
+                    None => None,
+                };
                 let mc = naam_bench::memcached::run_memcached(&cfg, memcached_threads, &|_, _| {})?;
                 // Latency of all operations of the run together.
                 let all = |r: &YcsbResult| naam_bench::driver::overall(r);
                 let (a, b) = (all(&naam), all(&mc));
+                let udp_cols = udp.as_ref().map_or(String::new(), |u| {
+                    let c = all(u);
+                    format!(" {:>12.0} {:>9} {:>9}", u.throughput, us(c.p50), us(c.p99))
+                });
                 println!(
-                    "{:<9} {:>12.0} {:>9} {:>9} {:>15.0} {:>9} {:>9}",
+                    "{:<9} {:>12.0} {:>9} {:>9}{udp_cols} {:>15.0} {:>9} {:>9}",
                     format!("YCSB-{}", w.to_ascii_uppercase()),
                     naam.throughput,
                     us(a.p50),
@@ -317,7 +363,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     us(b.p50),
                     us(b.p99)
                 );
-                rows.push(json!({ "workload": w, "naam": naam, "memcached": mc }));
+                rows.push(json!({ "workload": w, "naam": naam, "naam_udp": udp, "memcached": mc }));
             }
             if let Some(path) = json {
                 let doc = json!({ "command": command_line(), "runs": rows });

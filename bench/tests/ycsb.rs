@@ -23,6 +23,7 @@ fn cfg(app: App, w: char, placement: PlacementChoice) -> YcsbConfig {
         seed: 7,
         executors: (1, 1),
         fabric: "inproc".into(),
+        server: None,
     }
 }
 

@@ -87,7 +87,7 @@ pub enum BTreeError {
 }
 
 /// Tree geometry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BTreeConfig {
     /// Node size in bytes (multiple of 8, 128 to 2048; default 1024).
     pub node_size: usize,
@@ -161,16 +161,23 @@ pub fn write_empty_root(node: &mut [u8]) {
     put(l::node_back(size), 2);
 }
 
-/// Builds the handler crate with the pipeline and loads it.
+/// Builds the handler crate with the pipeline (into `target_dir`, default the workspace's
+/// `target/naam/btree`) and loads it.
 pub fn build_handlers(target_dir: Option<&Path>) -> Result<LoadedObject, BTreeError> {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("handlers");
+    Ok(build_handlers_output(target_dir)?.loaded)
+}
+
+/// [`build_handlers`], also returning where the object file is (a server publishes its bytes).
+pub fn build_handlers_output(
+    target_dir: Option<&Path>,
+) -> Result<naam_runtime::pipeline::BuildOutput, BTreeError> {
     let target = target_dir
         .map(Path::to_path_buf)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/naam/btree"));
-    let mut opts = BuildOptions::new(crate_dir);
+    let mut opts = BuildOptions::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("handlers"));
     opts.target_dir = Some(target.clone());
     opts.out = Some(target.join("btree.o"));
-    Ok(build(&opts)?.loaded)
+    Ok(build(&opts)?)
 }
 
 /// The app a cluster installs for a tree.

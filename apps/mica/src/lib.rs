@@ -88,7 +88,7 @@ pub enum MicaError {
 }
 
 /// Table geometry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MicaConfig {
     /// Buckets in the index (a power of two).
     pub buckets: u64,
@@ -200,16 +200,22 @@ pub mod regions {
 }
 
 /// Builds the handler crate with the pipeline (into `target_dir`, default the workspace's
-/// `target/naam`) and loads it.
+/// `target/naam/mica`) and loads it.
 pub fn build_handlers(target_dir: Option<&Path>) -> Result<LoadedObject, MicaError> {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("handlers");
+    Ok(build_handlers_output(target_dir)?.loaded)
+}
+
+/// [`build_handlers`], also returning where the object file is (a server publishes its bytes).
+pub fn build_handlers_output(
+    target_dir: Option<&Path>,
+) -> Result<naam_runtime::pipeline::BuildOutput, MicaError> {
     let target = target_dir
         .map(Path::to_path_buf)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/naam/mica"));
-    let mut opts = BuildOptions::new(crate_dir);
+    let mut opts = BuildOptions::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("handlers"));
     opts.target_dir = Some(target.clone());
     opts.out = Some(target.join("mica.o"));
-    Ok(build(&opts)?.loaded)
+    Ok(build(&opts)?)
 }
 
 /// The app a cluster installs for a MICA table: its regions and handlers (GET read-only, the

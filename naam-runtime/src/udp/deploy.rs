@@ -243,3 +243,19 @@ pub fn start_nic(
     }
     Ok((Arc::new(builder.build()?), manifest))
 }
+
+/// Removes what [`start_host`] created in `shm_dir` (regions, objects, manifest), and the
+/// directory itself when nothing else is in it.
+pub fn cleanup(shm_dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(shm_dir) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ours = name == MANIFEST_FILE
+                || (name.starts_with("app") && (name.ends_with(".region") || name.ends_with(".o")));
+            if ours {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(shm_dir);
+}

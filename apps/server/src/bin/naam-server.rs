@@ -1,0 +1,91 @@
+//! `naam-server --config FILE`: serves the config's apps over the UDP fabric until SIGTERM, then
+//! drains in-flight work. Exit codes: 0 clean stop, 1 runtime failure, 2 bad config or usage.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use naam_runtime::cluster::ClusterConfig;
+use naam_runtime::udp::{deploy, server, signal, socket::Socket};
+use naam_server::Config;
+
+/// The host side of a NAAM deployment over UDP.
+#[derive(Parser)]
+#[command(name = "naam-server", version)]
+struct Args {
+    /// The config file (TOML; see apps/server/naam-server.example.toml).
+    #[arg(long)]
+    config: PathBuf,
+    /// Overrides the config's listen address.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+    /// Overrides the config's shared-memory directory.
+    #[arg(long)]
+    shm_dir: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let mut config = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("naam-server: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(l) = args.listen {
+        config.listen = l;
+    }
+    if let Some(d) = args.shm_dir {
+        config.shm_dir = d;
+    }
+    match run(&config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("naam-server: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(config: &Config) -> anyhow::Result<()> {
+    let stop = signal::stop_flag();
+    let mut apps = Vec::new();
+    for a in &config.apps {
+        apps.push(a.build(&config.target_dir)?);
+    }
+    let cc = ClusterConfig {
+        host_executors: config.host_executors,
+        queue_capacity: config.queue_capacity,
+        policy: config.policy()?,
+        ..ClusterConfig::default()
+    };
+    let socket = Socket::bind(config.listen, config.datagram)
+        .with_context(|| format!("binding {}", config.listen))?;
+    let (cluster, manifest) = deploy::start_host(apps, cc, &config.shm_dir)?;
+    eprintln!(
+        "naam-server: serving {} app(s) on udp://{} ({}); regions and manifest in {}; policy {}",
+        manifest.apps.len(),
+        socket.local_addr()?,
+        naam_runtime::udp::MODE,
+        config.shm_dir.display(),
+        cluster.policy_name()
+    );
+    let stats = server::serve_host(
+        cluster,
+        socket,
+        server::ServerOptions {
+            manifest,
+            drain: Duration::from_secs(2),
+        },
+        stop,
+    )?;
+    deploy::cleanup(&config.shm_dir);
+    eprintln!(
+        "naam-server: stopped; {}",
+        serde_json::to_string(&stats).unwrap_or_default()
+    );
+    Ok(())
+}

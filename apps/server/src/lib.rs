@@ -1,0 +1,373 @@
+//! # naam-server
+//!
+//! The host side of a multi-process deployment: reads a config file of apps (MICA tables,
+//! B-trees, or plain eBPF objects with their regions), builds their handlers, creates their
+//! regions in shared memory for `naam-nic`, and serves them over the UDP fabric
+//! ([`naam_runtime::udp`]).
+#![deny(missing_docs)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use naam_ebpf::abi::{ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+use naam_runtime::cluster::{AppSpec, PolicyChoice, RegionSpec};
+use naam_runtime::registry::HandlerSpec;
+use naam_runtime::steering::CostPolicyConfig;
+use naam_runtime::udp::deploy::HostApp;
+use naam_runtime::Placement;
+use serde::Deserialize;
+
+/// The config file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on (`10.77.0.1:7000`).
+    pub listen: SocketAddr,
+    /// Directory for shared-memory regions and the manifest (default `/dev/shm/naam`).
+    #[serde(default = "default_shm")]
+    pub shm_dir: PathBuf,
+    /// Host executor threads.
+    #[serde(default = "one")]
+    pub host_executors: usize,
+    /// Steering: `auto`, or `host` / `nic` / `client` for a static baseline.
+    #[serde(default = "auto")]
+    pub policy: String,
+    /// Datagram size (1472 for a 1500-byte MTU, up to 8972 with jumbo frames).
+    #[serde(default = "datagram")]
+    pub datagram: usize,
+    /// Executor queue capacity (back-pressure beyond it).
+    #[serde(default = "queue")]
+    pub queue_capacity: usize,
+    /// Where handler crates are built.
+    #[serde(default = "target")]
+    pub target_dir: PathBuf,
+    /// The apps.
+    #[serde(rename = "app", default)]
+    pub apps: Vec<AppConfig>,
+}
+
+fn default_shm() -> PathBuf {
+    PathBuf::from("/dev/shm/naam")
+}
+fn one() -> usize {
+    1
+}
+fn auto() -> String {
+    "auto".into()
+}
+fn datagram() -> usize {
+    naam_runtime::udp::socket::DEFAULT_DATAGRAM
+}
+fn queue() -> usize {
+    4096
+}
+fn target() -> PathBuf {
+    PathBuf::from("target/naam")
+}
+
+/// One app.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum AppConfig {
+    /// A MICA table.
+    Mica {
+        /// App id.
+        id: u32,
+        /// Live items it is sized for.
+        items: u64,
+        /// Largest key.
+        #[serde(default = "key_cap")]
+        key_cap: usize,
+        /// Largest value.
+        #[serde(default = "value_cap")]
+        value_cap: usize,
+    },
+    /// A B-tree.
+    Btree {
+        /// App id.
+        id: u32,
+        /// Keys it is sized for.
+        keys: u64,
+        /// Node size in bytes.
+        #[serde(default = "node_size")]
+        node_size: usize,
+    },
+    /// Handlers from an eBPF object, with zeroed regions.
+    Object {
+        /// App id.
+        id: u32,
+        /// Name.
+        name: String,
+        /// The eBPF ELF.
+        object: PathBuf,
+        /// Handlers.
+        handlers: Vec<ObjectHandler>,
+        /// Regions.
+        #[serde(default)]
+        regions: Vec<ObjectRegion>,
+    },
+}
+
+fn key_cap() -> usize {
+    24
+}
+fn value_cap() -> usize {
+    1000
+}
+fn node_size() -> usize {
+    1024
+}
+
+/// A handler of an `object` app.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectHandler {
+    /// Section name (`naam/<name>`).
+    pub name: String,
+    /// Whether it writes (runs at the owner).
+    #[serde(default)]
+    pub write: bool,
+}
+
+/// A region of an `object` app.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObjectRegion {
+    /// Name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: usize,
+    /// Rights: any of `r`, `w`, `a` (atomic).
+    pub access: String,
+}
+
+/// Why a config is not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Unreadable.
+    #[error("reading {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    /// Not valid TOML for this schema.
+    #[error("{0}: {1}")]
+    Parse(PathBuf, String),
+    /// Valid TOML, invalid meaning.
+    #[error("{0}: {1}")]
+    Invalid(PathBuf, String),
+}
+
+impl Config {
+    /// Reads and checks `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
+        Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse(_, m) => ConfigError::Parse(path.into(), m),
+            ConfigError::Invalid(_, m) => ConfigError::Invalid(path.into(), m),
+            other => other,
+        })
+    }
+
+    /// Parses and checks a config text.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let c: Config =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(PathBuf::new(), e.to_string()))?;
+        let bad = |m: String| Err(ConfigError::Invalid(PathBuf::new(), m));
+        if c.apps.is_empty() {
+            return bad("no [[app]] to serve".into());
+        }
+        let mut ids = std::collections::HashSet::new();
+        for a in &c.apps {
+            if !ids.insert(a.id()) {
+                return bad(format!("app id {} appears twice", a.id()));
+            }
+        }
+        if c.host_executors == 0 {
+            return bad("host_executors must be at least 1".into());
+        }
+        if c.queue_capacity == 0 {
+            return bad("queue_capacity must be at least 1".into());
+        }
+        c.policy()?;
+        Ok(c)
+    }
+
+    /// The steering policy.
+    pub fn policy(&self) -> Result<PolicyChoice, ConfigError> {
+        match self.policy.as_str() {
+            "auto" => Ok(PolicyChoice::Auto(CostPolicyConfig::default())),
+            p => p
+                .parse::<Placement>()
+                .map(PolicyChoice::Always)
+                .map_err(|e| ConfigError::Invalid(PathBuf::new(), format!("policy: {e}, or auto"))),
+        }
+    }
+}
+
+impl AppConfig {
+    /// The app id.
+    pub fn id(&self) -> u32 {
+        match self {
+            AppConfig::Mica { id, .. }
+            | AppConfig::Btree { id, .. }
+            | AppConfig::Object { id, .. } => *id,
+        }
+    }
+
+    /// Builds the app: handlers (with the pipeline for MICA and the B-tree), regions, and what
+    /// the manifest tells clients.
+    pub fn build(&self, target_dir: &Path) -> anyhow::Result<HostApp> {
+        use anyhow::Context as _;
+        match self {
+            AppConfig::Mica {
+                id,
+                items,
+                key_cap,
+                value_cap,
+            } => {
+                let mc = naam_mica::MicaConfig::sized(*items, *key_cap, *value_cap);
+                let out = naam_mica::build_handlers_output(Some(&target_dir.join("mica")))
+                    .context("building MICA's handlers")?;
+                let bytes = std::fs::read(&out.object)
+                    .with_context(|| format!("reading {}", out.object.display()))?;
+                let spec =
+                    naam_mica::app_spec(*id, &mc, Arc::new(out.loaded), Placement::Host, true)?;
+                Ok(HostApp {
+                    spec,
+                    kind: "mica".into(),
+                    params: serde_json::to_value(mc)?,
+                    object_bytes: bytes,
+                })
+            }
+            AppConfig::Btree {
+                id,
+                keys,
+                node_size,
+            } => {
+                let bc = naam_btree::BTreeConfig::with_node_size(*keys, *node_size);
+                let out = naam_btree::build_handlers_output(Some(&target_dir.join("btree")))
+                    .context("building the B-tree's handlers")?;
+                let bytes = std::fs::read(&out.object)
+                    .with_context(|| format!("reading {}", out.object.display()))?;
+                let spec =
+                    naam_btree::app_spec(*id, &bc, Arc::new(out.loaded), Placement::Host, true)?;
+                Ok(HostApp {
+                    spec,
+                    kind: "btree".into(),
+                    params: serde_json::to_value(bc)?,
+                    object_bytes: bytes,
+                })
+            }
+            AppConfig::Object {
+                id,
+                name,
+                object,
+                handlers,
+                regions,
+            } => {
+                let bytes = std::fs::read(object)
+                    .with_context(|| format!("reading {}", object.display()))?;
+                let loaded = naam_runtime::load(&bytes)
+                    .with_context(|| format!("loading {}", object.display()))?;
+                let mut rs = Vec::new();
+                for r in regions {
+                    let mut access = 0;
+                    for ch in r.access.chars() {
+                        access |= match ch {
+                            'r' => ACCESS_READ,
+                            'w' => ACCESS_WRITE,
+                            'a' => ACCESS_ATOMIC,
+                            o => anyhow::bail!("region {}: unknown right `{o}` (r, w, a)", r.name),
+                        };
+                    }
+                    rs.push(RegionSpec {
+                        name: r.name.clone(),
+                        access,
+                        contents: vec![0u8; r.size],
+                    });
+                }
+                Ok(HostApp {
+                    spec: AppSpec {
+                        id: *id,
+                        name: name.clone(),
+                        owner: Placement::Host,
+                        regions: rs,
+                        object: Arc::new(loaded),
+                        // Operator-supplied bytecode: checked interpreter, never the JIT.
+                        handlers: handlers
+                            .iter()
+                            .map(|h| {
+                                if h.write {
+                                    HandlerSpec::write(&h.name)
+                                } else {
+                                    HandlerSpec::read(&h.name)
+                                }
+                            })
+                            .collect(),
+                    },
+                    kind: "object".into(),
+                    params: serde_json::Value::Null,
+                    object_bytes: bytes,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_config_parses() {
+        let c = Config::parse(
+            r#"
+            listen = "127.0.0.1:7000"
+            host_executors = 2
+            policy = "nic"
+            [[app]]
+            kind = "mica"
+            id = 1
+            items = 1000
+            [[app]]
+            kind = "btree"
+            id = 2
+            keys = 1000
+            [[app]]
+            kind = "object"
+            id = 3
+            name = "x"
+            object = "x.o"
+            handlers = [{ name = "get" }, { name = "put", write = true }]
+            regions = [{ name = "data", size = 64, access = "rwa" }]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.apps.len(), 3);
+        assert_eq!(c.shm_dir, PathBuf::from("/dev/shm/naam"));
+        assert!(matches!(
+            c.policy().unwrap(),
+            PolicyChoice::Always(Placement::Nic)
+        ));
+    }
+
+    #[test]
+    fn wrong_configs_say_what_is_wrong() {
+        for (text, needle) in [
+            ("listen = \"x\"", "listen"),
+            ("listen = \"127.0.0.1:1\"", "no [[app]]"),
+            (
+                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\n[[app]]\nkind=\"mica\"\nid=1\nitems=1",
+                "twice",
+            ),
+            (
+                "listen = \"127.0.0.1:1\"\npolicy=\"fast\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1",
+                "policy",
+            ),
+            ("listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"redis\"\nid=1", "redis"),
+            ("listen = \"127.0.0.1:1\"\ncolour = 1\n[[app]]\nkind=\"mica\"\nid=1\nitems=1", "colour"),
+        ] {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! `naam-nic run --server ADDR --listen ADDR`: the NIC executors and the one-sided agent of a
+//! NAAM deployment, serving until SIGTERM (then it tells the server to stop forwarding and
+//! drains). Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or a missing server.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use naam_runtime::cluster::ClusterConfig;
+use naam_runtime::udp::{deploy, nic, signal, socket::Socket};
+
+/// The SmartNIC side of a NAAM deployment (emulated on this machine).
+#[derive(Parser)]
+#[command(name = "naam-nic", version)]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the NIC executors and the one-sided agent.
+    Run {
+        /// naam-server's address (load reports go there).
+        #[arg(long)]
+        server: SocketAddr,
+        /// Address to listen on for forwarded requests and one-sided operations.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// The server's shared-memory directory (its manifest and regions).
+        #[arg(long, default_value = "/dev/shm/naam")]
+        shm_dir: PathBuf,
+        /// NIC executor threads (BlueField-2 has 8 Arm cores).
+        #[arg(long, default_value_t = 1)]
+        cores: usize,
+        /// Handler slowdown of a NIC core against a host core (model).
+        #[arg(long, default_value_t = 2.0)]
+        core_slowdown: f64,
+        /// Fixed cost of one DMA access to host memory, ns (model).
+        #[arg(long, default_value_t = 1000)]
+        dma_ns: u64,
+        /// Do not busy-wait the modelled costs (functional runs only).
+        #[arg(long)]
+        no_cost_model: bool,
+        /// Datagram size.
+        #[arg(long, default_value_t = naam_runtime::udp::socket::DEFAULT_DATAGRAM)]
+        datagram: usize,
+        /// How long to wait for the server's manifest to appear, seconds.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let r = match args.command {
+        Command::Run {
+            server,
+            listen,
+            shm_dir,
+            cores,
+            core_slowdown,
+            dma_ns,
+            no_cost_model,
+            datagram,
+            wait,
+        } => run(
+            server,
+            listen,
+            &shm_dir,
+            cores,
+            naam_smartnic::bluefield2_model(core_slowdown, dma_ns, !no_cost_model),
+            datagram,
+            Duration::from_secs(wait),
+        ),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("naam-nic: error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(
+    server: SocketAddr,
+    listen: SocketAddr,
+    shm_dir: &std::path::Path,
+    cores: usize,
+    model: naam_runtime::cluster::NicModel,
+    datagram: usize,
+    wait: Duration,
+) -> anyhow::Result<()> {
+    let stop = signal::stop_flag();
+    // The server writes the manifest when its regions exist; wait for it (it may be starting).
+    let deadline = std::time::Instant::now() + wait;
+    while !shm_dir.join(deploy::MANIFEST_FILE).exists() {
+        if std::time::Instant::now() >= deadline || stop.load(std::sync::atomic::Ordering::SeqCst) {
+            anyhow::bail!(
+                "no manifest in {} after {wait:?}: is naam-server running with this shm_dir?",
+                shm_dir.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let cc = ClusterConfig {
+        nic_executors: cores.max(1),
+        nic: model,
+        ..ClusterConfig::default()
+    };
+    let (cluster, manifest) = deploy::start_nic(shm_dir, cc)
+        .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
+    let socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
+    let advertise = socket.local_addr()?;
+    eprintln!(
+        "naam-nic: {} app(s), {} core(s) (emulated Arm A72: slowdown {}x, DMA {} ns/access{}), \
+         agent and executors on udp://{advertise}, reporting to {server}",
+        manifest.apps.len(),
+        cores.max(1),
+        model.core_slowdown,
+        model.dma.access_ns,
+        if model.emulate_costs {
+            ""
+        } else {
+            ", costs not emulated"
+        }
+    );
+    let stats = nic::serve_nic(
+        cluster,
+        socket,
+        nic::NicOptions {
+            server,
+            advertise,
+            report_every: Duration::from_millis(1),
+            drain: Duration::from_secs(2),
+        },
+        stop,
+    )?;
+    eprintln!(
+        "naam-nic: stopped; {}",
+        serde_json::to_string(&stats).unwrap_or_default()
+    );
+    Ok(())
+}
