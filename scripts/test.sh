@@ -9,4 +9,6 @@ export PATH="$HOME/.cargo/bin:$PATH"
 bash scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The namespace testbed test runs naam-server and naam-nic as processes: build them first.
+cargo build --workspace --bins --locked
 cargo test --workspace --locked

@@ -340,7 +340,6 @@ pub fn run_udp(
     target: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
-    use naam_runtime::udp::client::{UdpClient, UdpConfig};
     if cfg.workload.has_scans() && cfg.app == App::Mica {
         bail!(
             "workload {} scans; MICA is a hash table: use --app btree",
@@ -350,49 +349,18 @@ pub fn run_udp(
     if cfg.records == 0 || cfg.threads == 0 {
         bail!("--records and --threads must be at least 1");
     }
-    let mut ucfg = UdpConfig::new(server);
-    ucfg.pin = match cfg.placement {
+    let pin = match cfg.placement {
         PlacementChoice::Auto => None,
         PlacementChoice::Fixed(p) => Some(p),
     };
-    let probe = UdpClient::connect(&ucfg)?;
-    let kind = match cfg.app {
-        App::Mica => "mica",
-        App::Btree => "btree",
-    };
-    let app = probe
-        .manifest()
-        .app_of_kind(kind)
-        .with_context(|| format!("naam-server at {server} serves no {kind} app"))?
-        .clone();
-    // The handlers the server runs: its object file when this machine sees it (same build),
-    // else a local build, which must hash the same.
-    let object = match std::fs::read(&app.object) {
-        Ok(b) if naam_runtime::udp::control::object_hash(&b) == app.object_hash => b,
-        _ => {
-            let out = match cfg.app {
-                App::Mica => naam_mica::build_handlers_output(Some(&target.join("mica")))?,
-                App::Btree => naam_btree::build_handlers_output(Some(&target.join("btree")))?,
-            };
-            std::fs::read(&out.object)?
-        }
-    };
-    let object = Arc::new(object);
-    let metrics = Arc::new(naam_runtime::metrics::Metrics::default());
+    let setup = UdpSetup::new(cfg.app, server, pin, target)?;
     let connect = {
-        let (ucfg, object, metrics, id) = (ucfg.clone(), object.clone(), metrics.clone(), app.id);
-        move || -> anyhow::Result<UdpClient> {
-            let mut c = UdpClient::connect(&ucfg)?.with_metrics(metrics.clone());
-            c.install_handlers(id, &object)?;
-            Ok(c)
-        }
+        let setup = setup.clone();
+        move || setup.connect()
     };
     let make: StoreFactory = match cfg.app {
         App::Mica => {
-            let mc: MicaConfig = serde_json::from_value(app.params.clone())
-                .context("the server's MICA parameters")?;
-            let handle = MicaHandle::with_keys(app.id, mc, |n| app.region_key(n))
-                .context("MICA regions in the manifest")?;
+            let handle = setup.mica()?;
             let fl = cfg.shape.field_length;
             Arc::new(move || {
                 Ok(Box::new(MicaStore {
@@ -402,10 +370,7 @@ pub fn run_udp(
             })
         }
         App::Btree => {
-            let bc: BTreeConfig = serde_json::from_value(app.params.clone())
-                .context("the server's B-tree parameters")?;
-            let handle = BTreeHandle::with_keys(app.id, bc, |n| app.region_key(n))
-                .context("B-tree regions in the manifest")?;
+            let handle = setup.btree()?;
             Arc::new(move || {
                 Ok(Box::new(BTreeStore {
                     t: BTreeClient::new(connect()?, handle),
@@ -413,7 +378,91 @@ pub fn run_udp(
             })
         }
     };
-    run_phases(cfg, make, Some(&metrics), progress, naam_runtime::udp::MODE)
+    run_phases(
+        cfg,
+        make,
+        Some(&setup.metrics),
+        progress,
+        naam_runtime::udp::MODE,
+    )
+}
+
+/// What every UDP client thread of a run shares: the server's app, the handler object it runs,
+/// the client settings and the metrics the clients record into.
+#[derive(Clone)]
+pub struct UdpSetup {
+    /// The served app used.
+    pub app: naam_runtime::udp::control::AppManifest,
+    /// Latency and placement of every call.
+    pub metrics: Arc<naam_runtime::metrics::Metrics>,
+    config: naam_runtime::udp::client::UdpConfig,
+    object: Arc<Vec<u8>>,
+}
+
+impl UdpSetup {
+    /// Asks the server at `server` what it serves and finds `app`'s handler object: the
+    /// server's own file when this machine sees it (same build), else a local build, which must
+    /// hash the same.
+    pub fn new(
+        app: App,
+        server: std::net::SocketAddr,
+        pin: Option<Placement>,
+        target: &Path,
+    ) -> anyhow::Result<UdpSetup> {
+        use naam_runtime::udp::client::{UdpClient, UdpConfig};
+        let mut config = UdpConfig::new(server);
+        config.pin = pin;
+        let probe = UdpClient::connect(&config)?;
+        let kind = match app {
+            App::Mica => "mica",
+            App::Btree => "btree",
+        };
+        let served = probe
+            .manifest()
+            .app_of_kind(kind)
+            .with_context(|| format!("naam-server at {server} serves no {kind} app"))?
+            .clone();
+        let object = match std::fs::read(&served.object) {
+            Ok(b) if naam_runtime::udp::control::object_hash(&b) == served.object_hash => b,
+            _ => {
+                let out = match app {
+                    App::Mica => naam_mica::build_handlers_output(Some(&target.join("mica")))?,
+                    App::Btree => naam_btree::build_handlers_output(Some(&target.join("btree")))?,
+                };
+                std::fs::read(&out.object)?
+            }
+        };
+        Ok(UdpSetup {
+            app: served,
+            metrics: Arc::new(naam_runtime::metrics::Metrics::default()),
+            config,
+            object: Arc::new(object),
+        })
+    }
+
+    /// A connected client with the app's handlers installed.
+    pub fn connect(&self) -> anyhow::Result<naam_runtime::udp::client::UdpClient> {
+        let mut c = naam_runtime::udp::client::UdpClient::connect(&self.config)?
+            .with_metrics(self.metrics.clone());
+        c.install_handlers(self.app.id, &self.object)?;
+        Ok(c)
+    }
+
+    /// The MICA handle of the served table.
+    pub fn mica(&self) -> anyhow::Result<MicaHandle> {
+        let mc: MicaConfig = serde_json::from_value(self.app.params.clone())
+            .context("the server's MICA parameters")?;
+        MicaHandle::with_keys(self.app.id, mc, |n| self.app.region_key(n))
+            .context("MICA regions in the manifest")
+    }
+
+    /// The B-tree handle of the served tree.
+    pub fn btree(&self) -> anyhow::Result<BTreeHandle> {
+        let bc: BTreeConfig = serde_json::from_value(self.app.params.clone())
+            .context("the server's B-tree parameters")?;
+        BTreeHandle::with_keys(self.app.id, bc, |n| self.app.region_key(n))
+            .context("B-tree regions in the manifest")
+    }
 }
 
 /// Mode label of in-process runs.

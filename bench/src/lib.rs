@@ -9,4 +9,5 @@ pub mod driver;
 pub mod experiments;
 pub mod memcached;
 pub mod plot;
+pub mod verify;
 pub mod ycsb;

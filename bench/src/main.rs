@@ -24,6 +24,35 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Checks a deployment's answers: each client thread writes versioned values to its own
+    /// keys and every read must return the last one written. Exit 1 on any wrong answer or
+    /// failed call.
+    Verify {
+        /// Application: mica or btree.
+        #[arg(long, default_value = "mica")]
+        app: App,
+        /// naam-server's address.
+        #[arg(long)]
+        server: std::net::SocketAddr,
+        /// Where reads run: auto, host, nic or client.
+        #[arg(long, default_value = "auto")]
+        placement: PlacementChoice,
+        /// Client threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+        /// Operations per thread at most.
+        #[arg(long, default_value_t = 2000)]
+        ops: u64,
+        /// Seconds at most.
+        #[arg(long, default_value_t = 30.0)]
+        seconds: f64,
+        /// Failed calls tolerated (timeouts while a peer restarts); wrong answers never are.
+        #[arg(long, default_value_t = 0)]
+        max_errors: u64,
+        /// Where handler crates are built.
+        #[arg(long, default_value = "target/naam")]
+        target_dir: PathBuf,
+    },
     /// Load records, then run a YCSB core workload; prints a summary and writes JSON.
     Ycsb {
         /// Application: mica or btree.
@@ -171,6 +200,41 @@ fn command_line() -> String {
 
 fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
+        Cmd::Verify {
+            app,
+            server,
+            placement,
+            threads,
+            ops,
+            seconds,
+            max_errors,
+            target_dir,
+        } => {
+            let pin = match placement {
+                PlacementChoice::Auto => None,
+                PlacementChoice::Fixed(p) => Some(p),
+            };
+            let setup = naam_bench::driver::UdpSetup::new(app, server, pin, &target_dir)?;
+            let mut seed = [0u8; 8];
+            getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("random seed: {e}"))?;
+            let r = naam_bench::verify::run(
+                &setup,
+                app,
+                threads.max(1),
+                ops,
+                std::time::Duration::from_secs_f64(seconds.max(0.0)),
+                u64::from_le_bytes(seed),
+            )?;
+            println!(
+                "{}",
+                serde_json::to_string(&json!({ "command": command_line(), "result": r }))?
+            );
+            Ok(if r.wrong == 0 && r.misses == 0 && r.errors <= max_errors {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
         Cmd::Ycsb {
             app,
             workload,

@@ -88,6 +88,43 @@ pub struct SocketStats {
     pub dropped: u64,
     /// `sendmmsg` errors (peer unreachable, buffer full).
     pub send_errors: u64,
+    /// Datagrams dropped on purpose by the loss injector.
+    pub injected_losses: u64,
+}
+
+/// Environment variable with a fraction of received datagrams to drop (`0.01` = 1%): loss
+/// injection for tests on kernels without `sch_netem` (where `tc netem` cannot run).
+pub const INJECT_LOSS_ENV: &str = "NAAM_INJECT_LOSS";
+
+/// Drops a fraction of datagrams (xorshift64; not for anything but fault injection).
+#[derive(Debug, Clone, Copy)]
+struct LossInjector {
+    threshold: u64,
+    state: u64,
+}
+
+impl LossInjector {
+    fn from_env() -> Option<LossInjector> {
+        let p: f64 = std::env::var(INJECT_LOSS_ENV).ok()?.parse().ok()?;
+        if !(p > 0.0 && p <= 1.0) {
+            return None;
+        }
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        Some(LossInjector {
+            threshold: (p * u64::MAX as f64) as u64,
+            state: seed,
+        })
+    }
+
+    fn drop_next(&mut self) -> bool {
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        self.state <= self.threshold
+    }
 }
 
 /// A UDP socket carrying NAAM messages.
@@ -98,6 +135,7 @@ pub struct Socket {
     reassembler: Reassembler<SocketAddr>,
     stats: SocketStats,
     epoch: std::time::Instant,
+    loss: Option<LossInjector>,
 }
 
 impl Socket {
@@ -130,6 +168,7 @@ impl Socket {
             reassembler: Reassembler::new(4096, 16 << 20, 200_000_000),
             stats: SocketStats::default(),
             epoch: std::time::Instant::now(),
+            loss: LossInjector::from_env(),
         }
     }
 
@@ -171,6 +210,10 @@ impl Socket {
         let now = self.epoch.elapsed().as_nanos() as u64;
         for (i, (peer, len)) in got.into_iter().enumerate() {
             self.stats.received += 1;
+            if self.loss.as_mut().is_some_and(LossInjector::drop_next) {
+                self.stats.injected_losses += 1;
+                continue;
+            }
             let f = match Fragment::decode(Bytes::copy_from_slice(&self.bufs[i][..len])) {
                 Ok(f) => f,
                 Err(_) => {

@@ -1,0 +1,209 @@
+//! The multi-process deployment across network namespaces (`scripts/testbed.sh`): YCSB and
+//! verifying clients at every placement, `kill -9` of naam-nic mid-run, and 1% packet loss.
+//! Needs root, iproute2 and the workspace binaries (`cargo build --bins`, which
+//! `scripts/test.sh` does); it says why when it skips.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const NAME: &str = "naamci";
+const SUBNET: &str = "10.78.0";
+const SERVER: &str = "10.78.0.1:7000";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("repo")
+        .to_path_buf()
+}
+
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_naam-bench"))
+        .parent()
+        .expect("bin dir")
+        .to_path_buf()
+}
+
+fn testbed(args: &[&str], loss: Option<&str>) -> Output {
+    let mut c = Command::new(repo().join("scripts/testbed.sh"));
+    c.args(args)
+        .env("NAAM_TESTBED", NAME)
+        .env("NAAM_SUBNET", SUBNET)
+        .env("NAAM_BIN_DIR", bin_dir())
+        .env("NAAM_MICA_ITEMS", "50000")
+        .env("NAAM_BTREE_KEYS", "50000")
+        .env_remove("NAAM_INJECT_LOSS");
+    if let Some(l) = loss {
+        c.env("NAAM_INJECT_LOSS", l);
+    }
+    c.output().expect("running scripts/testbed.sh")
+}
+
+fn ok(o: &Output, what: &str) -> String {
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{what} failed ({}):\nstdout: {out}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    out
+}
+
+fn bench(args: &[&str], loss: Option<&str>) -> Output {
+    let b = bin_dir().join("naam-bench");
+    let mut full = vec!["client", b.to_str().expect("utf-8 path")];
+    full.extend_from_slice(args);
+    testbed(&full, loss)
+}
+
+fn verify(app: &str, placement: &str, ops: &str, loss: Option<&str>) -> serde_json::Value {
+    let args = vec![
+        "verify",
+        "--app",
+        app,
+        "--server",
+        SERVER,
+        "--placement",
+        placement,
+        "--threads",
+        "2",
+        "--ops",
+        ops,
+    ];
+    let o = bench(&args, loss);
+    let out = ok(&o, &format!("verify {app} at {placement}"));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("verify prints JSON");
+    v["result"].clone()
+}
+
+struct Down;
+impl Drop for Down {
+    fn drop(&mut self) {
+        let _ = testbed(&["down"], None);
+    }
+}
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("needs root for network namespaces".into());
+    }
+    if Command::new("ip").arg("-V").output().is_err() {
+        return Some("needs iproute2 (ip)".into());
+    }
+    for b in ["naam-server", "naam-nic"] {
+        if !bin_dir().join(b).exists() {
+            return Some(format!(
+                "{b} is not built in {} (cargo build --bins; scripts/test.sh does)",
+                bin_dir().display()
+            ));
+        }
+    }
+    None
+}
+
+#[test]
+fn deployment_across_namespaces() {
+    if let Some(why) = skip_reason() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must run the namespace testbed, but: {why}"
+        );
+        eprintln!("SKIPPED deployment_across_namespaces: {why}");
+        return;
+    }
+    let _ = testbed(&["down"], None);
+    let _down = Down;
+    ok(&testbed(&["up"], None), "testbed up");
+    ok(&testbed(&["status"], None), "testbed status");
+
+    // Every placement answers correctly, MICA and B-tree, from the client namespace.
+    for app in ["mica", "btree"] {
+        for p in ["host", "nic", "client", "auto"] {
+            let r = verify(app, p, "300", None);
+            assert_eq!(r["wrong"], 0, "{app} at {p}: {r}");
+            assert_eq!(r["errors"], 0, "{app} at {p}: {r}");
+            if p != "auto" {
+                let i = ["client", "nic", "host"]
+                    .iter()
+                    .position(|x| *x == p)
+                    .unwrap();
+                assert!(
+                    r["placement_fractions"][i].as_f64().unwrap() > 0.5,
+                    "{app} at {p}: {r}"
+                );
+            }
+        }
+    }
+    // YCSB-B on MICA and lookups (C) on the B-tree at every placement.
+    for (app, w) in [("mica", "b"), ("btree", "c")] {
+        for p in ["host", "nic", "client", "auto"] {
+            let o = bench(
+                &[
+                    "ycsb",
+                    "--fabric",
+                    "udp",
+                    "--server",
+                    SERVER,
+                    "--app",
+                    app,
+                    "--workload",
+                    w,
+                    "--records",
+                    "500",
+                    "--ops",
+                    "1000",
+                    "--placement",
+                    p,
+                ],
+                None,
+            );
+            let out = ok(&o, &format!("ycsb {w} on {app} at {p}"));
+            assert!(out.contains("udp"), "{out}");
+        }
+    }
+
+    // kill -9 of naam-nic mid-run: every request answered (retries), every answer right.
+    let b = bin_dir().join("naam-bench");
+    let run = Command::new(repo().join("scripts/testbed.sh"))
+        .args([
+            "client",
+            b.to_str().unwrap(),
+            "verify",
+            "--server",
+            SERVER,
+            "--threads",
+            "2",
+        ])
+        .args(["--ops", "100000000", "--seconds", "3"])
+        .env("NAAM_TESTBED", NAME)
+        .env("NAAM_SUBNET", SUBNET)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("verify");
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    ok(&testbed(&["kill-nic", "KILL"], None), "kill -9 naam-nic");
+    let o = run.wait_with_output().expect("verify finished");
+    let out = ok(&o, "verify across kill -9 of naam-nic");
+    let r: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(r["result"]["wrong"], 0, "{r}");
+    assert_eq!(r["result"]["errors"], 0, "{r}");
+    // Traffic is back at the host: nothing goes to the dead NIC or to its agent.
+    let after = verify("mica", "auto", "300", None);
+    assert_eq!(
+        after["placement_fractions"][2].as_f64().unwrap(),
+        1.0,
+        "{after}"
+    );
+    ok(&testbed(&["down"], None), "testbed down");
+
+    // 1% datagram loss in every socket (this kernel has no netem; see scripts/testbed.sh).
+    let loss = Some("0.01");
+    ok(&testbed(&["up"], loss), "testbed up with loss");
+    for app in ["mica", "btree"] {
+        let r = verify(app, "auto", "1000", loss);
+        assert_eq!(r["wrong"], 0, "{app} with loss: {r}");
+        assert_eq!(r["errors"], 0, "{app} with loss: {r}");
+    }
+}

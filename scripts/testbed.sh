@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# The multi-host testbed on one machine: two network namespaces (client, server) joined by a
+# veth pair with a jumbo MTU, naam-server and naam-nic running in the server namespace.
+#
+#   scripts/testbed.sh up        create namespaces, start naam-server and naam-nic
+#   scripts/testbed.sh down      stop everything, delete namespaces and shared memory
+#   scripts/testbed.sh status    what exists and what runs
+#   scripts/testbed.sh client CMD...    run CMD in the client namespace
+#   scripts/testbed.sh kill-nic [SIG]   signal naam-nic (default KILL)
+#   scripts/testbed.sh start-nic        (re)start naam-nic
+#   scripts/testbed.sh netem LOSS%      packet loss on both veth ends ("off" removes it); needs
+#                                       sch_netem in the kernel (NAAM_INJECT_LOSS=0.01 at `up`
+#                                       and in the client injects loss in the sockets instead)
+#
+# Needs root (network namespaces) and iproute2. Addresses live only inside the namespaces
+# created here. Environment: NAAM_TESTBED (name prefix, default naam), NAAM_SUBNET (default
+# 10.77.0), NAAM_BIN_DIR (default target/release, built if missing), NAAM_SERVER_POLICY (auto),
+# NAAM_DATAGRAM (8972). `up` tears everything down again if any step fails.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+NAME=${NAAM_TESTBED:-naam}
+SUBNET=${NAAM_SUBNET:-10.77.0}
+CLI_NS=$NAME-cli
+SRV_NS=$NAME-srv
+SRV_IF=$NAME-s0
+CLI_IF=$NAME-c0
+SRV_IP=$SUBNET.1
+CLI_IP=$SUBNET.2
+STATE=${NAAM_TESTBED_DIR:-/tmp/$NAME-testbed}
+SHM=/dev/shm/$NAME-testbed
+BIN=${NAAM_BIN_DIR:-target/release}
+POLICY=${NAAM_SERVER_POLICY:-auto}
+DATAGRAM=${NAAM_DATAGRAM:-8972}
+SERVER_ADDR=$SRV_IP:7000
+NIC_ADDR=$SRV_IP:7001
+
+say() { echo "testbed: $*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+need_root() {
+    [ "$(id -u)" = 0 ] || die "network namespaces need root (run as root or with sudo)"
+    command -v ip >/dev/null || die "iproute2 (ip) is not installed"
+}
+
+binaries() {
+    if [ ! -x "$BIN/naam-server" ] || [ ! -x "$BIN/naam-nic" ] || [ ! -x "$BIN/naam-bench" ]; then
+        [ "$BIN" = target/release ] || die "no naam-server/naam-nic/naam-bench in $BIN"
+        say "building release binaries"
+        cargo build --release --locked -q -p naam-server -p naam-smartnic -p naam-bench
+    fi
+}
+
+wait_for() { # file pattern seconds
+    local i
+    for ((i = 0; i < $3 * 10; i++)); do
+        grep -q "$2" "$1" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+start_nic() {
+    ip netns exec "$SRV_NS" "$BIN/naam-nic" run --server "$SERVER_ADDR" --listen "$NIC_ADDR" \
+        --shm-dir "$SHM" --datagram "$DATAGRAM" >"$STATE/nic.log" 2>&1 &
+    echo $! >"$STATE/nic.pid"
+    wait_for "$STATE/nic.log" "agent and executors on" 30 || {
+        cat "$STATE/nic.log" >&2
+        die "naam-nic did not start"
+    }
+    say "naam-nic up on $NIC_ADDR (pid $(cat "$STATE/nic.pid"))"
+}
+
+up() {
+    need_root
+    binaries
+    if ip netns list | grep -qw "$SRV_NS"; then die "testbed $NAME is already up (down first)"; fi
+    trap 'say "setup failed; tearing down"; down' ERR
+    mkdir -p "$STATE"
+    ip netns add "$CLI_NS"
+    ip netns add "$SRV_NS"
+    ip link add "$CLI_IF" type veth peer name "$SRV_IF"
+    ip link set "$CLI_IF" netns "$CLI_NS"
+    ip link set "$SRV_IF" netns "$SRV_NS"
+    ip -n "$CLI_NS" link set "$CLI_IF" mtu 9000 up
+    ip -n "$SRV_NS" link set "$SRV_IF" mtu 9000 up
+    ip -n "$CLI_NS" link set lo up
+    ip -n "$SRV_NS" link set lo up
+    ip -n "$CLI_NS" addr add "$CLI_IP/24" dev "$CLI_IF"
+    ip -n "$SRV_NS" addr add "$SRV_IP/24" dev "$SRV_IF"
+    cat >"$STATE/naam-server.toml" <<CONF
+listen = "$SERVER_ADDR"
+shm_dir = "$SHM"
+policy = "$POLICY"
+datagram = $DATAGRAM
+target_dir = "target/naam"
+
+[[app]]
+kind = "mica"
+id = 1
+items = ${NAAM_MICA_ITEMS:-200000}
+
+[[app]]
+kind = "btree"
+id = 2
+keys = ${NAAM_BTREE_KEYS:-200000}
+CONF
+    [ -z "${NAAM_INJECT_LOSS:-}" ] || say "injecting ${NAAM_INJECT_LOSS} datagram loss in every socket"
+    ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" \
+        >"$STATE/server.log" 2>&1 &
+    echo $! >"$STATE/server.pid"
+    wait_for "$STATE/server.log" "serving" 600 || {
+        cat "$STATE/server.log" >&2
+        false
+    }
+    say "naam-server up on $SERVER_ADDR (pid $(cat "$STATE/server.pid"))"
+    start_nic
+    trap - ERR
+    say "up: client namespace $CLI_NS ($CLI_IP), server namespace $SRV_NS ($SRV_IP); MTU 9000"
+    say "try: scripts/testbed.sh client $BIN/naam-bench ycsb --fabric udp --server $SERVER_ADDR"
+}
+
+stop_pid() { # pidfile
+    [ -f "$1" ] || return 0
+    local pid
+    pid=$(cat "$1")
+    if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$1"
+}
+
+down() {
+    need_root
+    stop_pid "$STATE/nic.pid"
+    stop_pid "$STATE/server.pid"
+    # Anything else still running inside the namespaces.
+    for ns in "$CLI_NS" "$SRV_NS"; do
+        if ip netns list | grep -qw "$ns"; then
+            for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+            ip netns del "$ns" 2>/dev/null || true
+        fi
+    done
+    ip link del "$CLI_IF" 2>/dev/null || true
+    rm -rf "$SHM"
+    say "down"
+}
+
+status() {
+    local ok=0
+    for ns in "$CLI_NS" "$SRV_NS"; do
+        if ip netns list | grep -qw "$ns"; then say "namespace $ns: present"; else say "namespace $ns: absent"; ok=1; fi
+    done
+    ip -n "$SRV_NS" -br addr show "$SRV_IF" 2>/dev/null || true
+    ip -n "$CLI_NS" -br addr show "$CLI_IF" 2>/dev/null || true
+    for p in server nic; do
+        if [ -f "$STATE/$p.pid" ] && kill -0 "$(cat "$STATE/$p.pid")" 2>/dev/null; then
+            say "naam-$p: running (pid $(cat "$STATE/$p.pid"))"
+        else
+            say "naam-$p: not running"
+            ok=1
+        fi
+    done
+    return $ok
+}
+
+netem() {
+    need_root
+    if [ "$1" = off ]; then
+        ip netns exec "$CLI_NS" tc qdisc del dev "$CLI_IF" root 2>/dev/null || true
+        ip netns exec "$SRV_NS" tc qdisc del dev "$SRV_IF" root 2>/dev/null || true
+        say "netem off"
+    else
+        command -v tc >/dev/null || die "tc (iproute2) is not installed"
+        if ! ip netns exec "$CLI_NS" tc qdisc replace dev "$CLI_IF" root netem loss "$1" 2>/dev/null; then
+            die "this kernel has no netem qdisc (CONFIG_NET_SCH_NETEM); inject loss in the sockets instead: NAAM_INJECT_LOSS=0.01 scripts/testbed.sh up, and NAAM_INJECT_LOSS=0.01 for the client"
+        fi
+        ip netns exec "$SRV_NS" tc qdisc replace dev "$SRV_IF" root netem loss "$1"
+        say "netem: $1 loss each way"
+    fi
+}
+
+case "${1:-}" in
+up) up ;;
+down) down ;;
+status) status ;;
+client) shift; need_root; exec ip netns exec "$CLI_NS" "$@" ;;
+kill-nic) need_root; kill -"${2:-KILL}" "$(cat "$STATE/nic.pid")" ;;
+start-nic) need_root; start_nic ;;
+netem) need_root; netem "${2:?netem needs a loss like 1% or off}" ;;
+addr) echo "$SERVER_ADDR" ;;
+*) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
