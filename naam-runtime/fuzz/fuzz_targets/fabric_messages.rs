@@ -1,0 +1,25 @@
+//! Arbitrary bytes as every message the UDP fabric's processes accept from the network: a
+//! one-sided operation (decoded, then executed by the agent against real regions), a one-sided
+//! completion, a control message, a forwarded request. Nothing may panic; the agent's answer
+//! must always encode.
+#![no_main]
+use bytes::Bytes;
+use libfuzzer_sys::fuzz_target;
+use naam_runtime::onesided::{execute, Completion, Request};
+use naam_runtime::region::{RegionMemory, RegionTable, ALL_RIGHTS, READ_ONLY};
+use naam_runtime::udp::control::{unforward, Control};
+
+fuzz_target!(|data: &[u8]| {
+    let mut t = RegionTable::new();
+    // Small rkeys, so that mutated inputs reach real regions, not only the bad-key path.
+    t.register_with_key(1, 1, "rw", ALL_RIGHTS, RegionMemory::zeroed(256));
+    t.register_with_key(2, 1, "ro", READ_ONLY, RegionMemory::zeroed(64));
+    let b = Bytes::copy_from_slice(data);
+    if let Ok(req) = Request::decode(b.clone()) {
+        let c = execute(&t, &req);
+        let _ = Completion::decode(c.to_bytes()).expect("the agent's answer decodes");
+    }
+    let _ = Completion::decode(b.clone());
+    let _ = Control::decode(data);
+    let _ = unforward(&b);
+});
