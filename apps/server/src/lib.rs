@@ -42,6 +42,10 @@ pub struct Config {
     /// Where handler crates are built.
     #[serde(default = "target")]
     pub target_dir: PathBuf,
+    /// How long an idle host executor polls before it parks, microseconds (see
+    /// `ClusterConfig::executor_poll`; bench/RESULTS.md has the measurement behind 200).
+    #[serde(default = "executor_poll_us")]
+    pub executor_poll_us: u64,
     /// The apps.
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
@@ -61,6 +65,9 @@ fn datagram() -> usize {
 }
 fn queue() -> usize {
     4096
+}
+fn executor_poll_us() -> u64 {
+    200
 }
 fn target() -> PathBuf {
     PathBuf::from("target/naam")

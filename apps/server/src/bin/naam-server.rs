@@ -60,6 +60,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
         host_executors: config.host_executors,
         queue_capacity: config.queue_capacity,
         policy: config.policy()?,
+        executor_poll: Duration::from_micros(config.executor_poll_us),
         ..ClusterConfig::default()
     };
     let socket = Socket::bind(config.listen, config.datagram)
