@@ -15,7 +15,8 @@
 # Needs root (network namespaces) and iproute2. Addresses live only inside the namespaces
 # created here. Environment: NAAM_TESTBED (name prefix, default naam), NAAM_SUBNET (default
 # 10.77.0), NAAM_BIN_DIR (default target/release, built if missing), NAAM_SERVER_POLICY (auto),
-# NAAM_DATAGRAM (8972). `up` tears everything down again if any step fails.
+# NAAM_DATAGRAM (8972), NAAM_XDP (1: attach the XDP eSwitch to the server veth; 0: the
+# user-space switch steers). `up` tears everything down again if any step fails.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -94,6 +95,8 @@ shm_dir = "$SHM"
 policy = "$POLICY"
 datagram = $DATAGRAM
 target_dir = "target/naam"
+nic_port = ${NIC_ADDR##*:}
+$( [ "${NAAM_XDP:-1}" = 0 ] || echo "xdp_interface = \"$SRV_IF\"" )
 
 [[app]]
 kind = "mica"
@@ -114,6 +117,7 @@ CONF
         false
     }
     say "naam-server up on $SERVER_ADDR (pid $(cat "$STATE/server.pid"))"
+    grep -E "eSwitch" "$STATE/server.log" | sed 's/^/testbed: /' >&2 || true
     start_nic
     trap - ERR
     say "up: client namespace $CLI_NS ($CLI_IP), server namespace $SRV_NS ($SRV_IP); MTU 9000"

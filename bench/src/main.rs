@@ -24,6 +24,19 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Shows naam-server's switch (XDP eSwitch or user-space) and its per-destination counters;
+    /// optionally pins the NIC share of every read handler in the eSwitch's map.
+    Switch {
+        /// naam-server's address.
+        #[arg(long)]
+        server: std::net::SocketAddr,
+        /// Pin the NIC share, per mille (0..=1000).
+        #[arg(long)]
+        pin_nic_permille: Option<u32>,
+        /// Return to the steering weights.
+        #[arg(long)]
+        unpin: bool,
+    },
     /// Checks a deployment's answers: each client thread writes versioned values to its own
     /// keys and every read must return the last one written. Exit 1 on any wrong answer or
     /// failed call.
@@ -200,6 +213,25 @@ fn command_line() -> String {
 
 fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
+        Cmd::Switch {
+            server,
+            pin_nic_permille,
+            unpin,
+        } => {
+            use naam_runtime::udp::control::Control;
+            let mut c = naam_runtime::udp::client::UdpClient::connect(
+                &naam_runtime::udp::client::UdpConfig::new(server),
+            )?;
+            let answer = c.control(&Control::QuerySwitch {
+                pin: pin_nic_permille,
+                unpin,
+            })?;
+            println!("{}", serde_json::to_string(&answer)?);
+            Ok(match answer {
+                Control::Switch { .. } => ExitCode::SUCCESS,
+                _ => ExitCode::from(1),
+            })
+        }
         Cmd::Verify {
             app,
             server,

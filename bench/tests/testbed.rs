@@ -115,8 +115,54 @@ fn deployment_across_namespaces() {
     }
     let _ = testbed(&["down"], None);
     let _down = Down;
-    ok(&testbed(&["up"], None), "testbed up");
+    let up = testbed(&["up"], None);
+    ok(&up, "testbed up");
     ok(&testbed(&["status"], None), "testbed status");
+    let log = String::from_utf8_lossy(&up.stderr).into_owned();
+    assert!(
+        log.contains("XDP eSwitch") && log.contains("attached"),
+        "{log}"
+    );
+
+    // The XDP eSwitch: pinning its map to the NIC moves reads there, pinning it to the host
+    // moves them back; its per-destination counters show it.
+    let counters = |pin: &[&str]| -> serde_json::Value {
+        let mut args = vec!["switch", "--server", SERVER];
+        args.extend_from_slice(pin);
+        let out = ok(&bench(&args, None), "naam-bench switch");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert!(v["switch"].as_str().unwrap().contains("XDP"), "{v}");
+        v["counters"].clone()
+    };
+    let n = |v: &serde_json::Value, k: &str| v[k].as_u64().unwrap();
+    let before = counters(&["--pin-nic-permille", "1000"]);
+    let r = verify("btree", "auto", "300", None);
+    assert_eq!(
+        (r["wrong"].as_u64(), r["errors"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    let mid = counters(&["--pin-nic-permille", "0"]);
+    assert!(
+        n(&mid, "nic") >= n(&before, "nic") + 300,
+        "reads went to the NIC: {before} -> {mid}"
+    );
+    let r = verify("btree", "auto", "300", None);
+    assert_eq!(
+        (r["wrong"].as_u64(), r["errors"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    let after = counters(&["--unpin"]);
+    assert_eq!(
+        n(&after, "nic"),
+        n(&mid, "nic"),
+        "no read went to the NIC: {mid} -> {after}"
+    );
+    assert!(
+        n(&after, "host") >= n(&mid, "host") + 300,
+        "{mid} -> {after}"
+    );
 
     // Every placement answers correctly, MICA and B-tree, from the client namespace.
     for app in ["mica", "btree"] {

@@ -29,6 +29,7 @@
 #![deny(missing_docs)]
 
 pub mod abi;
+pub mod eswitch;
 pub mod hash;
 mod sdk;
 

@@ -237,6 +237,29 @@ pub fn undefined_symbols(object_bytes: &[u8]) -> Result<Vec<String>, LoadError> 
 
 /// Builds the handler crate described by `opts` into an eBPF object.
 pub fn build(opts: &BuildOptions) -> Result<BuildOutput, BuildError> {
+    let raw = build_object(opts)?;
+    Ok(BuildOutput {
+        loaded: loader::load(&raw.bytes)?,
+        object: raw.object,
+        linker_warnings: raw.linker_warnings,
+    })
+}
+
+/// An eBPF object built by [`build_object`], not loaded as NAAM handlers.
+#[derive(Debug)]
+pub struct RawObject {
+    /// Where it was written.
+    pub object: PathBuf,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// bpf-linker's warnings.
+    pub linker_warnings: Vec<String>,
+}
+
+/// Builds any `no_std` staticlib crate to an eBPF object by the same route as handlers, exporting
+/// every unmangled symbol it defines, without loading it as handlers (the XDP eSwitch, which
+/// the kernel loads). Fails on undefined symbols.
+pub fn build_object(opts: &BuildOptions) -> Result<RawObject, BuildError> {
     bpf_linker_version(&opts.bpf_linker)?;
     let manifest = opts.crate_dir.join("Cargo.toml");
     if !manifest.is_file() {
@@ -318,9 +341,9 @@ pub fn build(opts: &BuildOptions) -> Result<BuildOutput, BuildError> {
     if !undefined.is_empty() {
         return Err(BuildError::Undefined(undefined));
     }
-    Ok(BuildOutput {
+    Ok(RawObject {
         object: out,
-        loaded: loader::load(&bytes)?,
+        bytes,
         linker_warnings,
     })
 }

@@ -49,10 +49,11 @@ pub mod flags {
     pub const WRITE: u16 = 1;
     /// A retransmission of an earlier request id (writes are deduplicated).
     pub const RETRY: u16 = 2;
-    /// Run at the host (a placement baseline: the switch does not steer it).
-    pub const PIN_HOST: u16 = 4;
+    /// Run at the host (a placement baseline: the switch does not steer it; the XDP eSwitch
+    /// reads it too).
+    pub const PIN_HOST: u16 = naam_ebpf::eswitch::FLAG_PIN_HOST;
     /// Run at the NIC (a placement baseline: the switch does not steer it).
-    pub const PIN_NIC: u16 = 8;
+    pub const PIN_NIC: u16 = naam_ebpf::eswitch::FLAG_PIN_NIC;
     /// Every defined flag.
     pub const ALL: u16 = WRITE | RETRY | PIN_HOST | PIN_NIC;
 }

@@ -107,6 +107,7 @@ fn host(shm: &std::path::Path) -> Process {
         let opts = ServerOptions {
             manifest,
             drain: Duration::from_secs(1),
+            switch: None,
         };
         serve_host(cluster, socket, opts, &s).unwrap();
     });

@@ -18,6 +18,8 @@ use naam_runtime::udp::deploy::HostApp;
 use naam_runtime::Placement;
 use serde::Deserialize;
 
+pub mod eswitch;
+
 /// The config file.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,6 +48,13 @@ pub struct Config {
     /// `ClusterConfig::executor_poll`; bench/RESULTS.md has the measurement behind 200).
     #[serde(default = "executor_poll_us")]
     pub executor_poll_us: u64,
+    /// Interface to attach the XDP eSwitch to (the server's veth); absent: the user-space
+    /// switch in naam-server steers.
+    #[serde(default)]
+    pub xdp_interface: Option<String>,
+    /// naam-nic's UDP port on the listen address (where the eSwitch steers NIC messages).
+    #[serde(default)]
+    pub nic_port: Option<u16>,
     /// The apps.
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
@@ -195,6 +204,11 @@ impl Config {
             return bad("queue_capacity must be at least 1".into());
         }
         c.policy()?;
+        if c.xdp_interface.is_some() && c.nic_port.is_none() {
+            return bad(
+                "xdp_interface needs nic_port (naam-nic's port on the listen address)".into(),
+            );
+        }
         Ok(c)
     }
 

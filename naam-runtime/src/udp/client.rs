@@ -414,6 +414,20 @@ impl UdpClient {
         Ok(())
     }
 
+    /// Sends a control message to the server and returns its answer (operator queries such as
+    /// [`Control::QuerySwitch`]).
+    pub fn control(&mut self, message: &Control) -> Result<Control, ClientError> {
+        let conn = self.path.transport();
+        let id = conn.next_id();
+        let server = conn.server;
+        let m = match conn.exchange(server, id, &message.to_bytes(id), None, KIND_CONTROL) {
+            Ok(m) => m,
+            Err(Exchange::Timeout(d)) => return Err(ClientError::Timeout(d)),
+            Err(Exchange::Io(_)) => return Err(ClientError::Shutdown),
+        };
+        Ok(Control::decode(&m)?.1)
+    }
+
     /// The one-sided agent, as last reported by the server.
     pub fn agent(&mut self) -> Option<SocketAddr> {
         self.path.transport().agent

@@ -152,6 +152,23 @@ pub enum Control {
     },
     /// NIC → server: draining, stop forwarding.
     NicBye,
+    /// Operator → server: the switch's counters, after pinning the NIC share of every read
+    /// handler (`pin`, per mille) or returning it to the weights (`unpin`), if asked.
+    QuerySwitch {
+        /// Pin the NIC share.
+        pin: Option<u32>,
+        /// Return to the steering weights.
+        unpin: bool,
+    },
+    /// Server → operator: the switch and its counters.
+    Switch {
+        /// Which switch steers (XDP or user-space).
+        switch: String,
+        /// Its packet counters.
+        counters: crate::udp::server::SwitchCounters,
+        /// What the user-space switch queued at the host or forwarded to the NIC.
+        userspace: crate::udp::server::SwitchCounters,
+    },
     /// Any direction: a refusal.
     Error {
         /// Why.

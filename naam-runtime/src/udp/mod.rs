@@ -20,3 +20,61 @@ pub mod socket;
 /// Mode label of everything measured over this fabric.
 pub const MODE: &str =
     "udp (separate processes over UDP; NIC cores, DMA and one-sided RDMA emulated)";
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use naam_ebpf::eswitch as abi;
+
+    use crate::datagram::fragment;
+    use crate::wire::{flags, Descriptors, Request};
+
+    /// The XDP eSwitch reads NAAM packets at fixed offsets (naam-ebpf's `eswitch` ABI): they
+    /// must match what the runtime's encoders write.
+    #[test]
+    fn the_eswitch_offsets_match_the_encoders() {
+        let mut req = Request::new(
+            0x0102_0304,
+            0x0a0b_0c0d,
+            0x1122_3344_5566_7788,
+            Bytes::from_static(b"args"),
+            Descriptors::default(),
+        );
+        req.flags = flags::PIN_NIC;
+        let frags = fragment(req.request_id, &req.to_bytes().unwrap(), 1472).unwrap();
+        assert_eq!(frags.len(), 1);
+        let mut frame = vec![0u8; abi::L4_PAYLOAD];
+        frame.extend_from_slice(&frags[0]);
+        assert!(frame.len() >= abi::NEEDED);
+        let f = &frame[abi::L4_PAYLOAD..];
+        assert_eq!(&f[..4], b"NAAM");
+        assert_eq!(f[abi::FRAG_COUNT], 1);
+        let r = &f[abi::FRAG_HEADER..];
+        let u32_at = |i: usize| u32::from_le_bytes(r[i..i + 4].try_into().unwrap());
+        assert_eq!(r[abi::REQ_KIND], abi::KIND_REQUEST);
+        assert_eq!(
+            u16::from_le_bytes([r[abi::REQ_FLAGS], r[abi::REQ_FLAGS + 1]]),
+            abi::FLAG_PIN_NIC
+        );
+        assert_eq!(u32_at(abi::REQ_APP), req.app);
+        assert_eq!(u32_at(abi::REQ_HANDLER), req.handler);
+        assert_eq!(
+            u64::from_le_bytes(r[abi::REQ_ID..abi::REQ_ID + 8].try_into().unwrap()),
+            req.request_id
+        );
+    }
+
+    #[test]
+    fn the_eswitch_share_is_followed() {
+        for permille in [0u32, 1, 100, 500, 999, 1000] {
+            let n = (0..100_000u64)
+                .filter(|&id| abi::picks_nic(id * 7 + 3, permille))
+                .count();
+            let want = permille as f64 * 100.0;
+            assert!(
+                (n as f64 - want).abs() <= want * 0.05 + 20.0,
+                "{permille}: {n}"
+            );
+        }
+    }
+}

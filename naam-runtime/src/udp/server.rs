@@ -33,13 +33,37 @@ pub struct ServerStats {
     pub control: u64,
 }
 
+/// Packet counters of a switch in front of the server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct SwitchCounters {
+    /// Messages left for the host executors.
+    pub host: u64,
+    /// Messages steered to the NIC.
+    pub nic: u64,
+    /// Multi-fragment messages (always left for the host).
+    pub fragmented: u64,
+}
+
+/// A switch ahead of this driver (the XDP eSwitch) that already split server-bound messages
+/// between host and NIC: what arrives here is for the host.
+pub trait SwitchHandle: Send + Sync {
+    /// What it is, for logs and answers.
+    fn describe(&self) -> String;
+    /// Its counters.
+    fn counters(&self) -> Result<SwitchCounters, String>;
+    /// Pins the NIC share of every read handler (per mille), or returns to the weights.
+    fn pin_nic_share(&self, permille: Option<u32>);
+}
+
 /// How the server driver behaves.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ServerOptions {
     /// The manifest handed to clients.
     pub manifest: Manifest,
     /// How long SIGTERM waits for queued work to finish.
     pub drain: Duration,
+    /// A switch in front of this driver; `None`: this driver is the (user-space) switch.
+    pub switch: Option<Arc<dyn SwitchHandle>>,
 }
 
 /// A malformed-request reply (request id 0 when it could not be read).
@@ -92,7 +116,10 @@ pub fn serve_host(
                         }
                     };
                     let id = req.request_id;
-                    let pinned = req.pinned();
+                    // Behind an eSwitch, what reaches the host's port was steered here.
+                    let pinned = req
+                        .pinned()
+                        .or(options.switch.as_ref().map(|_| Placement::Host));
                     if drain_deadline.is_some() {
                         stats.refused += 1;
                         let r = crate::cluster::error_reply(
@@ -199,6 +226,45 @@ pub fn serve_host(
                         Control::NicBye => {
                             cluster.remote_nic_down();
                             None
+                        }
+                        Control::QuerySwitch { pin, unpin } => {
+                            let change = match (pin, unpin) {
+                                (Some(p), _) => Some(Some(p)),
+                                (None, true) => Some(None),
+                                (None, false) => None,
+                            };
+                            let userspace = SwitchCounters {
+                                host: stats.host,
+                                nic: stats.forwarded,
+                                fragmented: 0,
+                            };
+                            Some(match &options.switch {
+                                Some(sw) => {
+                                    if let Some(p) = change {
+                                        sw.pin_nic_share(p);
+                                    }
+                                    match sw.counters() {
+                                        Ok(c) => Control::Switch {
+                                            switch: sw.describe(),
+                                            counters: c,
+                                            userspace,
+                                        },
+                                        Err(e) => Control::Error {
+                                            message: format!("reading the switch counters: {e}"),
+                                        },
+                                    }
+                                }
+                                None if change.is_some() => Control::Error {
+                                    message: "no XDP eSwitch is attached: the user-space switch \
+                                              follows the steering weights"
+                                        .into(),
+                                },
+                                None => Control::Switch {
+                                    switch: "user-space switch in naam-server".into(),
+                                    counters: userspace,
+                                    userspace,
+                                },
+                            })
                         }
                         other => Some(Control::Error {
                             message: format!("unexpected control message {other:?}"),

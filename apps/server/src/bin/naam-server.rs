@@ -9,7 +9,9 @@ use anyhow::Context as _;
 use clap::Parser;
 use naam_runtime::cluster::ClusterConfig;
 use naam_runtime::udp::{deploy, server, signal, socket::Socket};
+use naam_server::eswitch::{self, Eswitch};
 use naam_server::Config;
+use std::sync::Arc;
 
 /// The host side of a NAAM deployment over UDP.
 #[derive(Parser)]
@@ -50,6 +52,41 @@ fn main() -> ExitCode {
     }
 }
 
+/// Attaches the XDP eSwitch if the config asks for one; any failure leaves the user-space switch
+/// in charge, and says why.
+fn attach_eswitch(
+    config: &Config,
+    cluster: &Arc<naam_runtime::cluster::Cluster>,
+    stop: &'static std::sync::atomic::AtomicBool,
+) -> Option<Arc<Eswitch>> {
+    let iface = config.xdp_interface.as_ref()?;
+    let nic_port = config.nic_port?;
+    let attached = eswitch::build(&config.target_dir)
+        .and_then(|object| Eswitch::attach(&object, iface, config.listen.port(), nic_port));
+    match attached {
+        Ok(sw) => {
+            let sw = Arc::new(sw);
+            eprintln!(
+                "naam-server: {} attached; NIC messages go to port {nic_port}",
+                server::SwitchHandle::describe(sw.as_ref())
+            );
+            let (s, c) = (sw.clone(), cluster.clone());
+            std::thread::Builder::new()
+                .name("naam-eswitch-sync".into())
+                .spawn(move || s.run_sync(c, Duration::from_millis(1), stop))
+                .ok()?;
+            Some(sw)
+        }
+        Err(e) => {
+            eprintln!(
+                "naam-server: XDP eSwitch not attached on {iface} ({e}); the user-space switch \
+                 in naam-server steers instead"
+            );
+            None
+        }
+    }
+}
+
 fn run(config: &Config) -> anyhow::Result<()> {
     let stop = signal::stop_flag();
     let mut apps = Vec::new();
@@ -66,6 +103,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
     let socket = Socket::bind(config.listen, config.datagram)
         .with_context(|| format!("binding {}", config.listen))?;
     let (cluster, manifest) = deploy::start_host(apps, cc, &config.shm_dir)?;
+    let switch = attach_eswitch(config, &cluster, stop);
     eprintln!(
         "naam-server: serving {} app(s) on udp://{} ({}); regions and manifest in {}; policy {}",
         manifest.apps.len(),
@@ -80,6 +118,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
         server::ServerOptions {
             manifest,
             drain: Duration::from_secs(2),
+            switch: switch.clone().map(|s| s as Arc<dyn server::SwitchHandle>),
         },
         stop,
     )?;

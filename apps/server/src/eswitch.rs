@@ -1,0 +1,197 @@
+//! The XDP eSwitch on the server's interface: builds `smartnic/eswitch-xdp` with the handler
+//! pipeline, loads and attaches it with aya, and keeps its steering map in line with the
+//! steering controller's weights. Without the privilege to attach XDP, naam-server runs its
+//! user-space switch instead and says so.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aya::maps::{Array, HashMap as BpfHashMap, PerCpuArray};
+use aya::programs::{Xdp, XdpMode};
+use naam_ebpf::eswitch as abi;
+use naam_runtime::cluster::Cluster;
+use naam_runtime::pipeline::{build_object, BuildOptions};
+use naam_runtime::registry::HandlerKind;
+use naam_runtime::udp::server::{SwitchCounters, SwitchHandle};
+use naam_runtime::Placement;
+
+/// Why the eSwitch could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EswitchError {
+    /// Building the XDP program failed.
+    #[error("building the XDP program: {0}")]
+    Build(#[from] naam_runtime::pipeline::BuildError),
+    /// The kernel refused the program or the attachment.
+    #[error("{0}")]
+    Kernel(String),
+}
+
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct PodConfig(abi::Config);
+// SAFETY: a repr(C) struct of plain integers, no padding (u16, u16, u32).
+unsafe impl aya::Pod for PodConfig {}
+
+struct Maps {
+    steer: BpfHashMap<aya::maps::MapData, u64, u32>,
+    counters: PerCpuArray<aya::maps::MapData, u64>,
+    installed: HashMap<u64, u32>,
+}
+
+/// An attached XDP eSwitch.
+pub struct Eswitch {
+    interface: String,
+    mode: &'static str,
+    maps: Mutex<Maps>,
+    pinned: Mutex<Option<u32>>,
+    // Detaches the program when dropped.
+    _ebpf: Mutex<aya::Ebpf>,
+}
+
+fn kernel(what: &str) -> impl Fn(&dyn std::fmt::Display) -> EswitchError + '_ {
+    move |e| EswitchError::Kernel(format!("{what}: {e}"))
+}
+
+/// Builds the XDP program into `target_dir/eswitch` and returns its bytes.
+pub fn build(target_dir: &Path) -> Result<Vec<u8>, EswitchError> {
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../smartnic/eswitch-xdp");
+    let mut opts = BuildOptions::new(crate_dir);
+    let target = target_dir.join("eswitch");
+    opts.out = Some(target.join("naam-eswitch.o"));
+    opts.target_dir = Some(target);
+    Ok(build_object(&opts)?.bytes)
+}
+
+impl Eswitch {
+    /// Loads `object` and attaches it to `interface`: NAAM requests to `server_port` may be
+    /// steered to `nic_port`.
+    pub fn attach(
+        object: &[u8],
+        interface: &str,
+        server_port: u16,
+        nic_port: u16,
+    ) -> Result<Eswitch, EswitchError> {
+        let mut ebpf = aya::Ebpf::load(object).map_err(|e| kernel("loading the object")(&e))?;
+        let prog: &mut Xdp = ebpf
+            .program_mut(abi::PROGRAM)
+            .ok_or_else(|| EswitchError::Kernel(format!("no program {}", abi::PROGRAM)))?
+            .try_into()
+            .map_err(|e| kernel("not an XDP program")(&e))?;
+        prog.load().map_err(|e| kernel("the kernel verifier")(&e))?;
+        // Native XDP when the driver has it (veth does), generic otherwise.
+        let mode = match prog.attach(interface, XdpMode::Driver) {
+            Ok(_) => "native",
+            Err(_) => {
+                prog.attach(interface, XdpMode::Skb)
+                    .map_err(|e| kernel(&format!("attaching to {interface}"))(&e))?;
+                "generic"
+            }
+        };
+        let mut config: Array<_, PodConfig> = Array::try_from(
+            ebpf.map_mut(abi::CONFIG_MAP)
+                .ok_or_else(|| EswitchError::Kernel("no config map".into()))?,
+        )
+        .map_err(|e| kernel("config map")(&e))?;
+        config
+            .set(
+                0,
+                PodConfig(abi::Config {
+                    server_port,
+                    nic_port,
+                    enabled: 1,
+                }),
+                0,
+            )
+            .map_err(|e| kernel("writing the config")(&e))?;
+        let steer = BpfHashMap::try_from(
+            ebpf.take_map(abi::STEER_MAP)
+                .ok_or_else(|| EswitchError::Kernel("no steering map".into()))?,
+        )
+        .map_err(|e| kernel("steering map")(&e))?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map(abi::COUNTERS_MAP)
+                .ok_or_else(|| EswitchError::Kernel("no counters map".into()))?,
+        )
+        .map_err(|e| kernel("counters map")(&e))?;
+        Ok(Eswitch {
+            interface: interface.to_string(),
+            mode,
+            maps: Mutex::new(Maps {
+                steer,
+                counters,
+                installed: HashMap::new(),
+            }),
+            pinned: Mutex::new(None),
+            _ebpf: Mutex::new(ebpf),
+        })
+    }
+
+    /// Writes the NIC share of every read handler from the controller's weights (0 when the
+    /// NIC is down); an operator pin overrides the weights but never a dead NIC.
+    pub fn sync(&self, cluster: &Cluster) {
+        let pinned = *self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        let up = cluster.remote_nic_up();
+        let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        for app in cluster.registry().apps() {
+            for h in app.handlers.values() {
+                if h.kind != HandlerKind::Read {
+                    continue;
+                }
+                let w = cluster.weights(app.id, h.id);
+                let server = w.of(Placement::Nic) + w.of(Placement::Host);
+                let share = match (up, pinned) {
+                    (false, _) => 0,
+                    (true, Some(p)) => p.min(1000),
+                    (true, None) if server > 0.0 => {
+                        (w.of(Placement::Nic) / server * 1000.0).round() as u32
+                    }
+                    (true, None) => 0,
+                };
+                let key = abi::steer_key(app.id, h.id);
+                if maps.installed.get(&key) != Some(&share)
+                    && maps.steer.insert(key, share, 0).is_ok()
+                {
+                    maps.installed.insert(key, share);
+                }
+            }
+        }
+    }
+
+    /// Keeps the map in line with `cluster` every `period` until `stop`.
+    pub fn run_sync(self: Arc<Self>, cluster: Arc<Cluster>, period: Duration, stop: &AtomicBool) {
+        while !stop.load(Ordering::SeqCst) {
+            self.sync(&cluster);
+            std::thread::sleep(period);
+        }
+    }
+}
+
+impl SwitchHandle for Eswitch {
+    fn describe(&self) -> String {
+        format!("XDP eSwitch ({} mode) on {}", self.mode, self.interface)
+    }
+
+    fn counters(&self) -> Result<SwitchCounters, String> {
+        let maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        let sum = |i: u32| -> Result<u64, String> {
+            Ok(maps
+                .counters
+                .get(&i, 0)
+                .map_err(|e| e.to_string())?
+                .iter()
+                .sum())
+        };
+        Ok(SwitchCounters {
+            host: sum(abi::COUNTER_HOST)?,
+            nic: sum(abi::COUNTER_NIC)?,
+            fragmented: sum(abi::COUNTER_FRAGMENTED)?,
+        })
+    }
+
+    fn pin_nic_share(&self, permille: Option<u32>) {
+        *self.pinned.lock().unwrap_or_else(|e| e.into_inner()) = permille;
+    }
+}

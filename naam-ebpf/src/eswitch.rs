@@ -1,0 +1,92 @@
+//! The eSwitch's ABI: what the XDP program on the server's veth (`smartnic/eswitch-xdp`) and
+//! `naam-server`, which loads it and writes its maps, must agree on. Offsets into NAAM packets
+//! are checked against the runtime's encoders by `naam-runtime`'s tests.
+
+/// Name of the XDP program (its function, in section `xdp`).
+pub const PROGRAM: &str = "naam_eswitch";
+/// Array map, one [`Config`] at key 0.
+pub const CONFIG_MAP: &str = "NAAM_ESWITCH_CONFIG";
+/// Hash map: [`steer_key`] → per-mille share of server-bound messages for the NIC (`u32`).
+pub const STEER_MAP: &str = "NAAM_ESWITCH_STEER";
+/// Per-CPU array of `u64` packet counters, indexed by the `COUNTER_*` constants.
+pub const COUNTERS_MAP: &str = "NAAM_ESWITCH_COUNTERS";
+
+/// Entries of the steering map (handlers across all apps).
+pub const STEER_ENTRIES: u32 = 4096;
+/// Messages left on their way to the host executors.
+pub const COUNTER_HOST: u32 = 0;
+/// Messages redirected to the NIC executor.
+pub const COUNTER_NIC: u32 = 1;
+/// Multi-fragment NAAM messages (always left for the host: later fragments carry no header).
+pub const COUNTER_FRAGMENTED: u32 = 2;
+/// Counters.
+pub const COUNTERS: u32 = 3;
+
+/// What the switch steers: UDP messages to `server_port` go to `nic_port` instead when the
+/// steering map says so. Ports in host byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// naam-server's UDP port.
+    pub server_port: u16,
+    /// naam-nic's UDP port (on the same address).
+    pub nic_port: u16,
+    /// Non-zero: steering on; zero: every message stays on its way to the host.
+    pub enabled: u32,
+}
+
+/// Legacy BPF map definition (the `maps` section layout aya reads).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MapDef {
+    /// `BPF_MAP_TYPE_*`.
+    pub map_type: u32,
+    /// Key size.
+    pub key_size: u32,
+    /// Value size.
+    pub value_size: u32,
+    /// Entries.
+    pub max_entries: u32,
+    /// Flags.
+    pub map_flags: u32,
+    /// Unused id.
+    pub id: u32,
+    /// Pinning (0: none).
+    pub pinning: u32,
+}
+
+/// Ethernet + IPv4 (no options) + UDP headers.
+pub const L4_PAYLOAD: usize = 14 + 20 + 8;
+/// In the NAAM fragment header (right after UDP): fragment count.
+pub const FRAG_COUNT: usize = 6;
+/// Size of the NAAM fragment header.
+pub const FRAG_HEADER: usize = 24;
+/// In a request (after the fragment header): kind byte.
+pub const REQ_KIND: usize = 1;
+/// Request kind value.
+pub const KIND_REQUEST: u8 = 1;
+/// In a request: flags (`u16` LE).
+pub const REQ_FLAGS: usize = 2;
+/// In a request: app (`u32` LE).
+pub const REQ_APP: usize = 4;
+/// In a request: handler id (`u32` LE).
+pub const REQ_HANDLER: usize = 8;
+/// In a request: request id (`u64` LE).
+pub const REQ_ID: usize = 16;
+/// Request flag: run at the host.
+pub const FLAG_PIN_HOST: u16 = 4;
+/// Request flag: run at the NIC.
+pub const FLAG_PIN_NIC: u16 = 8;
+/// Bytes the program reads from the start of the frame.
+pub const NEEDED: usize = L4_PAYLOAD + FRAG_HEADER + REQ_ID + 8;
+
+/// The steering map's key for handler `handler` of `app`.
+pub const fn steer_key(app: u32, handler: u32) -> u64 {
+    ((app as u64) << 32) | handler as u64
+}
+
+/// Whether request `id` goes to the NIC under a per-mille NIC share: a hash of the id, so that
+/// retransmissions of one request take the same way.
+pub const fn picks_nic(id: u64, nic_permille: u32) -> bool {
+    ((id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % 1000) < nic_permille as u64
+}
