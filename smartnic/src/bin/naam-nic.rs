@@ -52,11 +52,78 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         wait: u64,
     },
+    /// Prints the BlueField-2 eSwitch rules (OVS and tc flower on the representors) that do
+    /// what the XDP eSwitch does here. Nothing is installed.
+    EswitchRules {
+        /// The host's IP address (clients send NAAM requests to it).
+        #[arg(long)]
+        host_ip: std::net::Ipv4Addr,
+        /// naam-server's UDP port.
+        #[arg(long, default_value_t = 7000)]
+        server_port: u16,
+        /// naam-nic's UDP port on the Arm cores.
+        #[arg(long, default_value_t = 7001)]
+        nic_port: u16,
+        /// Share of requests for the Arm cores, per mille (the steering controller's weight).
+        #[arg(long, default_value_t = 500)]
+        nic_permille: u32,
+        /// OVS bridge.
+        #[arg(long, default_value = "ovsbr1")]
+        bridge: String,
+        /// Uplink representor.
+        #[arg(long, default_value = "p0")]
+        uplink: String,
+        /// Host PF representor.
+        #[arg(long, default_value = "pf0hpf")]
+        host_rep: String,
+        /// Representor of the Arm-side scalable function naam-nic listens on.
+        #[arg(long, default_value = "en3f0pf0sf0")]
+        arm_rep: String,
+        /// ovs, tc or both.
+        #[arg(long, default_value = "both")]
+        format: String,
+    },
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     let r = match args.command {
+        Command::EswitchRules {
+            host_ip,
+            server_port,
+            nic_port,
+            nic_permille,
+            bridge,
+            uplink,
+            host_rep,
+            arm_rep,
+            format,
+        } => {
+            if nic_permille > 1000 {
+                eprintln!("naam-nic: error: --nic-permille is at most 1000");
+                return ExitCode::from(2);
+            }
+            let rules = naam_smartnic::EswitchRules {
+                host_ip,
+                server_port,
+                nic_port,
+                nic_permille,
+                bridge,
+                uplink,
+                host_rep,
+                arm_rep,
+            };
+            match format.as_str() {
+                "ovs" => print!("{}", rules.ovs()),
+                "tc" => print!("{}", rules.tc()),
+                "both" => print!("{}\n{}", rules.ovs(), rules.tc()),
+                other => {
+                    eprintln!("naam-nic: error: unknown format `{other}` (ovs, tc, both)");
+                    return ExitCode::from(2);
+                }
+            }
+            Ok(())
+        }
         Command::Run {
             server,
             listen,
