@@ -89,6 +89,10 @@ pub fn serve_host(
     stop: &AtomicBool,
 ) -> std::io::Result<ServerStats> {
     let sender = Arc::new(socket.sender()?);
+    let local = socket.local_addr()?.ip();
+    // The NIC runs beside the host (its Arm cores, or here its process): only a peer on this
+    // machine may register as the NIC, or anyone could have reads forwarded to them.
+    let nic_allowed = |peer: &SocketAddr| peer.ip() == local || peer.ip().is_loopback();
     let inflight = Arc::new(AtomicU64::new(0));
     let mut stats = ServerStats::default();
     let mut nic: Option<SocketAddr> = None;
@@ -213,6 +217,14 @@ pub fn serve_host(
                                 message: format!("no app {app}"),
                             }),
                         },
+                        Control::NicLoad { .. } | Control::NicBye if !nic_allowed(&peer) => {
+                            Some(Control::Error {
+                                message: format!(
+                                    "{peer} may not register as the NIC: it must run on this \
+                                     server's address ({local})"
+                                ),
+                            })
+                        }
                         Control::NicLoad { agent, load } => {
                             // The NIC names its address; an unspecified IP means "as seen".
                             let mut at = agent;
