@@ -32,6 +32,8 @@ pub mod sim;
 pub mod steering;
 pub mod transport;
 pub mod udp;
+#[cfg(feature = "verbs")]
+pub mod verbs;
 pub mod verifier;
 pub mod wire;
 

@@ -108,6 +108,7 @@ fn host(shm: &std::path::Path) -> Process {
             manifest,
             drain: Duration::from_secs(1),
             switch: None,
+            verbs: None,
         };
         serve_host(cluster, socket, opts, &s).unwrap();
     });
@@ -301,6 +302,21 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         let c3 = onesided::Completion::decode(recv_one(&mut s)).unwrap();
         assert_eq!(c3.status, want, "{req:?}");
     }
+    // RDMA peers are refused clearly by a server without the verbs backend.
+    let answer = c
+        .control(&naam_runtime::udp::control::Control::VerbsConnect {
+            endpoint: naam_runtime::udp::control::QpEndpoint {
+                lid: 1,
+                qpn: 2,
+                psn: 3,
+                gid: [0; 16],
+            },
+        })
+        .unwrap();
+    assert!(
+        matches!(&answer, naam_runtime::udp::control::Control::Error { message } if message.contains("no RDMA device")),
+        "{answer:?}"
+    );
     // Still serving.
     let r = c
         .call(APP, handler_id("add"), &words(&[2, 3]), &[])

@@ -109,6 +109,42 @@ pub struct HandlerWeights {
     pub weights: [f64; 3],
 }
 
+/// How an RDMA queue pair is reached: exchanged over this control channel before connecting
+/// (the `verbs` backend; no librdmacm).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpEndpoint {
+    /// Port LID (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// Queue pair number.
+    pub qpn: u32,
+    /// Initial packet sequence number.
+    pub psn: u32,
+    /// Port GID (RoCE addressing).
+    pub gid: [u8; 16],
+}
+
+/// Remote memory as RDMA names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaRemote {
+    /// Remote address.
+    pub addr: u64,
+    /// Remote key of the RDMA registration.
+    pub rkey: u32,
+}
+
+/// A NAAM region registered for RDMA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RdmaRegion {
+    /// App.
+    pub app: u32,
+    /// The NAAM rkey descriptors use.
+    pub naam_rkey: u64,
+    /// Where RDMA finds it.
+    pub remote: RdmaRemote,
+    /// Size in bytes.
+    pub len: u64,
+}
+
 /// A control message.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
@@ -168,6 +204,18 @@ pub enum Control {
         counters: crate::udp::server::SwitchCounters,
         /// What the user-space switch queued at the host or forwarded to the NIC.
         userspace: crate::udp::server::SwitchCounters,
+    },
+    /// Client → server: connect my queue pair (one per peer, shared by all apps).
+    VerbsConnect {
+        /// The client's queue pair.
+        endpoint: QpEndpoint,
+    },
+    /// Server → client: the server's queue pair and its regions.
+    VerbsAccept {
+        /// The server's queue pair, connected to the client's.
+        endpoint: QpEndpoint,
+        /// Every region, by NAAM rkey.
+        regions: Vec<RdmaRegion>,
     },
     /// Any direction: a refusal.
     Error {

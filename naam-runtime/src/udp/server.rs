@@ -55,6 +55,16 @@ pub trait SwitchHandle: Send + Sync {
     fn pin_nic_share(&self, permille: Option<u32>);
 }
 
+/// The RDMA side of a server (the `verbs` backend): connects one queue pair per peer.
+pub trait VerbsAcceptor: Send + Sync {
+    /// Connects a queue pair to `peer`'s `remote` endpoint; returns ours and the regions.
+    fn accept(
+        &self,
+        peer: SocketAddr,
+        remote: &super::control::QpEndpoint,
+    ) -> Result<(super::control::QpEndpoint, Vec<super::control::RdmaRegion>), String>;
+}
+
 /// How the server driver behaves.
 #[derive(Clone)]
 pub struct ServerOptions {
@@ -64,6 +74,8 @@ pub struct ServerOptions {
     pub drain: Duration,
     /// A switch in front of this driver; `None`: this driver is the (user-space) switch.
     pub switch: Option<Arc<dyn SwitchHandle>>,
+    /// The RDMA verbs side, when the server has a device.
+    pub verbs: Option<Arc<dyn VerbsAcceptor>>,
 }
 
 /// A malformed-request reply (request id 0 when it could not be read).
@@ -239,6 +251,21 @@ pub fn serve_host(
                             cluster.remote_nic_down();
                             None
                         }
+                        Control::VerbsConnect { endpoint } => Some(match &options.verbs {
+                            Some(v) => match v.accept(peer, &endpoint) {
+                                Ok((endpoint, regions)) => {
+                                    Control::VerbsAccept { endpoint, regions }
+                                }
+                                Err(e) => Control::Error {
+                                    message: format!("connecting a queue pair: {e}"),
+                                },
+                            },
+                            None => Control::Error {
+                                message: "this server has no RDMA device (built without the \
+                                          verbs feature, or none found): use the udp fabric"
+                                    .into(),
+                            },
+                        }),
                         Control::QuerySwitch { pin, unpin } => {
                             let change = match (pin, unpin) {
                                 (Some(p), _) => Some(Some(p)),

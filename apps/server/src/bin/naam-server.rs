@@ -87,6 +87,30 @@ fn attach_eswitch(
     }
 }
 
+/// The RDMA verbs side, when built with it and a device exists (otherwise it says why not).
+#[cfg(feature = "verbs")]
+fn verbs_side(
+    cluster: &Arc<naam_runtime::cluster::Cluster>,
+) -> Option<Arc<dyn server::VerbsAcceptor>> {
+    use naam_runtime::verbs::{Device, Peers};
+    match Device::open(None).and_then(|d| Peers::new(d, cluster.regions().clone())) {
+        Ok(p) => {
+            eprintln!("naam-server: RDMA verbs: regions registered; peers connect over the control channel");
+            Some(Arc::new(p))
+        }
+        Err(e) => {
+            eprintln!("naam-server: RDMA verbs not available: {e}");
+            None
+        }
+    }
+}
+
+/// Built without the `verbs` feature: no RDMA side.
+#[cfg(not(feature = "verbs"))]
+fn verbs_side(_: &Arc<naam_runtime::cluster::Cluster>) -> Option<Arc<dyn server::VerbsAcceptor>> {
+    None
+}
+
 fn run(config: &Config) -> anyhow::Result<()> {
     let stop = signal::stop_flag();
     let mut apps = Vec::new();
@@ -104,6 +128,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", config.listen))?;
     let (cluster, manifest) = deploy::start_host(apps, cc, &config.shm_dir)?;
     let switch = attach_eswitch(config, &cluster, stop);
+    let verbs = verbs_side(&cluster);
     eprintln!(
         "naam-server: serving {} app(s) on udp://{} ({}); regions and manifest in {}; policy {}",
         manifest.apps.len(),
@@ -119,6 +144,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
             manifest,
             drain: Duration::from_secs(2),
             switch: switch.clone().map(|s| s as Arc<dyn server::SwitchHandle>),
+            verbs,
         },
         stop,
     )?;
