@@ -45,6 +45,9 @@ pub enum VerbsError {
     /// No completion in time.
     #[error("no completion for work request {0} within {1:?}")]
     Timeout(u64, Duration),
+    /// The out-of-band exchange over the control channel failed.
+    #[error("queue pair exchange with naam-server: {0}")]
+    Exchange(String),
     /// A local buffer range outside its registration.
     #[error("range {offset}+{len} is outside the {size}-byte registration")]
     Range {
@@ -718,5 +721,29 @@ impl crate::udp::server::VerbsAcceptor for Peers {
     ) -> Result<(Endpoint, Vec<crate::udp::control::RdmaRegion>), String> {
         let ours = Peers::accept(self, peer, remote).map_err(|e| e.to_string())?;
         Ok((ours, self.regions()))
+    }
+}
+
+/// The client side of the out-of-band exchange: creates this peer's queue pair (shared by every
+/// app it uses), sends its endpoint to naam-server over the UDP control channel, and connects
+/// it to the server's answer. Returns the queue pair and the server's regions.
+pub fn connect(
+    client: &mut crate::udp::client::UdpClient,
+    dev: &Arc<Device>,
+) -> Result<(QueuePair, Vec<crate::udp::control::RdmaRegion>), VerbsError> {
+    use crate::udp::control::Control;
+    let qp = QueuePair::create(dev)?;
+    let answer = client
+        .control(&Control::VerbsConnect {
+            endpoint: qp.endpoint(),
+        })
+        .map_err(|e| VerbsError::Exchange(e.to_string()))?;
+    match answer {
+        Control::VerbsAccept { endpoint, regions } => {
+            qp.connect(&endpoint)?;
+            Ok((qp, regions))
+        }
+        Control::Error { message } => Err(VerbsError::Exchange(message)),
+        other => Err(VerbsError::Exchange(format!("unexpected answer {other:?}"))),
     }
 }
