@@ -1649,50 +1649,67 @@ impl Client {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let descriptors = Descriptors::from_slice(descs)?;
-        let req = Request::new(app, handler, 0, Bytes::copy_from_slice(args), descriptors);
-        self.send(placement, req)
+        self.send(placement, Request::for_call(app, handler, 0, args, descs)?)
     }
 
     fn run_locally(&mut self, req: &Request) -> Reply {
-        let handler: Arc<HandlerEntry> = match self.inner.registry.handler(req.app, req.handler) {
-            Ok(h) => h.clone(),
-            Err(e) => {
-                return error_reply(
-                    req,
-                    Status::UnknownHandler,
-                    Placement::Client,
-                    e.to_string(),
-                )
-            }
-        };
-        let begin = Instant::now();
-        let (c, cost) = run_message(
+        let (reply, ran) = run_at_client(
             req,
-            handler,
+            &self.inner.registry,
             &mut self.transport,
             &mut self.vm,
             self.inner.config.limits,
             self.inner.clock.as_ref(),
-            |_| Err(WriteError::NotOwner),
         );
-        let total = begin.elapsed().as_nanos() as u64;
-        let service = total.saturating_sub(cost.fetch_ns);
-        self.inner.lock_tracker(Placement::Client).completed(
-            (req.app, req.handler),
-            service,
-            c.steps,
-        );
-        reply_for(
-            req,
-            &c,
-            Placement::Client,
-            LoadFeedback {
-                service_ns: service,
-                ..LoadFeedback::default()
-            },
-        )
+        if let Some((service, steps)) = ran {
+            self.inner.lock_tracker(Placement::Client).completed(
+                (req.app, req.handler),
+                service,
+                steps,
+            );
+        }
+        reply
     }
+}
+
+/// Runs read `req` at the Client placement over `path` (every step's data by one-sided READ).
+/// Returns the reply, with the client-side service time (run time less fetch time) as its load
+/// feedback, and `(service, steps)` when the handler ran, for the caller's load tracker.
+pub(crate) fn run_at_client<T: OneSided>(
+    req: &Request,
+    registry: &Registry,
+    path: &mut ClientPath<T>,
+    vm: &mut Vm,
+    limits: Limits,
+    clock: &dyn Clock,
+) -> (Reply, Option<(u64, u16)>) {
+    let handler: Arc<HandlerEntry> = match registry.handler(req.app, req.handler) {
+        Ok(h) => h.clone(),
+        Err(e) => {
+            let r = error_reply(
+                req,
+                Status::UnknownHandler,
+                Placement::Client,
+                e.to_string(),
+            );
+            return (r, None);
+        }
+    };
+    let begin = Instant::now();
+    let (c, cost) = run_message(req, handler, path, vm, limits, clock, |_| {
+        Err(WriteError::NotOwner)
+    });
+    let service = (begin.elapsed().as_nanos() as u64).saturating_sub(cost.fetch_ns);
+    let reply = reply_for(
+        req,
+        &c,
+        Placement::Client,
+        LoadFeedback {
+            service_ns: service,
+            ..LoadFeedback::default()
+        },
+    );
+    (reply, Some((service, c.steps)))
 }
 
 /// An asynchronous client: many calls in flight, replies through tokio oneshots; client-side
@@ -1714,11 +1731,9 @@ impl AsyncClient {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let descriptors = Descriptors::from_slice(descs)?;
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
         let id = ((self.id as u64) << 40) | (seq & ((1 << 40) - 1));
-        let req = Request::new(app, handler, id, Bytes::copy_from_slice(args), descriptors);
-        req.validate()?;
+        let req = Request::for_call(app, handler, id, args, descs)?;
         let key = (app, handler);
         let start = Instant::now();
         let is_read = self

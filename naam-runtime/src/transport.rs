@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use naam_ebpf::abi::Descriptor;
 
 use crate::clock::SystemClock;
@@ -16,7 +15,7 @@ use crate::placement::Placement;
 use crate::region::RegionTable;
 use crate::registry::{HandlerKind, Registry};
 use crate::verifier::VerifierConfig;
-use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status};
+use crate::wire::{LoadFeedback, Reply, Request, Status};
 
 /// Sends one active message and returns its reply.
 pub trait Transport {
@@ -108,16 +107,8 @@ impl Transport for Direct {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let descriptors = Descriptors::from_slice(descs)?;
         self.next_id += 1;
-        let req = Request::new(
-            app,
-            handler,
-            self.next_id,
-            Bytes::copy_from_slice(args),
-            descriptors,
-        );
-        req.validate()?;
+        let req = Request::for_call(app, handler, self.next_id, args, descs)?;
         let entry = match self.registry.handler(app, handler) {
             Ok(h) => h.clone(),
             Err(e) => {

@@ -218,6 +218,26 @@ impl Request {
             .map_or(0, |i| i + 1)
     }
 
+    /// The request a client call makes: `args` and `descs` for `handler` of `app`, request id
+    /// `id`, checked against the wire limits.
+    pub fn for_call(
+        app: u32,
+        handler: u32,
+        id: u64,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Request, WireError> {
+        let req = Request::new(
+            app,
+            handler,
+            id,
+            Bytes::copy_from_slice(args),
+            Descriptors::from_slice(descs)?,
+        );
+        req.validate()?;
+        Ok(req)
+    }
+
     /// The placement a `PIN_*` flag asks for (host wins if both are set).
     pub fn pinned(&self) -> Option<Placement> {
         if self.flags & flags::PIN_HOST != 0 {

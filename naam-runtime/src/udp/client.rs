@@ -14,10 +14,10 @@ use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use super::control::{object_hash, Control, Manifest, KIND_CONTROL};
 use super::socket::{Socket, DEFAULT_DATAGRAM};
 use crate::clock::SystemClock;
-use crate::cluster::{error_reply, reply_for, ClientError, Selector};
+use crate::cluster::{run_at_client, ClientError, Selector};
 use crate::datagram::{Retransmit, Timeout};
 use crate::engine::Vm;
-use crate::executor::{run_message, ClientPath, FetchError, Limits, OneSided, WriteError};
+use crate::executor::{ClientPath, FetchError, Limits, OneSided};
 use crate::metrics::Metrics;
 use crate::onesided::{self, KIND_COMPLETION};
 use crate::placement::Placement;
@@ -25,9 +25,7 @@ use crate::registry::{HandlerKind, HandlerSpec, Registry};
 use crate::steering::{Ewma, HandlerKey, LoadTracker, Weights};
 use crate::transport::Transport;
 use crate::verifier::VerifierConfig;
-use crate::wire::{
-    flags, peek_kind, Descriptors, LoadFeedback, Reply, Request, Status, KIND_REPLY,
-};
+use crate::wire::{flags, peek_kind, Reply, Request, Status, KIND_REPLY};
 
 /// Client settings.
 #[derive(Clone, Debug)]
@@ -479,39 +477,19 @@ impl UdpClient {
     }
 
     fn run_locally(&mut self, req: &Request) -> Reply {
-        let handler = match self.registry.handler(req.app, req.handler) {
-            Ok(h) => h.clone(),
-            Err(e) => {
-                return error_reply(
-                    req,
-                    Status::UnknownHandler,
-                    Placement::Client,
-                    e.to_string(),
-                )
-            }
-        };
-        let begin = Instant::now();
-        let (c, cost) = run_message(
+        let (reply, ran) = run_at_client(
             req,
-            handler,
+            &self.registry,
             &mut self.path,
             &mut self.vm,
             self.limits,
             &self.clock,
-            |_| Err(WriteError::NotOwner),
         );
-        let service = (begin.elapsed().as_nanos() as u64).saturating_sub(cost.fetch_ns);
-        self.tracker
-            .completed((req.app, req.handler), service, c.steps);
-        reply_for(
-            req,
-            &c,
-            Placement::Client,
-            LoadFeedback {
-                service_ns: service,
-                ..LoadFeedback::default()
-            },
-        )
+        if let Some((service, steps)) = ran {
+            self.tracker
+                .completed((req.app, req.handler), service, steps);
+        }
+        reply
     }
 
     fn call_server(&mut self, mut req: Request) -> Result<Reply, ClientError> {
@@ -540,9 +518,7 @@ impl Transport for UdpClient {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let descriptors = Descriptors::from_slice(descs)?;
-        let mut req = Request::new(app, handler, 0, Bytes::copy_from_slice(args), descriptors);
-        req.validate()?;
+        let mut req = Request::for_call(app, handler, 0, args, descs)?;
         let key = (app, handler);
         if self.apps_used.insert(app) {
             self.last_refresh = Instant::now() - self.refresh;
