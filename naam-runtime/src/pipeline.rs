@@ -245,6 +245,23 @@ pub fn build(opts: &BuildOptions) -> Result<BuildOutput, BuildError> {
     })
 }
 
+/// Builds an app's handler crate, `<app_dir>/handlers`, into `<target>/<name>.o`; `target`
+/// defaults to the workspace's `target/naam/<name>` (the workspace root being two levels above
+/// `app_dir`, as for `apps/<name>`).
+pub fn build_app_handlers(
+    app_dir: &Path,
+    name: &str,
+    target_dir: Option<&Path>,
+) -> Result<BuildOutput, BuildError> {
+    let target = target_dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| app_dir.join("../../target/naam").join(name));
+    let mut opts = BuildOptions::new(app_dir.join("handlers"));
+    opts.out = Some(target.join(format!("{name}.o")));
+    opts.target_dir = Some(target);
+    build(&opts)
+}
+
 /// An eBPF object built by [`build_object`], not loaded as NAAM handlers.
 #[derive(Debug)]
 pub struct RawObject {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::cluster::{AppSpec, ClientError, Cluster, RegionSpec};
-use naam_runtime::pipeline::{build, BuildError, BuildOptions};
+use naam_runtime::pipeline::{build_app_handlers, BuildError};
 use naam_runtime::region::{ALL_RIGHTS, READ_WRITE};
 use naam_runtime::registry::{handler_id, HandlerSpec};
 use naam_runtime::transport::Transport;
@@ -209,13 +209,11 @@ pub fn build_handlers(target_dir: Option<&Path>) -> Result<LoadedObject, MicaErr
 pub fn build_handlers_output(
     target_dir: Option<&Path>,
 ) -> Result<naam_runtime::pipeline::BuildOutput, MicaError> {
-    let target = target_dir
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/naam/mica"));
-    let mut opts = BuildOptions::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("handlers"));
-    opts.target_dir = Some(target.clone());
-    opts.out = Some(target.join("mica.o"));
-    Ok(build(&opts)?)
+    Ok(build_app_handlers(
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        "mica",
+        target_dir,
+    )?)
 }
 
 /// The app a cluster installs for a MICA table: its regions and handlers (GET read-only, the
