@@ -503,6 +503,42 @@ impl QueuePair {
         })
     }
 
+    fn post_rdma(
+        &self,
+        wr_id: u64,
+        opcode: ibv_wr_opcode::Type,
+        sge: ibv_sge,
+        remote: Remote,
+    ) -> Result<(), VerbsError> {
+        let wr = wr_t {
+            rdma: rdma_t {
+                remote_addr: remote.addr,
+                rkey: remote.rkey,
+            },
+        };
+        self.post(wr_id, opcode, sge, Some(wr))
+    }
+
+    fn post_atomic(
+        &self,
+        wr_id: u64,
+        opcode: ibv_wr_opcode::Type,
+        sge: ibv_sge,
+        remote: Remote,
+        compare_add: u64,
+        swap: u64,
+    ) -> Result<(), VerbsError> {
+        let wr = wr_t {
+            atomic: atomic_t {
+                remote_addr: remote.addr,
+                compare_add,
+                swap,
+                rkey: remote.rkey,
+            },
+        };
+        self.post(wr_id, opcode, sge, Some(wr))
+    }
+
     /// RDMA READ of `len` bytes at `remote` into `local[offset..]`.
     pub fn read(
         &self,
@@ -512,18 +548,8 @@ impl QueuePair {
         len: usize,
         remote: Remote,
     ) -> Result<(), VerbsError> {
-        let wr = wr_t {
-            rdma: rdma_t {
-                remote_addr: remote.addr,
-                rkey: remote.rkey,
-            },
-        };
-        self.post(
-            wr_id,
-            ibv_wr_opcode::IBV_WR_RDMA_READ,
-            local.sge(offset, len)?,
-            Some(wr),
-        )
+        let sge = local.sge(offset, len)?;
+        self.post_rdma(wr_id, ibv_wr_opcode::IBV_WR_RDMA_READ, sge, remote)
     }
 
     /// RDMA WRITE of `local[offset..offset + len]` to `remote`.
@@ -535,18 +561,8 @@ impl QueuePair {
         len: usize,
         remote: Remote,
     ) -> Result<(), VerbsError> {
-        let wr = wr_t {
-            rdma: rdma_t {
-                remote_addr: remote.addr,
-                rkey: remote.rkey,
-            },
-        };
-        self.post(
-            wr_id,
-            ibv_wr_opcode::IBV_WR_RDMA_WRITE,
-            local.sge(offset, len)?,
-            Some(wr),
-        )
+        let sge = local.sge(offset, len)?;
+        self.post_rdma(wr_id, ibv_wr_opcode::IBV_WR_RDMA_WRITE, sge, remote)
     }
 
     /// 64-bit compare-and-swap at `remote`; the old value lands in `local[offset..offset + 8]`.
@@ -559,20 +575,9 @@ impl QueuePair {
         expected: u64,
         new: u64,
     ) -> Result<(), VerbsError> {
-        let wr = wr_t {
-            atomic: atomic_t {
-                remote_addr: remote.addr,
-                compare_add: expected,
-                swap: new,
-                rkey: remote.rkey,
-            },
-        };
-        self.post(
-            wr_id,
-            ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP,
-            local.sge(offset, 8)?,
-            Some(wr),
-        )
+        let sge = local.sge(offset, 8)?;
+        let op = ibv_wr_opcode::IBV_WR_ATOMIC_CMP_AND_SWP;
+        self.post_atomic(wr_id, op, sge, remote, expected, new)
     }
 
     /// 64-bit fetch-and-add at `remote`; the old value lands in `local[offset..offset + 8]`.
@@ -584,20 +589,9 @@ impl QueuePair {
         remote: Remote,
         add: u64,
     ) -> Result<(), VerbsError> {
-        let wr = wr_t {
-            atomic: atomic_t {
-                remote_addr: remote.addr,
-                compare_add: add,
-                swap: 0,
-                rkey: remote.rkey,
-            },
-        };
-        self.post(
-            wr_id,
-            ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD,
-            local.sge(offset, 8)?,
-            Some(wr),
-        )
+        let sge = local.sge(offset, 8)?;
+        let op = ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
+        self.post_atomic(wr_id, op, sge, remote, add, 0)
     }
 
     /// SEND of `local[offset..offset + len]` (an active message) to the peer's posted RECV.
