@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,12 +13,12 @@ use bytes::Bytes;
 use serde::Serialize;
 
 use super::control::{self, Control, KIND_CONTROL, KIND_FORWARD};
-use super::server::malformed;
+use super::server::{malformed, Replies};
 use super::socket::Socket;
 use crate::cluster::{Cluster, Dispatch, Selector};
 use crate::onesided::{self, KIND_OP};
 use crate::placement::Placement;
-use crate::wire::{peek_kind, Reply, Request, Status, KIND_REQUEST};
+use crate::wire::{peek_kind, Request, Status, KIND_REQUEST};
 
 /// Counters of a NIC driver.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -81,8 +81,7 @@ pub fn serve_nic(
     options: NicOptions,
     stop: &AtomicBool,
 ) -> std::io::Result<NicStats> {
-    let sender = Arc::new(socket.sender()?);
-    let inflight = Arc::new(AtomicU64::new(0));
+    let replies = Replies::new(socket.sender()?);
     let mut stats = NicStats::default();
     let mut sel = Selector::default();
     let mut dup = DuplicateCache {
@@ -95,10 +94,10 @@ pub fn serve_nic(
     loop {
         if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
             drain_deadline = Some(Instant::now() + options.drain);
-            let _ = sender.send(options.server, 0, &Control::NicBye.to_bytes(0));
+            replies.send_bytes(options.server, 0, &Control::NicBye.to_bytes(0));
         }
         if let Some(d) = drain_deadline {
-            if inflight.load(Ordering::SeqCst) == 0 || Instant::now() >= d {
+            if replies.idle() || Instant::now() >= d {
                 return Ok(stats);
             }
         }
@@ -109,7 +108,7 @@ pub fn serve_nic(
                 agent: options.advertise,
                 load: cluster.take_load_report(Placement::Nic),
             };
-            let _ = sender.send(options.server, report_id, &m.to_bytes(report_id));
+            replies.send_bytes(options.server, report_id, &m.to_bytes(report_id));
         }
         let wait = next_report
             .saturating_duration_since(Instant::now())
@@ -132,12 +131,10 @@ pub fn serve_nic(
                         Ok(r) => r,
                         Err(e) => {
                             stats.malformed += 1;
-                            let r = malformed(0, 0, Placement::Nic, e.to_string());
-                            let _ = sender.send(client, 0, &r.to_bytes().unwrap_or_default());
+                            replies.send(client, &malformed(0, 0, Placement::Nic, e.to_string()));
                             continue;
                         }
                     };
-                    let id = req.request_id;
                     if drain_deadline.is_some() {
                         stats.refused += 1;
                         let r = crate::cluster::error_reply(
@@ -146,21 +143,12 @@ pub fn serve_nic(
                             Placement::Nic,
                             "the NIC is shutting down".into(),
                         );
-                        let _ = sender.send(client, id, &r.to_bytes().unwrap_or_default());
+                        replies.send(client, &r);
                         continue;
                     }
-                    let (s, n) = (sender.clone(), inflight.clone());
-                    n.fetch_add(1, Ordering::SeqCst);
-                    let reply_to = move |r: Reply| {
-                        if let Ok(b) = r.to_bytes() {
-                            let _ = s.send(client, r.request_id, &b);
-                        }
-                        n.fetch_sub(1, Ordering::SeqCst);
-                    };
-                    match cluster.dispatch(req, &mut sel, Some(Placement::Nic), reply_to) {
+                    match replies.dispatch(&cluster, req, &mut sel, Some(Placement::Nic), client) {
                         Dispatch::Queued(_) => stats.executed += 1,
                         Dispatch::Remote(req) => {
-                            inflight.fetch_sub(1, Ordering::SeqCst);
                             stats.refused += 1;
                             let r = crate::cluster::error_reply(
                                 &req,
@@ -168,12 +156,11 @@ pub fn serve_nic(
                                 Placement::Nic,
                                 "this NIC has no executors".into(),
                             );
-                            let _ = sender.send(client, id, &r.to_bytes().unwrap_or_default());
+                            replies.send(client, &r);
                         }
                         Dispatch::Refused(r) => {
-                            inflight.fetch_sub(1, Ordering::SeqCst);
                             stats.refused += 1;
-                            let _ = sender.send(client, id, &r.to_bytes().unwrap_or_default());
+                            replies.send(client, &r);
                         }
                     }
                 }
@@ -184,7 +171,7 @@ pub fn serve_nic(
                             stats.malformed += 1;
                             let c =
                                 onesided::Completion::error(0, 0, Status::Malformed, e.to_string());
-                            let _ = sender.send(peer, 0, &c.to_bytes());
+                            replies.send_bytes(peer, 0, &c.to_bytes());
                             continue;
                         }
                     };
@@ -192,13 +179,13 @@ pub fn serve_nic(
                     if op.op.mutates() {
                         if let Some(answer) = dup.get(&key) {
                             stats.duplicates += 1;
-                            let _ = sender.send(peer, op.id, answer);
+                            replies.send_bytes(peer, op.id, answer);
                             continue;
                         }
                     }
                     stats.one_sided += 1;
                     let answer = onesided::execute(cluster.regions(), &op).to_bytes();
-                    let _ = sender.send(peer, op.id, &answer);
+                    replies.send_bytes(peer, op.id, &answer);
                     if op.op.mutates() {
                         dup.put(key, answer);
                     }
@@ -209,7 +196,7 @@ pub fn serve_nic(
                         let m = Control::Error {
                             message: "this is naam-nic; send control queries to naam-server".into(),
                         };
-                        let _ = sender.send(peer, id, &m.to_bytes(id));
+                        replies.send_bytes(peer, id, &m.to_bytes(id));
                     } else {
                         stats.malformed += 1;
                     }

@@ -92,6 +92,62 @@ pub(crate) fn malformed(app: u32, id: u64, placement: Placement, why: String) ->
     }
 }
 
+/// How a driver answers requests: replies go out on `sender`, and every request queued at an
+/// executor counts as in flight until its reply is sent (SIGTERM drains until none is).
+pub(crate) struct Replies {
+    sender: Arc<super::socket::Sender>,
+    inflight: Arc<AtomicU64>,
+}
+
+impl Replies {
+    pub(crate) fn new(sender: super::socket::Sender) -> Replies {
+        Replies {
+            sender: Arc::new(sender),
+            inflight: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Sends `r` to `to` (a lost reply is the client's retransmission to repair).
+    pub(crate) fn send(&self, to: SocketAddr, r: &Reply) {
+        let _ = self
+            .sender
+            .send(to, r.request_id, &r.to_bytes().unwrap_or_default());
+    }
+
+    /// Sends raw message bytes (forwarded requests, control answers, completions).
+    pub(crate) fn send_bytes(&self, to: SocketAddr, id: u64, bytes: &[u8]) {
+        let _ = self.sender.send(to, id, bytes);
+    }
+
+    /// Dispatches `req` on `cluster`; a queued request's reply goes to `to` from the executor.
+    pub(crate) fn dispatch(
+        &self,
+        cluster: &Cluster,
+        req: Request,
+        sel: &mut Selector,
+        forced: Option<Placement>,
+        to: SocketAddr,
+    ) -> Dispatch {
+        let (s, n) = (self.sender.clone(), self.inflight.clone());
+        n.fetch_add(1, Ordering::SeqCst);
+        let d = cluster.dispatch(req, sel, forced, move |r: Reply| {
+            if let Ok(b) = r.to_bytes() {
+                let _ = s.send(to, r.request_id, &b);
+            }
+            n.fetch_sub(1, Ordering::SeqCst);
+        });
+        if !matches!(d, Dispatch::Queued(_)) {
+            self.inflight.fetch_sub(1, Ordering::SeqCst);
+        }
+        d
+    }
+
+    /// Whether every queued request has been answered.
+    pub(crate) fn idle(&self) -> bool {
+        self.inflight.load(Ordering::SeqCst) == 0
+    }
+}
+
 /// Runs the host driver on `socket` until `stop` is set, then drains: new requests get
 /// `Unavailable` while queued ones finish (at most `options.drain`).
 pub fn serve_host(
@@ -100,12 +156,11 @@ pub fn serve_host(
     options: ServerOptions,
     stop: &AtomicBool,
 ) -> std::io::Result<ServerStats> {
-    let sender = Arc::new(socket.sender()?);
+    let replies = Replies::new(socket.sender()?);
     let local = socket.local_addr()?.ip();
     // The NIC runs beside the host (its Arm cores, or here its process): only a peer on this
     // machine may register as the NIC, or anyone could have reads forwarded to them.
     let nic_allowed = |peer: &SocketAddr| peer.ip() == local || peer.ip().is_loopback();
-    let inflight = Arc::new(AtomicU64::new(0));
     let mut stats = ServerStats::default();
     let mut nic: Option<SocketAddr> = None;
     let mut switch = Selector::default();
@@ -115,7 +170,7 @@ pub fn serve_host(
             drain_deadline = Some(Instant::now() + options.drain);
         }
         if let Some(d) = drain_deadline {
-            if inflight.load(Ordering::SeqCst) == 0 || Instant::now() >= d {
+            if replies.idle() || Instant::now() >= d {
                 return Ok(stats);
             }
         }
@@ -126,8 +181,7 @@ pub fn serve_host(
                         Ok(r) => r,
                         Err(e) => {
                             stats.malformed += 1;
-                            let r = malformed(0, 0, Placement::Host, e.to_string());
-                            let _ = sender.send(peer, 0, &r.to_bytes().unwrap_or_default());
+                            replies.send(peer, &malformed(0, 0, Placement::Host, e.to_string()));
                             continue;
                         }
                     };
@@ -144,43 +198,30 @@ pub fn serve_host(
                             Placement::Host,
                             "the server is shutting down".into(),
                         );
-                        let _ = sender.send(peer, id, &r.to_bytes().unwrap_or_default());
+                        replies.send(peer, &r);
                         continue;
                     }
-                    let (s, n) = (sender.clone(), inflight.clone());
-                    n.fetch_add(1, Ordering::SeqCst);
-                    let reply_to = move |r: Reply| {
-                        if let Ok(b) = r.to_bytes() {
-                            let _ = s.send(peer, r.request_id, &b);
-                        }
-                        n.fetch_sub(1, Ordering::SeqCst);
-                    };
-                    match cluster.dispatch(req, &mut switch, pinned, reply_to) {
+                    match replies.dispatch(&cluster, req, &mut switch, pinned, peer) {
                         Dispatch::Queued(_) => stats.host += 1,
-                        Dispatch::Remote(req) => {
-                            inflight.fetch_sub(1, Ordering::SeqCst);
-                            match nic.filter(|_| cluster.remote_nic_up()) {
-                                Some(to) => {
-                                    stats.forwarded += 1;
-                                    let _ = sender.send(to, id, &control::forward(peer, &msg));
-                                }
-                                None => {
-                                    stats.refused += 1;
-                                    let r = crate::cluster::error_reply(
-                                        &req,
-                                        Status::Unavailable,
-                                        Placement::Nic,
-                                        "the NIC is down".into(),
-                                    );
-                                    let _ =
-                                        sender.send(peer, id, &r.to_bytes().unwrap_or_default());
-                                }
+                        Dispatch::Remote(req) => match nic.filter(|_| cluster.remote_nic_up()) {
+                            Some(to) => {
+                                stats.forwarded += 1;
+                                replies.send_bytes(to, id, &control::forward(peer, &msg));
                             }
-                        }
+                            None => {
+                                stats.refused += 1;
+                                let r = crate::cluster::error_reply(
+                                    &req,
+                                    Status::Unavailable,
+                                    Placement::Nic,
+                                    "the NIC is down".into(),
+                                );
+                                replies.send(peer, &r);
+                            }
+                        },
                         Dispatch::Refused(r) => {
-                            inflight.fetch_sub(1, Ordering::SeqCst);
                             stats.refused += 1;
-                            let _ = sender.send(peer, id, &r.to_bytes().unwrap_or_default());
+                            replies.send(peer, &r);
                         }
                     }
                 }
@@ -193,7 +234,7 @@ pub fn serve_host(
                             let m = Control::Error {
                                 message: format!("malformed control message: {e}"),
                             };
-                            let _ = sender.send(peer, 0, &m.to_bytes(0));
+                            replies.send_bytes(peer, 0, &m.to_bytes(0));
                             continue;
                         }
                     };
@@ -310,7 +351,7 @@ pub fn serve_host(
                         }),
                     };
                     if let Some(a) = answer {
-                        let _ = sender.send(peer, id, &a.to_bytes(id));
+                        replies.send_bytes(peer, id, &a.to_bytes(id));
                     }
                 }
                 Some(KIND_OP) => {
@@ -324,7 +365,7 @@ pub fn serve_host(
                             "one-sided operations are served by the NIC's agent (naam-nic), \
                              not by the host",
                         );
-                        let _ = sender.send(peer, op.id, &c.to_bytes());
+                        replies.send_bytes(peer, op.id, &c.to_bytes());
                     }
                 }
                 _ => stats.malformed += 1,
