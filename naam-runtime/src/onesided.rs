@@ -24,7 +24,7 @@ use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE, MAX_N
 
 use crate::executor::resolve_status;
 use crate::region::{MemError, RegionTable};
-use crate::wire::{Status, WireError, VERSION};
+use crate::wire::{check_exact, header, Status, WireError, VERSION};
 
 /// Kind byte of a one-sided operation.
 pub const KIND_OP: u8 = 3;
@@ -189,35 +189,14 @@ impl Request {
     /// Decodes an operation, strictly (exact length, zero reserved fields, limits).
     pub fn decode(buf: Bytes) -> Result<Request, WireError> {
         let have = buf.len();
-        if have < HEADER {
-            return Err(WireError::Truncated { need: HEADER, have });
-        }
-        let mut h = &buf[..];
-        let version = h.get_u8();
-        if version != VERSION {
-            return Err(WireError::Version(version));
-        }
-        let kind = h.get_u8();
-        if kind != KIND_OP {
-            return Err(WireError::Kind(kind));
-        }
+        header(&buf, HEADER, KIND_OP)?;
+        // The operands follow the header: read on through the whole message.
+        let mut h = &buf[2..];
         let code = h.get_u8();
         let n = h.get_u8() as usize;
         let app = h.get_u32_le();
         let id = h.get_u64_le();
-        let need = |len: usize| -> Result<(), WireError> {
-            match have.cmp(&(HEADER + len)) {
-                std::cmp::Ordering::Less => Err(WireError::Truncated {
-                    need: HEADER + len,
-                    have,
-                }),
-                std::cmp::Ordering::Greater => Err(WireError::LengthMismatch {
-                    expected: HEADER + len,
-                    actual: have,
-                }),
-                std::cmp::Ordering::Equal => Ok(()),
-            }
-        };
+        let need = |len: usize| check_exact(have, HEADER + len);
         let single = || {
             if n == 1 {
                 Ok(())
@@ -243,13 +222,7 @@ impl Request {
                     let rkey = h.get_u64_le();
                     let offset = h.get_u64_le();
                     let len = h.get_u32_le();
-                    let reserved = h.get_u32_le();
-                    if reserved != 0 {
-                        return Err(WireError::Invalid {
-                            field: "reserved",
-                            value: reserved as u64,
-                        });
-                    }
+                    zero_reserved(h.get_u32_le())?;
                     total += len as u64;
                     ds.push(Descriptor {
                         rkey,
@@ -278,13 +251,7 @@ impl Request {
                 let rkey = h.get_u64_le();
                 let offset = h.get_u64_le();
                 let len = h.get_u32_le() as usize;
-                let reserved = h.get_u32_le();
-                if reserved != 0 {
-                    return Err(WireError::Invalid {
-                        field: "reserved",
-                        value: reserved as u64,
-                    });
-                }
+                zero_reserved(h.get_u32_le())?;
                 if len > MAX_TRANSFER {
                     return Err(WireError::TooLarge {
                         field: "write length",
@@ -357,21 +324,7 @@ impl Completion {
     /// Decodes a completion; `data` shares `buf`'s storage.
     pub fn decode(buf: Bytes) -> Result<Completion, WireError> {
         let have = buf.len();
-        if have < COMPLETION_HEADER {
-            return Err(WireError::Truncated {
-                need: COMPLETION_HEADER,
-                have,
-            });
-        }
-        let mut h = &buf[..];
-        let version = h.get_u8();
-        if version != VERSION {
-            return Err(WireError::Version(version));
-        }
-        let kind = h.get_u8();
-        if kind != KIND_COMPLETION {
-            return Err(WireError::Kind(kind));
-        }
+        let mut h = header(&buf, COMPLETION_HEADER, KIND_COMPLETION)?;
         let raw = h.get_u16_le();
         let status = Status::from_u16(raw).ok_or(WireError::Invalid {
             field: "status",
@@ -380,13 +333,7 @@ impl Completion {
         let app = h.get_u32_le();
         let id = h.get_u64_le();
         let len = h.get_u32_le() as usize;
-        let reserved = h.get_u32_le();
-        if reserved != 0 {
-            return Err(WireError::Invalid {
-                field: "reserved",
-                value: reserved as u64,
-            });
-        }
+        zero_reserved(h.get_u32_le())?;
         if COMPLETION_HEADER + len != have {
             return Err(WireError::LengthMismatch {
                 expected: COMPLETION_HEADER + len,
@@ -406,6 +353,18 @@ fn mem_status(e: &MemError) -> Status {
     match e {
         MemError::OutOfRange { .. } => Status::OutOfRange,
         MemError::Misaligned(_) => Status::Refused,
+    }
+}
+
+/// Reserved fields must be zero, so that they can carry meaning in a later version.
+fn zero_reserved(v: u32) -> Result<(), WireError> {
+    if v == 0 {
+        Ok(())
+    } else {
+        Err(WireError::Invalid {
+            field: "reserved",
+            value: v as u64,
+        })
     }
 }
 

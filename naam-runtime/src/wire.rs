@@ -410,7 +410,7 @@ fn check_access(access: u32) -> Result<(), WireError> {
 
 /// The fixed header of `size` bytes, after checking the version and that the kind is `want`;
 /// the returned slice starts after those two bytes.
-fn header(buf: &[u8], size: usize, want: u8) -> Result<&[u8], WireError> {
+pub(crate) fn header(buf: &[u8], size: usize, want: u8) -> Result<&[u8], WireError> {
     let have = buf.len();
     if have < size {
         return Err(WireError::Truncated { need: size, have });
@@ -425,7 +425,7 @@ fn header(buf: &[u8], size: usize, want: u8) -> Result<&[u8], WireError> {
 }
 
 /// A message must be exactly as long as its header declares.
-fn check_exact(have: usize, expected: usize) -> Result<(), WireError> {
+pub(crate) fn check_exact(have: usize, expected: usize) -> Result<(), WireError> {
     if have < expected {
         return Err(WireError::Truncated {
             need: expected,

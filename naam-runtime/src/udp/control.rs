@@ -12,7 +12,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
 use crate::steering::RemoteLoad;
-use crate::wire::{WireError, VERSION};
+use crate::wire::{header, WireError, VERSION};
 
 /// Kind byte of a control message.
 pub const KIND_CONTROL: u8 = 5;
@@ -240,18 +240,7 @@ impl Control {
 
     /// Decodes a control message and its id.
     pub fn decode(buf: &[u8]) -> Result<(u64, Control), WireError> {
-        if buf.len() < CONTROL_HEADER {
-            return Err(WireError::Truncated {
-                need: CONTROL_HEADER,
-                have: buf.len(),
-            });
-        }
-        if buf[0] != VERSION {
-            return Err(WireError::Version(buf[0]));
-        }
-        if buf[1] != KIND_CONTROL {
-            return Err(WireError::Kind(buf[1]));
-        }
+        header(buf, CONTROL_HEADER, KIND_CONTROL)?;
         if buf[2..8].iter().any(|&b| b != 0) {
             return Err(WireError::Invalid {
                 field: "reserved",
@@ -285,18 +274,7 @@ pub fn forward(client: SocketAddr, request: &[u8]) -> Bytes {
 
 /// Unwraps a forwarded request: the client's address and the request bytes.
 pub fn unforward(buf: &Bytes) -> Result<(SocketAddr, Bytes), WireError> {
-    if buf.len() < FORWARD_HEADER {
-        return Err(WireError::Truncated {
-            need: FORWARD_HEADER,
-            have: buf.len(),
-        });
-    }
-    if buf[0] != VERSION {
-        return Err(WireError::Version(buf[0]));
-    }
-    if buf[1] != KIND_FORWARD {
-        return Err(WireError::Kind(buf[1]));
-    }
+    header(buf, FORWARD_HEADER, KIND_FORWARD)?;
     if buf[4..8].iter().any(|&b| b != 0) {
         return Err(WireError::Invalid {
             field: "reserved",
