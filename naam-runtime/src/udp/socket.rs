@@ -136,6 +136,7 @@ pub struct Socket {
     stats: SocketStats,
     epoch: std::time::Instant,
     loss: Option<LossInjector>,
+    read_timeout: Option<Duration>,
 }
 
 impl Socket {
@@ -169,6 +170,7 @@ impl Socket {
             stats: SocketStats::default(),
             epoch: std::time::Instant::now(),
             loss: LossInjector::from_env(),
+            read_timeout: None,
         }
     }
 
@@ -204,7 +206,11 @@ impl Socket {
     /// senders. Foreign or inconsistent datagrams are counted and dropped.
     pub fn recv(&mut self, timeout: Duration) -> io::Result<Vec<(SocketAddr, Bytes)>> {
         let timeout = timeout.max(Duration::from_micros(1));
-        self.sock.set_read_timeout(Some(timeout))?;
+        // A system call per receive otherwise; drivers wait the same time on every call.
+        if self.read_timeout != Some(timeout) {
+            self.sock.set_read_timeout(Some(timeout))?;
+            self.read_timeout = Some(timeout);
+        }
         let mut out = Vec::new();
         let got = recv_batch(&self.sock, &mut self.bufs)?;
         let now = self.epoch.elapsed().as_nanos() as u64;
