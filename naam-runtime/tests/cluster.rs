@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{examples, words};
+use common::words;
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, NicModel, PolicyChoice, RegionSpec};
-use naam_runtime::region::{ALL_RIGHTS, READ_ONLY};
+use naam_runtime::region::ALL_RIGHTS;
 use naam_runtime::registry::{handler_id, HandlerSpec};
 use naam_runtime::wire::{flags, Descriptors, Request, Status};
 use naam_runtime::Placement;
@@ -18,32 +18,7 @@ use naam_runtime::Placement;
 const APP: u32 = 3;
 
 fn app() -> AppSpec {
-    AppSpec {
-        id: APP,
-        name: "examples".into(),
-        owner: Placement::Host,
-        regions: vec![
-            RegionSpec {
-                name: "sorted".into(),
-                access: READ_ONLY,
-                contents: words(&(0..512u64).map(|i| i * 4).collect::<Vec<_>>()),
-            },
-            RegionSpec {
-                name: "data".into(),
-                access: ALL_RIGHTS,
-                contents: words(&[24, 1000, 0, 42, 0, 0, 0, 0]),
-            },
-        ],
-        object: Arc::new(examples().1.clone()),
-        handlers: vec![
-            HandlerSpec::read("bsearch").jit(),
-            HandlerSpec::read("two_step").jit(),
-            HandlerSpec::read("add").jit(),
-            HandlerSpec::read("panics"),
-            HandlerSpec::write("counter_add").jit(),
-            HandlerSpec::write("store").jit(),
-        ],
-    }
+    common::examples_app(APP)
 }
 
 fn cluster(config: ClusterConfig) -> Cluster {

@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{examples, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
-use naam_runtime::cluster::{AppSpec, ClusterConfig, NicModel, RegionSpec};
+use naam_runtime::cluster::{AppSpec, ClusterConfig, NicModel};
 use naam_runtime::onesided::{self, Op};
-use naam_runtime::region::{ALL_RIGHTS, READ_ONLY};
-use naam_runtime::registry::{handler_id, HandlerSpec};
+use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Transport;
 use naam_runtime::udp::client::{UdpClient, UdpConfig, UdpError};
 use naam_runtime::udp::deploy::{start_host, start_nic, HostApp};
@@ -29,30 +28,7 @@ use naam_runtime::Placement;
 const APP: u32 = 3;
 
 fn app() -> AppSpec {
-    AppSpec {
-        id: APP,
-        name: "examples".into(),
-        owner: Placement::Host,
-        regions: vec![
-            RegionSpec {
-                name: "sorted".into(),
-                access: READ_ONLY,
-                contents: words(&(0..512u64).map(|i| i * 4).collect::<Vec<_>>()),
-            },
-            RegionSpec {
-                name: "data".into(),
-                access: ALL_RIGHTS,
-                contents: words(&[24, 1000, 0, 42, 0, 0, 0, 0]),
-            },
-        ],
-        object: Arc::new(examples().1.clone()),
-        handlers: vec![
-            HandlerSpec::read("bsearch").jit(),
-            HandlerSpec::read("two_step").jit(),
-            HandlerSpec::read("add").jit(),
-            HandlerSpec::write("counter_add").jit(),
-        ],
-    }
+    common::examples_app(APP)
 }
 
 struct Process {

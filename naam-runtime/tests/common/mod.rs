@@ -63,3 +63,37 @@ impl Rng {
         naam_ebpf::hash::finish(self.0)
     }
 }
+
+/// The example handlers as app `id`: a read-only sorted array (`sorted`, 512 words i × 4) and a
+/// small all-rights region (`data`), with read and write handlers, most on the JIT.
+pub fn examples_app(id: u32) -> naam_runtime::cluster::AppSpec {
+    use naam_runtime::cluster::{AppSpec, RegionSpec};
+    use naam_runtime::region::{ALL_RIGHTS, READ_ONLY};
+    use naam_runtime::registry::HandlerSpec;
+    AppSpec {
+        id,
+        name: "examples".into(),
+        owner: naam_runtime::Placement::Host,
+        regions: vec![
+            RegionSpec {
+                name: "sorted".into(),
+                access: READ_ONLY,
+                contents: words(&(0..512u64).map(|i| i * 4).collect::<Vec<_>>()),
+            },
+            RegionSpec {
+                name: "data".into(),
+                access: ALL_RIGHTS,
+                contents: words(&[24, 1000, 0, 42, 0, 0, 0, 0]),
+            },
+        ],
+        object: std::sync::Arc::new(examples().1.clone()),
+        handlers: vec![
+            HandlerSpec::read("bsearch").jit(),
+            HandlerSpec::read("two_step").jit(),
+            HandlerSpec::read("add").jit(),
+            HandlerSpec::read("panics"),
+            HandlerSpec::write("counter_add").jit(),
+            HandlerSpec::write("store").jit(),
+        ],
+    }
+}
