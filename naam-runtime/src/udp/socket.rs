@@ -254,6 +254,25 @@ impl Sender {
     }
 }
 
+/// One datagram's header for `sendmmsg` / `recvmmsg`: the peer address and one buffer. The
+/// pointers must outlive the system call.
+fn mmsghdr(
+    name: *mut libc::sockaddr_storage,
+    namelen: libc::socklen_t,
+    iov: &mut libc::iovec,
+) -> libc::mmsghdr {
+    // SAFETY: all-zero is a valid msghdr.
+    let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
+    h.msg_name = name.cast();
+    h.msg_namelen = namelen;
+    h.msg_iov = iov;
+    h.msg_iovlen = 1;
+    libc::mmsghdr {
+        msg_hdr: h,
+        msg_len: 0,
+    }
+}
+
 fn send_message(
     sock: &UdpSocket,
     datagram: usize,
@@ -279,18 +298,7 @@ fn send_message(
         .collect();
     let mut msgs: Vec<libc::mmsghdr> = iovs
         .iter_mut()
-        .map(|iov| {
-            // SAFETY: all-zero is a valid msghdr; the pointers set below outlive the call.
-            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-            h.msg_name = (&mut ss as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = sslen;
-            h.msg_iov = iov;
-            h.msg_iovlen = 1;
-            libc::mmsghdr {
-                msg_hdr: h,
-                msg_len: 0,
-            }
-        })
+        .map(|iov| mmsghdr(&mut ss, sslen, iov))
         .collect();
     let mut sent = 0;
     while sent < msgs.len() {
@@ -332,16 +340,8 @@ fn recv_batch(
         .iter_mut()
         .zip(addrs.iter_mut())
         .map(|(iov, a)| {
-            // SAFETY: all-zero is a valid msghdr; the pointers set below outlive the call.
-            let mut h: libc::msghdr = unsafe { std::mem::zeroed() };
-            h.msg_name = a.as_mut_ptr().cast();
-            h.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = iov;
-            h.msg_iovlen = 1;
-            libc::mmsghdr {
-                msg_hdr: h,
-                msg_len: 0,
-            }
+            let len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            mmsghdr(a.as_mut_ptr(), len, iov)
         })
         .collect();
     // MSG_WAITFORONE: block (up to the socket's read timeout) for the first datagram only.
