@@ -47,7 +47,10 @@ fn hostile_handler_objects_are_refused_before_serving() {
              object = \"{object}\"\nhandlers = [{{ name = \"get\" }}]\n"
         ));
         assert_eq!(code, 1, "{object}: {err}");
-        assert!(err.contains("naam-server: error: loading"), "{object}: {err}");
+        assert!(
+            err.contains("naam-server: error: loading"),
+            "{object}: {err}"
+        );
         assert!(!err.contains("serving"), "{err}");
     }
 }
