@@ -1,7 +1,8 @@
-//! The congestion-shift experiment on a live in-process cluster: closed-loop clients issue read
-//! messages while host congestion starts and stops; placement fractions are sampled every
-//! millisecond and the times to move 90% of traffic off the host, and back, are measured on the
-//! wall clock. Used by `naam demo` and the benchmarks. Results are labelled `inproc`.
+//! The congestion-shift experiment on a live system: closed-loop clients issue read messages
+//! while host congestion starts and stops; placement fractions are sampled every millisecond
+//! and the times to move 90% of traffic off the host, and back, are measured on the wall clock.
+//! The system is a [`ShiftTarget`]: the in-process [`Cluster`] (`naam demo`, the benchmarks),
+//! or a deployment over UDP driven from `naam-bench`. Results carry the target's mode label.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -60,8 +61,8 @@ impl ShiftSample {
 /// Outcome of a shift run.
 #[derive(Clone, Debug, Serialize)]
 pub struct ShiftResult {
-    /// Mode (`inproc`).
-    pub mode: &'static str,
+    /// Mode: where it ran and what was emulated.
+    pub mode: String,
     /// Policy name.
     pub policy: String,
     /// Settings.
@@ -108,37 +109,125 @@ fn first_time(
     None
 }
 
-/// Runs the experiment: `make_call` issues one read message on a client and is called in a
-/// closed loop by every client thread.
+/// A system a shift run drives: it counts where operations ran and can congest its host.
+pub trait ShiftTarget {
+    /// Why congesting failed.
+    type Error;
+    /// Operations completed so far, per placement (index [`Placement::index`]).
+    fn ops(&self) -> [u64; 3];
+    /// Takes host capacity away (`Some(extra ns per message)`) or gives it back (`None`).
+    fn congest(&self, extra_ns: Option<u64>) -> Result<(), Self::Error>;
+    /// The steering policy's name.
+    fn policy(&self) -> String;
+    /// Mode label of the results.
+    fn mode(&self) -> String;
+}
+
+impl ShiftTarget for Cluster {
+    type Error = std::convert::Infallible;
+    fn ops(&self) -> [u64; 3] {
+        self.metrics().ops()
+    }
+    fn congest(&self, extra_ns: Option<u64>) -> Result<(), Self::Error> {
+        match extra_ns {
+            Some(ns) => self.congestion().limit_host(ns),
+            None => self.congestion().clear(),
+        }
+        Ok(())
+    }
+    fn policy(&self) -> String {
+        self.policy_name().to_string()
+    }
+    fn mode(&self) -> String {
+        "inproc".into()
+    }
+}
+
+/// Runs the experiment on an in-process cluster: `make_call` issues one read message on a
+/// client and is called in a closed loop by every client thread.
 pub fn run_shift<F>(cluster: &Cluster, config: &ShiftConfig, make_call: F) -> ShiftResult
 where
     F: Fn(&mut crate::cluster::Client) + Send + Sync + 'static,
 {
-    let stop = Arc::new(AtomicBool::new(false));
     let make_call = Arc::new(make_call);
-    let threads: Vec<_> = (0..config.clients)
+    let workers = (0..config.clients)
         .map(|_| {
-            let (stop, f) = (stop.clone(), make_call.clone());
-            let mut client = cluster.client();
+            let (f, mut client) = (make_call.clone(), cluster.client());
+            move || f(&mut client)
+        })
+        .collect();
+    match run_shift_on(cluster, config, workers) {
+        Ok(r) => r,
+        Err(never) => match never {},
+    }
+}
+
+/// Runs the experiment on `target`: each of `workers` runs on its own thread, called in a
+/// closed loop (one read message per call), while this thread congests the host on schedule
+/// and samples the placement counts. Host congestion is cleared on every exit.
+pub fn run_shift_on<T, W>(
+    target: &T,
+    config: &ShiftConfig,
+    workers: Vec<W>,
+) -> Result<ShiftResult, T::Error>
+where
+    T: ShiftTarget + ?Sized,
+    W: FnMut() + Send + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = workers
+        .into_iter()
+        .map(|mut work| {
+            let stop = stop.clone();
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    f(&mut client);
+                    work();
                 }
             })
         })
         .collect();
+    let sampled = sample_shift(target, config);
+    stop.store(true, Ordering::Relaxed);
+    let cleared = target.congest(None);
+    for t in threads {
+        let _ = t.join();
+    }
+    let samples = sampled?;
+    cleared?;
+    let hold = 5;
+    let onset = config.congestion.0.as_secs_f64();
+    let end = config.congestion.1.as_secs_f64();
+    let moved_ms = first_time(&samples, onset, hold, |h| h <= 0.1);
+    let back_ms = first_time(&samples, end, hold, |h| h >= 0.9);
+    let ops = samples.iter().map(|s| s.ops.iter().sum::<u64>()).sum();
+    Ok(ShiftResult {
+        mode: target.mode(),
+        policy: target.policy(),
+        config: config.clone(),
+        samples,
+        moved_ms,
+        back_ms,
+        ops,
+    })
+}
+
+/// The sampling loop of a shift run: congestion on and off on schedule, counts every interval.
+fn sample_shift<T: ShiftTarget + ?Sized>(
+    target: &T,
+    config: &ShiftConfig,
+) -> Result<Vec<ShiftSample>, T::Error> {
     let start = Instant::now();
     let mut samples = Vec::new();
-    let mut last = cluster.metrics().ops();
+    let mut last = target.ops();
     let mut congested = false;
     let mut next = start + config.sample;
     while start.elapsed() < config.duration {
         let t = start.elapsed();
         if !congested && t >= config.congestion.0 && t < config.congestion.1 {
-            cluster.congestion().limit_host(config.host_extra_ns);
+            target.congest(Some(config.host_extra_ns))?;
             congested = true;
         } else if congested && t >= config.congestion.1 {
-            cluster.congestion().clear();
+            target.congest(None)?;
             congested = false;
         }
         let now = Instant::now();
@@ -146,33 +235,14 @@ where
             std::thread::sleep(next - now);
         }
         next += config.sample;
-        let ops = cluster.metrics().ops();
+        let ops = target.ops();
         samples.push(ShiftSample {
             t: start.elapsed().as_secs_f64(),
-            ops: [0, 1, 2].map(|i| ops[i] - last[i]),
+            ops: [0, 1, 2].map(|i| ops[i].saturating_sub(last[i])),
         });
         last = ops;
     }
-    stop.store(true, Ordering::Relaxed);
-    cluster.congestion().clear();
-    for t in threads {
-        let _ = t.join();
-    }
-    let hold = 5;
-    let onset = config.congestion.0.as_secs_f64();
-    let end = config.congestion.1.as_secs_f64();
-    let moved_ms = first_time(&samples, onset, hold, |h| h <= 0.1);
-    let back_ms = first_time(&samples, end, hold, |h| h >= 0.9);
-    let ops = samples.iter().map(|s| s.ops.iter().sum::<u64>()).sum();
-    ShiftResult {
-        mode: "inproc",
-        policy: cluster.policy_name().to_string(),
-        config: config.clone(),
-        samples,
-        moved_ms,
-        back_ms,
-        ops,
-    }
+    Ok(samples)
 }
 
 /// A read call on `descs` for `make_call` closures.

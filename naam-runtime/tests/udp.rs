@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use common::{examples, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
-use naam_runtime::cluster::{AppSpec, ClusterConfig, NicModel};
+use naam_runtime::cluster::{ClusterConfig, NicModel};
 use naam_runtime::onesided::{self, Op};
 use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Transport;
 use naam_runtime::udp::client::{UdpClient, UdpConfig, UdpError};
+use naam_runtime::udp::control::Control;
 use naam_runtime::udp::deploy::{start_host, start_nic, HostApp};
 use naam_runtime::udp::nic::{serve_nic, NicOptions};
 use naam_runtime::udp::server::{serve_host, ServerOptions};
@@ -26,10 +27,6 @@ use naam_runtime::wire::Status;
 use naam_runtime::Placement;
 
 const APP: u32 = 3;
-
-fn app() -> AppSpec {
-    common::examples_app(APP)
-}
 
 struct Process {
     stop: Arc<AtomicBool>,
@@ -63,18 +60,27 @@ fn quiet() -> ClusterConfig {
 }
 
 fn host(shm: &std::path::Path) -> Process {
+    host_with(shm, &[APP], quiet(), false)
+}
+
+/// A host serving the examples object as apps `ids`.
+fn host_with(
+    shm: &std::path::Path,
+    ids: &[u32],
+    config: ClusterConfig,
+    congestion_control: bool,
+) -> Process {
     let bytes = std::fs::read(&examples().0).unwrap();
-    let (cluster, manifest) = start_host(
-        vec![HostApp {
-            spec: app(),
+    let apps = ids
+        .iter()
+        .map(|&id| HostApp {
+            spec: common::examples_app(id),
             kind: "object".into(),
             params: serde_json::Value::Null,
-            object_bytes: bytes,
-        }],
-        quiet(),
-        shm,
-    )
-    .unwrap();
+            object_bytes: bytes.clone(),
+        })
+        .collect();
+    let (cluster, manifest) = start_host(apps, config, shm).unwrap();
     let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     let addr = socket.local_addr().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -85,6 +91,7 @@ fn host(shm: &std::path::Path) -> Process {
             drain: Duration::from_secs(1),
             switch: None,
             verbs: None,
+            congestion_control,
         };
         serve_host(cluster, socket, opts, &s).unwrap();
     });
@@ -398,4 +405,100 @@ fn a_server_that_is_not_there_is_reported_clearly() {
         }
         other => panic!("expected NoServer, got {:?}", other.err()),
     }
+}
+
+#[test]
+fn a_manifest_of_many_apps_reaches_clients_in_pages() {
+    let shm = tempfile::tempdir().unwrap();
+    let ids: Vec<u32> = (1..=60).collect();
+    let h = host_with(shm.path(), &ids, quiet(), false);
+    let mut c = client(h.addr, Some(Placement::Host));
+    let served: Vec<u32> = c.manifest().apps.iter().map(|a| a.id).collect();
+    assert_eq!(served, ids);
+    // The last page's app answers.
+    let r = c.call(60, handler_id("add"), &words(&[2, 3]), &[]).unwrap();
+    assert_eq!(&r.payload[..], &words(&[5])[..]);
+    // A page that does not exist is refused clearly.
+    let answer = c.control(&Control::QueryManifest { page: 9999 }).unwrap();
+    assert!(
+        matches!(&answer, Control::Error { message } if message.contains("no manifest page")),
+        "{answer:?}"
+    );
+}
+
+#[test]
+fn congestion_control_is_refused_unless_the_server_allows_it() {
+    let shm = tempfile::tempdir().unwrap();
+    let h = host(shm.path());
+    let mut c = client(h.addr, Some(Placement::Host));
+    let answer = c
+        .control(&Control::Congest {
+            extra_ns: Some(1000),
+        })
+        .unwrap();
+    assert!(
+        matches!(&answer, Control::Error { message } if message.contains("allow_congestion_control")),
+        "{answer:?}"
+    );
+    let shm2 = tempfile::tempdir().unwrap();
+    let h2 = host_with(shm2.path(), &[APP], quiet(), true);
+    let mut c2 = client(h2.addr, Some(Placement::Host));
+    let too_much = Control::Congest {
+        extra_ns: Some(naam_runtime::udp::control::MAX_CONGESTION_NS + 1),
+    };
+    assert!(matches!(
+        c2.control(&too_much).unwrap(),
+        Control::Error { .. }
+    ));
+    for extra_ns in [Some(50_000), None] {
+        assert_eq!(
+            c2.control(&Control::Congest { extra_ns }).unwrap(),
+            Control::Congestion { extra_ns }
+        );
+    }
+    let r = c2
+        .call(APP, handler_id("add"), &words(&[2, 3]), &[])
+        .unwrap();
+    assert_eq!(&r.payload[..], &words(&[5])[..]);
+}
+
+#[test]
+fn a_full_host_queue_answers_busy_and_keeps_serving() {
+    let shm = tempfile::tempdir().unwrap();
+    let config = ClusterConfig {
+        queue_capacity: 2,
+        ..quiet()
+    };
+    let h = host_with(shm.path(), &[APP], config, true);
+    let mut c = client(h.addr, Some(Placement::Host));
+    // Every host message now takes 5 ms: a burst of 20 overflows a queue of 2.
+    c.control(&Control::Congest {
+        extra_ns: Some(5_000_000),
+    })
+    .unwrap();
+    let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    for id in 1..=20u64 {
+        let mut req =
+            naam_runtime::wire::Request::for_call(APP, handler_id("add"), id, &words(&[1, 2]), &[])
+                .unwrap();
+        req.flags |= naam_runtime::wire::flags::PIN_HOST;
+        s.send(h.addr, id, &req.to_bytes().unwrap()).unwrap();
+    }
+    let mut statuses = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while statuses.len() < 20 {
+        assert!(Instant::now() < deadline, "answers: {statuses:?}");
+        for (_, m) in s.recv(Duration::from_millis(10)).unwrap() {
+            statuses.push(naam_runtime::wire::Reply::decode(m).unwrap().status);
+        }
+    }
+    let busy = statuses.iter().filter(|&&s| s == Status::Busy).count();
+    let ok = statuses.iter().filter(|&&s| s == Status::Ok).count();
+    assert!(busy > 0, "{statuses:?}");
+    assert_eq!(ok + busy, 20, "{statuses:?}");
+    c.control(&Control::Congest { extra_ns: None }).unwrap();
+    let r = c
+        .call(APP, handler_id("add"), &words(&[2, 3]), &[])
+        .unwrap();
+    assert_eq!(&r.payload[..], &words(&[5])[..]);
 }

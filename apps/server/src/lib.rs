@@ -55,6 +55,11 @@ pub struct Config {
     /// naam-nic's UDP port on the listen address (where the eSwitch steers NIC messages).
     #[serde(default)]
     pub nic_port: Option<u16>,
+    /// Whether operators may slow the host executors down with a `congest` control message
+    /// (`naam-bench experiment ... --fabric udp`); off by default, since anyone who reaches
+    /// the port could.
+    #[serde(default)]
+    pub allow_congestion_control: bool,
     /// The apps.
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
@@ -98,6 +103,9 @@ pub enum AppConfig {
         /// Largest value.
         #[serde(default = "value_cap")]
         value_cap: usize,
+        /// Independent tables with ids `id..id + instances` (offload-scale experiments).
+        #[serde(default = "instance")]
+        instances: u32,
     },
     /// A B-tree.
     Btree {
@@ -108,6 +116,9 @@ pub enum AppConfig {
         /// Node size in bytes.
         #[serde(default = "node_size")]
         node_size: usize,
+        /// Independent trees with ids `id..id + instances`.
+        #[serde(default = "instance")]
+        instances: u32,
     },
     /// Handlers from an eBPF object, with zeroed regions.
     Object {
@@ -134,6 +145,12 @@ fn value_cap() -> usize {
 fn node_size() -> usize {
     1024
 }
+fn instance() -> u32 {
+    1
+}
+
+/// The most instances one `[[app]]` may ask for.
+pub const MAX_INSTANCES: u32 = 4096;
 
 /// A handler of an `object` app.
 #[derive(Clone, Debug, Deserialize)]
@@ -193,8 +210,23 @@ impl Config {
         }
         let mut ids = std::collections::HashSet::new();
         for a in &c.apps {
-            if !ids.insert(a.id()) {
-                return bad(format!("app id {} appears twice", a.id()));
+            let n = a.instances();
+            if n == 0 || n > MAX_INSTANCES {
+                return bad(format!(
+                    "app {}: instances must be 1 to {MAX_INSTANCES}, not {n}",
+                    a.id()
+                ));
+            }
+            if a.id().checked_add(n - 1).is_none() {
+                return bad(format!(
+                    "app {}: {n} instances run past the last app id",
+                    a.id()
+                ));
+            }
+            for id in a.ids() {
+                if !ids.insert(id) {
+                    return bad(format!("app id {id} appears twice"));
+                }
             }
         }
         if c.host_executors == 0 {
@@ -234,49 +266,85 @@ impl AppConfig {
         }
     }
 
-    /// Builds the app: handlers (with the pipeline for MICA and the B-tree), regions, and what
-    /// the manifest tells clients.
-    pub fn build(&self, target_dir: &Path) -> anyhow::Result<HostApp> {
+    /// How many apps this entry makes.
+    pub fn instances(&self) -> u32 {
+        match self {
+            AppConfig::Mica { instances, .. } | AppConfig::Btree { instances, .. } => *instances,
+            AppConfig::Object { .. } => 1,
+        }
+    }
+
+    /// The ids of the apps this entry makes.
+    pub fn ids(&self) -> std::ops::Range<u32> {
+        let id = self.id();
+        id..id.saturating_add(self.instances())
+    }
+
+    /// Builds the apps: handlers (with the pipeline for MICA and the B-tree, once for all
+    /// instances), regions, and what the manifest tells clients.
+    pub fn build(&self, target_dir: &Path) -> anyhow::Result<Vec<HostApp>> {
         use anyhow::Context as _;
+        /// The built object of a pipeline app, shared by its instances.
+        fn built(
+            out: naam_runtime::pipeline::BuildOutput,
+        ) -> anyhow::Result<(Arc<naam_runtime::LoadedObject>, Vec<u8>)> {
+            let bytes = std::fs::read(&out.object)
+                .with_context(|| format!("reading {}", out.object.display()))?;
+            Ok((Arc::new(out.loaded), bytes))
+        }
         match self {
             AppConfig::Mica {
-                id,
                 items,
                 key_cap,
                 value_cap,
+                ..
             } => {
                 let mc = naam_mica::MicaConfig::sized(*items, *key_cap, *value_cap);
-                let out = naam_mica::build_handlers_output(Some(&target_dir.join("mica")))
-                    .context("building MICA's handlers")?;
-                let bytes = std::fs::read(&out.object)
-                    .with_context(|| format!("reading {}", out.object.display()))?;
-                let spec =
-                    naam_mica::app_spec(*id, &mc, Arc::new(out.loaded), Placement::Host, true)?;
-                Ok(HostApp {
-                    spec,
-                    kind: "mica".into(),
-                    params: serde_json::to_value(mc)?,
-                    object_bytes: bytes,
-                })
+                let (loaded, bytes) = built(
+                    naam_mica::build_handlers_output(Some(&target_dir.join("mica")))
+                        .context("building MICA's handlers")?,
+                )?;
+                self.ids()
+                    .map(|id| {
+                        Ok(HostApp {
+                            spec: naam_mica::app_spec(
+                                id,
+                                &mc,
+                                loaded.clone(),
+                                Placement::Host,
+                                true,
+                            )?,
+                            kind: "mica".into(),
+                            params: serde_json::to_value(mc)?,
+                            object_bytes: bytes.clone(),
+                        })
+                    })
+                    .collect()
             }
             AppConfig::Btree {
-                id,
-                keys,
-                node_size,
+                keys, node_size, ..
             } => {
                 let bc = naam_btree::BTreeConfig::with_node_size(*keys, *node_size);
-                let out = naam_btree::build_handlers_output(Some(&target_dir.join("btree")))
-                    .context("building the B-tree's handlers")?;
-                let bytes = std::fs::read(&out.object)
-                    .with_context(|| format!("reading {}", out.object.display()))?;
-                let spec =
-                    naam_btree::app_spec(*id, &bc, Arc::new(out.loaded), Placement::Host, true)?;
-                Ok(HostApp {
-                    spec,
-                    kind: "btree".into(),
-                    params: serde_json::to_value(bc)?,
-                    object_bytes: bytes,
-                })
+                let (loaded, bytes) = built(
+                    naam_btree::build_handlers_output(Some(&target_dir.join("btree")))
+                        .context("building the B-tree's handlers")?,
+                )?;
+                self.ids()
+                    .map(|id| {
+                        Ok(HostApp {
+                            spec: naam_btree::app_spec(
+                                id,
+                                &bc,
+                                loaded.clone(),
+                                Placement::Host,
+                                true,
+                            )?,
+                            kind: "btree".into(),
+                            params: serde_json::to_value(bc)?,
+                            object_bytes: bytes.clone(),
+                        })
+                    })
+                    .collect()
             }
             AppConfig::Object {
                 id,
@@ -306,7 +374,7 @@ impl AppConfig {
                         contents: vec![0u8; r.size],
                     });
                 }
-                Ok(HostApp {
+                Ok(vec![HostApp {
                     spec: AppSpec {
                         id: *id,
                         name: name.clone(),
@@ -328,7 +396,7 @@ impl AppConfig {
                     kind: "object".into(),
                     params: serde_json::Value::Null,
                     object_bytes: bytes,
-                })
+                }])
             }
         }
     }
@@ -345,6 +413,7 @@ mod tests {
             listen = "127.0.0.1:7000"
             host_executors = 2
             policy = "nic"
+            allow_congestion_control = true
             [[app]]
             kind = "mica"
             id = 1
@@ -353,6 +422,11 @@ mod tests {
             kind = "btree"
             id = 2
             keys = 1000
+            [[app]]
+            kind = "mica"
+            id = 100
+            items = 32
+            instances = 64
             [[app]]
             kind = "object"
             id = 3
@@ -363,7 +437,9 @@ mod tests {
             "#,
         )
         .unwrap();
-        assert_eq!(c.apps.len(), 3);
+        assert_eq!(c.apps.len(), 4);
+        assert_eq!(c.apps[2].ids(), 100..164);
+        assert!(c.allow_congestion_control);
         assert_eq!(c.shm_dir, PathBuf::from("/dev/shm/naam"));
         assert!(matches!(
             c.policy().unwrap(),
@@ -385,6 +461,18 @@ mod tests {
                 "policy",
             ),
             ("listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"redis\"\nid=1", "redis"),
+            (
+                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ninstances=4\n[[app]]\nkind=\"btree\"\nid=3\nkeys=1",
+                "app id 3 appears twice",
+            ),
+            (
+                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ninstances=0",
+                "instances must be",
+            ),
+            (
+                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=4294967295\nitems=1\ninstances=2",
+                "past the last app id",
+            ),
             ("listen = \"127.0.0.1:1\"\ncolour = 1\n[[app]]\nkind=\"mica\"\nid=1\nitems=1", "colour"),
         ] {
             let e = Config::parse(text).unwrap_err().to_string();

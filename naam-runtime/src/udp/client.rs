@@ -27,6 +27,9 @@ use crate::transport::Transport;
 use crate::verifier::VerifierConfig;
 use crate::wire::{flags, peek_kind, Reply, Request, Status, KIND_REPLY};
 
+/// Weight queries a client sends per refresh interval at most.
+const QUERIES_PER_REFRESH: usize = 16;
+
 /// Client settings.
 #[derive(Clone, Debug)]
 pub struct UdpConfig {
@@ -141,6 +144,13 @@ impl Conn {
 
     fn now(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Sends control message `message` to the server and waits for the answer.
+    fn ask(&mut self, message: &Control) -> Result<Bytes, Exchange> {
+        let id = self.next_id();
+        let server = self.server;
+        self.exchange(server, id, &message.to_bytes(id), None, KIND_CONTROL)
     }
 
     /// Sends `msg` to `to` and waits for the `want`-kind message answering `id`, resending
@@ -268,6 +278,9 @@ pub struct UdpClient {
     refresh: Duration,
     last_refresh: Instant,
     apps_used: HashSet<u32>,
+    /// `apps_used` in first-use order, and where the next refresh starts in it.
+    refresh_order: Vec<u32>,
+    refresh_cursor: usize,
     agent_down_until: Option<Instant>,
     tracker: LoadTracker,
     metrics: Option<Arc<Metrics>>,
@@ -295,9 +308,7 @@ impl UdpClient {
             inbox: Vec::new(),
             rtt: Ewma::default(),
         };
-        let id = conn.next_id();
-        let hello = Control::Hello.to_bytes(id);
-        let m = match conn.exchange(config.server, id, &hello, None, KIND_CONTROL) {
+        let m = match conn.ask(&Control::Hello) {
             Ok(m) => m,
             Err(Exchange::Io(e)) => return Err(UdpError::Io(e)),
             Err(Exchange::Timeout(waited)) => {
@@ -307,32 +318,51 @@ impl UdpClient {
                 })
             }
         };
-        let (client_id, manifest, agent) = match Control::decode(&m) {
+        let refused = |message: String| UdpError::Refused {
+            server: config.server,
+            message,
+        };
+        let (client_id, mut manifest, pages, agent) = match Control::decode(&m) {
             Ok((
                 _,
                 Control::Welcome {
                     client_id,
                     manifest,
+                    pages,
                     agent,
                 },
-            )) => (client_id, manifest, agent),
-            Ok((_, Control::Error { message })) => {
-                return Err(UdpError::Refused {
-                    server: config.server,
-                    message,
-                })
-            }
-            other => {
-                return Err(UdpError::Refused {
-                    server: config.server,
-                    message: format!("unexpected answer to hello: {other:?}"),
-                })
-            }
+            )) => (client_id, manifest, pages, agent),
+            Ok((_, Control::Error { message })) => return Err(refused(message)),
+            other => return Err(refused(format!("unexpected answer to hello: {other:?}"))),
         };
         conn.client_id = client_id;
         conn.agent = agent;
         conn.rto = config.rto;
         conn.attempts = config.attempts.max(1);
+        // A large manifest comes in pages after the welcome.
+        for page in 1..pages {
+            let m = match conn.ask(&Control::QueryManifest { page }) {
+                Ok(m) => m,
+                Err(Exchange::Io(e)) => return Err(UdpError::Io(e)),
+                Err(Exchange::Timeout(waited)) => {
+                    return Err(UdpError::NoServer {
+                        server: config.server,
+                        waited,
+                    })
+                }
+            };
+            match Control::decode(&m) {
+                Ok((_, Control::ManifestPage { page: p, apps, .. })) if p == page => {
+                    manifest.apps.extend(apps)
+                }
+                Ok((_, Control::Error { message })) => return Err(refused(message)),
+                other => {
+                    return Err(refused(format!(
+                        "unexpected answer to manifest page {page}: {other:?}"
+                    )))
+                }
+            }
+        }
         let mut kinds = HashMap::new();
         for a in &manifest.apps {
             for h in &a.handlers {
@@ -357,6 +387,8 @@ impl UdpClient {
             refresh: config.refresh,
             last_refresh: Instant::now() - config.refresh,
             apps_used: HashSet::new(),
+            refresh_order: Vec::new(),
+            refresh_cursor: 0,
             agent_down_until: None,
             tracker: LoadTracker::new(1, 0),
             metrics: None,
@@ -415,10 +447,7 @@ impl UdpClient {
     /// Sends a control message to the server and returns its answer (operator queries such as
     /// [`Control::QuerySwitch`]).
     pub fn control(&mut self, message: &Control) -> Result<Control, ClientError> {
-        let conn = self.path.transport();
-        let id = conn.next_id();
-        let server = conn.server;
-        let m = match conn.exchange(server, id, &message.to_bytes(id), None, KIND_CONTROL) {
+        let m = match self.path.transport().ask(message) {
             Ok(m) => m,
             Err(Exchange::Timeout(d)) => return Err(ClientError::Timeout(d)),
             Err(Exchange::Io(_)) => return Err(ClientError::Shutdown),
@@ -440,7 +469,11 @@ impl UdpClient {
         let conn = self.path.transport();
         let rtt_ns = conn.rtt.get();
         let mut first = true;
-        for app in self.apps_used.iter().copied() {
+        // A client of hundreds of apps refreshes a few per interval, round robin, so its
+        // control traffic stays bounded however many apps it uses.
+        let n = self.refresh_order.len().min(QUERIES_PER_REFRESH);
+        for k in 0..n {
+            let app = self.refresh_order[(self.refresh_cursor + k) % self.refresh_order.len()];
             let id = conn.next_id();
             let q = Control::QueryWeights {
                 app,
@@ -452,6 +485,7 @@ impl UdpClient {
             let server = conn.server;
             let _ = conn.socket.send(server, id, &q.to_bytes(id));
         }
+        self.refresh_cursor = (self.refresh_cursor + n) % self.refresh_order.len().max(1);
     }
 
     fn take_inbox(&mut self) {
@@ -521,6 +555,9 @@ impl Transport for UdpClient {
         let mut req = Request::for_call(app, handler, 0, args, descs)?;
         let key = (app, handler);
         if self.apps_used.insert(app) {
+            // Ask for the new app's weights first, at once.
+            let at = self.refresh_cursor.min(self.refresh_order.len());
+            self.refresh_order.insert(at, app);
             self.last_refresh = Instant::now() - self.refresh;
         }
         self.refresh_weights();

@@ -86,6 +86,9 @@ pub struct Manifest {
     pub apps: Vec<AppManifest>,
     /// The mode label (`udp`: NIC cores, DMA and one-sided RDMA emulated).
     pub mode: String,
+    /// The server's steering policy.
+    #[serde(default)]
+    pub policy: String,
 }
 
 impl Manifest {
@@ -98,6 +101,60 @@ impl Manifest {
     pub fn app_of_kind(&self, kind: &str) -> Option<&AppManifest> {
         self.apps.iter().find(|a| a.kind == kind)
     }
+
+    /// Every app of `kind`, in manifest order.
+    pub fn apps_of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a AppManifest> {
+        self.apps.iter().filter(move |a| a.kind == kind)
+    }
+
+    /// Splits the apps into pages, each small enough for one control message: a server with
+    /// many apps (the scale experiment registers hundreds) cannot send its manifest at once.
+    /// An app whose own entry is over the budget is an error, found when the server starts
+    /// rather than as a client's silent timeout.
+    pub fn pages(&self) -> Result<Vec<Vec<AppManifest>>, ManifestError> {
+        let mut pages = vec![Vec::new()];
+        let mut used = 0;
+        for a in &self.apps {
+            let size = serde_json::to_vec(a).map_or(usize::MAX, |v| v.len()) + 1;
+            if size > MANIFEST_PAGE_BUDGET {
+                return Err(ManifestError::AppTooLarge {
+                    app: a.id,
+                    size,
+                    budget: MANIFEST_PAGE_BUDGET,
+                });
+            }
+            if used + size > MANIFEST_PAGE_BUDGET {
+                pages.push(Vec::new());
+                used = 0;
+            }
+            used += size;
+            pages.last_mut().expect("one page at least").push(a.clone());
+        }
+        Ok(pages)
+    }
+}
+
+/// The most extra busy time per host message [`Control::Congest`] may ask for: beyond it an
+/// operator's typo would stall every executor.
+pub const MAX_CONGESTION_NS: u64 = 10_000_000;
+
+/// Bytes of app entries one manifest page carries: a control message's limit less its header
+/// and room for the envelope (client id, agent address, mode, page numbers).
+pub const MANIFEST_PAGE_BUDGET: usize = crate::datagram::MAX_MESSAGE - CONTROL_HEADER - 512;
+
+/// Why a manifest cannot be published.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    /// One app's entry does not fit a control message.
+    #[error("app {app}'s manifest entry is {size} bytes, over the {budget} one control message carries (fewer handlers or regions, or shorter names)")]
+    AppTooLarge {
+        /// App.
+        app: u32,
+        /// Its entry's size.
+        size: usize,
+        /// The page budget.
+        budget: usize,
+    },
 }
 
 /// One handler's weights.
@@ -151,14 +208,32 @@ pub struct RdmaRegion {
 pub enum Control {
     /// Client → server: who are you?
     Hello,
-    /// Server → client: the manifest, a client id, and where the one-sided agent listens.
+    /// Server → client: the manifest's first page, a client id, and where the one-sided agent
+    /// listens.
     Welcome {
         /// Top 24 bits of the client's request ids.
         client_id: u32,
-        /// What is served.
+        /// What is served: the apps of page 0 (see [`Manifest::pages`]).
         manifest: Manifest,
+        /// Pages in the whole manifest; the client asks for the others with
+        /// [`Control::QueryManifest`].
+        pages: u32,
         /// The NIC's one-sided agent, when a NIC is up.
         agent: Option<SocketAddr>,
+    },
+    /// Client → server: page `page` of the manifest.
+    QueryManifest {
+        /// Page number (0 is the welcome's).
+        page: u32,
+    },
+    /// Server → client: one page of the manifest.
+    ManifestPage {
+        /// Page number.
+        page: u32,
+        /// Pages in all.
+        pages: u32,
+        /// Its apps.
+        apps: Vec<AppManifest>,
     },
     /// Client → server: current weights of `app`'s handlers; carries what the client measured
     /// running handlers itself since its last query.
@@ -204,6 +279,18 @@ pub enum Control {
         counters: crate::udp::server::SwitchCounters,
         /// What the user-space switch queued at the host or forwarded to the NIC.
         userspace: crate::udp::server::SwitchCounters,
+    },
+    /// Operator → server: take host executor capacity away (every host message spends
+    /// `extra_ns` more, busy) or give it back (`None`), for congestion experiments. Refused
+    /// unless the server was started allowing it, and above [`MAX_CONGESTION_NS`].
+    Congest {
+        /// Extra busy time per host message, nanoseconds; `None` clears it.
+        extra_ns: Option<u64>,
+    },
+    /// Server → operator: the congestion now in force.
+    Congestion {
+        /// Extra busy time per host message, nanoseconds (`None`: none).
+        extra_ns: Option<u64>,
     },
     /// Client → server: connect my queue pair (one per peer, shared by all apps).
     VerbsConnect {
@@ -329,6 +416,67 @@ mod tests {
             assert_eq!(&req[..], b"request bytes");
         }
         assert!(unforward(&Bytes::from_static(b"short")).is_err());
+    }
+
+    fn app(id: u32, regions: usize) -> AppManifest {
+        AppManifest {
+            id,
+            name: format!("app-{id}"),
+            kind: "object".into(),
+            params: serde_json::Value::Null,
+            object: "/tmp/x.o".into(),
+            object_hash: 1,
+            handlers: vec![],
+            regions: (0..regions)
+                .map(|r| RegionManifest {
+                    name: format!("region-{r}"),
+                    rkey: r as u64,
+                    access: 1,
+                    len: 4096,
+                    path: Some(format!("/dev/shm/naam/app{id}-region-{r}.region")),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn manifests_are_paged_to_fit_control_messages() {
+        let m = Manifest {
+            apps: (1..=300).map(|id| app(id, 3)).collect(),
+            mode: crate::udp::MODE.into(),
+            policy: "cost-based steering with a long policy name".into(),
+        };
+        let pages = m.pages().unwrap();
+        assert!(pages.len() > 1);
+        let flat: Vec<_> = pages.iter().flatten().cloned().collect();
+        assert_eq!(flat, m.apps);
+        for (i, p) in pages.iter().enumerate() {
+            let c = Control::ManifestPage {
+                page: i as u32,
+                pages: pages.len() as u32,
+                apps: p.clone(),
+            };
+            assert!(c.to_bytes(1).len() <= crate::datagram::MAX_MESSAGE);
+            let w = Control::Welcome {
+                client_id: u32::MAX,
+                manifest: Manifest {
+                    apps: p.clone(),
+                    ..m.clone()
+                },
+                pages: u32::MAX,
+                agent: Some("[fe80::1:2:3:4]:65535".parse().unwrap()),
+            };
+            assert!(w.to_bytes(1).len() <= crate::datagram::MAX_MESSAGE);
+        }
+        assert_eq!(Manifest::default().pages().unwrap(), vec![vec![]]);
+        let huge = Manifest {
+            apps: vec![app(7, 200)],
+            ..Manifest::default()
+        };
+        assert!(matches!(
+            huge.pages(),
+            Err(ManifestError::AppTooLarge { app: 7, .. })
+        ));
     }
 
     proptest! {

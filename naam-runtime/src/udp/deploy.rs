@@ -91,24 +91,31 @@ pub fn start_host(
     let mut manifest = Manifest {
         apps: Vec::new(),
         mode: super::MODE.into(),
+        policy: String::new(),
     };
     let mut pending = Vec::new();
+    let mut written = std::collections::HashSet::new();
     for a in apps {
-        let object_path = shm_dir.join(format!("app{}.o", a.spec.id));
-        std::fs::write(&object_path, &a.object_bytes).map_err(file_err(&object_path))?;
+        // Named by content: instances of one app kind share one file.
+        let hash = object_hash(&a.object_bytes);
+        let object_path = shm_dir.join(format!("object-{hash:016x}.o"));
+        if written.insert(hash) {
+            std::fs::write(&object_path, &a.object_bytes).map_err(file_err(&object_path))?;
+        }
         pending.push((
             a.spec.id,
             a.spec.name.clone(),
             a.kind,
             a.params,
             object_path,
-            object_hash(&a.object_bytes),
+            hash,
             a.spec.handlers.clone(),
             a.spec.regions.clone(),
         ));
         builder = builder.app(a.spec);
     }
     let cluster = Arc::new(builder.build()?);
+    manifest.policy = cluster.policy_name().to_string();
     for (id, name, kind, params, object, hash, handlers, regions) in pending {
         manifest.apps.push(AppManifest {
             id,
@@ -251,7 +258,8 @@ pub fn cleanup(shm_dir: &Path) {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let ours = name == MANIFEST_FILE
-                || (name.starts_with("app") && (name.ends_with(".region") || name.ends_with(".o")));
+                || (name.starts_with("app") && name.ends_with(".region"))
+                || (name.starts_with("object-") && name.ends_with(".o"));
             if ours {
                 let _ = std::fs::remove_file(e.path());
             }

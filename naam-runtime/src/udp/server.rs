@@ -76,6 +76,9 @@ pub struct ServerOptions {
     pub switch: Option<Arc<dyn SwitchHandle>>,
     /// The RDMA verbs side, when the server has a device.
     pub verbs: Option<Arc<dyn VerbsAcceptor>>,
+    /// Whether [`Control::Congest`] may slow the host executors down (experiments on a
+    /// testbed); off, it is refused: anyone who reaches the port could otherwise do it.
+    pub congestion_control: bool,
 }
 
 /// A malformed-request reply (request id 0 when it could not be read).
@@ -156,6 +159,15 @@ pub fn serve_host(
     options: ServerOptions,
     stop: &AtomicBool,
 ) -> std::io::Result<ServerStats> {
+    let pages = options
+        .manifest
+        .pages()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let page_count = pages.len() as u32;
+    let head = Manifest {
+        apps: Vec::new(),
+        ..options.manifest.clone()
+    };
     let replies = Replies::new(socket.sender()?);
     let local = socket.local_addr()?.ip();
     // The NIC runs beside the host (its Arm cores, or here its process): only a peer on this
@@ -250,8 +262,22 @@ pub fn serve_host(
                     let answer = match c {
                         Control::Hello => Some(Control::Welcome {
                             client_id: cluster.next_client_id(),
-                            manifest: options.manifest.clone(),
+                            manifest: Manifest {
+                                apps: pages[0].clone(),
+                                ..head.clone()
+                            },
+                            pages: page_count,
                             agent,
+                        }),
+                        Control::QueryManifest { page } => Some(match pages.get(page as usize) {
+                            Some(apps) => Control::ManifestPage {
+                                page,
+                                pages: page_count,
+                                apps: apps.clone(),
+                            },
+                            None => Control::Error {
+                                message: format!("no manifest page {page}: there are {page_count}"),
+                            },
                         }),
                         Control::QueryWeights { app, .. } => match cluster.registry().app(app) {
                             Some(a) => Some(Control::Weights {
@@ -292,6 +318,28 @@ pub fn serve_host(
                             cluster.remote_nic_down();
                             None
                         }
+                        Control::Congest { extra_ns } => Some(if !options.congestion_control {
+                            Control::Error {
+                                message: "this server does not allow congestion control \
+                                          (set allow_congestion_control = true in its config \
+                                          to run congestion experiments)"
+                                    .into(),
+                            }
+                        } else if extra_ns.is_some_and(|ns| ns > control::MAX_CONGESTION_NS) {
+                            Control::Error {
+                                message: format!(
+                                    "congestion of {} ns per message is over the limit of {} ns",
+                                    extra_ns.unwrap_or_default(),
+                                    control::MAX_CONGESTION_NS
+                                ),
+                            }
+                        } else {
+                            match extra_ns {
+                                Some(ns) => cluster.congestion().limit_host(ns),
+                                None => cluster.congestion().clear(),
+                            }
+                            Control::Congestion { extra_ns }
+                        }),
                         Control::VerbsConnect { endpoint } => Some(match &options.verbs {
                             Some(v) => match v.accept(peer, &endpoint) {
                                 Ok((endpoint, regions)) => {

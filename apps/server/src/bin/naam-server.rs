@@ -115,7 +115,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
     let stop = signal::stop_flag();
     let mut apps = Vec::new();
     for a in &config.apps {
-        apps.push(a.build(&config.target_dir)?);
+        apps.extend(a.build(&config.target_dir)?);
     }
     let cc = ClusterConfig {
         host_executors: config.host_executors,
@@ -145,6 +145,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
             drain: Duration::from_secs(2),
             switch: switch.clone().map(|s| s as Arc<dyn server::SwitchHandle>),
             verbs,
+            congestion_control: config.allow_congestion_control,
         },
         stop,
     )?;
