@@ -1023,7 +1023,8 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
         }
         if let Some(current) = owner {
             let want = policy.owner(app.id, current, &loads, &inputs, now);
-            if want != current {
+            let possible = !(want == Placement::Nic && inner.config.remote_nic);
+            if want != current && possible {
                 owner_moves.push((app.id, want));
             }
         }
@@ -1065,6 +1066,12 @@ fn move_owner(
 ) -> Result<u64, ClusterError> {
     if to == Placement::Client {
         return Err(ClusterError::Config("the client cannot own writes".into()));
+    }
+    if to == Placement::Nic && inner.config.remote_nic {
+        // naam-nic serves forwarded reads and one-sided operations; writes stay at the host.
+        return Err(ClusterError::Config(
+            "the NIC runs in another process and cannot own writes".into(),
+        ));
     }
     let o = inner
         .owners

@@ -555,3 +555,19 @@ fn steering_moves_the_write_owner_off_a_congested_host() {
         "no write lost or doubled across the handoff"
     );
 }
+
+#[test]
+fn writes_stay_at_the_host_when_the_nic_is_another_process() {
+    // Behind the UDP fabric naam-nic takes reads and one-sided operations, never writes: a
+    // congested host must not hand write ownership to it (every write would be refused).
+    let c = cluster(ClusterConfig {
+        remote_nic: true,
+        nic_executors: 0,
+        ..fast()
+    });
+    let e = c
+        .move_owner(APP, Placement::Nic, Duration::from_secs(1))
+        .unwrap_err();
+    assert!(e.to_string().contains("cannot own writes"), "{e}");
+    assert_eq!(c.owner(APP), Some(Placement::Host));
+}
