@@ -16,7 +16,10 @@
 # created here. Environment: NAAM_TESTBED (name prefix, default naam), NAAM_SUBNET (default
 # 10.77.0), NAAM_BIN_DIR (default target/release, built if missing), NAAM_SERVER_POLICY (auto),
 # NAAM_DATAGRAM (8972), NAAM_XDP (1: attach the XDP eSwitch to the server veth; 0: the
-# user-space switch steers). `up` tears everything down again if any step fails.
+# user-space switch steers), NAAM_SCALE_APPS (0: extra small MICA apps for
+# `naam-bench experiment scale --fabric udp`, ids 1000 and up). The server allows congestion
+# control (experiments slow its host executors on purpose; only the client namespace reaches
+# it). `up` tears everything down again if any step fails.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -96,6 +99,7 @@ policy = "$POLICY"
 datagram = $DATAGRAM
 target_dir = "target/naam"
 nic_port = ${NIC_ADDR##*:}
+allow_congestion_control = true
 $( [ "${NAAM_XDP:-1}" = 0 ] || echo "xdp_interface = \"$SRV_IF\"" )
 
 [[app]]
@@ -107,6 +111,7 @@ items = ${NAAM_MICA_ITEMS:-200000}
 kind = "btree"
 id = 2
 keys = ${NAAM_BTREE_KEYS:-200000}
+$( [ "${NAAM_SCALE_APPS:-0}" = 0 ] || printf '\n[[app]]\nkind = "mica"\nid = 1000\nitems = 32\nkey_cap = 8\nvalue_cap = 8\ninstances = %s\n' "$NAAM_SCALE_APPS" )
 CONF
     [ -z "${NAAM_INJECT_LOSS:-}" ] || say "injecting ${NAAM_INJECT_LOSS} datagram loss in every socket"
     ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" \

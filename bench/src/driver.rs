@@ -393,6 +393,8 @@ pub fn run_udp(
 pub struct UdpSetup {
     /// The served app used.
     pub app: naam_runtime::udp::control::AppManifest,
+    /// Everything the server serves.
+    pub manifest: Arc<naam_runtime::udp::control::Manifest>,
     /// Latency and placement of every call.
     pub metrics: Arc<naam_runtime::metrics::Metrics>,
     config: naam_runtime::udp::client::UdpConfig,
@@ -434,6 +436,7 @@ impl UdpSetup {
         };
         Ok(UdpSetup {
             app: served,
+            manifest: Arc::new(probe.manifest().clone()),
             metrics: Arc::new(naam_runtime::metrics::Metrics::default()),
             config,
             object: Arc::new(object),
@@ -442,18 +445,34 @@ impl UdpSetup {
 
     /// A connected client with the app's handlers installed.
     pub fn connect(&self) -> anyhow::Result<naam_runtime::udp::client::UdpClient> {
+        self.connect_apps(&[self.app.id])
+    }
+
+    /// A connected client with the handlers of `apps` installed (apps of the same kind, built
+    /// from the same object).
+    pub fn connect_apps(
+        &self,
+        apps: &[u32],
+    ) -> anyhow::Result<naam_runtime::udp::client::UdpClient> {
         let mut c = naam_runtime::udp::client::UdpClient::connect(&self.config)?
             .with_metrics(self.metrics.clone());
-        c.install_handlers(self.app.id, &self.object)?;
+        for &app in apps {
+            c.install_handlers(app, &self.object)?;
+        }
         Ok(c)
     }
 
     /// The MICA handle of the served table.
     pub fn mica(&self) -> anyhow::Result<MicaHandle> {
-        let mc: MicaConfig = serde_json::from_value(self.app.params.clone())
-            .context("the server's MICA parameters")?;
-        MicaHandle::with_keys(self.app.id, mc, |n| self.app.region_key(n))
-            .context("MICA regions in the manifest")
+        Self::mica_of(&self.app)
+    }
+
+    /// The MICA handle of served table `app`.
+    pub fn mica_of(app: &naam_runtime::udp::control::AppManifest) -> anyhow::Result<MicaHandle> {
+        let mc: MicaConfig = serde_json::from_value(app.params.clone())
+            .with_context(|| format!("app {}: the server's MICA parameters", app.id))?;
+        MicaHandle::with_keys(app.id, mc, |n| app.region_key(n))
+            .with_context(|| format!("app {}: MICA regions in the manifest", app.id))
     }
 
     /// The B-tree handle of the served tree.

@@ -1,26 +1,33 @@
-//! The paper's experiments on the in-process cluster. Each writes JSON (with the command) and an
-//! SVG chart into an output directory. Mode inproc: NIC cores, DMA and one-sided RDMA are
-//! emulated in one process on this machine; no figure is a hardware figure.
+//! The paper's experiments, on the in-process cluster or on a UDP deployment (`naam-server`
+//! with `naam-nic` beside it). Each writes JSON (with the command and the mode) and an SVG
+//! chart into an output directory. In both modes NIC cores, DMA and one-sided RDMA are
+//! emulated on this machine; no figure is a hardware figure.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
+use anyhow::{bail, Context as _};
 use hdrhistogram::Histogram;
 use naam_mica::{MicaClient, MicaConfig, MicaHandle};
 use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::engine::{Grant, Invocation, Vm};
-use naam_runtime::experiment::{run_shift, ShiftConfig};
+use naam_runtime::experiment::{run_shift, run_shift_on, ShiftConfig, ShiftResult, ShiftTarget};
 use naam_runtime::metrics::Percentiles;
 use naam_runtime::registry::HandlerSpec;
 use naam_runtime::steering::CostPolicyConfig;
+use naam_runtime::transport::Transport;
+use naam_runtime::udp::client::{UdpClient, UdpConfig};
+use naam_runtime::udp::control::Control;
 use naam_runtime::{EngineKind, Executable, LoadedObject, Placement, Trust, VerifierConfig};
 use serde::Serialize;
 use serde_json::json;
 
-use crate::driver::{run_inproc, App, PlacementChoice, YcsbConfig, INPROC_MODE};
+use crate::driver::{
+    run_inproc, run_udp, App, PlacementChoice, UdpSetup, YcsbConfig, YcsbResult, INPROC_MODE,
+};
 use crate::plot::{lines, Chart, Series};
 use crate::ycsb::{key_name, RecordShape, Rng, Workload};
 
@@ -43,6 +50,138 @@ fn mica_object(target: &Path) -> anyhow::Result<Arc<LoadedObject>> {
     ))
 }
 
+/// Where an experiment runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fabric {
+    /// The in-process cluster: host executors, emulated NIC executors and clients in one
+    /// process.
+    Inproc,
+    /// A UDP deployment: `naam-server` at this address with `naam-nic` beside it (the
+    /// testbed), and this process as the client.
+    Udp(SocketAddr),
+}
+
+impl Fabric {
+    /// The fabric a command line names: `inproc`, or `udp` with naam-server's address.
+    pub fn parse(name: &str, server: Option<SocketAddr>) -> Result<Fabric, String> {
+        match (name, server) {
+            ("inproc", None) => Ok(Fabric::Inproc),
+            ("udp", Some(a)) => Ok(Fabric::Udp(a)),
+            ("inproc", Some(_)) => Err("--server needs --fabric udp".into()),
+            ("udp", None) => Err("--fabric udp needs --server ADDR (naam-server)".into()),
+            _ => Err(format!("unknown fabric `{name}` (inproc, udp)")),
+        }
+    }
+
+    /// Mode label of the results.
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Fabric::Inproc => INPROC_MODE,
+            Fabric::Udp(_) => naam_runtime::udp::MODE,
+        }
+    }
+
+    /// Short name for chart titles.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Fabric::Inproc => "inproc",
+            Fabric::Udp(_) => "udp",
+        }
+    }
+
+    /// `cfg` run on this fabric.
+    fn ycsb(&self, cfg: YcsbConfig, target: &Path) -> anyhow::Result<YcsbResult> {
+        match *self {
+            Fabric::Inproc => run_inproc(&cfg, target, &|_, _| {}),
+            Fabric::Udp(server) => {
+                let cfg = YcsbConfig {
+                    fabric: "udp".into(),
+                    server: Some(server),
+                    ..cfg
+                };
+                run_udp(&cfg, server, target, &|_, _| {})
+            }
+        }
+    }
+}
+
+/// An operator's hold on naam-server's congestion control (the server must allow it). The
+/// congestion is cleared when this is dropped, so a failed run never leaves the host slowed.
+struct UdpCongestion {
+    operator: Mutex<UdpClient>,
+    server: SocketAddr,
+}
+
+impl UdpCongestion {
+    fn connect(server: SocketAddr) -> anyhow::Result<UdpCongestion> {
+        let operator = UdpClient::connect(&UdpConfig::new(server))
+            .with_context(|| format!("connecting to naam-server at {server}"))?;
+        Ok(UdpCongestion {
+            operator: Mutex::new(operator),
+            server,
+        })
+    }
+
+    /// Every host message spends `extra_ns` more (`None`: back to full capacity).
+    fn set(&self, extra_ns: Option<u64>) -> anyhow::Result<()> {
+        let mut op = self
+            .operator
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the operator client panicked"))?;
+        match op.control(&Control::Congest { extra_ns })? {
+            Control::Congestion { extra_ns: now } if now == extra_ns => Ok(()),
+            Control::Error { message } => bail!("naam-server at {}: {message}", self.server),
+            other => bail!(
+                "naam-server at {}: unexpected answer to congest: {other:?}",
+                self.server
+            ),
+        }
+    }
+}
+
+impl Drop for UdpCongestion {
+    fn drop(&mut self) {
+        let _ = self.set(None);
+    }
+}
+
+/// A shift run's view of a UDP deployment: placements as the clients saw them in their
+/// replies, congestion through naam-server's control channel.
+struct UdpShift<'a> {
+    metrics: &'a naam_runtime::metrics::Metrics,
+    congestion: &'a UdpCongestion,
+    policy: String,
+}
+
+impl ShiftTarget for UdpShift<'_> {
+    type Error = anyhow::Error;
+    fn ops(&self) -> [u64; 3] {
+        self.metrics.ops()
+    }
+    fn congest(&self, extra_ns: Option<u64>) -> anyhow::Result<()> {
+        self.congestion.set(extra_ns)
+    }
+    fn policy(&self) -> String {
+        self.policy.clone()
+    }
+    fn mode(&self) -> String {
+        naam_runtime::udp::MODE.into()
+    }
+}
+
+/// Puts records `0..records` (16-byte keys, 4 × 16-byte fields) into a MICA table.
+fn load_mica<T: Transport>(m: &mut MicaClient<T>, records: u64) -> anyhow::Result<()> {
+    let mut rng = Rng::new(1);
+    let shape = RecordShape {
+        field_count: 4,
+        field_length: 16,
+    };
+    for n in 0..records {
+        m.put(key16(n).as_bytes(), &shape.record(&mut rng))?;
+    }
+    Ok(())
+}
+
 /// A cluster with one loaded MICA table (16-byte keys, 64-byte values) and its handle.
 fn mica_cluster(
     records: u64,
@@ -53,16 +192,22 @@ fn mica_cluster(
     let spec = naam_mica::app_spec(1, &mc, object, Placement::Host, true)?;
     let cluster = Arc::new(Cluster::builder().config(config).app(spec).build()?);
     let handle = MicaHandle::from_cluster(&cluster, 1, mc).context("MICA regions")?;
-    let mut m = MicaClient::new(cluster.client(), handle);
-    let mut rng = Rng::new(1);
-    let shape = RecordShape {
-        field_count: 4,
-        field_length: 16,
-    };
-    for n in 0..records {
-        m.put(key16(n).as_bytes(), &shape.record(&mut rng))?;
-    }
+    load_mica(&mut MicaClient::new(cluster.client(), handle), records)?;
     Ok((cluster, handle))
+}
+
+/// The MICA table naam-server at `server` serves, loaded with `records` records; clients
+/// pinned to `pin` (or following the weights).
+fn udp_mica(
+    server: SocketAddr,
+    pin: Option<Placement>,
+    target: &Path,
+    records: u64,
+) -> anyhow::Result<(UdpSetup, MicaHandle)> {
+    let setup = UdpSetup::new(App::Mica, server, pin, target)?;
+    let handle = setup.mica()?;
+    load_mica(&mut MicaClient::new(setup.connect()?, handle), records)?;
+    Ok((setup, handle))
 }
 
 /// A 16-byte key for key number `n`.
@@ -71,31 +216,40 @@ fn key16(n: u64) -> String {
     k[..16.min(k.len())].to_string()
 }
 
+/// Latency samples of a run: (seconds since its start, nanoseconds).
+type Latencies = Arc<Mutex<Vec<(f64, u64)>>>;
+
+/// One timed GET of a shift run's closed loop.
+fn shift_get<T: Transport>(
+    m: &mut MicaClient<T>,
+    n: u64,
+    records: u64,
+    start: Instant,
+    lat: &Latencies,
+) {
+    let t0 = Instant::now();
+    let _ = m.get(key16(n * 7919 % records).as_bytes());
+    if let Ok(mut v) = lat.lock() {
+        v.push((
+            t0.duration_since(start).as_secs_f64(),
+            t0.elapsed().as_nanos() as u64,
+        ));
+    }
+}
+
 /// Congestion shift: MICA GETs while host congestion starts and stops; placement fractions and
-/// p99 every 10 ms; time to move 90% off the host and back.
+/// p99 every 10 ms; time to move 90% off the host and back. Over UDP the fractions are what
+/// the clients' replies report, and naam-server must allow congestion control.
 pub fn shift(
     out: &Path,
     target: &Path,
+    fabric: Fabric,
     seconds: f64,
     extra_us: u64,
 ) -> anyhow::Result<serde_json::Value> {
-    let object = mica_object(target)?;
     let records = 4096;
-    let (cluster, handle) = mica_cluster(records, ClusterConfig::default(), object)?;
-    let lat: Arc<Mutex<Vec<(f64, u64)>>> = Arc::new(Mutex::new(Vec::with_capacity(1 << 20)));
-    let start = Instant::now();
-    let (lat2, counter) = (lat.clone(), Arc::new(AtomicU64::new(0)));
-    let call = move |client: &mut naam_runtime::cluster::Client| {
-        let n = counter.fetch_add(1, Ordering::Relaxed);
-        let t0 = Instant::now();
-        let _ = MicaClient::new(&mut *client, handle).get(key16(n * 7919 % records).as_bytes());
-        if let Ok(mut v) = lat2.lock() {
-            v.push((
-                t0.duration_since(start).as_secs_f64(),
-                t0.elapsed().as_nanos() as u64,
-            ));
-        }
-    };
+    let lat: Latencies = Arc::new(Mutex::new(Vec::with_capacity(1 << 20)));
+    let counter = Arc::new(AtomicU64::new(0));
     let cfg = ShiftConfig {
         duration: Duration::from_secs_f64(seconds),
         congestion: (
@@ -106,7 +260,48 @@ pub fn shift(
         clients: 1,
         sample: Duration::from_millis(1),
     };
-    let result = run_shift(&cluster, &cfg, call);
+    let result: ShiftResult = match fabric {
+        Fabric::Inproc => {
+            let object = mica_object(target)?;
+            let (cluster, handle) = mica_cluster(records, ClusterConfig::default(), object)?;
+            let start = Instant::now();
+            let lat = lat.clone();
+            let call = move |client: &mut naam_runtime::cluster::Client| {
+                let n = counter.fetch_add(1, Ordering::Relaxed);
+                shift_get(
+                    &mut MicaClient::new(&mut *client, handle),
+                    n,
+                    records,
+                    start,
+                    &lat,
+                );
+            };
+            run_shift(&cluster, &cfg, call)
+        }
+        Fabric::Udp(server) => {
+            let (setup, handle) = udp_mica(server, None, target, records)?;
+            let congestion = UdpCongestion::connect(server)?;
+            // Refused before the run, not in the middle of it, when the server forbids it.
+            congestion.set(None)?;
+            let start = Instant::now();
+            let workers = (0..cfg.clients)
+                .map(|_| {
+                    let mut m = MicaClient::new(setup.connect()?, handle);
+                    let (lat, counter) = (lat.clone(), counter.clone());
+                    Ok(move || {
+                        let n = counter.fetch_add(1, Ordering::Relaxed);
+                        shift_get(&mut m, n, records, start, &lat);
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let view = UdpShift {
+                metrics: &setup.metrics,
+                congestion: &congestion,
+                policy: setup.manifest.policy.clone(),
+            };
+            run_shift_on(&view, &cfg, workers)?
+        }
+    };
     // p99 per 10 ms window (the run's clock started a little before run_shift's).
     let lat = lat.lock().map(|v| v.clone()).unwrap_or_default();
     let window = 0.010;
@@ -155,7 +350,10 @@ pub fn shift(
     lines(
         &out.join("shift-fractions.svg"),
         &Chart {
-            title: "Congestion shift: MICA GET placement (inproc, emulated NIC)",
+            title: &format!(
+                "Congestion shift: MICA GET placement ({}, emulated NIC)",
+                fabric.name()
+            ),
             x_label: "time (s)",
             y_label: "% of operations",
             log_y: false,
@@ -166,7 +364,10 @@ pub fn shift(
     lines(
         &out.join("shift-p99.svg"),
         &Chart {
-            title: "Congestion shift: MICA GET p99 per 10 ms (inproc)",
+            title: &format!(
+                "Congestion shift: MICA GET p99 per 10 ms ({})",
+                fabric.name()
+            ),
             x_label: "time (s)",
             y_label: "p99 (us)",
             log_y: true,
@@ -178,8 +379,8 @@ pub fn shift(
         }],
     )?;
     let doc = json!({
-        "command": command_line(), "mode": INPROC_MODE, "experiment": "congestion-shift",
-        "moved_ms": result.moved_ms, "back_ms": result.back_ms, "config": cfg,
+        "command": command_line(), "mode": fabric.mode(), "experiment": "congestion-shift",
+        "policy": result.policy, "moved_ms": result.moved_ms, "back_ms": result.back_ms, "config": cfg,
         "fractions_10ms": Placement::ALL.iter().map(|p| json!({ "placement": p, "points": fr[p.index()] })).collect::<Vec<_>>(),
         "p99_us_10ms": p99, "ops": result.ops,
     });
@@ -188,13 +389,19 @@ pub fn shift(
 }
 
 /// Offload capacity: YCSB-B on MICA and lookups (YCSB-C) on the B-tree pinned to the NIC, with
-/// more client threads until throughput stops growing.
+/// more client threads until throughput stops growing. Over UDP the NIC executors are the ones
+/// `naam-nic` was started with, and `nic_executors` is not used.
 pub fn capacity(
     out: &Path,
     target: &Path,
+    fabric: Fabric,
     ops: u64,
     nic_executors: usize,
 ) -> anyhow::Result<serde_json::Value> {
+    let nic_label = match fabric {
+        Fabric::Inproc => format!("{nic_executors} emulated NIC executor(s)"),
+        Fabric::Udp(_) => "naam-nic's emulated NIC executors".to_string(),
+    };
     let mut rows = Vec::new();
     let mut series = Vec::new();
     for (app, w, label) in [
@@ -216,7 +423,7 @@ pub fn capacity(
                 fabric: "inproc".into(),
                 server: None,
             };
-            let r = run_inproc(&cfg, target, &|_, _| {})?;
+            let r = fabric.ycsb(cfg, target)?;
             points.push((threads as f64, r.throughput));
             rows.push(json!({ "app": label, "threads": threads, "throughput": r.throughput, "all": r.all, "placement_fractions": r.placement_fractions }));
         }
@@ -228,7 +435,10 @@ pub fn capacity(
     lines(
         &out.join("capacity.svg"),
         &Chart {
-            title: &format!("Offload capacity at the NIC placement ({nic_executors} emulated NIC executor(s), inproc)"),
+            title: &format!(
+                "Offload capacity at the NIC placement ({nic_label}, {})",
+                fabric.name()
+            ),
             x_label: "client threads",
             y_label: "ops/s",
             log_y: false,
@@ -240,7 +450,8 @@ pub fn capacity(
         .iter()
         .map(|s| json!({ "app": s.label, "max_ops_per_s": s.points.iter().map(|p| p.1).fold(0.0, f64::max) }))
         .collect();
-    let doc = json!({ "command": command_line(), "mode": INPROC_MODE, "experiment": "offload-capacity", "nic_executors": nic_executors, "max": best, "runs": rows });
+    let nic_executors = (fabric == Fabric::Inproc).then_some(nic_executors);
+    let doc = json!({ "command": command_line(), "mode": fabric.mode(), "experiment": "offload-capacity", "nic_executors": nic_executors, "max": best, "runs": rows });
     write_json(out, "capacity", &doc)?;
     Ok(doc)
 }
@@ -249,90 +460,112 @@ pub fn capacity(
 const SCALE_REPETITIONS: usize = 3;
 
 /// Offload scale: 1..=1024 apps, each a MICA table, registered and active at once; one client
-/// sends GETs round robin over every app; p50 and p99 against the app count.
+/// sends GETs round robin over every app; p50 and p99 against the app count. In process, each
+/// count builds a cluster of that many apps; over UDP naam-server registers its MICA apps once
+/// (`instances` in its config) and each count makes the first `n` of them active.
 pub fn scale(
     out: &Path,
     target: &Path,
+    fabric: Fabric,
     counts: &[u32],
     ops: u64,
 ) -> anyhow::Result<serde_json::Value> {
-    let object = mica_object(target)?;
-    let mc = MicaConfig::preset_8_8(32);
     let mut rows = Vec::new();
     let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+    let udp = match fabric {
+        Fabric::Inproc => None,
+        Fabric::Udp(server) => {
+            let setup = UdpSetup::new(App::Mica, server, None, target)?;
+            // The largest group of like tables (the `instances` of one [[app]]), not a mix
+            // of a big YCSB table with small ones.
+            let mut groups: Vec<Vec<&naam_runtime::udp::control::AppManifest>> = Vec::new();
+            for a in setup.manifest.apps_of_kind("mica") {
+                match groups.iter_mut().find(|g| g[0].params == a.params) {
+                    Some(g) => g.push(a),
+                    None => groups.push(vec![a]),
+                }
+            }
+            groups.sort_by_key(|g| std::cmp::Reverse(g.len()));
+            let apps = groups
+                .first()
+                .map(|g| g.iter().map(|a| UdpSetup::mica_of(a)).collect())
+                .unwrap_or(Ok(Vec::new()))?;
+            let most = counts.iter().copied().max().unwrap_or(0) as usize;
+            if apps.len() < most {
+                bail!(
+                    "naam-server at {server} serves {} like MICA app(s); the largest count asked \
+                     for is {most} (give an [[app]] instances = {most}, or NAAM_SCALE_APPS={most} \
+                     scripts/testbed.sh up)",
+                    apps.len()
+                );
+            }
+            Some((setup, apps))
+        }
+    };
+    let object = match fabric {
+        Fabric::Inproc => Some(mica_object(target)?),
+        Fabric::Udp(_) => None,
+    };
     for &n in counts {
-        let apps: Vec<AppSpec> = (1..=n)
-            .map(|id| {
-                let mut spec = naam_mica::app_spec(id, &mc, object.clone(), Placement::Host, true)?;
-                // Reads and puts only: registering 2 handlers per app keeps setup short.
-                spec.handlers = vec![
-                    HandlerSpec::read(naam_mica::handlers::GET).jit(),
-                    HandlerSpec::write(naam_mica::handlers::PUT).jit(),
-                ];
-                Ok(spec)
-            })
-            .collect::<anyhow::Result<_>>()?;
-        let setup = Instant::now();
-        let mut b = Cluster::builder().config(ClusterConfig::default());
-        for a in apps {
-            b = b.app(a);
-        }
-        let cluster = b.build()?;
-        let setup_s = setup.elapsed().as_secs_f64();
-        let mut clients: Vec<MicaClient<&mut naam_runtime::cluster::Client>> = Vec::new();
-        let mut raw: Vec<naam_runtime::cluster::Client> =
-            (0..n).map(|_| cluster.client()).collect();
-        for (i, c) in raw.iter_mut().enumerate() {
-            let handle = MicaHandle::from_cluster(&cluster, i as u32 + 1, mc).context("regions")?;
-            clients.push(MicaClient::new(c, handle));
-        }
-        for m in clients.iter_mut() {
-            for k in 0..8u64 {
-                m.put(&k.to_le_bytes(), &k.to_le_bytes())?;
+        let row = match (&udp, &object) {
+            (Some((setup, apps)), _) => {
+                let setup_start = Instant::now();
+                let ids: Vec<u32> = apps[..n as usize].iter().map(|h| h.app).collect();
+                let mut client = setup.connect_apps(&ids)?;
+                let setup_s = setup_start.elapsed().as_secs_f64();
+                let handles = &apps[..n as usize];
+                let (q, mut row) = scale_runs(ops, n, &setup.metrics, |op, app, key| {
+                    op.run(&mut MicaClient::new(&mut client, handles[app]), key)
+                })?;
+                row["client_setup_s"] = json!(setup_s);
+                row["registered"] = json!(apps.len());
+                (q, row)
             }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-        // On 2 vCPUs a single run's p99 is bimodal (a descheduled executor thread costs tens of
-        // microseconds), so each count runs SCALE_REPETITIONS times and reports the median run.
-        let mut reps = Vec::with_capacity(SCALE_REPETITIONS);
-        for _ in 0..SCALE_REPETITIONS {
-            let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
-            cluster.metrics().reset();
-            let start = Instant::now();
-            for i in 0..ops {
-                let m = &mut clients[(i % n as u64) as usize];
-                let t0 = Instant::now();
-                m.get(&(i % 8).to_le_bytes())?;
-                let _ = h.record(t0.elapsed().as_nanos() as u64);
+            (None, Some(object)) => {
+                let mc = MicaConfig::preset_8_8(32);
+                let apps: Vec<AppSpec> = (1..=n)
+                    .map(|id| {
+                        let mut spec =
+                            naam_mica::app_spec(id, &mc, object.clone(), Placement::Host, true)?;
+                        // Reads and puts only: registering 2 handlers per app keeps setup short.
+                        spec.handlers = vec![
+                            HandlerSpec::read(naam_mica::handlers::GET).jit(),
+                            HandlerSpec::write(naam_mica::handlers::PUT).jit(),
+                        ];
+                        Ok(spec)
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+                let setup = Instant::now();
+                let mut b = Cluster::builder().config(ClusterConfig::default());
+                for a in apps {
+                    b = b.app(a);
+                }
+                let cluster = b.build()?;
+                let setup_s = setup.elapsed().as_secs_f64();
+                let handles = (1..=n)
+                    .map(|id| MicaHandle::from_cluster(&cluster, id, mc).context("regions"))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let mut clients: Vec<naam_runtime::cluster::Client> =
+                    (0..n).map(|_| cluster.client()).collect();
+                let (q, mut row) = scale_runs(ops, n, cluster.metrics(), |op, app, key| {
+                    op.run(&mut MicaClient::new(&mut clients[app], handles[app]), key)
+                })?;
+                row["setup_s"] = json!(setup_s);
+                (q, row)
             }
-            let secs = start.elapsed().as_secs_f64();
-            let placed = cluster.metrics().snapshot();
-            reps.push((Percentiles::of(&h), ops as f64 / secs, placed));
-        }
-        reps.sort_by_key(|(q, _, _)| q.p99);
-        let p99_runs: Vec<u64> = reps.iter().map(|(q, _, _)| q.p99).collect();
-        let (q, ops_per_s, placed) = &reps[reps.len() / 2];
-        let by_placement: serde_json::Map<String, serde_json::Value> = Placement::ALL
-            .iter()
-            .map(|p| {
-                let i = p.index();
-                let v = json!({ "ops": placed.ops[i], "latency": placed.placement[i] });
-                (p.to_string(), v)
-            })
-            .collect();
-        p50s.push((n as f64, q.p50 as f64 / 1e3));
-        p99s.push((n as f64, q.p99 as f64 / 1e3));
-        rows.push(json!({
-            "apps": n, "latency": q, "ops_per_s": ops_per_s, "setup_s": setup_s,
-            "repetitions": SCALE_REPETITIONS, "p99_ns_each_run": p99_runs,
-            "placements": by_placement,
-        }));
-        drop(clients);
+            (None, None) => unreachable!("one of the fabrics is set up"),
+        };
+        p50s.push((n as f64, row.0.p50 as f64 / 1e3));
+        p99s.push((n as f64, row.0.p99 as f64 / 1e3));
+        rows.push(row.1);
     }
     lines(
         &out.join("scale.svg"),
         &Chart {
-            title: "Offload scale: MICA GET latency vs active apps (inproc)",
+            title: &format!(
+                "Offload scale: MICA GET latency vs active apps ({})",
+                fabric.name()
+            ),
             x_label: "apps registered and active",
             y_label: "latency (us)",
             log_y: true,
@@ -353,9 +586,76 @@ pub fn scale(
         (Some(a), Some(b)) if a.1 > 0.0 => Some(b.1 / a.1),
         _ => None,
     };
-    let doc = json!({ "command": command_line(), "mode": INPROC_MODE, "experiment": "offload-scale", "p99_ratio_last_to_first": ratio, "runs": rows });
+    let doc = json!({ "command": command_line(), "mode": fabric.mode(), "experiment": "offload-scale", "p99_ratio_last_to_first": ratio, "runs": rows });
     write_json(out, "scale", &doc)?;
     Ok(doc)
+}
+
+/// What [`scale`] does to one key of one app.
+#[derive(Clone, Copy)]
+enum ScaleOp {
+    Put,
+    Get,
+}
+
+impl ScaleOp {
+    /// Puts key `key` (an 8-byte key and value) or gets it.
+    fn run<T: Transport>(self, m: &mut MicaClient<T>, key: u64) -> anyhow::Result<()> {
+        let k = key.to_le_bytes();
+        match self {
+            ScaleOp::Put => m.put(&k, &k).map(|_| ())?,
+            ScaleOp::Get => m.get(&k).map(|_| ())?,
+        }
+        Ok(())
+    }
+}
+
+/// One count of [`scale`]: 8 keys put into each of `n` apps, then [`SCALE_REPETITIONS`] runs
+/// of `ops` GETs round robin over them (`call(op, app index, key)`); the median run by p99 and
+/// its JSON row. On 2 vCPUs a single run's p99 is bimodal (a descheduled executor thread costs
+/// tens of microseconds), hence the median of several.
+fn scale_runs(
+    ops: u64,
+    n: u32,
+    metrics: &naam_runtime::metrics::Metrics,
+    mut call: impl FnMut(ScaleOp, usize, u64) -> anyhow::Result<()>,
+) -> anyhow::Result<(Percentiles, serde_json::Value)> {
+    for app in 0..n as usize {
+        for k in 0..8u64 {
+            call(ScaleOp::Put, app, k)?;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let mut reps = Vec::with_capacity(SCALE_REPETITIONS);
+    for _ in 0..SCALE_REPETITIONS {
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+        metrics.reset();
+        let start = Instant::now();
+        for i in 0..ops {
+            let t0 = Instant::now();
+            call(ScaleOp::Get, (i % n as u64) as usize, i % 8)?;
+            let _ = h.record(t0.elapsed().as_nanos() as u64);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        reps.push((Percentiles::of(&h), ops as f64 / secs, metrics.snapshot()));
+    }
+    reps.sort_by_key(|(q, _, _)| q.p99);
+    let p99_runs: Vec<u64> = reps.iter().map(|(q, _, _)| q.p99).collect();
+    let (q, ops_per_s, placed) = &reps[reps.len() / 2];
+    let by_placement: serde_json::Map<String, serde_json::Value> = Placement::ALL
+        .iter()
+        .map(|p| {
+            let i = p.index();
+            let v = json!({ "ops": placed.ops[i], "latency": placed.placement[i] });
+            (p.to_string(), v)
+        })
+        .collect();
+    let row = json!({
+        "apps": n, "latency": q, "ops_per_s": ops_per_s,
+        "repetitions": SCALE_REPETITIONS, "p99_ns_each_run": p99_runs,
+        "placements": by_placement,
+    });
+    Ok((*q, row))
 }
 
 /// Engines: nanoseconds per invocation of example handlers under the interpreter and the JIT,
@@ -479,54 +779,104 @@ fn wait_until(deadline: Instant) {
     }
 }
 
+/// MICA GETs offered at each of `rates` for `seconds` (open loop); per rate: the rate, the
+/// throughput achieved, and latency from each scheduled send time.
+fn open_loop<T: Transport>(
+    m: &mut MicaClient<T>,
+    rates: &[u64],
+    seconds: f64,
+    records: u64,
+) -> anyhow::Result<Vec<(u64, f64, Percentiles)>> {
+    let mut out = Vec::new();
+    for &rate in rates {
+        std::thread::sleep(Duration::from_millis(30));
+        let interval = Duration::from_secs_f64(1.0 / rate as f64);
+        let n = (rate as f64 * seconds) as u64;
+        let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
+        let start = Instant::now();
+        for i in 0..n {
+            let scheduled = start + interval * i as u32;
+            wait_until(scheduled);
+            m.get(key16(i * 7919 % records).as_bytes())?;
+            let _ = h.record(scheduled.elapsed().as_nanos() as u64);
+        }
+        let achieved = n as f64 / start.elapsed().as_secs_f64();
+        out.push((rate, achieved, Percentiles::of(&h)));
+    }
+    Ok(out)
+}
+
 /// Placement comparison: MICA GETs offered at fixed rates (open loop) under always-Host,
 /// always-NIC, always-Client and auto; achieved throughput and p99 (from the scheduled send
-/// time, so queueing behind a late send counts).
+/// time, so queueing behind a late send counts). Over UDP the always-* baselines pin every
+/// read, auto follows naam-server's weights, and `extra_us` needs congestion control allowed.
 pub fn placements(
     out: &Path,
     target: &Path,
+    fabric: Fabric,
     rates: &[u64],
     seconds: f64,
     extra_us: Option<u64>,
 ) -> anyhow::Result<serde_json::Value> {
-    let object = mica_object(target)?;
     let records = 4096u64;
     let mut rows = Vec::new();
     let mut series = Vec::new();
     let policies = [
-        ("always-host", PolicyChoice::Always(Placement::Host)),
-        ("always-nic", PolicyChoice::Always(Placement::Nic)),
-        ("always-client", PolicyChoice::Always(Placement::Client)),
-        ("auto", PolicyChoice::Auto(CostPolicyConfig::default())),
+        ("always-host", Some(Placement::Host)),
+        ("always-nic", Some(Placement::Nic)),
+        ("always-client", Some(Placement::Client)),
+        ("auto", None),
     ];
-    for (name, policy) in policies {
-        let (cluster, handle) = mica_cluster(
-            records,
-            ClusterConfig {
-                policy,
-                ..ClusterConfig::default()
-            },
-            object.clone(),
-        )?;
-        if let Some(us) = extra_us {
-            cluster.congestion().limit_host(us * 1000);
+    let object = match fabric {
+        Fabric::Inproc => Some(mica_object(target)?),
+        Fabric::Udp(_) => None,
+    };
+    // Over UDP the server's host stays congested for the whole comparison (cleared on drop).
+    let congestion = match (fabric, extra_us) {
+        (Fabric::Udp(server), Some(us)) => {
+            let c = UdpCongestion::connect(server)?;
+            c.set(Some(us * 1000))?;
+            Some(c)
         }
-        let mut m = MicaClient::new(cluster.client(), handle);
-        let mut points = Vec::new();
-        for &rate in rates {
-            std::thread::sleep(Duration::from_millis(30));
-            let interval = Duration::from_secs_f64(1.0 / rate as f64);
-            let n = (rate as f64 * seconds) as u64;
-            let mut h = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("bounds");
-            let start = Instant::now();
-            for i in 0..n {
-                let scheduled = start + interval * i as u32;
-                wait_until(scheduled);
-                m.get(key16(i * 7919 % records).as_bytes())?;
-                let _ = h.record(scheduled.elapsed().as_nanos() as u64);
+        _ => None,
+    };
+    let mut server_policy = None;
+    for (name, pin) in policies {
+        let runs = match (fabric, &object) {
+            (Fabric::Udp(server), _) => {
+                let (setup, handle) = udp_mica(server, pin, target, records)?;
+                server_policy = Some(setup.manifest.policy.clone());
+                open_loop(
+                    &mut MicaClient::new(setup.connect()?, handle),
+                    rates,
+                    seconds,
+                    records,
+                )?
             }
-            let achieved = n as f64 / start.elapsed().as_secs_f64();
-            let q = Percentiles::of(&h);
+            (Fabric::Inproc, Some(object)) => {
+                let policy = match pin {
+                    Some(p) => PolicyChoice::Always(p),
+                    None => PolicyChoice::Auto(CostPolicyConfig::default()),
+                };
+                let config = ClusterConfig {
+                    policy,
+                    ..ClusterConfig::default()
+                };
+                let (cluster, handle) = mica_cluster(records, config, object.clone())?;
+                if let Some(us) = extra_us {
+                    cluster.congestion().limit_host(us * 1000);
+                }
+                open_loop(
+                    &mut MicaClient::new(cluster.client(), handle),
+                    rates,
+                    seconds,
+                    records,
+                )?
+            }
+            (Fabric::Inproc, None) => unreachable!("the in-process object is built"),
+        };
+        let mut points = Vec::new();
+        for (rate, achieved, q) in runs {
             points.push((rate as f64, q.p99 as f64 / 1e3));
             rows.push(
                 json!({ "policy": name, "offered": rate, "achieved": achieved, "latency": q }),
@@ -537,9 +887,13 @@ pub fn placements(
             points,
         });
     }
+    drop(congestion);
+    let f = fabric.name();
     let title = match extra_us {
-        Some(us) => format!("Placement comparison: MICA GET p99 vs offered load, host congested +{us} us/msg (inproc)"),
-        None => "Placement comparison: MICA GET p99 vs offered load (inproc)".to_string(),
+        Some(us) => format!(
+            "Placement comparison: MICA GET p99 vs offered load, host congested +{us} us/msg ({f})"
+        ),
+        None => format!("Placement comparison: MICA GET p99 vs offered load ({f})"),
     };
     let file = if extra_us.is_some() {
         "placements-congested"
@@ -557,7 +911,7 @@ pub fn placements(
         },
         &series,
     )?;
-    let doc = json!({ "command": command_line(), "mode": INPROC_MODE, "experiment": "placement-comparison", "host_extra_us": extra_us, "runs": rows });
+    let doc = json!({ "command": command_line(), "mode": fabric.mode(), "experiment": "placement-comparison", "host_extra_us": extra_us, "server_policy": server_policy, "runs": rows });
     write_json(out, file, &doc)?;
     Ok(doc)
 }

@@ -176,6 +176,13 @@ enum Cmd {
         /// The example handler crate (engines).
         #[arg(long, default_value = "examples/handlers")]
         examples: PathBuf,
+        /// Fabric: inproc (one process) or udp (naam-server at --server, which must allow
+        /// congestion control for shift and placements-congested).
+        #[arg(long, default_value = "inproc")]
+        fabric: String,
+        /// naam-server's address (with --fabric udp).
+        #[arg(long)]
+        server: Option<std::net::SocketAddr>,
     },
     /// Draw key numbers from a distribution and write per-key counts.
     Keys {
@@ -288,20 +295,9 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 eprintln!("naam-bench: error: unknown workload `{workload}` (a-f)");
                 return Ok(ExitCode::from(2));
             };
-            match (fabric.as_str(), server) {
-                ("inproc", None) | ("udp", Some(_)) => {}
-                ("inproc", Some(_)) => {
-                    eprintln!("naam-bench: error: --server needs --fabric udp");
-                    return Ok(ExitCode::from(2));
-                }
-                ("udp", None) => {
-                    eprintln!("naam-bench: error: --fabric udp needs --server ADDR (naam-server)");
-                    return Ok(ExitCode::from(2));
-                }
-                _ => {
-                    eprintln!("naam-bench: error: unknown fabric `{fabric}` (inproc, udp)");
-                    return Ok(ExitCode::from(2));
-                }
+            if let Err(e) = naam_bench::experiments::Fabric::parse(&fabric, server) {
+                eprintln!("naam-bench: error: {e}");
+                return Ok(ExitCode::from(2));
             }
             let cfg = YcsbConfig {
                 app,
@@ -355,20 +351,38 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             counts,
             rates,
             examples,
+            fabric,
+            server,
         } => {
             use naam_bench::experiments as x;
+            let f = match x::Fabric::parse(&fabric, server) {
+                Ok(f) => f,
+                Err(e) => {
+                    eprintln!("naam-bench: error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             let doc = match name.as_str() {
-                "shift" => x::shift(&out, &target_dir, seconds, extra_us)?,
-                "capacity" => x::capacity(&out, &target_dir, ops, nic_executors)?,
-                "scale" => x::scale(&out, &target_dir, &counts, ops)?,
-                "engines" => x::engines(&out, &examples, ops.max(1000))?,
+                "shift" => x::shift(&out, &target_dir, f, seconds, extra_us)?,
+                "capacity" => x::capacity(&out, &target_dir, f, ops, nic_executors)?,
+                "scale" => x::scale(&out, &target_dir, f, &counts, ops)?,
+                "engines" => {
+                    if f != x::Fabric::Inproc {
+                        eprintln!(
+                            "naam-bench: note: engines times the eBPF engines in this process; \
+                             it sends no messages, so --fabric does not apply"
+                        );
+                    }
+                    x::engines(&out, &examples, ops.max(1000))?
+                }
                 "placements" => {
-                    x::placements(&out, &target_dir, &rates, (seconds / 6.0).max(0.2), None)?
+                    x::placements(&out, &target_dir, f, &rates, (seconds / 6.0).max(0.2), None)?
                 }
                 "placements-congested" => x::placements(
                     &out,
                     &target_dir,
+                    f,
                     &rates,
                     (seconds / 6.0).max(0.2),
                     Some(extra_us),

@@ -32,6 +32,7 @@ fn testbed(args: &[&str], loss: Option<&str>) -> Output {
         .env("NAAM_BIN_DIR", bin_dir())
         .env("NAAM_MICA_ITEMS", "50000")
         .env("NAAM_BTREE_KEYS", "50000")
+        .env("NAAM_SCALE_APPS", "16")
         .env_remove("NAAM_INJECT_LOSS");
     if let Some(l) = loss {
         c.env("NAAM_INJECT_LOSS", l);
@@ -209,6 +210,54 @@ fn deployment_across_namespaces() {
             assert!(out.contains("udp"), "{out}");
         }
     }
+
+    // The paper's experiments over UDP, short: each labels its JSON udp; the shift moves reads
+    // off the congested host; and writes still work afterwards (the host kept ownership).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().to_str().expect("utf-8 path");
+    for (name, extra) in [
+        ("shift", &["--seconds", "1.5"][..]),
+        (
+            "placements-congested",
+            &["--rates", "1000,4000", "--seconds", "1.2"][..],
+        ),
+        ("capacity", &["--ops", "500"][..]),
+        ("scale", &["--counts", "1,16", "--ops", "1000"][..]),
+    ] {
+        let mut args = vec![
+            "experiment",
+            name,
+            "--fabric",
+            "udp",
+            "--server",
+            SERVER,
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        ok(
+            &bench(&args, None),
+            &format!("experiment {name} --fabric udp"),
+        );
+        let json = std::fs::read(dir.path().join(format!("{name}.json"))).expect(name);
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        assert!(
+            v["mode"].as_str().unwrap().starts_with("udp"),
+            "{name}: {v}"
+        );
+        match name {
+            "shift" => assert!(v["moved_ms"].is_number(), "reads left the host: {v}"),
+            "placements-congested" => assert_eq!(v["runs"].as_array().unwrap().len(), 8),
+            "scale" => assert_eq!(v["runs"][1]["registered"], 16, "{v}"),
+            _ => assert_eq!(v["runs"].as_array().unwrap().len(), 8),
+        }
+    }
+    let r = verify("mica", "auto", "300", None);
+    assert_eq!(
+        (r["wrong"].as_u64(), r["errors"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
 
     // kill -9 of naam-nic mid-run: every request answered (retries), every answer right.
     let b = bin_dir().join("naam-bench");
