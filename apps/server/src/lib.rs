@@ -448,6 +448,14 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("naam-server.example.toml");
+        let c = Config::load(&path).unwrap();
+        assert!(!c.allow_congestion_control);
+        assert_eq!(c.apps.len(), 2);
+    }
+
+    #[test]
     fn wrong_configs_say_what_is_wrong() {
         for (text, needle) in [
             ("listen = \"x\"", "listen"),
