@@ -12,7 +12,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The RDMA verbs backend builds and is linted everywhere; its tests run where a device exists
 # and say why they skipped where none does. rdma-sys's bindgen needs libclang 14 (setup.sh).
 export LIBCLANG_PATH=/usr/lib/llvm-14/lib
-cargo clippy -p naam-runtime -p naam-server --features naam-server/verbs --all-targets --locked -- -D warnings
+cargo clippy -p naam-runtime -p naam-server -p naam-bench --features naam-server/verbs,naam-bench/verbs --all-targets --locked -- -D warnings
 cargo test -p naam-runtime --features verbs --test verbs --locked
 # The namespace testbed test runs naam-server and naam-nic as processes: build them first.
 cargo build --workspace --bins --locked

@@ -353,7 +353,10 @@ pub fn run_udp(
         PlacementChoice::Auto => None,
         PlacementChoice::Fixed(p) => Some(p),
     };
-    let setup = UdpSetup::new(cfg.app, server, pin, target)?;
+    // The device first: its absence is the clearer error.
+    let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
+    let mut setup = UdpSetup::new(cfg.app, server, pin, target)?;
+    setup.rdma = rdma;
     let connect = {
         let setup = setup.clone();
         move || setup.connect()
@@ -383,7 +386,11 @@ pub fn run_udp(
         make,
         Some(&setup.metrics),
         progress,
-        naam_runtime::udp::MODE,
+        if cfg.fabric == "rdma" {
+            RDMA_MODE
+        } else {
+            naam_runtime::udp::MODE
+        },
     )
 }
 
@@ -399,6 +406,30 @@ pub struct UdpSetup {
     pub metrics: Arc<naam_runtime::metrics::Metrics>,
     config: naam_runtime::udp::client::UdpConfig,
     object: Arc<Vec<u8>>,
+    /// The RDMA device clients read the server's memory through (`--fabric rdma`).
+    pub rdma: Option<RdmaDevice>,
+}
+
+/// An open RDMA device (`--fabric rdma`).
+#[cfg(feature = "verbs")]
+pub type RdmaDevice = Arc<naam_runtime::verbs::Device>;
+/// Built without the `verbs` feature there is no RDMA device to hold.
+#[cfg(not(feature = "verbs"))]
+pub type RdmaDevice = std::convert::Infallible;
+
+/// Opens the RDMA device for `--fabric rdma`, or says why there is none.
+pub fn rdma_device() -> anyhow::Result<RdmaDevice> {
+    #[cfg(feature = "verbs")]
+    {
+        naam_runtime::verbs::Device::open(None).context("--fabric rdma")
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        bail!(
+            "--fabric rdma: naam-bench was built without RDMA verbs; build it with \
+             `cargo build --release -p naam-bench --features verbs` (needs libibverbs-dev)"
+        )
+    }
 }
 
 impl UdpSetup {
@@ -440,6 +471,7 @@ impl UdpSetup {
             metrics: Arc::new(naam_runtime::metrics::Metrics::default()),
             config,
             object: Arc::new(object),
+            rdma: None,
         })
     }
 
@@ -458,6 +490,11 @@ impl UdpSetup {
             .with_metrics(self.metrics.clone());
         for &app in apps {
             c.install_handlers(app, &self.object)?;
+        }
+        #[cfg(feature = "verbs")]
+        if let Some(dev) = &self.rdma {
+            c.use_rdma(dev)
+                .context("connecting an RDMA queue pair to naam-server")?;
         }
         Ok(c)
     }
@@ -483,6 +520,10 @@ impl UdpSetup {
             .context("B-tree regions in the manifest")
     }
 }
+
+/// Mode label of `--fabric rdma` runs.
+pub const RDMA_MODE: &str = "rdma (requests over UDP to naam-server; Client-placement READs over \
+                             RDMA verbs to its registered memory; NIC cores emulated by naam-nic)";
 
 /// Mode label of in-process runs.
 pub const INPROC_MODE: &str = "inproc (one process; NIC cores, DMA and one-sided RDMA emulated)";

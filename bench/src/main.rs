@@ -86,10 +86,12 @@ enum Cmd {
         /// Where reads run: auto, host, nic or client.
         #[arg(long, default_value = "auto")]
         placement: PlacementChoice,
-        /// Fabric: inproc (one process) or udp (naam-server at --server).
+        /// Fabric: inproc (one process), udp (naam-server at --server), or rdma (as udp, with
+        /// the Client placement's one-sided READs over RDMA verbs; needs the `verbs` feature and
+        /// an RDMA device).
         #[arg(long, default_value = "inproc")]
         fabric: String,
-        /// naam-server's address (with --fabric udp).
+        /// naam-server's address (with --fabric udp or rdma).
         #[arg(long)]
         server: Option<std::net::SocketAddr>,
         /// Fields per record.
@@ -295,7 +297,13 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 eprintln!("naam-bench: error: unknown workload `{workload}` (a-f)");
                 return Ok(ExitCode::from(2));
             };
-            if let Err(e) = naam_bench::experiments::Fabric::parse(&fabric, server) {
+            // rdma is the udp fabric with RDMA reads: the same checks on --server.
+            let checked = if fabric == "rdma" {
+                "udp"
+            } else {
+                fabric.as_str()
+            };
+            if let Err(e) = naam_bench::experiments::Fabric::parse(checked, server) {
                 eprintln!("naam-bench: error: {e}");
                 return Ok(ExitCode::from(2));
             }

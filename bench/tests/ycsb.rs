@@ -115,6 +115,32 @@ fn cli_errors_are_clear() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
+    // RDMA reads without RDMA: said before any packet is sent.
+    let out = Command::new(bin)
+        .args(["ycsb", "--fabric", "rdma", "--server", "127.0.0.1:9"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("built without RDMA verbs") || err.contains("no RDMA device"),
+        "{err}"
+    );
+    // Experiments take the udp fabric only with a server, and no unknown fabric.
+    for (args, needle) in [
+        (&["experiment", "shift", "--fabric", "udp"][..], "--server"),
+        (
+            &["experiment", "shift", "--fabric", "tcp"][..],
+            "unknown fabric",
+        ),
+    ] {
+        let out = Command::new(bin).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(needle),
+            "{args:?}"
+        );
+    }
 }
 
 #[test]

@@ -664,6 +664,7 @@ impl Peers {
                         rkey: mr.rkey(),
                     },
                     len: r.mem.len() as u64,
+                    access: r.access,
                 },
                 mr,
             ));
@@ -739,5 +740,123 @@ pub fn connect(
         }
         Control::Error { message } => Err(VerbsError::Exchange(message)),
         other => Err(VerbsError::Exchange(format!("unexpected answer {other:?}"))),
+    }
+}
+
+/// Bytes one step of a client's reads may fetch at most (its registered landing buffer).
+pub const READ_BUFFER: usize = 1 << 20;
+
+/// How long a client waits for its READs to complete.
+const READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A client's one-sided READs over its RDMA queue pair: the Client placement on hardware, where
+/// the server's NIC reads host memory with no server CPU (and no naam-nic agent) involved.
+///
+/// The descriptors are checked here against the server's NAAM rights and bounds before
+/// anything is posted; the RDMA registration itself grants remote READ on every region, so on
+/// a shared fabric these checks are the client's own discipline, not a protection boundary.
+pub struct RdmaReader {
+    dev: Arc<Device>,
+    qp: QueuePair,
+    regions: std::collections::HashMap<u64, crate::udp::control::RdmaRegion>,
+    mr: MemoryRegion,
+    // Where completions land; registered, so it must not move while `mr` lives.
+    _buf: Box<[u64]>,
+    next_wr: u64,
+}
+
+impl RdmaReader {
+    /// A reader on `qp` (connected to the server) over its `regions`.
+    pub fn new(
+        dev: Arc<Device>,
+        qp: QueuePair,
+        regions: Vec<crate::udp::control::RdmaRegion>,
+    ) -> Result<RdmaReader, VerbsError> {
+        let mut buf = vec![0u64; READ_BUFFER / 8].into_boxed_slice();
+        // SAFETY: the boxed buffer never moves and is dropped after the registration (field
+        // order: `mr` before `_buf`).
+        let mr = unsafe { MemoryRegion::register(&dev, buf.as_mut_ptr().cast(), READ_BUFFER)? };
+        Ok(RdmaReader {
+            dev,
+            qp,
+            regions: regions.into_iter().map(|r| (r.naam_rkey, r)).collect(),
+            mr,
+            _buf: buf,
+            next_wr: 1,
+        })
+    }
+
+    /// Reads every descriptor of `app` into `bufs` (one RDMA READ each, waited for together).
+    pub fn read(
+        &mut self,
+        app: u32,
+        descs: &[naam_ebpf::abi::Descriptor],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<(), crate::executor::FetchError> {
+        use crate::executor::FetchError;
+        use crate::region::{MemError, ResolveError};
+        let mut at = 0usize;
+        let mut posts = Vec::with_capacity(descs.len());
+        for d in descs {
+            let r = self
+                .regions
+                .get(&d.rkey)
+                .filter(|r| r.app == app)
+                .ok_or(ResolveError::BadKey(d.rkey))?;
+            if r.access & naam_ebpf::abi::ACCESS_READ == 0 {
+                return Err(ResolveError::AccessDenied {
+                    need: naam_ebpf::abi::ACCESS_READ,
+                    have: r.access,
+                }
+                .into());
+            }
+            let len = d.len as u64;
+            if d.offset.checked_add(len).is_none_or(|e| e > r.len) {
+                return Err(ResolveError::OutOfRange(MemError::OutOfRange {
+                    offset: d.offset,
+                    len,
+                    size: r.len as usize,
+                })
+                .into());
+            }
+            if at + d.len as usize > READ_BUFFER {
+                return Err(FetchError::Refused {
+                    status: crate::wire::Status::Refused,
+                    message: format!("one step reads more than {READ_BUFFER} bytes over RDMA"),
+                });
+            }
+            posts.push((at, d.len as usize, r.remote.addr + d.offset, r.remote.rkey));
+            at += d.len as usize;
+        }
+        let failed = |e: VerbsError| FetchError::Unavailable(format!("RDMA READ: {e}"));
+        let mut last = None;
+        for &(offset, len, addr, rkey) in &posts {
+            let wr = self.next_wr;
+            self.next_wr += 1;
+            self.qp
+                .read(wr, &self.mr, offset, len, Remote { addr, rkey })
+                .map_err(failed)?;
+            last = Some(wr);
+        }
+        if let Some(wr) = last {
+            // One reliable connection completes its work requests in order: the last one
+            // completing means every earlier one did (an error completion fails the wait).
+            self.dev.wait(wr, READ_TIMEOUT).map_err(failed)?;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        for (&(offset, len, _, _), b) in posts.iter().zip(bufs.iter_mut()) {
+            b.clear();
+            b.resize(len, 0);
+            // SAFETY: `offset + len` is inside the registered buffer (checked above), the
+            // device wrote it before its completion, and nothing else writes it meanwhile.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (self.mr.addr() as *const u8).add(offset),
+                    b.as_mut_ptr(),
+                    len,
+                )
+            };
+        }
+        Ok(())
     }
 }

@@ -1,9 +1,13 @@
 //! The RDMA verbs backend (feature `verbs`). Runs where an RDMA device exists: two RC queue
 //! pairs on it connected to each other, then READ, WRITE, compare-and-swap, fetch-and-add, SEND
-//! and RECV, and the server side registering NAAM regions. Where none exists (this machine:
+//! and RECV, the server side registering NAAM regions, and a UDP client whose Client placement
+//! reads the server's regions over RDMA. Where none exists (this machine:
 //! no RDMA NIC, no kernel InfiniBand), the tests check the clear error and say they skipped.
 #![cfg(feature = "verbs")]
 
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,4 +101,86 @@ fn the_server_side_registers_regions_and_connects_peers() {
     dev.wait(1, Duration::from_secs(5)).unwrap();
     let got = unsafe { std::ptr::read_volatile(mr.addr() as *const u64) };
     assert_eq!(got, u64::from_le_bytes([42; 8]));
+}
+
+#[test]
+fn a_client_placement_reads_the_server_over_rdma() {
+    use common::{examples, words};
+    use naam_ebpf::abi::{Descriptor, ACCESS_READ};
+    use naam_runtime::cluster::ClusterConfig;
+    use naam_runtime::registry::handler_id;
+    use naam_runtime::transport::Transport;
+    use naam_runtime::udp::client::{UdpClient, UdpConfig};
+    use naam_runtime::udp::deploy::{start_host, HostApp};
+    use naam_runtime::udp::server::{serve_host, ServerOptions};
+    use naam_runtime::udp::socket::Socket;
+    use naam_runtime::wire::Status;
+    use naam_runtime::Placement;
+
+    let Some(dev) = device() else { return };
+    const APP: u32 = 3;
+    let shm = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(&examples().0).unwrap();
+    let app = HostApp {
+        spec: common::examples_app(APP),
+        kind: "object".into(),
+        params: serde_json::Value::Null,
+        object_bytes: bytes.clone(),
+    };
+    let (cluster, manifest) = start_host(vec![app], ClusterConfig::default(), shm.path()).unwrap();
+    let peers = Arc::new(Peers::new(dev.clone(), cluster.regions().clone()).unwrap());
+    let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let addr = socket.local_addr().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let server = std::thread::spawn(move || {
+        let opts = ServerOptions {
+            manifest,
+            drain: Duration::from_secs(1),
+            switch: None,
+            verbs: Some(peers),
+            congestion_control: false,
+        };
+        serve_host(cluster, socket, opts, &s).unwrap();
+    });
+    let mut cfg = UdpConfig::new(addr);
+    cfg.pin = Some(Placement::Client);
+    let mut c = UdpClient::connect(&cfg).unwrap();
+    c.install_handlers(APP, &bytes).unwrap();
+    c.use_rdma(&dev).unwrap();
+    assert!(c.uses_rdma());
+    let sorted = c.manifest().app(APP).unwrap().region_key("sorted").unwrap();
+    let rd = |rkey, offset, len| Descriptor {
+        rkey,
+        offset,
+        len,
+        access: ACCESS_READ,
+    };
+    // No naam-nic runs: the answer comes from RDMA READs of the host's memory.
+    let r = c
+        .call(
+            APP,
+            handler_id("bsearch"),
+            &words(&[400]),
+            &[rd(sorted, 0, 4096)],
+        )
+        .unwrap();
+    assert_eq!((r.status, r.placement), (Status::Ok, Placement::Client));
+    assert_eq!(&r.payload[..8], &100u64.to_le_bytes()[..]);
+    // Checked before anything is posted: an unknown rkey, a range past the region.
+    let r = c
+        .call(APP, handler_id("bsearch"), &words(&[4]), &[rd(77, 0, 8)])
+        .unwrap();
+    assert_eq!(r.status, Status::BadKey);
+    let r = c
+        .call(
+            APP,
+            handler_id("bsearch"),
+            &words(&[4]),
+            &[rd(sorted, 4000, 4096)],
+        )
+        .unwrap();
+    assert_eq!(r.status, Status::OutOfRange);
+    stop.store(true, Ordering::SeqCst);
+    server.join().unwrap();
 }

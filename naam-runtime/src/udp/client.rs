@@ -123,6 +123,9 @@ pub struct Conn {
     epoch: Instant,
     inbox: Vec<Control>,
     rtt: Ewma,
+    /// One-sided READs over RDMA instead of the agent, once [`UdpClient::use_rdma`] connected.
+    #[cfg(feature = "verbs")]
+    rdma: Option<crate::verbs::RdmaReader>,
 }
 
 /// The id a reply, completion or control message answers.
@@ -137,6 +140,15 @@ fn answered_id(kind: u8, m: &[u8]) -> Option<u64> {
 }
 
 impl Conn {
+    /// Whether one-sided READs have somewhere to go: RDMA, or the NIC's agent.
+    fn one_sided_up(&self) -> bool {
+        #[cfg(feature = "verbs")]
+        if self.rdma.is_some() {
+            return true;
+        }
+        self.agent.is_some()
+    }
+
     fn next_id(&mut self) -> u64 {
         self.seq += 1;
         ((self.client_id as u64) << 40) | (self.seq & ((1 << 40) - 1))
@@ -214,6 +226,14 @@ impl OneSided for Conn {
                     have: d.access,
                 },
             ));
+        }
+        #[cfg(feature = "verbs")]
+        if let Some(rdma) = &mut self.rdma {
+            let start = Instant::now();
+            rdma.read(app, descs, bufs)?;
+            let rtt = start.elapsed().as_nanos() as u64;
+            self.rtt.add(rtt as f64);
+            return Ok(rtt);
         }
         let agent = self.agent.ok_or_else(|| {
             FetchError::Unavailable("no one-sided agent: the server reports no naam-nic".into())
@@ -307,6 +327,8 @@ impl UdpClient {
             epoch: Instant::now(),
             inbox: Vec::new(),
             rtt: Ewma::default(),
+            #[cfg(feature = "verbs")]
+            rdma: None,
         };
         let m = match conn.ask(&Control::Hello) {
             Ok(m) => m,
@@ -455,6 +477,32 @@ impl UdpClient {
         Ok(Control::decode(&m)?.1)
     }
 
+    /// Sends this client's one-sided READs over RDMA: connects a queue pair on `dev` to
+    /// naam-server's (the out-of-band exchange on the control channel) and reads the server's
+    /// registered regions directly, with no naam-nic agent in the path.
+    #[cfg(feature = "verbs")]
+    pub fn use_rdma(
+        &mut self,
+        dev: &Arc<crate::verbs::Device>,
+    ) -> Result<(), crate::verbs::VerbsError> {
+        let (qp, regions) = crate::verbs::connect(self, dev)?;
+        let reader = crate::verbs::RdmaReader::new(dev.clone(), qp, regions)?;
+        self.path.transport().rdma = Some(reader);
+        Ok(())
+    }
+
+    /// Whether one-sided READs go over RDMA.
+    pub fn uses_rdma(&mut self) -> bool {
+        #[cfg(feature = "verbs")]
+        {
+            self.path.transport().rdma.is_some()
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            false
+        }
+    }
+
     /// The one-sided agent, as last reported by the server.
     pub fn agent(&mut self) -> Option<SocketAddr> {
         self.path.transport().agent
@@ -565,7 +613,7 @@ impl Transport for UdpClient {
         let start = Instant::now();
         let read = self.kinds.get(&key) == Some(&HandlerKind::Read);
         let client_ok = read && self.client_ok(key);
-        let agent_up = self.path.transport().agent.is_some();
+        let agent_up = self.path.transport().one_sided_up();
         let choice = match self.pin {
             Some(p) if read => Some(p),
             Some(_) => None,

@@ -200,6 +200,9 @@ pub struct RdmaRegion {
     pub remote: RdmaRemote,
     /// Size in bytes.
     pub len: u64,
+    /// The `ACCESS_*` rights NAAM grants on it (RDMA registers every region for remote access;
+    /// a client checks these before it posts).
+    pub access: u32,
 }
 
 /// A control message.
