@@ -1,6 +1,7 @@
 //! `naam-nic run --server ADDR --listen ADDR`: the NIC executors and the one-sided agent of a
 //! NAAM deployment, serving until SIGTERM (then it tells the server to stop forwarding and
-//! drains). Exit codes: 0 clean stop, 1 runtime failure, 2 bad usage or a missing server.
+//! drains). Exit codes: 0 clean stop, 1 runtime failure (no or a corrupt manifest included), 2
+//! bad usage.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
