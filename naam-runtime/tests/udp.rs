@@ -7,7 +7,6 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -19,35 +18,15 @@ use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Transport;
 use naam_runtime::udp::client::{UdpClient, UdpConfig, UdpError};
 use naam_runtime::udp::control::Control;
-use naam_runtime::udp::deploy::{start_host, start_nic, HostApp};
+use naam_runtime::udp::deploy::start_nic;
 use naam_runtime::udp::nic::{serve_nic, NicOptions};
-use naam_runtime::udp::server::{serve_host, ServerOptions};
 use naam_runtime::udp::socket::Socket;
 use naam_runtime::wire::Status;
 use naam_runtime::Placement;
 
 const APP: u32 = 3;
 
-struct Process {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    addr: SocketAddr,
-}
-
-impl Process {
-    fn stop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
-            t.join().unwrap();
-        }
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
+type Process = common::Driver;
 
 fn quiet() -> ClusterConfig {
     ClusterConfig {
@@ -70,36 +49,7 @@ fn host_with(
     config: ClusterConfig,
     congestion_control: bool,
 ) -> Process {
-    let bytes = std::fs::read(&examples().0).unwrap();
-    let apps = ids
-        .iter()
-        .map(|&id| HostApp {
-            spec: common::examples_app(id),
-            kind: "object".into(),
-            params: serde_json::Value::Null,
-            object_bytes: bytes.clone(),
-        })
-        .collect();
-    let (cluster, manifest) = start_host(apps, config, shm).unwrap();
-    let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
-    let addr = socket.local_addr().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let thread = std::thread::spawn(move || {
-        let opts = ServerOptions {
-            manifest,
-            drain: Duration::from_secs(1),
-            switch: None,
-            verbs: None,
-            congestion_control,
-        };
-        serve_host(cluster, socket, opts, &s).unwrap();
-    });
-    Process {
-        stop,
-        thread: Some(thread),
-        addr,
-    }
+    common::udp_host(shm, ids, config, congestion_control, |_| None)
 }
 
 fn nic(shm: &std::path::Path, server: SocketAddr) -> Process {

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,9 +110,6 @@ fn a_client_placement_reads_the_server_over_rdma() {
     use naam_runtime::registry::handler_id;
     use naam_runtime::transport::Transport;
     use naam_runtime::udp::client::{UdpClient, UdpConfig};
-    use naam_runtime::udp::deploy::{start_host, HostApp};
-    use naam_runtime::udp::server::{serve_host, ServerOptions};
-    use naam_runtime::udp::socket::Socket;
     use naam_runtime::wire::Status;
     use naam_runtime::Placement;
 
@@ -121,29 +117,11 @@ fn a_client_placement_reads_the_server_over_rdma() {
     const APP: u32 = 3;
     let shm = tempfile::tempdir().unwrap();
     let bytes = std::fs::read(&examples().0).unwrap();
-    let app = HostApp {
-        spec: common::examples_app(APP),
-        kind: "object".into(),
-        params: serde_json::Value::Null,
-        object_bytes: bytes.clone(),
-    };
-    let (cluster, manifest) = start_host(vec![app], ClusterConfig::default(), shm.path()).unwrap();
-    let peers = Arc::new(Peers::new(dev.clone(), cluster.regions().clone()).unwrap());
-    let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
-    let addr = socket.local_addr().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let server = std::thread::spawn(move || {
-        let opts = ServerOptions {
-            manifest,
-            drain: Duration::from_secs(1),
-            switch: None,
-            verbs: Some(peers),
-            congestion_control: false,
-        };
-        serve_host(cluster, socket, opts, &s).unwrap();
+    let d = dev.clone();
+    let host = common::udp_host(shm.path(), &[APP], ClusterConfig::default(), false, |c| {
+        Some(Arc::new(Peers::new(d, c.regions().clone()).unwrap()) as _)
     });
-    let mut cfg = UdpConfig::new(addr);
+    let mut cfg = UdpConfig::new(host.addr);
     cfg.pin = Some(Placement::Client);
     let mut c = UdpClient::connect(&cfg).unwrap();
     c.install_handlers(APP, &bytes).unwrap();
@@ -181,6 +159,4 @@ fn a_client_placement_reads_the_server_over_rdma() {
         )
         .unwrap();
     assert_eq!(r.status, Status::OutOfRange);
-    stop.store(true, Ordering::SeqCst);
-    server.join().unwrap();
 }

@@ -330,16 +330,12 @@ impl UdpClient {
             #[cfg(feature = "verbs")]
             rdma: None,
         };
-        let m = match conn.ask(&Control::Hello) {
-            Ok(m) => m,
-            Err(Exchange::Io(e)) => return Err(UdpError::Io(e)),
-            Err(Exchange::Timeout(waited)) => {
-                return Err(UdpError::NoServer {
-                    server: config.server,
-                    waited,
-                })
-            }
+        let server = config.server;
+        let unanswered = |e: Exchange| match e {
+            Exchange::Io(e) => UdpError::Io(e),
+            Exchange::Timeout(waited) => UdpError::NoServer { server, waited },
         };
+        let m = conn.ask(&Control::Hello).map_err(unanswered)?;
         let refused = |message: String| UdpError::Refused {
             server: config.server,
             message,
@@ -363,16 +359,9 @@ impl UdpClient {
         conn.attempts = config.attempts.max(1);
         // A large manifest comes in pages after the welcome.
         for page in 1..pages {
-            let m = match conn.ask(&Control::QueryManifest { page }) {
-                Ok(m) => m,
-                Err(Exchange::Io(e)) => return Err(UdpError::Io(e)),
-                Err(Exchange::Timeout(waited)) => {
-                    return Err(UdpError::NoServer {
-                        server: config.server,
-                        waited,
-                    })
-                }
-            };
+            let m = conn
+                .ask(&Control::QueryManifest { page })
+                .map_err(unanswered)?;
             match Control::decode(&m) {
                 Ok((_, Control::ManifestPage { page: p, apps, .. })) if p == page => {
                     manifest.apps.extend(apps)

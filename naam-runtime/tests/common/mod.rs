@@ -97,3 +97,75 @@ pub fn examples_app(id: u32) -> naam_runtime::cluster::AppSpec {
         ],
     }
 }
+
+/// A fabric driver thread (naam-server's or naam-nic's loop) standing in for a process; stops
+/// and joins when dropped.
+pub struct Driver {
+    /// Set to stop the loop.
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The loop's thread.
+    pub thread: Option<std::thread::JoinHandle<()>>,
+    /// Its socket's address.
+    pub addr: std::net::SocketAddr,
+}
+
+impl Driver {
+    /// Stops the loop and waits for it.
+    pub fn stop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A naam-server driver on loopback serving the examples object as apps `ids` from `shm`;
+/// `verbs` gives it an RDMA side once its cluster exists.
+pub fn udp_host(
+    shm: &Path,
+    ids: &[u32],
+    config: naam_runtime::cluster::ClusterConfig,
+    congestion_control: bool,
+    verbs: impl FnOnce(
+        &std::sync::Arc<naam_runtime::cluster::Cluster>,
+    ) -> Option<std::sync::Arc<dyn naam_runtime::udp::server::VerbsAcceptor>>,
+) -> Driver {
+    use naam_runtime::udp::{deploy, server, socket::Socket};
+    let bytes = std::fs::read(&examples().0).unwrap();
+    let apps = ids
+        .iter()
+        .map(|&id| deploy::HostApp {
+            spec: examples_app(id),
+            kind: "object".into(),
+            params: serde_json::Value::Null,
+            object_bytes: bytes.clone(),
+        })
+        .collect();
+    let (cluster, manifest) = deploy::start_host(apps, config, shm).unwrap();
+    let verbs = verbs(&cluster);
+    let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let addr = socket.local_addr().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let opts = server::ServerOptions {
+            manifest,
+            drain: std::time::Duration::from_secs(1),
+            switch: None,
+            verbs,
+            congestion_control,
+        };
+        server::serve_host(cluster, socket, opts, &s).unwrap();
+    });
+    Driver {
+        stop,
+        thread: Some(thread),
+        addr,
+    }
+}
