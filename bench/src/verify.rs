@@ -66,8 +66,19 @@ pub fn run(
                 s.spawn(move || -> anyhow::Result<VerifyResult> {
                     let client = setup.connect()?;
                     let r = match app {
-                        App::Mica => mica_thread(setup, client, t, ops, duration, run),
-                        App::Btree => btree_thread(setup, client, t, ops, duration, run),
+                        App::Mica => {
+                            let handle = setup.mica()?;
+                            let len = handle.config.value_cap.min(100);
+                            let m = MicaClient::new(client, handle);
+                            let seed = run ^ (t + 1).wrapping_mul(0x9e37_79b9);
+                            let mut c = MicaChecked { m, t, run, len };
+                            Ok(check(&mut c, seed, ops, duration))
+                        }
+                        App::Btree => {
+                            let b = BTreeClient::new(client, setup.btree()?);
+                            let seed = run ^ (t + 7).wrapping_mul(0x9e37_79b9);
+                            Ok(check(&mut BTreeChecked { b, t, run }, seed, ops, duration))
+                        }
                     };
                     if r.as_ref().map_or(true, |r| r.wrong > 0) {
                         failed.store(true, Ordering::Relaxed);
@@ -113,143 +124,158 @@ fn note(r: &mut VerifyResult, what: String) {
     }
 }
 
-fn mica_thread(
-    setup: &UdpSetup,
-    client: UdpClient,
+/// One app as a verify thread drives it: versioned writes and reads of the thread's own keys.
+trait Checked {
+    /// Whether an acknowledged key may vanish (MICA's log may wrap; a B-tree never loses one).
+    const LOSSY: bool;
+    /// Key `i` as problems name it.
+    fn name(&self, i: u64) -> String;
+    /// Writes version `v` of key `i` (`first`: never written before). `Ok(false)`: the store
+    /// says the key is missing.
+    fn write(&mut self, i: u64, v: u64, first: bool) -> anyhow::Result<bool>;
+    /// Reads key `i`: `None` when absent, else the version it holds, or `Err` describing
+    /// contents that are no version this thread wrote.
+    fn read(&mut self, i: u64) -> anyhow::Result<Option<Result<u64, String>>>;
+}
+
+/// A MICA table's keys and values for thread `t` of run `run`.
+struct MicaChecked {
+    m: MicaClient<UdpClient>,
     t: u64,
-    ops: u64,
-    duration: Duration,
     run: u64,
-) -> anyhow::Result<VerifyResult> {
-    let handle = setup.mica()?;
-    let len = handle.config.value_cap.min(100);
-    let mut m = MicaClient::new(client, handle);
+    len: usize,
+}
+
+impl Checked for MicaChecked {
+    const LOSSY: bool = true;
+    fn name(&self, i: u64) -> String {
+        // Short enough for any key capacity of 16 bytes or more.
+        format!("v{:08x}{:x}-{i:x}", self.run as u32, self.t)
+    }
+    fn write(&mut self, i: u64, v: u64, _first: bool) -> anyhow::Result<bool> {
+        // `put` answers whether the key existed before; either way it now holds `v`.
+        let (k, val) = (self.name(i), value(self.t, i, v, self.len));
+        self.m.put(k.as_bytes(), &val)?;
+        Ok(true)
+    }
+    fn read(&mut self, i: u64) -> anyhow::Result<Option<Result<u64, String>>> {
+        let Some(got) = self.m.get(self.name(i).as_bytes())? else {
+            return Ok(None);
+        };
+        let v = got
+            .get(16..24)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes);
+        Ok(Some(match v {
+            Some(v) if got == value(self.t, i, v, self.len) => Ok(v),
+            _ => Err(format!("{} bytes that are no version written", got.len())),
+        }))
+    }
+}
+
+/// A B-tree's keys and values for thread `t` of run `run`.
+struct BTreeChecked {
+    b: BTreeClient<UdpClient>,
+    t: u64,
+    run: u64,
+}
+
+impl BTreeChecked {
+    /// Keys of this run and thread: distinct, spread over the key space.
+    fn key(&self, i: u64) -> u64 {
+        naam_ebpf::hash::finish(self.run ^ (self.t << 32) ^ i) | 1
+    }
+    fn val(&self, i: u64, v: u64) -> u64 {
+        (self.t << 48) ^ (i << 32) ^ v
+    }
+}
+
+impl Checked for BTreeChecked {
+    const LOSSY: bool = false;
+    fn name(&self, i: u64) -> String {
+        format!("{:#x}", self.key(i))
+    }
+    fn write(&mut self, i: u64, v: u64, first: bool) -> anyhow::Result<bool> {
+        let (k, val) = (self.key(i), self.val(i, v));
+        Ok(if first {
+            self.b.insert(k, val).map(|_| true)?
+        } else {
+            self.b.update(k, val)?
+        })
+    }
+    fn read(&mut self, i: u64) -> anyhow::Result<Option<Result<u64, String>>> {
+        let Some(got) = self.b.get(self.key(i))? else {
+            return Ok(None);
+        };
+        let v = got & 0xffff_ffff;
+        Ok(Some(if got == self.val(i, v) {
+            Ok(v)
+        } else {
+            Err(format!("{got:#x}, no version written"))
+        }))
+    }
+}
+
+/// The verify loop of one thread: random keys of its own, one write in ten (and the first
+/// touch of a key), every read checked against the last acknowledged write.
+fn check<C: Checked>(c: &mut C, seed: u64, ops: u64, duration: Duration) -> VerifyResult {
     let mut r = VerifyResult::default();
     let mut versions = vec![0u64; KEYS as usize];
-    // Short enough for any key capacity of 16 bytes or more.
-    let key = |i: u64| format!("v{:08x}{t:x}-{i:x}", run as u32);
-    let mut rng = Rng::new(run ^ (t + 1).wrapping_mul(0x9e37_79b9));
+    let mut rng = Rng::new(seed);
     let start = Instant::now();
     while r.ops < ops && start.elapsed() < duration {
         let i = rng.range(0, KEYS - 1);
-        let k = key(i);
-        let write = versions[i as usize] == 0 || rng.range(0, 9) == 0;
+        let known = versions[i as usize];
+        let write = known == 0 || rng.range(0, 9) == 0;
         r.ops += 1;
         if write {
-            let v = versions[i as usize] + 1;
-            // `put` answers whether the key existed before; either way it now holds `v`.
-            match m.put(k.as_bytes(), &value(t, i, v, len)) {
-                Ok(_) => versions[i as usize] = v,
+            let v = known.wrapping_add(1).max(1);
+            match c.write(i, v, known == 0) {
+                Ok(true) => versions[i as usize] = v,
+                Ok(false) => {
+                    r.errors += 1;
+                    note(&mut r, format!("write {} v{v}: key missing", c.name(i)));
+                }
                 Err(e) => {
                     // The write may or may not have happened: the next read may see either.
                     r.errors += 1;
-                    note(&mut r, format!("put {k} v{v}: {e}"));
+                    note(&mut r, format!("write {} v{v}: {e}", c.name(i)));
                     versions[i as usize] = u64::MAX;
                 }
             }
             continue;
         }
-        let want = versions[i as usize];
-        match m.get(k.as_bytes()) {
+        match c.read(i) {
+            // After an unanswered write, accept whatever version the key holds now.
+            Ok(Some(Ok(v))) if known == u64::MAX => versions[i as usize] = v,
+            Ok(Some(Ok(v))) if v == known => {}
             Ok(Some(got)) => {
-                if want == u64::MAX {
-                    // After an unanswered write, accept whatever version the key holds now.
-                    versions[i as usize] = got
-                        .get(16..24)
-                        .and_then(|b| b.try_into().ok())
-                        .map_or(u64::MAX, u64::from_le_bytes);
-                } else if got != value(t, i, want, len) {
-                    r.wrong += 1;
-                    let gv = got
-                        .get(16..24)
-                        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-                    note(
-                        &mut r,
-                        format!("get {k}: want v{want}, got v{gv:?} ({} bytes)", got.len()),
-                    );
-                }
-            }
-            Ok(None) => {
-                r.misses += 1;
+                r.wrong += 1;
+                let got = got.map_or_else(|e| e, |v| format!("v{v}"));
                 note(
                     &mut r,
-                    format!("get {k}: acknowledged key not found (want v{want})"),
+                    format!("get {}: want v{known}, got {got}", c.name(i)),
+                );
+            }
+            Ok(None) => {
+                if C::LOSSY {
+                    r.misses += 1;
+                } else {
+                    r.wrong += 1;
+                }
+                note(
+                    &mut r,
+                    format!(
+                        "get {}: acknowledged key not found (want v{known})",
+                        c.name(i)
+                    ),
                 );
             }
             Err(e) => {
                 r.errors += 1;
-                note(&mut r, format!("get {k}: {e}"));
+                note(&mut r, format!("get {}: {e}", c.name(i)));
             }
         }
     }
-    Ok(r)
-}
-
-fn btree_thread(
-    setup: &UdpSetup,
-    client: UdpClient,
-    t: u64,
-    ops: u64,
-    duration: Duration,
-    run: u64,
-) -> anyhow::Result<VerifyResult> {
-    let handle = setup.btree()?;
-    let mut b = BTreeClient::new(client, handle);
-    let mut r = VerifyResult::default();
-    let mut versions = vec![0u64; KEYS as usize];
-    // Keys of this run and thread: distinct, spread over the key space.
-    let key = |i: u64| naam_ebpf::hash::finish(run ^ (t << 32) ^ i) | 1;
-    let val = |i: u64, v: u64| (t << 48) ^ (i << 32) ^ v;
-    let mut rng = Rng::new(run ^ (t + 7).wrapping_mul(0x9e37_79b9));
-    let start = Instant::now();
-    while r.ops < ops && start.elapsed() < duration {
-        let i = rng.range(0, KEYS - 1);
-        let k = key(i);
-        let write = versions[i as usize] == 0 || rng.range(0, 9) == 0;
-        r.ops += 1;
-        if write {
-            let v = versions[i as usize].wrapping_add(1).max(1);
-            let res = if versions[i as usize] == 0 {
-                b.insert(k, val(i, v)).map(|_| true)
-            } else {
-                b.update(k, val(i, v))
-            };
-            match res {
-                Ok(true) => versions[i as usize] = v,
-                Ok(false) => {
-                    r.errors += 1;
-                    note(&mut r, format!("update {k:#x} v{v}: key missing"));
-                }
-                Err(e) => {
-                    r.errors += 1;
-                    note(&mut r, format!("write {k:#x} v{v}: {e}"));
-                    versions[i as usize] = u64::MAX;
-                }
-            }
-            continue;
-        }
-        let want = versions[i as usize];
-        match b.get(k) {
-            Ok(Some(got)) => {
-                if want == u64::MAX {
-                    versions[i as usize] = got & 0xffff_ffff;
-                } else if got != val(i, want) {
-                    r.wrong += 1;
-                    note(
-                        &mut r,
-                        format!("get {k:#x}: want {:#x}, got {got:#x}", val(i, want)),
-                    );
-                }
-            }
-            Ok(None) => {
-                r.wrong += 1;
-                note(&mut r, format!("get {k:#x}: written key not found"));
-            }
-            Err(e) => {
-                r.errors += 1;
-                note(&mut r, format!("get {k:#x}: {e}"));
-            }
-        }
-    }
-    Ok(r)
+    r
 }
