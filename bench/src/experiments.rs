@@ -470,10 +470,18 @@ pub fn scale(
     counts: &[u32],
     ops: u64,
 ) -> anyhow::Result<serde_json::Value> {
+    if counts.contains(&0) {
+        bail!("--counts: every app count must be at least 1");
+    }
     let mut rows = Vec::new();
     let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
-    let udp = match fabric {
-        Fabric::Inproc => None,
+    /// What the counts run against.
+    enum On {
+        Inproc(Arc<LoadedObject>),
+        Udp(Box<(UdpSetup, Vec<MicaHandle>)>),
+    }
+    let on = match fabric {
+        Fabric::Inproc => On::Inproc(mica_object(target)?),
         Fabric::Udp(server) => {
             let setup = UdpSetup::new(App::Mica, server, None, target)?;
             // The largest group of like tables (the `instances` of one [[app]]), not a mix
@@ -499,16 +507,13 @@ pub fn scale(
                     apps.len()
                 );
             }
-            Some((setup, apps))
+            On::Udp(Box::new((setup, apps)))
         }
     };
-    let object = match fabric {
-        Fabric::Inproc => Some(mica_object(target)?),
-        Fabric::Udp(_) => None,
-    };
     for &n in counts {
-        let row = match (&udp, &object) {
-            (Some((setup, apps)), _) => {
+        let row = match &on {
+            On::Udp(udp) => {
+                let (setup, apps) = &**udp;
                 let setup_start = Instant::now();
                 let ids: Vec<u32> = apps[..n as usize].iter().map(|h| h.app).collect();
                 let mut client = setup.connect_apps(&ids)?;
@@ -521,7 +526,7 @@ pub fn scale(
                 row["registered"] = json!(apps.len());
                 (q, row)
             }
-            (None, Some(object)) => {
+            On::Inproc(object) => {
                 let mc = MicaConfig::preset_8_8(32);
                 let apps: Vec<AppSpec> = (1..=n)
                     .map(|id| {
@@ -553,7 +558,6 @@ pub fn scale(
                 row["setup_s"] = json!(setup_s);
                 (q, row)
             }
-            (None, None) => unreachable!("one of the fabrics is set up"),
         };
         p50s.push((n as f64, row.0.p50 as f64 / 1e3));
         p99s.push((n as f64, row.0.p99 as f64 / 1e3));
@@ -827,9 +831,14 @@ pub fn placements(
         ("always-client", Some(Placement::Client)),
         ("auto", None),
     ];
-    let object = match fabric {
-        Fabric::Inproc => Some(mica_object(target)?),
-        Fabric::Udp(_) => None,
+    /// What the policies run against.
+    enum On {
+        Inproc(Arc<LoadedObject>),
+        Udp(SocketAddr),
+    }
+    let on = match fabric {
+        Fabric::Inproc => On::Inproc(mica_object(target)?),
+        Fabric::Udp(server) => On::Udp(server),
     };
     // Over UDP the server's host stays congested for the whole comparison (cleared on drop).
     let congestion = match (fabric, extra_us) {
@@ -842,8 +851,9 @@ pub fn placements(
     };
     let mut server_policy = None;
     for (name, pin) in policies {
-        let runs = match (fabric, &object) {
-            (Fabric::Udp(server), _) => {
+        let runs = match &on {
+            On::Udp(server) => {
+                let server = *server;
                 let (setup, handle) = udp_mica(server, pin, target, records)?;
                 server_policy = Some(setup.manifest.policy.clone());
                 open_loop(
@@ -853,7 +863,7 @@ pub fn placements(
                     records,
                 )?
             }
-            (Fabric::Inproc, Some(object)) => {
+            On::Inproc(object) => {
                 let policy = match pin {
                     Some(p) => PolicyChoice::Always(p),
                     None => PolicyChoice::Auto(CostPolicyConfig::default()),
@@ -873,7 +883,6 @@ pub fn placements(
                     records,
                 )?
             }
-            (Fabric::Inproc, None) => unreachable!("the in-process object is built"),
         };
         let mut points = Vec::new();
         for (rate, achieved, q) in runs {

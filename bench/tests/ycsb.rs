@@ -141,6 +141,13 @@ fn cli_errors_are_clear() {
             "{args:?}"
         );
     }
+    let out = Command::new(bin)
+        .args(["experiment", "scale", "--counts", "0,8", "--out"])
+        .arg(std::env::temp_dir().join("naam-bench-cli-test"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least 1"));
 }
 
 #[test]

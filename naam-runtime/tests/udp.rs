@@ -452,3 +452,31 @@ fn a_full_host_queue_answers_busy_and_keeps_serving() {
         .unwrap();
     assert_eq!(&r.payload[..], &words(&[5])[..]);
 }
+
+#[test]
+fn a_server_claiming_endless_manifest_pages_is_refused() {
+    let mut fake = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let addr = fake.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some((peer, m)) = fake.recv(Duration::from_millis(10)).unwrap().pop() {
+                let (id, _) = Control::decode(&m).unwrap();
+                let w = Control::Welcome {
+                    client_id: 1,
+                    manifest: Default::default(),
+                    pages: u32::MAX,
+                    agent: None,
+                };
+                fake.send(peer, id, &w.to_bytes(id)).unwrap();
+                return;
+            }
+        }
+    });
+    match UdpClient::connect(&UdpConfig::new(addr)) {
+        Err(UdpError::Refused { message, .. }) => assert!(message.contains("pages"), "{message}"),
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("accepted a manifest of 4 billion pages"),
+    }
+    server.join().unwrap();
+}

@@ -27,6 +27,9 @@ use crate::transport::Transport;
 use crate::verifier::VerifierConfig;
 use crate::wire::{flags, peek_kind, Reply, Request, Status, KIND_REPLY};
 
+/// Manifest pages a client fetches at most (tens of thousands of apps).
+const MAX_MANIFEST_PAGES: u32 = 4096;
+
 /// Weight queries a client sends per refresh interval at most.
 const QUERIES_PER_REFRESH: usize = 16;
 
@@ -357,7 +360,13 @@ impl UdpClient {
         conn.agent = agent;
         conn.rto = config.rto;
         conn.attempts = config.attempts.max(1);
-        // A large manifest comes in pages after the welcome.
+        // A large manifest comes in pages after the welcome (a bounded number of them: the
+        // count is the server's word).
+        if pages > MAX_MANIFEST_PAGES {
+            return Err(refused(format!(
+                "a manifest of {pages} pages (at most {MAX_MANIFEST_PAGES})"
+            )));
+        }
         for page in 1..pages {
             let m = conn
                 .ask(&Control::QueryManifest { page })
