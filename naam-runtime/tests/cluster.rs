@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::words;
+use common::{rd, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, NicModel, PolicyChoice, RegionSpec};
 use naam_runtime::region::ALL_RIGHTS;
@@ -36,15 +36,6 @@ fn fast() -> ClusterConfig {
             ..NicModel::default()
         },
         ..ClusterConfig::default()
-    }
-}
-
-fn rd(rkey: u64, offset: u64, len: u32) -> Descriptor {
-    Descriptor {
-        rkey,
-        offset,
-        len,
-        access: ACCESS_READ,
     }
 }
 

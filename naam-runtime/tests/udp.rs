@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{examples, words};
-use naam_ebpf::abi::{Descriptor, ACCESS_READ};
+use common::{examples, rd, words};
 use naam_runtime::cluster::{ClusterConfig, NicModel};
 use naam_runtime::onesided::{self, Op};
 use naam_runtime::registry::handler_id;
@@ -94,15 +93,6 @@ fn wait_for_agent(c: &mut UdpClient) {
     }
 }
 
-fn rd(rkey: u64, offset: u64, len: u32) -> Descriptor {
-    Descriptor {
-        rkey,
-        offset,
-        len,
-        access: ACCESS_READ,
-    }
-}
-
 fn rkey(c: &UdpClient, name: &str) -> u64 {
     c.manifest().app(APP).unwrap().region_key(name).unwrap()
 }
@@ -170,19 +160,7 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     // Unknown handler, bad key, out of bounds.
     let r = c.call(APP, 0xdead_beef, &[], &[]).unwrap();
     assert_eq!(r.status, Status::UnknownHandler);
-    let r = c
-        .call(APP, handler_id("bsearch"), &words(&[4]), &[rd(77, 0, 8)])
-        .unwrap();
-    assert_eq!(r.status, Status::BadKey);
-    let r = c
-        .call(
-            APP,
-            handler_id("bsearch"),
-            &words(&[4]),
-            &[rd(sorted, 4000, 4096)],
-        )
-        .unwrap();
-    assert_eq!(r.status, Status::OutOfRange);
+    common::check_descriptor_refusals(&mut c, APP, sorted);
     // Garbage datagrams and malformed messages to both processes.
     let raw = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     for to in [h.addr, n.addr] {

@@ -104,8 +104,7 @@ fn the_server_side_registers_regions_and_connects_peers() {
 
 #[test]
 fn a_client_placement_reads_the_server_over_rdma() {
-    use common::{examples, words};
-    use naam_ebpf::abi::{Descriptor, ACCESS_READ};
+    use common::{examples, rd, words};
     use naam_runtime::cluster::ClusterConfig;
     use naam_runtime::registry::handler_id;
     use naam_runtime::transport::Transport;
@@ -128,12 +127,6 @@ fn a_client_placement_reads_the_server_over_rdma() {
     c.use_rdma(&dev).unwrap();
     assert!(c.uses_rdma());
     let sorted = c.manifest().app(APP).unwrap().region_key("sorted").unwrap();
-    let rd = |rkey, offset, len| Descriptor {
-        rkey,
-        offset,
-        len,
-        access: ACCESS_READ,
-    };
     // No naam-nic runs: the answer comes from RDMA READs of the host's memory.
     let r = c
         .call(
@@ -146,17 +139,5 @@ fn a_client_placement_reads_the_server_over_rdma() {
     assert_eq!((r.status, r.placement), (Status::Ok, Placement::Client));
     assert_eq!(&r.payload[..8], &100u64.to_le_bytes()[..]);
     // Checked before anything is posted: an unknown rkey, a range past the region.
-    let r = c
-        .call(APP, handler_id("bsearch"), &words(&[4]), &[rd(77, 0, 8)])
-        .unwrap();
-    assert_eq!(r.status, Status::BadKey);
-    let r = c
-        .call(
-            APP,
-            handler_id("bsearch"),
-            &words(&[4]),
-            &[rd(sorted, 4000, 4096)],
-        )
-        .unwrap();
-    assert_eq!(r.status, Status::OutOfRange);
+    common::check_descriptor_refusals(&mut c, APP, sorted);
 }

@@ -169,3 +169,33 @@ pub fn udp_host(
         addr,
     }
 }
+
+/// A read descriptor.
+pub fn rd(rkey: u64, offset: u64, len: u32) -> naam_ebpf::abi::Descriptor {
+    naam_ebpf::abi::Descriptor {
+        rkey,
+        offset,
+        len,
+        access: naam_ebpf::abi::ACCESS_READ,
+    }
+}
+
+/// Checks that `bsearch` of the examples app `app` refuses an unknown rkey and a range past its
+/// `sorted` region (whose rkey is `sorted`) with clear statuses, over any transport.
+pub fn check_descriptor_refusals<T: naam_runtime::transport::Transport>(
+    c: &mut T,
+    app: u32,
+    sorted: u64,
+) {
+    use naam_runtime::registry::handler_id;
+    use naam_runtime::wire::Status;
+    for (desc, want) in [
+        (rd(77, 0, 8), Status::BadKey),
+        (rd(sorted, 4000, 4096), Status::OutOfRange),
+    ] {
+        let r = c
+            .call(app, handler_id("bsearch"), &words(&[4]), &[desc])
+            .unwrap();
+        assert_eq!(r.status, want, "{desc:?}");
+    }
+}
