@@ -1,6 +1,7 @@
 //! What application client libraries send messages through: any fabric that carries a request
-//! and returns its reply (the in-process cluster's [`crate::cluster::Client`] now; UDP and verbs
-//! clients later).
+//! and returns its reply (the in-process cluster's [`crate::cluster::Client`], the UDP fabric's
+//! [`crate::udp::client::UdpClient`], or [`Direct`] execution), and how they wait before
+//! retrying a message the server answered `Busy` or `Conflict`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,6 +17,17 @@ use crate::region::RegionTable;
 use crate::registry::{HandlerKind, Registry};
 use crate::verifier::VerifierConfig;
 use crate::wire::{LoadFeedback, Reply, Request, Status};
+
+/// Waits before retry number `attempt` of a message that lost a race or met a full queue:
+/// yields for the first 15 attempts (the other writer is usually done), then sleeps
+/// `attempt` microseconds, at most a millisecond.
+pub fn backoff(attempt: u32) {
+    if attempt < 16 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(std::time::Duration::from_micros((attempt as u64).min(1000)));
+    }
+}
 
 /// Sends one active message and returns its reply.
 pub trait Transport {

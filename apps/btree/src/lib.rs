@@ -20,7 +20,7 @@ use naam_runtime::cluster::{AppSpec, ClientError, Cluster, RegionSpec};
 use naam_runtime::pipeline::{build_app_handlers, BuildError};
 use naam_runtime::region::ALL_RIGHTS;
 use naam_runtime::registry::{handler_id, HandlerSpec};
-use naam_runtime::transport::Transport;
+use naam_runtime::transport::{backoff, Transport};
 use naam_runtime::wire::Status;
 use naam_runtime::{LoadError, LoadedObject, Placement};
 
@@ -479,13 +479,5 @@ fn server_error(op: &'static str, r: &naam_runtime::wire::Reply) -> BTreeError {
         status: r.status,
         code: r.code,
         message: String::from_utf8_lossy(&r.payload).into_owned(),
-    }
-}
-
-fn backoff(attempt: u32) {
-    if attempt < 16 {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(std::time::Duration::from_micros((attempt as u64).min(1000)));
     }
 }

@@ -20,7 +20,7 @@ use naam_runtime::cluster::{AppSpec, ClientError, Cluster, RegionSpec};
 use naam_runtime::pipeline::{build_app_handlers, BuildError};
 use naam_runtime::region::{ALL_RIGHTS, READ_WRITE};
 use naam_runtime::registry::{handler_id, HandlerSpec};
-use naam_runtime::transport::Transport;
+use naam_runtime::transport::{backoff, Transport};
 use naam_runtime::wire::Status;
 use naam_runtime::{LoadError, LoadedObject, Placement};
 
@@ -502,14 +502,6 @@ impl<T: Transport> MicaClient<T> {
         let new = f(&old);
         self.put(key, &new)?;
         Ok(Some(new))
-    }
-}
-
-fn backoff(attempt: u32) {
-    if attempt < 16 {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(std::time::Duration::from_micros((attempt as u64).min(1000)));
     }
 }
 
