@@ -1561,7 +1561,7 @@ pub struct Client {
 impl Client {
     fn next_id(&mut self) -> u64 {
         self.seq += 1;
-        ((self.id as u64) << 40) | (self.seq & ((1 << 40) - 1))
+        crate::wire::request_id(self.id, self.seq)
     }
 
     /// Sends one message, placed by the steering weights; waits for the reply.
@@ -1739,7 +1739,7 @@ impl AsyncClient {
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let id = ((self.id as u64) << 40) | (seq & ((1 << 40) - 1));
+        let id = crate::wire::request_id(self.id, seq);
         let req = Request::for_call(app, handler, id, args, descs)?;
         let key = (app, handler);
         let start = Instant::now();

@@ -628,6 +628,15 @@ impl Reply {
     }
 }
 
+/// Bits of a request id that count a client's messages; the client's id fills the rest.
+pub const REQUEST_SEQ_BITS: u32 = 40;
+
+/// The request id of message `seq` of client `client` (client ids are 24 bits): unique per
+/// client, which is what write deduplication and reply matching key on.
+pub fn request_id(client: u32, seq: u64) -> u64 {
+    ((client as u64) << REQUEST_SEQ_BITS) | (seq & ((1 << REQUEST_SEQ_BITS) - 1))
+}
+
 /// The kind byte of an encoded message, if it has one.
 pub fn peek_kind(buf: &[u8]) -> Option<u8> {
     buf.get(1).copied()

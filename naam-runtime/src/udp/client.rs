@@ -154,7 +154,7 @@ impl Conn {
 
     fn next_id(&mut self) -> u64 {
         self.seq += 1;
-        ((self.client_id as u64) << 40) | (self.seq & ((1 << 40) - 1))
+        crate::wire::request_id(self.client_id, self.seq)
     }
 
     fn now(&self) -> u64 {
