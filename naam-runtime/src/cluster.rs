@@ -166,6 +166,20 @@ impl Default for ClusterConfig {
     }
 }
 
+impl ClusterConfig {
+    /// The defaults with the NIC's modelled costs not busy-waited: runs that check answers,
+    /// not wall-clock figures (the model still steers).
+    pub fn functional() -> Self {
+        ClusterConfig {
+            nic: NicModel {
+                emulate_costs: false,
+                ..NicModel::default()
+            },
+            ..ClusterConfig::default()
+        }
+    }
+}
+
 /// Why a cluster could not be built or an operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {

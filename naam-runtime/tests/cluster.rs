@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{rd, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
-use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, NicModel, PolicyChoice, RegionSpec};
+use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, PolicyChoice, RegionSpec};
 use naam_runtime::region::ALL_RIGHTS;
 use naam_runtime::registry::{handler_id, HandlerSpec};
 use naam_runtime::wire::{flags, Descriptors, Request, Status};
@@ -29,19 +29,9 @@ fn cluster(config: ClusterConfig) -> Cluster {
         .unwrap()
 }
 
-fn fast() -> ClusterConfig {
-    ClusterConfig {
-        nic: NicModel {
-            emulate_costs: false,
-            ..NicModel::default()
-        },
-        ..ClusterConfig::default()
-    }
-}
-
 #[test]
 fn same_replies_at_every_placement_and_multi_step() {
-    let c = cluster(fast());
+    let c = cluster(ClusterConfig::functional());
     let sorted = c.region_key(APP, "sorted").unwrap();
     let data = c.region_key(APP, "data").unwrap();
     let mut client = c.client();
@@ -91,7 +81,7 @@ fn same_replies_at_every_placement_and_multi_step() {
 
 #[test]
 fn bad_input_gets_error_replies_and_the_cluster_keeps_serving() {
-    let c = cluster(fast());
+    let c = cluster(ClusterConfig::functional());
     let sorted = c.region_key(APP, "sorted").unwrap();
     let mut client = c.client();
     let ok = |client: &mut naam_runtime::cluster::Client| {
@@ -182,7 +172,7 @@ fn bad_input_gets_error_replies_and_the_cluster_keeps_serving() {
 fn full_queues_give_back_pressure_errors() {
     let config = ClusterConfig {
         queue_capacity: 2,
-        ..fast()
+        ..ClusterConfig::functional()
     };
     let c = cluster(config);
     // Make the host slow, then flood it from an async client.
@@ -273,7 +263,7 @@ async fn futures_join_all<F: std::future::Future>(
 
 #[test]
 fn retried_writes_apply_once() {
-    let c = cluster(fast());
+    let c = cluster(ClusterConfig::functional());
     let data = c.region_key(APP, "data").unwrap();
     let w = Descriptor {
         rkey: data,
@@ -309,7 +299,7 @@ fn owner_handoff_loses_and_duplicates_nothing() {
     let config = ClusterConfig {
         policy: PolicyChoice::Always(Placement::Host),
         nic_executors: 1,
-        ..fast()
+        ..ClusterConfig::functional()
     };
     let c = Arc::new(cluster(config));
     let data = c.region_key(APP, "data").unwrap();
@@ -367,7 +357,7 @@ fn owner_handoff_loses_and_duplicates_nothing() {
 
 #[test]
 fn async_client_many_in_flight() {
-    let c = cluster(fast());
+    let c = cluster(ClusterConfig::functional());
     let sorted = c.region_key(APP, "sorted").unwrap();
     let ac = c.async_client();
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -398,7 +388,7 @@ fn static_policies_pin_reads() {
     for p in Placement::ALL {
         let config = ClusterConfig {
             policy: PolicyChoice::Always(p),
-            ..fast()
+            ..ClusterConfig::functional()
         };
         let c = cluster(config);
         std::thread::sleep(Duration::from_millis(5));
@@ -422,7 +412,13 @@ fn optimistic_reads_are_never_torn_at_any_placement() {
     });
     spec.handlers.push(HandlerSpec::read("vget").jit());
     spec.handlers.push(HandlerSpec::write("vput").jit());
-    let c = Arc::new(Cluster::builder().config(fast()).app(spec).build().unwrap());
+    let c = Arc::new(
+        Cluster::builder()
+            .config(ClusterConfig::functional())
+            .app(spec)
+            .build()
+            .unwrap(),
+    );
     let rec = c.region_key(APP, "rec").unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
@@ -479,7 +475,7 @@ fn optimistic_reads_are_never_torn_at_any_placement() {
 
 #[test]
 fn steering_moves_the_write_owner_off_a_congested_host() {
-    let c = Arc::new(cluster(fast()));
+    let c = Arc::new(cluster(ClusterConfig::functional()));
     let data = c.region_key(APP, "data").unwrap();
     let w = Descriptor {
         rkey: data,
@@ -554,7 +550,7 @@ fn writes_stay_at_the_host_when_the_nic_is_another_process() {
     let c = cluster(ClusterConfig {
         remote_nic: true,
         nic_executors: 0,
-        ..fast()
+        ..ClusterConfig::functional()
     });
     let e = c
         .move_owner(APP, Placement::Nic, Duration::from_secs(1))

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{examples, rd, words};
-use naam_runtime::cluster::{ClusterConfig, NicModel};
+use naam_runtime::cluster::ClusterConfig;
 use naam_runtime::onesided::{self, Op};
 use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Transport;
@@ -27,18 +27,8 @@ const APP: u32 = 3;
 
 type Process = common::Driver;
 
-fn quiet() -> ClusterConfig {
-    ClusterConfig {
-        nic: NicModel {
-            emulate_costs: false,
-            ..NicModel::default()
-        },
-        ..ClusterConfig::default()
-    }
-}
-
 fn host(shm: &std::path::Path) -> Process {
-    host_with(shm, &[APP], quiet(), false)
+    host_with(shm, &[APP], ClusterConfig::functional(), false)
 }
 
 /// A host serving the examples object as apps `ids`.
@@ -52,7 +42,7 @@ fn host_with(
 }
 
 fn nic(shm: &std::path::Path, server: SocketAddr) -> Process {
-    let (cluster, _) = start_nic(shm, quiet()).unwrap();
+    let (cluster, _) = start_nic(shm, ClusterConfig::functional()).unwrap();
     let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     let addr = socket.local_addr().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -339,7 +329,7 @@ fn a_server_that_is_not_there_is_reported_clearly() {
 fn a_manifest_of_many_apps_reaches_clients_in_pages() {
     let shm = tempfile::tempdir().unwrap();
     let ids: Vec<u32> = (1..=60).collect();
-    let h = host_with(shm.path(), &ids, quiet(), false);
+    let h = host_with(shm.path(), &ids, ClusterConfig::functional(), false);
     let mut c = client(h.addr, Some(Placement::Host));
     let served: Vec<u32> = c.manifest().apps.iter().map(|a| a.id).collect();
     assert_eq!(served, ids);
@@ -369,7 +359,7 @@ fn congestion_control_is_refused_unless_the_server_allows_it() {
         "{answer:?}"
     );
     let shm2 = tempfile::tempdir().unwrap();
-    let h2 = host_with(shm2.path(), &[APP], quiet(), true);
+    let h2 = host_with(shm2.path(), &[APP], ClusterConfig::functional(), true);
     let mut c2 = client(h2.addr, Some(Placement::Host));
     let too_much = Control::Congest {
         extra_ns: Some(naam_runtime::udp::control::MAX_CONGESTION_NS + 1),
@@ -395,7 +385,7 @@ fn a_full_host_queue_answers_busy_and_keeps_serving() {
     let shm = tempfile::tempdir().unwrap();
     let config = ClusterConfig {
         queue_capacity: 2,
-        ..quiet()
+        ..ClusterConfig::functional()
     };
     let h = host_with(shm.path(), &[APP], config, true);
     let mut c = client(h.addr, Some(Placement::Host));

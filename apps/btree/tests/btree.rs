@@ -13,7 +13,7 @@ use naam_btree::{
     app_spec, build_handlers, BTreeClient, BTreeConfig, BTreeError, BTreeHandle, Written,
 };
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
-use naam_runtime::cluster::{Cluster, ClusterConfig, NicModel, PolicyChoice};
+use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Pinned;
 use naam_runtime::wire::Status;
@@ -31,16 +31,6 @@ fn object() -> Arc<LoadedObject> {
         )
     })
     .clone()
-}
-
-fn fast() -> ClusterConfig {
-    ClusterConfig {
-        nic: NicModel {
-            emulate_costs: false,
-            ..NicModel::default()
-        },
-        ..ClusterConfig::default()
-    }
 }
 
 fn cluster_with(config: BTreeConfig, cc: ClusterConfig) -> Cluster {
@@ -94,7 +84,7 @@ proptest! {
     #[test]
     fn behaves_as_a_btreemap_at_every_placement(ops in proptest::collection::vec(op(), 1..120)) {
         let config = small();
-        let c = cluster_with(config, fast());
+        let c = cluster_with(config, ClusterConfig::functional());
         let mut model = BTreeMap::new();
         let mut clients: Vec<_> = Placement::ALL.iter().map(|&p| pinned(&c, config, p)).collect();
         for (i, op) in ops.iter().enumerate() {
@@ -127,7 +117,7 @@ proptest! {
 #[test]
 fn matches_the_native_reference_and_grows_deep() {
     let config = small();
-    let c = cluster_with(config, fast());
+    let c = cluster_with(config, ClusterConfig::functional());
     let mut native = NativeBTree::new(config);
     let mut t = pinned(&c, config, Placement::Host);
     let mut x = 88172645463325252u64;
@@ -154,7 +144,7 @@ fn matches_the_native_reference_and_grows_deep() {
 #[test]
 fn stale_roots_are_detected_and_refreshed() {
     let config = small();
-    let c = cluster_with(config, fast());
+    let c = cluster_with(config, ClusterConfig::functional());
     let mut reader = pinned(&c, config, Placement::Client);
     assert_eq!(reader.get(1).unwrap(), None); // caches root 0, the current root
     let mut writer = pinned(&c, config, Placement::Host);
@@ -182,7 +172,7 @@ fn readers_race_a_splitting_writer_at_every_placement() {
         node_size: 256,
         max_nodes: 8192,
     };
-    let c = Arc::new(cluster_with(config, fast()));
+    let c = Arc::new(cluster_with(config, ClusterConfig::functional()));
     let mut w = pinned(&c, config, Placement::Host);
     for k in 0..50 {
         w.insert(k * 1000, value_for(k * 1000, 0)).unwrap();
@@ -301,7 +291,7 @@ fn bad_input_is_refused_and_the_tree_stays_intact() {
         node_size: 128,
         max_nodes: 8,
     };
-    let c = cluster_with(config, fast());
+    let c = cluster_with(config, ClusterConfig::functional());
     let h = BTreeHandle::from_cluster(&c, APP, config).unwrap();
     let mut t = pinned(&c, config, Placement::Host);
     t.insert(10, 100).unwrap();

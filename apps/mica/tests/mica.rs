@@ -10,7 +10,7 @@ use std::time::Duration;
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_mica::reference::NativeMica;
 use naam_mica::{app_spec, build_handlers, MicaClient, MicaConfig, MicaError, MicaHandle};
-use naam_runtime::cluster::{Cluster, ClusterConfig, NicModel, PolicyChoice};
+use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Pinned;
 use naam_runtime::wire::Status;
@@ -34,16 +34,6 @@ fn cluster_with(config: MicaConfig, cluster: ClusterConfig) -> Cluster {
         .app(app_spec(APP, &config, object(), Placement::Host, true).unwrap())
         .build()
         .unwrap()
-}
-
-fn fast() -> ClusterConfig {
-    ClusterConfig {
-        nic: NicModel {
-            emulate_costs: false,
-            ..NicModel::default()
-        },
-        ..ClusterConfig::default()
-    }
 }
 
 fn pinned(c: &Cluster, config: MicaConfig, p: Placement) -> MicaClient<Pinned> {
@@ -87,7 +77,7 @@ proptest! {
     #[test]
     fn behaves_as_a_hashmap_at_every_placement(ops in proptest::collection::vec(op(), 1..80)) {
         let config = MicaConfig::preset_16_64(256);
-        let c = cluster_with(config, fast());
+        let c = cluster_with(config, ClusterConfig::functional());
         for p in Placement::ALL {
             // Each placement reads the same table after the same writes.
             let mut m = pinned(&c, config, p);
@@ -123,7 +113,7 @@ fn matches_the_native_reference_through_evictions() {
         key_cap: 8,
         value_cap: 8,
     };
-    let c = cluster_with(config, fast());
+    let c = cluster_with(config, ClusterConfig::functional());
     let mut native = NativeMica::new(config);
     let mut clients: Vec<_> = Placement::ALL
         .iter()
@@ -191,7 +181,7 @@ fn check_value(key: &[u8], v: &[u8], len: usize) -> u64 {
 #[test]
 fn readers_at_every_placement_never_see_torn_values() {
     let config = MicaConfig::preset_16_64(64 * 1024);
-    let c = Arc::new(cluster_with(config, fast()));
+    let c = Arc::new(cluster_with(config, ClusterConfig::functional()));
     let keys: Vec<Vec<u8>> = (0..64)
         .map(|k| format!("user{k:08}").into_bytes())
         .collect();
@@ -329,7 +319,7 @@ fn steering_moves_readers_mid_run_and_loses_nothing() {
 #[test]
 fn bad_input_is_refused_and_the_table_stays_intact() {
     let config = MicaConfig::preset_8_8(256);
-    let c = cluster_with(config, fast());
+    let c = cluster_with(config, ClusterConfig::functional());
     let handle = MicaHandle::from_cluster(&c, APP, config).unwrap();
     let mut m = pinned(&c, config, Placement::Host);
     m.put(b"alpha", b"one").unwrap();
@@ -441,7 +431,7 @@ fn bad_input_is_refused_and_the_table_stays_intact() {
 #[test]
 fn rmw_reads_modifies_and_writes() {
     let config = MicaConfig::preset_8_8(64);
-    let c = cluster_with(config, fast());
+    let c = cluster_with(config, ClusterConfig::functional());
     let mut m = pinned(&c, config, Placement::Nic);
     assert_eq!(m.rmw(b"n", |v| v.to_vec()).unwrap(), None);
     m.put(b"n", &1u64.to_le_bytes()).unwrap();
@@ -459,7 +449,7 @@ fn rmw_reads_modifies_and_writes() {
 #[test]
 fn rmw_handler_patches_a_field_atomically_at_the_owner() {
     let config = MicaConfig::preset_ycsb(256);
-    let c = cluster_with(config, fast());
+    let c = cluster_with(config, ClusterConfig::functional());
     let mut m = pinned(&c, config, Placement::Client);
     // A YCSB record: 10 fields of 100 bytes.
     let record: Vec<u8> = (0..10u8).flat_map(|f| vec![b'a' + f; 100]).collect();
