@@ -313,12 +313,8 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
 }
 
-/// Runs `cfg` on the in-process cluster; `progress` is told the operations done so far.
-pub fn run_inproc(
-    cfg: &YcsbConfig,
-    target: &Path,
-    progress: &(dyn Fn(u64, u64) + Sync),
-) -> anyhow::Result<YcsbResult> {
+/// Refuses a run that cannot work on any fabric, before anything is set up.
+fn check(cfg: &YcsbConfig) -> anyhow::Result<()> {
     if cfg.workload.has_scans() && cfg.app == App::Mica {
         bail!(
             "workload {} scans; MICA is a hash table: use --app btree",
@@ -328,6 +324,16 @@ pub fn run_inproc(
     if cfg.records == 0 || cfg.threads == 0 {
         bail!("--records and --threads must be at least 1");
     }
+    Ok(())
+}
+
+/// Runs `cfg` on the in-process cluster; `progress` is told the operations done so far.
+pub fn run_inproc(
+    cfg: &YcsbConfig,
+    target: &Path,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> anyhow::Result<YcsbResult> {
+    check(cfg)?;
     let (cluster, make) = setup(cfg, target)?;
     run_phases(cfg, make, Some(cluster.metrics()), progress, INPROC_MODE)
 }
@@ -340,15 +346,7 @@ pub fn run_udp(
     target: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
-    if cfg.workload.has_scans() && cfg.app == App::Mica {
-        bail!(
-            "workload {} scans; MICA is a hash table: use --app btree",
-            cfg.workload.name
-        );
-    }
-    if cfg.records == 0 || cfg.threads == 0 {
-        bail!("--records and --threads must be at least 1");
-    }
+    check(cfg)?;
     let pin = match cfg.placement {
         PlacementChoice::Auto => None,
         PlacementChoice::Fixed(p) => Some(p),
