@@ -196,8 +196,8 @@ fn mica_cluster(
     Ok((cluster, handle))
 }
 
-/// The MICA table naam-server at `server` serves, loaded with `records` records; clients
-/// pinned to `pin` (or following the weights).
+/// The MICA table naam-server at `server` serves, loaded with `records` records (none: left
+/// as it is); clients pinned to `pin` (or following the weights).
 fn udp_mica(
     server: SocketAddr,
     pin: Option<Placement>,
@@ -206,7 +206,9 @@ fn udp_mica(
 ) -> anyhow::Result<(UdpSetup, MicaHandle)> {
     let setup = UdpSetup::new(App::Mica, server, pin, target)?;
     let handle = setup.mica()?;
-    load_mica(&mut MicaClient::new(setup.connect()?, handle), records)?;
+    if records > 0 {
+        load_mica(&mut MicaClient::new(setup.connect()?, handle), records)?;
+    }
     Ok((setup, handle))
 }
 
@@ -854,7 +856,9 @@ pub fn placements(
         let runs = match &on {
             On::Udp(server) => {
                 let server = *server;
-                let (setup, handle) = udp_mica(server, pin, target, records)?;
+                // One table serves every policy: load it the first time only.
+                let load = if server_policy.is_none() { records } else { 0 };
+                let (setup, handle) = udp_mica(server, pin, target, load)?;
                 server_policy = Some(setup.manifest.policy.clone());
                 open_loop(
                     &mut MicaClient::new(setup.connect()?, handle),
