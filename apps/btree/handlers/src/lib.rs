@@ -77,6 +77,23 @@ fn node_desc(rkey: u64, id: u64, size: u64, access: u32) -> Descriptor {
     Descriptor { rkey, offset: id * size, len: size as u32, access }
 }
 
+/// A read handler's step toward `key`'s leaf: past a concurrent split to the right sibling,
+/// or down to the covering child, after checking the node was not written while copied.
+/// `true`: the next node is queued; `false`: `n` is the leaf that holds `key`.
+#[inline(always)]
+fn read_toward(ctx: &mut Context, n: &Node, key: u64, size: u64, rkey: u64) -> Result<bool, Fault> {
+    let next = if key >= n.high {
+        n.sibling
+    } else if l::level(n.header) > 0 {
+        child_for(n, key)?
+    } else {
+        return Ok(false);
+    };
+    n.seg.validate(l::node_back(size as usize), n.version)?;
+    ctx.push_next(node_desc(rkey, next, size, ACCESS_READ))?;
+    Ok(true)
+}
+
 /// Reader args: the key (never NO_KEY) and a usable node size.
 #[inline(always)]
 fn reader_args(ctx: &Context) -> Result<(u64, u64, u64), Fault> {
@@ -98,18 +115,10 @@ handler! {
         if ctx.step == 0 && l::flags(n.header) & l::FLAG_ROOT == 0 {
             return Err(Fault::app(l::error::STALE_ROOT));
         }
+        if read_toward(ctx, &n, key, size, rkey)? {
+            return Ok(Return::Continue);
+        }
         let back = l::node_back(size as usize);
-        if key >= n.high {
-            n.seg.validate(back, n.version)?;
-            ctx.push_next(node_desc(rkey, n.sibling, size, ACCESS_READ))?;
-            return Ok(Return::Continue);
-        }
-        if l::level(n.header) > 0 {
-            let child = child_for(&n, key)?;
-            n.seg.validate(back, n.version)?;
-            ctx.push_next(node_desc(rkey, child, size, ACCESS_READ))?;
-            return Ok(Return::Continue);
-        }
         let p = lower_bound(&n.seg, n.count, key)?;
         let found = p < n.count && n.seg.read_u64(l::entry(p))? == key;
         let value = if found { n.seg.read_u64(l::entry(p) + 8)? } else { 0 };
@@ -137,20 +146,10 @@ handler! {
         if ctx.step == 0 && l::flags(n.header) & l::FLAG_ROOT == 0 {
             return Err(Fault::app(l::error::STALE_ROOT));
         }
-        let back = l::node_back(size as usize);
-        if !on_chain {
-            if key >= n.high {
-                n.seg.validate(back, n.version)?;
-                ctx.push_next(node_desc(rkey, n.sibling, size, ACCESS_READ))?;
-                return Ok(Return::Continue);
-            }
-            if l::level(n.header) > 0 {
-                let child = child_for(&n, key)?;
-                n.seg.validate(back, n.version)?;
-                ctx.push_next(node_desc(rkey, child, size, ACCESS_READ))?;
-                return Ok(Return::Continue);
-            }
+        if !on_chain && read_toward(ctx, &n, key, size, rkey)? {
+            return Ok(Return::Continue);
         }
+        let back = l::node_back(size as usize);
         let start = if on_chain { 0 } else { lower_bound(&n.seg, n.count, key)? };
         let done = ctx.state(0)?;
         let take = ((n.count - start.min(n.count)) as u64).min(max - done.min(max));
