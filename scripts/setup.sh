@@ -9,6 +9,8 @@
 #   - iproute2, which scripts/testbed.sh builds the network-namespace testbed with;
 #   - libibverbs-dev and librdmacm-dev (rdma-core), which the `verbs` backend links, and
 #     libclang1-14 for rdma-sys's bindgen 0.59 (it cannot parse LLVM 22's anonymous names);
+#   - gcc-aarch64-linux-gnu (with its static libc), which cross-compiles the harness that runs
+#     the JIT's aarch64 code, and qemu-user, which runs it: BlueField-2's Arm cores, emulated;
 #   - bpf-linker 0.13 (built from crates.io against LLVM 22), the last step of the
 #     Rust-to-eBPF handler pipeline (see DESIGN.md section 3).
 set -euo pipefail
@@ -18,7 +20,7 @@ log() { printf '[setup] %s\n' "$*"; }
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-APT_PACKAGES=(llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22 pkg-config memcached fonts-dejavu-core iproute2 libibverbs-dev librdmacm-dev libclang1-14)
+APT_PACKAGES=(llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22 pkg-config memcached fonts-dejavu-core iproute2 libibverbs-dev librdmacm-dev libclang1-14 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -267,13 +267,8 @@ fn setup(cfg: &YcsbConfig, target: &Path) -> anyhow::Result<(Arc<Cluster>, Store
     match cfg.app {
         App::Mica => {
             let mc = MicaConfig::sized(capacity, 24, cfg.shape.len());
-            let spec = naam_mica::app_spec(
-                APP_ID,
-                &mc,
-                objs.mica.expect("built"),
-                Placement::Host,
-                true,
-            )?;
+            let spec =
+                naam_mica::app_spec(APP_ID, &mc, objs.mica.expect("built"), Placement::Host)?;
             let cluster = Arc::new(Cluster::builder().config(cc).app(spec).build()?);
             let handle = MicaHandle::from_cluster(&cluster, APP_ID, mc).context("MICA regions")?;
             let fl = cfg.shape.field_length;
@@ -288,13 +283,8 @@ fn setup(cfg: &YcsbConfig, target: &Path) -> anyhow::Result<(Arc<Cluster>, Store
         }
         App::Btree => {
             let bc = BTreeConfig::for_keys(capacity);
-            let spec = naam_btree::app_spec(
-                APP_ID,
-                &bc,
-                objs.btree.expect("built"),
-                Placement::Host,
-                true,
-            )?;
+            let spec =
+                naam_btree::app_spec(APP_ID, &bc, objs.btree.expect("built"), Placement::Host)?;
             let cluster = Arc::new(Cluster::builder().config(cc).app(spec).build()?);
             let handle =
                 BTreeHandle::from_cluster(&cluster, APP_ID, bc).context("B-tree regions")?;

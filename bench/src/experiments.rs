@@ -21,7 +21,7 @@ use naam_runtime::steering::CostPolicyConfig;
 use naam_runtime::transport::Transport;
 use naam_runtime::udp::client::{UdpClient, UdpConfig};
 use naam_runtime::udp::control::Control;
-use naam_runtime::{EngineKind, Executable, LoadedObject, Placement, Trust, VerifierConfig};
+use naam_runtime::{EngineKind, Executable, LoadedObject, Placement, VerifierConfig};
 use serde::Serialize;
 use serde_json::json;
 
@@ -189,7 +189,7 @@ fn mica_cluster(
     object: Arc<LoadedObject>,
 ) -> anyhow::Result<(Arc<Cluster>, MicaHandle)> {
     let mc = MicaConfig::preset_16_64(records);
-    let spec = naam_mica::app_spec(1, &mc, object, Placement::Host, true)?;
+    let spec = naam_mica::app_spec(1, &mc, object, Placement::Host)?;
     let cluster = Arc::new(Cluster::builder().config(config).app(spec).build()?);
     let handle = MicaHandle::from_cluster(&cluster, 1, mc).context("MICA regions")?;
     load_mica(&mut MicaClient::new(cluster.client(), handle), records)?;
@@ -533,11 +533,11 @@ pub fn scale(
                 let apps: Vec<AppSpec> = (1..=n)
                     .map(|id| {
                         let mut spec =
-                            naam_mica::app_spec(id, &mc, object.clone(), Placement::Host, true)?;
+                            naam_mica::app_spec(id, &mc, object.clone(), Placement::Host)?;
                         // Reads and puts only: registering 2 handlers per app keeps setup short.
                         spec.handlers = vec![
-                            HandlerSpec::read(naam_mica::handlers::GET).jit(),
-                            HandlerSpec::write(naam_mica::handlers::PUT).jit(),
+                            HandlerSpec::read(naam_mica::handlers::GET),
+                            HandlerSpec::write(naam_mica::handlers::PUT),
                         ];
                         Ok(spec)
                     })
@@ -664,9 +664,55 @@ fn scale_runs(
     Ok((*q, row))
 }
 
+/// Median nanoseconds per call of `f` over 9 batches of `iters / 9` calls (this machine's
+/// timings are noisy; the median of batches steadies them).
+fn median_ns(iters: u64, mut f: impl FnMut()) -> f64 {
+    let batch = (iters / 9).max(1);
+    let mut v: Vec<f64> = (0..9)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..batch {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / batch as f64
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Verification, analysis and compilation time of every handler of `obj`, per engine: the
+/// median of 9 builds, in milliseconds.
+fn compile_times(app: &str, obj: &LoadedObject) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut rows = Vec::new();
+    for p in &obj.programs {
+        let ms = |engine| -> anyhow::Result<f64> {
+            let mut v = Vec::new();
+            for _ in 0..9 {
+                let t = Instant::now();
+                let exe = Executable::new(p, engine, &VerifierConfig::default())?;
+                v.push(t.elapsed().as_secs_f64() * 1e3);
+                drop(exe);
+            }
+            v.sort_by(f64::total_cmp);
+            Ok(v[v.len() / 2])
+        };
+        let (jit, interp) = (ms(EngineKind::Jit)?, ms(EngineKind::Interp)?);
+        rows.push(json!({ "app": app, "handler": p.name, "insns": p.len(),
+            "jit_ms": jit, "interp_ms": interp }));
+    }
+    Ok(rows)
+}
+
 /// Engines: nanoseconds per invocation of example handlers under the interpreter and the JIT,
-/// beside the same logic in native Rust where it exists.
-pub fn engines(out: &Path, examples: &Path, iters: u64) -> anyhow::Result<serde_json::Value> {
+/// beside the same logic in native Rust where it exists, and how long every example, MICA and
+/// B-tree handler takes to verify and compile.
+pub fn engines(
+    out: &Path,
+    examples: &Path,
+    target_dir: &Path,
+    iters: u64,
+) -> anyhow::Result<serde_json::Value> {
     let mut opts = naam_runtime::pipeline::BuildOptions::new(examples);
     opts.out = Some(out.join("examples.o"));
     let built = naam_runtime::pipeline::build(&opts).context("building the example handlers")?;
@@ -702,12 +748,7 @@ pub fn engines(out: &Path, examples: &Path, iters: u64) -> anyhow::Result<serde_
             .into_iter()
             .enumerate()
         {
-            let exe = Executable::new(
-                obj.get(name)?,
-                engine,
-                Trust::Trusted,
-                &VerifierConfig::default(),
-            )?;
+            let exe = Executable::new(obj.get(name)?, engine, &VerifierConfig::default())?;
             let grants: Vec<Grant> = segs.iter().map(|s| Grant::read(s)).collect();
             let inv = Invocation {
                 args,
@@ -715,7 +756,9 @@ pub fn engines(out: &Path, examples: &Path, iters: u64) -> anyhow::Result<serde_
                 ..Invocation::default()
             };
             let mut vm = Vm::new();
-            let (_, ns) = naam_runtime::engine::time_runs(&mut vm, &exe, &inv, iters);
+            let ns = median_ns(iters, || {
+                let _ = std::hint::black_box(vm.run(&exe, &inv));
+            });
             series[si].points.push((x as f64, ns));
             rows.push(Row {
                 handler: name.to_string(),
@@ -724,9 +767,8 @@ pub fn engines(out: &Path, examples: &Path, iters: u64) -> anyhow::Result<serde_
             });
         }
         // Native: the same logic compiled natively (hash and checksum; add is trivially ~1 ns).
-        let t = Instant::now();
         let mut acc = 0u64;
-        for _ in 0..iters {
+        let ns = median_ns(iters, || {
             acc = acc.wrapping_add(match *name {
                 "hash1k" => naam_ebpf::hash::hash64(std::hint::black_box(&data), 300),
                 "checksum" => data.chunks_exact(8).fold(0u64, |a, c| {
@@ -739,9 +781,8 @@ pub fn engines(out: &Path, examples: &Path, iters: u64) -> anyhow::Result<serde_
                     .partition_point(|&v| v < 300) as u64,
                 _ => std::hint::black_box(5u64) + 7,
             });
-        }
+        });
         std::hint::black_box(acc);
-        let ns = t.elapsed().as_nanos() as f64 / iters as f64;
         series[2].points.push((x as f64, ns));
         rows.push(Row {
             handler: name.to_string(),
@@ -760,7 +801,13 @@ pub fn engines(out: &Path, examples: &Path, iters: u64) -> anyhow::Result<serde_
         },
         &series,
     )?;
+    let mut compile = compile_times("examples", &obj)?;
+    compile.extend(compile_times("mica", mica_object(target_dir)?.as_ref())?);
+    let btree = naam_btree::build_handlers(Some(&target_dir.join("btree")))
+        .context("building the B-tree's handlers")?;
+    compile.extend(compile_times("btree", &btree)?);
     let doc = json!({ "command": command_line(), "mode": "standalone (one process, no fabric)", "experiment": "engines", "iterations": iters, "rows": rows,
+        "compile": compile,
         "note": "native bsearch collects the array into a Vec each call; the criterion bench compares like for like (cargo bench -p naam-runtime --bench engines)" });
     write_json(out, "engines", &doc)?;
     Ok(doc)

@@ -382,7 +382,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                              it sends no messages, so --fabric does not apply"
                         );
                     }
-                    x::engines(&out, &examples, ops.max(1000))?
+                    x::engines(&out, &examples, &target_dir, ops.max(1000))?
                 }
                 "placements" => {
                     x::placements(&out, &target_dir, f, &rates, (seconds / 6.0).max(0.2), None)?

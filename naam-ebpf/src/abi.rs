@@ -8,7 +8,7 @@
 //! that is checked by compile-time assertions at the bottom of this file.
 
 /// Version of this ABI; stored in [`Context::abi_version`] by the runtime.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Prefix of the ELF section that holds a handler: `naam/<name>`.
 pub const SECTION_PREFIX: &str = "naam/";
@@ -192,6 +192,11 @@ pub struct WriteOp {
 }
 
 /// The invocation context a handler receives in `r1`.
+///
+/// Two parts, each one grant of the step: the **inputs** (`abi_version` to `args`, the first
+/// [`CONTEXT_INPUT_SIZE`] bytes) are read-only to the handler, so the segment table it reads is
+/// the one the runtime granted; the **outputs** (`reply_len` to `write_data`) are writable.
+/// (ABI version 2 put every input first; version 1 interleaved them.)
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct Context {
@@ -209,6 +214,10 @@ pub struct Context {
     pub args_len: u32,
     /// Number of valid entries in `segments`.
     pub segment_count: u32,
+    /// Segments fetched for this step, in the order of the descriptors.
+    pub segments: [Segment; MAX_SEGMENTS],
+    /// Inline argument bytes.
+    pub args: [u8; ARGS_CAP],
     /// Number of valid bytes in `reply` (input and output: the reply accumulates across steps).
     pub reply_len: u32,
     /// Output: number of valid entries in `next`.
@@ -219,14 +228,10 @@ pub struct Context {
     pub write_data_len: u32,
     /// State words carried from one step to the next.
     pub state: [u64; STATE_WORDS],
-    /// Segments fetched for this step, in the order of the descriptors.
-    pub segments: [Segment; MAX_SEGMENTS],
     /// Output: descriptors to fetch for the next step (with [`Return::Continue`]).
     pub next: [Descriptor; MAX_NEXT],
     /// Output: write operations (with [`Return::Write`]).
     pub writes: [WriteOp; MAX_WRITES],
-    /// Inline argument bytes.
-    pub args: [u8; ARGS_CAP],
     /// Reply bytes.
     pub reply: [u8; REPLY_CAP],
     /// Staging bytes for `STORE` write operations.
@@ -285,6 +290,10 @@ impl Default for Context {
 
 /// Size of [`Context`] in bytes.
 pub const CONTEXT_SIZE: usize = core::mem::size_of::<Context>();
+
+/// Size of the context's read-only input part (`abi_version` to `args`); the writable
+/// outputs follow it.
+pub const CONTEXT_INPUT_SIZE: usize = core::mem::offset_of!(Context, reply_len);
 
 /// Kind bits (low 8 bits) of an encoded [`Return`].
 pub mod return_kind {
@@ -347,8 +356,11 @@ const _: () = {
     assert!(core::mem::size_of::<Segment>() == 16);
     assert!(core::mem::size_of::<Descriptor>() == 24);
     assert!(core::mem::size_of::<WriteOp>() == 40);
-    assert!(core::mem::offset_of!(Context, state) == 48);
-    assert!(core::mem::offset_of!(Context, segments) == 48 + 8 * STATE_WORDS);
+    assert!(core::mem::offset_of!(Context, segments) == 32);
+    assert!(core::mem::offset_of!(Context, args) == 32 + 16 * MAX_SEGMENTS);
+    assert!(CONTEXT_INPUT_SIZE == 32 + 16 * MAX_SEGMENTS + ARGS_CAP);
+    assert!(CONTEXT_INPUT_SIZE.is_multiple_of(8));
+    assert!(core::mem::offset_of!(Context, state) == CONTEXT_INPUT_SIZE + 16);
     assert!(CONTEXT_SIZE.is_multiple_of(8));
     assert!(
         CONTEXT_SIZE

@@ -21,12 +21,17 @@ pub const fn start(len: u64, seed: u64) -> u64 {
     seed ^ len.wrapping_mul(K)
 }
 
+/// First multiplier of the finaliser.
+pub const FINISH_M1: u64 = 0xbf58_476d_1ce4_e5b9;
+/// Second multiplier of the finaliser.
+pub const FINISH_M2: u64 = 0x94d0_49bb_1331_11eb;
+
 /// Final avalanche (SplitMix64's finaliser).
 #[inline(always)]
 pub const fn finish(h: u64) -> u64 {
     let mut z = h;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z = (z ^ (z >> 30)).wrapping_mul(FINISH_M1);
+    z = (z ^ (z >> 27)).wrapping_mul(FINISH_M2);
     z ^ (z >> 31)
 }
 

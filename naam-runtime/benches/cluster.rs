@@ -46,7 +46,7 @@ fn bench(c: &mut Criterion) {
                 contents: vec![0; 64],
             }],
             object: Arc::new(object),
-            handlers: vec![HandlerSpec::read("add").jit()],
+            handlers: vec![HandlerSpec::read("add")],
         })
         .build()
         .unwrap();

@@ -12,7 +12,7 @@ use naam_ebpf::abi::{Context, Segment, ACCESS_READ};
 use naam_ebpf::{hash, Fault, Return};
 use naam_runtime::engine::{Grant, Invocation, Vm};
 use naam_runtime::pipeline::{build, BuildOptions};
-use naam_runtime::{EngineKind, Executable, LoadedObject, Trust, VerifierConfig};
+use naam_runtime::{EngineKind, Executable, LoadedObject, VerifierConfig};
 
 fn examples() -> LoadedObject {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
@@ -52,13 +52,7 @@ fn native_hash1k(ctx: &mut Context) -> Result<Return, Fault> {
 fn bench(c: &mut Criterion) {
     let obj = examples();
     let exe = |name: &str, engine| {
-        Executable::new(
-            obj.get(name).unwrap(),
-            engine,
-            Trust::Trusted,
-            &VerifierConfig::default(),
-        )
-        .unwrap()
+        Executable::new(obj.get(name).unwrap(), engine, &VerifierConfig::default()).unwrap()
     };
     let args: Vec<u8> = [5u64, 7].iter().flat_map(|w| w.to_le_bytes()).collect();
     let data: Vec<u8> = (0..1024u32).map(|i| (i * 31 % 251) as u8).collect();

@@ -69,6 +69,24 @@ pub struct AppSpec {
     pub handlers: Vec<HandlerSpec>,
 }
 
+impl AppSpec {
+    /// Every handler of the app on `engine` (the JIT is the default).
+    pub fn with_engine(mut self, engine: crate::engine::EngineKind) -> Self {
+        for h in &mut self.handlers {
+            h.engine = engine;
+        }
+        self
+    }
+
+    /// Every handler of the app with an instruction budget of `budget` per step.
+    pub fn with_budget(mut self, budget: u64) -> Self {
+        for h in &mut self.handlers {
+            h.budget = budget;
+        }
+        self
+    }
+}
+
 /// Which steering policy the cluster runs.
 #[derive(Clone, Copy, Debug)]
 pub enum PolicyChoice {
@@ -142,6 +160,9 @@ pub struct ClusterConfig {
     /// in-process cluster, whose many emulated threads share few cores; a server process whose
     /// host executors have cores to themselves polls longer.
     pub executor_poll: Duration,
+    /// Replay sampled steps of every executor and client VM as aarch64 code under qemu and
+    /// record differences (tests of the aarch64 JIT over real workloads; off by default).
+    pub cross_check: Option<Arc<crate::cross::CrossCheck>>,
 }
 
 /// How long a remote NIC may stay silent before the controller takes it out of the weights.
@@ -162,6 +183,7 @@ impl Default for ClusterConfig {
             remote_nic: false,
             controller: true,
             executor_poll: POLL_BEFORE_BLOCKING,
+            cross_check: None,
         }
     }
 }
@@ -823,6 +845,7 @@ fn serve<P: DataPath>(
 fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
     let mut last_done: Nanos = 0;
     let mut vm = Vm::new();
+    vm.set_cross_check(inner.config.cross_check.clone());
     let mut host = HostPath::new(inner.regions.clone());
     let mut nic = NicPath::new(inner.regions.clone(), inner.config.nic.dma);
     loop {
@@ -1174,7 +1197,11 @@ impl Cluster {
             seq: 0,
             tx,
             rx,
-            vm: Vm::new(),
+            vm: {
+                let mut vm = Vm::new();
+                vm.set_cross_check(self.inner.config.cross_check.clone());
+                vm
+            },
             selectors: HashMap::new(),
         }
     }
@@ -1813,6 +1840,7 @@ impl AsyncClient {
             }
         };
         let mut vm = Vm::new();
+        vm.set_cross_check(self.inner.config.cross_check.clone());
         let (mut m, mut action) =
             StepMachine::start(req, handler, Placement::Client, self.inner.config.limits);
         let mut bufs: Vec<Vec<u8>> = Vec::new();

@@ -22,8 +22,8 @@ use naam_ebpf::abi::{
 };
 
 use crate::clock::Clock;
+use crate::engine::VmError;
 use crate::engine::{Grant, Invocation, StepError, Vm};
-use crate::interp::VmError;
 use crate::placement::Placement;
 use crate::region::{MemError, RegionTable, ResolveError};
 use crate::registry::{HandlerEntry, HandlerKind};

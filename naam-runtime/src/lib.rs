@@ -1,27 +1,19 @@
 //! # naam-runtime
 //!
-//! The NAAM runtime. This crate owns the handler toolchain and execution core:
-//! - [`pipeline`]: `naam build`, Rust handler crate → eBPF object (host staticlib with
-//!   linker-plugin LTO, then bpf-linker);
-//! - [`loader`]: ELF parsing and linking of `naam/<name>` handlers;
-//! - [`verifier`]: the structural verifier gate;
-//! - [`interp`], [`engine`]: the checked interpreter, rbpf's JIT, and per-thread [`engine::Vm`]s;
-//! - [`helpers`]: helper functions and the memory map they check against.
+//! The NAAM runtime: the handler build pipeline, the wire codec, regions, the step machine,
+//! steering, the in-process, UDP and verbs fabrics, and the `naam` CLI.
 //!
-//! Everything except [`pipeline`] is IO-free: bytes in, decisions out.
+//! The engine (loader, verifier, analysis, interpreter, JIT, helpers) is the `naam-vm` crate;
+//! its modules are re-exported here under their old paths ([`engine`], [`loader`],
+//! [`verifier`], [`interp`], [`jit`], [`helpers`], [`insn`]) so users need one dependency.
 #![deny(missing_docs)]
 
 pub mod clock;
 pub mod cluster;
 pub mod datagram;
-pub mod engine;
 pub mod executor;
 pub mod experiment;
-pub mod helpers;
-pub mod insn;
-pub mod interp;
 pub mod intmap;
-pub mod loader;
 pub mod metrics;
 pub mod onesided;
 pub mod pipeline;
@@ -34,10 +26,14 @@ pub mod transport;
 pub mod udp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
-pub mod verifier;
 pub mod wire;
 
-pub use engine::{EngineKind, Executable, Grant, Invocation, StepError, StepOutput, Trust, Vm};
-pub use loader::{load, LoadError, LoadedObject, Program};
+pub use naam_vm::{
+    analysis, conformance, cross, engine, helpers, insn, interp, jit, loader, memory, verifier,
+};
+pub use naam_vm::{load, LoadError, LoadedObject, Program};
+pub use naam_vm::{verify, Rule, VerifierConfig, Violation};
+pub use naam_vm::{
+    EngineKind, ExecOptions, Executable, Grant, Invocation, StepError, StepOutput, Vm, VmError,
+};
 pub use placement::Placement;
-pub use verifier::{verify, Rule, VerifierConfig, Violation};

@@ -7,7 +7,8 @@
 //!    `--target` keeps those flags off build scripts and proc macros);
 //! 2. handler symbols are read from the archive index: unmangled symbols defined by the crate's
 //!    own members;
-//! 3. `bpf-linker --target bpfel --cpu v3` links the bitcode into eBPF, exporting those symbols;
+//! 3. `bpf-linker --target bpfel --cpu v3` (or `v4`) links the bitcode into eBPF, exporting
+//!    those symbols;
 //! 4. the output is rejected if it has undefined symbols (bpf-linker only warns when a dependency
 //!    lacks bitcode) and must load with [`crate::loader`].
 //!
@@ -37,6 +38,40 @@ pub struct BuildOptions {
     pub bpf_linker: PathBuf,
     /// Cargo binary; default `$CARGO` or `cargo`.
     pub cargo: PathBuf,
+    /// eBPF instruction set LLVM targets.
+    pub cpu: BpfCpu,
+}
+
+/// The eBPF instruction set version LLVM's BPF backend emits (`bpf-linker --cpu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BpfCpu {
+    /// ISA v3 (the default: what every eBPF runtime, the Linux kernel's included, accepts).
+    #[default]
+    V3,
+    /// ISA v4: adds sign-extending loads and moves, signed division, `bswap` and `ja32`
+    /// (both NAAM engines implement it; denser code for some handlers).
+    V4,
+}
+
+impl BpfCpu {
+    /// The name bpf-linker takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            BpfCpu::V3 => "v3",
+            BpfCpu::V4 => "v4",
+        }
+    }
+}
+
+impl std::str::FromStr for BpfCpu {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "v3" => Ok(BpfCpu::V3),
+            "v4" => Ok(BpfCpu::V4),
+            other => Err(format!("unknown eBPF cpu `{other}` (v3, v4)")),
+        }
+    }
 }
 
 impl BuildOptions {
@@ -52,6 +87,7 @@ impl BuildOptions {
             cargo: std::env::var_os("CARGO")
                 .map(PathBuf::from)
                 .unwrap_or_else(|| PathBuf::from("cargo")),
+            cpu: BpfCpu::default(),
         }
     }
 }
@@ -336,7 +372,7 @@ pub fn build_object(opts: &BuildOptions) -> Result<RawObject, BuildError> {
                 "--target",
                 "bpfel",
                 "--cpu",
-                "v3",
+                opts.cpu.name(),
                 "--cpu-features=+allows-misaligned-mem-access",
                 "-O3",
                 "--llvm-args=-profile-guided-section-prefix=false",

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::engine::{EngineError, EngineKind, Executable, Trust};
+use crate::engine::{EngineError, EngineKind, ExecOptions, Executable, DEFAULT_BUDGET};
 use crate::intmap::IntMap;
 use crate::loader::LoadedObject;
 use crate::placement::Placement;
@@ -93,24 +93,24 @@ pub struct HandlerSpec {
     pub name: String,
     /// Read or write.
     pub kind: HandlerKind,
-    /// Engine.
+    /// Engine (the memory-checked JIT unless asked otherwise; every handler may use it).
     pub engine: EngineKind,
-    /// Trust (the JIT needs `Trusted`).
-    pub trust: Trust,
+    /// Instructions one step may run before it faults with `budget exhausted`.
+    pub budget: u64,
 }
 
 impl HandlerSpec {
-    /// A read-only handler on the checked interpreter.
+    /// A read-only handler on the JIT with the default budget.
     pub fn read(name: &str) -> Self {
         HandlerSpec {
             name: name.into(),
             kind: HandlerKind::Read,
-            engine: EngineKind::Interp,
-            trust: Trust::Untrusted,
+            engine: EngineKind::Jit,
+            budget: DEFAULT_BUDGET,
         }
     }
 
-    /// A write handler on the checked interpreter.
+    /// A write handler on the JIT with the default budget.
     pub fn write(name: &str) -> Self {
         HandlerSpec {
             kind: HandlerKind::Write,
@@ -118,10 +118,15 @@ impl HandlerSpec {
         }
     }
 
-    /// The same handler on the JIT (its loader vouches for it).
-    pub fn jit(mut self) -> Self {
-        self.engine = EngineKind::Jit;
-        self.trust = Trust::Trusted;
+    /// The same handler on another engine.
+    pub fn engine(mut self, engine: EngineKind) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// The same handler with another instruction budget per step.
+    pub fn budget(mut self, budget: u64) -> Self {
+        self.budget = budget;
         self
     }
 }
@@ -173,7 +178,15 @@ impl Registry {
         let mut ids = Vec::new();
         for spec in specs {
             let program = object.get(&spec.name)?;
-            let exe = Executable::new(program, spec.engine, spec.trust, config)?;
+            let exe = Executable::build(
+                program,
+                &ExecOptions {
+                    engine: spec.engine,
+                    budget: spec.budget,
+                    verifier: config.clone(),
+                    ..ExecOptions::default()
+                },
+            )?;
             let id = handler_id(&spec.name);
             if let Some(other) = entry.handlers.get(&id) {
                 return Err(RegistryError::Collision {

@@ -4,11 +4,10 @@
 mod common;
 
 use naam_ebpf::abi::{Context, CONTEXT_SIZE};
-use naam_runtime::engine::{Grant, Invocation, StepError, Vm};
+use naam_runtime::engine::{ExecOptions, Grant, Invocation, StepError, Vm, VmError};
 use naam_runtime::insn::{encode_all, Insn};
-use naam_runtime::interp::VmError;
 use naam_runtime::{
-    load, verify, EngineKind, Executable, LoadError, Program, Rule, Trust, VerifierConfig,
+    load, verify, EngineKind, Executable, LoadError, Program, Rule, VerifierConfig,
 };
 use object::write::{Object as WObject, Symbol, SymbolSection};
 use object::{
@@ -144,22 +143,26 @@ fn store_through_segment0() -> Program {
     )
 }
 
+fn both(p: &Program) -> [Executable; 2] {
+    [EngineKind::Interp, EngineKind::Jit]
+        .map(|e| Executable::new(p, e, &VerifierConfig::default()).unwrap())
+}
+
 #[test]
 fn stores_to_read_only_segments_are_refused() {
-    let exe = Executable::new(
-        &store_through_segment0(),
-        EngineKind::Interp,
-        Trust::Untrusted,
-        &VerifierConfig::default(),
-    )
-    .unwrap();
+    for exe in both(&store_through_segment0()) {
+        stores_to_read_only_segments_are_refused_on(&exe);
+    }
+}
+
+fn stores_to_read_only_segments_are_refused_on(exe: &Executable) {
     let mut vm = Vm::new();
     let seg = [0u8; 8];
     let inv = Invocation {
         segments: &[Grant::read(&seg)],
         ..Invocation::default()
     };
-    let err = vm.run(&exe, &inv).unwrap_err();
+    let err = vm.run(exe, &inv).unwrap_err();
     assert!(
         matches!(
             err,
@@ -177,7 +180,7 @@ fn stores_to_read_only_segments_are_refused() {
         )],
         ..Invocation::default()
     };
-    vm.run(&exe, &inv).unwrap();
+    vm.run(exe, &inv).unwrap();
     assert_eq!(seg, 7u64.to_le_bytes());
 }
 
@@ -185,8 +188,7 @@ fn stores_to_read_only_segments_are_refused() {
 fn invocation_limits_are_checked() {
     let exe = Executable::new(
         &Program::from_bytecode("r", ret0()),
-        EngineKind::Interp,
-        Trust::Untrusted,
+        EngineKind::Jit,
         &VerifierConfig::default(),
     )
     .unwrap();
@@ -222,22 +224,58 @@ fn invocation_limits_are_checked() {
     assert!(vm.run(&exe, &Invocation::default()).is_ok());
 }
 
+fn with_budget(p: &Program, engine: EngineKind, budget: u64) -> Executable {
+    Executable::build(
+        p,
+        &ExecOptions {
+            engine,
+            budget,
+            ..ExecOptions::default()
+        },
+    )
+    .unwrap()
+}
+
 #[test]
-fn instruction_budget_stops_long_runs() {
-    // A long straight line: 5000 adds.
+fn instruction_budget_stops_loops() {
+    // r0 += 1; goto -2: never ends.
+    let p = Program::from_bytecode(
+        "spin",
+        encode_all(&[
+            insn(ebpf::ADD64_IMM, 0, 0, 0, 1),
+            insn(ebpf::JA, 0, 0, -2, 0),
+            Insn::EXIT,
+        ]),
+    );
+    for engine in [EngineKind::Interp, EngineKind::Jit] {
+        let exe = with_budget(&p, engine, 1000);
+        let mut vm = Vm::new();
+        let err = vm.run(&exe, &Invocation::default()).unwrap_err();
+        assert_eq!(
+            err,
+            StepError::Vm(VmError::Budget { limit: 1000 }),
+            "{engine}"
+        );
+        assert!(err.to_string().contains("budget exhausted"), "{err}");
+        // The VM keeps serving.
+        let ok = with_budget(&Program::from_bytecode("r", ret0()), engine, 1000);
+        assert!(vm.run(&ok, &Invocation::default()).is_ok());
+    }
+}
+
+#[test]
+fn straight_line_code_overshoots_the_budget_by_at_most_its_length() {
+    // The budget is checked at backward jumps and calls (as fuel is in wasm engines): code
+    // without either is bounded by the instruction cap instead, and both engines count it.
     let mut insns = vec![insn(ebpf::ADD64_IMM, 0, 0, 0, 1); 5000];
     insns.push(Insn::EXIT);
-    let exe = Executable::new(
-        &Program::from_bytecode("long", encode_all(&insns)),
-        EngineKind::Interp,
-        Trust::Untrusted,
-        &VerifierConfig::default(),
-    )
-    .unwrap();
-    let mut vm = Vm::new();
-    vm.set_budget(1000);
-    let err = vm.run(&exe, &Invocation::default()).unwrap_err();
-    assert_eq!(err, StepError::Vm(VmError::Budget { limit: 1000 }));
+    let p = Program::from_bytecode("long", encode_all(&insns));
+    for engine in [EngineKind::Interp, EngineKind::Jit] {
+        let out = Vm::new()
+            .run(&with_budget(&p, engine, 1000), &Invocation::default())
+            .unwrap();
+        assert_eq!((out.return_code, out.insns), (5000, Some(5001)), "{engine}");
+    }
 }
 
 #[test]
@@ -252,15 +290,10 @@ fn handler_output_fields_are_validated() {
             Insn::EXIT,
         ]),
     );
-    let exe = Executable::new(
-        &p,
-        EngineKind::Interp,
-        Trust::Untrusted,
-        &VerifierConfig::default(),
-    )
-    .unwrap();
-    let err = Vm::new().run(&exe, &Invocation::default()).unwrap_err();
-    assert!(matches!(err, StepError::BadOutput(_)), "{err}");
+    for exe in both(&p) {
+        let err = Vm::new().run(&exe, &Invocation::default()).unwrap_err();
+        assert!(matches!(err, StepError::BadOutput(_)), "{err}");
+    }
     assert_eq!(CONTEXT_SIZE % 8, 0);
 }
 
@@ -333,11 +366,15 @@ proptest! {
         insns.push(Insn::EXIT);
         let bytes = encode_all(&insns);
         let p = Program::from_bytecode("fuzz", bytes);
-        if let Ok(exe) = Executable::new(&p, EngineKind::Interp, Trust::Untrusted, &VerifierConfig::default()) {
+        if verify(&p, &VerifierConfig::default()).is_ok() {
             let seg = [0xabu8; 32];
             let inv = Invocation { args: &[1, 2, 3], segments: &[Grant::read(&seg)], ..Invocation::default() };
-            let _ = Vm::new().run(&exe, &inv);
+            let [interp, jit] = both(&p).map(|exe| {
+                let mut vm = Vm::new();
+                vm.run(&exe, &inv).map(|o| (o.return_code, o.insns))
+            });
             prop_assert_eq!(seg, [0xabu8; 32]);
+            prop_assert_eq!(interp, jit);
         }
     }
 }

@@ -410,8 +410,8 @@ fn optimistic_reads_are_never_torn_at_any_placement() {
         access: ALL_RIGHTS,
         contents: words(&[0, 0, !0, 0]),
     });
-    spec.handlers.push(HandlerSpec::read("vget").jit());
-    spec.handlers.push(HandlerSpec::write("vput").jit());
+    spec.handlers.push(HandlerSpec::read("vget"));
+    spec.handlers.push(HandlerSpec::write("vput"));
     let c = Arc::new(
         Cluster::builder()
             .config(ClusterConfig::functional())

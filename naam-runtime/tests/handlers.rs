@@ -4,13 +4,12 @@ mod common;
 
 use common::{examples, words, Rng};
 use naam_ebpf::abi::{abort_code, error_code, write_kind, Return, ACCESS_READ};
-use naam_runtime::engine::{Grant, Invocation, StepError, Vm};
-use naam_runtime::interp::VmError;
-use naam_runtime::{EngineKind, Executable, Rule, Trust, VerifierConfig};
+use naam_runtime::engine::{ExecOptions, Grant, Invocation, StepError, Vm, VmError};
+use naam_runtime::{EngineKind, Executable, VerifierConfig};
 
 fn exe(name: &str, engine: EngineKind) -> Executable {
     let program = examples().1.get(name).unwrap();
-    Executable::new(program, engine, Trust::Trusted, &VerifierConfig::default()).unwrap()
+    Executable::new(program, engine, &VerifierConfig::default()).unwrap()
 }
 
 fn both(name: &str) -> [Executable; 2] {
@@ -162,18 +161,22 @@ fn panics_become_clean_aborts() {
 }
 
 #[test]
-fn out_of_bounds_read_is_an_interpreter_error() {
-    let e = exe("oob_read", EngineKind::Interp);
+fn out_of_bounds_reads_fault_on_both_engines() {
     let seg = [0u8; 16];
-    for distance in [0u64, 1, 8, 4096, 1 << 40] {
-        match run(&e, &distance.to_le_bytes(), &[&seg]) {
-            Err(StepError::Vm(VmError::OutOfBounds { kind, .. })) => assert_eq!(kind, "load"),
-            other => panic!("distance {distance}: expected an out-of-bounds error, got {other:?}"),
+    for e in both("oob_read") {
+        for distance in [0u64, 1, 8, 4096, 1 << 40, u64::MAX - 100] {
+            match run(&e, &distance.to_le_bytes(), &[&seg]) {
+                Err(StepError::Vm(VmError::OutOfBounds { kind, .. })) => assert_eq!(kind, "load"),
+                other => panic!(
+                    "{} distance {distance}: expected an out-of-bounds error, got {other:?}",
+                    e.engine()
+                ),
+            }
         }
+        // Distance -8 lands inside the segment: allowed.
+        let (ret, _) = run(&e, &(-8i64 as u64).to_le_bytes(), &[&seg]).unwrap();
+        assert_eq!(ret, Some(Return::Done));
     }
-    // Distance -8 lands inside the segment: allowed.
-    let (ret, _) = run(&e, &(-8i64 as u64).to_le_bytes(), &[&seg]).unwrap();
-    assert_eq!(ret, Some(Return::Done));
 }
 
 #[test]
@@ -210,6 +213,10 @@ fn interpreter_and_jit_agree_on_random_inputs() {
         ("two_step", 8, 16),
         ("store", 8, 8),
         ("panics", 8, 0),
+        ("sum_words", 0, 512),
+        ("walk", 0, 64),
+        ("recurse", 1, 0),
+        ("reverse16", 1, 32),
     ];
     for &(name, args_len, seg_len) in cases {
         let [interp, jit] = both(name);
@@ -233,23 +240,110 @@ fn interpreter_and_jit_agree_on_random_inputs() {
 }
 
 #[test]
-fn unbounded_loop_is_rejected_by_the_verifier() {
-    let path = common::build_crate("naam-runtime/tests/fixtures/bad-loop", "bad-loop").unwrap();
-    let obj = naam_runtime::load(&std::fs::read(path).unwrap()).unwrap();
-    let program = obj.get("walk").unwrap();
-    let v = naam_runtime::verify(program, &VerifierConfig::default()).unwrap_err();
-    assert_eq!(v.rule, Rule::BackwardJump);
-    assert!(v
-        .to_string()
-        .starts_with(&format!("insn {}: backward-jump:", v.index)));
-    // And no engine will take it.
-    assert!(Executable::new(
-        program,
-        EngineKind::Interp,
-        Trust::Untrusted,
-        &VerifierConfig::default()
-    )
-    .is_err());
+fn loops_over_run_time_lengths_verify_and_run() {
+    let mut rng = Rng(11);
+    for e in both("sum_words") {
+        assert!(e.verdict().backward_jumps > 0, "a real loop, not unrolled");
+        for n in [0usize, 1, 7, 100, 4096] {
+            let ws: Vec<u64> = (0..n).map(|_| rng.next()).collect();
+            let sum = ws.iter().fold(0u64, |a, w| a.wrapping_add(*w));
+            let (ret, reply) = run(&e, &[], &[&words(&ws)]).unwrap();
+            assert_eq!(
+                (ret, reply),
+                (Some(Return::Done), words(&[sum])),
+                "{} n={n}",
+                e.engine()
+            );
+        }
+    }
+    // A data-dependent loop: a linked list of 5 hops, then a cycle the budget stops.
+    let list = words(&[8, 16, 24, 32, 40, 0]);
+    let cycle = words(&[8, 0x10, 8]);
+    for e in both("walk") {
+        let (ret, reply) = run(&e, &[], &[&list]).unwrap();
+        assert_eq!(
+            (ret, reply),
+            (Some(Return::Done), words(&[5])),
+            "{}",
+            e.engine()
+        );
+        let err = run(&e, &[], &[&cycle]).unwrap_err();
+        assert_eq!(
+            err,
+            StepError::Vm(VmError::Budget {
+                limit: naam_runtime::engine::DEFAULT_BUDGET
+            }),
+            "{}",
+            e.engine()
+        );
+    }
+}
+
+#[test]
+fn hostile_handlers_get_clean_faults_on_both_engines() {
+    let mut victim = [0u8; 64];
+    let victim_addr = victim.as_mut_ptr() as u64;
+    for e in both("wild_write") {
+        // A write to memory the step was not granted (this process's own, a null pointer,
+        // the top of the address space, kernel space): a fault, never a signal.
+        for addr in [victim_addr, 0, 8, u64::MAX - 7, 0xffff_8000_0000_0000] {
+            let args: Vec<u8> = [addr, 0x4141]
+                .iter()
+                .flat_map(|w| w.to_le_bytes())
+                .collect();
+            match run(&e, &args, &[]) {
+                Err(StepError::Vm(VmError::OutOfBounds {
+                    kind: "store",
+                    addr: a,
+                    len: 8,
+                    ..
+                })) => {
+                    assert_eq!(a, addr)
+                }
+                other => panic!("{} addr {addr:#x}: {other:?}", e.engine()),
+            }
+        }
+    }
+    assert_eq!(victim, [0u8; 64], "nothing was written");
+    for e in both("spin") {
+        let err = run(&e, &[], &[]).unwrap_err();
+        assert!(
+            matches!(err, StepError::Vm(VmError::Budget { .. })),
+            "{err}"
+        );
+    }
+    for e in both("recurse") {
+        // Shallow recursion works (each level has its own frame)...
+        let (ret, _) = run(&e, &3u64.to_le_bytes(), &[]).unwrap();
+        assert_eq!(ret, Some(Return::Done), "{}", e.engine());
+        // ...deep recursion stops at the frame limit.
+        let err = run(&e, &1000u64.to_le_bytes(), &[]).unwrap_err();
+        assert!(
+            matches!(err, StepError::Vm(VmError::CallDepth { .. })),
+            "{} {err}",
+            e.engine()
+        );
+    }
+    // Small budgets are per executable, and both engines count alike.
+    let program = examples().1.get("sum_words").unwrap();
+    let data = words(&[1; 1000]);
+    for engine in [EngineKind::Interp, EngineKind::Jit] {
+        let small = Executable::build(
+            program,
+            &ExecOptions {
+                engine,
+                budget: 500,
+                ..ExecOptions::default()
+            },
+        )
+        .unwrap();
+        let err = run(&small, &[], &[&data]).unwrap_err();
+        assert_eq!(
+            err,
+            StepError::Vm(VmError::Budget { limit: 500 }),
+            "{engine}"
+        );
+    }
 }
 
 #[test]
@@ -264,16 +358,11 @@ fn undefined_symbols_fail_the_build() {
 }
 
 #[test]
-fn untrusted_handlers_cannot_use_the_jit() {
-    let program = examples().1.get("add").unwrap();
-    let err = Executable::new(
-        program,
-        EngineKind::Jit,
-        Trust::Untrusted,
-        &VerifierConfig::default(),
-    )
-    .unwrap_err();
-    assert!(err.to_string().contains("only trusted handlers"), "{err}");
+fn every_example_handler_runs_on_the_jit() {
+    for p in &examples().1.programs {
+        let e = Executable::new(p, EngineKind::Jit, &VerifierConfig::default());
+        assert!(e.is_ok(), "{}: {:?}", p.name, e.err());
+    }
 }
 
 #[test]

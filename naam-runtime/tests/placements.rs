@@ -69,8 +69,8 @@ fn world() -> World {
         "add", "checksum", "bsearch", "two_step", "hash1k", "panics", "oob_read",
     ]
     .into_iter()
-    .map(|n| HandlerSpec::read(n).jit())
-    .chain([HandlerSpec::write("store").jit()])
+    .map(HandlerSpec::read)
+    .chain([HandlerSpec::write("store")])
     .collect();
     registry
         .add_handlers(APP, &examples().1, &specs, &VerifierConfig::default())

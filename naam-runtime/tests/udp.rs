@@ -448,3 +448,91 @@ fn a_server_claiming_endless_manifest_pages_is_refused() {
     }
     server.join().unwrap();
 }
+
+/// A tenant's hostile handlers (a wild write, an endless loop, deep recursion, an
+/// out-of-bounds read) get clean error replies at the host and at the NIC, while another app
+/// on the same server keeps being served, and the server stays up.
+#[test]
+fn hostile_handlers_fault_cleanly_while_another_app_is_served() {
+    let shm = tempfile::tempdir().unwrap();
+    let h = host_with(
+        shm.path(),
+        &[APP, APP + 1],
+        ClusterConfig::functional(),
+        false,
+    );
+    let n = nic(shm.path(), h.addr);
+    let _ = &n;
+    // The other tenant: lookups from another thread for the whole test.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (server, halt) = (h.addr, stop.clone());
+    let other = std::thread::spawn(move || {
+        let mut c = client(server, Some(Placement::Host));
+        let sorted = c
+            .manifest()
+            .app(APP + 1)
+            .unwrap()
+            .region_key("sorted")
+            .unwrap();
+        let (mut ok, mut failed) = (0u64, Vec::new());
+        while !halt.load(std::sync::atomic::Ordering::SeqCst) {
+            let r = c
+                .call(
+                    APP + 1,
+                    handler_id("bsearch"),
+                    &words(&[400]),
+                    &[rd(sorted, 0, 4096)],
+                )
+                .unwrap();
+            if r.status == Status::Ok && r.payload[..8] == words(&[100])[..] {
+                ok += 1;
+            } else {
+                failed.push(format!("{:?} {:?}", r.status, r.payload));
+            }
+        }
+        (ok, failed)
+    });
+    let mut victim = [0u8; 16];
+    let victim_addr = victim.as_mut_ptr() as u64;
+    for p in [Placement::Host, Placement::Nic] {
+        let mut c = client(h.addr, Some(p));
+        wait_for_agent(&mut c);
+        let sorted = rkey(&c, "sorted");
+        for (handler, args, want) in [
+            (
+                "wild_write",
+                words(&[victim_addr, 0x41]),
+                "store of 8 bytes",
+            ),
+            ("wild_write", words(&[0, 0x41]), "store of 8 bytes at 0x0"),
+            ("spin", Vec::new(), "budget exhausted"),
+            ("recurse", words(&[1000]), "calls nested deeper"),
+            ("oob_read", words(&[1 << 40]), "load of 8 bytes"),
+        ] {
+            let r = c
+                .call(APP, handler_id(handler), &args, &[rd(sorted, 0, 64)])
+                .unwrap();
+            let msg = String::from_utf8_lossy(&r.payload);
+            assert_eq!(
+                (r.status, r.placement),
+                (Status::Fault, p),
+                "{handler}: {msg}"
+            );
+            assert!(msg.contains(want), "{handler} at {p}: {msg}");
+        }
+        // The same tenant's well-behaved handler still runs there.
+        let r = c
+            .call(APP, handler_id("add"), &words(&[2, 3]), &[])
+            .unwrap();
+        assert_eq!(
+            (r.status, &r.payload[..]),
+            (Status::Ok, &words(&[5])[..]),
+            "{p}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (ok, failed) = other.join().unwrap();
+    assert!(failed.is_empty(), "the other app saw errors: {failed:?}");
+    assert!(ok > 10, "the other app was served only {ok} times");
+    assert_eq!(victim, [0u8; 16], "the server's memory was not written");
+}

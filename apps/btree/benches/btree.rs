@@ -25,7 +25,7 @@ fn bench(c: &mut Criterion) {
     let key = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 1;
 
     let mut native = NativeBTree::new(config);
-    let spec = app_spec(1, &config, object, Placement::Host, true).unwrap();
+    let spec = app_spec(1, &config, object, Placement::Host).unwrap();
     let direct = Direct::new(std::slice::from_ref(&spec)).unwrap();
     let handle = BTreeHandle::with_keys(1, config, |n| direct.region_key(1, n)).unwrap();
     let mut naam = BTreeClient::new(direct, handle);

@@ -184,10 +184,8 @@ pub fn app_spec(
     config: &BTreeConfig,
     object: Arc<LoadedObject>,
     owner: Placement,
-    jit: bool,
 ) -> Result<AppSpec, BTreeError> {
     config.validate()?;
-    let spec = |s: HandlerSpec| if jit { s.jit() } else { s };
     Ok(AppSpec {
         id: app,
         name: "btree".into(),
@@ -206,10 +204,10 @@ pub fn app_spec(
         ],
         object,
         handlers: vec![
-            spec(HandlerSpec::read(handlers::GET)),
-            spec(HandlerSpec::read(handlers::SCAN)),
-            spec(HandlerSpec::read(handlers::ROOT)),
-            spec(HandlerSpec::write(handlers::PUT)),
+            HandlerSpec::read(handlers::GET),
+            HandlerSpec::read(handlers::SCAN),
+            HandlerSpec::read(handlers::ROOT),
+            HandlerSpec::write(handlers::PUT),
         ],
     })
 }

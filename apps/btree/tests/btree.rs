@@ -36,7 +36,7 @@ fn object() -> Arc<LoadedObject> {
 fn cluster_with(config: BTreeConfig, cc: ClusterConfig) -> Cluster {
     Cluster::builder()
         .config(cc)
-        .app(app_spec(APP, &config, object(), Placement::Host, true).unwrap())
+        .app(app_spec(APP, &config, object(), Placement::Host).unwrap())
         .build()
         .unwrap()
 }
@@ -362,4 +362,58 @@ fn bad_input_is_refused_and_the_tree_stays_intact() {
             "{k}"
         );
     }
+}
+
+/// Every B-tree handler compiles to aarch64, and real steps (descents, splits, scans) at every
+/// placement, replayed as that aarch64 code under qemu-user, compute exactly what the JIT
+/// computed on this host.
+#[test]
+fn aarch64_code_computes_what_the_host_computes() {
+    for p in &object().programs {
+        let exe = naam_runtime::Executable::new(
+            p,
+            naam_runtime::EngineKind::Interp,
+            &naam_runtime::VerifierConfig::default(),
+        )
+        .unwrap();
+        let code = exe.compile_for(naam_runtime::jit::Target::Aarch64).unwrap();
+        assert!(!code.code.is_empty(), "{}", p.name);
+    }
+    if let Err(e) = naam_runtime::cross::available() {
+        if std::env::var_os("CI").is_some() {
+            panic!("aarch64 runs are required in CI: {e}");
+        }
+        eprintln!("skipping the aarch64 replay: {e}");
+        return;
+    }
+    let check = naam_runtime::cross::CrossCheck::new(1);
+    let config = small();
+    let c = cluster_with(
+        config,
+        ClusterConfig {
+            cross_check: Some(check.clone()),
+            ..ClusterConfig::functional()
+        },
+    );
+    let mut native = NativeBTree::new(config);
+    let mut t = pinned(&c, config, Placement::Host);
+    for i in 0..40u64 {
+        let k = i * 37 % 101;
+        assert_eq!(t.insert(k, i).unwrap(), native.insert(k, i), "insert {k}");
+    }
+    assert!(native.height() >= 2, "the inserts split nodes");
+    for p in Placement::ALL {
+        let mut r = pinned(&c, config, p);
+        for k in (0..101).step_by(9) {
+            assert_eq!(r.get(k).unwrap(), native.get(k), "get {k} at {p}");
+        }
+        assert_eq!(r.scan(20, 8).unwrap(), native.scan(20, 8), "scan at {p}");
+    }
+    c.shutdown();
+    assert!(check.problems().is_empty(), "{:#?}", check.problems());
+    assert!(
+        check.compared() > 80,
+        "only {} steps compared",
+        check.compared()
+    );
 }

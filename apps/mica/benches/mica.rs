@@ -29,7 +29,7 @@ fn bench(c: &mut Criterion) {
     let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();
 
     let mut native = NativeMica::new(config);
-    let spec = app_spec(1, &config, object.clone(), Placement::Host, true).unwrap();
+    let spec = app_spec(1, &config, object.clone(), Placement::Host).unwrap();
     let direct = Direct::new(std::slice::from_ref(&spec)).unwrap();
     let handle = MicaHandle::with_keys(1, config, |n| direct.region_key(1, n)).unwrap();
     let mut naam = MicaClient::new(direct, handle);

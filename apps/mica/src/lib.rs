@@ -217,16 +217,15 @@ pub fn build_handlers_output(
 }
 
 /// The app a cluster installs for a MICA table: its regions and handlers (GET read-only, the
-/// others writes at `owner`). `jit` puts the handlers on the JIT (they are this crate's own).
+/// others writes at `owner`), on the JIT with the default budget ([`AppSpec::with_engine`] and
+/// [`AppSpec::with_budget`] change them).
 pub fn app_spec(
     app: u32,
     config: &MicaConfig,
     object: Arc<LoadedObject>,
     owner: Placement,
-    jit: bool,
 ) -> Result<AppSpec, MicaError> {
     config.validate()?;
-    let spec = |s: HandlerSpec| if jit { s.jit() } else { s };
     Ok(AppSpec {
         id: app,
         name: "mica".into(),
@@ -250,11 +249,11 @@ pub fn app_spec(
         ],
         object,
         handlers: vec![
-            spec(HandlerSpec::read(handlers::GET)),
-            spec(HandlerSpec::write(handlers::PUT)),
-            spec(HandlerSpec::write(handlers::UPDATE)),
-            spec(HandlerSpec::write(handlers::DELETE)),
-            spec(HandlerSpec::write(handlers::RMW)),
+            HandlerSpec::read(handlers::GET),
+            HandlerSpec::write(handlers::PUT),
+            HandlerSpec::write(handlers::UPDATE),
+            HandlerSpec::write(handlers::DELETE),
+            HandlerSpec::write(handlers::RMW),
         ],
     })
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use naam_ebpf::abi::{ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::cluster::{AppSpec, PolicyChoice, RegionSpec};
+use naam_runtime::engine::{EngineKind, DEFAULT_BUDGET, MAX_BUDGET};
 use naam_runtime::registry::HandlerSpec;
 use naam_runtime::steering::CostPolicyConfig;
 use naam_runtime::udp::deploy::HostApp;
@@ -106,6 +107,12 @@ pub enum AppConfig {
         /// Independent tables with ids `id..id + instances` (offload-scale experiments).
         #[serde(default = "instance")]
         instances: u32,
+        /// Engine for its handlers: `jit` (default) or `interp`.
+        #[serde(default)]
+        engine: EngineKind,
+        /// Instructions one step may run before it faults with `budget exhausted`.
+        #[serde(default = "budget")]
+        budget: u64,
     },
     /// A B-tree.
     Btree {
@@ -119,6 +126,12 @@ pub enum AppConfig {
         /// Independent trees with ids `id..id + instances`.
         #[serde(default = "instance")]
         instances: u32,
+        /// Engine for its handlers: `jit` (default) or `interp`.
+        #[serde(default)]
+        engine: EngineKind,
+        /// Instructions one step may run before it faults with `budget exhausted`.
+        #[serde(default = "budget")]
+        budget: u64,
     },
     /// Handlers from an eBPF object, with zeroed regions.
     Object {
@@ -133,6 +146,12 @@ pub enum AppConfig {
         /// Regions.
         #[serde(default)]
         regions: Vec<ObjectRegion>,
+        /// Engine for its handlers: `jit` (default) or `interp`.
+        #[serde(default)]
+        engine: EngineKind,
+        /// Instructions one step may run before it faults with `budget exhausted`.
+        #[serde(default = "budget")]
+        budget: u64,
     },
 }
 
@@ -147,6 +166,9 @@ fn node_size() -> usize {
 }
 fn instance() -> u32 {
     1
+}
+fn budget() -> u64 {
+    DEFAULT_BUDGET
 }
 
 /// The most instances one `[[app]]` may ask for.
@@ -228,6 +250,13 @@ impl Config {
                     return bad(format!("app id {id} appears twice"));
                 }
             }
+            let (_, budget) = a.exec();
+            if !(1..=MAX_BUDGET).contains(&budget) {
+                return bad(format!(
+                    "app {}: budget must be 1 to {MAX_BUDGET} instructions per step, not {budget}",
+                    a.id()
+                ));
+            }
         }
         if c.host_executors == 0 {
             return bad("host_executors must be at least 1".into());
@@ -280,9 +309,31 @@ impl AppConfig {
         id..id.saturating_add(self.instances())
     }
 
+    /// The engine and instruction budget of the entry's handlers.
+    pub fn exec(&self) -> (EngineKind, u64) {
+        match self {
+            AppConfig::Mica { engine, budget, .. }
+            | AppConfig::Btree { engine, budget, .. }
+            | AppConfig::Object { engine, budget, .. } => (*engine, *budget),
+        }
+    }
+
     /// Builds the apps: handlers (with the pipeline for MICA and the B-tree, once for all
-    /// instances), regions, and what the manifest tells clients.
+    /// instances) on the entry's engine and budget, regions, and what the manifest tells
+    /// clients.
     pub fn build(&self, target_dir: &Path) -> anyhow::Result<Vec<HostApp>> {
+        let (engine, budget) = self.exec();
+        Ok(self
+            .build_specs(target_dir)?
+            .into_iter()
+            .map(|mut a| {
+                a.spec = a.spec.with_engine(engine).with_budget(budget);
+                a
+            })
+            .collect())
+    }
+
+    fn build_specs(&self, target_dir: &Path) -> anyhow::Result<Vec<HostApp>> {
         use anyhow::Context as _;
         /// The built object of a pipeline app, shared by its instances.
         fn built(
@@ -307,13 +358,7 @@ impl AppConfig {
                 self.ids()
                     .map(|id| {
                         Ok(HostApp {
-                            spec: naam_mica::app_spec(
-                                id,
-                                &mc,
-                                loaded.clone(),
-                                Placement::Host,
-                                true,
-                            )?,
+                            spec: naam_mica::app_spec(id, &mc, loaded.clone(), Placement::Host)?,
                             kind: "mica".into(),
                             params: serde_json::to_value(mc)?,
                             object_bytes: bytes.clone(),
@@ -332,13 +377,7 @@ impl AppConfig {
                 self.ids()
                     .map(|id| {
                         Ok(HostApp {
-                            spec: naam_btree::app_spec(
-                                id,
-                                &bc,
-                                loaded.clone(),
-                                Placement::Host,
-                                true,
-                            )?,
+                            spec: naam_btree::app_spec(id, &bc, loaded.clone(), Placement::Host)?,
                             kind: "btree".into(),
                             params: serde_json::to_value(bc)?,
                             object_bytes: bytes.clone(),
@@ -352,6 +391,7 @@ impl AppConfig {
                 object,
                 handlers,
                 regions,
+                ..
             } => {
                 let bytes = std::fs::read(object)
                     .with_context(|| format!("reading {}", object.display()))?;
@@ -381,7 +421,8 @@ impl AppConfig {
                         owner: Placement::Host,
                         regions: rs,
                         object: Arc::new(loaded),
-                        // Operator-supplied bytecode: checked interpreter, never the JIT.
+                        // Operator-supplied bytecode: verified, and every access it makes
+                        // is checked by whichever engine runs it.
                         handlers: handlers
                             .iter()
                             .map(|h| {

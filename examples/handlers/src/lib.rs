@@ -1,13 +1,11 @@
-//! Example NAAM handlers, used by the runtime's tests, benchmarks and the README.
+//! Example NAAM handlers, used by the runtime's tests, benchmarks and the README. Loops are
+//! plain Rust loops: the verifier accepts them and the step's instruction budget bounds them.
 #![no_std]
-// seq! unrolls with literal indices, so `0 * 8` and `1 * 8` appear by construction.
-#![allow(clippy::erasing_op, clippy::identity_op)]
 
 use naam_ebpf::abi::{ACCESS_READ, MAX_SEGMENTS};
 use naam_ebpf::{handler, hash, Descriptor, Fault, Return};
-use seq_macro::seq;
 
-/// Largest segment `checksum` and `hash1k` accept: 128 words, fully unrolled.
+/// Largest segment `checksum` and `hash1k` accept: 128 words.
 const MAX_WORDS: usize = 128;
 
 handler! {
@@ -30,12 +28,10 @@ handler! {
             return Err(Fault::app(1));
         }
         let (mut a, mut b) = (0u64, 0u64);
-        seq!(I in 0..128 {
-            if I * 8 < len {
-                a = a.wrapping_add(seg.read_u64(I * 8)?);
-                b = b.wrapping_add(a);
-            }
-        });
+        for i in 0..len / 8 {
+            a = a.wrapping_add(seg.read_u64(i * 8)?);
+            b = b.wrapping_add(a);
+        }
         ctx.reply_u64(a)?;
         ctx.reply_u64(b)?;
         Ok(Return::Done)
@@ -53,11 +49,9 @@ handler! {
             return Err(Fault::app(1));
         }
         let mut h = hash::start(len as u64, seed);
-        seq!(I in 0..128 {
-            if I * 8 < len {
-                h = hash::mix(h, seg.read_u64(I * 8)?);
-            }
-        });
+        for i in 0..len / 8 {
+            h = hash::mix(h, seg.read_u64(i * 8)?);
+        }
         ctx.reply_u64(hash::finish(h))?;
         Ok(Return::Done)
     }
@@ -71,19 +65,14 @@ handler! {
         let seg = ctx.segment(0)?;
         let n = seg.len() / 8;
         let (mut lo, mut hi) = (0usize, n);
-        // 32 halvings cover any segment (at most 2^32 bytes).
-        seq!(_ in 0..32 {
-            if lo < hi {
-                let mid = lo + (hi - lo) / 2;
-                if seg.read_u64(mid * 8)? < key {
-                    lo = mid + 1;
-                } else {
-                    hi = mid;
-                }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if seg.read_u64(mid * 8)? < key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
             }
-        });
-        // The last halving's update of `hi` is never read; say so rather than silence the lint.
-        let _ = hi;
+        }
         let found = lo < n && seg.read_u64(lo * 8)? == key;
         ctx.reply_u64(lo as u64)?;
         ctx.reply_u64(found as u64)?;
@@ -203,5 +192,86 @@ handler! {
         ctx.push_store_u64(0, REC_B as u32, !a)?;
         ctx.end_versioned_write(0, 0, v)?;
         Ok(Return::Write)
+    }
+}
+
+handler! {
+    /// Sums the little-endian words of segment 0 with a plain `for` over its run-time length:
+    /// loops verify, and the step's instruction budget bounds them.
+    fn sum_words(ctx) {
+        let seg = ctx.segment(0)?;
+        let mut sum = 0u64;
+        for i in 0..seg.len() / 8 {
+            sum = sum.wrapping_add(seg.read_u64(i * 8)?);
+        }
+        ctx.reply_u64(sum)?;
+        Ok(Return::Done)
+    }
+}
+
+handler! {
+    /// Follows links through segment 0 (the word at offset `p` is the next offset) from
+    /// offset 0 until a zero link, and replies the number of hops: a loop whose trip count
+    /// depends on the data. A cyclic list never ends; the budget stops it.
+    fn walk(ctx) {
+        let seg = ctx.segment(0)?;
+        let mut at = 0usize;
+        let mut hops = 0u64;
+        loop {
+            let next = seg.read_u64(at)? as usize;
+            if next == 0 {
+                break;
+            }
+            at = next;
+            hops += 1;
+        }
+        ctx.reply_u64(hops)?;
+        Ok(Return::Done)
+    }
+}
+
+handler! {
+    /// Hostile: stores `arg1` at the absolute address `arg0`. Both engines refuse the store
+    /// unless the address lies in memory the step was granted with the write right.
+    fn wild_write(ctx) {
+        let addr = ctx.arg_u64(0)?;
+        let value = ctx.arg_u64(8)?;
+        // SAFETY: deliberately unsound; this handler exists to prove the engines' checks.
+        unsafe { core::ptr::write_volatile(addr as *mut u64, value) };
+        ctx.reply_u64(1)?;
+        Ok(Return::Done)
+    }
+}
+
+handler! {
+    /// Hostile: never returns. The instruction budget ends the step.
+    fn spin(_ctx) {
+        #[allow(clippy::empty_loop)]
+        loop {}
+    }
+}
+
+/// Recursion with a frame that cannot be optimised away: each level keeps four words on its
+/// own stack frame and passes them down.
+#[inline(never)]
+fn nest(n: u64, above: &mut [u64; 4]) -> u64 {
+    let mut mine = [n; 4];
+    if n == 0 {
+        return above[0];
+    }
+    let below = nest(n - 1, &mut mine);
+    // SAFETY: a read of our own local; volatile keeps `mine` on this frame across the call.
+    let kept = unsafe { core::ptr::read_volatile(&mine[(n % 4) as usize]) };
+    below.wrapping_add(above[(n % 4) as usize]).wrapping_add(kept)
+}
+
+handler! {
+    /// Recurses `arg0` levels deep (each level uses its own stack frame) and replies a sum over
+    /// the frames. Beyond the call-depth limit both engines stop it with a clean fault.
+    fn recurse(ctx) {
+        let n = ctx.arg_u64(0)?;
+        let mut top = [1u64; 4];
+        ctx.reply_u64(nest(n, &mut top))?;
+        Ok(Return::Done)
     }
 }

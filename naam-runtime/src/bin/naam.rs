@@ -9,11 +9,13 @@ use std::process::ExitCode;
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use naam_ebpf::abi::{placement, write_kind, Return};
-use naam_runtime::engine::{time_runs, Grant, Invocation, StepError, Vm};
-use naam_runtime::interp::VmError;
-use naam_runtime::pipeline::{build, BuildOptions};
+use naam_runtime::engine::{
+    time_runs, ExecOptions, Grant, Invocation, StepError, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET,
+};
+use naam_runtime::jit::Target;
+use naam_runtime::pipeline::{build, BpfCpu, BuildOptions};
 use naam_runtime::verifier::{verify, VerifierConfig, DEFAULT_MAX_INSNS};
-use naam_runtime::{load, EngineKind, Executable, Trust};
+use naam_runtime::{load, EngineKind, Executable, Program};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -39,6 +41,9 @@ enum Cmd {
         /// Cargo target directory (default: <crate>/target).
         #[arg(long)]
         target_dir: Option<PathBuf>,
+        /// eBPF instruction set: v3, or v4 (sign-extending loads, signed division, bswap).
+        #[arg(long, default_value = "v3")]
+        cpu: BpfCpu,
     },
     /// Verify every handler of an object: one line each; exit 0 only if all pass.
     Verify {
@@ -61,9 +66,12 @@ enum Cmd {
         /// A file whose bytes become the next segment (read-only); repeatable.
         #[arg(long = "segment")]
         segments: Vec<PathBuf>,
-        /// Engine: interp (checked) or jit (you vouch for the handler).
-        #[arg(long, default_value = "interp")]
+        /// Engine: jit (memory-checked native code) or interp (the reference interpreter).
+        #[arg(long, default_value = "jit")]
         engine: EngineKind,
+        /// Instructions the step may run before it faults with `budget exhausted`.
+        #[arg(long, default_value_t = DEFAULT_BUDGET, value_parser = clap::value_parser!(u64).range(1..=MAX_BUDGET))]
+        budget: u64,
         /// Invocations to time; the result of the last one is printed.
         #[arg(long, default_value_t = 1)]
         repeat: u64,
@@ -80,6 +88,20 @@ enum Cmd {
     /// Start an in-process cluster, run binary-search lookups against it, congest the host for a
     /// while, and print placement fractions as the steering moves traffic (mode: inproc).
     Demo(DemoArgs),
+    /// Run one program the way the public eBPF conformance suite drives a runtime: the program
+    /// as hex on stdin, the input memory as hex in the first argument (r1 = its address, r2 =
+    /// its length), r0 printed as hex. Refusals and faults go to stderr with exit code 1.
+    ConformancePlugin {
+        /// Input memory, hex (absent or empty: no memory).
+        memory_hex: Option<String>,
+        /// Engine.
+        #[arg(long, default_value = "jit")]
+        engine: EngineKind,
+        /// Instruction set of the JIT's code: x86_64 (this host) or aarch64 (run under
+        /// qemu-user).
+        #[arg(long, default_value = "x86_64")]
+        target: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -136,14 +158,21 @@ fn main() -> ExitCode {
 fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
         Cmd::Demo(args) => demo(args),
+        Cmd::ConformancePlugin {
+            memory_hex,
+            engine,
+            target,
+        } => conformance_plugin(memory_hex.as_deref(), engine, &target),
         Cmd::Build {
             crate_dir,
             out,
             target_dir,
+            cpu,
         } => {
             let mut opts = BuildOptions::new(&crate_dir);
             opts.out = out;
             opts.target_dir = target_dir;
+            opts.cpu = cpu;
             let built =
                 build(&opts).with_context(|| format!("building {}", crate_dir.display()))?;
             for w in &built.linker_warnings {
@@ -186,6 +215,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
             args_hex,
             segments,
             engine,
+            budget,
             repeat,
             step,
             state,
@@ -195,16 +225,16 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 std::fs::read(&object).with_context(|| format!("reading {}", object.display()))?;
             let loaded = load(&bytes).with_context(|| format!("loading {}", object.display()))?;
             let program = loaded.get(&handler)?;
-            let trust = if engine == EngineKind::Jit {
-                Trust::Trusted
-            } else {
-                Trust::Untrusted
+            let options = ExecOptions {
+                engine,
+                budget,
+                verifier: VerifierConfig {
+                    max_insns,
+                    ..VerifierConfig::default()
+                },
+                ..ExecOptions::default()
             };
-            let config = VerifierConfig {
-                max_insns,
-                ..VerifierConfig::default()
-            };
-            let exe = match Executable::new(program, engine, trust, &config) {
+            let exe = match Executable::build(program, &options) {
                 Ok(exe) => exe,
                 Err(e) => {
                     println!(
@@ -297,7 +327,7 @@ fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
                 contents: sorted,
             }],
             object: std::sync::Arc::new(loaded),
-            handlers: vec![HandlerSpec::read("bsearch").jit()],
+            handlers: vec![HandlerSpec::read("bsearch")],
         })
         .build()?;
     let rkey = cluster.region_key(APP, "sorted").context("region")?;
@@ -414,7 +444,8 @@ fn report(
     result: Result<naam_runtime::StepOutput, StepError>,
     ns: f64,
 ) -> (serde_json::Value, ExitCode) {
-    let base = json!({ "handler": exe.name(), "engine": exe.engine().name(), "mode": "standalone", "ns_per_invocation": ns });
+    let base = json!({ "handler": exe.name(), "engine": exe.engine().name(), "mode": "standalone", "ns_per_invocation": ns,
+        "compile_ns": exe.compile_time().as_nanos() as u64, "budget": exe.budget() });
     let mut v = base;
     let out = match result {
         Ok(out) => out,
@@ -487,4 +518,45 @@ fn report(
             ExitCode::from(1)
         },
     )
+}
+
+/// The conformance-suite plugin: exit 0 with r0 on stdout, 1 when the program is refused or
+/// faults, 2 for bad usage.
+fn conformance_plugin(
+    memory_hex: Option<&str>,
+    engine: EngineKind,
+    target: &str,
+) -> anyhow::Result<ExitCode> {
+    use std::io::Read as _;
+    let target = match target {
+        "x86_64" | "x86-64" | "host" => Target::Host,
+        "aarch64" | "arm64" => Target::Aarch64,
+        other => bail!("unknown target `{other}` (x86_64, aarch64)"),
+    };
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .context("reading the program from stdin")?;
+    let hex_of = |s: &str, what: &str| -> anyhow::Result<Vec<u8>> {
+        let clean: String = s.chars().filter(|c| !c.is_whitespace()).collect();
+        hex::decode(&clean).with_context(|| format!("{what} is not valid hex"))
+    };
+    let code = hex_of(&text, "the program")?;
+    let memory = hex_of(memory_hex.unwrap_or(""), "the memory argument")?;
+    let program = Program::from_bytecode("conformance", code);
+    let options = ExecOptions::conformance(engine);
+    let outcome = match target {
+        Target::Host => naam_runtime::conformance::run_host(&program, &options, &memory),
+        Target::Aarch64 => naam_runtime::conformance::run_aarch64(&program, &options, &memory),
+    };
+    match outcome {
+        Ok(r0) => {
+            println!("{r0:x}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("naam conformance-plugin: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
 }

@@ -445,14 +445,7 @@ impl UdpClient {
             .handlers
             .iter()
             .filter(|h| !h.write)
-            .map(|h| {
-                let s = HandlerSpec::read(&h.name);
-                if h.jit {
-                    s.jit()
-                } else {
-                    s
-                }
-            })
+            .map(|h| HandlerSpec::read(&h.name).engine(h.engine).budget(h.budget))
             .collect();
         let fail = |e: crate::registry::RegistryError| UdpError::Handlers(app, e.to_string());
         self.registry

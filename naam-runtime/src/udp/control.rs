@@ -32,8 +32,10 @@ pub struct HandlerManifest {
     pub id: u32,
     /// Read-only (may run at the client) or a write (at the owner).
     pub write: bool,
-    /// Runs on the JIT (trusted handler).
-    pub jit: bool,
+    /// The engine the server runs it on (the NIC and clients use the same).
+    pub engine: crate::engine::EngineKind,
+    /// Instructions per step before `budget exhausted`.
+    pub budget: u64,
 }
 
 /// A region as the manifest lists it.

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use super::control::{object_hash, AppManifest, HandlerManifest, Manifest, RegionManifest};
 use crate::cluster::{AppSpec, Cluster, ClusterConfig, ClusterError, PolicyChoice, RegionSpec};
-use crate::engine::EngineKind;
 use crate::placement::Placement;
 use crate::region::RegionMemory;
 use crate::registry::{handler_id, HandlerKind, HandlerSpec};
@@ -130,7 +129,8 @@ pub fn start_host(
                     name: h.name.clone(),
                     id: handler_id(&h.name),
                     write: h.kind == HandlerKind::Write,
-                    jit: h.engine == EngineKind::Jit,
+                    engine: h.engine,
+                    budget: h.budget,
                 })
                 .collect(),
             regions: regions
@@ -239,11 +239,7 @@ pub fn start_nic(
                     } else {
                         HandlerSpec::read(&h.name)
                     };
-                    if h.jit {
-                        s.jit()
-                    } else {
-                        s
-                    }
+                    s.engine(h.engine).budget(h.budget)
                 })
                 .collect(),
         });

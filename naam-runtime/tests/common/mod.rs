@@ -65,7 +65,8 @@ impl Rng {
 }
 
 /// The example handlers as app `id`: a read-only sorted array (`sorted`, 512 words i × 4) and a
-/// small all-rights region (`data`), with read and write handlers, most on the JIT.
+/// small all-rights region (`data`), with read and write handlers (hostile ones included), on
+/// the JIT.
 pub fn examples_app(id: u32) -> naam_runtime::cluster::AppSpec {
     use naam_runtime::cluster::{AppSpec, RegionSpec};
     use naam_runtime::region::{ALL_RIGHTS, READ_ONLY};
@@ -88,12 +89,17 @@ pub fn examples_app(id: u32) -> naam_runtime::cluster::AppSpec {
         ],
         object: std::sync::Arc::new(examples().1.clone()),
         handlers: vec![
-            HandlerSpec::read("bsearch").jit(),
-            HandlerSpec::read("two_step").jit(),
-            HandlerSpec::read("add").jit(),
+            HandlerSpec::read("bsearch"),
+            HandlerSpec::read("two_step"),
+            HandlerSpec::read("add"),
             HandlerSpec::read("panics"),
-            HandlerSpec::write("counter_add").jit(),
-            HandlerSpec::write("store").jit(),
+            HandlerSpec::write("counter_add"),
+            HandlerSpec::write("store"),
+            // Hostile handlers: every engine must contain them.
+            HandlerSpec::read("wild_write"),
+            HandlerSpec::read("spin"),
+            HandlerSpec::read("recurse"),
+            HandlerSpec::read("oob_read"),
         ],
     }
 }

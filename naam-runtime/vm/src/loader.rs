@@ -13,14 +13,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::insn::{decode_all, encode_all, Insn, INSN_SIZE};
+use crate::memory::slot;
 use naam_ebpf::abi::{helper, SECTION_PREFIX};
 use object::{
     Architecture, Endianness, Object, ObjectSection, ObjectSymbol, RelocationTarget, SectionIndex,
     SectionKind, SymbolSection,
 };
-use rbpf::ebpf;
-
-use crate::insn::{decode_all, encode_all, Insn, INSN_SIZE};
 
 /// Errors while loading an object file. Each names the problem and where it is.
 #[derive(Debug, thiserror::Error)]
@@ -107,17 +106,32 @@ impl Rodata {
     }
 }
 
+/// An `lddw` whose constant is an address inside read-only data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RodataRef {
+    /// Slot of the `lddw`.
+    pub pc: usize,
+    /// Index into [`Program::rodata`].
+    pub index: usize,
+    /// Byte offset inside that section.
+    pub offset: u64,
+}
+
 /// One linked handler program.
 #[derive(Debug, Clone)]
 pub struct Program {
     /// Handler name (the section name without `naam/`).
     pub name: String,
-    /// Linked, sealed bytecode.
+    /// Linked, sealed bytecode. `lddw` constants that refer to read-only data hold its
+    /// absolute address in this process ([`Rodata::addr`]).
     pub code: Vec<u8>,
     /// Slot indices where functions start (0 is the entry).
     pub functions: Vec<usize>,
-    /// Read-only data the bytecode points into.
+    /// Read-only data the bytecode points into (at most [`slot::MAX_RODATA`] sections).
     pub rodata: Vec<Arc<Rodata>>,
+    /// Every `lddw` that points into `rodata`, so compiled code can take the address from the
+    /// grant table instead of the constant (position-independent code).
+    pub rodata_refs: Vec<RodataRef>,
 }
 
 impl Program {
@@ -139,6 +153,7 @@ impl Program {
             code,
             functions: vec![0],
             rodata: Vec::new(),
+            rodata_refs: Vec::new(),
         }
     }
 }
@@ -280,6 +295,7 @@ impl Linker<'_, '_> {
         let mut queue = vec![entry];
         let mut functions = vec![0usize];
         let mut rodata: Vec<Arc<Rodata>> = Vec::new();
+        let mut rodata_refs: Vec<RodataRef> = Vec::new();
         while let Some(sec_index) = queue.pop() {
             let section = self
                 .file
@@ -384,9 +400,24 @@ impl Linker<'_, '_> {
                         ..insn
                     };
                     insns[at + 1].imm = (addr >> 32) as u32 as i32;
-                    if !rodata.iter().any(|r| Arc::ptr_eq(r, &data)) {
-                        rodata.push(data);
-                    }
+                    let index = match rodata.iter().position(|r| Arc::ptr_eq(r, &data)) {
+                        Some(k) => k,
+                        None => {
+                            if rodata.len() == slot::MAX_RODATA {
+                                return Err(err(format!(
+                                    "more than {} read-only data sections",
+                                    slot::MAX_RODATA
+                                )));
+                            }
+                            rodata.push(data);
+                            rodata.len() - 1
+                        }
+                    };
+                    rodata_refs.push(RodataRef {
+                        pc: at,
+                        index,
+                        offset: addend as u64,
+                    });
                 } else {
                     return Err(err(format!(
                         "unsupported relocation against `{sym_name}` on opcode {:#04x}",
@@ -405,20 +436,25 @@ impl Linker<'_, '_> {
             }
         }
         functions.sort_unstable();
-        let (insns, functions) = seal_aborts(insns, functions);
+        let (insns, functions, new_index) = seal_aborts(insns, functions);
+        for r in &mut rodata_refs {
+            r.pc = new_index[r.pc];
+        }
+        rodata_refs.sort_by_key(|r| r.pc);
         Ok(Program {
             name: name.to_string(),
             code: encode_all(&insns),
             functions,
             rodata,
+            rodata_refs,
         })
     }
 }
 
 /// Inserts `exit` after every call that cannot return (the abort helper, and local calls to
-/// functions without any `exit`), then re-targets jumps and calls. Returns the new instructions
-/// and function starts.
-pub fn seal_aborts(insns: Vec<Insn>, functions: Vec<usize>) -> (Vec<Insn>, Vec<usize>) {
+/// functions without any `exit`), then re-targets jumps and calls. Returns the new instructions,
+/// the new function starts, and the new index of every old slot (plus one past the end).
+pub fn seal_aborts(insns: Vec<Insn>, functions: Vec<usize>) -> (Vec<Insn>, Vec<usize>, Vec<usize>) {
     let n = insns.len();
     // A function "returns" if its body holds an exit. Bodies run to the next function start.
     let mut bounds = functions.clone();
@@ -451,7 +487,8 @@ pub fn seal_aborts(insns: Vec<Insn>, functions: Vec<usize>) -> (Vec<Insn>, Vec<u
         }
     }
     if !any {
-        return (insns, functions);
+        let identity = (0..=n).collect();
+        return (insns, functions, identity);
     }
     // new_index[old] for every old slot, plus one past the end.
     let mut new_index = Vec::with_capacity(n + 1);
@@ -470,7 +507,7 @@ pub fn seal_aborts(insns: Vec<Insn>, functions: Vec<usize>) -> (Vec<Insn>, Vec<u
             let t = insn.target(pc);
             if t >= 0 && t as usize <= n {
                 let delta = new_index[t as usize] as i64 - (new_index[pc] as i64 + 1);
-                if insn.is_local_call() {
+                if insn.is_local_call() || insn.op == crate::opcode::JA32 {
                     insn.imm = delta as i32;
                 } else if let Ok(off) = i16::try_from(delta) {
                     insn.off = off;
@@ -480,28 +517,21 @@ pub fn seal_aborts(insns: Vec<Insn>, functions: Vec<usize>) -> (Vec<Insn>, Vec<u
         }
         out.push(insn);
         if seal_after[pc] {
-            out.push(Insn {
-                op: ebpf::EXIT,
-                ..Insn::EXIT
-            });
+            out.push(Insn::EXIT);
         }
     }
     let functions = functions.iter().map(|&f| new_index[f.min(n)]).collect();
-    (out, functions)
+    (out, functions, new_index)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use crate::opcode::{ALU_MOV, CALL, CALL_LOCAL, CLASS_ALU64, CLASS_JMP, JMP_JEQ};
+
     fn call_helper(id: u32) -> Insn {
-        Insn {
-            op: ebpf::CALL,
-            dst: 0,
-            src: 0,
-            off: 0,
-            imm: id as i32,
-        }
+        Insn::new(CALL, 0, 0, 0, id as i32)
     }
 
     #[test]
@@ -511,24 +541,13 @@ mod tests {
         // 2: r0 = 5
         // 3: exit
         let prog = vec![
-            Insn {
-                op: ebpf::JEQ_IMM,
-                dst: 1,
-                src: 0,
-                off: 1,
-                imm: 0,
-            },
+            Insn::new(CLASS_JMP | JMP_JEQ, 1, 0, 1, 0),
             call_helper(helper::ABORT),
-            Insn {
-                op: ebpf::MOV64_IMM,
-                dst: 0,
-                src: 0,
-                off: 0,
-                imm: 5,
-            },
+            Insn::new(CLASS_ALU64 | ALU_MOV, 0, 0, 0, 5),
             Insn::EXIT,
         ];
-        let (out, f) = seal_aborts(prog, vec![0]);
+        let (out, f, index) = seal_aborts(prog, vec![0]);
+        assert_eq!(index, vec![0, 1, 3, 4, 5]);
         assert_eq!(out.len(), 5);
         assert!(out[2].is_exit());
         assert_eq!(out[0].target(0), 3, "jump still lands on `r0 = 5`");
@@ -541,17 +560,11 @@ mod tests {
         // 1: exit  (unrelated)
         // fn at 2: call abort (no exit)
         let prog = vec![
-            Insn {
-                op: ebpf::CALL,
-                dst: 0,
-                src: 1,
-                off: 0,
-                imm: 1,
-            },
+            Insn::new(CALL, 0, CALL_LOCAL, 0, 1),
             Insn::EXIT,
             call_helper(helper::ABORT),
         ];
-        let (out, f) = seal_aborts(prog, vec![0, 2]);
+        let (out, f, _) = seal_aborts(prog, vec![0, 2]);
         // 0 is followed by exit already; 2 gets sealed.
         assert_eq!(out.len(), 4);
         assert!(out[3].is_exit());

@@ -1,0 +1,1238 @@
+//! Executables and the per-thread VM that runs them.
+//!
+//! An [`Executable`] is a verified, analysed program bound to one engine:
+//! - [`EngineKind::Jit`] (the default): native code from [`crate::jit`], memory-checked;
+//! - [`EngineKind::Interp`]: the reference interpreter ([`crate::interp`]).
+//!
+//! Both run any verified handler, trusted or not, with the same results, the same faults and
+//! the same instruction counts. A [`Vm`] is the per-thread state both engines run against: the
+//! [`Context`] buffer, the eBPF stack and the [`VmCtx`] (grants, helpers, budget, fault,
+//! trace), all reused across invocations. One handler step is [`Vm::run`]; a raw run over a
+//! memory buffer (the conformance suite's convention) is [`Vm::run_raw`].
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use naam_ebpf::abi::{
+    placement, Context, Descriptor, Return, WriteOp, ABI_VERSION, ARGS_CAP, CONTEXT_INPUT_SIZE,
+    CONTEXT_SIZE, MAX_NEXT, MAX_SEGMENTS, MAX_WRITES, REPLY_CAP, STATE_WORDS, WRITE_DATA_CAP,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::analysis::{analyze, EntryAssumptions, Facts};
+use crate::helpers::HelperSet;
+use crate::interp::{self, InterpCode, MAX_CALL_DEPTH, STACK_BYTES};
+use crate::jit::{self, HostCode, JitError, Target};
+use crate::loader::Program;
+use crate::memory::{fault, slot, FaultRecord, GrantSlot, VmCtx};
+use crate::verifier::{check, Checked, Verdict, VerifierConfig, Violation};
+
+/// Default instruction budget per step: about a millisecond of interpreted work, and far more
+/// than any MICA or B-tree step needs (a few hundred instructions).
+pub const DEFAULT_BUDGET: u64 = 1 << 20;
+
+/// The largest budget a configuration may ask for: about a second of interpreted work, the
+/// most one step may hold an executor (and every other tenant queued behind it).
+pub const MAX_BUDGET: u64 = 1 << 30;
+
+/// Which engine runs a handler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum EngineKind {
+    /// The reference interpreter.
+    Interp,
+    /// The memory-checked Cranelift JIT (the default).
+    #[default]
+    Jit,
+}
+
+impl EngineKind {
+    /// Name as printed and parsed.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Interp => "interp",
+            EngineKind::Jit => "jit",
+        }
+    }
+}
+
+impl fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "interp" => Ok(EngineKind::Interp),
+            "jit" => Ok(EngineKind::Jit),
+            other => Err(format!("unknown engine `{other}` (interp, jit)")),
+        }
+    }
+}
+
+/// What `r1` points at when an executable starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Entry {
+    /// A NAAM handler step: the [`Context`] ([`Vm::run`]).
+    #[default]
+    Context,
+    /// A raw run: caller-provided memory, with its length in `r2` ([`Vm::run_raw`]).
+    Memory,
+}
+
+impl Entry {
+    /// What the analysis may assume of the entry memory.
+    pub fn assumptions(self) -> EntryAssumptions {
+        match self {
+            Entry::Context => EntryAssumptions::handler_context(),
+            Entry::Memory => EntryAssumptions::raw_memory(),
+        }
+    }
+}
+
+/// How to build an executable.
+#[derive(Clone, Debug)]
+pub struct ExecOptions {
+    /// Engine.
+    pub engine: EngineKind,
+    /// Instructions per invocation before it faults with `budget exhausted`.
+    pub budget: u64,
+    /// Verifier settings (instruction cap, helper whitelist).
+    pub verifier: VerifierConfig,
+    /// The helpers the program calls.
+    pub helpers: HelperSet,
+    /// What `r1` points at.
+    pub entry: Entry,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions {
+            engine: EngineKind::Jit,
+            budget: DEFAULT_BUDGET,
+            verifier: VerifierConfig::default(),
+            helpers: HelperSet::Naam,
+            entry: Entry::Context,
+        }
+    }
+}
+
+impl ExecOptions {
+    /// Defaults with another engine.
+    pub fn engine(engine: EngineKind) -> Self {
+        ExecOptions {
+            engine,
+            ..ExecOptions::default()
+        }
+    }
+
+    /// The conformance suite's setup: raw memory and its one helper.
+    pub fn conformance(engine: EngineKind) -> Self {
+        ExecOptions {
+            engine,
+            verifier: VerifierConfig::for_helpers(HelperSet::Conformance),
+            helpers: HelperSet::Conformance,
+            entry: Entry::Memory,
+            ..ExecOptions::default()
+        }
+    }
+}
+
+/// Why an executable could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The verifier rejected the program.
+    #[error("handler `{name}` rejected by the verifier: {violation}")]
+    Rejected {
+        /// Handler name.
+        name: String,
+        /// The violation.
+        violation: Violation,
+    },
+    /// The JIT could not compile it.
+    #[error("the jit cannot compile `{name}`: {source}")]
+    Jit {
+        /// Handler name.
+        name: String,
+        /// Why.
+        source: JitError,
+    },
+}
+
+/// Why an invocation stopped abnormally. Both engines report identical values for the same
+/// program and input.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum VmError {
+    /// A load, store or atomic operation outside the memory the invocation may use.
+    #[error(
+        "insn {pc}: {kind} of {len} bytes at {addr:#x} {}",
+        out_of_bounds_reason(kind)
+    )]
+    OutOfBounds {
+        /// Instruction index.
+        pc: usize,
+        /// "load", "store" or "atomic".
+        kind: &'static str,
+        /// Address accessed.
+        addr: u64,
+        /// Access size.
+        len: u64,
+    },
+    /// An atomic operation at an address that is not a multiple of its size.
+    #[error("insn {pc}: atomic operation of {len} bytes at misaligned address {addr:#x}")]
+    Misaligned {
+        /// Instruction index.
+        pc: usize,
+        /// Address.
+        addr: u64,
+        /// Access size.
+        len: u64,
+    },
+    /// The handler called the abort helper (a panic, or an explicit abort).
+    #[error("handler aborted with code {code}{}", if *.code == naam_ebpf::abi::abort_code::PANIC { " (panic)" } else { "" })]
+    Aborted {
+        /// The abort code.
+        code: u64,
+    },
+    /// The instruction budget ran out.
+    #[error("budget exhausted: the step ran more than {limit} instructions (a loop that does not end, or a budget too small for the app)")]
+    Budget {
+        /// The budget.
+        limit: u64,
+    },
+    /// Local calls nested deeper than the stack has frames.
+    #[error("insn {pc}: calls nested deeper than {MAX_CALL_DEPTH} frames")]
+    CallDepth {
+        /// Instruction index.
+        pc: usize,
+    },
+    /// A call to a helper id nobody implements.
+    #[error("insn {pc}: unknown helper {id}")]
+    UnknownHelper {
+        /// Instruction index.
+        pc: usize,
+        /// Helper id.
+        id: u64,
+    },
+    /// The engine itself failed (an aarch64 run could not start, for example).
+    #[error("engine failure: {0}")]
+    Engine(String),
+}
+
+fn out_of_bounds_reason(kind: &str) -> &'static str {
+    match kind {
+        "load" => "is outside every grant of the step (context, stack, segments, read-only data)",
+        "store" => "is outside the step's writable memory (context, stack, segments granted with the write right)",
+        _ => "is refused: atomics need writable memory (the stack, the context, segments granted with the write right), and no such grant covers it",
+    }
+}
+
+impl VmError {
+    /// The error a fault record describes (`None` when there is no fault).
+    pub fn from_record(r: &FaultRecord, budget: u64) -> Option<VmError> {
+        let pc = r.pc as usize;
+        Some(match r.kind {
+            fault::NONE => return None,
+            fault::LOAD | fault::STORE | fault::ATOMIC => VmError::OutOfBounds {
+                pc,
+                kind: match r.kind {
+                    fault::LOAD => "load",
+                    fault::STORE => "store",
+                    _ => "atomic",
+                },
+                addr: r.addr,
+                len: r.len,
+            },
+            fault::MISALIGNED => VmError::Misaligned {
+                pc,
+                addr: r.addr,
+                len: r.len,
+            },
+            fault::BUDGET => VmError::Budget { limit: budget },
+            fault::CALL_DEPTH => VmError::CallDepth { pc },
+            fault::UNKNOWN_HELPER => VmError::UnknownHelper { pc, id: r.addr },
+            fault::ABORT => VmError::Aborted { code: r.addr },
+            other => VmError::Engine(format!("unknown fault kind {other}")),
+        })
+    }
+
+    /// A short kind name, for reports and differential comparisons.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            VmError::OutOfBounds { .. } => "out-of-bounds",
+            VmError::Misaligned { .. } => "misaligned",
+            VmError::Aborted { .. } => "aborted",
+            VmError::Budget { .. } => "budget",
+            VmError::CallDepth { .. } => "call-depth",
+            VmError::UnknownHelper { .. } => "unknown-helper",
+            VmError::Engine(_) => "engine",
+        }
+    }
+}
+
+enum Code {
+    Interp(InterpCode),
+    Jit(std::sync::Arc<HostCode>),
+}
+
+/// Compiled code shared by executables of identical programs (many instances of one app): the
+/// code is position-independent, so one compilation serves them all. Keyed by everything the
+/// code depends on; entries die with their last executable.
+fn shared_code(
+    checked: &Checked,
+    program: &Program,
+    facts: &Facts,
+    options: &ExecOptions,
+) -> Result<std::sync::Arc<HostCode>, JitError> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock, Weak};
+    static CACHE: OnceLock<Mutex<HashMap<Vec<u8>, Weak<HostCode>>>> = OnceLock::new();
+    let mut key = program.code.clone();
+    for f in &program.functions {
+        key.extend_from_slice(&(*f as u64).to_le_bytes());
+    }
+    for r in &program.rodata {
+        key.extend_from_slice(&(r.len() as u64).to_le_bytes());
+    }
+    for r in &program.rodata_refs {
+        key.extend_from_slice(
+            &[r.pc as u64, r.index as u64, r.offset]
+                .map(u64::to_le_bytes)
+                .concat(),
+        );
+    }
+    key.push(options.entry as u8);
+    key.push(options.helpers as u8);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(code) = cache
+        .lock()
+        .ok()
+        .and_then(|c| c.get(&key).and_then(Weak::upgrade))
+    {
+        return Ok(code);
+    }
+    let compiled = jit::compile(checked, program, facts, Target::Host)?;
+    let code = Arc::new(HostCode::new(&compiled)?);
+    if let Ok(mut c) = cache.lock() {
+        c.retain(|_, w| w.strong_count() > 0);
+        c.insert(key, Arc::downgrade(&code));
+    }
+    Ok(code)
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A verified handler bound to an engine.
+pub struct Executable {
+    id: u64,
+    name: String,
+    engine: EngineKind,
+    checked: Checked,
+    facts: Facts,
+    program: Program,
+    options: ExecOptions,
+    helper_table: Box<[u64; crate::memory::HELPER_SLOTS]>,
+    rodata: Vec<GrantSlot>,
+    code: Code,
+    compile_time: Duration,
+}
+
+impl fmt::Debug for Executable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Executable")
+            .field("name", &self.name)
+            .field("engine", &self.engine)
+            .field("insns", &self.checked.verdict.insns)
+            .finish()
+    }
+}
+
+impl Executable {
+    /// Verifies `program` as a handler and prepares it for `engine` with the default budget.
+    pub fn new(
+        program: &Program,
+        engine: EngineKind,
+        config: &VerifierConfig,
+    ) -> Result<Executable, EngineError> {
+        Executable::build(
+            program,
+            &ExecOptions {
+                engine,
+                verifier: config.clone(),
+                ..ExecOptions::default()
+            },
+        )
+    }
+
+    /// Verifies, analyses and compiles `program`.
+    pub fn build(program: &Program, options: &ExecOptions) -> Result<Executable, EngineError> {
+        let started = Instant::now();
+        let checked =
+            check(program, &options.verifier).map_err(|violation| EngineError::Rejected {
+                name: program.name.clone(),
+                violation,
+            })?;
+        let facts = analyze(
+            &checked,
+            program,
+            &options.entry.assumptions(),
+            options.helpers,
+        );
+        let code = match options.engine {
+            EngineKind::Interp => Code::Interp(InterpCode::new(&checked, &facts)),
+            EngineKind::Jit => {
+                let jit_err = |source| EngineError::Jit {
+                    name: program.name.clone(),
+                    source,
+                };
+                Code::Jit(shared_code(&checked, program, &facts, options).map_err(jit_err)?)
+            }
+        };
+        let rodata = program
+            .rodata
+            .iter()
+            .map(|r| GrantSlot::new(r.addr(), r.len() as u64, false))
+            .collect();
+        Ok(Executable {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            name: program.name.clone(),
+            engine: options.engine,
+            checked,
+            facts,
+            program: program.clone(),
+            helper_table: Box::new(options.helpers.table(&options.verifier.helpers)),
+            rodata,
+            options: options.clone(),
+            code,
+            compile_time: started.elapsed(),
+        })
+    }
+
+    /// Handler name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The engine that runs it.
+    pub fn engine(&self) -> EngineKind {
+        self.engine
+    }
+
+    /// The verifier's verdict.
+    pub fn verdict(&self) -> &Verdict {
+        &self.checked.verdict
+    }
+
+    /// Compiles the same verified program for `target` (aarch64 code for the harness, or host
+    /// code to inspect), whatever engine this executable runs on.
+    pub fn compile_for(&self, target: Target) -> Result<jit::Compiled, EngineError> {
+        jit::compile(&self.checked, &self.program, &self.facts, target).map_err(|source| {
+            EngineError::Jit {
+                name: self.name.clone(),
+                source,
+            }
+        })
+    }
+
+    /// The analysis: how many accesses were proven, hinted or left to a scan.
+    pub fn facts(&self) -> &Facts {
+        &self.facts
+    }
+
+    /// The linked program.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// The instruction budget per invocation.
+    pub fn budget(&self) -> u64 {
+        self.options.budget
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &ExecOptions {
+        &self.options
+    }
+
+    /// Verification, analysis and compilation time.
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+}
+
+/// A segment granted to one step: `len` bytes at `addr` with `ACCESS_*` rights.
+#[derive(Clone, Copy, Debug)]
+pub struct Grant<'a> {
+    addr: u64,
+    len: usize,
+    access: u32,
+    _life: std::marker::PhantomData<&'a mut [u8]>,
+}
+
+impl<'a> Grant<'a> {
+    /// Read-only access to `bytes`.
+    pub fn read(bytes: &'a [u8]) -> Grant<'a> {
+        Grant {
+            addr: bytes.as_ptr() as u64,
+            len: bytes.len(),
+            access: naam_ebpf::abi::ACCESS_READ,
+            _life: std::marker::PhantomData,
+        }
+    }
+
+    /// Access to `bytes` with `access` rights (write rights need the exclusive borrow).
+    pub fn with_access(bytes: &'a mut [u8], access: u32) -> Grant<'a> {
+        Grant {
+            addr: bytes.as_mut_ptr() as u64,
+            len: bytes.len(),
+            access,
+            _life: std::marker::PhantomData,
+        }
+    }
+
+    /// Grants raw memory.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must be valid for the access rights for the whole step, and not be
+    /// accessed concurrently in a way that breaks Rust's aliasing rules for its owner.
+    pub unsafe fn raw(addr: u64, len: usize, access: u32) -> Grant<'a> {
+        Grant {
+            addr,
+            len,
+            access,
+            _life: std::marker::PhantomData,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty grant.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn slot(&self) -> GrantSlot {
+        GrantSlot::new(
+            self.addr,
+            self.len as u64,
+            self.access & naam_ebpf::abi::ACCESS_WRITE != 0,
+        )
+    }
+}
+
+/// The inputs of one step.
+#[derive(Clone, Debug, Default)]
+pub struct Invocation<'a> {
+    /// Application id.
+    pub app: u32,
+    /// Request id.
+    pub request_id: u64,
+    /// Step index.
+    pub step: u32,
+    /// Placement, one of `naam_ebpf::abi::placement`.
+    pub placement: u32,
+    /// Inline args (at most `ARGS_CAP` bytes).
+    pub args: &'a [u8],
+    /// State words from the previous step.
+    pub state: [u64; STATE_WORDS],
+    /// Reply bytes accumulated by earlier steps.
+    pub reply: &'a [u8],
+    /// Segments fetched for this step.
+    pub segments: &'a [Grant<'a>],
+}
+
+/// Why a step failed before, during or after the handler ran.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    /// The invocation does not fit the ABI.
+    #[error("invalid invocation: {0}")]
+    BadInput(String),
+    /// The engine stopped the handler.
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// The handler left output fields the ABI does not allow.
+    #[error("handler output is invalid: {0}")]
+    BadOutput(String),
+}
+
+/// What one step produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepOutput {
+    /// Raw r0.
+    pub return_code: u64,
+    /// Decoded r0, if it is a valid [`Return`].
+    pub ret: Option<Return>,
+    /// Instructions executed (both engines count identically).
+    pub insns: Option<u64>,
+    /// Values traced by the handler.
+    pub trace: Vec<u64>,
+}
+
+/// What a raw run produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RawOutput {
+    /// Final r0.
+    pub r0: u64,
+    /// Instructions executed.
+    pub insns: u64,
+}
+
+/// Per-thread execution state, reused across invocations.
+pub struct Vm {
+    cross_check: Option<std::sync::Arc<crate::cross::CrossCheck>>,
+    vmctx: Box<VmCtx>,
+    ctx: Box<Context>,
+    /// The eBPF stack: 8-byte aligned (atomics on the stack need natural alignment).
+    stack: Box<[u64]>,
+    last_app: Option<u32>,
+    installed: u64,
+    segments_installed: usize,
+    /// The entry grant currently covers the context (not a raw run's memory).
+    entry_is_context: bool,
+}
+
+impl Default for Vm {
+    fn default() -> Self {
+        Vm::new()
+    }
+}
+
+impl Vm {
+    /// A fresh VM.
+    pub fn new() -> Vm {
+        let mut vm = Vm {
+            cross_check: None,
+            vmctx: Box::default(),
+            ctx: Box::new(Context::new()),
+            stack: vec![0u64; STACK_BYTES / 8].into_boxed_slice(),
+            last_app: None,
+            installed: 0,
+            segments_installed: 0,
+            entry_is_context: false,
+        };
+        let stack_base = vm.stack.as_ptr() as u64;
+        vm.vmctx.grants[slot::STACK] = GrantSlot::new(stack_base, STACK_BYTES as u64, true);
+        vm.vmctx.stack_limit = stack_base;
+        vm
+    }
+
+    fn stack_top(&self) -> u64 {
+        self.stack.as_ptr() as u64 + STACK_BYTES as u64
+    }
+
+    /// The context as the last step left it.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Makes `exe`'s helpers, read-only data and budget current.
+    #[inline]
+    fn install(&mut self, exe: &Executable) {
+        if self.installed != exe.id {
+            self.install_new(exe);
+        }
+    }
+
+    #[cold]
+    fn install_new(&mut self, exe: &Executable) {
+        self.installed = exe.id;
+        let v = &mut *self.vmctx;
+        v.helpers = *exe.helper_table;
+        // Fuel (budget minus executed) must stay a signed 64-bit value.
+        v.budget = exe.options.budget.min(i64::MAX as u64 / 2);
+        for k in 0..slot::MAX_RODATA {
+            v.grants[slot::RODATA + k] = exe.rodata.get(k).copied().unwrap_or(GrantSlot::EMPTY);
+        }
+    }
+
+    /// Why `inv` does not fit the ABI (the slow path of [`Vm::prepare`]'s one test).
+    #[cold]
+    fn bad_invocation(inv: &Invocation<'_>) -> StepError {
+        StepError::BadInput(if inv.args.len() > ARGS_CAP {
+            format!(
+                "{} bytes of args exceed the {ARGS_CAP}-byte capacity",
+                inv.args.len()
+            )
+        } else if inv.segments.len() > MAX_SEGMENTS {
+            format!(
+                "{} segments exceed the maximum of {MAX_SEGMENTS}",
+                inv.segments.len()
+            )
+        } else if inv.reply.len() > REPLY_CAP {
+            "reply exceeds its capacity".into()
+        } else {
+            let len = inv.segments.iter().map(|g| g.len).max().unwrap_or(0);
+            format!("segment of {len} bytes is too large")
+        })
+    }
+
+    /// A different tenant must not see what the previous one left in the context or on the
+    /// stack.
+    #[cold]
+    fn switch_tenant(&mut self, app: u32) {
+        *self.ctx = Context::new();
+        self.stack.fill(0);
+        self.last_app = Some(app);
+    }
+
+    #[inline]
+    fn prepare(&mut self, inv: &Invocation<'_>) -> Result<(), StepError> {
+        if inv.args.len() > ARGS_CAP
+            || inv.segments.len() > MAX_SEGMENTS
+            || inv.reply.len() > REPLY_CAP
+            || inv.segments.iter().any(|g| g.len > u32::MAX as usize)
+        {
+            return Err(Self::bad_invocation(inv));
+        }
+        if self.last_app != Some(inv.app) {
+            self.switch_tenant(inv.app);
+        }
+        let c = &mut *self.ctx;
+        c.abi_version = ABI_VERSION;
+        c.step = inv.step;
+        c.app = inv.app;
+        c.placement = inv.placement;
+        c.request_id = inv.request_id;
+        c.args_len = inv.args.len() as u32;
+        c.args[..inv.args.len()].copy_from_slice(inv.args);
+        c.state = inv.state;
+        c.segment_count = inv.segments.len() as u32;
+        for (slot, g) in c.segments.iter_mut().zip(inv.segments) {
+            *slot = naam_ebpf::Segment {
+                addr: g.addr,
+                len: g.len as u32,
+                access: g.access,
+            };
+        }
+        // Entries the previous step used and this one does not: no stale addresses.
+        let used = self.segments_installed.max(inv.segments.len());
+        for slot in &mut c.segments[inv.segments.len()..used] {
+            *slot = naam_ebpf::Segment::default();
+        }
+        c.reply_len = inv.reply.len() as u32;
+        if !inv.reply.is_empty() {
+            c.reply[..inv.reply.len()].copy_from_slice(inv.reply);
+        }
+        c.next_count = 0;
+        c.write_count = 0;
+        c.write_data_len = 0;
+
+        if !self.entry_is_context {
+            self.grant_context();
+        }
+        let v = &mut *self.vmctx;
+        for (i, g) in inv.segments.iter().enumerate() {
+            v.grants[slot::SEGMENT + i] = g.slot();
+        }
+        for i in inv.segments.len()..self.segments_installed {
+            v.grants[slot::SEGMENT + i] = GrantSlot::EMPTY;
+        }
+        self.segments_installed = inv.segments.len();
+        Ok(())
+    }
+
+    /// Grants the context: inputs read-only, outputs writable (a handler cannot forge its
+    /// segment table).
+    #[cold]
+    fn grant_context(&mut self) {
+        let ctx_addr = &mut *self.ctx as *mut Context as u64;
+        let v = &mut *self.vmctx;
+        v.grants[slot::ENTRY] = GrantSlot::new(ctx_addr, CONTEXT_INPUT_SIZE as u64, false);
+        v.grants[slot::ENTRY_OUT] = GrantSlot::new(
+            ctx_addr + CONTEXT_INPUT_SIZE as u64,
+            (CONTEXT_SIZE - CONTEXT_INPUT_SIZE) as u64,
+            true,
+        );
+        self.entry_is_context = true;
+    }
+
+    /// Runs the engine with `r1`, `r2`; returns r0 or the fault.
+    #[inline]
+    fn execute(&mut self, exe: &Executable, r1: u64, r2: u64) -> Result<u64, VmError> {
+        self.vmctx.reset_run();
+        let fp = self.stack_top();
+        let r0 = match &exe.code {
+            Code::Interp(code) => interp::run(code, &mut self.vmctx, r1, r2, fp),
+            Code::Jit(code) => {
+                let r0 = (code.entry())(&mut *self.vmctx as *mut VmCtx, r1, r2, fp);
+                (self.vmctx.fault.kind == fault::NONE).then_some(r0)
+            }
+        };
+        match r0 {
+            Some(r0) => Ok(r0),
+            None => Err(self.fault(exe)),
+        }
+    }
+
+    #[cold]
+    fn fault(&self, exe: &Executable) -> VmError {
+        VmError::from_record(&self.vmctx.fault, exe.options.budget)
+            .unwrap_or_else(|| VmError::Engine("stopped without a fault record".into()))
+    }
+
+    /// Replays sampled steps as aarch64 code under qemu and records differences (tests).
+    pub fn set_cross_check(&mut self, check: Option<std::sync::Arc<crate::cross::CrossCheck>>) {
+        self.cross_check = check;
+    }
+
+    /// Runs one step of the handler `exe` over `inv`.
+    pub fn run(&mut self, exe: &Executable, inv: &Invocation<'_>) -> Result<StepOutput, StepError> {
+        if self.cross_check.as_ref().is_some_and(|c| c.due()) {
+            if let Some(check) = self.cross_check.clone() {
+                return self.run_cross_checked(&check, exe, inv);
+            }
+        }
+        self.run_step(exe, inv)
+    }
+
+    fn run_cross_checked(
+        &mut self,
+        check: &crate::cross::CrossCheck,
+        exe: &Executable,
+        inv: &Invocation<'_>,
+    ) -> Result<StepOutput, StepError> {
+        let image = match self.image_step(exe, inv) {
+            Ok(image) => image,
+            Err(_) => return self.run_step(exe, inv),
+        };
+        let host = self.run_step(exe, inv);
+        let name = format!(
+            "{} step {} of request {:#x}",
+            exe.name, inv.step, inv.request_id
+        );
+        let compared = exe
+            .compile_for(Target::Aarch64)
+            .map_err(|e| e.to_string())
+            .and_then(|code| crate::cross::run(&code, &image).map_err(|e| e.to_string()))
+            .and_then(|out| self.compare_cross(exe, &image, &host, &out));
+        check.record(&name, compared);
+        host
+    }
+
+    /// Compares this VM's last step with an aarch64 run of the same image.
+    fn compare_cross(
+        &self,
+        exe: &Executable,
+        image: &Image,
+        host: &Result<StepOutput, StepError>,
+        out: &crate::cross::CrossOutput,
+    ) -> Result<(), String> {
+        let arm = out.result(exe.options.budget);
+        match host {
+            Err(StepError::Vm(e)) => {
+                return if arm.as_ref().err() == Some(e) {
+                    Ok(())
+                } else {
+                    Err(format!("host fault {e:?}, aarch64 {arm:?}"))
+                }
+            }
+            Err(e) if arm.is_err() => return Err(format!("host {e}, aarch64 {arm:?}")),
+            _ => {}
+        }
+        let r0 = arm.map_err(|e| format!("aarch64 faulted: {e}"))?;
+        let entry = image.slot_region[slot::ENTRY].ok_or("no context region")?;
+        let bytes = out.regions[entry]
+            .as_deref()
+            .ok_or("no context after the run")?;
+        if bytes.len() != CONTEXT_SIZE {
+            return Err("context of the wrong size".into());
+        }
+        // SAFETY: `Context` is plain `repr(C)` data and `bytes` holds exactly one.
+        let arm_ctx: Context = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+        let c = &*self.ctx;
+        let mut diffs = Vec::new();
+        if let Ok(o) = host {
+            if o.return_code != r0 {
+                diffs.push(format!("r0 {:#x} vs {r0:#x}", o.return_code));
+            }
+            if o.insns != Some(out.state.executed) {
+                diffs.push(format!("insns {:?} vs {}", o.insns, out.state.executed));
+            }
+            if o.trace != out.trace() {
+                diffs.push(format!("trace {:?} vs {:?}", o.trace, out.trace()));
+            }
+        }
+        let same = |a: &[u8], b: &[u8]| a == b;
+        if c.reply_len != arm_ctx.reply_len
+            || !same(
+                self.reply(),
+                &arm_ctx.reply[..(arm_ctx.reply_len as usize).min(REPLY_CAP)],
+            )
+        {
+            diffs.push("reply".into());
+        }
+        if c.next_count != arm_ctx.next_count || c.next != arm_ctx.next {
+            diffs.push("next descriptors".into());
+        }
+        if c.write_count != arm_ctx.write_count || c.writes != arm_ctx.writes {
+            diffs.push("write operations".into());
+        }
+        if c.write_data_len != arm_ctx.write_data_len
+            || !same(
+                self.write_data(),
+                &arm_ctx.write_data[..(arm_ctx.write_data_len as usize).min(WRITE_DATA_CAP)],
+            )
+        {
+            diffs.push("write data".into());
+        }
+        if c.state != arm_ctx.state {
+            diffs.push(format!("state {:x?} vs {:x?}", c.state, arm_ctx.state));
+        }
+        if diffs.is_empty() {
+            Ok(())
+        } else {
+            Err(diffs.join("; "))
+        }
+    }
+
+    fn run_step(
+        &mut self,
+        exe: &Executable,
+        inv: &Invocation<'_>,
+    ) -> Result<StepOutput, StepError> {
+        if exe.options.entry != Entry::Context {
+            return Err(StepError::BadInput(format!(
+                "`{}` was built for raw memory runs, not handler steps",
+                exe.name
+            )));
+        }
+        self.prepare(inv)?;
+        self.install(exe);
+        let ctx_addr = &mut *self.ctx as *mut Context as u64;
+        let r0 = self.execute(exe, ctx_addr, CONTEXT_SIZE as u64)?;
+        self.check_output()?;
+        Ok(StepOutput {
+            return_code: r0,
+            ret: Return::decode(r0),
+            insns: Some(self.vmctx.executed),
+            trace: if self.vmctx.trace_len == 0 {
+                Vec::new()
+            } else {
+                self.trace().to_vec()
+            },
+        })
+    }
+
+    /// Runs `exe` over raw memory: `r1` = `memory`'s address (writable), `r2` = its length.
+    pub fn run_raw(&mut self, exe: &Executable, memory: &mut [u8]) -> Result<RawOutput, StepError> {
+        if exe.options.entry != Entry::Memory {
+            return Err(StepError::BadInput(format!(
+                "`{}` was built for handler steps, not raw memory runs",
+                exe.name
+            )));
+        }
+        self.install(exe);
+        self.last_app = None;
+        for i in 0..self.segments_installed {
+            self.vmctx.grants[slot::SEGMENT + i] = GrantSlot::EMPTY;
+        }
+        self.segments_installed = 0;
+        let addr = memory.as_mut_ptr() as u64;
+        self.entry_is_context = false;
+        self.vmctx.grants[slot::ENTRY] = GrantSlot::new(addr, memory.len() as u64, true);
+        self.vmctx.grants[slot::ENTRY_OUT] = GrantSlot::EMPTY;
+        let result = self.execute(exe, addr, memory.len() as u64);
+        // The buffer is only borrowed for this call.
+        self.vmctx.grants[slot::ENTRY] = GrantSlot::EMPTY;
+        let r0 = result?;
+        Ok(RawOutput {
+            r0,
+            insns: self.vmctx.executed,
+        })
+    }
+
+    /// Prepares the handler step `inv` of `exe` without running it, and returns it as an
+    /// [`Image`]: what an engine in another process (the aarch64 harness) needs to run it
+    /// exactly as this VM would. A later [`Vm::run`] of the same invocation starts from the
+    /// same state.
+    pub fn image_step(
+        &mut self,
+        exe: &Executable,
+        inv: &Invocation<'_>,
+    ) -> Result<Image, StepError> {
+        if exe.options.entry != Entry::Context {
+            return Err(StepError::BadInput(format!(
+                "`{}` was built for raw memory runs, not handler steps",
+                exe.name
+            )));
+        }
+        self.prepare(inv)?;
+        self.install(exe);
+        self.vmctx.reset_run();
+        let mut image = self.image(exe);
+        let entry = image.slot_region[slot::ENTRY].expect("the context is granted");
+        let base = std::mem::offset_of!(Context, segments)
+            + std::mem::offset_of!(naam_ebpf::Segment, addr);
+        for i in 0..inv.segments.len() {
+            if let Some(target) = image.slot_region[slot::SEGMENT + i] {
+                image.fixups.push(Fixup {
+                    region: entry,
+                    offset: (base + i * std::mem::size_of::<naam_ebpf::Segment>()) as u64,
+                    target,
+                    addend: 0,
+                });
+            }
+        }
+        image.r1 = (entry, 0);
+        image.r2 = CONTEXT_SIZE as u64;
+        Ok(image)
+    }
+
+    /// [`Vm::image_step`] for a raw run over `memory`.
+    pub fn image_raw(&mut self, exe: &Executable, memory: &[u8]) -> Result<Image, StepError> {
+        if exe.options.entry != Entry::Memory {
+            return Err(StepError::BadInput(format!(
+                "`{}` was built for handler steps, not raw memory runs",
+                exe.name
+            )));
+        }
+        self.install(exe);
+        for i in 0..self.segments_installed {
+            self.vmctx.grants[slot::SEGMENT + i] = GrantSlot::EMPTY;
+        }
+        self.segments_installed = 0;
+        self.entry_is_context = false;
+        self.vmctx.grants[slot::ENTRY] =
+            GrantSlot::new(memory.as_ptr() as u64, memory.len() as u64, true);
+        self.vmctx.grants[slot::ENTRY_OUT] = GrantSlot::EMPTY;
+        self.vmctx.reset_run();
+        let mut image = self.image(exe);
+        self.vmctx.grants[slot::ENTRY] = GrantSlot::EMPTY;
+        match image.slot_region[slot::ENTRY] {
+            Some(entry) => image.r1 = (entry, 0),
+            // No memory: r1 is a null pointer, as in a host run over an empty buffer.
+            None => image.r1 = (0, 0),
+        }
+        image.r2 = memory.len() as u64;
+        if image.slot_region[slot::ENTRY].is_none() {
+            image.r1_absolute = Some(memory.as_ptr() as u64);
+        }
+        Ok(image)
+    }
+
+    fn image(&self, exe: &Executable) -> Image {
+        let mut vmctx = self.vmctx.as_ref().clone();
+        vmctx.helpers = [0; crate::memory::HELPER_SLOTS];
+        vmctx.check = 0;
+        let mut image = Image {
+            regions: Vec::new(),
+            fixups: Vec::new(),
+            slot_region: [None; crate::memory::MAX_GRANTS],
+            r1: (0, 0),
+            r1_absolute: None,
+            r2: 0,
+            fp: (0, 0),
+            helpers: exe.options.helpers,
+            helper_mask: exe
+                .helper_table
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| **f != 0)
+                .fold(0u64, |m, (id, _)| m | (1 << id)),
+        };
+        image.regions.push(ImageRegion {
+            bytes: Vec::new(),
+            writable: true,
+            host_addr: 0,
+        });
+        let grants = &self.vmctx.grants;
+        for (k, g) in grants.iter().enumerate() {
+            if g.len == 0 {
+                continue;
+            }
+            // A grant inside a region already taken (the context's output part, right after
+            // its input part) shares that region, so the two stay contiguous.
+            let inside = image.regions.iter().enumerate().skip(1).find(|(_, r)| {
+                g.start >= r.host_addr && g.start + g.len <= r.host_addr + r.bytes.len() as u64
+            });
+            if let Some((r, region)) = inside {
+                let addend = g.start - region.host_addr;
+                image.slot_region[k] = Some(r);
+                image.fixups.push(Fixup {
+                    region: 0,
+                    offset: crate::memory::layout::start(k) as u64,
+                    target: r,
+                    addend,
+                });
+                continue;
+            }
+            let mut len = g.len;
+            let mut writable = g.writable != 0;
+            let out = &grants[slot::ENTRY_OUT];
+            if k == slot::ENTRY && out.len > 0 && out.start == g.start + g.len {
+                len += out.len;
+                writable = true;
+            }
+            // SAFETY: grants of this VM cover [start, start + len) for reading (the context's
+            // two parts are one allocation).
+            let bytes =
+                unsafe { std::slice::from_raw_parts(g.start as *const u8, len as usize) }.to_vec();
+            image.slot_region[k] = Some(image.regions.len());
+            image.fixups.push(Fixup {
+                region: 0,
+                offset: crate::memory::layout::start(k) as u64,
+                target: image.regions.len(),
+                addend: 0,
+            });
+            image.regions.push(ImageRegion {
+                bytes,
+                writable,
+                host_addr: g.start,
+            });
+        }
+        let stack = image.slot_region[slot::STACK].expect("the stack is always granted");
+        image.fixups.push(Fixup {
+            region: 0,
+            offset: crate::memory::layout::STACK_LIMIT as u64,
+            target: stack,
+            addend: 0,
+        });
+        image.fp = (stack, STACK_BYTES as u64);
+        image.regions[0].bytes = vmctx.to_bytes();
+        image
+    }
+
+    /// The eBPF stack as the last run left it.
+    pub fn stack_bytes(&self) -> Vec<u8> {
+        self.stack.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    /// Zeroes the eBPF stack (differential tests start both engines from the same bytes).
+    pub fn clear_stack(&mut self) {
+        self.stack.fill(0);
+    }
+
+    fn check_output(&self) -> Result<(), StepError> {
+        let c = &*self.ctx;
+        let bad = |what: String| Err(StepError::BadOutput(what));
+        if c.reply_len as usize > REPLY_CAP {
+            return bad(format!("reply_len {} exceeds {REPLY_CAP}", c.reply_len));
+        }
+        if c.next_count as usize > MAX_NEXT {
+            return bad(format!("next_count {} exceeds {MAX_NEXT}", c.next_count));
+        }
+        if c.write_count as usize > MAX_WRITES {
+            return bad(format!(
+                "write_count {} exceeds {MAX_WRITES}",
+                c.write_count
+            ));
+        }
+        if c.write_data_len as usize > WRITE_DATA_CAP {
+            return bad(format!(
+                "write_data_len {} exceeds {WRITE_DATA_CAP}",
+                c.write_data_len
+            ));
+        }
+        Ok(())
+    }
+
+    /// Values traced by the last run.
+    pub fn trace(&self) -> &[u64] {
+        &self.vmctx.trace[..(self.vmctx.trace_len as usize).min(self.vmctx.trace.len())]
+    }
+
+    /// Reply bytes after the last step.
+    pub fn reply(&self) -> &[u8] {
+        &self.ctx.reply[..(self.ctx.reply_len as usize).min(REPLY_CAP)]
+    }
+
+    /// Next-step descriptors after the last step.
+    pub fn next(&self) -> &[Descriptor] {
+        &self.ctx.next[..(self.ctx.next_count as usize).min(MAX_NEXT)]
+    }
+
+    /// Write operations after the last step.
+    pub fn writes(&self) -> &[WriteOp] {
+        &self.ctx.writes[..(self.ctx.write_count as usize).min(MAX_WRITES)]
+    }
+
+    /// Staged write bytes after the last step.
+    pub fn write_data(&self) -> &[u8] {
+        &self.ctx.write_data[..(self.ctx.write_data_len as usize).min(WRITE_DATA_CAP)]
+    }
+
+    /// State words after the last step.
+    pub fn state(&self) -> [u64; STATE_WORDS] {
+        self.ctx.state
+    }
+}
+
+/// Placement used by standalone invocations.
+pub const STANDALONE: u32 = placement::STANDALONE;
+
+/// Time one step `repeat` times; returns (last output, mean nanoseconds per invocation).
+pub fn time_runs(
+    vm: &mut Vm,
+    exe: &Executable,
+    inv: &Invocation<'_>,
+    repeat: u64,
+) -> (Result<StepOutput, StepError>, f64) {
+    let repeat = repeat.max(1);
+    let start = Instant::now();
+    let mut last = vm.run(exe, inv);
+    for _ in 1..repeat {
+        last = vm.run(exe, inv);
+    }
+    let ns = start.elapsed().as_nanos() as f64 / repeat as f64;
+    (last, ns)
+}
+
+/// An invocation as plain bytes, for an engine in another process: memory regions to map
+/// (region 0 is the [`VmCtx`]), pointers to patch once they are mapped, and where the entry
+/// registers point.
+#[derive(Clone, Debug)]
+pub struct Image {
+    /// Regions; region 0 is the machine state.
+    pub regions: Vec<ImageRegion>,
+    /// Pointers to write once regions are mapped.
+    pub fixups: Vec<Fixup>,
+    /// Region of each grant slot, if granted.
+    pub slot_region: [Option<usize>; crate::memory::MAX_GRANTS],
+    /// `r1`: region and offset.
+    pub r1: (usize, u64),
+    /// `r1` as an absolute value when it points at no region (an empty raw memory).
+    pub r1_absolute: Option<u64>,
+    /// `r2`.
+    pub r2: u64,
+    /// The entry frame pointer: region and offset.
+    pub fp: (usize, u64),
+    /// The helper set to install.
+    pub helpers: HelperSet,
+    /// Bit `i`: helper id `i` is installed.
+    pub helper_mask: u64,
+}
+
+/// One memory region of an [`Image`].
+#[derive(Clone, Debug)]
+pub struct ImageRegion {
+    /// Contents.
+    pub bytes: Vec<u8>,
+    /// Whether the handler may write it (its contents come back after the run).
+    pub writable: bool,
+    /// Where it lives in this process (its low 12 bits are kept, so alignment is the same).
+    pub host_addr: u64,
+}
+
+/// "Write the address of region `target` plus `addend` at `offset` of region `region`".
+#[derive(Clone, Copy, Debug)]
+pub struct Fixup {
+    /// Region patched.
+    pub region: usize,
+    /// Byte offset in it.
+    pub offset: u64,
+    /// Region whose address is written.
+    pub target: usize,
+    /// Added to that address.
+    pub addend: u64,
+}

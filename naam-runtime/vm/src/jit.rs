@@ -1,0 +1,1327 @@
+//! The JIT: verified eBPF to native code through Cranelift, for the host (x86-64 here) and,
+//! by cross-compilation, for aarch64 (BlueField-2's Arm A72 cores).
+//!
+//! Every eBPF function becomes one native function `(ctx, fp, r1..r5) -> (r0, status)`; a
+//! small entry function `(ctx, r1, r2, fp) -> r0` calls the first. The machine state the code
+//! needs lives in the [`VmCtx`] it is given, never in constants, so the same code runs in any
+//! process that builds a context (the aarch64 harness does, in C).
+//!
+//! What the generated code guarantees, with the interpreter's exact semantics:
+//! - **Memory**: an access the analysis proved is emitted bare; any other is compared inline
+//!   with the hinted grant's limit (one subtraction, one comparison) and, on a miss, checked
+//!   against every grant by [`crate::memory::check_slow`]. A refused access records the fault
+//!   and returns; no access the grants do not allow ever executes, so a bad handler gets a
+//!   fault, never a signal. Atomics also require natural alignment.
+//! - **Budget**: fuel, as wasm engines meter it: a register starts at the budget minus what
+//!   was already executed, each basic block subtracts its instruction count on entry, and
+//!   every taken backward jump and every local call checks it is not negative, so the count
+//!   (budget minus fuel) matches the interpreter's at every check.
+//! - **Calls**: local calls get their own 512-byte frame; a call whose frame would fall below
+//!   the stack limit faults. Helpers are called through the context's table.
+//! - **Arithmetic**: division and remainder by zero and `MIN / -1` never trap; 32-bit results
+//!   are zero-extended (rbpf's JIT got the 32-bit move wrong; this one is tested against the
+//!   interpreter on every operation).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use cranelift_codegen::control::ControlPlane;
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{
+    types, AbiParam, AtomicRmwOp, Block, ExtFuncData, ExternalName, FuncRef, Function, InstBuilder,
+    MemFlagsData, SigRef, Signature, UserExternalName, UserFuncName, Value,
+};
+use cranelift_codegen::isa::{CallConv, OwnedTargetIsa, TargetFrontendConfig};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_codegen::{binemit::Reloc, Context, FinalizedRelocTarget};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
+
+use naam_ebpf::abi::STACK_SIZE;
+
+use crate::analysis::{Check, Facts};
+use crate::insn::{AluOp, AtomicOp, Cond, Op, Operand, Width};
+use crate::loader::Program;
+use crate::memory::{access, fault, layout, slot, HELPER_SLOTS};
+use crate::semantics::imm64;
+use crate::verifier::Checked;
+
+/// Instruction sets the JIT emits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// The machine this process runs on.
+    Host,
+    /// AArch64 (Armv8.0-A, no LSE atomics: what BlueField-2's Cortex-A72 cores implement).
+    Aarch64,
+}
+
+impl Target {
+    /// Name as printed and parsed.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Host => "host",
+            Target::Aarch64 => "aarch64",
+        }
+    }
+}
+
+/// Why compilation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JitError {
+    /// The target ISA is unavailable in this build.
+    #[error("no code generator for {target}: {reason}")]
+    Isa {
+        /// Target asked for.
+        target: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// Cranelift refused the generated function (a bug in the translation).
+    #[error("function {function} (at insn {start}): code generation failed: {reason}")]
+    Codegen {
+        /// Function index.
+        function: usize,
+        /// Its first instruction.
+        start: usize,
+        /// Cranelift's message.
+        reason: String,
+    },
+    /// A relocation the linker does not know.
+    #[error("unsupported relocation {0}")]
+    Relocation(String),
+    /// Executable memory could not be prepared.
+    #[error("executable memory: {0}")]
+    Memory(String),
+}
+
+/// Machine code for a whole program, laid out and linked, not yet executable.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    /// The code, position-independent.
+    pub code: Vec<u8>,
+    /// Offset of the entry function `(ctx, r1, r2, fp) -> r0`.
+    pub entry: usize,
+    /// Native functions (eBPF functions plus the entry).
+    pub functions: usize,
+    /// Time spent in translation and code generation.
+    pub compile_time: Duration,
+    /// The target it was compiled for.
+    pub target: Target,
+}
+
+/// The Cranelift ISA for `target`, built once per process (CPU feature detection and settings
+/// do not change while it runs).
+pub fn isa(target: Target) -> Result<OwnedTargetIsa, JitError> {
+    use std::sync::OnceLock;
+    static HOST: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    static AARCH64: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    let cell = match target {
+        Target::Host => &HOST,
+        Target::Aarch64 => &AARCH64,
+    };
+    cell.get_or_init(|| build_isa(target).map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|reason| JitError::Isa {
+            target: target.name(),
+            reason,
+        })
+}
+
+fn build_isa(target: Target) -> Result<OwnedTargetIsa, JitError> {
+    let err = |reason: String| JitError::Isa {
+        target: target.name(),
+        reason,
+    };
+    let mut flags = settings::builder();
+    flags
+        .set("opt_level", "speed")
+        .map_err(|e| err(e.to_string()))?;
+    // Frames are small and bounded; no stack probes, no unwind tables (nothing unwinds
+    // through generated code: helpers return, faults are return values).
+    flags
+        .set("regalloc_algorithm", "backtracking")
+        .map_err(|e| err(e.to_string()))?;
+    flags
+        .set("enable_probestack", "false")
+        .map_err(|e| err(e.to_string()))?;
+    flags
+        .set("unwind_info", "false")
+        .map_err(|e| err(e.to_string()))?;
+    flags
+        .set(
+            "enable_verifier",
+            if cfg!(debug_assertions) {
+                "true"
+            } else {
+                "false"
+            },
+        )
+        .map_err(|e| err(e.to_string()))?;
+    let builder = match target {
+        Target::Host => cranelift_native::builder().map_err(|e| err(e.to_string()))?,
+        Target::Aarch64 => cranelift_codegen::isa::lookup_by_name("aarch64-unknown-linux-gnu")
+            .map_err(|e| err(e.to_string()))?,
+    };
+    builder
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| err(e.to_string()))
+}
+
+/// Compiles a verified program for `target`.
+pub fn compile(
+    checked: &Checked,
+    program: &Program,
+    facts: &Facts,
+    target: Target,
+) -> Result<Compiled, JitError> {
+    let started = Instant::now();
+    let isa = isa(target)?;
+    let call_conv = isa.default_call_conv();
+    let nf = checked.functions.len();
+    // When nothing calls the entry function back (the usual case), it takes the entry
+    // signature itself; otherwise a small wrapper does, after every function.
+    let entry_called = checked
+        .ops
+        .iter()
+        .any(|op| matches!(op, Some(Op::CallLocal { target }) if *target as usize == checked.functions[0].0));
+    let total = if entry_called { nf + 1 } else { nf };
+    let reachable = reachable_functions(checked);
+    let mut fctx = FunctionBuilderContext::new();
+    let mut ctx = Context::new();
+    let mut bodies: Vec<(Vec<u8>, Vec<PendingReloc>)> = Vec::with_capacity(total);
+    for f in 0..total {
+        if reachable.get(f) == Some(&false) {
+            // Never called (the rest of a linked `.text` section): no code.
+            bodies.push((Vec::new(), Vec::new()));
+            continue;
+        }
+        let entry_abi = f == nf || (f == 0 && !entry_called);
+        let signature = if entry_abi {
+            entry_signature(call_conv)
+        } else {
+            function_signature(call_conv)
+        };
+        let mut func = Function::with_name_signature(UserFuncName::user(0, f as u32), signature);
+        {
+            let builder = FunctionBuilder::new(&mut func, &mut fctx);
+            if f < nf {
+                let t = Translator::new(builder, checked, program, facts, f, call_conv, entry_abi);
+                t.translate(isa.frontend_config());
+            } else {
+                build_entry(builder, call_conv, isa.frontend_config());
+            }
+        }
+        ctx.clear();
+        ctx.func = func;
+        let start = checked.functions.get(f).map_or(0, |x| x.0);
+        let compiled = ctx
+            .compile(&*isa, &mut ControlPlane::default())
+            .map_err(|e| JitError::Codegen {
+                function: f,
+                start,
+                reason: format!("{:?}", e.inner),
+            })?;
+        let code = compiled.code_buffer().to_vec();
+        let mut raw = Vec::new();
+        for r in compiled.buffer.relocs() {
+            let FinalizedRelocTarget::ExternalName(ExternalName::User(name)) = &r.target else {
+                return Err(JitError::Relocation(format!(
+                    "{:?} to {:?}",
+                    r.kind, r.target
+                )));
+            };
+            raw.push((r.offset as usize, r.kind, *name, r.addend));
+        }
+        let names = ctx.func.params.user_named_funcs();
+        let relocs = raw
+            .into_iter()
+            .map(|(offset, kind, name, addend)| PendingReloc {
+                offset,
+                kind,
+                callee: names[name].index as usize,
+                addend,
+            })
+            .collect();
+        bodies.push((code, relocs));
+    }
+    // Lay the functions out one after the other, 16-byte aligned, then link the calls.
+    let mut code = Vec::new();
+    let mut starts = Vec::with_capacity(bodies.len());
+    for (body, _) in &bodies {
+        while code.len() % 16 != 0 {
+            code.push(0);
+        }
+        starts.push(code.len());
+        code.extend_from_slice(body);
+    }
+    for (f, (_, relocs)) in bodies.iter().enumerate() {
+        for r in relocs {
+            let at = starts[f] + r.offset;
+            let target_addr = starts[r.callee] as i64;
+            let delta = target_addr - at as i64 + r.addend;
+            match r.kind {
+                Reloc::X86CallPCRel4 | Reloc::X86PCRel4 => {
+                    let v = i32::try_from(delta)
+                        .map_err(|_| JitError::Relocation("call too far".into()))?;
+                    code[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                }
+                Reloc::Arm64Call => {
+                    if delta % 4 != 0 || !(-(1i64 << 27)..(1i64 << 27)).contains(&delta) {
+                        return Err(JitError::Relocation("aarch64 call out of range".into()));
+                    }
+                    let mut insn =
+                        u32::from_le_bytes([code[at], code[at + 1], code[at + 2], code[at + 3]]);
+                    insn = (insn & 0xfc00_0000) | (((delta >> 2) as u32) & 0x03ff_ffff);
+                    code[at..at + 4].copy_from_slice(&insn.to_le_bytes());
+                }
+                other => return Err(JitError::Relocation(format!("{other:?}"))),
+            }
+        }
+    }
+    Ok(Compiled {
+        entry: starts[if entry_called { nf } else { 0 }],
+        code,
+        functions: total,
+        compile_time: started.elapsed(),
+        target,
+    })
+}
+
+/// Which functions the entry can reach through local calls.
+fn reachable_functions(checked: &Checked) -> Vec<bool> {
+    let mut seen = vec![false; checked.functions.len()];
+    let mut work = vec![0usize];
+    seen[0] = true;
+    while let Some(f) = work.pop() {
+        let (start, end) = checked.functions[f];
+        for op in checked.ops[start..end].iter().flatten() {
+            if let Op::CallLocal { target } = op {
+                if let Some(callee) = checked.function_at(*target as usize) {
+                    if !seen[callee] {
+                        seen[callee] = true;
+                        work.push(callee);
+                    }
+                }
+            }
+        }
+    }
+    seen
+}
+
+struct PendingReloc {
+    offset: usize,
+    kind: Reloc,
+    callee: usize,
+    addend: i64,
+}
+
+fn function_signature(call_conv: CallConv) -> Signature {
+    let mut sig = Signature::new(call_conv);
+    for _ in 0..7 {
+        sig.params.push(AbiParam::new(types::I64));
+    }
+    sig.returns.push(AbiParam::new(types::I64));
+    sig.returns.push(AbiParam::new(types::I64));
+    sig
+}
+
+fn entry_signature(call_conv: CallConv) -> Signature {
+    let mut sig = Signature::new(call_conv);
+    for _ in 0..4 {
+        sig.params.push(AbiParam::new(types::I64));
+    }
+    sig.returns.push(AbiParam::new(types::I64));
+    sig
+}
+
+fn helper_signature(call_conv: CallConv) -> Signature {
+    let mut sig = Signature::new(call_conv);
+    for _ in 0..6 {
+        sig.params.push(AbiParam::new(types::I64));
+    }
+    sig.returns.push(AbiParam::new(types::I64));
+    sig
+}
+
+fn check_signature(call_conv: CallConv) -> Signature {
+    let mut sig = Signature::new(call_conv);
+    for _ in 0..5 {
+        sig.params.push(AbiParam::new(types::I64));
+    }
+    sig.returns.push(AbiParam::new(types::I64));
+    sig
+}
+
+/// A call to function `index` of this program, colocated (linked by [`compile`]).
+fn import_function(builder: &mut FunctionBuilder, index: usize, call_conv: CallConv) -> FuncRef {
+    let name = builder
+        .func
+        .declare_imported_user_function(UserExternalName::new(0, index as u32));
+    let signature = builder.import_signature(function_signature(call_conv));
+    builder.import_function(ExtFuncData {
+        name: ExternalName::user(name),
+        signature,
+        colocated: true,
+        patchable: false,
+    })
+}
+
+/// The entry function: `(ctx, r1, r2, fp) -> r0`, calling function 0 with `r3..r5 = 0`.
+fn build_entry(mut b: FunctionBuilder, call_conv: CallConv, config: TargetFrontendConfig) {
+    let block = b.create_block();
+    b.append_block_params_for_function_params(block);
+    b.switch_to_block(block);
+    b.seal_block(block);
+    let p = b.block_params(block).to_vec();
+    let zero = b.ins().iconst(types::I64, 0);
+    let f0 = import_function(&mut b, 0, call_conv);
+    let call = b
+        .ins()
+        .call(f0, &[p[0], p[3], p[1], p[2], zero, zero, zero]);
+    let r0 = b.inst_results(call)[0];
+    b.ins().return_(&[r0]);
+    b.seal_all_blocks();
+    b.finalize(config);
+}
+
+/// Flags for context fields that never change during a run: free to hoist and deduplicate.
+fn fixed() -> MemFlagsData {
+    MemFlagsData::trusted().with_readonly().with_can_move()
+}
+
+/// Flags for context fields the run updates (count, fault).
+fn mutable() -> MemFlagsData {
+    MemFlagsData::trusted()
+}
+
+/// Flags for the handler's own memory accesses: unaligned, checked before they happen.
+fn guest() -> MemFlagsData {
+    MemFlagsData::new().with_notrap()
+}
+
+struct Translator<'a, 'b> {
+    b: FunctionBuilder<'b>,
+    checked: &'a Checked,
+    program: &'a Program,
+    facts: &'a Facts,
+    function: usize,
+    call_conv: CallConv,
+    regs: [Variable; 10],
+    /// Budget minus instructions executed.
+    fuel: Variable,
+    ctx: Value,
+    fp: Value,
+    blocks: BTreeMap<usize, Block>,
+    /// Returns `(0, 1)`: the fault is already recorded.
+    propagate: Block,
+    /// Records `(kind, pc, addr, len)` then propagates.
+    fault: Block,
+    helper_sig: Option<SigRef>,
+    check_sig: Option<SigRef>,
+    /// Returns `r0` alone (the entry signature) instead of `(r0, status)`.
+    entry_abi: bool,
+    callees: BTreeMap<usize, FuncRef>,
+}
+
+impl<'a, 'b> Translator<'a, 'b> {
+    fn new(
+        mut b: FunctionBuilder<'b>,
+        checked: &'a Checked,
+        program: &'a Program,
+        facts: &'a Facts,
+        function: usize,
+        call_conv: CallConv,
+        entry_abi: bool,
+    ) -> Self {
+        let regs = std::array::from_fn(|_| b.declare_var(types::I64));
+        let fuel = b.declare_var(types::I64);
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let params = b.block_params(entry).to_vec();
+        let zero = b.ins().iconst(types::I64, 0);
+        // Internal functions take (ctx, fp, r1..r5); the entry takes (ctx, r1, r2, fp).
+        let (ctx, fp, args) = if entry_abi {
+            (
+                params[0],
+                params[3],
+                vec![params[1], params[2], zero, zero, zero],
+            )
+        } else {
+            (params[0], params[1], params[2..7].to_vec())
+        };
+        b.def_var(regs[0], zero);
+        for (i, reg) in regs.iter().enumerate().skip(1) {
+            b.def_var(*reg, if i <= 5 { args[i - 1] } else { zero });
+        }
+        let executed = b
+            .ins()
+            .load(types::I64, mutable(), ctx, layout::EXECUTED as i32);
+        let budget = b
+            .ins()
+            .load(types::I64, fixed(), ctx, layout::BUDGET as i32);
+        let left = b.ins().isub(budget, executed);
+        b.def_var(fuel, left);
+
+        let propagate = b.create_block();
+        b.set_cold_block(propagate);
+        let fault = b.create_block();
+        b.set_cold_block(fault);
+        for _ in 0..4 {
+            b.append_block_param(fault, types::I64);
+        }
+
+        let (start, end) = checked.functions[function];
+        let mut blocks = BTreeMap::new();
+        for pc in leaders(checked, start, end) {
+            blocks.insert(pc, b.create_block());
+        }
+        let first = blocks[&start];
+        b.ins().jump(first, &[]);
+        b.seal_block(entry);
+        Translator {
+            b,
+            checked,
+            program,
+            facts,
+            function,
+            call_conv,
+            regs,
+            fuel,
+            ctx,
+            fp,
+            blocks,
+            propagate,
+            fault,
+            helper_sig: None,
+            check_sig: None,
+            entry_abi,
+            callees: BTreeMap::new(),
+        }
+    }
+
+    fn translate(mut self, config: TargetFrontendConfig) {
+        let (start, end) = self.checked.functions[self.function];
+        let leaders: Vec<usize> = self.blocks.keys().copied().collect();
+        // Loop headers have a predecessor later in the function; every other block's
+        // predecessors are emitted before it, so it can be sealed on entry.
+        let loop_headers: std::collections::BTreeSet<usize> = (start..end)
+            .filter_map(|pc| match self.checked.ops[pc] {
+                Some(Op::Ja { target }) | Some(Op::Jump { target, .. })
+                    if target as usize <= pc =>
+                {
+                    Some(target as usize)
+                }
+                _ => None,
+            })
+            .collect();
+        for (k, &leader) in leaders.iter().enumerate() {
+            let block_end = leaders.get(k + 1).copied().unwrap_or(end);
+            let block = self.blocks[&leader];
+            if loop_headers.contains(&leader) {
+                self.b.switch_to_block(block);
+            } else {
+                self.enter(block);
+            }
+            // Charge the block's instructions up front (`lddw` counts once).
+            let n = (leader..block_end)
+                .filter(|&pc| self.checked.ops[pc].is_some())
+                .count();
+            let f = self.b.use_var(self.fuel);
+            let f = self.b.ins().iadd_imm_s(f, -(n as i64));
+            self.b.def_var(self.fuel, f);
+            let mut pc = leader;
+            let mut terminated = false;
+            while pc < block_end {
+                let Some(op) = self.checked.ops[pc] else {
+                    pc += 1;
+                    continue;
+                };
+                terminated = self.op(pc, op);
+                pc += op.slots();
+            }
+            if !terminated {
+                // Falls into the next block; verified functions never run past their end.
+                match self.blocks.get(&block_end) {
+                    Some(&next) if block_end < end => {
+                        self.b.ins().jump(next, &[]);
+                    }
+                    _ => {
+                        self.b.ins().jump(self.propagate, &[]);
+                    }
+                }
+            }
+        }
+        let _ = start;
+        for header in loop_headers {
+            self.b.seal_block(self.blocks[&header]);
+        }
+        // Shared exits: record a fault, then return the failure status.
+        self.enter(self.fault);
+        let p = self.b.block_params(self.fault).to_vec();
+        for (i, v) in p.iter().enumerate() {
+            self.b
+                .ins()
+                .store(mutable(), *v, self.ctx, (layout::FAULT + 8 * i) as i32);
+        }
+        self.b.ins().jump(self.propagate, &[]);
+        self.enter(self.propagate);
+        let zero = self.b.ins().iconst(types::I64, 0);
+        if self.entry_abi {
+            // The fault is in the context; the caller reads it there.
+            self.b.ins().return_(&[zero]);
+        } else {
+            let one = self.b.ins().iconst(types::I64, 1);
+            self.b.ins().return_(&[zero, one]);
+        }
+        self.b.seal_all_blocks();
+        self.b.finalize(config);
+    }
+
+    /// Switches to a block whose predecessors are all emitted, and seals it (the SSA builder
+    /// then resolves variables without placeholder parameters).
+    fn enter(&mut self, block: Block) {
+        self.b.switch_to_block(block);
+        self.b.seal_block(block);
+    }
+
+    fn reg(&mut self, r: u8) -> Value {
+        if r == crate::insn::FRAME_POINTER {
+            self.fp
+        } else {
+            self.b.use_var(self.regs[r as usize])
+        }
+    }
+
+    fn set(&mut self, r: u8, v: Value) {
+        self.b.def_var(self.regs[r as usize], v);
+    }
+
+    fn iconst(&mut self, v: u64) -> Value {
+        self.b.ins().iconst(types::I64, v as i64)
+    }
+
+    fn operand64(&mut self, v: Operand) -> Value {
+        match v {
+            Operand::Reg(r) => self.reg(r),
+            Operand::Imm(i) => self.iconst(imm64(i)),
+        }
+    }
+
+    /// Jumps to the shared fault exit with a record.
+    fn fault_here(&mut self, kind: u64, pc: usize, addr: Value, len: u64) {
+        let k = self.iconst(kind);
+        let p = self.iconst(pc as u64);
+        let l = self.iconst(len);
+        self.b
+            .ins()
+            .jump(self.fault, &[k.into(), p.into(), addr.into(), l.into()]);
+    }
+
+    /// `if cond { fault }`, continuing in a fresh block.
+    fn fault_if(&mut self, cond: Value, kind: u64, pc: usize, addr: Value, len: u64) {
+        let bad = self.b.create_block();
+        self.b.set_cold_block(bad);
+        let cont = self.b.create_block();
+        self.b.ins().brif(cond, bad, &[], cont, &[]);
+        self.enter(bad);
+        self.fault_here(kind, pc, addr, len);
+        self.enter(cont);
+    }
+
+    /// The budget check at a backward jump or a call: more executed than allowed.
+    fn budget_check(&mut self, pc: usize) {
+        let fuel = self.b.use_var(self.fuel);
+        let over = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, fuel, 0);
+        let zero = self.iconst(0);
+        self.fault_if(over, fault::BUDGET, pc, zero, 0);
+    }
+
+    /// Stores the instructions executed so far (budget minus fuel) into the context.
+    fn store_executed(&mut self) {
+        let fuel = self.b.use_var(self.fuel);
+        let budget = self
+            .b
+            .ins()
+            .load(types::I64, fixed(), self.ctx, layout::BUDGET as i32);
+        let executed = self.b.ins().isub(budget, fuel);
+        self.b
+            .ins()
+            .store(mutable(), executed, self.ctx, layout::EXECUTED as i32);
+    }
+
+    /// Checks an access of `size` bytes at `addr` as the analysis decided.
+    fn check_access(&mut self, pc: usize, addr: Value, size: u64, kind: u64) {
+        let write = kind != access::LOAD;
+        let hint = match self.facts.check(pc) {
+            Check::Proven => return,
+            Check::Hint(h) => h as usize,
+            Check::Scan => slot::ENTRY,
+        };
+        let start = self
+            .b
+            .ins()
+            .load(types::I64, fixed(), self.ctx, layout::start(hint) as i32);
+        let lim = self.b.ins().load(
+            types::I64,
+            fixed(),
+            self.ctx,
+            layout::limit(hint, size, write) as i32,
+        );
+        let off = self.b.ins().isub(addr, start);
+        let inside = self.b.ins().icmp(IntCC::UnsignedLessThan, off, lim);
+        let slow = self.b.create_block();
+        self.b.set_cold_block(slow);
+        let cont = self.b.create_block();
+        self.b.ins().brif(inside, cont, &[], slow, &[]);
+        self.enter(slow);
+        let sig = match self.check_sig {
+            Some(s) => s,
+            None => {
+                let s = self.b.import_signature(check_signature(self.call_conv));
+                self.check_sig = Some(s);
+                s
+            }
+        };
+        let f = self
+            .b
+            .ins()
+            .load(types::I64, fixed(), self.ctx, layout::CHECK as i32);
+        let size_v = self.iconst(size);
+        let kind_v = self.iconst(kind);
+        let pc_v = self.iconst(pc as u64);
+        let call = self
+            .b
+            .ins()
+            .call_indirect(sig, f, &[self.ctx, addr, size_v, kind_v, pc_v]);
+        let ok = self.b.inst_results(call)[0];
+        self.b.ins().brif(ok, cont, &[], self.propagate, &[]);
+        self.enter(cont);
+    }
+
+    fn address(&mut self, base: u8, off: i16) -> Value {
+        let b = self.reg(base);
+        self.b.ins().iadd_imm_s(b, off as i64)
+    }
+
+    fn target(&self, t: i64) -> Block {
+        self.blocks[&(t as usize)]
+    }
+
+    /// Branches to `target`, with a budget check first when it goes backwards.
+    fn branch_to(&mut self, pc: usize, target: i64) {
+        if target as usize <= pc {
+            self.budget_check(pc);
+        }
+        let t = self.target(target);
+        self.b.ins().jump(t, &[]);
+    }
+
+    fn call_helper(&mut self, pc: usize, id: Value) {
+        // Bound the index (callx), then load the entry; an empty entry is an unknown helper.
+        let limit = self.iconst(HELPER_SLOTS as u64);
+        let out = self
+            .b
+            .ins()
+            .icmp(IntCC::UnsignedGreaterThanOrEqual, id, limit);
+        self.fault_if(out, fault::UNKNOWN_HELPER, pc, id, 0);
+        let scaled = self.b.ins().ishl_imm_s(id, 3);
+        let at = self.b.ins().iadd(self.ctx, scaled);
+        // Not hoistable: the address is only valid after the bounds check above.
+        let f = self.b.ins().load(
+            types::I64,
+            MemFlagsData::trusted().with_readonly(),
+            at,
+            layout::HELPERS as i32,
+        );
+        let missing = self.b.ins().icmp_imm_s(IntCC::Equal, f, 0);
+        self.fault_if(missing, fault::UNKNOWN_HELPER, pc, id, 0);
+        let sig = match self.helper_sig {
+            Some(s) => s,
+            None => {
+                let s = self.b.import_signature(helper_signature(self.call_conv));
+                self.helper_sig = Some(s);
+                s
+            }
+        };
+        let mut args = vec![self.ctx];
+        for r in 1..=5 {
+            let v = self.reg(r);
+            args.push(v);
+        }
+        let call = self.b.ins().call_indirect(sig, f, &args);
+        let r0 = self.b.inst_results(call)[0];
+        self.set(0, r0);
+        // A helper that stops the run (abort) records a fault.
+        let kind = self
+            .b
+            .ins()
+            .load(types::I64, mutable(), self.ctx, layout::FAULT as i32);
+        let cont = self.b.create_block();
+        self.b.ins().brif(kind, self.propagate, &[], cont, &[]);
+        self.enter(cont);
+    }
+
+    /// Translates one instruction; returns true when it ended the block.
+    fn op(&mut self, pc: usize, op: Op) -> bool {
+        match op {
+            Op::Alu {
+                width,
+                op,
+                dst,
+                src,
+            } => {
+                let a = self.reg(dst);
+                let v = match width {
+                    Width::W64 => {
+                        let b = self.operand64(src);
+                        self.alu(types::I64, op, a, b, src)
+                    }
+                    Width::W32 => {
+                        let a32 = self.b.ins().ireduce(types::I32, a);
+                        let b32 = match src {
+                            Operand::Reg(r) => {
+                                let v = self.reg(r);
+                                self.b.ins().ireduce(types::I32, v)
+                            }
+                            Operand::Imm(i) => self.b.ins().iconst(types::I32, i as u32 as i64),
+                        };
+                        let r = self.alu(types::I32, op, a32, b32, src);
+                        self.b.ins().uextend(types::I64, r)
+                    }
+                };
+                self.set(dst, v);
+            }
+            Op::Neg { width, dst } => {
+                let a = self.reg(dst);
+                let v = match width {
+                    Width::W64 => self.b.ins().ineg(a),
+                    Width::W32 => {
+                        let a32 = self.b.ins().ireduce(types::I32, a);
+                        let n = self.b.ins().ineg(a32);
+                        self.b.ins().uextend(types::I64, n)
+                    }
+                };
+                self.set(dst, v);
+            }
+            Op::Mov { width, dst, src } => {
+                let v = match (width, src) {
+                    (Width::W64, s) => self.operand64(s),
+                    (Width::W32, Operand::Imm(i)) => self.iconst(i as u32 as u64),
+                    (Width::W32, Operand::Reg(r)) => {
+                        let v = self.reg(r);
+                        let lo = self.b.ins().ireduce(types::I32, v);
+                        self.b.ins().uextend(types::I64, lo)
+                    }
+                };
+                self.set(dst, v);
+            }
+            Op::MovSx {
+                width,
+                dst,
+                src,
+                bits,
+            } => {
+                let v = self.reg(src);
+                let narrow = match bits {
+                    8 => types::I8,
+                    16 => types::I16,
+                    _ => types::I32,
+                };
+                let lo = self.b.ins().ireduce(narrow, v);
+                let ext = self.b.ins().sextend(types::I64, lo);
+                let out = match width {
+                    Width::W64 => ext,
+                    Width::W32 => {
+                        let w = self.b.ins().ireduce(types::I32, ext);
+                        self.b.ins().uextend(types::I64, w)
+                    }
+                };
+                self.set(dst, out);
+            }
+            Op::End { dst, bits, swap } => {
+                let v = self.reg(dst);
+                let out = match bits {
+                    64 => {
+                        if swap {
+                            self.b.ins().bswap(v)
+                        } else {
+                            v
+                        }
+                    }
+                    _ => {
+                        let ty = if bits == 16 { types::I16 } else { types::I32 };
+                        let lo = self.b.ins().ireduce(ty, v);
+                        let lo = if swap { self.b.ins().bswap(lo) } else { lo };
+                        self.b.ins().uextend(types::I64, lo)
+                    }
+                };
+                self.set(dst, out);
+            }
+            Op::Lddw { dst, imm } => {
+                let r = self
+                    .program
+                    .rodata_refs
+                    .binary_search_by_key(&pc, |r| r.pc)
+                    .ok()
+                    .map(|k| self.program.rodata_refs[k]);
+                let v = match r {
+                    Some(r) => {
+                        let base = self.b.ins().load(
+                            types::I64,
+                            fixed(),
+                            self.ctx,
+                            layout::start(slot::RODATA + r.index) as i32,
+                        );
+                        self.b.ins().iadd_imm_s(base, r.offset as i64)
+                    }
+                    None => self.iconst(imm),
+                };
+                self.set(dst, v);
+            }
+            Op::Load {
+                dst,
+                base,
+                off,
+                size,
+                signed,
+            } => {
+                let addr = self.address(base, off);
+                self.check_access(pc, addr, size as u64, access::LOAD);
+                let v = if size == 8 {
+                    self.b.ins().load(types::I64, guest(), addr, 0)
+                } else {
+                    let ty = int_type(size);
+                    let n = self.b.ins().load(ty, guest(), addr, 0);
+                    if signed {
+                        self.b.ins().sextend(types::I64, n)
+                    } else {
+                        self.b.ins().uextend(types::I64, n)
+                    }
+                };
+                self.set(dst, v);
+            }
+            Op::Store {
+                base,
+                off,
+                size,
+                value,
+            } => {
+                let addr = self.address(base, off);
+                self.check_access(pc, addr, size as u64, access::STORE);
+                let v = self.operand64(value);
+                let v = if size == 8 {
+                    v
+                } else {
+                    self.b.ins().ireduce(int_type(size), v)
+                };
+                self.b.ins().store(guest(), v, addr, 0);
+            }
+            Op::Atomic {
+                base,
+                off,
+                size,
+                op,
+                fetch,
+                src,
+            } => {
+                let addr = self.address(base, off);
+                self.check_access(pc, addr, size as u64, access::ATOMIC);
+                let misaligned = self.b.ins().band_imm_s(addr, size as i64 - 1);
+                self.fault_if(misaligned, fault::MISALIGNED, pc, addr, size as u64);
+                let ty = int_type(size);
+                let operand = self.reg(src);
+                let operand = if size == 8 {
+                    operand
+                } else {
+                    self.b.ins().ireduce(ty, operand)
+                };
+                let flags = MemFlagsData::trusted();
+                let old = match op {
+                    AtomicOp::Cmpxchg => {
+                        let r0 = self.reg(0);
+                        let expected = if size == 8 {
+                            r0
+                        } else {
+                            self.b.ins().ireduce(ty, r0)
+                        };
+                        self.b.ins().atomic_cas(flags, addr, expected, operand)
+                    }
+                    _ => {
+                        let rmw = match op {
+                            AtomicOp::Add => AtomicRmwOp::Add,
+                            AtomicOp::Or => AtomicRmwOp::Or,
+                            AtomicOp::And => AtomicRmwOp::And,
+                            AtomicOp::Xor => AtomicRmwOp::Xor,
+                            _ => AtomicRmwOp::Xchg,
+                        };
+                        self.b.ins().atomic_rmw(ty, flags, rmw, addr, operand)
+                    }
+                };
+                if fetch {
+                    let old = if size == 8 {
+                        old
+                    } else {
+                        self.b.ins().uextend(types::I64, old)
+                    };
+                    let r = if op == AtomicOp::Cmpxchg { 0 } else { src };
+                    self.set(r, old);
+                }
+            }
+            Op::Ja { target } => {
+                self.branch_to(pc, target);
+                return true;
+            }
+            Op::Jump {
+                width,
+                cond,
+                dst,
+                src,
+                target,
+            } => {
+                let (a, b) = match width {
+                    Width::W64 => {
+                        let a = self.reg(dst);
+                        let b = self.operand64(src);
+                        (a, b)
+                    }
+                    Width::W32 => {
+                        let a = self.reg(dst);
+                        let a = self.b.ins().ireduce(types::I32, a);
+                        let b = match src {
+                            Operand::Reg(r) => {
+                                let v = self.reg(r);
+                                self.b.ins().ireduce(types::I32, v)
+                            }
+                            Operand::Imm(i) => self.b.ins().iconst(types::I32, i as u32 as i64),
+                        };
+                        (a, b)
+                    }
+                };
+                let c = match cond {
+                    Cond::Set => {
+                        let x = self.b.ins().band(a, b);
+                        self.b.ins().icmp_imm_s(IntCC::NotEqual, x, 0)
+                    }
+                    _ => self.b.ins().icmp(intcc(cond), a, b),
+                };
+                let fallthrough = self.blocks[&(pc + 1)];
+                if target as usize <= pc {
+                    let back = self.b.create_block();
+                    self.b.ins().brif(c, back, &[], fallthrough, &[]);
+                    self.enter(back);
+                    self.branch_to(pc, target);
+                } else {
+                    let t = self.target(target);
+                    self.b.ins().brif(c, t, &[], fallthrough, &[]);
+                }
+                return true;
+            }
+            Op::CallHelper { id } => {
+                let id = self.iconst(id as u64);
+                self.call_helper(pc, id);
+            }
+            Op::CallReg { reg } => {
+                let id = self.reg(reg);
+                self.call_helper(pc, id);
+            }
+            Op::CallLocal { target } => {
+                self.budget_check(pc);
+                let callee_fp = self.b.ins().iadd_imm_s(self.fp, -(STACK_SIZE as i64));
+                let bottom = self.b.ins().iadd_imm_s(callee_fp, -(STACK_SIZE as i64));
+                let limit =
+                    self.b
+                        .ins()
+                        .load(types::I64, fixed(), self.ctx, layout::STACK_LIMIT as i32);
+                let deep = self.b.ins().icmp(IntCC::UnsignedLessThan, bottom, limit);
+                let zero = self.iconst(0);
+                self.fault_if(deep, fault::CALL_DEPTH, pc, zero, 0);
+                self.store_executed();
+                let callee = self
+                    .checked
+                    .function_at(target as usize)
+                    .expect("verified call targets start functions");
+                let f = match self.callees.get(&callee) {
+                    Some(f) => *f,
+                    None => {
+                        let f = import_function(&mut self.b, callee, self.call_conv);
+                        self.callees.insert(callee, f);
+                        f
+                    }
+                };
+                let mut args = vec![self.ctx, callee_fp];
+                for r in 1..=5 {
+                    let v = self.reg(r);
+                    args.push(v);
+                }
+                let call = self.b.ins().call(f, &args);
+                let results = self.b.inst_results(call).to_vec();
+                let cont = self.b.create_block();
+                self.b
+                    .ins()
+                    .brif(results[1], self.propagate, &[], cont, &[]);
+                self.enter(cont);
+                let executed =
+                    self.b
+                        .ins()
+                        .load(types::I64, mutable(), self.ctx, layout::EXECUTED as i32);
+                let budget =
+                    self.b
+                        .ins()
+                        .load(types::I64, fixed(), self.ctx, layout::BUDGET as i32);
+                let left = self.b.ins().isub(budget, executed);
+                self.b.def_var(self.fuel, left);
+                self.set(0, results[0]);
+                let zero = self.iconst(0);
+                for r in 1..=5 {
+                    self.set(r, zero);
+                }
+            }
+            Op::Exit => {
+                self.store_executed();
+                let r0 = self.reg(0);
+                if self.entry_abi {
+                    self.b.ins().return_(&[r0]);
+                } else {
+                    let ok = self.iconst(0);
+                    self.b.ins().return_(&[r0, ok]);
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// `a <op> b` in `ty` (I64 or I32) with eBPF's definitions of the trapping cases.
+    fn alu(&mut self, ty: types::Type, op: AluOp, a: Value, b: Value, src: Operand) -> Value {
+        match op {
+            AluOp::Add => self.b.ins().iadd(a, b),
+            AluOp::Sub => self.b.ins().isub(a, b),
+            AluOp::Mul => self.b.ins().imul(a, b),
+            AluOp::Or => self.b.ins().bor(a, b),
+            AluOp::And => self.b.ins().band(a, b),
+            AluOp::Xor => self.b.ins().bxor(a, b),
+            AluOp::Lsh => self.b.ins().ishl(a, b),
+            AluOp::Rsh => self.b.ins().ushr(a, b),
+            AluOp::Arsh => self.b.ins().sshr(a, b),
+            AluOp::Div | AluOp::Mod | AluOp::Sdiv | AluOp::Smod => {
+                let width_mask = if ty == types::I64 {
+                    u64::MAX
+                } else {
+                    u32::MAX as u64
+                };
+                let zero = self.b.ins().iconst(ty, 0);
+                // A constant divisor needs no run-time guards.
+                if let Operand::Imm(i) = src {
+                    let d = imm64(i) & width_mask;
+                    let minus_one = d == width_mask;
+                    return match (op, d) {
+                        (AluOp::Div | AluOp::Sdiv, 0) => zero,
+                        (AluOp::Mod | AluOp::Smod, 0) => a,
+                        (AluOp::Sdiv, _) if minus_one => self.b.ins().ineg(a),
+                        (AluOp::Smod, _) if minus_one => zero,
+                        (AluOp::Div, _) => self.b.ins().udiv(a, b),
+                        (AluOp::Mod, _) => self.b.ins().urem(a, b),
+                        (AluOp::Sdiv, _) => self.b.ins().sdiv(a, b),
+                        _ => self.b.ins().srem(a, b),
+                    };
+                }
+                let one = self.b.ins().iconst(ty, 1);
+                let is_zero = self.b.ins().icmp_imm_s(IntCC::Equal, b, 0);
+                match op {
+                    AluOp::Div | AluOp::Mod => {
+                        let safe = self.b.ins().select(is_zero, one, b);
+                        if op == AluOp::Div {
+                            let q = self.b.ins().udiv(a, safe);
+                            self.b.ins().select(is_zero, zero, q)
+                        } else {
+                            let r = self.b.ins().urem(a, safe);
+                            self.b.ins().select(is_zero, a, r)
+                        }
+                    }
+                    _ => {
+                        let is_minus_one = self.b.ins().icmp_imm_s(IntCC::Equal, b, -1);
+                        let bad = self.b.ins().bor(is_zero, is_minus_one);
+                        let safe = self.b.ins().select(bad, one, b);
+                        if op == AluOp::Sdiv {
+                            let q = self.b.ins().sdiv(a, safe);
+                            let neg = self.b.ins().ineg(a);
+                            let q = self.b.ins().select(is_minus_one, neg, q);
+                            self.b.ins().select(is_zero, zero, q)
+                        } else {
+                            let r = self.b.ins().srem(a, safe);
+                            let r = self.b.ins().select(is_minus_one, zero, r);
+                            self.b.ins().select(is_zero, a, r)
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn int_type(size: u8) -> types::Type {
+    match size {
+        1 => types::I8,
+        2 => types::I16,
+        4 => types::I32,
+        _ => types::I64,
+    }
+}
+
+fn intcc(c: Cond) -> IntCC {
+    match c {
+        Cond::Eq => IntCC::Equal,
+        Cond::Ne => IntCC::NotEqual,
+        Cond::Gt => IntCC::UnsignedGreaterThan,
+        Cond::Ge => IntCC::UnsignedGreaterThanOrEqual,
+        Cond::Lt => IntCC::UnsignedLessThan,
+        Cond::Le => IntCC::UnsignedLessThanOrEqual,
+        Cond::Sgt => IntCC::SignedGreaterThan,
+        Cond::Sge => IntCC::SignedGreaterThanOrEqual,
+        Cond::Slt => IntCC::SignedLessThan,
+        Cond::Sle => IntCC::SignedLessThanOrEqual,
+        Cond::Set => IntCC::NotEqual,
+    }
+}
+
+/// Block leaders of the function `[start, end)`: its start, jump targets, and the slot after
+/// every jump and every local call (so the fuel is exact at each call's budget check).
+fn leaders(checked: &Checked, start: usize, end: usize) -> Vec<usize> {
+    let mut l = vec![start];
+    for pc in start..end {
+        match checked.ops[pc] {
+            Some(Op::Ja { target }) | Some(Op::Jump { target, .. }) => {
+                l.push(target as usize);
+                if pc + 1 < end {
+                    l.push(pc + 1);
+                }
+            }
+            Some(Op::CallLocal { .. }) | Some(Op::Exit) if pc + 1 < end => l.push(pc + 1),
+            _ => {}
+        }
+    }
+    l.sort_unstable();
+    l.dedup();
+    l
+}
+
+/// Page-aligned memory holding compiled code, read+execute once sealed.
+pub struct ExecMemory {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: after sealing the mapping is immutable code; sharing it between threads is sharing
+// read-only memory.
+unsafe impl Send for ExecMemory {}
+// SAFETY: as above.
+unsafe impl Sync for ExecMemory {}
+
+impl ExecMemory {
+    /// Maps `code`, then seals it read+execute.
+    pub fn new(code: &[u8]) -> Result<ExecMemory, JitError> {
+        let page = 4096;
+        let len = code.len().max(1).div_ceil(page) * page;
+        // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(JitError::Memory(format!("mmap of {len} bytes failed")));
+        }
+        let mem = ExecMemory {
+            ptr: ptr.cast(),
+            len,
+        };
+        // SAFETY: the mapping is `len >= code.len()` writable bytes we own.
+        unsafe { std::ptr::copy_nonoverlapping(code.as_ptr(), mem.ptr, code.len()) };
+        // SAFETY: our own mapping of `len` bytes.
+        let rc = unsafe { libc::mprotect(ptr, len, libc::PROT_READ | libc::PROT_EXEC) };
+        if rc != 0 {
+            return Err(JitError::Memory(
+                "mprotect(PROT_READ | PROT_EXEC) failed".into(),
+            ));
+        }
+        // Instruction caches are not coherent with data writes on Arm: make the new code
+        // visible to instruction fetch on every core before anyone runs it.
+        // SAFETY: the range is our own mapping, fully written above.
+        unsafe { wasmtime_jit_icache_coherence::clear_cache(ptr.cast_const(), code.len()) }
+            .map_err(|e| JitError::Memory(format!("instruction cache flush: {e}")))?;
+        wasmtime_jit_icache_coherence::pipeline_flush_mt()
+            .map_err(|e| JitError::Memory(format!("pipeline flush: {e}")))?;
+        Ok(mem)
+    }
+
+    /// Address of byte `offset`.
+    pub fn addr(&self, offset: usize) -> usize {
+        self.ptr as usize + offset
+    }
+}
+
+impl Drop for ExecMemory {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping; nothing runs its code any more (its owner, the
+        // executable, is being dropped).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The entry point of host code: `(ctx, r1, r2, fp) -> r0`.
+pub type EntryFn = extern "C" fn(*mut crate::memory::VmCtx, u64, u64, u64) -> u64;
+
+/// Compiled code mapped executable in this process.
+pub struct HostCode {
+    mem: ExecMemory,
+    entry: usize,
+    /// What was compiled.
+    pub compiled_len: usize,
+    /// Compile time.
+    pub compile_time: Duration,
+}
+
+impl HostCode {
+    /// Maps host code.
+    pub fn new(compiled: &Compiled) -> Result<HostCode, JitError> {
+        if compiled.target != Target::Host {
+            return Err(JitError::Isa {
+                target: compiled.target.name(),
+                reason:
+                    "only host code runs in this process (run aarch64 code with naam_vm::cross)"
+                        .into(),
+            });
+        }
+        let mem = ExecMemory::new(&compiled.code)?;
+        Ok(HostCode {
+            entry: mem.addr(compiled.entry),
+            mem,
+            compiled_len: compiled.code.len(),
+            compile_time: compiled.compile_time,
+        })
+    }
+
+    /// The entry function.
+    pub fn entry(&self) -> EntryFn {
+        let _ = &self.mem;
+        // SAFETY: `entry` is the address of the entry function Cranelift compiled with the
+        // host's default calling convention and `EntryFn`'s signature, inside `mem`, which
+        // lives as long as `self`.
+        unsafe { std::mem::transmute::<usize, EntryFn>(self.entry) }
+    }
+}
+
+impl std::fmt::Debug for HostCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostCode")
+            .field("bytes", &self.compiled_len)
+            .field("compile_time", &self.compile_time)
+            .finish()
+    }
+}

@@ -1,0 +1,503 @@
+//! The machine state one invocation runs against, shared by the interpreter, the helpers and
+//! JIT-compiled code: the grant table (every byte a handler may touch, with its rights), the
+//! helper table, the instruction budget, the fault record and the trace.
+//!
+//! [`VmCtx`] is `#[repr(C)]` because compiled code reads it at fixed offsets ([`layout`]) and
+//! the aarch64 test harness, written in C, builds one from a header generated from the same
+//! offsets ([`c_header`]). There is exactly one definition of "may this access happen":
+//! [`VmCtx::allows`], whose per-size limits the JIT compares against inline.
+
+use std::fmt::Write as _;
+
+use naam_ebpf::abi::MAX_SEGMENTS;
+
+/// Slots in the grant table.
+pub const MAX_GRANTS: usize = 32;
+
+/// Fixed meanings of grant-table slots.
+pub mod slot {
+    use super::*;
+    /// The memory `r1` points at on entry: the read-only input part of a handler step's
+    /// [`naam_ebpf::abi::Context`] (header, segment table, args), or the whole (writable)
+    /// memory of a raw run (the conformance suite).
+    pub const ENTRY: usize = 0;
+    /// The writable output part of a handler step's context, right after its input part
+    /// (empty in raw runs).
+    pub const ENTRY_OUT: usize = 1;
+    /// The eBPF stack (every call frame).
+    pub const STACK: usize = 2;
+    /// Segment `i` of a handler step is slot `SEGMENT + i`.
+    pub const SEGMENT: usize = 3;
+    /// Read-only data section `k` of the program is slot `RODATA + k`.
+    pub const RODATA: usize = SEGMENT + MAX_SEGMENTS;
+    /// How many read-only data sections one program may reference.
+    pub const MAX_RODATA: usize = MAX_GRANTS - RODATA;
+}
+
+/// Entries in the helper table; helper ids are indices into it.
+pub const HELPER_SLOTS: usize = 64;
+
+/// Values the trace helper keeps per invocation.
+pub const TRACE_CAP: usize = 64;
+
+/// Index of an access size in [`GrantSlot::read_lim`] and [`GrantSlot::write_lim`].
+#[inline(always)]
+pub const fn size_index(size: u64) -> usize {
+    size.trailing_zeros() as usize & 3
+}
+
+/// One granted range of memory.
+///
+/// The limits turn a bounds-and-rights check into one unsigned comparison: an access of
+/// `size` bytes at `addr` is allowed iff `addr - start < lim[size_index(size)]` (wrapping
+/// subtraction), where `lim` is `len - size + 1` when the right is granted and `len >= size`,
+/// and 0 (nothing passes) otherwise.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GrantSlot {
+    /// First address.
+    pub start: u64,
+    /// Length in bytes (0: the slot is empty).
+    pub len: u64,
+    /// 1 when stores are allowed.
+    pub writable: u64,
+    /// Padding to keep the limit arrays 32-byte aligned in the slot.
+    pub reserved: u64,
+    /// Load limits for 1, 2, 4 and 8-byte accesses.
+    pub read_lim: [u64; 4],
+    /// Store limits for 1, 2, 4 and 8-byte accesses.
+    pub write_lim: [u64; 4],
+}
+
+impl GrantSlot {
+    /// An empty slot: nothing passes.
+    pub const EMPTY: GrantSlot = GrantSlot {
+        start: 0,
+        len: 0,
+        writable: 0,
+        reserved: 0,
+        read_lim: [0; 4],
+        write_lim: [0; 4],
+    };
+
+    /// A slot granting `len` bytes at `start`.
+    pub fn new(start: u64, len: u64, writable: bool) -> GrantSlot {
+        // A range that wraps the address space grants nothing.
+        if len == 0 || start.checked_add(len).is_none() {
+            return GrantSlot::EMPTY;
+        }
+        let lim = |size: u64| if len >= size { len - size + 1 } else { 0 };
+        let read_lim = [lim(1), lim(2), lim(4), lim(8)];
+        GrantSlot {
+            start,
+            len,
+            writable: writable as u64,
+            reserved: 0,
+            read_lim,
+            write_lim: if writable { read_lim } else { [0; 4] },
+        }
+    }
+
+    /// True when an access of `size` (1, 2, 4 or 8) bytes at `addr` lies inside with the right.
+    #[inline(always)]
+    pub fn allows_small(&self, addr: u64, size: u64, write: bool) -> bool {
+        let lim = if write {
+            self.write_lim[size_index(size)]
+        } else {
+            self.read_lim[size_index(size)]
+        };
+        addr.wrapping_sub(self.start) < lim
+    }
+
+    /// True when `[addr, addr + len)` lies inside with the right (any length; helpers).
+    pub fn allows_range(&self, addr: u64, len: u64, write: bool) -> bool {
+        if write && self.writable == 0 {
+            return false;
+        }
+        let off = addr.wrapping_sub(self.start);
+        off < self.len && len <= self.len - off
+    }
+}
+
+/// Kinds of faults, as stored in [`FaultRecord::kind`].
+pub mod fault {
+    /// No fault.
+    pub const NONE: u64 = 0;
+    /// A load outside the grants.
+    pub const LOAD: u64 = 1;
+    /// A store outside the writable grants.
+    pub const STORE: u64 = 2;
+    /// An atomic operation outside the writable grants.
+    pub const ATOMIC: u64 = 3;
+    /// An atomic operation at an address that is not a multiple of its size.
+    pub const MISALIGNED: u64 = 4;
+    /// The instruction budget ran out (at a backward jump or a call).
+    pub const BUDGET: u64 = 5;
+    /// A local call would nest deeper than the stack has frames.
+    pub const CALL_DEPTH: u64 = 6;
+    /// A call to a helper id that is not installed (`addr` holds the id).
+    pub const UNKNOWN_HELPER: u64 = 7;
+    /// The abort helper ran (`addr` holds the code).
+    pub const ABORT: u64 = 8;
+}
+
+/// Where and why an invocation stopped abnormally.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultRecord {
+    /// One of [`fault`].
+    pub kind: u64,
+    /// Instruction index.
+    pub pc: u64,
+    /// Address accessed, helper id or abort code.
+    pub addr: u64,
+    /// Access size.
+    pub len: u64,
+}
+
+/// Access kinds passed to the slow-path check.
+pub mod access {
+    /// A load.
+    pub const LOAD: u64 = 0;
+    /// A store.
+    pub const STORE: u64 = 1;
+    /// An atomic read-modify-write.
+    pub const ATOMIC: u64 = 2;
+}
+
+/// A helper as compiled code and the interpreter call it: the context, then `r1`..`r5`;
+/// the result goes to `r0`. A helper that stops the invocation sets [`VmCtx::fault`].
+pub type HelperFn = extern "C" fn(*mut VmCtx, u64, u64, u64, u64, u64) -> u64;
+
+/// The slow-path access check compiled code calls when its inline check misses: `(ctx, addr,
+/// size, access kind, pc) -> 1` when some grant allows the access, else it records the fault
+/// and returns 0.
+pub type CheckFn = extern "C" fn(*mut VmCtx, u64, u64, u64, u64) -> u64;
+
+/// Per-invocation machine state.
+#[repr(C)]
+#[derive(Clone, Debug)]
+pub struct VmCtx {
+    /// Every range the invocation may touch; see [`slot`].
+    pub grants: [GrantSlot; MAX_GRANTS],
+    /// Helper entry points by id ([`HelperFn`] addresses; 0 = not installed).
+    pub helpers: [u64; HELPER_SLOTS],
+    /// The [`CheckFn`] address.
+    pub check: u64,
+    /// Instructions allowed per invocation.
+    pub budget: u64,
+    /// Instructions executed so far (exact at backward jumps, calls and the final exit).
+    pub executed: u64,
+    /// Lowest address a call frame may start at: a call whose new frame would begin below
+    /// it nests too deep.
+    pub stack_limit: u64,
+    /// Set when the invocation stops abnormally.
+    pub fault: FaultRecord,
+    /// Valid entries of `trace`.
+    pub trace_len: u64,
+    /// Values recorded by the trace helper.
+    pub trace: [u64; TRACE_CAP],
+}
+
+impl Default for VmCtx {
+    fn default() -> Self {
+        VmCtx {
+            grants: [GrantSlot::EMPTY; MAX_GRANTS],
+            helpers: [0; HELPER_SLOTS],
+            check: check_slow as CheckFn as usize as u64,
+            budget: 0,
+            executed: 0,
+            stack_limit: 0,
+            fault: FaultRecord::default(),
+            trace_len: 0,
+            trace: [0; TRACE_CAP],
+        }
+    }
+}
+
+impl VmCtx {
+    /// The state as bytes, in its C layout.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // SAFETY: `VmCtx` is `repr(C)` plain data (integers only), without padding between
+        // its u64-aligned fields.
+        unsafe { std::slice::from_raw_parts((self as *const VmCtx).cast::<u8>(), layout::SIZE) }
+            .to_vec()
+    }
+
+    /// The state from bytes in its C layout (`None` when the length is wrong).
+    pub fn from_bytes(bytes: &[u8]) -> Option<VmCtx> {
+        if bytes.len() != layout::SIZE {
+            return None;
+        }
+        let mut c = VmCtx::default();
+        // SAFETY: every bit pattern is a valid `VmCtx` (integers only); lengths match.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                (&mut c as *mut VmCtx).cast::<u8>(),
+                layout::SIZE,
+            )
+        };
+        Some(c)
+    }
+
+    /// True when some grant allows an access of `size` (1, 2, 4 or 8) bytes at `addr`; `hint`
+    /// is the slot to try first.
+    #[inline(always)]
+    pub fn allows(&self, hint: usize, addr: u64, size: u64, write: bool) -> bool {
+        if let Some(g) = self.grants.get(hint) {
+            if g.allows_small(addr, size, write) {
+                return true;
+            }
+        }
+        self.grants
+            .iter()
+            .any(|g| g.allows_small(addr, size, write))
+    }
+
+    /// True when some grant allows `[addr, addr + len)` (any length). Empty ranges are
+    /// allowed anywhere: nothing is touched.
+    pub fn allows_range(&self, addr: u64, len: u64, write: bool) -> bool {
+        len == 0 || self.grants.iter().any(|g| g.allows_range(addr, len, write))
+    }
+
+    /// Records a fault (the first one wins).
+    #[inline]
+    pub fn set_fault(&mut self, kind: u64, pc: u64, addr: u64, len: u64) {
+        if self.fault.kind == fault::NONE {
+            self.fault = FaultRecord {
+                kind,
+                pc,
+                addr,
+                len,
+            };
+        }
+    }
+
+    /// Clears the per-invocation outputs: fault, count and trace (a record with kind
+    /// [`fault::NONE`] is empty whatever its other fields hold).
+    #[inline]
+    pub fn reset_run(&mut self) {
+        self.fault.kind = fault::NONE;
+        self.executed = 0;
+        self.trace_len = 0;
+    }
+}
+
+/// The slow-path check ([`CheckFn`]) for compiled code.
+pub(crate) extern "C" fn check_slow(
+    ctx: *mut VmCtx,
+    addr: u64,
+    size: u64,
+    kind: u64,
+    pc: u64,
+) -> u64 {
+    // SAFETY: compiled code passes the context it was entered with, alive for the call.
+    let ctx = unsafe { &mut *ctx };
+    let write = kind != access::LOAD;
+    if ctx.grants.iter().any(|g| g.allows_small(addr, size, write)) {
+        return 1;
+    }
+    let fault_kind = match kind {
+        access::LOAD => fault::LOAD,
+        access::STORE => fault::STORE,
+        _ => fault::ATOMIC,
+    };
+    ctx.set_fault(fault_kind, pc, addr, size);
+    0
+}
+
+/// Byte offsets of the [`VmCtx`] fields compiled code uses.
+pub mod layout {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// Size of one grant slot.
+    pub const GRANT_SIZE: usize = std::mem::size_of::<GrantSlot>();
+    /// Offset of the grant table.
+    pub const GRANTS: usize = offset_of!(VmCtx, grants);
+    /// Offset of `start` within a slot.
+    pub const GRANT_START: usize = offset_of!(GrantSlot, start);
+    /// Offset of `len` within a slot.
+    pub const GRANT_LEN: usize = offset_of!(GrantSlot, len);
+    /// Offset of `read_lim` within a slot.
+    pub const GRANT_READ_LIM: usize = offset_of!(GrantSlot, read_lim);
+    /// Offset of `write_lim` within a slot.
+    pub const GRANT_WRITE_LIM: usize = offset_of!(GrantSlot, write_lim);
+    /// Offset of the helper table.
+    pub const HELPERS: usize = offset_of!(VmCtx, helpers);
+    /// Offset of the slow-path check.
+    pub const CHECK: usize = offset_of!(VmCtx, check);
+    /// Offset of the budget.
+    pub const BUDGET: usize = offset_of!(VmCtx, budget);
+    /// Offset of the executed count.
+    pub const EXECUTED: usize = offset_of!(VmCtx, executed);
+    /// Offset of the stack limit.
+    pub const STACK_LIMIT: usize = offset_of!(VmCtx, stack_limit);
+    /// Offset of the fault record.
+    pub const FAULT: usize = offset_of!(VmCtx, fault);
+    /// Offset of the trace length.
+    pub const TRACE_LEN: usize = offset_of!(VmCtx, trace_len);
+    /// Offset of the trace.
+    pub const TRACE: usize = offset_of!(VmCtx, trace);
+    /// Size of the whole context.
+    pub const SIZE: usize = std::mem::size_of::<VmCtx>();
+
+    /// Offset of the limit compiled code compares against for an access to `slot`.
+    pub const fn limit(slot: usize, size: u64, write: bool) -> usize {
+        GRANTS
+            + slot * GRANT_SIZE
+            + if write {
+                GRANT_WRITE_LIM
+            } else {
+                GRANT_READ_LIM
+            }
+            + size_index(size) * 8
+    }
+
+    /// Offset of `start` of `slot`.
+    pub const fn start(slot: usize) -> usize {
+        GRANTS + slot * GRANT_SIZE + GRANT_START
+    }
+}
+
+/// First word of a harness input (`NAAMX001` little-endian): see `harness/aarch64.c`.
+pub const HARNESS_MAGIC: u64 = u64::from_le_bytes(*b"NAAMX001");
+
+/// A C header describing [`VmCtx`] for the aarch64 test harness, generated from the same
+/// layout compiled code uses (so the two cannot drift apart).
+pub fn c_header() -> String {
+    let mut h = String::new();
+    let _ = writeln!(
+        h,
+        "/* Generated by naam_vm::memory::c_header(); do not edit. */"
+    );
+    let _ = writeln!(h, "#include <stdint.h>");
+    use naam_ebpf::abi::helper as h;
+    let consts: [(&str, u64); 33] = [
+        ("NAAM_MAX_GRANTS", MAX_GRANTS as u64),
+        ("NAAM_HELPER_SLOTS", HELPER_SLOTS as u64),
+        ("NAAM_TRACE_CAP", TRACE_CAP as u64),
+        ("NAAM_SLOT_ENTRY", slot::ENTRY as u64),
+        ("NAAM_SLOT_ENTRY_OUT", slot::ENTRY_OUT as u64),
+        ("NAAM_SLOT_STACK", slot::STACK as u64),
+        ("NAAM_SLOT_SEGMENT", slot::SEGMENT as u64),
+        ("NAAM_SLOT_RODATA", slot::RODATA as u64),
+        ("NAAM_FAULT_LOAD", fault::LOAD),
+        ("NAAM_FAULT_STORE", fault::STORE),
+        ("NAAM_FAULT_ATOMIC", fault::ATOMIC),
+        ("NAAM_FAULT_ABORT", fault::ABORT),
+        ("NAAM_ACCESS_LOAD", access::LOAD),
+        ("NAAM_ACCESS_STORE", access::STORE),
+        ("NAAM_HELPER_MAX_LEN", naam_ebpf::abi::helper::MAX_LEN),
+        ("NAAM_HELPER_ERR_FAULT", naam_ebpf::abi::helper::ERR_FAULT),
+        ("NAAM_HELPER_ABORT_R0", naam_ebpf::abi::helper::ABORT_R0),
+        ("NAAM_CMP_EQUAL", naam_ebpf::abi::helper::CMP_EQUAL),
+        ("NAAM_CMP_LESS", naam_ebpf::abi::helper::CMP_LESS),
+        ("NAAM_CMP_GREATER", naam_ebpf::abi::helper::CMP_GREATER),
+        ("NAAM_VMCTX_SIZE", layout::SIZE as u64),
+        ("NAAM_FAULT_UNKNOWN_HELPER", fault::UNKNOWN_HELPER),
+        ("NAAM_HELPER_ID_ABORT", h::ABORT as u64),
+        ("NAAM_HELPER_ID_TRACE", h::TRACE as u64),
+        ("NAAM_HELPER_ID_MEMCPY", h::MEMCPY as u64),
+        ("NAAM_HELPER_ID_MEMCMP", h::MEMCMP as u64),
+        ("NAAM_HELPER_ID_HASH64", h::HASH64 as u64),
+        ("NAAM_HELPER_ID_MEMSET", h::MEMSET as u64),
+        (
+            "NAAM_HELPER_ID_UNWIND",
+            crate::helpers::CONFORMANCE_UNWIND as u64,
+        ),
+        ("NAAM_HASH_K", naam_ebpf::hash::K),
+        ("NAAM_HASH_M1", naam_ebpf::hash::FINISH_M1),
+        ("NAAM_HASH_M2", naam_ebpf::hash::FINISH_M2),
+        ("NAAM_HARNESS_MAGIC", HARNESS_MAGIC),
+    ];
+    for (name, value) in consts {
+        let _ = writeln!(h, "#define {name} {value}ULL");
+    }
+    let _ = writeln!(
+        h,
+        "typedef struct {{ uint64_t start, len, writable, reserved, read_lim[4], write_lim[4]; }} naam_grant;"
+    );
+    let _ = writeln!(
+        h,
+        "typedef struct {{ uint64_t kind, pc, addr, len; }} naam_fault;"
+    );
+    let _ = writeln!(h, "typedef struct naam_vmctx {{");
+    let _ = writeln!(h, "  naam_grant grants[NAAM_MAX_GRANTS];");
+    let _ = writeln!(h, "  uint64_t helpers[NAAM_HELPER_SLOTS];");
+    let _ = writeln!(
+        h,
+        "  uint64_t check, budget, executed, stack_limit;\n  naam_fault fault;\n  uint64_t trace_len;\n  uint64_t trace[NAAM_TRACE_CAP];"
+    );
+    let _ = writeln!(h, "}} naam_vmctx;");
+    for (field, off) in [
+        ("helpers", layout::HELPERS),
+        ("check", layout::CHECK),
+        ("budget", layout::BUDGET),
+        ("executed", layout::EXECUTED),
+        ("stack_limit", layout::STACK_LIMIT),
+        ("fault", layout::FAULT),
+        ("trace_len", layout::TRACE_LEN),
+        ("trace", layout::TRACE),
+    ] {
+        let _ = writeln!(
+            h,
+            "_Static_assert(__builtin_offsetof(naam_vmctx, {field}) == {off}, \"layout of {field}\");"
+        );
+    }
+    let _ = writeln!(
+        h,
+        "_Static_assert(sizeof(naam_vmctx) == {}, \"size of naam_vmctx\");",
+        layout::SIZE
+    );
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn limits_are_exact() {
+        let g = GrantSlot::new(1000, 16, false);
+        assert!(g.allows_small(1000, 8, false));
+        assert!(g.allows_small(1008, 8, false));
+        assert!(
+            !g.allows_small(1009, 8, false),
+            "an access may not run past the end"
+        );
+        assert!(!g.allows_small(999, 1, false));
+        assert!(!g.allows_small(1000, 1, true), "read-only");
+        let tiny = GrantSlot::new(1000, 3, true);
+        assert!(tiny.allows_small(1000, 2, true));
+        assert!(
+            !tiny.allows_small(1000, 4, false),
+            "4 bytes do not fit in 3"
+        );
+        assert_eq!(GrantSlot::new(u64::MAX - 2, 8, true), GrantSlot::EMPTY);
+    }
+
+    proptest! {
+        /// The one-comparison form agrees with the obvious definition for every address.
+        #[test]
+        fn small_check_matches_definition(start in 0u64..1 << 40, len in 0u64..64, addr_delta in -80i64..80, size_k in 0usize..4, write: bool, writable: bool) {
+            let size = 1u64 << size_k;
+            let g = GrantSlot::new(start, len, writable);
+            let addr = start.wrapping_add(addr_delta as u64);
+            let expect = addr >= start
+                && addr.checked_add(size).is_some_and(|end| end <= start + len)
+                && (writable || !write);
+            prop_assert_eq!(g.allows_small(addr, size, write), expect);
+            prop_assert_eq!(g.allows_range(addr, size, write), expect);
+        }
+    }
+
+    #[test]
+    fn header_mentions_every_field() {
+        let h = c_header();
+        assert!(h.contains("naam_vmctx"));
+        assert!(h.contains(&format!("== {}", layout::SIZE)));
+    }
+}
