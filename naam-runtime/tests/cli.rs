@@ -263,3 +263,119 @@ fn c_handlers_from_clang_load_and_run() {
         assert_eq!(v["trace"][0], 5);
     }
 }
+
+/// Hostile handlers through `naam run`, on both engines: a clean fault (or a rejection) and exit
+/// code 1, never a signal.
+#[test]
+fn hostile_handlers_fault_cleanly_with_exit_code_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = dir.path().join("seg.bin");
+    std::fs::write(&seg, [0u8; 64]).unwrap();
+    let seg = seg.to_str().unwrap();
+    // An address of this test process's own memory: somewhere a real process keeps data.
+    let here = &seg as *const _ as u64;
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "wild_write",
+            hex::encode(common::words(&[here, 0x41])),
+            "store of 8 bytes",
+        ),
+        (
+            "wild_write",
+            hex::encode(common::words(&[0, 0x41])),
+            "store of 8 bytes at 0x0",
+        ),
+        (
+            "oob_read",
+            hex::encode(common::words(&[1 << 40])),
+            "load of 8 bytes",
+        ),
+        ("spin", String::new(), "budget exhausted"),
+        (
+            "recurse",
+            hex::encode(common::words(&[100_000])),
+            "calls nested deeper",
+        ),
+    ];
+    for engine in ["interp", "jit"] {
+        for (handler, args, want) in &cases {
+            let (code, out, _) = naam(&[
+                "run",
+                &obj(),
+                "--handler",
+                handler,
+                "--args-hex",
+                args,
+                "--segment",
+                seg,
+                "--engine",
+                engine,
+            ]);
+            assert_eq!(code, 1, "{handler} on {engine}: {out}");
+            let v: Value = serde_json::from_str(&out).unwrap();
+            assert_eq!(v["status"], "fault", "{handler} on {engine}: {out}");
+            assert!(
+                v["error"].as_str().unwrap().contains(want),
+                "{handler} on {engine}: {out}"
+            );
+        }
+        // A small budget stops a long loop the default budget lets finish.
+        let (code, out, _) = naam(&[
+            "run",
+            &obj(),
+            "--handler",
+            "sum_words",
+            "--segment",
+            seg,
+            "--engine",
+            engine,
+            "--budget",
+            "20",
+        ]);
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("budget exhausted"), "{out}");
+        // A program over the instruction cap is rejected before any engine sees it.
+        let big = dir.path().join("big.o");
+        std::fs::write(&big, oversized_object()).unwrap();
+        let (code, out, _) = naam(&[
+            "run",
+            big.to_str().unwrap(),
+            "--handler",
+            "big",
+            "--engine",
+            engine,
+        ]);
+        assert_eq!(code, 1, "{out}");
+        assert!(
+            out.contains("\"status\":\"rejected\"") && out.contains("exceed the cap"),
+            "{out}"
+        );
+    }
+}
+
+/// An object whose one handler, `big`, is 20,000 instructions long (over the 16 Ki cap).
+fn oversized_object() -> Vec<u8> {
+    use object::write::{Object, Symbol, SymbolSection};
+    use object::{
+        Architecture, BinaryFormat, Endianness, SectionKind, SymbolFlags, SymbolKind, SymbolScope,
+    };
+    let mut code = Vec::new();
+    for _ in 0..20_000 {
+        code.extend_from_slice(&[0x07, 0, 0, 0, 1, 0, 0, 0]); // r0 += 1
+    }
+    code.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]); // exit
+    let mut obj = Object::new(BinaryFormat::Elf, Architecture::Bpf, Endianness::Little);
+    let id = obj.add_section(Vec::new(), b"naam/big".to_vec(), SectionKind::Text);
+    obj.append_section_data(id, &code, 8);
+    obj.add_symbol(Symbol {
+        name: b"big".to_vec(),
+        value: 0,
+        size: code.len() as u64,
+        kind: SymbolKind::Text,
+        scope: SymbolScope::Dynamic,
+        weak: false,
+        section: SymbolSection::Section(id),
+        flags: SymbolFlags::None,
+    });
+    obj.write().unwrap()
+}

@@ -378,3 +378,104 @@ fn byte_range_reads_go_through_the_stack() {
         assert_eq!(ret, Some(Return::Error(error_code::OUT_OF_BOUNDS)));
     }
 }
+
+/// Every example handler compiles to aarch64, and steps of every handler with inputs,
+/// replayed as that aarch64 code under qemu-user, compute what the host computed.
+#[test]
+fn example_handlers_run_the_same_as_aarch64_code() {
+    use naam_runtime::cross::CrossCheck;
+    for p in &examples().1.programs {
+        let e = Executable::new(p, EngineKind::Interp, &VerifierConfig::default()).unwrap();
+        let code = e.compile_for(naam_runtime::jit::Target::Aarch64);
+        assert!(code.is_ok(), "{}: {:?}", p.name, code.err());
+    }
+    if let Err(e) = naam_runtime::cross::available() {
+        if std::env::var_os("CI").is_some() {
+            panic!("aarch64 runs are required in CI: {e}");
+        }
+        eprintln!("skipping the aarch64 replay: {e}");
+        return;
+    }
+    let check = CrossCheck::new(1);
+    let mut rng = Rng(5);
+    let data = words(&(0..64).map(|_| rng.next()).collect::<Vec<_>>());
+    let sorted = words(&(0..64u64).map(|i| i * 3).collect::<Vec<_>>());
+    let list = words(&[8, 16, 24, 0]);
+    /// A handler, its args and its segments.
+    type Case<'a> = (&'a str, Vec<u8>, Vec<&'a [u8]>);
+    let cases: &[Case] = &[
+        ("add", words(&[5, 7]), vec![]),
+        ("checksum", vec![], vec![&data]),
+        ("hash1k", words(&[42]), vec![&data]),
+        ("bsearch", words(&[90]), vec![&sorted]),
+        ("sum_words", vec![], vec![&data]),
+        ("walk", vec![], vec![&list]),
+        ("two_step", words(&[9]), vec![&data]),
+        ("store", words(&[0x1122]), vec![&data]),
+        ("reverse16", words(&[8]), vec![&data]),
+        ("recurse", words(&[3]), vec![]),
+        ("recurse", words(&[1000]), vec![]),
+        ("panics", words(&[7]), vec![]),
+        ("panics", words(&[4]), vec![]),
+        ("oob_read", words(&[1 << 30]), vec![&data]),
+        ("wild_write", words(&[0, 1]), vec![]),
+        ("spin", vec![], vec![]),
+        ("vget", vec![], vec![&data]),
+        ("vput", words(&[3]), vec![&data]),
+        ("counter_add", words(&[2]), vec![&data]),
+    ];
+    for (name, args, segs) in cases {
+        for e in both(name) {
+            let mut vm = Vm::new();
+            vm.set_cross_check(Some(check.clone()));
+            let grants: Vec<Grant> = segs.iter().map(|s| Grant::read(s)).collect();
+            let inv = Invocation {
+                args,
+                segments: &grants,
+                ..Invocation::default()
+            };
+            let _ = vm.run(&e, &inv);
+        }
+    }
+    assert!(check.problems().is_empty(), "{:#?}", check.problems());
+    assert_eq!(check.compared(), 2 * cases.len() as u64);
+}
+
+/// Handlers built for ISA v4 (`--cpu v4`: sign-extending loads and moves, signed division,
+/// `bswap`, `gotol`) load and run on both engines with the v3 build's answers.
+#[test]
+fn handlers_built_for_isa_v4_load_and_run() {
+    let mut opts =
+        naam_runtime::pipeline::BuildOptions::new(common::repo().join("examples/handlers"));
+    opts.target_dir = Some(common::handler_target_dir());
+    opts.out = Some(common::handler_target_dir().join("examples-v4.o"));
+    opts.cpu = naam_runtime::pipeline::BpfCpu::V4;
+    let v4 = naam_runtime::pipeline::build(&opts).expect("building the examples for ISA v4");
+    let mut rng = Rng(17);
+    let data = words(&(0..100).map(|_| rng.next()).collect::<Vec<_>>());
+    // Answers, or the kind of fault (instruction indices differ between the two builds).
+    let outcome = |e: &Executable, args: &[u8]| match run(e, args, &[&data]) {
+        Ok(answer) => Ok(answer),
+        Err(StepError::Vm(v)) => Err(v.kind()),
+        Err(other) => panic!("{other}"),
+    };
+    for name in [
+        "add",
+        "checksum",
+        "hash1k",
+        "bsearch",
+        "sum_words",
+        "reverse16",
+        "recurse",
+        "vput",
+    ] {
+        for args in [words(&[11, 3]), words(&[3, 1])] {
+            let want = outcome(&exe(name, EngineKind::Interp), &args);
+            for engine in [EngineKind::Interp, EngineKind::Jit] {
+                let p = v4.loaded.get(name).unwrap();
+                let e = Executable::new(p, engine, &VerifierConfig::default()).unwrap();
+                assert_eq!(outcome(&e, &args), want, "{name} v4 on {engine}");
+            }
+        }
+    }
+}

@@ -130,6 +130,24 @@ impl CrossOutput {
         self.maps.clone()
     }
 
+    /// r0 or the fault, with a fault address translated back into the host's address space
+    /// (relative to the region nearest to it, within [`NEAR`]), so it compares with a host run
+    /// of the same image normalised by [`normalize_host_fault`]. An address far from every
+    /// region becomes [`FAR`]: the two address spaces agree only that nothing is granted there.
+    pub fn result_in_host_space(&self, image: &Image, budget: u64) -> Result<u64, VmError> {
+        let mut r = self.result(budget);
+        if let Err(VmError::OutOfBounds { addr, .. } | VmError::Misaligned { addr, .. }) = &mut r {
+            let regions = self.maps.iter().map(|&(base, len)| (base, len));
+            *addr = match nearest(regions, *addr) {
+                Some((i, base)) => image.regions.get(i).map_or(FAR, |region| {
+                    region.host_addr.wrapping_add(addr.wrapping_sub(base))
+                }),
+                None => FAR,
+            };
+        }
+        r
+    }
+
     /// Values the trace helper recorded.
     pub fn trace(&self) -> &[u64] {
         &self.state.trace[..(self.state.trace_len as usize).min(self.state.trace.len())]
@@ -340,4 +358,35 @@ impl CrossCheck {
     pub fn problems(&self) -> Vec<String> {
         self.problems.lock().map(|p| p.clone()).unwrap_or_default()
     }
+}
+
+/// How far from a region a fault address may lie and still be compared exactly.
+pub const NEAR: u64 = 1 << 20;
+/// The address of a fault far from every region, in normalised results.
+pub const FAR: u64 = u64::MAX;
+
+/// The region (index, base) nearest to `addr`, if within [`NEAR`] of it; region 0 (the
+/// machine state) is never a candidate.
+fn nearest(regions: impl Iterator<Item = (u64, u64)>, addr: u64) -> Option<(usize, u64)> {
+    regions
+        .enumerate()
+        .skip(1)
+        .filter(|(_, (base, len))| *len > 0 && addr.abs_diff(*base) < NEAR + len)
+        .min_by_key(|(_, (base, _))| addr.abs_diff(*base))
+        .map(|(i, (base, _))| (i, base))
+}
+
+/// A host result of `image`, with a fault address far from every region replaced by [`FAR`]
+/// (see [`CrossOutput::result_in_host_space`]).
+pub fn normalize_host_fault(image: &Image, mut r: Result<u64, VmError>) -> Result<u64, VmError> {
+    if let Err(VmError::OutOfBounds { addr, .. } | VmError::Misaligned { addr, .. }) = &mut r {
+        let regions = image
+            .regions
+            .iter()
+            .map(|region| (region.host_addr, region.bytes.len() as u64));
+        if nearest(regions, *addr).is_none() {
+            *addr = FAR;
+        }
+    }
+    r
 }

@@ -828,14 +828,15 @@ impl Vm {
         host: &Result<StepOutput, StepError>,
         out: &crate::cross::CrossOutput,
     ) -> Result<(), String> {
-        let arm = out.result(exe.options.budget);
+        let arm = out.result_in_host_space(image, exe.options.budget);
         match host {
             Err(StepError::Vm(e)) => {
-                return if arm.as_ref().err() == Some(e) {
+                let e = crate::cross::normalize_host_fault(image, Err(e.clone()));
+                return if arm.as_ref().err() == e.as_ref().err() {
                     Ok(())
                 } else {
                     Err(format!("host fault {e:?}, aarch64 {arm:?}"))
-                }
+                };
             }
             Err(e) if arm.is_err() => return Err(format!("host {e}, aarch64 {arm:?}")),
             _ => {}
@@ -1113,28 +1114,34 @@ impl Vm {
         self.stack.fill(0);
     }
 
+    #[inline]
     fn check_output(&self) -> Result<(), StepError> {
         let c = &*self.ctx;
-        let bad = |what: String| Err(StepError::BadOutput(what));
-        if c.reply_len as usize > REPLY_CAP {
-            return bad(format!("reply_len {} exceeds {REPLY_CAP}", c.reply_len));
-        }
-        if c.next_count as usize > MAX_NEXT {
-            return bad(format!("next_count {} exceeds {MAX_NEXT}", c.next_count));
-        }
-        if c.write_count as usize > MAX_WRITES {
-            return bad(format!(
-                "write_count {} exceeds {MAX_WRITES}",
-                c.write_count
-            ));
-        }
-        if c.write_data_len as usize > WRITE_DATA_CAP {
-            return bad(format!(
-                "write_data_len {} exceeds {WRITE_DATA_CAP}",
-                c.write_data_len
-            ));
+        if (c.reply_len as usize > REPLY_CAP)
+            | (c.next_count as usize > MAX_NEXT)
+            | (c.write_count as usize > MAX_WRITES)
+            | (c.write_data_len as usize > WRITE_DATA_CAP)
+        {
+            return Err(self.bad_output());
         }
         Ok(())
+    }
+
+    #[cold]
+    fn bad_output(&self) -> StepError {
+        let c = &*self.ctx;
+        StepError::BadOutput(if c.reply_len as usize > REPLY_CAP {
+            format!("reply_len {} exceeds {REPLY_CAP}", c.reply_len)
+        } else if c.next_count as usize > MAX_NEXT {
+            format!("next_count {} exceeds {MAX_NEXT}", c.next_count)
+        } else if c.write_count as usize > MAX_WRITES {
+            format!("write_count {} exceeds {MAX_WRITES}", c.write_count)
+        } else {
+            format!(
+                "write_data_len {} exceeds {WRITE_DATA_CAP}",
+                c.write_data_len
+            )
+        })
     }
 
     /// Values traced by the last run.

@@ -186,8 +186,14 @@ pub fn compile(
         .any(|op| matches!(op, Some(Op::CallLocal { target }) if *target as usize == checked.functions[0].0));
     let total = if entry_called { nf + 1 } else { nf };
     let reachable = reachable_functions(checked);
-    let mut fctx = FunctionBuilderContext::new();
-    let mut ctx = Context::new();
+    // Cranelift's scratch state is reused from one compilation to the next on a thread.
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Option<(FunctionBuilderContext, Context)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let (mut fctx, mut ctx) = SCRATCH
+        .with(|s| s.borrow_mut().take())
+        .unwrap_or_else(|| (FunctionBuilderContext::new(), Context::new()));
     let mut bodies: Vec<(Vec<u8>, Vec<PendingReloc>)> = Vec::with_capacity(total);
     for f in 0..total {
         if reachable.get(f) == Some(&false) {
@@ -278,6 +284,8 @@ pub fn compile(
             }
         }
     }
+    ctx.clear();
+    SCRATCH.with(|s| *s.borrow_mut() = Some((fctx, ctx)));
     Ok(Compiled {
         entry: starts[if entry_called { nf } else { 0 }],
         code,
@@ -454,13 +462,18 @@ impl<'a, 'b> Translator<'a, 'b> {
         for (i, reg) in regs.iter().enumerate().skip(1) {
             b.def_var(*reg, if i <= 5 { args[i - 1] } else { zero });
         }
-        let executed = b
-            .ins()
-            .load(types::I64, mutable(), ctx, layout::EXECUTED as i32);
         let budget = b
             .ins()
             .load(types::I64, fixed(), ctx, layout::BUDGET as i32);
-        let left = b.ins().isub(budget, executed);
+        let left = if entry_abi {
+            // A run starts with nothing executed.
+            budget
+        } else {
+            let executed = b
+                .ins()
+                .load(types::I64, mutable(), ctx, layout::EXECUTED as i32);
+            b.ins().isub(budget, executed)
+        };
         b.def_var(fuel, left);
 
         let propagate = b.create_block();

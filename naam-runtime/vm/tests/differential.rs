@@ -122,7 +122,7 @@ fn aarch64_code_agrees_with_the_interpreter() {
 }
 
 fn aarch64_agrees(g: &Generated, what: &str) {
-    use naam_vm::{Executable, Target, Vm, VmError};
+    use naam_vm::{Executable, Target, Vm};
     let interp = Executable::build(&g.program, &gen::options(EngineKind::Interp)).unwrap();
     let mut vm = Vm::new();
     let mut buffer = gen::Buffer::new(g.memory.len());
@@ -133,31 +133,9 @@ fn aarch64_agrees(g: &Generated, what: &str) {
     mem.copy_from_slice(&g.memory);
     let image = vm.image_raw(&interp, mem).unwrap();
     let out = naam_vm::cross::run(&compiled, &image).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let mut result = out.result(gen::BUDGET);
-    // qemu maps memory elsewhere: a fault address is compared as an offset from the region
-    // nearest to it on the host, and from the same region in the harness.
-    fn fault_addr(r: &mut Result<u64, VmError>) -> Option<&mut u64> {
-        match r {
-            Err(VmError::OutOfBounds { addr, .. } | VmError::Misaligned { addr, .. }) => Some(addr),
-            _ => None,
-        }
-    }
-    if let Some(addr) = fault_addr(&mut host.result) {
-        let near = image
-            .regions
-            .iter()
-            .enumerate()
-            .skip(1)
-            .min_by_key(|(_, r)| addr.abs_diff(r.host_addr))
-            .filter(|(_, r)| addr.abs_diff(r.host_addr) < 1 << 20)
-            .map(|(i, r)| (i, r.host_addr));
-        if let Some((i, base)) = near {
-            *addr = addr.wrapping_sub(base);
-            if let Some(arm) = fault_addr(&mut result) {
-                *arm = arm.wrapping_sub(out.region_addrs_and_lens()[i].0);
-            }
-        }
-    }
+    // qemu maps memory elsewhere: fault addresses are translated back to the host's.
+    let result = out.result_in_host_space(&image, gen::BUDGET);
+    host.result = naam_vm::cross::normalize_host_fault(&image, host.result);
     let memory_after = image.slot_region[naam_vm::memory::slot::ENTRY]
         .and_then(|r| out.regions[r].clone())
         .unwrap_or_default();
