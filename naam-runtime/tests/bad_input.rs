@@ -9,41 +9,15 @@ use naam_runtime::insn::{encode_all, Insn};
 use naam_runtime::{
     load, verify, EngineKind, Executable, LoadError, Program, Rule, VerifierConfig,
 };
-use object::write::{Object as WObject, Symbol, SymbolSection};
-use object::{
-    Architecture, BinaryFormat, Endianness, SectionKind, SymbolFlags, SymbolKind, SymbolScope,
-};
 use proptest::prelude::*;
 use rbpf::ebpf;
 
-/// An eBPF ELF with one section per (name, bytes) pair.
-fn elf(sections: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut obj = WObject::new(BinaryFormat::Elf, Architecture::Bpf, Endianness::Little);
-    for (name, bytes) in sections {
-        let id = obj.add_section(Vec::new(), name.as_bytes().to_vec(), SectionKind::Text);
-        obj.append_section_data(id, bytes, 8);
-        obj.add_symbol(Symbol {
-            name: name.rsplit('/').next().unwrap().as_bytes().to_vec(),
-            value: 0,
-            size: bytes.len() as u64,
-            kind: SymbolKind::Text,
-            scope: SymbolScope::Dynamic,
-            weak: false,
-            section: SymbolSection::Section(id),
-            flags: SymbolFlags::None,
-        });
-    }
-    obj.write().unwrap()
-}
+use common::elf_object as elf;
+use object::write::Object as WObject;
+use object::{Architecture, BinaryFormat, Endianness, SectionKind};
 
 fn insn(op: u8, dst: u8, src: u8, off: i16, imm: i32) -> Insn {
-    Insn {
-        op,
-        dst,
-        src,
-        off,
-        imm,
-    }
+    Insn::new(op, dst, src, off, imm)
 }
 
 fn ret0() -> Vec<u8> {

@@ -51,29 +51,12 @@ fn verify_prints_one_line_per_handler() {
 /// An eBPF object whose one handler, `legacy`, uses a legacy packet load (`ldabsw`), which
 /// the verifier refuses.
 fn legacy_packet_load_object() -> Vec<u8> {
-    use object::write::{Object, Symbol, SymbolSection};
-    use object::{
-        Architecture, BinaryFormat, Endianness, SectionKind, SymbolFlags, SymbolKind, SymbolScope,
-    };
     let code = [
         0xb7u8, 0, 0, 0, 0, 0, 0, 0, // r0 = 0
         0x20, 0, 0, 0, 0, 0, 0, 0, // ldabsw 0
         0x95, 0, 0, 0, 0, 0, 0, 0, // exit
     ];
-    let mut obj = Object::new(BinaryFormat::Elf, Architecture::Bpf, Endianness::Little);
-    let id = obj.add_section(Vec::new(), b"naam/legacy".to_vec(), SectionKind::Text);
-    obj.append_section_data(id, &code, 8);
-    obj.add_symbol(Symbol {
-        name: b"legacy".to_vec(),
-        value: 0,
-        size: code.len() as u64,
-        kind: SymbolKind::Text,
-        scope: SymbolScope::Dynamic,
-        weak: false,
-        section: SymbolSection::Section(id),
-        flags: SymbolFlags::None,
-    });
-    obj.write().unwrap()
+    common::elf_object(&[("naam/legacy", &code)])
 }
 
 #[test]
@@ -355,27 +338,10 @@ fn hostile_handlers_fault_cleanly_with_exit_code_1() {
 
 /// An object whose one handler, `big`, is 20,000 instructions long (over the 16 Ki cap).
 fn oversized_object() -> Vec<u8> {
-    use object::write::{Object, Symbol, SymbolSection};
-    use object::{
-        Architecture, BinaryFormat, Endianness, SectionKind, SymbolFlags, SymbolKind, SymbolScope,
-    };
     let mut code = Vec::new();
     for _ in 0..20_000 {
         code.extend_from_slice(&[0x07, 0, 0, 0, 1, 0, 0, 0]); // r0 += 1
     }
     code.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]); // exit
-    let mut obj = Object::new(BinaryFormat::Elf, Architecture::Bpf, Endianness::Little);
-    let id = obj.add_section(Vec::new(), b"naam/big".to_vec(), SectionKind::Text);
-    obj.append_section_data(id, &code, 8);
-    obj.add_symbol(Symbol {
-        name: b"big".to_vec(),
-        value: 0,
-        size: code.len() as u64,
-        kind: SymbolKind::Text,
-        scope: SymbolScope::Dynamic,
-        weak: false,
-        section: SymbolSection::Section(id),
-        flags: SymbolFlags::None,
-    });
-    obj.write().unwrap()
+    common::elf_object(&[("naam/big", &code)])
 }

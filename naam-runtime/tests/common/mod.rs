@@ -205,3 +205,27 @@ pub fn check_descriptor_refusals<T: naam_runtime::transport::Transport>(
         assert_eq!(r.status, want, "{desc:?}");
     }
 }
+
+/// An eBPF ELF with one section per (name, bytes) pair.
+pub fn elf_object(sections: &[(&str, &[u8])]) -> Vec<u8> {
+    use object::write::{Object as WObject, Symbol, SymbolSection};
+    use object::{
+        Architecture, BinaryFormat, Endianness, SectionKind, SymbolFlags, SymbolKind, SymbolScope,
+    };
+    let mut obj = WObject::new(BinaryFormat::Elf, Architecture::Bpf, Endianness::Little);
+    for (name, bytes) in sections {
+        let id = obj.add_section(Vec::new(), name.as_bytes().to_vec(), SectionKind::Text);
+        obj.append_section_data(id, bytes, 8);
+        obj.add_symbol(Symbol {
+            name: name.rsplit('/').next().unwrap().as_bytes().to_vec(),
+            value: 0,
+            size: bytes.len() as u64,
+            kind: SymbolKind::Text,
+            scope: SymbolScope::Dynamic,
+            weak: false,
+            section: SymbolSection::Section(id),
+            flags: SymbolFlags::None,
+        });
+    }
+    obj.write().unwrap()
+}

@@ -3,9 +3,20 @@
 //! length, helper 5 returns its argument, and the result is `r0`. Used by `naam
 //! conformance-plugin` and by the tests that run the whole suite.
 
+use std::path::PathBuf;
+
 use crate::engine::{ExecOptions, Executable, Vm};
 use crate::jit::Target;
 use crate::loader::Program;
+
+/// Where the suite's `tests.jsonl` lives: `$NAAM_CONFORMANCE_DIR`, else `shared/conformance`
+/// beside this repository (where CI finds it).
+pub fn suite_dir() -> PathBuf {
+    match std::env::var_os("NAAM_CONFORMANCE_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/conformance"),
+    }
+}
 
 /// Runs `program` over a copy of `memory` in this process.
 pub fn run_host(program: &Program, options: &ExecOptions, memory: &[u8]) -> Result<u64, String> {

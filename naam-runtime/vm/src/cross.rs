@@ -72,6 +72,37 @@ pub fn available() -> Result<(), CrossError> {
     }
 }
 
+/// For tests of aarch64 code: true when it can run here. Otherwise, outside CI, it says on
+/// stderr why `what` is skipped and returns false; in CI (`CI` set, where `scripts/setup.sh`
+/// installed the tools) a missing tool fails the test instead.
+pub fn available_or_skip(what: &str) -> bool {
+    match available() {
+        Ok(()) => true,
+        Err(e) if std::env::var_os("CI").is_some() => {
+            panic!("{what}: aarch64 runs are required in CI: {e}")
+        }
+        Err(e) => {
+            eprintln!("skipping {what}: {e}");
+            false
+        }
+    }
+}
+
+/// Compiles every handler of `object` to aarch64; the total code size, or the first failure.
+pub fn compile_object(object: &crate::LoadedObject) -> Result<usize, String> {
+    let mut bytes = 0;
+    for p in &object.programs {
+        let exe = crate::Executable::new(p, crate::EngineKind::Interp, &Default::default())
+            .map_err(|e| e.to_string())?;
+        bytes += exe
+            .compile_for(Target::Aarch64)
+            .map_err(|e| format!("{}: {e}", p.name))?
+            .code
+            .len();
+    }
+    Ok(bytes)
+}
+
 fn qemu() -> String {
     std::env::var("NAAM_QEMU_AARCH64").unwrap_or_else(|_| "qemu-aarch64".into())
 }

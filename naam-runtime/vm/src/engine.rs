@@ -902,12 +902,7 @@ impl Vm {
         exe: &Executable,
         inv: &Invocation<'_>,
     ) -> Result<StepOutput, StepError> {
-        if exe.options.entry != Entry::Context {
-            return Err(StepError::BadInput(format!(
-                "`{}` was built for raw memory runs, not handler steps",
-                exe.name
-            )));
-        }
+        expect_entry(exe, Entry::Context)?;
         self.prepare(inv)?;
         self.install(exe);
         let ctx_addr = &mut *self.ctx as *mut Context as u64;
@@ -927,12 +922,7 @@ impl Vm {
 
     /// Runs `exe` over raw memory: `r1` = `memory`'s address (writable), `r2` = its length.
     pub fn run_raw(&mut self, exe: &Executable, memory: &mut [u8]) -> Result<RawOutput, StepError> {
-        if exe.options.entry != Entry::Memory {
-            return Err(StepError::BadInput(format!(
-                "`{}` was built for handler steps, not raw memory runs",
-                exe.name
-            )));
-        }
+        expect_entry(exe, Entry::Memory)?;
         self.install(exe);
         self.last_app = None;
         for i in 0..self.segments_installed {
@@ -962,12 +952,7 @@ impl Vm {
         exe: &Executable,
         inv: &Invocation<'_>,
     ) -> Result<Image, StepError> {
-        if exe.options.entry != Entry::Context {
-            return Err(StepError::BadInput(format!(
-                "`{}` was built for raw memory runs, not handler steps",
-                exe.name
-            )));
-        }
+        expect_entry(exe, Entry::Context)?;
         self.prepare(inv)?;
         self.install(exe);
         self.vmctx.reset_run();
@@ -992,12 +977,7 @@ impl Vm {
 
     /// [`Vm::image_step`] for a raw run over `memory`.
     pub fn image_raw(&mut self, exe: &Executable, memory: &[u8]) -> Result<Image, StepError> {
-        if exe.options.entry != Entry::Memory {
-            return Err(StepError::BadInput(format!(
-                "`{}` was built for handler steps, not raw memory runs",
-                exe.name
-            )));
-        }
+        expect_entry(exe, Entry::Memory)?;
         self.install(exe);
         for i in 0..self.segments_installed {
             self.vmctx.grants[slot::SEGMENT + i] = GrantSlot::EMPTY;
@@ -1173,6 +1153,21 @@ impl Vm {
     pub fn state(&self) -> [u64; STATE_WORDS] {
         self.ctx.state
     }
+}
+
+/// Refuses to run `exe` as the other kind of run than it was built for.
+fn expect_entry(exe: &Executable, entry: Entry) -> Result<(), StepError> {
+    if exe.options.entry == entry {
+        return Ok(());
+    }
+    let (built, asked) = match entry {
+        Entry::Context => ("raw memory runs", "handler steps"),
+        Entry::Memory => ("handler steps", "raw memory runs"),
+    };
+    Err(StepError::BadInput(format!(
+        "`{}` was built for {built}, not {asked}",
+        exe.name
+    )))
 }
 
 /// Placement used by standalone invocations.

@@ -3,8 +3,6 @@
 //! failures. (`naam-runtime`'s CLI tests run the same suite through `naam
 //! conformance-plugin`, and on aarch64 code under qemu.)
 
-use std::path::PathBuf;
-
 use naam_vm::insn::INSN_SIZE;
 use naam_vm::{conformance, EngineKind, ExecOptions, Program};
 
@@ -15,15 +13,8 @@ struct Case {
     result: u64,
 }
 
-fn suite_dir() -> PathBuf {
-    match std::env::var_os("NAAM_CONFORMANCE_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/conformance"),
-    }
-}
-
 fn cases() -> Vec<Case> {
-    let path = suite_dir().join("tests.jsonl");
+    let path = conformance::suite_dir().join("tests.jsonl");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
             "the conformance suite is expected at {} ({e}); set NAAM_CONFORMANCE_DIR",
@@ -102,11 +93,7 @@ fn conformance_jit_host() {
 /// or qemu is missing; in CI (`CI` set) a missing tool fails the test.
 #[test]
 fn conformance_jit_aarch64() {
-    if let Err(e) = naam_vm::cross::available() {
-        if std::env::var_os("CI").is_some() {
-            panic!("aarch64 runs are required in CI: {e}");
-        }
-        eprintln!("skipping the aarch64 conformance run: {e}");
+    if !naam_vm::cross::available_or_skip("the aarch64 conformance run") {
         return;
     }
     check(Where::Aarch64);
