@@ -71,7 +71,8 @@ static int allows_range(const naam_vmctx *c, uint64_t addr, uint64_t len, int wr
     if (len == 0) return 1;
     for (unsigned i = 0; i < NAAM_MAX_GRANTS; i++) {
         const naam_grant *g = &c->grants[i];
-        if (write && !g->writable) continue;
+        /* The 1-byte limit is zero exactly when the right is missing (or the slot is empty). */
+        if ((write ? g->write_lim[0] : g->read_lim[0]) == 0) continue;
         uint64_t off = addr - g->start;
         if (off < g->len && len <= g->len - off) return 1;
     }

@@ -152,7 +152,12 @@ impl Val {
     fn offset(self, c: i64) -> Val {
         match self {
             Val::Const(v) => Val::Const(v.wrapping_add(c as u64)),
-            Val::Frame(o) => Val::Frame(o.and_then(|o| o.checked_add(c))),
+            // Offsets this far from the frame are never proven anything: bounding them keeps
+            // every later addition exact (an offset near 2^63 once wrapped into a proof).
+            Val::Frame(o) => Val::Frame(
+                o.and_then(|o| o.checked_add(c))
+                    .filter(|o| o.unsigned_abs() <= FRAME_OFFSET_BOUND),
+            ),
             Val::Ptr { slot, off, proven } => Val::Ptr {
                 slot,
                 off: off.and_then(|o| o.checked_add(c)),
@@ -189,6 +194,10 @@ impl Val {
 }
 
 const FRAME_SLOTS: usize = STACK_SIZE / 8;
+
+/// The largest frame offset the analysis tracks exactly; beyond it a frame pointer's offset is
+/// unknown (it still hints the stack).
+const FRAME_OFFSET_BOUND: u64 = 1 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct State {
@@ -364,8 +373,10 @@ impl Analyzer<'_> {
         let off = off as i64;
         match base {
             Val::Frame(Some(o)) => {
-                let k = o + off;
-                if k >= -(STACK_SIZE as i64) && k + size as i64 <= 0 {
+                let inside = o.checked_add(off).is_some_and(|k| {
+                    k >= -(STACK_SIZE as i64) && k.checked_add(size as i64).is_some_and(|e| e <= 0)
+                });
+                if inside {
                     Check::Proven
                 } else {
                     Check::Hint(slot::STACK as u8)
@@ -432,6 +443,7 @@ impl Analyzer<'_> {
     fn store_effect(&self, s: &mut State, base: Val, off: i16, size: u8, value: Val) {
         match base {
             Val::Frame(Some(o)) => {
+                // Offsets are bounded (`FRAME_OFFSET_BOUND`), so this arithmetic is exact.
                 let k = o + off as i64;
                 if size == 8 {
                     if let Some(i) = frame_slot(k) {
@@ -943,6 +955,27 @@ mod tests {
             &EntryAssumptions::raw_memory(),
         );
         assert_eq!(f.check(0), Check::Hint(slot::ENTRY as u8));
+    }
+
+    /// A frame offset near 2^63 once wrapped in the bounds arithmetic into a proof.
+    #[test]
+    fn huge_frame_offsets_are_never_proven() {
+        let f = facts(
+            &[
+                Insn::new(STXDW, 10, 1, -8, 0),
+                Insn::new(LDDW, 3, 0, 0, -8),
+                Insn::new(0, 0, 0, 0, 0x7fff_ffff),
+                Insn::new(CLASS_ALU64 | ALU_MOV | SRC_X, 2, 10, 0, 0),
+                Insn::new(CLASS_ALU64 | ALU_ADD | SRC_X, 2, 3, 0, 0), // r10 + (2^63 - 8)
+                Insn::new(STXDW, 2, 4, 0, 0),                         // must be checked
+                Insn::new(LDXDW, 5, 10, -8, 0),                       // no longer the context
+                Insn::new(STXDW, 5, 6, 2208, 0),                      // so this is checked too
+                Insn::EXIT,
+            ],
+            &EntryAssumptions::handler_context(),
+        );
+        assert_eq!(f.check(5), Check::Hint(slot::STACK as u8));
+        assert_ne!(f.check(7), Check::Proven);
     }
 
     #[test]

@@ -521,10 +521,12 @@ impl<'a> Grant<'a> {
         self.len == 0
     }
 
+    /// The grant: read and write rights as the descriptor asked (atomics need the write right).
     fn slot(&self) -> GrantSlot {
-        GrantSlot::new(
+        GrantSlot::with_rights(
             self.addr,
             self.len as u64,
+            self.access & naam_ebpf::abi::ACCESS_READ != 0,
             self.access & naam_ebpf::abi::ACCESS_WRITE != 0,
         )
     }
@@ -597,7 +599,11 @@ pub struct Vm {
     stack: Box<[u64]>,
     last_app: Option<u32>,
     installed: u64,
+    /// Segment grant slots the last step filled.
     segments_installed: usize,
+    /// Entries of the context's segment table that may be non-zero: everything past a step's
+    /// own segments must be zero, since the analysis trusts the table.
+    ctx_segments_used: usize,
     /// The entry grant currently covers the context (not a raw run's memory).
     entry_is_context: bool,
 }
@@ -619,6 +625,7 @@ impl Vm {
             last_app: None,
             installed: 0,
             segments_installed: 0,
+            ctx_segments_used: 0,
             entry_is_context: false,
         };
         let stack_base = vm.stack.as_ptr() as u64;
@@ -715,11 +722,13 @@ impl Vm {
                 access: g.access,
             };
         }
-        // Entries the previous step used and this one does not: no stale addresses.
-        let used = self.segments_installed.max(inv.segments.len());
+        // Entries an earlier step used and this one does not: no stale addresses (the
+        // analysis trusts the table, and their grants are gone).
+        let used = self.ctx_segments_used.max(inv.segments.len());
         for slot in &mut c.segments[inv.segments.len()..used] {
             *slot = naam_ebpf::Segment::default();
         }
+        self.ctx_segments_used = inv.segments.len();
         c.reply_len = inv.reply.len() as u32;
         if !inv.reply.is_empty() {
             c.reply[..inv.reply.len()].copy_from_slice(inv.reply);
@@ -1237,4 +1246,43 @@ pub struct Fixup {
     pub target: usize,
     /// Added to that address.
     pub addend: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program(insns: &[crate::insn::Insn]) -> Program {
+        Program::from_bytecode("t", crate::insn::encode_all(insns))
+    }
+
+    /// A raw run between two steps must not leave the second step a segment table entry whose
+    /// grant is gone (the analysis trusts the table).
+    #[test]
+    fn the_segment_table_never_keeps_stale_entries() {
+        use crate::insn::Insn;
+        use crate::opcode::*;
+        let ret = program(&[Insn::new(CLASS_ALU64 | ALU_MOV, 0, 0, 0, 0), Insn::EXIT]);
+        let step = Executable::new(&ret, EngineKind::Jit, &VerifierConfig::default()).unwrap();
+        let raw = Executable::build(&ret, &ExecOptions::conformance(EngineKind::Jit)).unwrap();
+        let mut vm = Vm::new();
+        let seg = [7u8; 64];
+        let four = [Grant::read(&seg); 4];
+        let inv = Invocation {
+            segments: &four,
+            ..Invocation::default()
+        };
+        vm.run(&step, &inv).unwrap();
+        let mut mem = [0u8; 8];
+        vm.image_raw(&raw, &mem).unwrap();
+        vm.run_raw(&raw, &mut mem).unwrap();
+        let one = Invocation {
+            segments: &four[..1],
+            ..Invocation::default()
+        };
+        vm.run(&step, &one).unwrap();
+        for s in &vm.context().segments[1..] {
+            assert_eq!(*s, naam_ebpf::Segment::default());
+        }
+    }
 }

@@ -80,21 +80,30 @@ impl GrantSlot {
         write_lim: [0; 4],
     };
 
-    /// A slot granting `len` bytes at `start`.
+    /// A slot granting `len` readable bytes at `start`, writable too if `writable`.
     pub fn new(start: u64, len: u64, writable: bool) -> GrantSlot {
+        GrantSlot::with_rights(start, len, true, writable)
+    }
+
+    /// A slot granting `len` bytes at `start` with the given rights. An empty slot keeps its
+    /// start (compiled code takes read-only data's address from it, even when empty).
+    pub fn with_rights(start: u64, len: u64, readable: bool, writable: bool) -> GrantSlot {
         // A range that wraps the address space grants nothing.
         if len == 0 || start.checked_add(len).is_none() {
-            return GrantSlot::EMPTY;
+            return GrantSlot {
+                start,
+                ..GrantSlot::EMPTY
+            };
         }
         let lim = |size: u64| if len >= size { len - size + 1 } else { 0 };
-        let read_lim = [lim(1), lim(2), lim(4), lim(8)];
+        let all = [lim(1), lim(2), lim(4), lim(8)];
         GrantSlot {
             start,
             len,
             writable: writable as u64,
             reserved: 0,
-            read_lim,
-            write_lim: if writable { read_lim } else { [0; 4] },
+            read_lim: if readable { all } else { [0; 4] },
+            write_lim: if writable { all } else { [0; 4] },
         }
     }
 
@@ -111,7 +120,13 @@ impl GrantSlot {
 
     /// True when `[addr, addr + len)` lies inside with the right (any length; helpers).
     pub fn allows_range(&self, addr: u64, len: u64, write: bool) -> bool {
-        if write && self.writable == 0 {
+        // The 1-byte limit is zero exactly when the right is missing (or the slot is empty).
+        let right = if write {
+            self.write_lim[0]
+        } else {
+            self.read_lim[0]
+        };
+        if right == 0 {
             return false;
         }
         let off = addr.wrapping_sub(self.start);
@@ -476,7 +491,15 @@ mod tests {
             !tiny.allows_small(1000, 4, false),
             "4 bytes do not fit in 3"
         );
-        assert_eq!(GrantSlot::new(u64::MAX - 2, 8, true), GrantSlot::EMPTY);
+        assert_eq!(
+            GrantSlot::new(u64::MAX - 2, 8, true).len,
+            0,
+            "wraps: nothing"
+        );
+        assert!(!GrantSlot::new(u64::MAX - 2, 8, true).allows_small(u64::MAX - 2, 1, false));
+        let write_only = GrantSlot::with_rights(1000, 16, false, true);
+        assert!(!write_only.allows_small(1000, 8, false), "no read right");
+        assert!(write_only.allows_small(1000, 8, true));
     }
 
     proptest! {
