@@ -196,10 +196,9 @@ fn write_step0(ctx: &mut Context, key: &Key, with_target: bool, extra: usize) ->
 #[inline(always)]
 fn find_slot(ctx: &Context, key: &Key, first: usize, item_size: u64) -> Result<Option<usize>, Fault> {
     let back = l::item_back(item_size as usize);
-    for k in 0..l::MAX_WRITE_CANDIDATES {
-        if first + k >= ctx.segment_count as usize {
-            break;
-        }
+    // Bounded by the candidates fetched (a run-time count, so the loop stays a loop).
+    let fetched = (ctx.segment_count as usize).saturating_sub(first);
+    for k in 0..fetched.min(l::MAX_WRITE_CANDIDATES) {
         let seg = ctx.segment(first + k)?;
         let s = ctx.state(2 + k)?;
         let expected = s & ((1 << 56) - 1);
@@ -274,10 +273,8 @@ fn rmw_item(ctx: &mut Context, key: &Key) -> StepResult {
     let back = l::item_back(g.item_size as usize);
     // Which candidate holds the key (segments from 3), and its slot.
     let mut found: Option<(usize, usize)> = None;
-    for k in 0..l::MAX_WRITE_CANDIDATES {
-        if 3 + k >= ctx.segment_count as usize {
-            break;
-        }
+    let fetched = (ctx.segment_count as usize).saturating_sub(3);
+    for k in 0..fetched.min(l::MAX_WRITE_CANDIDATES) {
         let seg = ctx.segment(3 + k)?;
         let s = ctx.state(2 + k)?;
         let expected = s & ((1 << 56) - 1);
