@@ -20,6 +20,7 @@ pub mod pipeline;
 pub mod placement;
 pub mod region;
 pub mod registry;
+pub mod session;
 pub mod sim;
 pub mod steering;
 pub mod transport;
