@@ -431,13 +431,13 @@ impl UdpSetup {
         target: &Path,
     ) -> anyhow::Result<UdpSetup> {
         use naam_runtime::udp::client::{UdpClient, UdpConfig};
-        let mut config = UdpConfig::new(server);
-        config.pin = pin;
-        let probe = UdpClient::connect(&config)?;
         let kind = match app {
             App::Mica => "mica",
             App::Btree => "btree",
         };
+        let mut config = UdpConfig::new(server, kind, crate::keys::credential(kind)?);
+        config.pin = pin;
+        let probe = UdpClient::connect(&config)?;
         let served = probe
             .manifest()
             .app_of_kind(kind)

@@ -114,7 +114,12 @@ struct UdpCongestion {
 
 impl UdpCongestion {
     fn connect(server: SocketAddr) -> anyhow::Result<UdpCongestion> {
-        let operator = UdpClient::connect(&UdpConfig::new(server))
+        let tenant = naam_runtime::session::OPERATOR_TENANT;
+        let operator = UdpClient::connect(&UdpConfig::new(
+            server,
+            tenant,
+            crate::keys::credential(tenant)?,
+        ))
             .with_context(|| format!("connecting to naam-server at {server}"))?;
         Ok(UdpCongestion {
             operator: Mutex::new(operator),

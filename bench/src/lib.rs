@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod driver;
+pub mod keys;
 pub mod experiments;
 pub mod memcached;
 pub mod plot;

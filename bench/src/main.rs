@@ -20,6 +20,10 @@ use serde_json::json;
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
+    /// Directory of credentials for the udp fabric (`<tenant>.key`, as `naam-server keygen`
+    /// writes them).
+    #[arg(long, global = true, default_value = "keys")]
+    keys: std::path::PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -207,7 +211,9 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    match run(Cli::parse().command) {
+    let cli = Cli::parse();
+    naam_bench::keys::set_dir(cli.keys);
+    match run(cli.command) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("naam-bench: error: {e:#}");
@@ -229,7 +235,11 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
         } => {
             use naam_runtime::udp::control::Control;
             let mut c = naam_runtime::udp::client::UdpClient::connect(
-                &naam_runtime::udp::client::UdpConfig::new(server),
+                &naam_runtime::udp::client::UdpConfig::new(
+                    server,
+                    naam_runtime::session::OPERATOR_TENANT,
+                    naam_bench::keys::credential(naam_runtime::session::OPERATOR_TENANT)?,
+                ),
             )?;
             let answer = c.control(&Control::QuerySwitch {
                 pin: pin_nic_permille,

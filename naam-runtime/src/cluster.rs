@@ -234,6 +234,7 @@ pub enum ClusterError {
 
 /// Why a client call produced no reply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
     /// The placement's queue is full: back-pressure, try again later.
     #[error("the {0} queue is full (back-pressure); retry later")]
@@ -247,6 +248,17 @@ pub enum ClientError {
     /// The request does not fit the wire format.
     #[error(transparent)]
     Wire(#[from] WireError),
+    /// The server has answered nothing for longer than the client's liveness bound.
+    #[error("the server has not answered for {silent:?} (over the liveness bound of {bound:?}): it is down or unreachable")]
+    ServerGone {
+        /// How long it has been silent.
+        silent: Duration,
+        /// The bound.
+        bound: Duration,
+    },
+    /// The session could not be set up again (after the server restarted or forgot it).
+    #[error("setting up a session again: {0}")]
+    Session(String),
 }
 
 enum ReplySink {
@@ -304,16 +316,18 @@ enum Dedup {
     Done(Completion),
 }
 
+/// Answers to writes by (origin session, request id): a retransmission gets the first answer,
+/// and one session's ids never match another's.
 #[derive(Default)]
 struct DedupTable {
-    entries: HashMap<u64, Dedup>,
-    order: VecDeque<u64>,
+    entries: HashMap<(u64, u64), Dedup>,
+    order: VecDeque<(u64, u64)>,
 }
 
 const DEDUP_CAP: usize = 1 << 16;
 
 impl DedupTable {
-    fn insert(&mut self, id: u64, e: Dedup) {
+    fn insert(&mut self, id: (u64, u64), e: Dedup) {
         if self.entries.insert(id, e).is_none() {
             self.order.push_back(id);
             if self.order.len() > DEDUP_CAP {
@@ -806,7 +820,8 @@ fn serve<P: DataPath>(
         let table = &inner.dedup[&req.app];
         {
             let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
-            match t.entries.get(&req.request_id) {
+            let key = (req.origin, req.request_id);
+            match t.entries.get(&key) {
                 Some(Dedup::Done(c)) => return (c.clone(), 0),
                 Some(Dedup::Pending) => {
                     return (
@@ -819,7 +834,7 @@ fn serve<P: DataPath>(
                         0,
                     )
                 }
-                None => t.insert(req.request_id, Dedup::Pending),
+                None => t.insert(key, Dedup::Pending),
             }
         }
         let regions = inner.regions.clone();
@@ -833,7 +848,8 @@ fn serve<P: DataPath>(
             |batch| apply_writes(&regions, batch),
         );
         let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
-        t.entries.insert(req.request_id, Dedup::Done(c.clone()));
+        t.entries
+            .insert((req.origin, req.request_id), Dedup::Done(c.clone()));
         (c, cost.fetch_ns)
     })();
     if let Some(o) = owner {

@@ -79,6 +79,15 @@ impl Op {
         !matches!(self, Op::Read(_))
     }
 
+    /// Every region the operation touches, with the right it needs there.
+    pub fn targets(&self) -> Vec<(u64, u32)> {
+        match self {
+            Op::Read(ds) => ds.iter().map(|d| (d.rkey, ACCESS_READ)).collect(),
+            Op::Write { rkey, .. } => vec![(*rkey, ACCESS_WRITE)],
+            Op::Cas { rkey, .. } | Op::Faa { rkey, .. } => vec![(*rkey, ACCESS_ATOMIC)],
+        }
+    }
+
     fn code(&self) -> u8 {
         match self {
             Op::Read(_) => 1,

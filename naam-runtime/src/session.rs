@@ -723,13 +723,53 @@ pub struct TenantEntry {
     pub role: Role,
 }
 
+/// The credentials a server accepts: one entry per app (a session proving an app's
+/// credential may use every app configured with the same credential), plus the operator's and
+/// the NIC's pairing secret when configured.
+pub fn tenant_entries(
+    apps: &[(u32, String, Credential)],
+    operator: Option<Credential>,
+    nic: Option<Credential>,
+) -> Vec<TenantEntry> {
+    let mut out: Vec<TenantEntry> = apps
+        .iter()
+        .map(|(_, name, c)| TenantEntry {
+            name: name.clone(),
+            credential: c.clone(),
+            role: Role::Tenant {
+                name: name.clone(),
+                apps: apps
+                    .iter()
+                    .filter(|(_, _, other)| other == c)
+                    .map(|(id, _, _)| *id)
+                    .collect(),
+            },
+        })
+        .collect();
+    if let Some(c) = operator {
+        out.push(TenantEntry {
+            name: OPERATOR_TENANT.into(),
+            credential: c,
+            role: Role::Operator,
+        });
+    }
+    if let Some(c) = nic {
+        out.push(TenantEntry {
+            name: NIC_TENANT.into(),
+            credential: c,
+            role: Role::Nic,
+        });
+    }
+    out
+}
+
 /// A session the server knows.
 #[derive(Debug)]
 pub struct Session {
     /// Its id.
     pub id: u64,
     /// What it may do.
-    pub role: Role,
+    pub role: Arc<Role>,
     /// The address it was set up from; answers go only there.
     pub peer: SocketAddr,
     /// Sealing of answers (server side).
@@ -886,7 +926,7 @@ impl Gatekeeper {
                 return Ok(&self.sessions[&id]);
             }
         }
-        let (role, credential) = (entry.role.clone(), entry.credential.clone());
+        let (role, credential) = (Arc::new(entry.role.clone()), entry.credential.clone());
         self.make_room(&role, now)?;
         let id = loop {
             let id = random_u64().map_err(|e| HandshakeError::Random(e.to_string()))?;
@@ -912,9 +952,9 @@ impl Gatekeeper {
     }
 
     /// Evicts the least recently seen session of `role`'s tenant when it is at its limit.
-    fn make_room(&mut self, role: &Role, now: Nanos) -> Result<(), HandshakeError> {
+    fn make_room(&mut self, role: &Arc<Role>, now: Nanos) -> Result<(), HandshakeError> {
         self.expire(now);
-        let same = |s: &Session| &s.role == role;
+        let same = |s: &Session| *s.role == **role;
         let count = self.sessions.values().filter(|s| same(s)).count();
         if count < self.limits.per_tenant {
             return Ok(());

@@ -187,6 +187,10 @@ pub struct Request {
     pub descriptors: Descriptors,
     /// Reply bytes built by earlier steps.
     pub partial_reply: Bytes,
+    /// The session the request arrived in (0 for in-process callers). Not on the wire: the
+    /// driver sets it after checking the seal, and writes are deduplicated per (origin,
+    /// request id), so one client cannot answer for another's ids.
+    pub origin: u64,
 }
 
 impl Request {
@@ -208,6 +212,7 @@ impl Request {
             state: [0; STATE_WORDS],
             descriptors,
             partial_reply: Bytes::new(),
+            origin: 0,
         }
     }
 
@@ -382,6 +387,7 @@ impl Request {
             state,
             descriptors,
             partial_reply,
+            origin: 0,
         })
     }
 }
@@ -480,6 +486,8 @@ pub enum Status {
     Unavailable = 15,
     /// A compare-and-swap in the write batch failed; the operations before it were applied.
     Conflict = 16,
+    /// The message did not come in a session the receiver knows: handshake first.
+    NoSession = 17,
 }
 
 impl Status {
@@ -504,6 +512,7 @@ impl Status {
             14 => Refused,
             15 => Unavailable,
             16 => Conflict,
+            17 => NoSession,
             _ => return None,
         })
     }
@@ -681,6 +690,7 @@ mod tests {
                     state,
                     descriptors: Descriptors::from_slice(&ds).unwrap(),
                     partial_reply: Bytes::from(reply),
+                    origin: 0,
                 },
             )
     }

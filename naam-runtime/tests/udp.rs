@@ -18,7 +18,7 @@ use naam_runtime::transport::Transport;
 use naam_runtime::udp::client::{UdpClient, UdpConfig, UdpError};
 use naam_runtime::udp::control::Control;
 use naam_runtime::udp::deploy::start_nic;
-use naam_runtime::udp::nic::{serve_nic, NicOptions};
+use naam_runtime::udp::nic::{serve_nic, NicCluster, NicOptions};
 use naam_runtime::udp::socket::Socket;
 use naam_runtime::wire::Status;
 use naam_runtime::Placement;
@@ -31,18 +31,20 @@ fn host(shm: &std::path::Path) -> Process {
     host_with(shm, &[APP], ClusterConfig::functional(), false)
 }
 
-/// A host serving the examples object as apps `ids`.
+/// A host serving the examples object as apps `ids` (clients may write one-sided where the
+/// regions allow it).
 fn host_with(
     shm: &std::path::Path,
     ids: &[u32],
     config: ClusterConfig,
     congestion_control: bool,
 ) -> Process {
-    common::udp_host(shm, ids, config, congestion_control, |_| None)
+    common::udp_host(shm, ids, config, congestion_control, true, |_| None)
 }
 
 fn nic(shm: &std::path::Path, server: SocketAddr) -> Process {
-    let (cluster, _) = start_nic(shm, ClusterConfig::functional()).unwrap();
+    let (cluster, manifest) = start_nic(shm, ClusterConfig::functional()).unwrap();
+    let shm = shm.to_path_buf();
     let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     let addr = socket.local_addr().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -53,8 +55,15 @@ fn nic(shm: &std::path::Path, server: SocketAddr) -> Process {
             advertise: addr,
             report_every: Duration::from_millis(1),
             drain: Duration::from_secs(1),
+            pairing: common::pairing_key(),
         };
-        serve_nic(cluster, socket, opts, &s).unwrap();
+        let start = NicCluster { cluster, manifest };
+        serve_nic(start, socket, opts, &s, &mut |_| {
+            start_nic(&shm, ClusterConfig::functional())
+                .map(|(cluster, manifest)| NicCluster { cluster, manifest })
+                .map_err(|e| e.to_string())
+        })
+        .unwrap();
     });
     Process {
         stop,
@@ -64,7 +73,7 @@ fn nic(shm: &std::path::Path, server: SocketAddr) -> Process {
 }
 
 fn client(server: SocketAddr, pin: Option<Placement>) -> UdpClient {
-    let mut cfg = UdpConfig::new(server);
+    let mut cfg = UdpConfig::new(server, common::TENANT, common::tenant_key());
     cfg.pin = pin;
     cfg.rto = Duration::from_millis(10);
     let mut c = UdpClient::connect(&cfg).unwrap();
@@ -156,9 +165,18 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     for to in [h.addr, n.addr] {
         raw.send_to(b"not a NAAM datagram", to).unwrap();
     }
+    // Outside a session, a message is answered only within the amplification limit: a
+    // 6-byte one gets nothing, a whole unsealed request gets `NoSession`.
     let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     s.send(h.addr, 1, &[1, 1, 0, 0, 9, 9]).unwrap();
-    let got = recv_one(&mut s);
+    assert!(s.recv(Duration::from_millis(100)).unwrap().is_empty());
+    let req = naam_runtime::wire::Request::for_call(APP, handler_id("add"), 7, &words(&[1, 2]), &[]).unwrap();
+    s.send(h.addr, 7, &req.to_bytes().unwrap()).unwrap();
+    let r = naam_runtime::wire::Reply::decode(recv_one(&mut s)).unwrap();
+    assert_eq!(r.status, Status::NoSession);
+    // Inside the session, a malformed request gets `Malformed`.
+    c.send_sealed(h.addr, 1, &[1, 1, 0, 0, 9, 9]).unwrap();
+    let got = recv_sealed_one(&mut c);
     assert_eq!(
         naam_runtime::wire::Reply::decode(got).unwrap().status,
         Status::Malformed
@@ -169,8 +187,8 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         id: 5,
         op: Op::Read(vec![rd(sorted, 0, 8)]),
     };
-    s.send(h.addr, 5, &op.to_bytes().unwrap()).unwrap();
-    let c2 = onesided::Completion::decode(recv_one(&mut s)).unwrap();
+    c.send_sealed(h.addr, 5, &op.to_bytes().unwrap()).unwrap();
+    let c2 = onesided::Completion::decode(recv_sealed_one(&mut c)).unwrap();
     assert_eq!(c2.status, Status::Unavailable);
     // The NIC's agent checks rkeys, rights and bounds.
     for (op, want) in [
@@ -199,8 +217,8 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
             id: 6,
             op,
         };
-        s.send(n.addr, 6, &req.to_bytes().unwrap()).unwrap();
-        let c3 = onesided::Completion::decode(recv_one(&mut s)).unwrap();
+        c.send_sealed(n.addr, 6, &req.to_bytes().unwrap()).unwrap();
+        let c3 = onesided::Completion::decode(recv_sealed_one(&mut c)).unwrap();
         assert_eq!(c3.status, want, "{req:?}");
     }
     // RDMA peers are refused clearly by a server without the verbs backend.
@@ -225,6 +243,17 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     assert_eq!(&r.payload[..], &words(&[5])[..]);
 }
 
+/// The next message that opens in `c`'s session.
+fn recv_sealed_one(c: &mut UdpClient) -> Bytes {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        assert!(Instant::now() < deadline, "no answer");
+        if let Some(m) = c.recv_sealed(Duration::from_millis(10)).unwrap().into_iter().next() {
+            return m;
+        }
+    }
+}
+
 fn recv_one(s: &mut Socket) -> Bytes {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -245,9 +274,9 @@ fn one_sided_writes_are_applied_once_when_retransmitted() {
     let shm = tempfile::tempdir().unwrap();
     let h = host(shm.path());
     let n = nic(shm.path(), h.addr);
-    let c = client(h.addr, None);
+    let mut c = client(h.addr, None);
+    wait_for_agent(&mut c);
     let data = rkey(&c, "data");
-    let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     let faa = onesided::Request {
         app: APP,
         id: 42,
@@ -259,8 +288,9 @@ fn one_sided_writes_are_applied_once_when_retransmitted() {
     };
     let mut olds = Vec::new();
     for _ in 0..3 {
-        s.send(n.addr, 42, &faa.to_bytes().unwrap()).unwrap();
-        olds.push(onesided::Completion::decode(recv_one(&mut s)).unwrap().data);
+        // Each retransmission is a new packet of the session, with the same operation id.
+        c.send_sealed(n.addr, 42, &faa.to_bytes().unwrap()).unwrap();
+        olds.push(onesided::Completion::decode(recv_sealed_one(&mut c)).unwrap().data);
     }
     assert!(olds.iter().all(|o| o[..] == 0u64.to_le_bytes()[..]));
     let read = onesided::Request {
@@ -268,8 +298,8 @@ fn one_sided_writes_are_applied_once_when_retransmitted() {
         id: 43,
         op: Op::Read(vec![rd(data, 16, 8)]),
     };
-    s.send(n.addr, 43, &read.to_bytes().unwrap()).unwrap();
-    let now = onesided::Completion::decode(recv_one(&mut s)).unwrap();
+    c.send_sealed(n.addr, 43, &read.to_bytes().unwrap()).unwrap();
+    let now = onesided::Completion::decode(recv_sealed_one(&mut c)).unwrap();
     assert_eq!(now.data[..], 5u64.to_le_bytes()[..], "applied exactly once");
 }
 
@@ -315,7 +345,7 @@ fn a_server_that_is_not_there_is_reported_clearly() {
     let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = free.local_addr().unwrap();
     drop(free);
-    let mut cfg = UdpConfig::new(addr);
+    let mut cfg = UdpConfig::new(addr, common::TENANT, common::tenant_key());
     cfg.connect_timeout = Duration::from_millis(200);
     match UdpClient::connect(&cfg) {
         Err(e @ UdpError::NoServer { .. }) => {
@@ -348,7 +378,7 @@ fn a_manifest_of_many_apps_reaches_clients_in_pages() {
 fn congestion_control_is_refused_unless_the_server_allows_it() {
     let shm = tempfile::tempdir().unwrap();
     let h = host(shm.path());
-    let mut c = client(h.addr, Some(Placement::Host));
+    let mut c = operator(h.addr);
     let answer = c
         .control(&Control::Congest {
             extra_ns: Some(1000),
@@ -360,7 +390,13 @@ fn congestion_control_is_refused_unless_the_server_allows_it() {
     );
     let shm2 = tempfile::tempdir().unwrap();
     let h2 = host_with(shm2.path(), &[APP], ClusterConfig::functional(), true);
-    let mut c2 = client(h2.addr, Some(Placement::Host));
+    // Even allowed, only the operator's session may congest the server.
+    let mut tenant = client(h2.addr, Some(Placement::Host));
+    assert!(matches!(
+        tenant.control(&Control::Congest { extra_ns: Some(1) }).unwrap(),
+        Control::Error { message } if message.contains("not allowed in this session")
+    ));
+    let mut c2 = operator(h2.addr);
     let too_much = Control::Congest {
         extra_ns: Some(naam_runtime::udp::control::MAX_CONGESTION_NS + 1),
     };
@@ -374,10 +410,20 @@ fn congestion_control_is_refused_unless_the_server_allows_it() {
             Control::Congestion { extra_ns }
         );
     }
-    let r = c2
+    let r = tenant
         .call(APP, handler_id("add"), &words(&[2, 3]), &[])
         .unwrap();
     assert_eq!(&r.payload[..], &words(&[5])[..]);
+}
+
+/// A client of the operator's session.
+fn operator(server: SocketAddr) -> UdpClient {
+    let cfg = UdpConfig::new(
+        server,
+        naam_runtime::session::OPERATOR_TENANT,
+        common::operator_key(),
+    );
+    UdpClient::connect(&cfg).unwrap()
 }
 
 #[test]
@@ -389,24 +435,24 @@ fn a_full_host_queue_answers_busy_and_keeps_serving() {
     };
     let h = host_with(shm.path(), &[APP], config, true);
     let mut c = client(h.addr, Some(Placement::Host));
+    let mut op = operator(h.addr);
     // Every host message now takes 5 ms: a burst of 20 overflows a queue of 2.
-    c.control(&Control::Congest {
+    op.control(&Control::Congest {
         extra_ns: Some(5_000_000),
     })
     .unwrap();
-    let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     for id in 1..=20u64 {
         let mut req =
             naam_runtime::wire::Request::for_call(APP, handler_id("add"), id, &words(&[1, 2]), &[])
                 .unwrap();
         req.flags |= naam_runtime::wire::flags::PIN_HOST;
-        s.send(h.addr, id, &req.to_bytes().unwrap()).unwrap();
+        c.send_sealed(h.addr, id, &req.to_bytes().unwrap()).unwrap();
     }
     let mut statuses = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     while statuses.len() < 20 {
         assert!(Instant::now() < deadline, "answers: {statuses:?}");
-        for (_, m) in s.recv(Duration::from_millis(10)).unwrap() {
+        for m in c.recv_sealed(Duration::from_millis(10)).unwrap() {
             statuses.push(naam_runtime::wire::Reply::decode(m).unwrap().status);
         }
     }
@@ -414,7 +460,7 @@ fn a_full_host_queue_answers_busy_and_keeps_serving() {
     let ok = statuses.iter().filter(|&&s| s == Status::Ok).count();
     assert!(busy > 0, "{statuses:?}");
     assert_eq!(ok + busy, 20, "{statuses:?}");
-    c.control(&Control::Congest { extra_ns: None }).unwrap();
+    op.control(&Control::Congest { extra_ns: None }).unwrap();
     let r = c
         .call(APP, handler_id("add"), &words(&[2, 3]), &[])
         .unwrap();
@@ -426,22 +472,65 @@ fn a_server_claiming_endless_manifest_pages_is_refused() {
     let mut fake = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     let addr = fake.local_addr().unwrap();
     let server = std::thread::spawn(move || {
+        // A server that holds the tenant's credential (so the client trusts its welcome) but
+        // claims a manifest of 4 billion pages.
+        use naam_runtime::session::{self, Gatekeeper, HandshakeNonces};
+        let tenants = session::tenant_entries(
+            &[(APP, common::TENANT.into(), common::tenant_key())],
+            None,
+            None,
+        );
+        let mut gate = Gatekeeper::new(1, tenants, session::CookieJar::new().unwrap());
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
-            if let Some((peer, m)) = fake.recv(Duration::from_millis(10)).unwrap().pop() {
-                let (id, _) = Control::decode(&m).unwrap();
-                let w = Control::Welcome {
-                    client_id: 1,
-                    manifest: Default::default(),
-                    pages: u32::MAX,
-                    agent: None,
-                };
-                fake.send(peer, id, &w.to_bytes(id)).unwrap();
-                return;
+            for (peer, m) in fake.recv(Duration::from_millis(10)).unwrap() {
+                let (id, c) = Control::decode(&m).unwrap();
+                match c {
+                    Control::Hello { nonce, .. } => {
+                        let (server, cookie) = gate.challenge(0, peer, nonce).unwrap();
+                        let ch = Control::Challenge {
+                            nonce: server,
+                            issued: 0,
+                            cookie,
+                        };
+                        fake.send(peer, id, &ch.to_bytes(id)).unwrap();
+                    }
+                    Control::Auth {
+                        tenant,
+                        client_nonce,
+                        server_nonce,
+                        issued,
+                        cookie,
+                        proof,
+                    } => {
+                        let n = HandshakeNonces {
+                            client: client_nonce,
+                            server: server_nonce,
+                        };
+                        let s = gate
+                            .authenticate(0, peer, &tenant, &n, issued, &cookie, &proof)
+                            .unwrap();
+                        let w = Control::Welcome {
+                            session: s.id,
+                            epoch: 1,
+                            client_id: 1,
+                            manifest: Default::default(),
+                            pages: u32::MAX,
+                            agent: None,
+                        };
+                        fake.send(peer, id, &s.sealer.seal(&w.to_bytes(id))).unwrap();
+                        return;
+                    }
+                    _ => {}
+                }
             }
         }
     });
-    match UdpClient::connect(&UdpConfig::new(addr)) {
+    match UdpClient::connect(&UdpConfig::new(
+        addr,
+        common::TENANT,
+        common::tenant_key(),
+    )) {
         Err(UdpError::Refused { message, .. }) => assert!(message.contains("pages"), "{message}"),
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("accepted a manifest of 4 billion pages"),

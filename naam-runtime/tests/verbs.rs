@@ -117,10 +117,10 @@ fn a_client_placement_reads_the_server_over_rdma() {
     let shm = tempfile::tempdir().unwrap();
     let bytes = std::fs::read(&examples().0).unwrap();
     let d = dev.clone();
-    let host = common::udp_host(shm.path(), &[APP], ClusterConfig::default(), false, |c| {
+    let host = common::udp_host(shm.path(), &[APP], ClusterConfig::default(), false, false, |c| {
         Some(Arc::new(Peers::new(d, c.regions().clone()).unwrap()) as _)
     });
-    let mut cfg = UdpConfig::new(host.addr);
+    let mut cfg = UdpConfig::new(host.addr, common::TENANT, common::tenant_key());
     cfg.pin = Some(Placement::Client);
     let mut c = UdpClient::connect(&cfg).unwrap();
     c.install_handlers(APP, &bytes).unwrap();

@@ -61,6 +61,14 @@ pub struct Config {
     /// the port could.
     #[serde(default)]
     pub allow_congestion_control: bool,
+    /// File holding the pairing secret naam-nic proves (`naam-nic run --pairing FILE`);
+    /// absent: no NIC may pair. Relative to the config file.
+    #[serde(default)]
+    pub nic_pairing: Option<PathBuf>,
+    /// File holding the operator's credential (congestion experiments, switch counters);
+    /// absent: no operator session. Relative to the config file.
+    #[serde(default)]
+    pub operator_credential: Option<PathBuf>,
     /// The apps.
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
@@ -107,6 +115,17 @@ pub enum AppConfig {
         /// Independent tables with ids `id..id + instances` (offload-scale experiments).
         #[serde(default = "instance")]
         instances: u32,
+        /// File holding the tenant's credential (`naam-server keygen --out FILE`); relative
+        /// paths are relative to the config file.
+        credential: PathBuf,
+        /// The tenant name clients authenticate as (default: the app's name). Apps with the
+        /// same credential form one tenant: a session may use all of them.
+        #[serde(default)]
+        tenant: Option<String>,
+        /// Whether clients may WRITE, CAS and FAA its regions one-sided (where the regions
+        /// grant it); otherwise clients only READ them one-sided.
+        #[serde(default)]
+        client_writes: bool,
         /// Engine for its handlers: `jit` (default) or `interp`.
         #[serde(default)]
         engine: EngineKind,
@@ -126,6 +145,17 @@ pub enum AppConfig {
         /// Independent trees with ids `id..id + instances`.
         #[serde(default = "instance")]
         instances: u32,
+        /// File holding the tenant's credential (`naam-server keygen --out FILE`); relative
+        /// paths are relative to the config file.
+        credential: PathBuf,
+        /// The tenant name clients authenticate as (default: the app's name). Apps with the
+        /// same credential form one tenant: a session may use all of them.
+        #[serde(default)]
+        tenant: Option<String>,
+        /// Whether clients may WRITE, CAS and FAA its regions one-sided (where the regions
+        /// grant it); otherwise clients only READ them one-sided.
+        #[serde(default)]
+        client_writes: bool,
         /// Engine for its handlers: `jit` (default) or `interp`.
         #[serde(default)]
         engine: EngineKind,
@@ -146,6 +176,17 @@ pub enum AppConfig {
         /// Regions.
         #[serde(default)]
         regions: Vec<ObjectRegion>,
+        /// File holding the tenant's credential (`naam-server keygen --out FILE`); relative
+        /// paths are relative to the config file.
+        credential: PathBuf,
+        /// The tenant name clients authenticate as (default: the app's name). Apps with the
+        /// same credential form one tenant: a session may use all of them.
+        #[serde(default)]
+        tenant: Option<String>,
+        /// Whether clients may WRITE, CAS and FAA its regions one-sided (where the regions
+        /// grant it); otherwise clients only READ them one-sided.
+        #[serde(default)]
+        client_writes: bool,
         /// Engine for its handlers: `jit` (default) or `interp`.
         #[serde(default)]
         engine: EngineKind,
@@ -173,6 +214,15 @@ fn budget() -> u64 {
 
 /// The most instances one `[[app]]` may ask for.
 pub const MAX_INSTANCES: u32 = 4096;
+
+/// The largest datagram the config may set (UDP's largest payload over IPv4).
+pub const MAX_DATAGRAM: usize = 65_507;
+
+/// The largest region an `object` app may ask for (64 GiB).
+pub const MAX_REGION_SIZE: usize = 64 << 30;
+
+/// The most items or keys a MICA table or B-tree may be sized for.
+pub const MAX_ITEMS: u64 = 1 << 32;
 
 /// A handler of an `object` app.
 #[derive(Clone, Debug, Deserialize)]
@@ -212,14 +262,73 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Reads and checks `path`.
+    /// Reads and checks `path`; credential paths become relative to its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
-        Self::parse(&text).map_err(|e| match e {
+        let mut c = Self::parse(&text).map_err(|e| match e {
             ConfigError::Parse(_, m) => ConfigError::Parse(path.into(), m),
             ConfigError::Invalid(_, m) => ConfigError::Invalid(path.into(), m),
             other => other,
-        })
+        })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = dir.join(&*p);
+            }
+        };
+        for a in &mut c.apps {
+            match a {
+                AppConfig::Mica { credential, .. }
+                | AppConfig::Btree { credential, .. }
+                | AppConfig::Object { credential, .. } => fix(credential),
+            }
+        }
+        c.nic_pairing.iter_mut().for_each(fix);
+        c.operator_credential.iter_mut().for_each(fix);
+        Ok(c)
+    }
+
+    /// Reads every credential the config names and makes the server's tenant table: one
+    /// entry per tenant name. Two tenants of one name with different credentials, or an
+    /// unreadable, malformed or group-readable credential file, are config errors.
+    pub fn tenants(&self) -> Result<Vec<naam_runtime::session::TenantEntry>, ConfigError> {
+        use naam_runtime::session::{self, Credential};
+        let load = |p: &Path| {
+            Credential::load(p).map_err(|e| ConfigError::Invalid(PathBuf::new(), e.to_string()))
+        };
+        let mut apps = Vec::new();
+        let mut names: std::collections::HashMap<String, Credential> = Default::default();
+        for a in &self.apps {
+            let (path, tenant, _) = a.access();
+            let c = load(path)?;
+            let name = tenant.map_or_else(|| a.default_name(), str::to_string);
+            if name == session::NIC_TENANT || name == session::OPERATOR_TENANT {
+                return Err(ConfigError::Invalid(
+                    PathBuf::new(),
+                    format!("app {}: the tenant name {name} is reserved", a.id()),
+                ));
+            }
+            if names.get(&name).is_some_and(|other| *other != c) {
+                return Err(ConfigError::Invalid(
+                    PathBuf::new(),
+                    format!(
+                        "tenant {name} is given two different credentials: give the apps \
+                         distinct `tenant` names, or one credential"
+                    ),
+                ));
+            }
+            names.insert(name.clone(), c.clone());
+            for id in a.ids() {
+                apps.push((id, name.clone(), c.clone()));
+            }
+        }
+        let nic = self.nic_pairing.as_deref().map(load).transpose()?;
+        let operator = self.operator_credential.as_deref().map(load).transpose()?;
+        // One entry per tenant name (the first app of each names it).
+        let mut entries = session::tenant_entries(&apps, operator, nic);
+        let mut seen = std::collections::HashSet::new();
+        entries.retain(|e| seen.insert(e.name.clone()));
+        Ok(entries)
     }
 
     /// Parses and checks a config text.
@@ -250,6 +359,30 @@ impl Config {
                     return bad(format!("app id {id} appears twice"));
                 }
             }
+            match a {
+                AppConfig::Mica { items: n, .. } | AppConfig::Btree { keys: n, .. }
+                    if *n == 0 || *n > MAX_ITEMS =>
+                {
+                    return bad(format!(
+                        "app {}: items (keys) must be 1 to {MAX_ITEMS}, not {n}",
+                        a.id()
+                    ));
+                }
+                AppConfig::Object { regions, .. } => {
+                    if let Some(r) = regions
+                        .iter()
+                        .find(|r| r.size == 0 || r.size > MAX_REGION_SIZE)
+                    {
+                        return bad(format!(
+                            "app {}: region {} has size {}: it must be 1 to {MAX_REGION_SIZE} bytes",
+                            a.id(),
+                            r.name,
+                            r.size
+                        ));
+                    }
+                }
+                _ => {}
+            }
             let (_, budget) = a.exec();
             if !(1..=MAX_BUDGET).contains(&budget) {
                 return bad(format!(
@@ -257,6 +390,13 @@ impl Config {
                     a.id()
                 ));
             }
+        }
+        let (lo, hi) = (naam_runtime::datagram::MIN_DATAGRAM, MAX_DATAGRAM);
+        if !(lo..=hi).contains(&c.datagram) {
+            return bad(format!(
+                "datagram must be {lo} to {hi} bytes, not {}",
+                c.datagram
+            ));
         }
         if c.host_executors == 0 {
             return bad("host_executors must be at least 1".into());
@@ -286,6 +426,39 @@ impl Config {
 }
 
 impl AppConfig {
+    /// The credential file, tenant name and client-writes switch.
+    pub fn access(&self) -> (&Path, Option<&str>, bool) {
+        match self {
+            AppConfig::Mica {
+                credential,
+                tenant,
+                client_writes,
+                ..
+            }
+            | AppConfig::Btree {
+                credential,
+                tenant,
+                client_writes,
+                ..
+            }
+            | AppConfig::Object {
+                credential,
+                tenant,
+                client_writes,
+                ..
+            } => (credential, tenant.as_deref(), *client_writes),
+        }
+    }
+
+    /// The name the entry's apps get.
+    pub fn default_name(&self) -> String {
+        match self {
+            AppConfig::Mica { .. } => "mica".into(),
+            AppConfig::Btree { .. } => "btree".into(),
+            AppConfig::Object { name, .. } => name.clone(),
+        }
+    }
+
     /// The app id.
     pub fn id(&self) -> u32 {
         match self {
@@ -362,6 +535,7 @@ impl AppConfig {
                             kind: "mica".into(),
                             params: serde_json::to_value(mc)?,
                             object_bytes: bytes.clone(),
+                            client_writes: self.access().2,
                         })
                     })
                     .collect()
@@ -381,6 +555,7 @@ impl AppConfig {
                             kind: "btree".into(),
                             params: serde_json::to_value(bc)?,
                             object_bytes: bytes.clone(),
+                            client_writes: self.access().2,
                         })
                     })
                     .collect()
@@ -408,10 +583,20 @@ impl AppConfig {
                             o => anyhow::bail!("region {}: unknown right `{o}` (r, w, a)", r.name),
                         };
                     }
+                    // A size the machine cannot hold is an error, never an abort.
+                    let mut contents = Vec::new();
+                    contents.try_reserve_exact(r.size).map_err(|_| {
+                        anyhow::anyhow!(
+                            "region {}: {} bytes cannot be allocated on this machine",
+                            r.name,
+                            r.size
+                        )
+                    })?;
+                    contents.resize(r.size, 0u8);
                     rs.push(RegionSpec {
                         name: r.name.clone(),
                         access,
-                        contents: vec![0u8; r.size],
+                        contents,
                     });
                 }
                 Ok(vec![HostApp {
@@ -437,6 +622,7 @@ impl AppConfig {
                     kind: "object".into(),
                     params: serde_json::Value::Null,
                     object_bytes: bytes,
+                    client_writes: self.access().2,
                 }])
             }
         }
@@ -458,19 +644,23 @@ mod tests {
             [[app]]
             kind = "mica"
             id = 1
+            credential = "keys/k.key"
             items = 1000
             [[app]]
             kind = "btree"
             id = 2
+            credential = "keys/k.key"
             keys = 1000
             [[app]]
             kind = "mica"
             id = 100
+            credential = "keys/k.key"
             items = 32
             instances = 64
             [[app]]
             kind = "object"
             id = 3
+            credential = "keys/k.key"
             name = "x"
             object = "x.o"
             handlers = [{ name = "get" }, { name = "put", write = true }]
@@ -502,27 +692,27 @@ mod tests {
             ("listen = \"x\"", "listen"),
             ("listen = \"127.0.0.1:1\"", "no [[app]]"),
             (
-                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\n[[app]]\nkind=\"mica\"\nid=1\nitems=1",
+                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"",
                 "twice",
             ),
             (
-                "listen = \"127.0.0.1:1\"\npolicy=\"fast\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1",
+                "listen = \"127.0.0.1:1\"\npolicy=\"fast\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"",
                 "policy",
             ),
             ("listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"redis\"\nid=1", "redis"),
             (
-                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ninstances=4\n[[app]]\nkind=\"btree\"\nid=3\nkeys=1",
+                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"\ninstances=4\n[[app]]\nkind=\"btree\"\nid=3\nkeys=1\ncredential=\"k\"",
                 "app id 3 appears twice",
             ),
             (
-                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ninstances=0",
+                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"\ninstances=0",
                 "instances must be",
             ),
             (
-                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=4294967295\nitems=1\ninstances=2",
+                "listen = \"127.0.0.1:1\"\n[[app]]\nkind=\"mica\"\nid=4294967295\nitems=1\ncredential=\"k\"\ninstances=2",
                 "past the last app id",
             ),
-            ("listen = \"127.0.0.1:1\"\ncolour = 1\n[[app]]\nkind=\"mica\"\nid=1\nitems=1", "colour"),
+            ("listen = \"127.0.0.1:1\"\ncolour = 1\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"", "colour"),
         ] {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");

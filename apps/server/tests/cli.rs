@@ -1,5 +1,6 @@
 //! `naam-server` refuses bad configs and bad handler objects with a clear message and its
-//! documented exit codes (2: config or usage, 1: runtime failure), and never starts serving.
+//! documented exit codes (2: config, handler objects or usage; 1: runtime failure), and never
+//! starts serving.
 
 use std::process::Command;
 
@@ -7,6 +8,10 @@ fn server(config: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("naam-server.toml");
     std::fs::write(&path, config).unwrap();
+    naam_runtime::session::Credential::generate()
+        .unwrap()
+        .write_new(&dir.path().join("k.key"))
+        .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_naam-server"))
         .arg("--config")
         .arg(&path)
@@ -32,6 +37,53 @@ fn a_missing_or_wrong_config_is_a_usage_error() {
     let (code, err) = server("listen = \"127.0.0.1:0\"\n[[app]]\nkind = \"mica\"\nid = 1\n");
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("items"), "{err}");
+    // Sizes out of range, a missing or public credential: config errors, never an abort.
+    let app = "[[app]]\nkind = \"object\"\nid = 3\nname = \"x\"\ncredential = \"k.key\"\n\
+               object = \"x.o\"\nhandlers = [{ name = \"get\" }]\n";
+    for (config, needle) in [
+        (
+            format!("listen = \"127.0.0.1:0\"\n{app}regions = [{{ name = \"r\", size = 1099511627776, access = \"r\" }}]\n"),
+            "size 1099511627776",
+        ),
+        (
+            format!("listen = \"127.0.0.1:0\"\n{app}regions = [{{ name = \"r\", size = 0, access = \"r\" }}]\n"),
+            "size 0",
+        ),
+        (
+            "listen = \"127.0.0.1:0\"\n[[app]]\nkind = \"mica\"\nid = 1\nitems = 0\ncredential = \"k.key\"\n".into(),
+            "items",
+        ),
+        (
+            format!("listen = \"127.0.0.1:0\"\ndatagram = 100\n{app}"),
+            "datagram must be",
+        ),
+        (
+            "listen = \"127.0.0.1:0\"\n[[app]]\nkind = \"mica\"\nid = 1\nitems = 10\ncredential = \"none.key\"\n".into(),
+            "none.key",
+        ),
+    ] {
+        let (code, err) = server(&config);
+        assert_eq!(code, 2, "{config}: {err}");
+        assert!(err.contains(needle), "{config}: {err}");
+    }
+}
+
+#[test]
+fn keygen_writes_a_private_credential_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("t.key");
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_naam-server"))
+            .args(["keygen", "--out"])
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    assert_eq!(run().status.code(), Some(0));
+    let c = naam_runtime::session::Credential::load(&out).unwrap();
+    let again = run();
+    assert_eq!(again.status.code(), Some(2), "never replaces a credential");
+    assert_eq!(naam_runtime::session::Credential::load(&out).unwrap(), c);
 }
 
 #[test]
@@ -44,11 +96,11 @@ fn hostile_handler_objects_are_refused_before_serving() {
     for object in [garbage.to_str().unwrap(), host_binary] {
         let (code, err) = server(&format!(
             "listen = \"127.0.0.1:0\"\n[[app]]\nkind = \"object\"\nid = 3\nname = \"x\"\n\
-             object = \"{object}\"\nhandlers = [{{ name = \"get\" }}]\n"
+             credential = \"k.key\"\nobject = \"{object}\"\nhandlers = [{{ name = \"get\" }}]\n"
         ));
-        assert_eq!(code, 1, "{object}: {err}");
+        assert_eq!(code, 2, "{object}: {err}");
         assert!(
-            err.contains("naam-server: error: loading"),
+            err.contains("naam-server: error: ") && err.contains(": loading"),
             "{object}: {err}"
         );
         assert!(!err.contains("serving"), "{err}");

@@ -2,6 +2,11 @@
 //! `naam-server` with request ids, timeouts and retransmission, and runs read handlers itself
 //! (Client placement) with one-sided READs served by the NIC's agent. It follows the server's
 //! steering weights, which it refreshes every few milliseconds while reporting what it measured.
+//!
+//! Everything after the handshake travels sealed in the client's session
+//! ([`crate::session`]); a server that restarted says so with an authenticated notice and the
+//! client sets up a new session by itself. A server silent for longer than
+//! [`UdpConfig::liveness`] makes every call fail with [`ClientError::ServerGone`].
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -12,6 +17,9 @@ use bytes::{Bytes, BytesMut};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 
 use super::control::{object_hash, Control, Manifest, KIND_CONTROL};
+use crate::session::{
+    self, peek_sealed, ClientHandshake, Credential, Sealer, Sender, SessionKey, KIND_SEALED,
+};
 use super::socket::{Socket, DEFAULT_DATAGRAM};
 use crate::clock::SystemClock;
 use crate::cluster::{run_at_client, ClientError, Selector};
@@ -50,11 +58,19 @@ pub struct UdpConfig {
     pub connect_timeout: Duration,
     /// Pin every read to one placement (baselines); `None` follows the weights.
     pub pin: Option<Placement>,
+    /// The tenant the client authenticates as: an app's name (the session may use every app
+    /// configured with the same credential), or [`session::OPERATOR_TENANT`].
+    pub tenant: String,
+    /// The tenant's credential.
+    pub credential: Credential,
+    /// How long the server may stay silent before every call fails with
+    /// [`ClientError::ServerGone`].
+    pub liveness: Duration,
 }
 
 impl UdpConfig {
-    /// Defaults for `server`.
-    pub fn new(server: SocketAddr) -> UdpConfig {
+    /// Defaults for `server`, authenticating as `tenant` with `credential`.
+    pub fn new(server: SocketAddr, tenant: &str, credential: Credential) -> UdpConfig {
         UdpConfig {
             server,
             datagram: DEFAULT_DATAGRAM,
@@ -63,6 +79,9 @@ impl UdpConfig {
             refresh: Duration::from_millis(5),
             connect_timeout: Duration::from_secs(2),
             pin: None,
+            tenant: tenant.to_string(),
+            credential,
+            liveness: Duration::from_secs(10),
         }
     }
 }
@@ -112,9 +131,17 @@ pub enum UdpError {
 enum Exchange {
     Timeout(Duration),
     Io(std::io::Error),
+    /// The server does not know the session any more (authenticated notice): handshake again.
+    Stale,
 }
 
-/// The socket, ids and retransmission state one client uses for everything.
+/// A session set up with the server.
+struct ClientSession {
+    key: Arc<SessionKey>,
+    sealer: Sealer,
+}
+
+/// The socket, ids, session and retransmission state one client uses for everything.
 pub struct Conn {
     socket: Socket,
     server: SocketAddr,
@@ -126,9 +153,31 @@ pub struct Conn {
     epoch: Instant,
     inbox: Vec<Control>,
     rtt: Ewma,
+    tenant: String,
+    credential: Credential,
+    session: Option<ClientSession>,
+    /// When an authenticated message last arrived (from the server or the NIC).
+    last_heard: Instant,
+    liveness: Duration,
+    /// How long a handshake may take.
+    connect_timeout: Duration,
     /// One-sided READs over RDMA instead of the agent, once [`UdpClient::use_rdma`] connected.
     #[cfg(feature = "verbs")]
     rdma: Option<crate::verbs::RdmaReader>,
+}
+
+/// An arriving datagram, classified once its seal (if any) is checked.
+enum Incoming {
+    /// The inner message of a datagram sealed in this client's session by the server or NIC.
+    Sealed(Bytes),
+    /// A sealed datagram while there is no session yet (a welcome).
+    Unopened(Bytes),
+    /// An authenticated notice that the server does not know the session.
+    Stale,
+    /// An unsealed control message (handshake answers; trusted for nothing else).
+    Unsealed(u64, Control),
+    /// Anything else: forged, replayed from elsewhere, or late.
+    Drop,
 }
 
 /// The id a reply, completion or control message answers.
@@ -161,15 +210,57 @@ impl Conn {
         self.epoch.elapsed().as_nanos() as u64
     }
 
-    /// Sends control message `message` to the server and waits for the answer.
+    /// Sends control message `message` to the server in the session and waits for the answer.
     fn ask(&mut self, message: &Control) -> Result<Bytes, Exchange> {
         let id = self.next_id();
         let server = self.server;
         self.exchange(server, id, &message.to_bytes(id), None, KIND_CONTROL)
     }
 
-    /// Sends `msg` to `to` and waits for the `want`-kind message answering `id`, resending
-    /// `resend` (default `msg`) on each timeout. Control answers that arrive meanwhile are kept.
+    /// Seals `inner` in the session (unsealed before there is one: handshake messages).
+    fn seal(&self, inner: &[u8]) -> Bytes {
+        match &self.session {
+            Some(s) => s.sealer.seal(inner),
+            None => Bytes::copy_from_slice(inner),
+        }
+    }
+
+    /// What an arriving datagram is, once its seal is checked.
+    fn open(&mut self, m: &Bytes) -> Incoming {
+        match peek_kind(m) {
+            Some(KIND_SEALED) => {
+                let Some(s) = &self.session else {
+                    return Incoming::Unopened(m.clone());
+                };
+                match s.key.open(m) {
+                    Ok((h, inner)) if matches!(h.sender, Sender::Server | Sender::Nic) => {
+                        self.last_heard = Instant::now();
+                        Incoming::Sealed(inner)
+                    }
+                    _ => Incoming::Drop,
+                }
+            }
+            Some(KIND_CONTROL) => match Control::decode(m) {
+                Ok((_, Control::Stale { session, token, .. })) => match &self.session {
+                    Some(s)
+                        if s.key.session() == session
+                            && self.credential.reset_token(session) == token =>
+                    {
+                        self.last_heard = Instant::now();
+                        Incoming::Stale
+                    }
+                    _ => Incoming::Drop,
+                },
+                Ok((id, c)) => Incoming::Unsealed(id, c),
+                Err(_) => Incoming::Drop,
+            },
+            _ => Incoming::Drop,
+        }
+    }
+
+    /// Sends `msg` to `to` in the session and waits for the `want`-kind message answering
+    /// `id`, resending `resend` (default `msg`) on each timeout, each time as a new packet.
+    /// Control answers that arrive meanwhile are kept.
     fn exchange(
         &mut self,
         to: SocketAddr,
@@ -178,9 +269,43 @@ impl Conn {
         resend: Option<&[u8]>,
         want: u8,
     ) -> Result<Bytes, Exchange> {
+        self.exchange_with(
+            to,
+            id,
+            &mut |c, again| c.seal(if again { resend.unwrap_or(msg) } else { msg }),
+            &mut |c, incoming| match incoming {
+                Incoming::Sealed(inner) => {
+                    let kind = peek_kind(&inner)?;
+                    if kind == want && answered_id(kind, &inner) == Some(id) {
+                        return Some(Ok(inner));
+                    }
+                    if kind == KIND_CONTROL {
+                        if let Ok((_, c2)) = Control::decode(&inner) {
+                            c.inbox.push(c2);
+                        }
+                    }
+                    // Anything else is a late answer to an earlier, given-up exchange.
+                    None
+                }
+                Incoming::Stale => Some(Err(Exchange::Stale)),
+                _ => None,
+            },
+        )
+    }
+
+    /// The retransmission loop: sends `make(self, resending)` to `to` until `accept` takes an
+    /// arriving message (or gives up with an error), or the attempts run out.
+    fn exchange_with(
+        &mut self,
+        to: SocketAddr,
+        id: u64,
+        make: &mut dyn FnMut(&mut Conn, bool) -> Bytes,
+        accept: &mut dyn FnMut(&mut Conn, Incoming) -> Option<Result<Bytes, Exchange>>,
+    ) -> Result<Bytes, Exchange> {
         let mut rt = Retransmit::new(self.rto.as_nanos() as u64, self.attempts);
         let started = Instant::now();
-        self.socket.send(to, id, msg).map_err(Exchange::Io)?;
+        let first = make(self, false);
+        self.socket.send(to, id, &first).map_err(Exchange::Io)?;
         rt.sent(id, self.now());
         loop {
             let wait = rt
@@ -192,26 +317,185 @@ impl Conn {
                 .recv(Duration::from_nanos(wait))
                 .map_err(Exchange::Io)?
             {
-                let Some(kind) = peek_kind(&m) else { continue };
-                if kind == want && answered_id(kind, &m) == Some(id) {
-                    return Ok(m);
+                let incoming = self.open(&m);
+                if let Some(r) = accept(self, incoming) {
+                    return r;
                 }
-                if kind == KIND_CONTROL {
-                    if let Ok((_, c)) = Control::decode(&m) {
-                        self.inbox.push(c);
-                    }
-                }
-                // Anything else is a late answer to an earlier, given-up exchange.
             }
             for (_, t) in rt.poll(self.now()) {
                 match t {
                     Timeout::Resend(_) => {
-                        let _ = self.socket.send(to, id, resend.unwrap_or(msg));
+                        let again = make(self, true);
+                        let _ = self.socket.send(to, id, &again);
                     }
                     Timeout::GiveUp => return Err(Exchange::Timeout(started.elapsed())),
                 }
             }
         }
+    }
+
+    /// Sets up a session: hello, challenge, auth, welcome. Returns the welcome.
+    fn handshake(&mut self) -> Result<Control, UdpError> {
+        let server = self.server;
+        let refused = |message: String| UdpError::Refused { server, message };
+        let hs = ClientHandshake::new(&self.tenant, self.credential.clone())
+            .map_err(|e| refused(e.to_string()))?;
+        self.session = None;
+        // The handshake retransmits on its own schedule: three tries within the connect
+        // timeout.
+        let data = (self.rto, self.attempts);
+        (self.rto, self.attempts) = ((self.connect_timeout / 4).max(Duration::from_millis(1)), 3);
+        let r = self.handshake_steps(hs);
+        (self.rto, self.attempts) = data;
+        r
+    }
+
+    fn handshake_steps(&mut self, hs: ClientHandshake) -> Result<Control, UdpError> {
+        let server = self.server;
+        let unanswered = |e: Exchange| match e {
+            Exchange::Io(e) => UdpError::Io(e),
+            Exchange::Timeout(waited) => UdpError::NoServer { server, waited },
+            Exchange::Stale => UdpError::Refused {
+                server,
+                message: "the session was forgotten during its handshake".into(),
+            },
+        };
+        let refused = |message: String| UdpError::Refused { server, message };
+        let id = self.next_id();
+        let mut hello = Control::Hello {
+            tenant: self.tenant.clone(),
+            nonce: hs.nonce(),
+        }
+        .to_bytes(id)
+        .to_vec();
+        // Padded, so the challenge is far inside the server's amplification limit.
+        if hello.len() < session::HELLO_PADDING {
+            hello.resize(session::HELLO_PADDING, b' ');
+        }
+        let hello = Bytes::from(hello);
+        let m = self.exchange_with(
+            server,
+            id,
+            &mut |_, _| hello.clone(),
+            &mut |_, incoming| match incoming {
+                Incoming::Unsealed(i, c @ (Control::Challenge { .. } | Control::Error { .. }))
+                    if i == id =>
+                {
+                    Some(Ok(c.to_bytes(i)))
+                }
+                _ => None,
+            },
+        );
+        let (server_nonce, issued, cookie) = match Control::decode(&m.map_err(unanswered)?) {
+            Ok((
+                _,
+                Control::Challenge {
+                    nonce,
+                    issued,
+                    cookie,
+                },
+            )) => (nonce, issued, cookie),
+            Ok((_, Control::Error { message })) => return Err(refused(message)),
+            other => return Err(refused(format!("unexpected answer to hello: {other:?}"))),
+        };
+        let id = self.next_id();
+        let auth = Control::Auth {
+            tenant: self.tenant.clone(),
+            client_nonce: hs.nonce(),
+            server_nonce,
+            issued,
+            cookie,
+            proof: hs.proof(server_nonce, &cookie),
+        }
+        .to_bytes(id);
+        // The welcome is sealed in the new session: its id is in the envelope, and the key
+        // follows from it, the nonces and the credential.
+        let mut key: Option<SessionKey> = None;
+        let m = self.exchange_with(
+            server,
+            id,
+            &mut |_, _| auth.clone(),
+            &mut |_, incoming| match incoming {
+                Incoming::Unopened(m) => {
+                    let h = peek_sealed(&m).ok()?;
+                    if h.sender != Sender::Server {
+                        return None;
+                    }
+                    let k = hs.session_key(h.session, server_nonce);
+                    let (_, inner) = k.open(&m).ok()?;
+                    if answered_id(KIND_CONTROL, &inner) != Some(id) {
+                        return None;
+                    }
+                    key = Some(k);
+                    Some(Ok(inner))
+                }
+                Incoming::Unsealed(i, c @ Control::Error { .. }) if i == id => {
+                    Some(Ok(c.to_bytes(i)))
+                }
+                _ => None,
+            },
+        );
+        let welcome = match Control::decode(&m.map_err(unanswered)?) {
+            Ok((_, w @ Control::Welcome { .. })) => w,
+            Ok((_, Control::Error { message })) => return Err(refused(message)),
+            other => return Err(refused(format!("unexpected answer to auth: {other:?}"))),
+        };
+        let key = Arc::new(key.ok_or_else(|| refused("the welcome was not sealed".into()))?);
+        self.session = Some(ClientSession {
+            sealer: Sealer::new(key.clone(), Sender::Client),
+            key,
+        });
+        self.last_heard = Instant::now();
+        if let Control::Welcome {
+            client_id, agent, ..
+        } = &welcome
+        {
+            self.client_id = *client_id;
+            self.agent = *agent;
+        }
+        Ok(welcome)
+    }
+
+    /// Runs `exchange` in the session: fails fast once the server is past the liveness bound,
+    /// and after an authenticated "no such session" sets up a new session and tries once more.
+    fn in_session<T>(
+        &mut self,
+        mut exchange: impl FnMut(&mut Conn) -> Result<T, Exchange>,
+    ) -> Result<T, ClientError> {
+        self.check_alive()?;
+        let mut renewed = false;
+        loop {
+            match exchange(self) {
+                Ok(x) => return Ok(x),
+                Err(Exchange::Stale) if !renewed => {
+                    renewed = true;
+                    self.handshake()
+                        .map_err(|e| ClientError::Session(e.to_string()))?;
+                }
+                Err(Exchange::Stale) => {
+                    return Err(ClientError::Session(
+                        "the server forgot the new session at once".into(),
+                    ))
+                }
+                Err(Exchange::Timeout(d)) => {
+                    self.check_alive()?;
+                    return Err(ClientError::Timeout(d));
+                }
+                Err(Exchange::Io(_)) => return Err(ClientError::Shutdown),
+            }
+        }
+    }
+
+    /// Fails fast once the server has been silent for longer than the liveness bound.
+    fn check_alive(&self) -> Result<(), ClientError> {
+        let silent = self.last_heard.elapsed();
+        if silent > self.liveness {
+            return Err(ClientError::ServerGone {
+                silent,
+                bound: self.liveness,
+            });
+        }
+        Ok(())
     }
 }
 
@@ -253,10 +537,8 @@ impl OneSided for Conn {
         })?;
         let start = Instant::now();
         let m = self
-            .exchange(agent, id, &bytes, None, KIND_COMPLETION)
-            .map_err(|e| {
-                FetchError::Unavailable(format!("the one-sided agent at {agent}: {e:?}"))
-            })?;
+            .in_session(|c| c.exchange(agent, id, &bytes, None, KIND_COMPLETION))
+            .map_err(|e| FetchError::Unavailable(format!("the one-sided agent at {agent}: {e}")))?;
         let c = onesided::Completion::decode(m).map_err(|e| FetchError::Refused {
             status: Status::Malformed,
             message: e.to_string(),
@@ -325,11 +607,17 @@ impl UdpClient {
             agent: None,
             client_id: 0,
             seq: 0,
-            rto: (config.connect_timeout / 4).max(Duration::from_millis(1)),
-            attempts: 3,
+            rto: config.rto,
+            attempts: config.attempts.max(1),
             epoch: Instant::now(),
             inbox: Vec::new(),
             rtt: Ewma::default(),
+            tenant: config.tenant.clone(),
+            credential: config.credential.clone(),
+            session: None,
+            last_heard: Instant::now(),
+            liveness: config.liveness,
+            connect_timeout: config.connect_timeout,
             #[cfg(feature = "verbs")]
             rdma: None,
         };
@@ -337,29 +625,21 @@ impl UdpClient {
         let unanswered = |e: Exchange| match e {
             Exchange::Io(e) => UdpError::Io(e),
             Exchange::Timeout(waited) => UdpError::NoServer { server, waited },
+            Exchange::Stale => UdpError::Refused {
+                server,
+                message: "the new session was forgotten at once".into(),
+            },
         };
-        let m = conn.ask(&Control::Hello).map_err(unanswered)?;
         let refused = |message: String| UdpError::Refused {
             server: config.server,
             message,
         };
-        let (client_id, mut manifest, pages, agent) = match Control::decode(&m) {
-            Ok((
-                _,
-                Control::Welcome {
-                    client_id,
-                    manifest,
-                    pages,
-                    agent,
-                },
-            )) => (client_id, manifest, pages, agent),
-            Ok((_, Control::Error { message })) => return Err(refused(message)),
-            other => return Err(refused(format!("unexpected answer to hello: {other:?}"))),
+        let (mut manifest, pages) = match conn.handshake()? {
+            Control::Welcome {
+                manifest, pages, ..
+            } => (manifest, pages),
+            other => return Err(refused(format!("unexpected welcome {other:?}"))),
         };
-        conn.client_id = client_id;
-        conn.agent = agent;
-        conn.rto = config.rto;
-        conn.attempts = config.attempts.max(1);
         // A large manifest comes in pages after the welcome (a bounded number of them: the
         // count is the server's word).
         if pages > MAX_MANIFEST_PAGES {
@@ -460,11 +740,7 @@ impl UdpClient {
     /// Sends a control message to the server and returns its answer (operator queries such as
     /// [`Control::QuerySwitch`]).
     pub fn control(&mut self, message: &Control) -> Result<Control, ClientError> {
-        let m = match self.path.transport().ask(message) {
-            Ok(m) => m,
-            Err(Exchange::Timeout(d)) => return Err(ClientError::Timeout(d)),
-            Err(Exchange::Io(_)) => return Err(ClientError::Shutdown),
-        };
+        let m = self.path.transport().in_session(|c| c.ask(message))?;
         Ok(Control::decode(&m)?.1)
     }
 
@@ -492,6 +768,39 @@ impl UdpClient {
         {
             false
         }
+    }
+
+    /// Sends `inner` sealed in this client's session to `to` without waiting for an answer
+    /// (tools and tests: bursts, replays, hostile messages).
+    pub fn send_sealed(&mut self, to: SocketAddr, id: u64, inner: &[u8]) -> std::io::Result<Bytes> {
+        let conn = self.path.transport();
+        let sealed = conn.seal(inner);
+        conn.socket.send(to, id, &sealed)?;
+        Ok(sealed)
+    }
+
+    /// Sends raw bytes to `to` from this client's socket (replays, forgeries).
+    pub fn send_raw(&mut self, to: SocketAddr, id: u64, bytes: &[u8]) -> std::io::Result<()> {
+        self.path.transport().socket.send(to, id, bytes)
+    }
+
+    /// The inner messages of the sealed datagrams that arrive within `timeout` and open in
+    /// this client's session (anything else is dropped).
+    pub fn recv_sealed(&mut self, timeout: Duration) -> std::io::Result<Vec<Bytes>> {
+        let conn = self.path.transport();
+        let got = conn.socket.recv(timeout)?;
+        Ok(got
+            .into_iter()
+            .filter_map(|(_, m)| match conn.open(&m) {
+                Incoming::Sealed(inner) => Some(inner),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The server's address.
+    pub fn server(&mut self) -> SocketAddr {
+        self.path.transport().server
     }
 
     /// The one-sided agent, as last reported by the server.
@@ -522,7 +831,8 @@ impl UdpClient {
             first = false;
             // Fire and forget: the answer is picked up by whichever exchange sees it.
             let server = conn.server;
-            let _ = conn.socket.send(server, id, &q.to_bytes(id));
+            let sealed = conn.seal(&q.to_bytes(id));
+            let _ = conn.socket.send(server, id, &sealed);
         }
         self.refresh_cursor = (self.refresh_cursor + n) % self.refresh_order.len().max(1);
     }
@@ -575,11 +885,8 @@ impl UdpClient {
         let f = u16::from_le_bytes([retry[2], retry[3]]) | flags::RETRY;
         retry[2..4].copy_from_slice(&f.to_le_bytes());
         let server = conn.server;
-        match conn.exchange(server, req.request_id, &first, Some(&retry), KIND_REPLY) {
-            Ok(m) => Ok(Reply::decode(m)?),
-            Err(Exchange::Timeout(d)) => Err(ClientError::Timeout(d)),
-            Err(Exchange::Io(_)) => Err(ClientError::Shutdown),
-        }
+        let m = conn.in_session(|c| c.exchange(server, req.request_id, &first, Some(&retry), KIND_REPLY))?;
+        Ok(Reply::decode(m)?)
     }
 }
 

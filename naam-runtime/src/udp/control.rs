@@ -1,16 +1,21 @@
-//! Control-plane messages of the UDP fabric, IO-free: the manifest a server publishes (apps,
-//! handlers, regions and their rkeys), the client hello and weight queries, the NIC's
-//! registration and load reports, and the header of requests the switch forwards to the NIC.
+//! Control-plane messages of the UDP fabric, IO-free: the session handshake, the manifest a
+//! server shows a session (its own apps, handlers, regions, rkeys and client rights), weight
+//! queries, the NIC's pairing, session announcements and load reports, and the header of
+//! requests the switch forwards to the NIC.
 //!
 //! Control message: `0 u8 version, 1 u8 kind (5), 2 u16 0, 4 u32 0, 8 u64 id, 16 JSON body`.
-//! Forwarded request: `0 u8 version, 1 u8 kind (6), 2 u16 client port, 4 u32 0,
-//! 8 [u8; 16] client IPv6 address (IPv4-mapped for IPv4), 24 the request as the client sent it`.
+//! Only `Hello`, `Challenge`, `Auth` and `Stale` travel unsealed; everything else is sealed in
+//! a session ([`crate::session`]).
+//! Forwarded request: `0 u8 version, 1 u8 kind (6), 2 u16 0, 4 u32 0, 8 the client's sealed
+//! request as it arrived`; it travels sealed in the NIC's pairing session, and the NIC checks
+//! the client's seal itself and answers only the client session's address.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
+use crate::session::{COOKIE_LEN, NONCE_LEN, RESET_TOKEN_LEN};
 use crate::steering::RemoteLoad;
 use crate::wire::{header, WireError, VERSION};
 
@@ -21,7 +26,7 @@ pub const KIND_FORWARD: u8 = 6;
 /// Control header size.
 pub const CONTROL_HEADER: usize = 16;
 /// Forward header size.
-pub const FORWARD_HEADER: usize = 24;
+pub const FORWARD_HEADER: usize = 8;
 
 /// A handler as the manifest lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,8 +50,12 @@ pub struct RegionManifest {
     pub name: String,
     /// Its rkey.
     pub rkey: u64,
-    /// `ACCESS_*` rights.
+    /// `ACCESS_*` rights handlers have on it.
     pub access: u32,
+    /// `ACCESS_*` rights a client's one-sided operations have on it: read-only unless the
+    /// app's config opts into client one-sided writes.
+    #[serde(default)]
+    pub client_access: u32,
     /// Size in bytes.
     pub len: u64,
     /// The shared-memory file backing it (the NIC maps it; clients ignore it).
@@ -91,6 +100,10 @@ pub struct Manifest {
     /// The server's steering policy.
     #[serde(default)]
     pub policy: String,
+    /// The server start this manifest belongs to (random per start): a NIC holding an older
+    /// one must map the regions anew.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl Manifest {
@@ -102,6 +115,35 @@ impl Manifest {
     /// The first app of `kind`.
     pub fn app_of_kind(&self, kind: &str) -> Option<&AppManifest> {
         self.apps.iter().find(|a| a.kind == kind)
+    }
+
+    /// What a session of `apps` is shown: those apps only, each region with the rights
+    /// clients have on it, and no server file paths.
+    pub fn scoped(&self, apps: &[u32]) -> Manifest {
+        Manifest {
+            apps: self
+                .apps
+                .iter()
+                .filter(|a| apps.contains(&a.id))
+                .map(|a| AppManifest {
+                    object: std::path::Path::new(&a.object)
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    regions: a
+                        .regions
+                        .iter()
+                        .map(|r| RegionManifest {
+                            access: r.client_access,
+                            path: None,
+                            ..r.clone()
+                        })
+                        .collect(),
+                    ..a.clone()
+                })
+                .collect(),
+            ..self.clone()
+        }
     }
 
     /// Every app of `kind`, in manifest order.
@@ -211,11 +253,66 @@ pub struct RdmaRegion {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum Control {
-    /// Client → server: who are you?
-    Hello,
-    /// Server → client: the manifest's first page, a client id, and where the one-sided agent
-    /// listens.
+    /// Client → server, unsealed: a handshake for `tenant` (an app's name, [`NIC_TENANT`] or
+    /// [`OPERATOR_TENANT`]). Padded with white space to [`crate::session::HELLO_PADDING`].
+    ///
+    /// [`NIC_TENANT`]: crate::session::NIC_TENANT
+    /// [`OPERATOR_TENANT`]: crate::session::OPERATOR_TENANT
+    Hello {
+        /// Whose credential the client holds.
+        tenant: String,
+        /// The client's fresh nonce.
+        #[serde(with = "crate::session::hex_bytes")]
+        nonce: [u8; NONCE_LEN],
+    },
+    /// Server → client, unsealed: the server's nonce and a cookie proving the address.
+    Challenge {
+        /// The server's fresh nonce.
+        #[serde(with = "crate::session::hex_bytes")]
+        nonce: [u8; NONCE_LEN],
+        /// When the cookie was issued (server time, ns).
+        issued: u64,
+        /// The cookie, to be sent back.
+        #[serde(with = "crate::session::hex_bytes")]
+        cookie: [u8; COOKIE_LEN],
+    },
+    /// Client → server, unsealed: the proof that the client holds `tenant`'s credential.
+    Auth {
+        /// The tenant named in the hello.
+        tenant: String,
+        /// The client's nonce.
+        #[serde(with = "crate::session::hex_bytes")]
+        client_nonce: [u8; NONCE_LEN],
+        /// The server's nonce.
+        #[serde(with = "crate::session::hex_bytes")]
+        server_nonce: [u8; NONCE_LEN],
+        /// The challenge's issue time.
+        issued: u64,
+        /// The challenge's cookie.
+        #[serde(with = "crate::session::hex_bytes")]
+        cookie: [u8; COOKIE_LEN],
+        /// MAC under the credential of the tenant, both nonces and the cookie.
+        #[serde(with = "crate::session::hex_bytes")]
+        proof: [u8; 32],
+    },
+    /// Server → client, unsealed: the session this datagram named is not known here (the
+    /// server restarted, or forgot an idle session): handshake again.
+    Stale {
+        /// The session.
+        session: u64,
+        /// The server's current epoch.
+        epoch: u64,
+        /// The credential's reset token for the session, so the notice cannot be forged.
+        #[serde(with = "crate::session::hex_bytes")]
+        token: [u8; RESET_TOKEN_LEN],
+    },
+    /// Server → client, sealed in the new session: the manifest's first page (this session's
+    /// apps only), a client id, and where the one-sided agent listens.
     Welcome {
+        /// The session set up.
+        session: u64,
+        /// The server start it belongs to.
+        epoch: u64,
         /// Top 24 bits of the client's request ids.
         client_id: u32,
         /// What is served: the apps of page 0 (see [`Manifest::pages`]).
@@ -268,6 +365,30 @@ pub enum Control {
     },
     /// NIC → server: draining, stop forwarding.
     NicBye,
+    /// Server → NIC: a client session the NIC must check and answer by itself.
+    SessionOpen {
+        /// The session.
+        session: u64,
+        /// Its tenant tag.
+        tenant_tag: u32,
+        /// The client's address (answers go there only).
+        peer: SocketAddr,
+        /// The apps it may use.
+        apps: Vec<u32>,
+        /// Its key, encrypted under the pairing session ([`crate::session::SessionKey::wrap`]).
+        #[serde(with = "crate::session::hex_vec")]
+        key: Vec<u8>,
+    },
+    /// NIC → server: a client used session `session`, which the NIC does not know.
+    QuerySession {
+        /// The session.
+        session: u64,
+    },
+    /// Server → NIC: session `session` is gone (or never was).
+    SessionClosed {
+        /// The session.
+        session: u64,
+    },
     /// Operator → server: the switch's counters, after pinning the NIC share of every read
     /// handler (`pin`, per mille) or returning it to the weights (`unpin`), if asked.
     QuerySwitch {
@@ -348,39 +469,27 @@ impl Control {
     }
 }
 
-/// Wraps `request` (as the client sent it) for the NIC, which replies to `client` directly.
-pub fn forward(client: SocketAddr, request: &[u8]) -> Bytes {
-    let mut b = BytesMut::with_capacity(FORWARD_HEADER + request.len());
+/// Wraps a client's sealed request for the NIC.
+pub fn forward(sealed_request: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(FORWARD_HEADER + sealed_request.len());
     b.put_u8(VERSION);
     b.put_u8(KIND_FORWARD);
-    b.put_u16_le(client.port());
+    b.put_u16_le(0);
     b.put_u32_le(0);
-    let ip = match client.ip() {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-        IpAddr::V6(v6) => v6,
-    };
-    b.put_slice(&ip.octets());
-    b.put_slice(request);
+    b.put_slice(sealed_request);
     b.freeze()
 }
 
-/// Unwraps a forwarded request: the client's address and the request bytes.
-pub fn unforward(buf: &Bytes) -> Result<(SocketAddr, Bytes), WireError> {
+/// Unwraps a forwarded request: the client's sealed request.
+pub fn unforward(buf: &Bytes) -> Result<Bytes, WireError> {
     header(buf, FORWARD_HEADER, KIND_FORWARD)?;
-    if buf[4..8].iter().any(|&b| b != 0) {
+    if buf[2..8].iter().any(|&b| b != 0) {
         return Err(WireError::Invalid {
             field: "reserved",
             value: 0,
         });
     }
-    let port = u16::from_le_bytes([buf[2], buf[3]]);
-    let octets: [u8; 16] = buf[8..24].try_into().expect("16 bytes");
-    let v6 = std::net::Ipv6Addr::from(octets);
-    let ip = match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    };
-    Ok((SocketAddr::new(ip, port), buf.slice(FORWARD_HEADER..)))
+    Ok(buf.slice(FORWARD_HEADER..))
 }
 
 /// The manifest's hash of an object's bytes (the handlers' own `hash64`, seed 0).
@@ -412,15 +521,33 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_requests_keep_the_client_address() {
-        for client in ["10.1.2.3:4567", "[fe80::1]:80"] {
-            let c: SocketAddr = client.parse().unwrap();
-            let f = forward(c, b"request bytes");
-            let (back, req) = unforward(&f).unwrap();
-            assert_eq!(back, c);
-            assert_eq!(&req[..], b"request bytes");
-        }
+    fn forwarded_requests_round_trip() {
+        let f = forward(b"sealed request bytes");
+        assert_eq!(&unforward(&f).unwrap()[..], b"sealed request bytes");
         assert!(unforward(&Bytes::from_static(b"short")).is_err());
+    }
+
+    #[test]
+    fn handshake_messages_round_trip_and_stay_small() {
+        let h = Control::Hello {
+            tenant: "mica".into(),
+            nonce: [7; NONCE_LEN],
+        };
+        let b = h.to_bytes(1);
+        assert_eq!(Control::decode(&b).unwrap(), (1, h));
+        let c = Control::Challenge {
+            nonce: [1; NONCE_LEN],
+            issued: u64::MAX,
+            cookie: [2; COOKIE_LEN],
+        };
+        let cb = c.to_bytes(u64::MAX);
+        assert_eq!(Control::decode(&cb).unwrap().1, c);
+        // A padded hello's challenge is far inside the amplification limit.
+        assert!(cb.len() * 2 < crate::session::HELLO_PADDING);
+        let mut bad = b.to_vec();
+        let at = bad.len() - 3;
+        bad[at] = b'x';
+        assert!(Control::decode(&bad).is_err(), "hex nonces are checked");
     }
 
     fn app(id: u32, regions: usize) -> AppManifest {
@@ -437,6 +564,7 @@ mod tests {
                     name: format!("region-{r}"),
                     rkey: r as u64,
                     access: 1,
+                    client_access: 1,
                     len: 4096,
                     path: Some(format!("/dev/shm/naam/app{id}-region-{r}.region")),
                 })
@@ -450,6 +578,7 @@ mod tests {
             apps: (1..=300).map(|id| app(id, 3)).collect(),
             mode: crate::udp::MODE.into(),
             policy: "cost-based steering with a long policy name".into(),
+            epoch: u64::MAX,
         };
         let pages = m.pages().unwrap();
         assert!(pages.len() > 1);
@@ -463,6 +592,8 @@ mod tests {
             };
             assert!(c.to_bytes(1).len() <= crate::datagram::MAX_MESSAGE);
             let w = Control::Welcome {
+                session: u64::MAX,
+                epoch: u64::MAX,
                 client_id: u32::MAX,
                 manifest: Manifest {
                     apps: p.clone(),

@@ -52,6 +52,9 @@ pub struct HostApp {
     pub params: serde_json::Value,
     /// The handler object's ELF bytes.
     pub object_bytes: Vec<u8>,
+    /// Whether clients may WRITE, CAS and FAA its regions one-sided (where the regions grant
+    /// it to handlers); otherwise clients only READ them.
+    pub client_writes: bool,
 }
 
 fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> DeployError + '_ {
@@ -91,6 +94,10 @@ pub fn start_host(
         apps: Vec::new(),
         mode: super::MODE.into(),
         policy: String::new(),
+        epoch: crate::session::random_u64().map_err(|e| DeployError::Manifest {
+            path: shm_dir.join(MANIFEST_FILE),
+            message: e.to_string(),
+        })?,
     };
     let mut pending = Vec::new();
     let mut written = std::collections::HashSet::new();
@@ -110,12 +117,13 @@ pub fn start_host(
             hash,
             a.spec.handlers.clone(),
             a.spec.regions.clone(),
+            a.client_writes,
         ));
         builder = builder.app(a.spec);
     }
     let cluster = Arc::new(builder.build()?);
     manifest.policy = cluster.policy_name().to_string();
-    for (id, name, kind, params, object, hash, handlers, regions) in pending {
+    for (id, name, kind, params, object, hash, handlers, regions, client_writes) in pending {
         manifest.apps.push(AppManifest {
             id,
             name,
@@ -139,6 +147,11 @@ pub fn start_host(
                     name: r.name.clone(),
                     rkey: cluster.region_key(id, &r.name).unwrap_or(0),
                     access: r.access,
+                    client_access: if client_writes {
+                        r.access
+                    } else {
+                        r.access & naam_ebpf::abi::ACCESS_READ
+                    },
                     len: r.contents.len() as u64,
                     path: Some(region_path(id, &r.name).display().to_string()),
                 })

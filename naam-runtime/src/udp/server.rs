@@ -11,11 +11,18 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::control::{self, Control, HandlerWeights, Manifest, KIND_CONTROL};
+use super::control::{self, AppManifest, Control, HandlerWeights, Manifest, KIND_CONTROL};
 use super::socket::Socket;
+use crate::clock::{Clock, Nanos, SystemClock};
 use crate::cluster::{Cluster, Dispatch, Selector};
+use crate::datagram;
 use crate::onesided::{self, KIND_OP};
 use crate::placement::Placement;
+use crate::session::{
+    self, CookieJar, Gatekeeper, HandshakeNonces, Role, SealError, Sealer,
+    TenantEntry, KIND_SEALED,
+};
+use crate::steering::RemoteLoad;
 use crate::wire::{peek_kind, LoadFeedback, Reply, Request, Status, KIND_REQUEST};
 
 /// Counters of a server driver.
@@ -31,6 +38,14 @@ pub struct ServerStats {
     pub malformed: u64,
     /// Control messages answered.
     pub control: u64,
+    /// Sessions set up.
+    pub sessions: u64,
+    /// Messages dropped unopened: a bad tag, a replay, another address, or sent outside a
+    /// session.
+    pub unauthenticated: u64,
+    /// Answers to peers that had not proved their address left unsent because they were over
+    /// the amplification limit.
+    pub amplification_drops: u64,
 }
 
 /// Packet counters of a switch in front of the server.
@@ -77,8 +92,11 @@ pub struct ServerOptions {
     /// The RDMA verbs side, when the server has a device.
     pub verbs: Option<Arc<dyn VerbsAcceptor>>,
     /// Whether [`Control::Congest`] may slow the host executors down (experiments on a
-    /// testbed); off, it is refused: anyone who reaches the port could otherwise do it.
+    /// testbed; only the operator's session may ask even then).
     pub congestion_control: bool,
+    /// The credentials sessions are set up with ([`session::tenant_entries`]): every app's,
+    /// the operator's and the NIC's pairing secret.
+    pub tenants: Vec<TenantEntry>,
 }
 
 /// A malformed-request reply (request id 0 when it could not be read).
@@ -93,6 +111,13 @@ pub(crate) fn malformed(app: u32, id: u64, placement: Placement, why: String) ->
         load: LoadFeedback::default(),
         payload: Bytes::from(why.into_bytes()),
     }
+}
+
+/// Where the answers of one session go: its address, sealed with its key.
+#[derive(Clone, Debug)]
+pub(crate) struct Channel {
+    pub(crate) to: SocketAddr,
+    pub(crate) sealer: Arc<Sealer>,
 }
 
 /// How a driver answers requests: replies go out on `sender`, and every request queued at an
@@ -110,11 +135,14 @@ impl Replies {
         }
     }
 
-    /// Sends `r` to `to` (a lost reply is the client's retransmission to repair).
-    pub(crate) fn send(&self, to: SocketAddr, r: &Reply) {
-        let _ = self
-            .sender
-            .send(to, r.request_id, &r.to_bytes().unwrap_or_default());
+    /// Sends `r` on `ch` (a lost reply is the client's retransmission to repair).
+    pub(crate) fn reply(&self, ch: &Channel, r: &Reply) {
+        self.sealed(ch, r.request_id, &r.to_bytes().unwrap_or_default());
+    }
+
+    /// Seals `bytes` in `ch`'s session and sends them to its address.
+    pub(crate) fn sealed(&self, ch: &Channel, id: u64, bytes: &[u8]) {
+        let _ = self.sender.send(ch.to, id, &ch.sealer.seal(bytes));
     }
 
     /// Sends raw message bytes (forwarded requests, control answers, completions).
@@ -122,20 +150,21 @@ impl Replies {
         let _ = self.sender.send(to, id, bytes);
     }
 
-    /// Dispatches `req` on `cluster`; a queued request's reply goes to `to` from the executor.
+    /// Dispatches `req` on `cluster`; a queued request's reply goes out sealed on `ch` from
+    /// the executor.
     pub(crate) fn dispatch(
         &self,
         cluster: &Cluster,
         req: Request,
         sel: &mut Selector,
         forced: Option<Placement>,
-        to: SocketAddr,
+        ch: Channel,
     ) -> Dispatch {
         let (s, n) = (self.sender.clone(), self.inflight.clone());
         n.fetch_add(1, Ordering::SeqCst);
         let d = cluster.dispatch(req, sel, forced, move |r: Reply| {
             if let Ok(b) = r.to_bytes() {
-                let _ = s.send(to, r.request_id, &b);
+                let _ = s.send(ch.to, r.request_id, &ch.sealer.seal(&b));
             }
             n.fetch_sub(1, Ordering::SeqCst);
         });
@@ -151,273 +180,631 @@ impl Replies {
     }
 }
 
+/// Whether a client's load report is within the ranges a real client produces: no negative,
+/// infinite or absurd figures (a report moves steering only within them).
+pub(crate) fn plausible_load(r: &RemoteLoad) -> bool {
+    const MAX_NS: f64 = 60e9;
+    let ok_ns = |x: f64| x.is_finite() && (0.0..=MAX_NS).contains(&x);
+    r.executors <= 1024
+        && r.handlers.len() <= 4096
+        && ok_ns(r.queue_delay_ns)
+        && r.handlers.iter().all(|h| {
+            ok_ns(h.service_ns) && h.steps.is_finite() && (0.0..=1024.0).contains(&h.steps)
+        })
+}
+
+/// The host driver's state between datagrams.
+struct Host<'a> {
+    cluster: Arc<Cluster>,
+    options: &'a ServerOptions,
+    replies: Replies,
+    gate: Gatekeeper,
+    /// Manifest pages per tenant name (each tenant sees its own apps).
+    pages: std::collections::HashMap<String, Vec<Vec<AppManifest>>>,
+    head: Manifest,
+    stats: ServerStats,
+    /// The paired NIC: its session and where it takes forwarded requests.
+    nic: Option<(u64, SocketAddr)>,
+    switch: Selector,
+    draining: bool,
+}
+
+/// Bytes of a whole datagram carrying a `message`-byte message in one fragment.
+fn datagram_len(message: usize) -> usize {
+    datagram::HEADER + message
+}
+
+impl Host<'_> {
+    /// Sends an unsealed answer to a peer that has not proved its address, if it is within
+    /// the amplification limit of what the peer sent.
+    fn send_unproven(&mut self, peer: SocketAddr, received: usize, id: u64, bytes: &[u8]) {
+        if session::within_amplification(datagram_len(received), datagram_len(bytes.len())) {
+            self.replies.send_bytes(peer, id, bytes);
+        } else {
+            self.stats.amplification_drops += 1;
+        }
+    }
+
+    fn handle(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
+        match peek_kind(&msg) {
+            Some(KIND_SEALED) => self.sealed(now, peer, &msg),
+            Some(KIND_CONTROL) => self.unsealed_control(now, peer, &msg),
+            Some(KIND_REQUEST) => {
+                self.stats.unauthenticated += 1;
+                let id = Request::decode(msg.clone()).map_or(0, |r| r.request_id);
+                let r = Reply {
+                    status: Status::NoSession,
+                    ..malformed(0, id, Placement::Host, "no session: handshake first".into())
+                };
+                self.send_unproven(peer, msg.len(), id, &r.to_bytes().unwrap_or_default());
+            }
+            Some(KIND_OP) => {
+                self.stats.unauthenticated += 1;
+                if let Ok(op) = onesided::Request::decode(msg.clone()) {
+                    let c = onesided::Completion::error(
+                        op.app,
+                        op.id,
+                        Status::NoSession,
+                        "no session: handshake first",
+                    );
+                    self.send_unproven(peer, msg.len(), op.id, &c.to_bytes());
+                }
+            }
+            _ => self.stats.malformed += 1,
+        }
+    }
+
+    /// Hello and Auth: the only control messages taken outside a session.
+    fn unsealed_control(&mut self, now: Nanos, peer: SocketAddr, msg: &Bytes) {
+        self.stats.control += 1;
+        let (id, c) = match Control::decode(msg) {
+            Ok(x) => x,
+            Err(e) => {
+                self.stats.malformed += 1;
+                let m = Control::Error {
+                    message: format!("malformed control message: {e}"),
+                };
+                self.send_unproven(peer, msg.len(), 0, &m.to_bytes(0));
+                return;
+            }
+        };
+        let answer = match c {
+            Control::Hello { nonce, .. } => match self.gate.challenge(now, peer, nonce) {
+                Ok((server, cookie)) => Control::Challenge {
+                    nonce: server,
+                    issued: now,
+                    cookie,
+                },
+                Err(e) => Control::Error {
+                    message: e.to_string(),
+                },
+            },
+            Control::Auth {
+                tenant,
+                client_nonce,
+                server_nonce,
+                issued,
+                cookie,
+                proof,
+            } => {
+                let n = HandshakeNonces {
+                    client: client_nonce,
+                    server: server_nonce,
+                };
+                let before = self.gate.len();
+                match self
+                    .gate
+                    .authenticate(now, peer, &tenant, &n, issued, &cookie, &proof)
+                {
+                    Ok(s) => {
+                        let (sid, role, sealer) = (s.id, s.role.clone(), s.sealer.clone());
+                        if self.gate.len() > before {
+                            self.stats.sessions += 1;
+                            self.announce(sid);
+                        }
+                        self.welcome(id, sid, &role, Channel { to: peer, sealer });
+                        return;
+                    }
+                    Err(e) => Control::Error {
+                        message: e.to_string(),
+                    },
+                }
+            }
+            _ => {
+                self.stats.unauthenticated += 1;
+                Control::Error {
+                    message: "no session: handshake first".into(),
+                }
+            }
+        };
+        self.send_unproven(peer, msg.len(), id, &answer.to_bytes(id));
+    }
+
+    /// The welcome of a new session: its first manifest page.
+    fn welcome(&mut self, id: u64, session: u64, role: &Role, ch: Channel) {
+        let (apps, pages) = match role {
+            Role::Tenant { name, .. } => match self.pages.get(name) {
+                Some(p) => (p[0].clone(), p.len() as u32),
+                None => (Vec::new(), 1),
+            },
+            _ => (Vec::new(), 1),
+        };
+        let w = Control::Welcome {
+            session,
+            epoch: self.gate.epoch(),
+            client_id: self.cluster.next_client_id(),
+            manifest: Manifest {
+                apps,
+                ..self.head.clone()
+            },
+            pages,
+            agent: self.agent(),
+        };
+        self.replies.sealed(&ch, id, &w.to_bytes(id));
+    }
+
+    fn agent(&self) -> Option<SocketAddr> {
+        self.nic
+            .filter(|_| self.cluster.remote_nic_up())
+            .map(|(_, a)| a)
+    }
+
+    /// The NIC's channel, when one is paired.
+    fn nic_channel(&self) -> Option<Channel> {
+        let (sid, _) = self.nic?;
+        let s = self.gate.session(sid)?;
+        Some(Channel {
+            to: s.peer,
+            sealer: s.sealer.clone(),
+        })
+    }
+
+    /// Tells the paired NIC about tenant session `sid` (or that it is gone).
+    fn announce(&mut self, sid: u64) {
+        let Some(nic) = self.nic_channel() else {
+            return;
+        };
+        let m = match self.gate.session(sid) {
+            Some(s) => match &*s.role {
+                Role::Tenant { apps, .. } => Control::SessionOpen {
+                    session: sid,
+                    tenant_tag: s.sealer.key().tenant_tag(),
+                    peer: s.peer,
+                    apps: apps.clone(),
+                    key: s.sealer.key().wrap(nic.sealer.key()),
+                },
+                _ => Control::SessionClosed { session: sid },
+            },
+            None => Control::SessionClosed { session: sid },
+        };
+        self.replies.sealed(&nic, 0, &m.to_bytes(0));
+    }
+
+    fn sealed(&mut self, now: Nanos, peer: SocketAddr, msg: &Bytes) {
+        let (sid, role, sealer, inner) = match self.gate.open(now, peer, msg) {
+            Ok(o) => (
+                o.session.id,
+                o.session.role.clone(),
+                o.session.sealer.clone(),
+                o.inner,
+            ),
+            Err(SealError::UnknownSession {
+                session,
+                tenant_tag,
+            }) => {
+                self.stats.unauthenticated += 1;
+                if let Some(token) = self.gate.reset_token(session, tenant_tag) {
+                    let m = Control::Stale {
+                        session,
+                        epoch: self.gate.epoch(),
+                        token,
+                    };
+                    self.send_unproven(peer, msg.len(), 0, &m.to_bytes(0));
+                }
+                return;
+            }
+            Err(_) => {
+                self.stats.unauthenticated += 1;
+                return;
+            }
+        };
+        let ch = Channel { to: peer, sealer };
+        match peek_kind(&inner) {
+            Some(KIND_REQUEST) => self.request(sid, &role, ch, inner, msg),
+            Some(KIND_CONTROL) => self.control(sid, &role, ch, &inner),
+            Some(KIND_OP) => {
+                // One-sided operations are the NIC's job, never the host cores'.
+                self.stats.refused += 1;
+                if let Ok(op) = onesided::Request::decode(inner) {
+                    let c = onesided::Completion::error(
+                        op.app,
+                        op.id,
+                        Status::Unavailable,
+                        "one-sided operations are served by the NIC's agent (naam-nic), \
+                         not by the host",
+                    );
+                    self.replies.sealed(&ch, op.id, &c.to_bytes());
+                }
+            }
+            _ => self.stats.malformed += 1,
+        }
+    }
+
+    fn request(&mut self, sid: u64, role: &Role, ch: Channel, inner: Bytes, sealed: &Bytes) {
+        let mut req = match Request::decode(inner) {
+            Ok(r) => r,
+            Err(e) => {
+                self.stats.malformed += 1;
+                self.replies
+                    .reply(&ch, &malformed(0, 0, Placement::Host, e.to_string()));
+                return;
+            }
+        };
+        req.origin = sid;
+        let refuse = |status, at, why: String| crate::cluster::error_reply(&req, status, at, why);
+        if !role.may_use(req.app) {
+            // Said as for an app that does not exist: a session learns nothing of others'.
+            self.stats.refused += 1;
+            let r = refuse(
+                Status::UnknownApp,
+                Placement::Host,
+                format!("no app {} in this session", req.app),
+            );
+            self.replies.reply(&ch, &r);
+            return;
+        }
+        if self.draining {
+            self.stats.refused += 1;
+            let r = refuse(
+                Status::Unavailable,
+                Placement::Host,
+                "the server is shutting down".into(),
+            );
+            self.replies.reply(&ch, &r);
+            return;
+        }
+        // Behind an eSwitch, what reaches the host's port was steered here.
+        let pinned = req
+            .pinned()
+            .or(self.options.switch.as_ref().map(|_| Placement::Host));
+        let id = req.request_id;
+        match self
+            .replies
+            .dispatch(&self.cluster, req, &mut self.switch, pinned, ch.clone())
+        {
+            Dispatch::Queued(_) => self.stats.host += 1,
+            Dispatch::Remote(req) => match self.nic_channel().filter(|_| self.agent().is_some()) {
+                Some(nic) => {
+                    self.stats.forwarded += 1;
+                    let to = self.agent().unwrap_or(nic.to);
+                    let _ = self
+                        .replies
+                        .sender
+                        .send(to, id, &nic.sealer.seal(&control::forward(sealed)));
+                }
+                None => {
+                    self.stats.refused += 1;
+                    let r = crate::cluster::error_reply(
+                        &req,
+                        Status::Unavailable,
+                        Placement::Nic,
+                        "the NIC is down".into(),
+                    );
+                    self.replies.reply(&ch, &r);
+                }
+            },
+            Dispatch::Refused(r) => {
+                self.stats.refused += 1;
+                self.replies.reply(&ch, &r);
+            }
+        }
+    }
+
+    fn control(&mut self, sid: u64, role: &Role, ch: Channel, inner: &Bytes) {
+        self.stats.control += 1;
+        let (id, c) = match Control::decode(inner) {
+            Ok(x) => x,
+            Err(e) => {
+                self.stats.malformed += 1;
+                let m = Control::Error {
+                    message: format!("malformed control message: {e}"),
+                };
+                self.replies.sealed(&ch, 0, &m.to_bytes(0));
+                return;
+            }
+        };
+        let refused = |what: &str| Control::Error {
+            message: format!("{what} is not allowed in this session"),
+        };
+        let answer = match (c, role) {
+            (Control::QueryManifest { page }, Role::Tenant { name, .. }) => {
+                let pages = self.pages.get(name).map_or(&[][..], |p| &p[..]);
+                let count = pages.len() as u32;
+                Some(match pages.get(page as usize) {
+                    Some(apps) => Control::ManifestPage {
+                        page,
+                        pages: count,
+                        apps: apps.clone(),
+                    },
+                    None => Control::Error {
+                        message: format!("no manifest page {page}: there are {count}"),
+                    },
+                })
+            }
+            (
+                Control::QueryWeights {
+                    app,
+                    client,
+                    rtt_ns,
+                },
+                Role::Tenant { .. },
+            ) => Some(self.weights(role, app, client, rtt_ns)),
+            (Control::NicLoad { agent, load }, Role::Nic) => {
+                // The NIC names its address; an unspecified IP means "as seen".
+                let mut at = agent;
+                if at.ip().is_unspecified() {
+                    at.set_ip(ch.to.ip());
+                }
+                let fresh = self.nic.map(|(s, _)| s) != Some(sid);
+                self.nic = Some((sid, at));
+                self.cluster.absorb_remote_load(&load);
+                if fresh {
+                    // A newly paired NIC learns every tenant session at once.
+                    let ids: Vec<u64> = self
+                        .gate
+                        .sessions()
+                        .filter(|s| matches!(*s.role, Role::Tenant { .. }))
+                        .map(|s| s.id)
+                        .collect();
+                    for s in ids {
+                        self.announce(s);
+                    }
+                }
+                None
+            }
+            (Control::NicBye, Role::Nic) => {
+                if self.nic.map(|(s, _)| s) == Some(sid) {
+                    self.cluster.remote_nic_down();
+                }
+                None
+            }
+            (Control::QuerySession { session }, Role::Nic) => {
+                self.announce(session);
+                None
+            }
+            (Control::Congest { extra_ns }, Role::Operator) => Some(self.congest(extra_ns)),
+            (Control::QuerySwitch { pin, unpin }, Role::Operator) => {
+                Some(self.query_switch(pin, unpin))
+            }
+            (Control::VerbsConnect { endpoint }, Role::Tenant { .. }) => {
+                Some(match &self.options.verbs {
+                    Some(v) => match v.accept(ch.to, &endpoint) {
+                        Ok((endpoint, mut regions)) => {
+                            regions.retain(|r| role.may_use(r.app));
+                            Control::VerbsAccept { endpoint, regions }
+                        }
+                        Err(e) => Control::Error {
+                            message: format!("connecting a queue pair: {e}"),
+                        },
+                    },
+                    None => Control::Error {
+                        message: "this server has no RDMA device (built without the verbs \
+                                  feature, or none found): use the udp fabric"
+                            .into(),
+                    },
+                })
+            }
+            (
+                c @ (Control::QueryManifest { .. }
+                | Control::QueryWeights { .. }
+                | Control::VerbsConnect { .. }
+                | Control::NicLoad { .. }
+                | Control::NicBye
+                | Control::QuerySession { .. }
+                | Control::Congest { .. }
+                | Control::QuerySwitch { .. }),
+                _,
+            ) => Some(refused(control_name(&c))),
+            (other, _) => Some(Control::Error {
+                message: format!("unexpected control message {}", control_name(&other)),
+            }),
+        };
+        if let Some(a) = answer {
+            self.replies.sealed(&ch, id, &a.to_bytes(id));
+        }
+    }
+
+    fn weights(
+        &mut self,
+        role: &Role,
+        app: u32,
+        client: Option<RemoteLoad>,
+        rtt_ns: Option<f64>,
+    ) -> Control {
+        if !role.may_use(app) {
+            return Control::Error {
+                message: format!("no app {app} in this session"),
+            };
+        }
+        if let Some(load) = client {
+            if plausible_load(&load) {
+                self.cluster.absorb_client_load(&load, rtt_ns);
+            } else {
+                return Control::Error {
+                    message: "the load report is out of range (negative, infinite or absurd \
+                              figures): ignored"
+                        .into(),
+                };
+            }
+        }
+        match self.cluster.registry().app(app) {
+            Some(a) => Control::Weights {
+                app,
+                handlers: a
+                    .handlers
+                    .values()
+                    .map(|h| HandlerWeights {
+                        handler: h.id,
+                        weights: self.cluster.weights(app, h.id).0,
+                    })
+                    .collect(),
+                agent: self.agent(),
+            },
+            None => Control::Error {
+                message: format!("no app {app}"),
+            },
+        }
+    }
+
+    fn congest(&self, extra_ns: Option<u64>) -> Control {
+        if !self.options.congestion_control {
+            Control::Error {
+                message: "this server does not allow congestion control (set \
+                          allow_congestion_control = true in its config to run congestion \
+                          experiments)"
+                    .into(),
+            }
+        } else if extra_ns.is_some_and(|ns| ns > control::MAX_CONGESTION_NS) {
+            Control::Error {
+                message: format!(
+                    "congestion of {} ns per message is over the limit of {} ns",
+                    extra_ns.unwrap_or_default(),
+                    control::MAX_CONGESTION_NS
+                ),
+            }
+        } else {
+            match extra_ns {
+                Some(ns) => self.cluster.congestion().limit_host(ns),
+                None => self.cluster.congestion().clear(),
+            }
+            Control::Congestion { extra_ns }
+        }
+    }
+
+    fn query_switch(&self, pin: Option<u32>, unpin: bool) -> Control {
+        let change = match (pin, unpin) {
+            (Some(p), _) => Some(Some(p)),
+            (None, true) => Some(None),
+            (None, false) => None,
+        };
+        let userspace = SwitchCounters {
+            host: self.stats.host,
+            nic: self.stats.forwarded,
+            fragmented: 0,
+        };
+        match &self.options.switch {
+            Some(sw) => {
+                if let Some(p) = change {
+                    sw.pin_nic_share(p);
+                }
+                match sw.counters() {
+                    Ok(c) => Control::Switch {
+                        switch: sw.describe(),
+                        counters: c,
+                        userspace,
+                    },
+                    Err(e) => Control::Error {
+                        message: format!("reading the switch counters: {e}"),
+                    },
+                }
+            }
+            None if change.is_some() => Control::Error {
+                message: "no XDP eSwitch is attached: the user-space switch follows the \
+                          steering weights"
+                    .into(),
+            },
+            None => Control::Switch {
+                switch: "user-space switch in naam-server".into(),
+                counters: userspace,
+                userspace,
+            },
+        }
+    }
+}
+
+/// A control message's name, for refusals (never its contents: they may hold secrets).
+fn control_name(c: &Control) -> &'static str {
+    match c {
+        Control::Hello { .. } => "hello",
+        Control::Challenge { .. } => "challenge",
+        Control::Auth { .. } => "auth",
+        Control::Stale { .. } => "stale",
+        Control::Welcome { .. } => "welcome",
+        Control::QueryManifest { .. } => "query-manifest",
+        Control::ManifestPage { .. } => "manifest-page",
+        Control::QueryWeights { .. } => "query-weights",
+        Control::Weights { .. } => "weights",
+        Control::NicLoad { .. } => "nic-load",
+        Control::NicBye => "nic-bye",
+        Control::SessionOpen { .. } => "session-open",
+        Control::QuerySession { .. } => "query-session",
+        Control::SessionClosed { .. } => "session-closed",
+        Control::QuerySwitch { .. } => "query-switch",
+        Control::Switch { .. } => "switch",
+        Control::Congest { .. } => "congest",
+        Control::Congestion { .. } => "congestion",
+        Control::VerbsConnect { .. } => "verbs-connect",
+        Control::VerbsAccept { .. } => "verbs-accept",
+        Control::Error { .. } => "error",
+    }
+}
+
 /// Runs the host driver on `socket` until `stop` is set, then drains: new requests get
-/// `Unavailable` while queued ones finish (at most `options.drain`).
+/// `Unavailable` while queued ones finish (at most `options.drain`). Only sessions set up
+/// with one of `options.tenants`' credentials are served.
 pub fn serve_host(
     cluster: Arc<Cluster>,
     mut socket: Socket,
     options: ServerOptions,
     stop: &AtomicBool,
 ) -> std::io::Result<ServerStats> {
-    let pages = options
-        .manifest
-        .pages()
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let page_count = pages.len() as u32;
-    let head = Manifest {
-        apps: Vec::new(),
-        ..options.manifest.clone()
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    let mut pages = std::collections::HashMap::new();
+    for t in &options.tenants {
+        if let Role::Tenant { name, apps } = &t.role {
+            let p = options
+                .manifest
+                .scoped(apps)
+                .pages()
+                .map_err(|e| invalid(e.to_string()))?;
+            pages.insert(name.clone(), p);
+        }
+    }
+    let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
+    let clock = SystemClock::new();
+    let mut host = Host {
+        cluster,
+        options: &options,
+        replies: Replies::new(socket.sender()?),
+        gate: Gatekeeper::new(options.manifest.epoch, options.tenants.clone(), cookies),
+        pages,
+        head: Manifest {
+            apps: Vec::new(),
+            ..options.manifest.clone()
+        },
+        stats: ServerStats::default(),
+        nic: None,
+        switch: Selector::default(),
+        draining: false,
     };
-    let replies = Replies::new(socket.sender()?);
-    let local = socket.local_addr()?.ip();
-    // The NIC runs beside the host (its Arm cores, or here its process): only a peer on this
-    // machine may register as the NIC, or anyone could have reads forwarded to them.
-    let nic_allowed = |peer: &SocketAddr| peer.ip() == local || peer.ip().is_loopback();
-    let mut stats = ServerStats::default();
-    let mut nic: Option<SocketAddr> = None;
-    let mut switch = Selector::default();
     let mut drain_deadline: Option<Instant> = None;
+    let mut next_expiry = Instant::now();
     loop {
         if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
             drain_deadline = Some(Instant::now() + options.drain);
+            host.draining = true;
         }
         if let Some(d) = drain_deadline {
-            if replies.idle() || Instant::now() >= d {
-                return Ok(stats);
+            if host.replies.idle() || Instant::now() >= d {
+                return Ok(host.stats);
             }
         }
+        if Instant::now() >= next_expiry {
+            next_expiry = Instant::now() + Duration::from_secs(1);
+            host.gate.expire(clock.now());
+        }
         for (peer, msg) in socket.recv(Duration::from_millis(1))? {
-            match peek_kind(&msg) {
-                Some(KIND_REQUEST) => {
-                    let req = match Request::decode(msg.clone()) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            stats.malformed += 1;
-                            replies.send(peer, &malformed(0, 0, Placement::Host, e.to_string()));
-                            continue;
-                        }
-                    };
-                    let id = req.request_id;
-                    // Behind an eSwitch, what reaches the host's port was steered here.
-                    let pinned = req
-                        .pinned()
-                        .or(options.switch.as_ref().map(|_| Placement::Host));
-                    if drain_deadline.is_some() {
-                        stats.refused += 1;
-                        let r = crate::cluster::error_reply(
-                            &req,
-                            Status::Unavailable,
-                            Placement::Host,
-                            "the server is shutting down".into(),
-                        );
-                        replies.send(peer, &r);
-                        continue;
-                    }
-                    match replies.dispatch(&cluster, req, &mut switch, pinned, peer) {
-                        Dispatch::Queued(_) => stats.host += 1,
-                        Dispatch::Remote(req) => match nic.filter(|_| cluster.remote_nic_up()) {
-                            Some(to) => {
-                                stats.forwarded += 1;
-                                replies.send_bytes(to, id, &control::forward(peer, &msg));
-                            }
-                            None => {
-                                stats.refused += 1;
-                                let r = crate::cluster::error_reply(
-                                    &req,
-                                    Status::Unavailable,
-                                    Placement::Nic,
-                                    "the NIC is down".into(),
-                                );
-                                replies.send(peer, &r);
-                            }
-                        },
-                        Dispatch::Refused(r) => {
-                            stats.refused += 1;
-                            replies.send(peer, &r);
-                        }
-                    }
-                }
-                Some(KIND_CONTROL) => {
-                    stats.control += 1;
-                    let (id, c) = match Control::decode(&msg) {
-                        Ok(x) => x,
-                        Err(e) => {
-                            stats.malformed += 1;
-                            let m = Control::Error {
-                                message: format!("malformed control message: {e}"),
-                            };
-                            replies.send_bytes(peer, 0, &m.to_bytes(0));
-                            continue;
-                        }
-                    };
-                    let agent = nic.filter(|_| cluster.remote_nic_up());
-                    if let Control::QueryWeights {
-                        client: Some(load),
-                        rtt_ns,
-                        ..
-                    } = &c
-                    {
-                        cluster.absorb_client_load(load, *rtt_ns);
-                    }
-                    let answer = match c {
-                        Control::Hello => Some(Control::Welcome {
-                            client_id: cluster.next_client_id(),
-                            manifest: Manifest {
-                                apps: pages[0].clone(),
-                                ..head.clone()
-                            },
-                            pages: page_count,
-                            agent,
-                        }),
-                        Control::QueryManifest { page } => Some(match pages.get(page as usize) {
-                            Some(apps) => Control::ManifestPage {
-                                page,
-                                pages: page_count,
-                                apps: apps.clone(),
-                            },
-                            None => Control::Error {
-                                message: format!("no manifest page {page}: there are {page_count}"),
-                            },
-                        }),
-                        Control::QueryWeights { app, .. } => match cluster.registry().app(app) {
-                            Some(a) => Some(Control::Weights {
-                                app,
-                                handlers: a
-                                    .handlers
-                                    .values()
-                                    .map(|h| HandlerWeights {
-                                        handler: h.id,
-                                        weights: cluster.weights(app, h.id).0,
-                                    })
-                                    .collect(),
-                                agent,
-                            }),
-                            None => Some(Control::Error {
-                                message: format!("no app {app}"),
-                            }),
-                        },
-                        Control::NicLoad { .. } | Control::NicBye if !nic_allowed(&peer) => {
-                            Some(Control::Error {
-                                message: format!(
-                                    "{peer} may not register as the NIC: it must run on this \
-                                     server's address ({local})"
-                                ),
-                            })
-                        }
-                        Control::NicLoad { agent, load } => {
-                            // The NIC names its address; an unspecified IP means "as seen".
-                            let mut at = agent;
-                            if at.ip().is_unspecified() {
-                                at.set_ip(peer.ip());
-                            }
-                            nic = Some(at);
-                            cluster.absorb_remote_load(&load);
-                            None
-                        }
-                        Control::NicBye => {
-                            cluster.remote_nic_down();
-                            None
-                        }
-                        Control::Congest { extra_ns } => Some(if !options.congestion_control {
-                            Control::Error {
-                                message: "this server does not allow congestion control \
-                                          (set allow_congestion_control = true in its config \
-                                          to run congestion experiments)"
-                                    .into(),
-                            }
-                        } else if extra_ns.is_some_and(|ns| ns > control::MAX_CONGESTION_NS) {
-                            Control::Error {
-                                message: format!(
-                                    "congestion of {} ns per message is over the limit of {} ns",
-                                    extra_ns.unwrap_or_default(),
-                                    control::MAX_CONGESTION_NS
-                                ),
-                            }
-                        } else {
-                            match extra_ns {
-                                Some(ns) => cluster.congestion().limit_host(ns),
-                                None => cluster.congestion().clear(),
-                            }
-                            Control::Congestion { extra_ns }
-                        }),
-                        Control::VerbsConnect { endpoint } => Some(match &options.verbs {
-                            Some(v) => match v.accept(peer, &endpoint) {
-                                Ok((endpoint, regions)) => {
-                                    Control::VerbsAccept { endpoint, regions }
-                                }
-                                Err(e) => Control::Error {
-                                    message: format!("connecting a queue pair: {e}"),
-                                },
-                            },
-                            None => Control::Error {
-                                message: "this server has no RDMA device (built without the \
-                                          verbs feature, or none found): use the udp fabric"
-                                    .into(),
-                            },
-                        }),
-                        Control::QuerySwitch { pin, unpin } => {
-                            let change = match (pin, unpin) {
-                                (Some(p), _) => Some(Some(p)),
-                                (None, true) => Some(None),
-                                (None, false) => None,
-                            };
-                            let userspace = SwitchCounters {
-                                host: stats.host,
-                                nic: stats.forwarded,
-                                fragmented: 0,
-                            };
-                            Some(match &options.switch {
-                                Some(sw) => {
-                                    if let Some(p) = change {
-                                        sw.pin_nic_share(p);
-                                    }
-                                    match sw.counters() {
-                                        Ok(c) => Control::Switch {
-                                            switch: sw.describe(),
-                                            counters: c,
-                                            userspace,
-                                        },
-                                        Err(e) => Control::Error {
-                                            message: format!("reading the switch counters: {e}"),
-                                        },
-                                    }
-                                }
-                                None if change.is_some() => Control::Error {
-                                    message: "no XDP eSwitch is attached: the user-space switch \
-                                              follows the steering weights"
-                                        .into(),
-                                },
-                                None => Control::Switch {
-                                    switch: "user-space switch in naam-server".into(),
-                                    counters: userspace,
-                                    userspace,
-                                },
-                            })
-                        }
-                        other => Some(Control::Error {
-                            message: format!("unexpected control message {other:?}"),
-                        }),
-                    };
-                    if let Some(a) = answer {
-                        replies.send_bytes(peer, id, &a.to_bytes(id));
-                    }
-                }
-                Some(KIND_OP) => {
-                    // One-sided operations are the NIC's job, never the host cores'.
-                    stats.refused += 1;
-                    if let Ok(op) = onesided::Request::decode(msg.clone()) {
-                        let c = onesided::Completion::error(
-                            op.app,
-                            op.id,
-                            Status::Unavailable,
-                            "one-sided operations are served by the NIC's agent (naam-nic), \
-                             not by the host",
-                        );
-                        replies.send_bytes(peer, op.id, &c.to_bytes());
-                    }
-                }
-                _ => stats.malformed += 1,
-            }
+            host.handle(clock.now(), peer, msg);
         }
     }
 }

@@ -131,6 +131,24 @@ impl Drop for Driver {
     }
 }
 
+/// The tenant every test app belongs to unless a test says otherwise.
+pub const TENANT: &str = "examples";
+
+/// The test tenant's credential.
+pub fn tenant_key() -> naam_runtime::session::Credential {
+    naam_runtime::session::Credential::from_bytes([0x11; 32])
+}
+
+/// The test NIC's pairing secret.
+pub fn pairing_key() -> naam_runtime::session::Credential {
+    naam_runtime::session::Credential::from_bytes([0x22; 32])
+}
+
+/// The test operator's credential.
+pub fn operator_key() -> naam_runtime::session::Credential {
+    naam_runtime::session::Credential::from_bytes([0x33; 32])
+}
+
 /// A naam-server driver on loopback serving the examples object as apps `ids` from `shm`;
 /// `verbs` gives it an RDMA side once its cluster exists.
 pub fn udp_host(
@@ -138,6 +156,7 @@ pub fn udp_host(
     ids: &[u32],
     config: naam_runtime::cluster::ClusterConfig,
     congestion_control: bool,
+    client_writes: bool,
     verbs: impl FnOnce(
         &std::sync::Arc<naam_runtime::cluster::Cluster>,
     ) -> Option<std::sync::Arc<dyn naam_runtime::udp::server::VerbsAcceptor>>,
@@ -151,8 +170,18 @@ pub fn udp_host(
             kind: "object".into(),
             params: serde_json::Value::Null,
             object_bytes: bytes.clone(),
+            client_writes,
         })
         .collect();
+    let tenants: Vec<_> = ids
+        .iter()
+        .map(|&id| (id, TENANT.to_string(), tenant_key()))
+        .collect();
+    let tenants = naam_runtime::session::tenant_entries(
+        &tenants,
+        Some(operator_key()),
+        Some(pairing_key()),
+    );
     let (cluster, manifest) = deploy::start_host(apps, config, shm).unwrap();
     let verbs = verbs(&cluster);
     let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
@@ -166,6 +195,7 @@ pub fn udp_host(
             switch: None,
             verbs,
             congestion_control,
+            tenants,
         };
         server::serve_host(cluster, socket, opts, &s).unwrap();
     });

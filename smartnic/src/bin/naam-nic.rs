@@ -52,6 +52,9 @@ enum Command {
         /// How long to wait for the server's manifest to appear, seconds.
         #[arg(long, default_value_t = 30)]
         wait: u64,
+        /// The pairing secret naam-server's config names as `nic_pairing`.
+        #[arg(long)]
+        pairing: PathBuf,
     },
     /// Prints the BlueField-2 eSwitch rules (OVS and tc flower on the representors) that do
     /// what the XDP eSwitch does here. Nothing is installed.
@@ -135,7 +138,14 @@ fn main() -> ExitCode {
             no_cost_model,
             datagram,
             wait,
-        } => run(
+            pairing,
+        } => match naam_runtime::session::Credential::load(&pairing) {
+            Err(e) => {
+                eprintln!("naam-nic: error: {e}");
+                return ExitCode::from(2);
+            }
+            Ok(pairing) => run(
+            pairing,
             server,
             listen,
             &shm_dir,
@@ -144,6 +154,7 @@ fn main() -> ExitCode {
             datagram,
             Duration::from_secs(wait),
         ),
+        },
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -154,7 +165,9 @@ fn main() -> ExitCode {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
+    pairing: naam_runtime::session::Credential,
     server: SocketAddr,
     listen: SocketAddr,
     shm_dir: &std::path::Path,
@@ -180,7 +193,7 @@ fn run(
         nic: model,
         ..ClusterConfig::default()
     };
-    let (cluster, manifest) = deploy::start_nic(shm_dir, cc)
+    let (cluster, manifest) = deploy::start_nic(shm_dir, cc.clone())
         .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
     let socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
     let advertise = socket.local_addr()?;
@@ -198,15 +211,21 @@ fn run(
         }
     );
     let stats = nic::serve_nic(
-        cluster,
+        nic::NicCluster { cluster, manifest },
         socket,
         nic::NicOptions {
             server,
             advertise,
             report_every: Duration::from_millis(1),
             drain: Duration::from_secs(2),
+            pairing,
         },
         stop,
+        &mut |_epoch| {
+            deploy::start_nic(shm_dir, cc.clone())
+                .map(|(cluster, manifest)| nic::NicCluster { cluster, manifest })
+                .map_err(|e| e.to_string())
+        },
     )?;
     eprintln!(
         "naam-nic: stopped; {}",

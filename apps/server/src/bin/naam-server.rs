@@ -1,5 +1,7 @@
 //! `naam-server --config FILE`: serves the config's apps over the UDP fabric until SIGTERM, then
-//! drains in-flight work. Exit codes: 0 clean stop, 1 runtime failure, 2 bad config or usage.
+//! drains in-flight work. `naam-server keygen --out FILE` writes a new credential (a tenant's,
+//! the NIC's pairing secret, or the operator's), readable by its owner only. Exit codes: 0
+//! clean stop, 1 runtime failure, 2 bad config or usage.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,11 +17,13 @@ use std::sync::Arc;
 
 /// The host side of a NAAM deployment over UDP.
 #[derive(Parser)]
-#[command(name = "naam-server", version)]
+#[command(name = "naam-server", version, args_conflicts_with_subcommands = true)]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// The config file (TOML; see apps/server/naam-server.example.toml).
-    #[arg(long)]
-    config: PathBuf,
+    #[arg(long, required = true)]
+    config: Option<PathBuf>,
     /// Overrides the config's listen address.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
@@ -28,12 +32,46 @@ struct Args {
     shm_dir: Option<PathBuf>,
 }
 
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Writes a new random credential to FILE (mode 0600; an existing file is never replaced).
+    Keygen {
+        /// Where to write it.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
-    let mut config = match Config::load(&args.config) {
+    if let Some(Command::Keygen { out }) = &args.command {
+        return match naam_runtime::session::Credential::generate().and_then(|c| c.write_new(out))
+        {
+            Ok(()) => {
+                eprintln!("naam-server: wrote a new credential to {}", out.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("naam-server: error: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    let Some(path) = &args.config else {
+        eprintln!("naam-server: error: --config FILE is required");
+        return ExitCode::from(2);
+    };
+    let mut config = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("naam-server: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let tenants = match config.tenants() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("naam-server: error: {}: {e}", path.display());
             return ExitCode::from(2);
         }
     };
@@ -43,7 +81,19 @@ fn main() -> ExitCode {
     if let Some(d) = args.shm_dir {
         config.shm_dir = d;
     }
-    match run(&config) {
+    // Handler objects are part of the config: one that does not build, load or verify, or a
+    // region that cannot be allocated, is a config error.
+    let mut apps = Vec::new();
+    for a in &config.apps {
+        match a.build(&config.target_dir) {
+            Ok(built) => apps.extend(built),
+            Err(e) => {
+                eprintln!("naam-server: error: {}: {e:#}", path.display());
+                return ExitCode::from(2);
+            }
+        }
+    }
+    match run(&config, apps, tenants) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("naam-server: error: {e:#}");
@@ -111,12 +161,12 @@ fn verbs_side(_: &Arc<naam_runtime::cluster::Cluster>) -> Option<Arc<dyn server:
     None
 }
 
-fn run(config: &Config) -> anyhow::Result<()> {
+fn run(
+    config: &Config,
+    apps: Vec<naam_runtime::udp::deploy::HostApp>,
+    tenants: Vec<naam_runtime::session::TenantEntry>,
+) -> anyhow::Result<()> {
     let stop = signal::stop_flag();
-    let mut apps = Vec::new();
-    for a in &config.apps {
-        apps.extend(a.build(&config.target_dir)?);
-    }
     let cc = ClusterConfig {
         host_executors: config.host_executors,
         queue_capacity: config.queue_capacity,
@@ -146,6 +196,7 @@ fn run(config: &Config) -> anyhow::Result<()> {
             switch: switch.clone().map(|s| s as Arc<dyn server::SwitchHandle>),
             verbs,
             congestion_control: config.allow_congestion_control,
+            tenants,
         },
         stop,
     )?;
