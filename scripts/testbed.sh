@@ -8,6 +8,7 @@
 #   scripts/testbed.sh client CMD...    run CMD in the client namespace
 #   scripts/testbed.sh kill-nic [SIG]   signal naam-nic (default KILL)
 #   scripts/testbed.sh start-nic        (re)start naam-nic
+#   scripts/testbed.sh keys             make (once) and print the credentials directory
 #   scripts/testbed.sh netem LOSS%      packet loss on both veth ends ("off" removes it); needs
 #                                       sch_netem in the kernel (NAAM_INJECT_LOSS=0.01 at `up`
 #                                       and in the client injects loss in the sockets instead)
@@ -64,9 +65,21 @@ wait_for() { # file pattern seconds
     return 1
 }
 
+# Credentials of the testbed's tenants, NIC and operator, made once per state directory
+# (clients started with `client` find them through NAAM_KEYS).
+keys() {
+    mkdir -p "$STATE/keys"
+    chmod 700 "$STATE/keys"
+    local k
+    for k in mica btree naam-nic naam-operator; do
+        [ -f "$STATE/keys/$k.key" ] || "$BIN/naam-server" keygen --out "$STATE/keys/$k.key" 2>/dev/null
+    done
+}
+
 start_nic() {
     ip netns exec "$SRV_NS" "$BIN/naam-nic" run --server "$SERVER_ADDR" --listen "$NIC_ADDR" \
-        --shm-dir "$SHM" --datagram "$DATAGRAM" >"$STATE/nic.log" 2>&1 &
+        --shm-dir "$SHM" --datagram "$DATAGRAM" --pairing "$STATE/keys/naam-nic.key" \
+        >"$STATE/nic.log" 2>&1 &
     echo $! >"$STATE/nic.pid"
     wait_for "$STATE/nic.log" "agent and executors on" 30 || {
         cat "$STATE/nic.log" >&2
@@ -81,6 +94,7 @@ up() {
     if ip netns list | grep -qw "$SRV_NS"; then die "testbed $NAME is already up (down first)"; fi
     trap 'say "setup failed; tearing down"; down' ERR
     mkdir -p "$STATE"
+    keys
     ip netns add "$CLI_NS"
     ip netns add "$SRV_NS"
     ip link add "$CLI_IF" type veth peer name "$SRV_IF"
@@ -100,18 +114,22 @@ datagram = $DATAGRAM
 target_dir = "target/naam"
 nic_port = ${NIC_ADDR##*:}
 allow_congestion_control = true
+nic_pairing = "keys/naam-nic.key"
+operator_credential = "keys/naam-operator.key"
 $( [ "${NAAM_XDP:-1}" = 0 ] || echo "xdp_interface = \"$SRV_IF\"" )
 
 [[app]]
 kind = "mica"
 id = 1
+credential = "keys/mica.key"
 items = ${NAAM_MICA_ITEMS:-200000}
 
 [[app]]
 kind = "btree"
 id = 2
+credential = "keys/btree.key"
 keys = ${NAAM_BTREE_KEYS:-200000}
-$( [ "${NAAM_SCALE_APPS:-0}" = 0 ] || printf '\n[[app]]\nkind = "mica"\nid = 1000\nitems = 32\nkey_cap = 8\nvalue_cap = 8\ninstances = %s\n' "$NAAM_SCALE_APPS" )
+$( [ "${NAAM_SCALE_APPS:-0}" = 0 ] || printf '\n[[app]]\nkind = "mica"\nid = 1000\ncredential = "keys/mica.key"\nitems = 32\nkey_cap = 8\nvalue_cap = 8\ninstances = %s\n' "$NAAM_SCALE_APPS" )
 CONF
     [ -z "${NAAM_INJECT_LOSS:-}" ] || say "injecting ${NAAM_INJECT_LOSS} datagram loss in every socket"
     ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" \
@@ -195,10 +213,11 @@ case "${1:-}" in
 up) up ;;
 down) down ;;
 status) status ;;
-client) shift; need_root; exec ip netns exec "$CLI_NS" "$@" ;;
+client) shift; need_root; exec ip netns exec "$CLI_NS" env NAAM_KEYS="$STATE/keys" "$@" ;;
 kill-nic) need_root; kill -"${2:-KILL}" "$(cat "$STATE/nic.pid")" ;;
 start-nic) need_root; start_nic ;;
+keys) keys; echo "$STATE/keys" ;;
 netem) need_root; netem "${2:?netem needs a loss like 1% or off}" ;;
 addr) echo "$SERVER_ADDR" ;;
-*) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+*) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -120,7 +120,7 @@ impl UdpCongestion {
             tenant,
             crate::keys::credential(tenant)?,
         ))
-            .with_context(|| format!("connecting to naam-server at {server}"))?;
+        .with_context(|| format!("connecting to naam-server at {server}"))?;
         Ok(UdpCongestion {
             operator: Mutex::new(operator),
             server,

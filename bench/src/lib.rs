@@ -6,8 +6,8 @@
 #![deny(missing_docs)]
 
 pub mod driver;
-pub mod keys;
 pub mod experiments;
+pub mod keys;
 pub mod memcached;
 pub mod plot;
 pub mod verify;

@@ -21,9 +21,9 @@ struct Cli {
     #[command(subcommand)]
     command: Cmd,
     /// Directory of credentials for the udp fabric (`<tenant>.key`, as `naam-server keygen`
-    /// writes them).
-    #[arg(long, global = true, default_value = "keys")]
-    keys: std::path::PathBuf,
+    /// writes them); default: $NAAM_KEYS, else `keys`.
+    #[arg(long, global = true)]
+    keys: Option<std::path::PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -212,7 +212,11 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    naam_bench::keys::set_dir(cli.keys);
+    naam_bench::keys::set_dir(
+        cli.keys
+            .or_else(|| std::env::var_os("NAAM_KEYS").map(Into::into))
+            .unwrap_or_else(|| "keys".into()),
+    );
     match run(cli.command) {
         Ok(code) => code,
         Err(e) => {

@@ -61,7 +61,14 @@ pub const L4_PAYLOAD: usize = 14 + 20 + 8;
 pub const FRAG_COUNT: usize = 6;
 /// Size of the NAAM fragment header.
 pub const FRAG_HEADER: usize = 24;
-/// In a request (after the fragment header): kind byte.
+/// Kind byte of a sealed message: every client datagram after the handshake travels in a
+/// session envelope (`naam_runtime::session`), with the request inside it.
+pub const KIND_SEALED: u8 = 7;
+/// Size of the session envelope's header (the request starts after it).
+pub const SEAL_HEADER: usize = 24;
+/// In the envelope (after the fragment header): its kind byte.
+pub const SEAL_KIND: usize = 1;
+/// In a request (after the fragment header and the envelope's header): kind byte.
 pub const REQ_KIND: usize = 1;
 /// Request kind value.
 pub const KIND_REQUEST: u8 = 1;
@@ -78,7 +85,7 @@ pub const FLAG_PIN_HOST: u16 = 4;
 /// Request flag: run at the NIC.
 pub const FLAG_PIN_NIC: u16 = 8;
 /// Bytes the program reads from the start of the frame.
-pub const NEEDED: usize = L4_PAYLOAD + FRAG_HEADER + REQ_ID + 8;
+pub const NEEDED: usize = L4_PAYLOAD + FRAG_HEADER + SEAL_HEADER + REQ_ID + 8;
 
 /// The steering map's key for handler `handler` of `app`.
 pub const fn steer_key(app: u32, handler: u32) -> u64 {

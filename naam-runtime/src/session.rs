@@ -54,10 +54,10 @@ fn hmac_with(key: &[u8]) -> HmacSha256 {
     <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes any key length")
 }
 
-/// Kind byte of a sealed (session-bound, authenticated) message.
-pub const KIND_SEALED: u8 = 7;
+/// Kind byte of a sealed (session-bound, authenticated) message (the XDP eSwitch reads it).
+pub const KIND_SEALED: u8 = naam_ebpf::eswitch::KIND_SEALED;
 /// Bytes of the sealed envelope before the inner message.
-pub const SEAL_HEADER: usize = 24;
+pub const SEAL_HEADER: usize = naam_ebpf::eswitch::SEAL_HEADER;
 /// Bytes of the authentication tag after it.
 pub const TAG_LEN: usize = 16;
 /// Bytes a sealed envelope adds to a message.

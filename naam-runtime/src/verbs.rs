@@ -300,20 +300,31 @@ impl Drop for MemoryRegion {
 }
 
 impl MemoryRegion {
-    /// Registers `len` bytes at `addr` for local access and remote READ, WRITE and atomics.
+    /// Registers `len` bytes at `addr` for local access and the remote operations `remote`
+    /// (NAAM `ACCESS_*` bits) grants: the RNIC itself then refuses a remote WRITE or atomic on
+    /// a region whose app gives clients no one-sided writes.
     ///
     /// # Safety
     /// The memory must stay valid, and must not move, while the registration lives; remote
-    /// peers may write it at any time (NAAM regions are accessed through atomics only).
+    /// peers may write it at any time if `remote` allows (NAAM regions are accessed through
+    /// atomics only).
     pub unsafe fn register(
         dev: &Arc<Device>,
         addr: *mut u8,
         len: usize,
+        remote: u32,
     ) -> Result<MemoryRegion, VerbsError> {
-        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_READ
-            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC;
+        use naam_ebpf::abi::{ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+        let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        if remote & ACCESS_READ != 0 {
+            access = access | ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+        }
+        if remote & ACCESS_WRITE != 0 {
+            access = access | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        }
+        if remote & ACCESS_ATOMIC != 0 {
+            access = access | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC;
+        }
         // SAFETY: the caller keeps the memory valid.
         let mr = unsafe { ibv_reg_mr(dev.pd, addr.cast(), len, access.0 as i32) };
         if mr.is_null() {
@@ -643,10 +654,13 @@ pub struct Peers {
 }
 
 impl Peers {
-    /// Registers every region of `table` on `dev`.
+    /// Registers every region of `table` on `dev`, each for the remote operations
+    /// `client_access(app, rkey)` grants clients (read-only unless the app opts into client
+    /// one-sided writes).
     pub fn new(
         dev: Arc<Device>,
         table: Arc<crate::region::RegionTable>,
+        client_access: &dyn Fn(u32, u64) -> u32,
     ) -> Result<Peers, VerbsError> {
         let mut regions = Vec::new();
         for r in table.regions() {
@@ -654,7 +668,10 @@ impl Peers {
             // SAFETY: region memory is fixed-size, never moves, and lives as long as `table`,
             // which this value holds; remote writes go through the same words the runtime
             // accesses atomically.
-            let mr = unsafe { MemoryRegion::register(&dev, r.mem.addr() as *mut u8, len.max(8))? };
+            let remote = client_access(r.app, r.rkey);
+            let mr = unsafe {
+                MemoryRegion::register(&dev, r.mem.addr() as *mut u8, len.max(8), remote)?
+            };
             regions.push((
                 crate::udp::control::RdmaRegion {
                     app: r.app,
@@ -664,7 +681,7 @@ impl Peers {
                         rkey: mr.rkey(),
                     },
                     len: r.mem.len() as u64,
-                    access: r.access,
+                    access: remote,
                 },
                 mr,
             ));
@@ -775,7 +792,7 @@ impl RdmaReader {
         let mut buf = vec![0u64; READ_BUFFER / 8].into_boxed_slice();
         // SAFETY: the boxed buffer never moves and is dropped after the registration (field
         // order: `mr` before `_buf`).
-        let mr = unsafe { MemoryRegion::register(&dev, buf.as_mut_ptr().cast(), READ_BUFFER)? };
+        let mr = unsafe { MemoryRegion::register(&dev, buf.as_mut_ptr().cast(), READ_BUFFER, 0)? };
         Ok(RdmaReader {
             dev,
             qp,

@@ -170,7 +170,9 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     s.send(h.addr, 1, &[1, 1, 0, 0, 9, 9]).unwrap();
     assert!(s.recv(Duration::from_millis(100)).unwrap().is_empty());
-    let req = naam_runtime::wire::Request::for_call(APP, handler_id("add"), 7, &words(&[1, 2]), &[]).unwrap();
+    let req =
+        naam_runtime::wire::Request::for_call(APP, handler_id("add"), 7, &words(&[1, 2]), &[])
+            .unwrap();
     s.send(h.addr, 7, &req.to_bytes().unwrap()).unwrap();
     let r = naam_runtime::wire::Reply::decode(recv_one(&mut s)).unwrap();
     assert_eq!(r.status, Status::NoSession);
@@ -248,7 +250,12 @@ fn recv_sealed_one(c: &mut UdpClient) -> Bytes {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         assert!(Instant::now() < deadline, "no answer");
-        if let Some(m) = c.recv_sealed(Duration::from_millis(10)).unwrap().into_iter().next() {
+        if let Some(m) = c
+            .recv_sealed(Duration::from_millis(10))
+            .unwrap()
+            .into_iter()
+            .next()
+        {
             return m;
         }
     }
@@ -290,7 +297,11 @@ fn one_sided_writes_are_applied_once_when_retransmitted() {
     for _ in 0..3 {
         // Each retransmission is a new packet of the session, with the same operation id.
         c.send_sealed(n.addr, 42, &faa.to_bytes().unwrap()).unwrap();
-        olds.push(onesided::Completion::decode(recv_sealed_one(&mut c)).unwrap().data);
+        olds.push(
+            onesided::Completion::decode(recv_sealed_one(&mut c))
+                .unwrap()
+                .data,
+        );
     }
     assert!(olds.iter().all(|o| o[..] == 0u64.to_le_bytes()[..]));
     let read = onesided::Request {
@@ -298,7 +309,8 @@ fn one_sided_writes_are_applied_once_when_retransmitted() {
         id: 43,
         op: Op::Read(vec![rd(data, 16, 8)]),
     };
-    c.send_sealed(n.addr, 43, &read.to_bytes().unwrap()).unwrap();
+    c.send_sealed(n.addr, 43, &read.to_bytes().unwrap())
+        .unwrap();
     let now = onesided::Completion::decode(recv_sealed_one(&mut c)).unwrap();
     assert_eq!(now.data[..], 5u64.to_le_bytes()[..], "applied exactly once");
 }
@@ -518,7 +530,8 @@ fn a_server_claiming_endless_manifest_pages_is_refused() {
                             pages: u32::MAX,
                             agent: None,
                         };
-                        fake.send(peer, id, &s.sealer.seal(&w.to_bytes(id))).unwrap();
+                        fake.send(peer, id, &s.sealer.seal(&w.to_bytes(id)))
+                            .unwrap();
                         return;
                     }
                     _ => {}
@@ -526,11 +539,7 @@ fn a_server_claiming_endless_manifest_pages_is_refused() {
             }
         }
     });
-    match UdpClient::connect(&UdpConfig::new(
-        addr,
-        common::TENANT,
-        common::tenant_key(),
-    )) {
+    match UdpClient::connect(&UdpConfig::new(addr, common::TENANT, common::tenant_key())) {
         Err(UdpError::Refused { message, .. }) => assert!(message.contains("pages"), "{message}"),
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("accepted a manifest of 4 billion pages"),

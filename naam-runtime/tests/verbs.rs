@@ -41,7 +41,8 @@ fn one_sided_and_two_sided_operations_on_a_loopback_pair() {
     let Some(dev) = device() else { return };
     let t = Duration::from_secs(5);
     let mut mem = vec![0u64; 64];
-    let mr = unsafe { MemoryRegion::register(&dev, mem.as_mut_ptr().cast(), 512) }.unwrap();
+    let mr =
+        unsafe { MemoryRegion::register(&dev, mem.as_mut_ptr().cast(), 512, ALL_RIGHTS) }.unwrap();
     let (a, b) = (
         QueuePair::create(&dev).unwrap(),
         QueuePair::create(&dev).unwrap(),
@@ -85,7 +86,7 @@ fn the_server_side_registers_regions_and_connects_peers() {
     let Some(dev) = device() else { return };
     let mut table = RegionTable::new();
     let r = table.register(1, "data", ALL_RIGHTS, RegionMemory::from_bytes(&[42u8; 64]));
-    let peers = Peers::new(dev.clone(), Arc::new(table)).unwrap();
+    let peers = Peers::new(dev.clone(), Arc::new(table), &|_, _| ALL_RIGHTS).unwrap();
     let regions = peers.regions();
     assert_eq!(regions.len(), 1);
     assert_eq!(regions[0].naam_rkey, r.rkey);
@@ -95,7 +96,7 @@ fn the_server_side_registers_regions_and_connects_peers() {
         .unwrap();
     client.connect(&ours).unwrap();
     let mut buf = vec![0u64; 8];
-    let mr = unsafe { MemoryRegion::register(&dev, buf.as_mut_ptr().cast(), 64) }.unwrap();
+    let mr = unsafe { MemoryRegion::register(&dev, buf.as_mut_ptr().cast(), 64, 0) }.unwrap();
     client.read(1, &mr, 0, 8, regions[0].remote).unwrap();
     dev.wait(1, Duration::from_secs(5)).unwrap();
     let got = unsafe { std::ptr::read_volatile(mr.addr() as *const u64) };
@@ -117,9 +118,17 @@ fn a_client_placement_reads_the_server_over_rdma() {
     let shm = tempfile::tempdir().unwrap();
     let bytes = std::fs::read(&examples().0).unwrap();
     let d = dev.clone();
-    let host = common::udp_host(shm.path(), &[APP], ClusterConfig::default(), false, false, |c| {
-        Some(Arc::new(Peers::new(d, c.regions().clone()).unwrap()) as _)
-    });
+    let host = common::udp_host(
+        shm.path(),
+        &[APP],
+        ClusterConfig::default(),
+        false,
+        false,
+        |c| {
+            let read = |_, _| naam_ebpf::abi::ACCESS_READ;
+            Some(Arc::new(Peers::new(d, c.regions().clone(), &read).unwrap()) as _)
+        },
+    );
     let mut cfg = UdpConfig::new(host.addr, common::TENANT, common::tenant_key());
     cfg.pin = Some(Placement::Client);
     let mut c = UdpClient::connect(&cfg).unwrap();

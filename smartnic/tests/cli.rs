@@ -4,13 +4,43 @@
 use std::process::Command;
 
 fn nic(shm: &std::path::Path, extra: &[&str]) -> std::process::Output {
+    let keys = tempfile::tempdir().unwrap();
+    let pairing = keys.path().join("naam-nic.key");
+    naam_runtime::session::Credential::generate()
+        .unwrap()
+        .write_new(&pairing)
+        .unwrap();
     Command::new(env!("CARGO_BIN_EXE_naam-nic"))
         .args(["run", "--server", "127.0.0.1:9", "--listen", "127.0.0.1:0"])
         .arg("--shm-dir")
         .arg(shm)
+        .arg("--pairing")
+        .arg(&pairing)
         .args(extra)
         .output()
         .expect("running naam-nic")
+}
+
+#[test]
+fn a_missing_or_public_pairing_secret_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("k.key");
+    std::fs::write(&key, "00".repeat(32)).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    for pairing in [dir.path().join("none.key"), key] {
+        let out = Command::new(env!("CARGO_BIN_EXE_naam-nic"))
+            .args(["run", "--server", "127.0.0.1:9", "--listen", "127.0.0.1:0"])
+            .arg("--pairing")
+            .arg(&pairing)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("credential file"), "{err}");
+    }
 }
 
 #[test]

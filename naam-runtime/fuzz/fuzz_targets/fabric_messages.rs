@@ -1,7 +1,8 @@
 //! Arbitrary bytes as every message the UDP fabric's processes accept from the network: a
 //! one-sided operation (decoded, then executed by the agent against real regions), a one-sided
-//! completion, a control message, a forwarded request. Nothing may panic; the agent's answer
-//! must always encode.
+//! completion, a control message, a forwarded request, a sealed envelope. Nothing may panic;
+//! the agent's answer must always encode, and no input opens under a key it was not sealed
+//! with.
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
@@ -22,4 +23,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = Completion::decode(b.clone());
     let _ = Control::decode(data);
     let _ = unforward(&b);
+    let _ = naam_runtime::session::peek_sealed(data);
+    let key = naam_runtime::session::SessionKey::new(1, 1, [7; 32]);
+    assert!(key.open(&b).is_err(), "a forgery opened");
 });

@@ -17,9 +17,6 @@ use bytes::{Bytes, BytesMut};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 
 use super::control::{object_hash, Control, Manifest, KIND_CONTROL};
-use crate::session::{
-    self, peek_sealed, ClientHandshake, Credential, Sealer, Sender, SessionKey, KIND_SEALED,
-};
 use super::socket::{Socket, DEFAULT_DATAGRAM};
 use crate::clock::SystemClock;
 use crate::cluster::{run_at_client, ClientError, Selector};
@@ -30,6 +27,9 @@ use crate::metrics::Metrics;
 use crate::onesided::{self, KIND_COMPLETION};
 use crate::placement::Placement;
 use crate::registry::{HandlerKind, HandlerSpec, Registry};
+use crate::session::{
+    self, peek_sealed, ClientHandshake, Credential, Sealer, Sender, SessionKey, KIND_SEALED,
+};
 use crate::steering::{Ewma, HandlerKey, LoadTracker, Weights};
 use crate::transport::Transport;
 use crate::verifier::VerifierConfig;
@@ -166,6 +166,9 @@ pub struct Conn {
     rdma: Option<crate::verbs::RdmaReader>,
 }
 
+/// What [`Conn::exchange_with`] asks of each arriving message: `Some` ends the exchange.
+type Accept<'a> = dyn FnMut(&mut Conn, Incoming) -> Option<Result<Bytes, Exchange>> + 'a;
+
 /// An arriving datagram, classified once its seal (if any) is checked.
 enum Incoming {
     /// The inner message of a datagram sealed in this client's session by the server or NIC.
@@ -300,7 +303,7 @@ impl Conn {
         to: SocketAddr,
         id: u64,
         make: &mut dyn FnMut(&mut Conn, bool) -> Bytes,
-        accept: &mut dyn FnMut(&mut Conn, Incoming) -> Option<Result<Bytes, Exchange>>,
+        accept: &mut Accept<'_>,
     ) -> Result<Bytes, Exchange> {
         let mut rt = Retransmit::new(self.rto.as_nanos() as u64, self.attempts);
         let started = Instant::now();
@@ -373,19 +376,16 @@ impl Conn {
             hello.resize(session::HELLO_PADDING, b' ');
         }
         let hello = Bytes::from(hello);
-        let m = self.exchange_with(
-            server,
-            id,
-            &mut |_, _| hello.clone(),
-            &mut |_, incoming| match incoming {
+        let m = self.exchange_with(server, id, &mut |_, _| hello.clone(), &mut |_, incoming| {
+            match incoming {
                 Incoming::Unsealed(i, c @ (Control::Challenge { .. } | Control::Error { .. }))
                     if i == id =>
                 {
                     Some(Ok(c.to_bytes(i)))
                 }
                 _ => None,
-            },
-        );
+            }
+        });
         let (server_nonce, issued, cookie) = match Control::decode(&m.map_err(unanswered)?) {
             Ok((
                 _,
@@ -411,11 +411,8 @@ impl Conn {
         // The welcome is sealed in the new session: its id is in the envelope, and the key
         // follows from it, the nonces and the credential.
         let mut key: Option<SessionKey> = None;
-        let m = self.exchange_with(
-            server,
-            id,
-            &mut |_, _| auth.clone(),
-            &mut |_, incoming| match incoming {
+        let m = self.exchange_with(server, id, &mut |_, _| auth.clone(), &mut |_, incoming| {
+            match incoming {
                 Incoming::Unopened(m) => {
                     let h = peek_sealed(&m).ok()?;
                     if h.sender != Sender::Server {
@@ -433,8 +430,8 @@ impl Conn {
                     Some(Ok(c.to_bytes(i)))
                 }
                 _ => None,
-            },
-        );
+            }
+        });
         let welcome = match Control::decode(&m.map_err(unanswered)?) {
             Ok((_, w @ Control::Welcome { .. })) => w,
             Ok((_, Control::Error { message })) => return Err(refused(message)),
@@ -885,7 +882,8 @@ impl UdpClient {
         let f = u16::from_le_bytes([retry[2], retry[3]]) | flags::RETRY;
         retry[2..4].copy_from_slice(&f.to_le_bytes());
         let server = conn.server;
-        let m = conn.in_session(|c| c.exchange(server, req.request_id, &first, Some(&retry), KIND_REPLY))?;
+        let m = conn
+            .in_session(|c| c.exchange(server, req.request_id, &first, Some(&retry), KIND_REPLY))?;
         Ok(Reply::decode(m)?)
     }
 }

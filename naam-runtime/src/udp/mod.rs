@@ -41,7 +41,9 @@ mod tests {
             Descriptors::default(),
         );
         req.flags = flags::PIN_NIC;
-        let frags = fragment(req.request_id, &req.to_bytes().unwrap(), 1472).unwrap();
+        let key = crate::session::SessionKey::new(9, 1, [5; 32]);
+        let sealed = key.seal(crate::session::Sender::Client, 1, &req.to_bytes().unwrap());
+        let frags = fragment(req.request_id, &sealed, 1472).unwrap();
         assert_eq!(frags.len(), 1);
         let mut frame = vec![0u8; abi::L4_PAYLOAD];
         frame.extend_from_slice(&frags[0]);
@@ -49,7 +51,8 @@ mod tests {
         let f = &frame[abi::L4_PAYLOAD..];
         assert_eq!(&f[..4], b"NAAM");
         assert_eq!(f[abi::FRAG_COUNT], 1);
-        let r = &f[abi::FRAG_HEADER..];
+        assert_eq!(f[abi::FRAG_HEADER + abi::SEAL_KIND], abi::KIND_SEALED);
+        let r = &f[abi::FRAG_HEADER + abi::SEAL_HEADER..];
         let u32_at = |i: usize| u32::from_le_bytes(r[i..i + 4].try_into().unwrap());
         assert_eq!(r[abi::REQ_KIND], abi::KIND_REQUEST);
         assert_eq!(

@@ -152,7 +152,11 @@ struct Nic<'a> {
 fn grants_of(m: &Manifest) -> HashMap<(u32, u64), u32> {
     m.apps
         .iter()
-        .flat_map(|a| a.regions.iter().map(move |r| ((a.id, r.rkey), r.client_access)))
+        .flat_map(|a| {
+            a.regions
+                .iter()
+                .map(move |r| ((a.id, r.rkey), r.client_access))
+        })
         .collect()
 }
 
@@ -325,14 +329,14 @@ impl Nic<'_> {
             return;
         };
         match h.sender {
-            Sender::Server if peer == self.options.server => self.from_server(msg),
-            Sender::Client => self.from_client(peer, msg),
+            Sender::Server if peer == self.options.server => self.server_message(msg),
+            Sender::Client => self.client_message(peer, msg),
             _ => self.stats.unauthenticated += 1,
         }
     }
 
     /// A sealed message from the server: the welcome, session announcements, forwards.
-    fn from_server(&mut self, msg: Bytes) {
+    fn server_message(&mut self, msg: Bytes) {
         if let Pairing::Auth {
             hs,
             id,
@@ -380,7 +384,7 @@ impl Nic<'_> {
         let pairing_key = key.clone();
         match peek_kind(&inner) {
             Some(KIND_FORWARD) => match control::unforward(&inner) {
-                Ok(client) => self.from_client_checked(client, true),
+                Ok(client) => self.client_message_checked(client, true),
                 Err(_) => self.stats.malformed += 1,
             },
             Some(KIND_CONTROL) => match Control::decode(&inner) {
@@ -428,7 +432,7 @@ impl Nic<'_> {
         }
     }
 
-    fn from_client(&mut self, peer: SocketAddr, msg: Bytes) {
+    fn client_message(&mut self, peer: SocketAddr, msg: Bytes) {
         // Straight from a client (the eSwitch's path, one-sided operations): the datagram
         // must come from the session's own address.
         let Ok(h) = peek_sealed(&msg) else { return };
@@ -438,10 +442,10 @@ impl Nic<'_> {
                 return;
             }
         }
-        self.from_client_checked(msg, false)
+        self.client_message_checked(msg, false)
     }
 
-    fn from_client_checked(&mut self, msg: Bytes, forwarded: bool) {
+    fn client_message_checked(&mut self, msg: Bytes, forwarded: bool) {
         let Ok(h) = peek_sealed(&msg) else {
             self.stats.malformed += 1;
             return;
@@ -475,7 +479,11 @@ impl Nic<'_> {
         let Some(ch) = self.server_channel() else {
             return;
         };
-        if self.asked.get(&session).is_some_and(|t| t.elapsed() < PAIRING_RETRY) {
+        if self
+            .asked
+            .get(&session)
+            .is_some_and(|t| t.elapsed() < PAIRING_RETRY)
+        {
             return;
         }
         if self.asked.len() >= MAX_SESSIONS {
@@ -498,12 +506,14 @@ impl Nic<'_> {
             }
         };
         req.origin = sid;
-        let refuse = |status, why: String| {
-            crate::cluster::error_reply(&req, status, Placement::Nic, why)
-        };
+        let refuse =
+            |status, why: String| crate::cluster::error_reply(&req, status, Placement::Nic, why);
         if !apps.contains(&req.app) {
             self.stats.refused += 1;
-            let r = refuse(Status::UnknownApp, format!("no app {} in this session", req.app));
+            let r = refuse(
+                Status::UnknownApp,
+                format!("no app {} in this session", req.app),
+            );
             self.replies.reply(ch, &r);
             return;
         }
@@ -514,10 +524,13 @@ impl Nic<'_> {
             return;
         }
         let cluster = self.current.cluster.clone();
-        match self
-            .replies
-            .dispatch(&cluster, req, &mut self.sel, Some(Placement::Nic), ch.clone())
-        {
+        match self.replies.dispatch(
+            &cluster,
+            req,
+            &mut self.sel,
+            Some(Placement::Nic),
+            ch.clone(),
+        ) {
             Dispatch::Queued(_) => self.stats.executed += 1,
             Dispatch::Remote(req) => {
                 self.stats.refused += 1;

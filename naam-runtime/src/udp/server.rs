@@ -19,8 +19,7 @@ use crate::datagram;
 use crate::onesided::{self, KIND_OP};
 use crate::placement::Placement;
 use crate::session::{
-    self, CookieJar, Gatekeeper, HandshakeNonces, Role, SealError, Sealer,
-    TenantEntry, KIND_SEALED,
+    self, CookieJar, Gatekeeper, HandshakeNonces, Role, SealError, Sealer, TenantEntry, KIND_SEALED,
 };
 use crate::steering::RemoteLoad;
 use crate::wire::{peek_kind, LoadFeedback, Reply, Request, Status, KIND_REQUEST};
@@ -477,10 +476,11 @@ impl Host<'_> {
                 Some(nic) => {
                     self.stats.forwarded += 1;
                     let to = self.agent().unwrap_or(nic.to);
-                    let _ = self
-                        .replies
-                        .sender
-                        .send(to, id, &nic.sealer.seal(&control::forward(sealed)));
+                    let _ = self.replies.sender.send(
+                        to,
+                        id,
+                        &nic.sealer.seal(&control::forward(sealed)),
+                    );
                 }
                 None => {
                     self.stats.refused += 1;

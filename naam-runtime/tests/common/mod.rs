@@ -177,11 +177,8 @@ pub fn udp_host(
         .iter()
         .map(|&id| (id, TENANT.to_string(), tenant_key()))
         .collect();
-    let tenants = naam_runtime::session::tenant_entries(
-        &tenants,
-        Some(operator_key()),
-        Some(pairing_key()),
-    );
+    let tenants =
+        naam_runtime::session::tenant_entries(&tenants, Some(operator_key()), Some(pairing_key()));
     let (cluster, manifest) = deploy::start_host(apps, config, shm).unwrap();
     let verbs = verbs(&cluster);
     let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();

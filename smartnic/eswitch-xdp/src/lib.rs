@@ -153,7 +153,13 @@ unsafe fn steer(ctx: *mut XdpMd) {
             count(abi::COUNTER_FRAGMENTED);
             return;
         }
-        let req = frag.add(abi::FRAG_HEADER);
+        let sealed = frag.add(abi::FRAG_HEADER);
+        if *sealed.add(abi::SEAL_KIND) != abi::KIND_SEALED {
+            return;
+        }
+        // The switch reads the request's routing fields through the envelope; the tag is the
+        // receiver's to check (the NIC checks it as the host does).
+        let req = sealed.add(abi::SEAL_HEADER);
         if *req.add(abi::REQ_KIND) != abi::KIND_REQUEST {
             return;
         }

@@ -145,15 +145,15 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
             Ok(pairing) => run(
-            pairing,
-            server,
-            listen,
-            &shm_dir,
-            cores,
-            naam_smartnic::bluefield2_model(core_slowdown, dma_ns, !no_cost_model),
-            datagram,
-            Duration::from_secs(wait),
-        ),
+                pairing,
+                server,
+                listen,
+                &shm_dir,
+                cores,
+                naam_smartnic::bluefield2_model(core_slowdown, dma_ns, !no_cost_model),
+                datagram,
+                Duration::from_secs(wait),
+            ),
         },
     };
     match r {

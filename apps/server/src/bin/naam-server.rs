@@ -45,8 +45,7 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(Command::Keygen { out }) = &args.command {
-        return match naam_runtime::session::Credential::generate().and_then(|c| c.write_new(out))
-        {
+        return match naam_runtime::session::Credential::generate().and_then(|c| c.write_new(out)) {
             Ok(()) => {
                 eprintln!("naam-server: wrote a new credential to {}", out.display());
                 ExitCode::SUCCESS
@@ -141,9 +140,19 @@ fn attach_eswitch(
 #[cfg(feature = "verbs")]
 fn verbs_side(
     cluster: &Arc<naam_runtime::cluster::Cluster>,
+    manifest: &naam_runtime::udp::control::Manifest,
 ) -> Option<Arc<dyn server::VerbsAcceptor>> {
     use naam_runtime::verbs::{Device, Peers};
-    match Device::open(None).and_then(|d| Peers::new(d, cluster.regions().clone())) {
+    // Registered for the rights clients have: remote writes and atomics only where the app
+    // opts into client one-sided writes.
+    let client_access = |app: u32, rkey: u64| {
+        manifest
+            .app(app)
+            .and_then(|a| a.regions.iter().find(|r| r.rkey == rkey))
+            .map_or(0, |r| r.client_access)
+    };
+    match Device::open(None).and_then(|d| Peers::new(d, cluster.regions().clone(), &client_access))
+    {
         Ok(p) => {
             eprintln!("naam-server: RDMA verbs: regions registered; peers connect over the control channel");
             Some(Arc::new(p))
@@ -157,7 +166,10 @@ fn verbs_side(
 
 /// Built without the `verbs` feature: no RDMA side.
 #[cfg(not(feature = "verbs"))]
-fn verbs_side(_: &Arc<naam_runtime::cluster::Cluster>) -> Option<Arc<dyn server::VerbsAcceptor>> {
+fn verbs_side(
+    _: &Arc<naam_runtime::cluster::Cluster>,
+    _: &naam_runtime::udp::control::Manifest,
+) -> Option<Arc<dyn server::VerbsAcceptor>> {
     None
 }
 
@@ -178,7 +190,7 @@ fn run(
         .with_context(|| format!("binding {}", config.listen))?;
     let (cluster, manifest) = deploy::start_host(apps, cc, &config.shm_dir)?;
     let switch = attach_eswitch(config, &cluster, stop);
-    let verbs = verbs_side(&cluster);
+    let verbs = verbs_side(&cluster, &manifest);
     eprintln!(
         "naam-server: serving {} app(s) on udp://{} ({}); regions and manifest in {}; policy {}",
         manifest.apps.len(),
