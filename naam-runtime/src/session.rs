@@ -305,6 +305,18 @@ impl Credential {
         SessionKey::new(session, self.tag(), m.finalize().into_bytes().into())
     }
 
+    /// The rkey of region `region` of app `app`: derived from the credential, so it stays the
+    /// same across server restarts (clients keep working without re-reading the manifest)
+    /// and is still unguessable to anyone without the credential. Never 0.
+    pub fn region_key(&self, app: u32, region: &str) -> u64 {
+        let mut m = self.mac();
+        m.update(b"naam region key v1");
+        m.update(&app.to_le_bytes());
+        m.update(region.as_bytes());
+        let out = m.finalize().into_bytes();
+        u64::from_le_bytes(out[..8].try_into().expect("8 bytes")).max(1)
+    }
+
     /// The token that authenticates a "no such session" notice for `session`: only this
     /// credential's holders (the client, and a server configured with it) can compute it.
     pub fn reset_token(&self, session: u64) -> [u8; RESET_TOKEN_LEN] {

@@ -17,8 +17,6 @@ use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Transport;
 use naam_runtime::udp::client::{UdpClient, UdpConfig, UdpError};
 use naam_runtime::udp::control::Control;
-use naam_runtime::udp::deploy::start_nic;
-use naam_runtime::udp::nic::{serve_nic, NicCluster, NicOptions};
 use naam_runtime::udp::socket::Socket;
 use naam_runtime::wire::Status;
 use naam_runtime::Placement;
@@ -43,33 +41,7 @@ fn host_with(
 }
 
 fn nic(shm: &std::path::Path, server: SocketAddr) -> Process {
-    let (cluster, manifest) = start_nic(shm, ClusterConfig::functional()).unwrap();
-    let shm = shm.to_path_buf();
-    let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
-    let addr = socket.local_addr().unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s = stop.clone();
-    let thread = std::thread::spawn(move || {
-        let opts = NicOptions {
-            server,
-            advertise: addr,
-            report_every: Duration::from_millis(1),
-            drain: Duration::from_secs(1),
-            pairing: common::pairing_key(),
-        };
-        let start = NicCluster { cluster, manifest };
-        serve_nic(start, socket, opts, &s, &mut |_| {
-            start_nic(&shm, ClusterConfig::functional())
-                .map(|(cluster, manifest)| NicCluster { cluster, manifest })
-                .map_err(|e| e.to_string())
-        })
-        .unwrap();
-    });
-    Process {
-        stop,
-        thread: Some(thread),
-        addr,
-    }
+    common::udp_nic(shm, server)
 }
 
 fn client(server: SocketAddr, pin: Option<Placement>) -> UdpClient {

@@ -536,6 +536,7 @@ impl AppConfig {
                             params: serde_json::to_value(mc)?,
                             object_bytes: bytes.clone(),
                             client_writes: self.access().2,
+                            credential: None,
                         })
                     })
                     .collect()
@@ -556,6 +557,7 @@ impl AppConfig {
                             params: serde_json::to_value(bc)?,
                             object_bytes: bytes.clone(),
                             client_writes: self.access().2,
+                            credential: None,
                         })
                     })
                     .collect()
@@ -623,6 +625,7 @@ impl AppConfig {
                     params: serde_json::Value::Null,
                     object_bytes: bytes,
                     client_writes: self.access().2,
+                    credential: None,
                 }])
             }
         }

@@ -55,6 +55,10 @@ pub struct HostApp {
     /// Whether clients may WRITE, CAS and FAA its regions one-sided (where the regions grant
     /// it to handlers); otherwise clients only READ them.
     pub client_writes: bool,
+    /// The tenant's credential: region rkeys are derived from it
+    /// ([`crate::session::Credential::region_key`]), so they stay the same across restarts;
+    /// `None`: random rkeys.
+    pub credential: Option<crate::session::Credential>,
 }
 
 fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> DeployError + '_ {
@@ -77,13 +81,18 @@ pub fn start_host(
     let dir = shm_dir.to_path_buf();
     let region_path = move |app: u32, name: &str| dir.join(format!("app{app}-{name}.region"));
     let rp = region_path.clone();
+    let credentials: std::collections::HashMap<u32, crate::session::Credential> = apps
+        .iter()
+        .filter_map(|a| a.credential.clone().map(|c| (a.spec.id, c)))
+        .collect();
     let mut builder =
         Cluster::builder()
             .config(config)
             .region_backing(Box::new(move |app, r: &RegionSpec| {
                 let path = rp(app, &r.name);
+                let rkey = credentials.get(&app).map(|c| c.region_key(app, &r.name));
                 RegionMemory::create_shared(&path, &r.contents)
-                    .map(|m| (m, None))
+                    .map(|m| (m, rkey))
                     .map_err(|e| ClusterError::Region {
                         app,
                         region: r.name.clone(),

@@ -149,8 +149,8 @@ pub fn operator_key() -> naam_runtime::session::Credential {
     naam_runtime::session::Credential::from_bytes([0x33; 32])
 }
 
-/// A naam-server driver on loopback serving the examples object as apps `ids` from `shm`;
-/// `verbs` gives it an RDMA side once its cluster exists.
+/// A naam-server driver on loopback serving the examples object as apps `ids` from `shm`,
+/// all of tenant [`TENANT`]; `verbs` gives it an RDMA side once its cluster exists.
 pub fn udp_host(
     shm: &Path,
     ids: &[u32],
@@ -161,27 +161,59 @@ pub fn udp_host(
         &std::sync::Arc<naam_runtime::cluster::Cluster>,
     ) -> Option<std::sync::Arc<dyn naam_runtime::udp::server::VerbsAcceptor>>,
 ) -> Driver {
-    use naam_runtime::udp::{deploy, server, socket::Socket};
-    let bytes = std::fs::read(&examples().0).unwrap();
-    let apps = ids
-        .iter()
-        .map(|&id| deploy::HostApp {
-            spec: examples_app(id),
-            kind: "object".into(),
-            params: serde_json::Value::Null,
-            object_bytes: bytes.clone(),
-            client_writes,
-        })
-        .collect();
     let tenants: Vec<_> = ids
         .iter()
         .map(|&id| (id, TENANT.to_string(), tenant_key()))
         .collect();
+    let at = "127.0.0.1:0".parse().unwrap();
+    udp_host_tenants(
+        shm,
+        at,
+        &tenants,
+        config,
+        congestion_control,
+        client_writes,
+        verbs,
+    )
+}
+
+/// A naam-server driver on `at` serving the examples object as the apps of `tenants` (app id,
+/// tenant name, credential), with the test NIC's pairing secret and operator credential.
+#[allow(clippy::too_many_arguments)]
+pub fn udp_host_tenants(
+    shm: &Path,
+    at: std::net::SocketAddr,
+    tenants: &[(u32, String, naam_runtime::session::Credential)],
+    config: naam_runtime::cluster::ClusterConfig,
+    congestion_control: bool,
+    client_writes: bool,
+    verbs: impl FnOnce(
+        &std::sync::Arc<naam_runtime::cluster::Cluster>,
+    ) -> Option<std::sync::Arc<dyn naam_runtime::udp::server::VerbsAcceptor>>,
+) -> Driver {
+    use naam_runtime::udp::{deploy, server, socket::Socket};
+    let bytes = std::fs::read(&examples().0).unwrap();
+    let apps = tenants
+        .iter()
+        .map(|(id, _, c)| deploy::HostApp {
+            spec: examples_app(*id),
+            kind: "object".into(),
+            params: serde_json::Value::Null,
+            object_bytes: bytes.clone(),
+            client_writes,
+            credential: Some(c.clone()),
+        })
+        .collect();
     let tenants =
-        naam_runtime::session::tenant_entries(&tenants, Some(operator_key()), Some(pairing_key()));
+        naam_runtime::session::tenant_entries(tenants, Some(operator_key()), Some(pairing_key()));
+    let mut seen = std::collections::HashSet::new();
+    let tenants: Vec<_> = tenants
+        .into_iter()
+        .filter(|t| seen.insert(t.name.clone()))
+        .collect();
     let (cluster, manifest) = deploy::start_host(apps, config, shm).unwrap();
     let verbs = verbs(&cluster);
-    let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let socket = Socket::bind(at, 1472).unwrap();
     let addr = socket.local_addr().unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
@@ -195,6 +227,42 @@ pub fn udp_host(
             tenants,
         };
         server::serve_host(cluster, socket, opts, &s).unwrap();
+    });
+    Driver {
+        stop,
+        thread: Some(thread),
+        addr,
+    }
+}
+
+/// A naam-nic driver on loopback for the host that wrote `shm`, reporting to `server`; it maps
+/// the regions anew when the server restarts.
+pub fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
+    use naam_runtime::cluster::ClusterConfig;
+    use naam_runtime::udp::deploy::start_nic;
+    use naam_runtime::udp::nic::{serve_nic, NicCluster, NicOptions};
+    use naam_runtime::udp::socket::Socket;
+    let (cluster, manifest) = start_nic(shm, ClusterConfig::functional()).unwrap();
+    let shm = shm.to_path_buf();
+    let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let addr = socket.local_addr().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let opts = NicOptions {
+            server,
+            advertise: addr,
+            report_every: std::time::Duration::from_millis(1),
+            drain: std::time::Duration::from_secs(1),
+            pairing: pairing_key(),
+        };
+        let start = NicCluster { cluster, manifest };
+        serve_nic(start, socket, opts, &s, &mut |_| {
+            start_nic(&shm, ClusterConfig::functional())
+                .map(|(cluster, manifest)| NicCluster { cluster, manifest })
+                .map_err(|e| e.to_string())
+        })
+        .unwrap();
     });
     Driver {
         stop,

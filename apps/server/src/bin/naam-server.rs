@@ -92,6 +92,13 @@ fn main() -> ExitCode {
             }
         }
     }
+    // Region rkeys follow from the tenants' credentials: the same after a restart.
+    for a in &mut apps {
+        a.credential = tenants
+            .iter()
+            .find(|t| t.role.may_use(a.spec.id))
+            .map(|t| t.credential.clone());
+    }
     match run(&config, apps, tenants) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,0 +1,420 @@
+//! Issue 12's findings, one test each, against the UDP fabric's real drivers on loopback (the
+//! same loops naam-server and naam-nic run): strangers and other tenants can neither read nor
+//! change a tenant's memory, guessed request ids poison nothing, the NIC reflects nothing and
+//! cannot be impersonated, answers to unproven peers stay within the amplification limit,
+//! and a server restart recovers by itself.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{rd, words, Driver};
+use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+use naam_runtime::cluster::ClusterConfig;
+use naam_runtime::onesided::{self, Op};
+use naam_runtime::registry::handler_id;
+use naam_runtime::session::{Credential, HELLO_PADDING};
+use naam_runtime::transport::Transport;
+use naam_runtime::udp::client::{UdpClient, UdpConfig};
+use naam_runtime::udp::control::{self, Control};
+use naam_runtime::udp::socket::Socket;
+use naam_runtime::wire::{Reply, Request, Status};
+use naam_runtime::Placement;
+
+/// Tenant A owns app 1, tenant B app 2.
+const A: u32 = 1;
+const B: u32 = 2;
+
+fn key_a() -> Credential {
+    Credential::from_bytes([0xa1; 32])
+}
+
+fn key_b() -> Credential {
+    Credential::from_bytes([0xb2; 32])
+}
+
+/// A server of tenants A and B on `at` (clients may write one-sided), and a NIC.
+fn deployment(shm: &std::path::Path, at: SocketAddr) -> (Driver, Driver) {
+    let tenants = [(A, "a".to_string(), key_a()), (B, "b".to_string(), key_b())];
+    let h = common::udp_host_tenants(
+        shm,
+        at,
+        &tenants,
+        ClusterConfig::functional(),
+        false,
+        true,
+        |_| None,
+    );
+    let n = common::udp_nic(shm, h.addr);
+    (h, n)
+}
+
+fn client(server: SocketAddr, tenant: &str, key: Credential, pin: Option<Placement>) -> UdpClient {
+    let mut cfg = UdpConfig::new(server, tenant, key);
+    cfg.pin = pin;
+    cfg.rto = Duration::from_millis(10);
+    UdpClient::connect(&cfg).unwrap()
+}
+
+fn wait_for_agent(c: &mut UdpClient, app: u32) -> SocketAddr {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let _ = c.call(app, handler_id("add"), &words(&[1, 1]), &[]);
+        if let Some(a) = c.agent() {
+            return a;
+        }
+        assert!(Instant::now() < deadline, "the NIC never paired");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn recv_sealed_one(c: &mut UdpClient) -> Option<Bytes> {
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < deadline {
+        if let Some(m) = c.recv_sealed(Duration::from_millis(10)).unwrap().pop() {
+            return Some(m);
+        }
+    }
+    None
+}
+
+/// Tenant A's `data` region, read through A's own handler.
+fn data_of_a(a: &mut UdpClient) -> Vec<u8> {
+    let data = a.manifest().app(A).unwrap().region_key("data").unwrap();
+    let r = a
+        .call(A, handler_id("bsearch"), &words(&[0]), &[rd(data, 0, 64)])
+        .unwrap();
+    assert_eq!(r.status, Status::Ok);
+    let op = onesided::Request {
+        app: A,
+        id: 900,
+        op: Op::Read(vec![rd(data, 0, 64)]),
+    };
+    let agent = wait_for_agent(a, A);
+    a.send_sealed(agent, 900, &op.to_bytes().unwrap()).unwrap();
+    let c = onesided::Completion::decode(recv_sealed_one(a).expect("A reads its data")).unwrap();
+    assert_eq!(c.status, Status::Ok);
+    c.data.to_vec()
+}
+
+#[test]
+fn strangers_and_other_tenants_can_neither_read_nor_change_a_tenants_memory() {
+    let shm = tempfile::tempdir().unwrap();
+    let (h, n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
+    let mut a = client(h.addr, "a", key_a(), None);
+    let mut b = client(h.addr, "b", key_b(), None);
+    // Each session sees only its own app.
+    assert_eq!(
+        a.manifest().apps.iter().map(|x| x.id).collect::<Vec<_>>(),
+        [A]
+    );
+    assert_eq!(
+        b.manifest().apps.iter().map(|x| x.id).collect::<Vec<_>>(),
+        [B]
+    );
+    assert!(b.manifest().apps[0]
+        .regions
+        .iter()
+        .all(|r| r.path.is_none()));
+    let before = data_of_a(&mut a);
+    // B learned A's rkey somehow (it is derived, but say it leaked).
+    let rkey = a.manifest().app(A).unwrap().region_key("data").unwrap();
+    let agent = wait_for_agent(&mut b, B);
+    let ops = |app| {
+        vec![
+            Op::Read(vec![rd(rkey, 0, 8)]),
+            Op::Write {
+                rkey,
+                offset: 0,
+                data: Bytes::from_static(&[0xff; 8]),
+            },
+            Op::Cas {
+                rkey,
+                offset: 0,
+                expected: 24,
+                new: 0,
+            },
+            Op::Faa {
+                rkey,
+                offset: 8,
+                add: 1,
+            },
+        ]
+        .into_iter()
+        .map(move |op| onesided::Request { app, id: 77, op })
+    };
+    // In B's session, naming A's app or its own: refused, nothing read.
+    for (i, op) in ops(A).chain(ops(B)).enumerate() {
+        b.send_sealed(agent, i as u64, &op.to_bytes().unwrap())
+            .unwrap();
+        let c = onesided::Completion::decode(recv_sealed_one(&mut b).expect("an answer")).unwrap();
+        let want = if op.app == A {
+            Status::UnknownApp
+        } else {
+            Status::BadKey
+        };
+        assert_eq!(c.status, want, "{op:?}");
+        assert!(
+            !c.data.windows(8).any(|w| w == 24u64.to_le_bytes()),
+            "{c:?}"
+        );
+    }
+    // B's requests for A's app are refused as if it did not exist.
+    let w = Descriptor {
+        rkey,
+        offset: 0,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    let r = b
+        .call(A, handler_id("counter_add"), &words(&[5]), &[w])
+        .unwrap();
+    assert_eq!(r.status, Status::UnknownApp);
+    let r = b
+        .call(B, handler_id("counter_add"), &words(&[5]), &[w])
+        .unwrap();
+    assert_eq!(r.status, Status::BadKey, "A's rkey in B's app");
+    // A stranger: unsealed operations to the NIC and the server get nothing done.
+    let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    for op in ops(A) {
+        s.send(n.addr, 1, &op.to_bytes().unwrap()).unwrap();
+        s.send(h.addr, 1, &op.to_bytes().unwrap()).unwrap();
+    }
+    let req = Request::for_call(A, handler_id("counter_add"), 1, &words(&[5]), &[w]).unwrap();
+    s.send(h.addr, 1, &req.to_bytes().unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    for (_, m) in s.recv(Duration::from_millis(50)).unwrap() {
+        // Only refusals come back, each small.
+        let status = Reply::decode(m.clone())
+            .map(|r| r.status)
+            .or_else(|_| onesided::Completion::decode(m).map(|c| c.status))
+            .unwrap();
+        assert_eq!(status, Status::NoSession);
+    }
+    assert_eq!(data_of_a(&mut a), before, "A's memory is unchanged");
+    drop(n);
+}
+
+#[test]
+fn guessed_request_ids_poison_no_one_elses_writes() {
+    let shm = tempfile::tempdir().unwrap();
+    let (h, _n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
+    let mut attacker = client(h.addr, "a", key_a(), Some(Placement::Host));
+    let mut victim = client(h.addr, "a", key_a(), Some(Placement::Host));
+    let data = victim
+        .manifest()
+        .app(A)
+        .unwrap()
+        .region_key("data")
+        .unwrap();
+    let w = Descriptor {
+        rkey: data,
+        offset: 16,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    // The attacker sends writes under every id the victim will use.
+    for seq in 1..=64u64 {
+        let req = Request::for_call(A, handler_id("counter_add"), seq, &words(&[0]), &[w]).unwrap();
+        attacker
+            .send_sealed(h.addr, seq, &req.to_bytes().unwrap())
+            .unwrap();
+        let id = naam_runtime::wire::request_id(2, seq);
+        let req = Request::for_call(A, handler_id("counter_add"), id, &words(&[0]), &[w]).unwrap();
+        attacker
+            .send_sealed(h.addr, id, &req.to_bytes().unwrap())
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    // Every one of the victim's writes is applied.
+    for _ in 0..20 {
+        let r = victim
+            .call(A, handler_id("counter_add"), &words(&[1]), &[w])
+            .unwrap();
+        assert_eq!(r.status, Status::Ok);
+    }
+    let r = victim
+        .call(A, handler_id("bsearch"), &words(&[0]), &[rd(data, 0, 64)])
+        .unwrap();
+    assert_eq!(r.status, Status::Ok);
+    let op = onesided::Request {
+        app: A,
+        id: 5,
+        op: Op::Read(vec![rd(data, 16, 8)]),
+    };
+    let agent = wait_for_agent(&mut victim, A);
+    victim
+        .send_sealed(agent, 5, &op.to_bytes().unwrap())
+        .unwrap();
+    let c = onesided::Completion::decode(recv_sealed_one(&mut victim).unwrap()).unwrap();
+    assert_eq!(
+        c.data[..],
+        20u64.to_le_bytes()[..],
+        "all 20 applied, none poisoned"
+    );
+}
+
+#[test]
+fn the_nic_reflects_nothing_and_cannot_be_impersonated() {
+    let shm = tempfile::tempdir().unwrap();
+    let (h, n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
+    let mut a = client(h.addr, "a", key_a(), Some(Placement::Nic));
+    let agent = wait_for_agent(&mut a, A);
+    assert_eq!(agent, n.addr);
+    // A third party that would receive reflected answers.
+    let mut victim = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let req = Request::for_call(A, handler_id("add"), 3, &words(&[1, 2]), &[]).unwrap();
+    // Forwards from a stranger (unsealed), and from a tenant's session: dropped.
+    let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let sealed = a.send_sealed(h.addr, 3, &req.to_bytes().unwrap()).unwrap();
+    let _ = recv_sealed_one(&mut a);
+    for _ in 0..20 {
+        s.send(n.addr, 1, &control::forward(&sealed)).unwrap();
+        a.send_sealed(n.addr, 1, &control::forward(&sealed))
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(victim.recv(Duration::from_millis(50)).unwrap().is_empty());
+    assert!(s.recv(Duration::from_millis(10)).unwrap().is_empty());
+    assert!(
+        recv_sealed_one(&mut a).is_none(),
+        "no answer to a replayed forward"
+    );
+    // Nobody but the paired NIC may report load or say goodbye for it.
+    let bye = Control::NicBye.to_bytes(9);
+    s.send(h.addr, 9, &bye).unwrap();
+    let answer = a.control(&Control::NicBye).unwrap();
+    assert!(
+        matches!(&answer, Control::Error { message } if message.contains("not allowed")),
+        "{answer:?}"
+    );
+    let load = Control::NicLoad {
+        agent: victim.local_addr().unwrap(),
+        load: Default::default(),
+    };
+    let answer = a.control(&load).unwrap();
+    assert!(matches!(answer, Control::Error { .. }), "{answer:?}");
+    std::thread::sleep(Duration::from_millis(50));
+    // The NIC is still the NIC, and still serves.
+    for _ in 0..50 {
+        let r = a.call(A, handler_id("add"), &words(&[2, 3]), &[]).unwrap();
+        assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
+    }
+    assert_eq!(a.agent(), Some(n.addr));
+    assert!(victim.recv(Duration::from_millis(10)).unwrap().is_empty());
+}
+
+#[test]
+fn answers_to_unproven_peers_stay_within_the_amplification_limit() {
+    let shm = tempfile::tempdir().unwrap();
+    let (h, _n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
+    let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let hello = |pad: usize| {
+        let mut b = Control::Hello {
+            tenant: "a".into(),
+            nonce: [3; 32],
+        }
+        .to_bytes(1)
+        .to_vec();
+        b.resize(b.len().max(pad), b' ');
+        b
+    };
+    let frame = naam_runtime::datagram::HEADER;
+    for (msg, answered) in [
+        (hello(HELLO_PADDING), true),
+        (hello(0), true),
+        (b"{}".to_vec(), false),
+        // A malformed control message gets a short error, within the limit.
+        (
+            vec![1, 5, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, b'x'],
+            true,
+        ),
+        (
+            Control::Auth {
+                tenant: "a".into(),
+                client_nonce: [0; 32],
+                server_nonce: [0; 32],
+                issued: 0,
+                cookie: [0; 16],
+                proof: [0; 32],
+            }
+            .to_bytes(2)
+            .to_vec(),
+            true,
+        ),
+    ] {
+        s.send(h.addr, 1, &msg).unwrap();
+        let got = s.recv(Duration::from_millis(200)).unwrap();
+        for (_, m) in &got {
+            assert!(
+                m.len() + frame <= 3 * (msg.len() + frame),
+                "{} bytes answered {} bytes",
+                msg.len(),
+                m.len()
+            );
+        }
+        assert_eq!(
+            !got.is_empty(),
+            answered,
+            "{}",
+            String::from_utf8_lossy(&msg)
+        );
+    }
+}
+
+#[test]
+fn a_server_restart_recovers_by_itself_within_five_seconds() {
+    let shm = tempfile::tempdir().unwrap();
+    let (mut h, _n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
+    let at = h.addr;
+    let mut host = client(at, "a", key_a(), Some(Placement::Host));
+    let mut nic = client(at, "a", key_a(), Some(Placement::Nic));
+    wait_for_agent(&mut nic, A);
+    let sorted = host
+        .manifest()
+        .app(A)
+        .unwrap()
+        .region_key("sorted")
+        .unwrap();
+    let lookup = |c: &mut UdpClient| {
+        c.call(
+            A,
+            handler_id("bsearch"),
+            &words(&[400]),
+            &[rd(sorted, 0, 4096)],
+        )
+    };
+    for c in [&mut host, &mut nic] {
+        let r = lookup(c).unwrap();
+        assert_eq!(r.status, Status::Ok);
+    }
+    h.stop();
+    let tenants = [(A, "a".to_string(), key_a()), (B, "b".to_string(), key_b())];
+    let _h2 = common::udp_host_tenants(
+        shm.path(),
+        at,
+        &tenants,
+        ClusterConfig::functional(),
+        false,
+        true,
+        |_| None,
+    );
+    let restarted = Instant::now();
+    for (c, p) in [(&mut host, Placement::Host), (&mut nic, Placement::Nic)] {
+        loop {
+            match lookup(c) {
+                Ok(r) if r.status == Status::Ok && r.placement == p => break,
+                _ => {}
+            }
+            assert!(
+                restarted.elapsed() < Duration::from_secs(5),
+                "{p} did not recover within 5 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let took = restarted.elapsed();
+    assert!(took < Duration::from_secs(5), "{took:?}");
+}
