@@ -26,8 +26,9 @@ use naam_ebpf::abi::Descriptor;
 use crate::clock::{Clock, Nanos, SystemClock};
 use crate::engine::Vm;
 use crate::executor::{
-    apply_writes, one_sided_read, run_message, Action, ClientPath, Completion, DataPath, DmaModel,
-    FetchError, HostPath, Limits, NicPath, OneSided, StepMachine, WriteError,
+    self, apply_writes, one_sided_read, run_message, Action, ClientPath, Completion, DataPath,
+    DmaModel, Driven, FetchError, HostPath, Limits, NicPath, OneSided, ParkedRun, RunCost,
+    StepMachine, WriteError,
 };
 use crate::loader::LoadedObject;
 use crate::metrics::Metrics;
@@ -163,6 +164,9 @@ pub struct ClusterConfig {
     /// Replay sampled steps of every executor and client VM as aarch64 code under qemu and
     /// record differences (tests of the aarch64 JIT over real workloads; off by default).
     pub cross_check: Option<Arc<crate::cross::CrossCheck>>,
+    /// What one app may spend per period before its new messages are refused `Busy`: bounds
+    /// the harm one tenant's torn records or retry storms do to the others.
+    pub tenant_budget: TenantBudget,
 }
 
 /// How long a remote NIC may stay silent before the controller takes it out of the weights.
@@ -184,6 +188,7 @@ impl Default for ClusterConfig {
             controller: true,
             executor_poll: POLL_BEFORE_BLOCKING,
             cross_check: None,
+            tenant_budget: TenantBudget::default(),
         }
     }
 }
@@ -230,6 +235,39 @@ pub enum ClusterError {
         /// What failed.
         message: String,
     },
+}
+
+/// Torn-read retries and steps one app may spend per period at this cluster's executors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantBudget {
+    /// Length of a period.
+    pub period: Duration,
+    /// Torn-read retries per period; past it, the app's retrying messages fail `Refused`
+    /// and its new messages are refused `Busy` until the period ends.
+    pub retries: u64,
+    /// Steps per period (retries included); past it, new messages are refused `Busy`.
+    pub steps: u64,
+}
+
+impl Default for TenantBudget {
+    /// 2,000 retries and 4 million steps per 100 ms: far above what a healthy app needs (torn
+    /// reads are rare: 20,000 retries a second is 1% of the paper's MICA rate; 4 M steps per
+    /// 100 ms is 20 times that rate), far below what starves the executors.
+    fn default() -> Self {
+        TenantBudget {
+            period: Duration::from_millis(100),
+            retries: 2_000,
+            steps: 4_000_000,
+        }
+    }
+}
+
+/// What one app spent in the current period.
+#[derive(Debug, Default)]
+struct Spent {
+    since: Nanos,
+    retries: u64,
+    steps: u64,
 }
 
 /// Why a client call produced no reply.
@@ -443,6 +481,8 @@ struct Inner {
     weights: RwLock<HashMap<HandlerKey, Weights>>,
     owners: HashMap<u32, Owner>,
     dedup: HashMap<u32, Mutex<DedupTable>>,
+    /// Per app: what it spent of [`ClusterConfig::tenant_budget`] this period.
+    spent: HashMap<u32, Mutex<Spent>>,
     client_rtt: Mutex<Ewma>,
     metrics: Metrics,
     congestion: CongestionInjector,
@@ -456,6 +496,39 @@ struct Inner {
 }
 
 impl Inner {
+    /// Adds to `app`'s spending in the current period (a new period starts afresh).
+    fn spend(&self, app: u32, retries: u64, steps: u64) {
+        if let Some(m) = self.spent.get(&app) {
+            let now = self.clock.now();
+            let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
+            if now.saturating_sub(s.since) >= self.config.tenant_budget.period.as_nanos() as u64 {
+                *s = Spent {
+                    since: now,
+                    ..Spent::default()
+                };
+            }
+            s.retries += retries;
+            s.steps += steps;
+        }
+    }
+
+    /// Which of `app`'s budgets is spent for the rest of the period, if one is.
+    fn over_budget(&self, app: u32) -> Option<&'static str> {
+        let m = self.spent.get(&app)?;
+        let s = m.lock().unwrap_or_else(|e| e.into_inner());
+        let b = self.config.tenant_budget;
+        if self.clock.now().saturating_sub(s.since) >= b.period.as_nanos() as u64 {
+            return None;
+        }
+        if s.retries >= b.retries {
+            Some("torn-read retries")
+        } else if s.steps >= b.steps {
+            Some("steps")
+        } else {
+            None
+        }
+    }
+
     fn owner_of(&self, app: u32) -> Option<Placement> {
         self.owners
             .get(&app)
@@ -597,6 +670,7 @@ impl ClusterBuilder {
         }
         let mut owners = HashMap::new();
         let mut dedup = HashMap::new();
+        let mut spent = HashMap::new();
         for app in &self.apps {
             owners.insert(
                 app.id,
@@ -608,6 +682,7 @@ impl ClusterBuilder {
                 },
             );
             dedup.insert(app.id, Mutex::new(DedupTable::default()));
+            spent.insert(app.id, Mutex::new(Spent::default()));
         }
         let now = clock.now();
         let (host_tx, host_rx) = bounded::<Job>(config.queue_capacity);
@@ -635,6 +710,7 @@ impl ClusterBuilder {
             weights: RwLock::new(HashMap::new()),
             owners,
             dedup,
+            spent,
             client_rtt: Mutex::new(Ewma::default()),
             metrics: Metrics::default(),
             congestion: CongestionInjector::default(),
@@ -773,13 +849,17 @@ pub(crate) fn error_reply(
     }
 }
 
-/// Runs one message at a server placement, with write ownership and deduplication.
-fn serve<P: DataPath>(
-    inner: &Inner,
-    req: &Request,
-    path: &mut P,
-    vm: &mut Vm,
-) -> (Completion, u64) {
+/// What serving a message left: an answer, or a message parked for a torn-read retry.
+enum Served {
+    /// The completion and the modelled fetch cost.
+    Done(Completion, u64),
+    /// Waiting for its backoff; `write`: it holds its dedup entry and owner count.
+    Parked { run: ParkedRun, write: bool },
+}
+
+/// Runs `req` on `path` until it completes or parks: reads anywhere, writes only at the owner
+/// and once per (origin, request id).
+fn serve<P: DataPath>(inner: &Inner, req: &Request, path: &mut P, vm: &mut Vm) -> Served {
     let placement = path.placement();
     let handler = match inner.registry.handler(req.app, req.handler) {
         Ok(h) => h.clone(),
@@ -788,74 +868,128 @@ fn serve<P: DataPath>(
                 crate::registry::LookupError::UnknownApp(_) => Status::UnknownApp,
                 _ => Status::UnknownHandler,
             };
-            return (Completion::error(status, 0, e.to_string(), req.steps), 0);
+            return Served::Done(Completion::error(status, 0, e.to_string(), req.steps), 0);
         }
     };
+    let (limits, clock) = (inner.config.limits, inner.clock.as_ref());
     if handler.kind == HandlerKind::Read {
-        let (c, cost) = run_message(
-            req,
-            handler,
-            path,
-            vm,
-            inner.config.limits,
-            inner.clock.as_ref(),
-            |_| Err(WriteError::NotOwner),
-        );
-        return (c, cost.fetch_ns);
+        let driven = executor::start(req, handler, path, vm, limits, clock, &mut |_| {
+            Err(WriteError::NotOwner)
+        });
+        return served(inner, req, driven, false);
     }
-    // Writes: only at the owner, once per request id.
-    let owner = inner.owners.get(&req.app);
-    let result = (|| {
-        if inner.owner_of(req.app) != Some(placement) {
-            return (
-                Completion::error(
-                    Status::NotOwner,
+    // Writes: only at the owner, once per (origin, request id).
+    let refused = |c: Completion| {
+        release_owner(inner, req.app);
+        Served::Done(c, 0)
+    };
+    if inner.owner_of(req.app) != Some(placement) {
+        return refused(Completion::error(
+            Status::NotOwner,
+            0,
+            format!("{placement} does not own app {}'s writes", req.app),
+            req.steps,
+        ));
+    }
+    {
+        let mut t = inner.dedup[&req.app]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let key = (req.origin, req.request_id);
+        match t.entries.get(&key) {
+            Some(Dedup::Done(c)) => return refused(c.clone()),
+            Some(Dedup::Pending) => {
+                return refused(Completion::error(
+                    Status::Busy,
                     0,
-                    format!("{placement} does not own app {}'s writes", req.app),
+                    "a write with this request id is in progress",
                     req.steps,
-                ),
-                0,
-            );
-        }
-        let table = &inner.dedup[&req.app];
-        {
-            let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
-            let key = (req.origin, req.request_id);
-            match t.entries.get(&key) {
-                Some(Dedup::Done(c)) => return (c.clone(), 0),
-                Some(Dedup::Pending) => {
-                    return (
-                        Completion::error(
-                            Status::Busy,
-                            0,
-                            "a write with this request id is in progress",
-                            req.steps,
-                        ),
-                        0,
-                    )
-                }
-                None => t.insert(key, Dedup::Pending),
+                ))
             }
+            None => t.insert(key, Dedup::Pending),
         }
-        let regions = inner.regions.clone();
-        let (c, cost) = run_message(
-            req,
-            handler,
-            path,
-            vm,
-            inner.config.limits,
-            inner.clock.as_ref(),
-            |batch| apply_writes(&regions, batch),
+    }
+    let regions = inner.regions.clone();
+    let driven = executor::start(req, handler, path, vm, limits, clock, &mut |batch| {
+        apply_writes(&regions, batch)
+    });
+    served(inner, req, driven, true)
+}
+
+/// Resumes a parked message, its backoff served. An app past its retry budget gets no more
+/// retries: the message fails at once.
+fn resume_served<P: DataPath>(
+    inner: &Inner,
+    req: &Request,
+    run: ParkedRun,
+    write: bool,
+    path: &mut P,
+    vm: &mut Vm,
+) -> Served {
+    if inner.over_budget(req.app) == Some("torn-read retries") {
+        let c = Completion::error(
+            Status::Refused,
+            0,
+            format!(
+                "app {} spent its torn-read retry budget for this period",
+                req.app
+            ),
+            req.steps,
         );
-        let mut t = table.lock().unwrap_or_else(|e| e.into_inner());
-        t.entries
-            .insert((req.origin, req.request_id), Dedup::Done(c.clone()));
-        (c, cost.fetch_ns)
-    })();
-    if let Some(o) = owner {
+        return served(inner, req, Driven::Done(c, RunCost::default()), write);
+    }
+    let clock = inner.clock.as_ref();
+    let driven = if write {
+        let regions = inner.regions.clone();
+        executor::resume(run, path, vm, clock, &mut |batch| {
+            apply_writes(&regions, batch)
+        })
+    } else {
+        executor::resume(run, path, vm, clock, &mut |_| Err(WriteError::NotOwner))
+    };
+    served(inner, req, driven, write)
+}
+
+/// Books a driven message: a parked one counts a retry against its app; a finished write
+/// records its answer for deduplication and leaves its owner's in-flight count.
+fn served(inner: &Inner, req: &Request, driven: Driven, write: bool) -> Served {
+    match driven {
+        Driven::Parked(run) => {
+            inner.spend(req.app, 1, 1);
+            Served::Parked { run, write }
+        }
+        Driven::Done(c, cost) => {
+            inner.spend(req.app, 0, c.steps as u64);
+            if write {
+                let mut t = inner.dedup[&req.app]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                t.entries
+                    .insert((req.origin, req.request_id), Dedup::Done(c.clone()));
+                drop(t);
+                release_owner(inner, req.app);
+            }
+            Served::Done(c, cost.fetch_ns)
+        }
+    }
+}
+
+/// A write of `app` left its executor: the owner's in-flight count goes down.
+fn release_owner(inner: &Inner, app: u32) {
+    if let Some(o) = inner.owners.get(&app) {
         o.inflight.fetch_sub(1, Ordering::SeqCst);
     }
-    result
+}
+
+/// A message parked at an executor, with what its reply needs.
+struct ParkedJob {
+    job: Job,
+    run: ParkedRun,
+    write: bool,
+    /// Executor time spent on it so far (its service time excludes the backoffs).
+    busy: Nanos,
+    /// Modelled fetch cost so far.
+    fetch_ns: u64,
 }
 
 fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
@@ -864,17 +998,52 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
     vm.set_cross_check(inner.config.cross_check.clone());
     let mut host = HostPath::new(inner.regions.clone());
     let mut nic = NicPath::new(inner.regions.clone(), inner.config.nic.dma);
+    // Messages waiting out a torn-read backoff: never slept on, the executor serves others.
+    let mut parked: Vec<ParkedJob> = Vec::new();
+    // Due retries and queued messages take turns: retries never hold up the queue by more
+    // than one step each, and a full queue never starves the retries.
+    let mut retry_turn = false;
     loop {
-        let job = match recv_polling_for(&rx, Duration::from_millis(20), inner.config.executor_poll)
-        {
-            Ok(j) => j,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                if inner.shutdown.load(Ordering::SeqCst) {
-                    return;
-                }
-                continue;
+        let now = inner.clock.now();
+        retry_turn = !retry_turn;
+        let due = parked
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.run.resume_at <= now)
+            .min_by_key(|(_, p)| p.run.resume_at)
+            .map(|(i, _)| i)
+            .filter(|_| retry_turn || rx.is_empty());
+        let (job, resumed) = match due {
+            Some(i) => {
+                let p = parked.swap_remove(i);
+                (p.job, Some((p.run, p.write, p.busy, p.fetch_ns)))
             }
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+            None => {
+                // Sleep no longer than until the next parked message is due.
+                let next = parked.iter().map(|p| p.run.resume_at).min();
+                let wait = next.map_or(Duration::from_millis(20), |t| {
+                    Duration::from_nanos(t.saturating_sub(now)).min(Duration::from_millis(20))
+                });
+                let poll = inner.config.executor_poll.min(wait);
+                match recv_polling_for(&rx, wait, poll) {
+                    Ok(j) => (j, None),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                        if inner.shutdown.load(Ordering::SeqCst) {
+                            for p in parked.drain(..) {
+                                p.job.sink.send(error_reply(
+                                    &p.job.req,
+                                    Status::Unavailable,
+                                    placement,
+                                    "the cluster is shutting down".into(),
+                                ));
+                            }
+                            return;
+                        }
+                        continue;
+                    }
+                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
+                }
+            }
         };
         if inner.shutdown.load(Ordering::SeqCst) {
             job.sink.send(error_reply(
@@ -886,47 +1055,69 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
             continue;
         }
         let start = inner.clock.now();
-        let depth = rx.len() as u32;
-        // Queueing delay is time spent behind other work. A message that arrived while this
-        // executor was idle waited only for it to wake up, an artefact of emulating executors as
-        // threads that park (real ones busy-poll); counting it would make every idle placement
-        // look congested to its probes.
-        let waited = if job.enqueued >= last_done {
-            0
-        } else {
-            start.saturating_sub(job.enqueued)
-        };
-        inner.lock_tracker(placement).dequeued(waited, depth);
-        if placement == Placement::Host {
-            let extra = inner.congestion.host_extra_ns();
-            spin_for(extra);
-            inner.lock_tracker(placement).stolen(extra);
+        if resumed.is_none() {
+            let depth = rx.len() as u32;
+            // Queueing delay is time spent behind other work. A message that arrived while this
+            // executor was idle waited only for it to wake up, an artefact of emulating
+            // executors as threads that park (real ones busy-poll); counting it would make
+            // every idle placement look congested to its probes.
+            let waited = if job.enqueued >= last_done {
+                0
+            } else {
+                start.saturating_sub(job.enqueued)
+            };
+            inner.lock_tracker(placement).dequeued(waited, depth);
+            if placement == Placement::Host {
+                let extra = inner.congestion.host_extra_ns();
+                spin_for(extra);
+                inner.lock_tracker(placement).stolen(extra);
+            }
         }
         let begin = inner.clock.now();
-        let c = match placement {
-            Placement::Nic => {
-                let (c, fetch_ns) = serve(&inner, &job.req, &mut nic, &mut vm);
-                if inner.config.nic.emulate_costs {
-                    let run = inner.clock.now().saturating_sub(begin);
-                    let slower =
-                        (run as f64 * (inner.config.nic.core_slowdown - 1.0).max(0.0)) as u64;
-                    spin_for(fetch_ns + slower);
-                }
-                c
+        let (busy_before, fetched_before) = resumed.as_ref().map_or((0, 0), |r| (r.2, r.3));
+        let outcome = match (placement, resumed) {
+            (Placement::Nic, None) => serve(&inner, &job.req, &mut nic, &mut vm),
+            (Placement::Nic, Some((run, write, ..))) => {
+                resume_served(&inner, &job.req, run, write, &mut nic, &mut vm)
             }
-            _ => serve(&inner, &job.req, &mut host, &mut vm).0,
+            (_, None) => serve(&inner, &job.req, &mut host, &mut vm),
+            (_, Some((run, write, ..))) => {
+                resume_served(&inner, &job.req, run, write, &mut host, &mut vm)
+            }
         };
+        let fetch_total = match &outcome {
+            Served::Done(_, f) => *f,
+            Served::Parked { run, .. } => run.fetch_ns(),
+        };
+        if placement == Placement::Nic && inner.config.nic.emulate_costs {
+            let run = inner.clock.now().saturating_sub(begin);
+            let slower = (run as f64 * (inner.config.nic.core_slowdown - 1.0).max(0.0)) as u64;
+            spin_for(fetch_total.saturating_sub(fetched_before) + slower);
+        }
         // Service time runs from dequeue: time taken away from the executor (a hog, a capacity
-        // limit) is time this message spent at this placement.
-        let service = inner.clock.now().saturating_sub(start);
+        // limit) is time this message spent at this placement; backoffs are not.
+        let busy = busy_before + inner.clock.now().saturating_sub(start);
+        let c = match outcome {
+            Served::Parked { run, write } => {
+                parked.push(ParkedJob {
+                    job,
+                    run,
+                    write,
+                    busy,
+                    fetch_ns: fetch_total,
+                });
+                continue;
+            }
+            Served::Done(c, _) => c,
+        };
         let load = {
             let mut t = inner.lock_tracker(placement);
-            t.completed((job.req.app, job.req.handler), service, c.steps);
+            t.completed((job.req.app, job.req.handler), busy, c.steps);
             LoadFeedback {
                 queue_depth: rx.len() as u32,
                 utilisation_permille: (t.last_utilisation() * 1000.0).round() as u16,
                 queue_delay_ns: t.queue_delay_ns() as u64,
-                service_ns: service,
+                service_ns: busy,
             }
         };
         last_done = inner.clock.now();
@@ -1460,6 +1651,8 @@ enum Refusal {
     Client(ClientError),
     /// Routed to a NIC in another process: the fabric driver forwards it.
     Remote(Box<Request>),
+    /// The app spent this period's budget of `.0`.
+    Budget(&'static str),
 }
 
 impl Refusal {
@@ -1480,6 +1673,15 @@ impl Refusal {
                 Status::Unavailable,
                 Placement::Nic,
                 "the NIC runs in another process and this caller cannot forward".into(),
+            ),
+            Refusal::Budget(what) => error_reply(
+                req,
+                Status::Busy,
+                Placement::Host,
+                format!(
+                    "app {} spent its {what} budget for this period: retry later",
+                    req.app
+                ),
             ),
         }
     }
@@ -1502,6 +1704,9 @@ fn submit(
     };
     let app = req.app;
     let write = kind == HandlerKind::Write;
+    if let Some(what) = inner.over_budget(app) {
+        return Err(Refusal::Budget(what));
+    }
     if p == Placement::Nic && inner.queues[p.index()].is_none() && inner.config.remote_nic {
         if write {
             return Err(Refusal::Status(Status::NotOwner));

@@ -21,7 +21,7 @@ use naam_ebpf::abi::{
     write_kind, Descriptor, Return, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE, STATE_WORDS,
 };
 
-use crate::clock::Clock;
+use crate::clock::{Clock, Nanos};
 use crate::engine::VmError;
 use crate::engine::{Grant, Invocation, StepError, Vm};
 use crate::placement::Placement;
@@ -786,27 +786,68 @@ pub struct RunCost {
     pub fetches: u32,
 }
 
-/// Drives `req` to completion on `path` (the synchronous driver used by executor threads, the
-/// client and tests). `apply` applies write batches when this placement owns the app's writes.
-pub fn run_message<P: DataPath>(
-    req: &Request,
-    handler: Arc<HandlerEntry>,
+/// A message waiting out a torn-read backoff: its machine, parked off the executor until
+/// `resume_at`, so the executor serves other messages meanwhile.
+pub struct ParkedRun {
+    machine: StepMachine,
+    cost: RunCost,
+    /// When the retry may fetch again (clock time).
+    pub resume_at: Nanos,
+}
+
+impl ParkedRun {
+    /// Modelled fetch cost of the steps run so far.
+    pub fn fetch_ns(&self) -> u64 {
+        self.cost.fetch_ns
+    }
+}
+
+impl std::fmt::Debug for ParkedRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParkedRun")
+            .field("request_id", &self.machine.request_id)
+            .field("retries", &self.machine.retries)
+            .field("resume_at", &self.resume_at)
+            .finish()
+    }
+}
+
+/// What [`drive`] left.
+#[derive(Debug)]
+pub enum Driven {
+    /// The message finished.
+    Done(Completion, RunCost),
+    /// A torn read must be retried after a backoff: resume with [`resume`].
+    Parked(ParkedRun),
+}
+
+/// Runs a machine from `action` until it completes or a torn-read retry must wait. Never
+/// sleeps: the wait is the caller's (a parked message on an executor, a sleep on a client's
+/// own thread). `waited`: the pending retry's backoff has already been served.
+#[allow(clippy::too_many_arguments)]
+fn drive<P: DataPath>(
+    mut m: StepMachine,
+    mut action: Action,
+    mut cost: RunCost,
+    mut waited: bool,
     path: &mut P,
     vm: &mut Vm,
-    limits: Limits,
     clock: &dyn Clock,
-    mut apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
-) -> (Completion, RunCost) {
-    let app = req.app;
-    let (mut m, mut action) = StepMachine::start(req, handler, path.placement(), limits);
-    let mut cost = RunCost::default();
+    apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
+) -> Driven {
+    let app = m.handler.app;
     loop {
         action = match action {
-            Action::Complete(c) => return (c, cost),
+            Action::Complete(c) => return Driven::Done(c, cost),
             Action::Fetch => {
-                if let Some(ns) = m.retry_backoff_ns() {
-                    backoff(ns);
+                if let Some(ns) = m.retry_backoff_ns().filter(|_| !waited) {
+                    return Driven::Parked(ParkedRun {
+                        machine: m,
+                        cost,
+                        resume_at: clock.now().saturating_add(ns),
+                    });
                 }
+                waited = false;
                 match path.fetch(app, m.current().as_slice()) {
                     Ok(f) => {
                         cost.fetch_ns += f.cost_ns;
@@ -821,5 +862,63 @@ pub fn run_message<P: DataPath>(
                 m.writes_applied(r)
             }
         };
+    }
+}
+
+/// Starts `req` on `path` and drives it until it completes or parks for a torn-read retry.
+pub fn start<P: DataPath>(
+    req: &Request,
+    handler: Arc<HandlerEntry>,
+    path: &mut P,
+    vm: &mut Vm,
+    limits: Limits,
+    clock: &dyn Clock,
+    apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
+) -> Driven {
+    let (m, action) = StepMachine::start(req, handler, path.placement(), limits);
+    drive(m, action, RunCost::default(), false, path, vm, clock, apply)
+}
+
+/// Resumes a parked message (its backoff served) until it completes or parks again.
+pub fn resume<P: DataPath>(
+    parked: ParkedRun,
+    path: &mut P,
+    vm: &mut Vm,
+    clock: &dyn Clock,
+    apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
+) -> Driven {
+    drive(
+        parked.machine,
+        Action::Fetch,
+        parked.cost,
+        true,
+        path,
+        vm,
+        clock,
+        apply,
+    )
+}
+
+/// Drives `req` to completion on `path`, waiting out torn-read backoffs on this thread (the
+/// synchronous driver of the client and tests; executors park instead, see [`start`]).
+/// `apply` applies write batches when this placement owns the app's writes.
+pub fn run_message<P: DataPath>(
+    req: &Request,
+    handler: Arc<HandlerEntry>,
+    path: &mut P,
+    vm: &mut Vm,
+    limits: Limits,
+    clock: &dyn Clock,
+    mut apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
+) -> (Completion, RunCost) {
+    let mut driven = start(req, handler, path, vm, limits, clock, &mut apply);
+    loop {
+        match driven {
+            Driven::Done(c, cost) => return (c, cost),
+            Driven::Parked(p) => {
+                backoff(p.resume_at.saturating_sub(clock.now()));
+                driven = resume(p, path, vm, clock, &mut apply);
+            }
+        }
     }
 }

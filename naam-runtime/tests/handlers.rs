@@ -183,7 +183,7 @@ fn out_of_bounds_reads_fault_on_both_engines() {
 fn write_step_reports_its_operations() {
     for e in both("store") {
         let mut vm = Vm::new();
-        let seg = [0u8; 8];
+        let seg = [0u8; 32];
         let v = 0x1122334455667788u64.to_le_bytes();
         let inv = Invocation {
             args: &v,
@@ -192,12 +192,15 @@ fn write_step_reports_its_operations() {
         };
         let out = vm.run(&e, &inv).unwrap();
         assert_eq!(out.ret, Some(Return::Write));
-        let w = vm.writes()[0];
-        assert_eq!(
-            (w.kind, w.segment, w.offset, w.len),
-            (write_kind::STORE, 0, 0, 8)
-        );
-        assert_eq!(&vm.write_data()[w.data_offset as usize..][..8], &v);
+        // Both version words of the record.
+        for (w, offset) in vm.writes().iter().zip([0, 24]) {
+            assert_eq!(
+                (w.kind, w.segment, w.offset, w.len),
+                (write_kind::STORE, 0, offset, 8)
+            );
+            assert_eq!(&vm.write_data()[w.data_offset as usize..][..8], &v);
+        }
+        assert_eq!(vm.writes().len(), 2);
         assert_eq!(vm.reply(), 1u64.to_le_bytes());
     }
 }
@@ -211,7 +214,7 @@ fn interpreter_and_jit_agree_on_random_inputs() {
         ("hash1k", 8, 1024),
         ("bsearch", 8, 800),
         ("two_step", 8, 16),
-        ("store", 8, 8),
+        ("store", 8, 32),
         ("panics", 8, 0),
         ("sum_words", 0, 512),
         ("walk", 0, 64),

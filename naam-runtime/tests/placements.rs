@@ -269,7 +269,7 @@ fn writes_only_at_the_owner_and_only_with_write_rights() {
     let rw = Descriptor {
         rkey: w.data,
         offset: 32,
-        len: 8,
+        len: 32,
         access: ACCESS_READ | ACCESS_WRITE,
     };
     // The client refuses write handlers; the NIC is not the owner here.
@@ -298,13 +298,13 @@ fn writes_only_at_the_owner_and_only_with_write_rights() {
         77
     );
     // A read-only descriptor cannot carry a write; a read-only region cannot be written.
-    let ro = d(w.data, 40, 8);
+    let ro = d(w.data, 32, 32);
     let c = run_at(&w, Placement::Host, &req("store", words(&[5]), &[ro]));
     assert_eq!(c.status, Status::Refused);
     let sorted_rw = Descriptor {
         rkey: w.sorted,
         offset: 0,
-        len: 8,
+        len: 32,
         access: ACCESS_READ | ACCESS_WRITE,
     };
     assert_eq!(
@@ -321,9 +321,9 @@ fn writes_only_at_the_owner_and_only_with_write_rights() {
             .get(APP, w.data)
             .unwrap()
             .mem
-            .load_u64(40)
+            .load_u64(32)
             .unwrap(),
-        0,
+        77,
         "nothing written"
     );
 }

@@ -126,11 +126,13 @@ handler! {
 }
 
 handler! {
-    /// Stores `arg0` at offset 0 of segment 0 and replies the number of segments seen
-    /// (a `Write` step).
+    /// Stores `arg0` in both version words of the record in segment 0 (offsets 0 and 24, see
+    /// `vget`), so the record stays consistent and readers never see it torn; replies the
+    /// number of segments seen (a `Write` step).
     fn store(ctx) {
         let v = ctx.arg_u64(0)?;
         ctx.push_store_u64(0, 0, v)?;
+        ctx.push_store_u64(0, REC_BACK as u32, v)?;
         ctx.reply_u64(ctx.segment_count.min(MAX_SEGMENTS as u32) as u64)?;
         Ok(Return::Write)
     }

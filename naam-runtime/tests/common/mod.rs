@@ -93,6 +93,7 @@ pub fn examples_app(id: u32) -> naam_runtime::cluster::AppSpec {
             HandlerSpec::read("two_step"),
             HandlerSpec::read("add"),
             HandlerSpec::read("panics"),
+            HandlerSpec::read("vget"),
             HandlerSpec::write("counter_add"),
             HandlerSpec::write("store"),
             // Hostile handlers: every engine must contain them.
