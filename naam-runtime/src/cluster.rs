@@ -854,7 +854,7 @@ enum Served {
     /// The completion and the modelled fetch cost.
     Done(Completion, u64),
     /// Waiting for its backoff; `write`: it holds its dedup entry and owner count.
-    Parked { run: ParkedRun, write: bool },
+    Parked { run: Box<ParkedRun>, write: bool },
 }
 
 /// Runs `req` on `path` until it completes or parks: reads anywhere, writes only at the owner
@@ -921,7 +921,7 @@ fn serve<P: DataPath>(inner: &Inner, req: &Request, path: &mut P, vm: &mut Vm) -
 fn resume_served<P: DataPath>(
     inner: &Inner,
     req: &Request,
-    run: ParkedRun,
+    run: Box<ParkedRun>,
     write: bool,
     path: &mut P,
     vm: &mut Vm,
@@ -984,7 +984,7 @@ fn release_owner(inner: &Inner, app: u32) {
 /// A message parked at an executor, with what its reply needs.
 struct ParkedJob {
     job: Job,
-    run: ParkedRun,
+    run: Box<ParkedRun>,
     write: bool,
     /// Executor time spent on it so far (its service time excludes the backoffs).
     busy: Nanos,

@@ -818,7 +818,7 @@ pub enum Driven {
     /// The message finished.
     Done(Completion, RunCost),
     /// A torn read must be retried after a backoff: resume with [`resume`].
-    Parked(ParkedRun),
+    Parked(Box<ParkedRun>),
 }
 
 /// Runs a machine from `action` until it completes or a torn-read retry must wait. Never
@@ -841,11 +841,11 @@ fn drive<P: DataPath>(
             Action::Complete(c) => return Driven::Done(c, cost),
             Action::Fetch => {
                 if let Some(ns) = m.retry_backoff_ns().filter(|_| !waited) {
-                    return Driven::Parked(ParkedRun {
+                    return Driven::Parked(Box::new(ParkedRun {
                         machine: m,
                         cost,
                         resume_at: clock.now().saturating_add(ns),
-                    });
+                    }));
                 }
                 waited = false;
                 match path.fetch(app, m.current().as_slice()) {
@@ -881,7 +881,7 @@ pub fn start<P: DataPath>(
 
 /// Resumes a parked message (its backoff served) until it completes or parks again.
 pub fn resume<P: DataPath>(
-    parked: ParkedRun,
+    parked: Box<ParkedRun>,
     path: &mut P,
     vm: &mut Vm,
     clock: &dyn Clock,
