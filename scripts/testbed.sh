@@ -8,6 +8,7 @@
 #   scripts/testbed.sh client CMD...    run CMD in the client namespace
 #   scripts/testbed.sh kill-nic [SIG]   signal naam-nic (default KILL)
 #   scripts/testbed.sh start-nic        (re)start naam-nic
+#   scripts/testbed.sh kill-server [SIG], start-server   the same for naam-server
 #   scripts/testbed.sh keys             make (once) and print the credentials directory
 #   scripts/testbed.sh netem LOSS%      packet loss on both veth ends ("off" removes it); needs
 #                                       sch_netem in the kernel (NAAM_INJECT_LOSS=0.01 at `up`
@@ -77,15 +78,32 @@ keys() {
 }
 
 start_nic() {
-    ip netns exec "$SRV_NS" "$BIN/naam-nic" run --server "$SERVER_ADDR" --listen "$NIC_ADDR" \
-        --shm-dir "$SHM" --datagram "$DATAGRAM" --pairing "$STATE/keys/naam-nic.key" \
-        >"$STATE/nic.log" 2>&1 &
-    echo $! >"$STATE/nic.pid"
+    rm -f "$STATE/nic.pid"
+    # The log ends with how naam-nic exited (a signal shows as 128 + its number).
+    (
+        ip netns exec "$SRV_NS" "$BIN/naam-nic" run --server "$SERVER_ADDR" --listen "$NIC_ADDR" \
+            --shm-dir "$SHM" --datagram "$DATAGRAM" --pairing "$STATE/keys/naam-nic.key" &
+        echo $! >"$STATE/nic.pid"
+        wait $! && st=0 || st=$?
+        echo "testbed: naam-nic exited with status $st"
+    ) >"$STATE/nic.log" 2>&1 &
     wait_for "$STATE/nic.log" "agent and executors on" 30 || {
         cat "$STATE/nic.log" >&2
         die "naam-nic did not start"
     }
     say "naam-nic up on $NIC_ADDR (pid $(cat "$STATE/nic.pid"))"
+}
+
+start_server() {
+    ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" \
+        >"$STATE/server.log" 2>&1 &
+    echo $! >"$STATE/server.pid"
+    wait_for "$STATE/server.log" "serving" 600 || {
+        cat "$STATE/server.log" >&2
+        die "naam-server did not start"
+    }
+    say "naam-server up on $SERVER_ADDR (pid $(cat "$STATE/server.pid"))"
+    grep -E "eSwitch" "$STATE/server.log" | sed 's/^/testbed: /' >&2 || true
 }
 
 up() {
@@ -132,15 +150,7 @@ keys = ${NAAM_BTREE_KEYS:-200000}
 $( [ "${NAAM_SCALE_APPS:-0}" = 0 ] || printf '\n[[app]]\nkind = "mica"\nid = 1000\ncredential = "keys/mica.key"\nitems = 32\nkey_cap = 8\nvalue_cap = 8\ninstances = %s\n' "$NAAM_SCALE_APPS" )
 CONF
     [ -z "${NAAM_INJECT_LOSS:-}" ] || say "injecting ${NAAM_INJECT_LOSS} datagram loss in every socket"
-    ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" \
-        >"$STATE/server.log" 2>&1 &
-    echo $! >"$STATE/server.pid"
-    wait_for "$STATE/server.log" "serving" 600 || {
-        cat "$STATE/server.log" >&2
-        false
-    }
-    say "naam-server up on $SERVER_ADDR (pid $(cat "$STATE/server.pid"))"
-    grep -E "eSwitch" "$STATE/server.log" | sed 's/^/testbed: /' >&2 || true
+    start_server
     start_nic
     trap - ERR
     say "up: client namespace $CLI_NS ($CLI_IP), server namespace $SRV_NS ($SRV_IP); MTU 9000"
@@ -216,8 +226,10 @@ status) status ;;
 client) shift; need_root; exec ip netns exec "$CLI_NS" env NAAM_KEYS="$STATE/keys" "$@" ;;
 kill-nic) need_root; kill -"${2:-KILL}" "$(cat "$STATE/nic.pid")" ;;
 start-nic) need_root; start_nic ;;
+kill-server) need_root; kill -"${2:-KILL}" "$(cat "$STATE/server.pid")" ;;
+start-server) need_root; start_server ;;
 keys) keys; echo "$STATE/keys" ;;
 netem) need_root; netem "${2:?netem needs a loss like 1% or off}" ;;
 addr) echo "$SERVER_ADDR" ;;
-*) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+*) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -132,6 +132,25 @@ pub fn overall(r: &YcsbResult) -> Percentiles {
 }
 
 /// One thread's view of the store.
+/// Whether `e` says the server has been silent past the client's liveness bound: the run
+/// stops at once and fails, rather than fail every remaining operation.
+pub(crate) fn server_gone(e: &anyhow::Error) -> bool {
+    use naam_runtime::cluster::ClientError;
+    e.chain().any(|c| {
+        let client = c
+            .downcast_ref::<ClientError>()
+            .or_else(|| match c.downcast_ref::<naam_mica::MicaError>() {
+                Some(naam_mica::MicaError::Client(ce)) => Some(ce),
+                _ => None,
+            })
+            .or_else(|| match c.downcast_ref::<naam_btree::BTreeError>() {
+                Some(naam_btree::BTreeError::Client(ce)) => Some(ce),
+                _ => None,
+            });
+        matches!(client, Some(ClientError::ServerGone { .. }))
+    })
+}
+
 pub(crate) trait Store {
     fn read(&mut self, n: u64) -> anyhow::Result<bool>;
     fn update(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
@@ -430,12 +449,12 @@ impl UdpSetup {
         pin: Option<Placement>,
         target: &Path,
     ) -> anyhow::Result<UdpSetup> {
-        use naam_runtime::udp::client::{UdpClient, UdpConfig};
+        use naam_runtime::udp::client::UdpClient;
         let kind = match app {
             App::Mica => "mica",
             App::Btree => "btree",
         };
-        let mut config = UdpConfig::new(server, kind, crate::keys::credential(kind)?);
+        let mut config = crate::udp_client::config(server, kind)?;
         config.pin = pin;
         let probe = UdpClient::connect(&config)?;
         let served = probe
@@ -559,13 +578,14 @@ pub(crate) fn run_phases(
     let done = AtomicU64::new(0);
     let next_insert = AtomicU64::new(cfg.records);
     let failed = AtomicBool::new(false);
+    let gone = std::sync::Mutex::new(None::<String>);
     let run_start = Instant::now();
     let per_thread = cfg.ops.div_ceil(cfg.threads as u64);
     let results: Vec<ThreadResult> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..cfg.threads as u64)
             .map(|t| {
                 let make = make.clone();
-                let (done, next_insert, failed) = (&done, &next_insert, &failed);
+                let (done, next_insert, failed, gone) = (&done, &next_insert, &failed, &gone);
                 let wl = cfg.workload.clone();
                 let shape = cfg.shape;
                 let seed = cfg.seed;
@@ -625,6 +645,13 @@ pub(crate) fn run_phases(
                             Ok(()) => {
                                 let _ = slot.1.record(ns.max(1));
                             }
+                            Err(e) if server_gone(&e) => {
+                                slot.2 += 1;
+                                *gone.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some(format!("{e:#}"));
+                                failed.store(true, Ordering::Relaxed);
+                                break;
+                            }
                             Err(e) => {
                                 slot.2 += 1;
                                 if slot.2 == 1 {
@@ -660,6 +687,9 @@ pub(crate) fn run_phases(
             })
             .collect()
     });
+    if let Some(why) = gone.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        bail!("the run stopped: {why}");
+    }
     if failed.load(Ordering::Relaxed) {
         bail!("a client thread could not start; the run is incomplete");
     }

@@ -19,7 +19,7 @@ use naam_runtime::metrics::Percentiles;
 use naam_runtime::registry::HandlerSpec;
 use naam_runtime::steering::CostPolicyConfig;
 use naam_runtime::transport::Transport;
-use naam_runtime::udp::client::{UdpClient, UdpConfig};
+use naam_runtime::udp::client::UdpClient;
 use naam_runtime::udp::control::Control;
 use naam_runtime::{EngineKind, Executable, LoadedObject, Placement, VerifierConfig};
 use serde::Serialize;
@@ -115,12 +115,8 @@ struct UdpCongestion {
 impl UdpCongestion {
     fn connect(server: SocketAddr) -> anyhow::Result<UdpCongestion> {
         let tenant = naam_runtime::session::OPERATOR_TENANT;
-        let operator = UdpClient::connect(&UdpConfig::new(
-            server,
-            tenant,
-            crate::keys::credential(tenant)?,
-        ))
-        .with_context(|| format!("connecting to naam-server at {server}"))?;
+        let operator = UdpClient::connect(&crate::udp_client::config(server, tenant)?)
+            .with_context(|| format!("connecting to naam-server at {server}"))?;
         Ok(UdpCongestion {
             operator: Mutex::new(operator),
             server,

@@ -7,8 +7,8 @@
 
 pub mod driver;
 pub mod experiments;
-pub mod keys;
 pub mod memcached;
 pub mod plot;
+pub mod udp_client;
 pub mod verify;
 pub mod ycsb;

@@ -24,6 +24,10 @@ struct Cli {
     /// writes them); default: $NAAM_KEYS, else `keys`.
     #[arg(long, global = true)]
     keys: Option<std::path::PathBuf>,
+    /// With the udp fabric: how long naam-server may stay silent before the run fails
+    /// (exit 1), seconds.
+    #[arg(long, global = true, default_value_t = 10.0)]
+    liveness: f64,
 }
 
 #[derive(Subcommand)]
@@ -212,7 +216,12 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    naam_bench::keys::set_dir(
+    if !(cli.liveness.is_finite() && (0.1..=3600.0).contains(&cli.liveness)) {
+        eprintln!("naam-bench: error: --liveness must be 0.1 to 3600 seconds");
+        return ExitCode::from(2);
+    }
+    naam_bench::udp_client::set_liveness(std::time::Duration::from_secs_f64(cli.liveness));
+    naam_bench::udp_client::set_dir(
         cli.keys
             .or_else(|| std::env::var_os("NAAM_KEYS").map(Into::into))
             .unwrap_or_else(|| "keys".into()),
@@ -239,11 +248,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
         } => {
             use naam_runtime::udp::control::Control;
             let mut c = naam_runtime::udp::client::UdpClient::connect(
-                &naam_runtime::udp::client::UdpConfig::new(
-                    server,
-                    naam_runtime::session::OPERATOR_TENANT,
-                    naam_bench::keys::credential(naam_runtime::session::OPERATOR_TENANT)?,
-                ),
+                &naam_bench::udp_client::config(server, naam_runtime::session::OPERATOR_TENANT)?,
             )?;
             let answer = c.control(&Control::QuerySwitch {
                 pin: pin_nic_permille,

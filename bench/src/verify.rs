@@ -72,12 +72,12 @@ pub fn run(
                             let m = MicaClient::new(client, handle);
                             let seed = run ^ (t + 1).wrapping_mul(0x9e37_79b9);
                             let mut c = MicaChecked { m, t, run, len };
-                            Ok(check(&mut c, seed, ops, duration))
+                            check(&mut c, seed, ops, duration)
                         }
                         App::Btree => {
                             let b = BTreeClient::new(client, setup.btree()?);
                             let seed = run ^ (t + 7).wrapping_mul(0x9e37_79b9);
-                            Ok(check(&mut BTreeChecked { b, t, run }, seed, ops, duration))
+                            check(&mut BTreeChecked { b, t, run }, seed, ops, duration)
                         }
                     };
                     if r.as_ref().map_or(true, |r| r.wrong > 0) {
@@ -218,7 +218,13 @@ impl Checked for BTreeChecked {
 
 /// The verify loop of one thread: random keys of its own, one write in ten (and the first
 /// touch of a key), every read checked against the last acknowledged write.
-fn check<C: Checked>(c: &mut C, seed: u64, ops: u64, duration: Duration) -> VerifyResult {
+/// Runs the check; fails at once when the server is gone (past the client's liveness bound).
+fn check<C: Checked>(
+    c: &mut C,
+    seed: u64,
+    ops: u64,
+    duration: Duration,
+) -> anyhow::Result<VerifyResult> {
     let mut r = VerifyResult::default();
     let mut versions = vec![0u64; KEYS as usize];
     let mut rng = Rng::new(seed);
@@ -236,6 +242,7 @@ fn check<C: Checked>(c: &mut C, seed: u64, ops: u64, duration: Duration) -> Veri
                     r.errors += 1;
                     note(&mut r, format!("write {} v{v}: key missing", c.name(i)));
                 }
+                Err(e) if crate::driver::server_gone(&e) => return Err(e),
                 Err(e) => {
                     // The write may or may not have happened: the next read may see either.
                     r.errors += 1;
@@ -271,11 +278,12 @@ fn check<C: Checked>(c: &mut C, seed: u64, ops: u64, duration: Duration) -> Veri
                     ),
                 );
             }
+            Err(e) if crate::driver::server_gone(&e) => return Err(e),
             Err(e) => {
                 r.errors += 1;
                 note(&mut r, format!("get {}: {e}", c.name(i)));
             }
         }
     }
-    r
+    Ok(r)
 }

@@ -291,6 +291,94 @@ fn deployment_across_namespaces() {
         1.0,
         "{after}"
     );
+
+    // naam-server restarts (kill -9, then a new start with new epoch): the NIC pairs again
+    // and maps the new regions by itself; reads at the NIC are answered within 5 s.
+    ok(&testbed(&["start-nic"], None), "naam-nic restarted");
+    let r = verify("mica", "nic", "100", None);
+    assert_eq!(
+        (r["wrong"].as_u64(), r["errors"].as_u64()),
+        (Some(0), Some(0)),
+        "{r}"
+    );
+    ok(
+        &testbed(&["kill-server", "KILL"], None),
+        "kill -9 naam-server",
+    );
+    ok(&testbed(&["start-server"], None), "naam-server restarted");
+    let restarted = std::time::Instant::now();
+    loop {
+        let o = bench(
+            &[
+                "verify",
+                "--app",
+                "mica",
+                "--server",
+                SERVER,
+                "--placement",
+                "nic",
+                "--threads",
+                "1",
+                "--ops",
+                "100",
+            ],
+            None,
+        );
+        let good = o.status.success()
+            && serde_json::from_slice::<serde_json::Value>(&o.stdout).is_ok_and(|v| {
+                v["result"]["wrong"] == 0
+                    && v["result"]["errors"] == 0
+                    // Reads at the NIC (writes go to the host, their owner).
+                    && v["result"]["placement_fractions"][1].as_f64() > Some(0.2)
+            });
+        if good {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < std::time::Duration::from_secs(5),
+            "the NIC did not recover within 5 s of the restart: {} {}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+            String::from_utf8_lossy(&testbed(&["status"], None).stderr)
+        );
+    }
+
+    // A YCSB run whose server dies fails within the liveness bound (10 s) with exit 1.
+    let ycsb = Command::new(repo().join("scripts/testbed.sh"))
+        .args([
+            "client",
+            b.to_str().unwrap(),
+            "ycsb",
+            "--fabric",
+            "udp",
+            "--server",
+            SERVER,
+        ])
+        .args(["--app", "mica", "--workload", "b", "--records", "500"])
+        .args(["--ops", "100000000", "--placement", "host"])
+        .env("NAAM_TESTBED", NAME)
+        .env("NAAM_SUBNET", SUBNET)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("ycsb");
+    // Mid-run: the load phase is over and operations are flowing.
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    ok(
+        &testbed(&["kill-server", "KILL"], None),
+        "kill -9 naam-server",
+    );
+    let killed = std::time::Instant::now();
+    let o = ycsb.wait_with_output().expect("ycsb finished");
+    let took = killed.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("has not answered"), "{err}");
+    eprintln!("ycsb stopped {took:?} after its server was killed: {err}");
+    assert!(
+        took < std::time::Duration::from_secs(15),
+        "exited {took:?} after the kill"
+    );
     ok(&testbed(&["down"], None), "testbed down");
 
     // 1% datagram loss in every socket (this kernel has no netem; see scripts/testbed.sh).

@@ -88,9 +88,11 @@ impl RegionMemory {
         }
     }
 
-    /// Creates (or truncates) the file `path` (normally under `/dev/shm`), fills it with
-    /// `contents` and maps it shared: another process that [`map_shared`]s the same file sees
-    /// every write, as a NIC sees host memory through DMA.
+    /// Creates the file `path` (normally under `/dev/shm`) anew, filled with `contents`, and
+    /// maps it shared: another process that [`map_shared`]s the same file sees every write, as
+    /// a NIC sees host memory through DMA. The file is built under a temporary name and
+    /// renamed into place, never truncated: a NIC still mapping the previous file (the server
+    /// restarted) keeps valid memory until it maps the new one, instead of a SIGBUS.
     ///
     /// [`map_shared`]: RegionMemory::map_shared
     pub fn create_shared(
@@ -101,18 +103,27 @@ impl RegionMemory {
             path: path.to_path_buf(),
             source,
         };
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".{}.tmp", std::process::id()));
+        let tmp = std::path::PathBuf::from(tmp);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
-            .open(path)
+            .open(&tmp)
             .map_err(err)?;
-        file.set_len(contents.len().div_ceil(8) as u64 * 8)
-            .map_err(err)?;
-        let m = Self::map_file(&file, contents.len()).map_err(err)?;
-        m.write(0, contents).expect("fits by construction");
-        Ok(m)
+        let made = (|| {
+            file.set_len(contents.len().div_ceil(8) as u64 * 8)?;
+            let m = Self::map_file(&file, contents.len())?;
+            m.write(0, contents).expect("fits by construction");
+            std::fs::rename(&tmp, path)?;
+            Ok(m)
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        made.map_err(err)
     }
 
     /// Maps the existing shared file `path` of `len` bytes (made by [`create_shared`]).
