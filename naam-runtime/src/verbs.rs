@@ -317,13 +317,13 @@ impl MemoryRegion {
         use naam_ebpf::abi::{ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
         let mut access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
         if remote & ACCESS_READ != 0 {
-            access = access | ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+            access |= ibv_access_flags::IBV_ACCESS_REMOTE_READ;
         }
         if remote & ACCESS_WRITE != 0 {
-            access = access | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+            access |= ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
         }
         if remote & ACCESS_ATOMIC != 0 {
-            access = access | ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC;
+            access |= ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC;
         }
         // SAFETY: the caller keeps the memory valid.
         let mr = unsafe { ibv_reg_mr(dev.pd, addr.cast(), len, access.0 as i32) };
