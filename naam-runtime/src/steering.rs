@@ -365,12 +365,18 @@ impl Policy for CostPolicy {
         // Congestion signal per placement: the app's read handlers are probed everywhere, so
         // their completion times are measured at both server placements; writes run only at the
         // owner and would leave the other side a guess. Apps without reads fall back to writes.
-        let reads: Vec<&HandlerLoad> = handlers.iter().filter(|h| h.read_only).collect();
-        let basis: Vec<&HandlerLoad> = if reads.is_empty() {
-            handlers.iter().collect()
-        } else {
-            reads
-        };
+        // Handlers never measured anywhere carry no signal (they would be priced alike at both
+        // placements and only dilute the average, hiding a real gain): leave them out.
+        let measured: Vec<&HandlerLoad> = handlers
+            .iter()
+            .filter(|h| h.service_ns.iter().any(Option::is_some))
+            .collect();
+        let reads: Vec<&HandlerLoad> = measured.iter().copied().filter(|h| h.read_only).collect();
+        let basis: Vec<&HandlerLoad> = if reads.is_empty() { measured } else { reads };
+        if basis.is_empty() {
+            self.owners.remove(&app);
+            return current;
+        }
         let cost = |p: Placement| -> f64 {
             let sum: f64 = basis
                 .iter()
@@ -742,6 +748,26 @@ mod tests {
             s.decide(KEY, &h, &inputs(0.0, 0.0), 0),
             Weights::all(Placement::Nic)
         );
+    }
+
+    #[test]
+    fn handlers_never_measured_do_not_hide_a_congested_owner() {
+        // One measured read handler and many that never ran anywhere: the never-run ones are
+        // no evidence either way, so the owner still leaves a host congested by 100 us.
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        let mut write = handler();
+        write.read_only = false;
+        let never_run = HandlerLoad {
+            service_ns: [None; 3],
+            ..handler()
+        };
+        let mut app = vec![write, handler()];
+        app.extend(std::iter::repeat_n(never_run, 8));
+        let congested = inputs(100_000.0, 0.0);
+        let last = (0..OWNER_CONFIRM as u64)
+            .map(|t| p.owner(1, Placement::Host, &app, &congested, t))
+            .last();
+        assert_eq!(last, Some(Placement::Nic));
     }
 
     #[test]

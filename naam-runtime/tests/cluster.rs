@@ -410,7 +410,7 @@ fn optimistic_reads_are_never_torn_at_any_placement() {
         access: ALL_RIGHTS,
         contents: words(&[0, 0, !0, 0]),
     });
-    spec.handlers.push(HandlerSpec::read("vget"));
+    // `vget` is one of the examples app's handlers; `vput` is added here.
     spec.handlers.push(HandlerSpec::write("vput"));
     let c = Arc::new(
         Cluster::builder()
