@@ -20,7 +20,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use crossbeam_channel::{bounded, Receiver, Sender};
 use naam_ebpf::abi::Descriptor;
 
 use crate::clock::{Clock, Nanos, SystemClock};
@@ -30,14 +30,15 @@ use crate::executor::{
     DmaModel, Driven, FetchError, HostPath, Limits, NicPath, OneSided, ParkedRun, RunCost,
     StepMachine, WriteError,
 };
+use crate::fair::{FairQueue, PushError};
 use crate::loader::LoadedObject;
 use crate::metrics::Metrics;
 use crate::placement::Placement;
 use crate::region::{RegionMemory, RegionTable, ResolveError};
 use crate::registry::{HandlerEntry, HandlerKind, HandlerSpec, Registry, RegistryError};
 use crate::steering::{
-    CostPolicy, CostPolicyConfig, Ewma, HandlerKey, HandlerLoad, LoadTracker, Policy, RemoteLoad,
-    StaticPolicy, SteeringInputs, Weights,
+    ClientShare, CostPolicy, CostPolicyConfig, Ewma, HandlerKey, HandlerLoad, LoadTracker, Policy,
+    RemoteLoad, StaticPolicy, SteeringInputs, Weights,
 };
 use crate::verifier::VerifierConfig;
 use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status, WireError};
@@ -156,6 +157,11 @@ pub struct ClusterConfig {
     pub remote_nic: bool,
     /// Run the steering controller (off in a NIC process, which reports its load instead).
     pub controller: bool,
+    /// Clients reach this cluster over a fabric (naam-server): what they report of their own
+    /// executions is unproven and describes them alone, so the controller decides only the
+    /// split between Host and NIC, and each client's Client share is decided from its own
+    /// reports ([`Cluster::client_weights`]). In-process clients share one view instead.
+    pub remote_clients: bool,
     /// How long an idle executor polls its queue before it parks. Parking costs a wake-up of
     /// several microseconds on the next message; polling costs the core. 20 µs suits the
     /// in-process cluster, whose many emulated threads share few cores; a server process whose
@@ -186,6 +192,7 @@ impl Default for ClusterConfig {
             verifier: VerifierConfig::default(),
             remote_nic: false,
             controller: true,
+            remote_clients: false,
             executor_poll: POLL_BEFORE_BLOCKING,
             cross_check: None,
             tenant_budget: TenantBudget::default(),
@@ -475,10 +482,14 @@ struct Inner {
     regions: Arc<RegionTable>,
     registry: Registry,
     region_keys: HashMap<(u32, String), u64>,
-    queues: [Option<Sender<Job>>; 3],
+    /// Executor queues per placement, fair between apps ([`FairQueue`]).
+    queues: [Option<Arc<FairQueue<Job>>>; 3],
     agent: Sender<AgentJob>,
     trackers: [Mutex<LoadTracker>; 3],
     weights: RwLock<HashMap<HandlerKey, Weights>>,
+    /// With remote clients: the signals of each handler's latest decision, and the inputs it
+    /// was decided with, from which each client's own Client share is decided.
+    signals: RwLock<(SteeringInputs, HashMap<HandlerKey, HandlerLoad>)>,
     owners: HashMap<u32, Owner>,
     dedup: HashMap<u32, Mutex<DedupTable>>,
     /// Per app: what it spent of [`ClusterConfig::tenant_budget`] this period.
@@ -685,8 +696,8 @@ impl ClusterBuilder {
             spent.insert(app.id, Mutex::new(Spent::default()));
         }
         let now = clock.now();
-        let (host_tx, host_rx) = bounded::<Job>(config.queue_capacity);
-        let (nic_tx, nic_rx) = bounded::<Job>(config.queue_capacity);
+        let host_q = Arc::new(FairQueue::new(config.queue_capacity));
+        let nic_q = Arc::new(FairQueue::new(config.queue_capacity));
         let (agent_tx, agent_rx) = bounded::<AgentJob>(config.queue_capacity);
         let mut policy = config.policy.build();
         let policy_name = policy.name();
@@ -698,8 +709,8 @@ impl ClusterBuilder {
             ],
             queues: [
                 None,
-                (config.nic_executors > 0).then_some(nic_tx),
-                (config.host_executors > 0).then_some(host_tx),
+                (config.nic_executors > 0).then(|| nic_q.clone()),
+                (config.host_executors > 0).then(|| host_q.clone()),
             ],
             config,
             clock,
@@ -708,6 +719,7 @@ impl ClusterBuilder {
             region_keys,
             agent: agent_tx,
             weights: RwLock::new(HashMap::new()),
+            signals: RwLock::new((SteeringInputs::default(), HashMap::new())),
             owners,
             dedup,
             spent,
@@ -732,14 +744,14 @@ impl ClusterBuilder {
                 .map_err(|e| ClusterError::Thread(name, e))
         };
         for i in 0..inner.config.host_executors {
-            let (inner2, rx) = (inner.clone(), host_rx.clone());
+            let (inner2, rx) = (inner.clone(), host_q.clone());
             threads.push(spawn(
                 format!("naam-host-{i}"),
                 Box::new(move || executor_loop(inner2, rx, Placement::Host)),
             )?);
         }
         for i in 0..inner.config.nic_executors {
-            let (inner2, rx) = (inner.clone(), nic_rx.clone());
+            let (inner2, rx) = (inner.clone(), nic_q.clone());
             threads.push(spawn(
                 format!("naam-nic-{i}"),
                 Box::new(move || executor_loop(inner2, rx, Placement::Nic)),
@@ -992,7 +1004,7 @@ struct ParkedJob {
     fetch_ns: u64,
 }
 
-fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
+fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placement: Placement) {
     let mut last_done: Nanos = 0;
     let mut vm = Vm::new();
     vm.set_cross_check(inner.config.cross_check.clone());
@@ -1025,13 +1037,15 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
                     Duration::from_nanos(t.saturating_sub(now)).min(Duration::from_millis(20))
                 });
                 let poll = inner.config.executor_poll.min(wait);
-                match recv_polling_for(&rx, wait, poll) {
-                    Ok(j) => (j, None),
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                match rx.pop_timeout(wait, poll) {
+                    Some((_, j)) => (j, None),
+                    None => {
                         if inner.shutdown.load(Ordering::SeqCst) {
-                            for p in parked.drain(..) {
-                                p.job.sink.send(error_reply(
-                                    &p.job.req,
+                            rx.close();
+                            let queued = rx.drain().into_iter().map(|(_, j)| j);
+                            for job in parked.drain(..).map(|p| p.job).chain(queued) {
+                                job.sink.send(error_reply(
+                                    &job.req,
                                     Status::Unavailable,
                                     placement,
                                     "the cluster is shutting down".into(),
@@ -1041,7 +1055,6 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
                         }
                         continue;
                     }
-                    Err(crossbeam_channel::RecvTimeoutError::Disconnected) => return,
                 }
             }
         };
@@ -1110,6 +1123,7 @@ fn executor_loop(inner: Arc<Inner>, rx: Receiver<Job>, placement: Placement) {
             }
             Served::Done(c, _) => c,
         };
+        rx.record(job.req.app, busy);
         let load = {
             let mut t = inner.lock_tracker(placement);
             t.completed((job.req.app, job.req.handler), busy, c.steps);
@@ -1211,6 +1225,12 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
         }
     }
     inputs.total_rate = completions as f64 / period;
+    // Remote clients' Client shares are decided per client (from these inputs, where the
+    // Client placement is usable if the agent is); the shared decision is Host against NIC.
+    let client_inputs = inner.config.remote_clients.then(|| inputs.clone());
+    if inner.config.remote_clients {
+        inputs.placements[Placement::Client.index()].available = false;
+    }
     // At most DECISION_BUDGET apps per period, round robin over the active ones: a thousand
     // apps are each decided every few periods instead of one core's worth of work per period.
     let mut apps: Vec<_> = inner
@@ -1248,6 +1268,7 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
         }
     }
     let mut updates = Vec::with_capacity(keys.len());
+    let mut signal_updates = Vec::new();
     let mut owner_moves = Vec::new();
     let mut i = 0;
     for app in apps {
@@ -1264,6 +1285,12 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
             updates.push((key, policy.decide(key, &handler, &inputs, now)));
             loads.push(handler);
             i += 1;
+        }
+        if inner.config.remote_clients {
+            let first = updates.len() - loads.len();
+            for (u, l) in updates[first..].iter().zip(&loads) {
+                signal_updates.push((u.0, l.clone()));
+            }
         }
         if let Some(current) = owner {
             let want = policy.owner(app.id, current, &loads, &inputs, now);
@@ -1286,6 +1313,13 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
         for (key, w) in changed {
             inner.metrics.record_weights(now, key, w);
             table.insert(key, w);
+        }
+    }
+    if let Some(client_inputs) = client_inputs {
+        let mut signals = inner.signals.write().unwrap_or_else(|e| e.into_inner());
+        signals.0 = client_inputs;
+        for (key, load) in signal_updates {
+            signals.1.insert(key, load);
         }
     }
     for (app, to) in owner_moves {
@@ -1439,6 +1473,27 @@ impl Cluster {
         self.inner.weights((app, handler))
     }
 
+    /// A fresh view for one remote client's own Client share, when the policy steers by cost
+    /// (`None` for static policies: every client follows [`Cluster::weights`]).
+    pub fn client_share(&self) -> Option<ClientShare> {
+        match self.inner.config.policy {
+            PolicyChoice::Auto(c) if self.inner.config.remote_clients => Some(ClientShare::new(c)),
+            _ => None,
+        }
+    }
+
+    /// The weights of `app`'s `handler` for the remote client whose view is `share`: its own
+    /// Client share, the rest split between Host and NIC as [`Cluster::weights`] splits it.
+    pub fn client_weights(&self, share: &mut ClientShare, app: u32, handler: u32) -> Weights {
+        let key = (app, handler);
+        let server = self.inner.weights(key);
+        let signals = self.inner.signals.read().unwrap_or_else(|e| e.into_inner());
+        match signals.1.get(&key) {
+            Some(h) => share.weights(key, &server, h, &signals.0, self.inner.clock.now()),
+            None => server,
+        }
+    }
+
     /// Name of the steering policy.
     pub fn policy_name(&self) -> &str {
         &self.inner.policy_name
@@ -1566,17 +1621,6 @@ impl Cluster {
             .remote_nic_seen
             .store(self.inner.clock.now(), Ordering::SeqCst);
         self.inner.remote_nic_up.store(true, Ordering::SeqCst);
-    }
-
-    /// Takes in what a remote client measured running handlers locally (service times, steps)
-    /// and its one-sided round-trip time, for the Client placement's cost.
-    pub fn absorb_client_load(&self, r: &RemoteLoad, rtt_ns: Option<f64>) {
-        self.inner.lock_tracker(Placement::Client).absorb(r);
-        if let Some(rtt) = rtt_ns.filter(|x| x.is_finite() && *x > 0.0) {
-            if let Ok(mut e) = self.inner.client_rtt.lock() {
-                e.add(rtt);
-            }
-        }
     }
 
     /// Marks the remote NIC down at once (it said goodbye, or its address failed).
@@ -1745,14 +1789,32 @@ fn enqueue(inner: &Inner, p: Placement, req: Request, sink: ReplySink) -> Result
     if inner.shutdown.load(Ordering::SeqCst) {
         return Err(ClientError::Shutdown);
     }
-    match q.try_send(Job {
+    let app = req.app;
+    let job = Job {
         req,
         enqueued: inner.clock.now(),
         sink,
-    }) {
-        Ok(()) => Ok(()),
-        Err(TrySendError::Full(_)) => Err(ClientError::Busy(p)),
-        Err(TrySendError::Disconnected(_)) => Err(ClientError::Shutdown),
+    };
+    match q.push(app, job) {
+        Ok(None) => Ok(()),
+        Ok(Some((_, out))) => {
+            // A longer backlog of another app made room: its newest message is refused.
+            if inner
+                .registry
+                .handler(out.req.app, out.req.handler)
+                .is_ok_and(|h| h.kind == HandlerKind::Write)
+            {
+                release_owner(inner, out.req.app);
+            }
+            let why = format!(
+                "the {p} queue is full and app {} holds the longest backlog: retry later",
+                out.req.app
+            );
+            out.sink.send(error_reply(&out.req, Status::Busy, p, why));
+            Ok(())
+        }
+        Err(PushError::Full(_)) => Err(ClientError::Busy(p)),
+        Err(PushError::Closed(_)) => Err(ClientError::Shutdown),
     }
 }
 

@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod datagram;
 pub mod executor;
 pub mod experiment;
+pub mod fair;
 pub mod intmap;
 pub mod metrics;
 pub mod onesided;

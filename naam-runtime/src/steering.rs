@@ -478,6 +478,77 @@ impl Policy for CostPolicy {
     }
 }
 
+/// One remote client's own steering of the Client placement.
+///
+/// A client that runs handlers itself reports what they cost it (service time, steps) and its
+/// one-sided round trip. Those figures describe that client only, and nothing proves them, so
+/// they must not move anyone else's choices: the server keeps one `ClientShare` per session and
+/// prices the Client placement for that session from its reports alone. The split of the
+/// server-bound remainder between Host and NIC stays the controller's (it is what the switch
+/// enforces), decided from the server's own measurements.
+#[derive(Debug)]
+pub struct ClientShare {
+    policy: CostPolicy,
+    tracker: LoadTracker,
+    rtt: Ewma,
+}
+
+impl ClientShare {
+    /// A client view deciding with the cost policy's `config`.
+    pub fn new(config: CostPolicyConfig) -> Self {
+        ClientShare {
+            policy: CostPolicy::new(config),
+            tracker: LoadTracker::new(1, 0),
+            rtt: Ewma::default(),
+        }
+    }
+
+    /// Takes in the client's own report (already range-checked by the caller) and the one-sided
+    /// round trip it measured.
+    pub fn absorb(&mut self, report: &RemoteLoad, rtt_ns: Option<f64>) {
+        self.tracker.absorb(report);
+        if let Some(rtt) = rtt_ns.filter(|x| x.is_finite() && *x > 0.0) {
+            self.rtt.add(rtt);
+        }
+    }
+
+    /// This client's weights for `key`: the Client share decided from its own figures against
+    /// the server placements' (`handler` and `inputs`, the controller's latest signals), the rest
+    /// split between Host and NIC as the controller's `server` weights split it.
+    pub fn weights(
+        &mut self,
+        key: HandlerKey,
+        server: &Weights,
+        handler: &HandlerLoad,
+        inputs: &SteeringInputs,
+        now: Nanos,
+    ) -> Weights {
+        let client = Placement::Client.index();
+        let mut h = handler.clone();
+        h.service_ns[client] = self.tracker.service(key);
+        if let Some(steps) = self.tracker.steps(key) {
+            h.steps = h.steps.max(steps);
+        }
+        let mut own = inputs.clone();
+        if let Some(rtt) = self.rtt.get() {
+            own.client_rtt_ns = rtt;
+        }
+        own.placements[client].mean_service_ns = self.tracker.overall_service();
+        let share = self.policy.decide(key, &h, &own, now).of(Placement::Client);
+        let (nic, host) = (server.of(Placement::Nic), server.of(Placement::Host));
+        let (nic, host) = if nic + host > 0.0 {
+            (nic / (nic + host), host / (nic + host))
+        } else {
+            (0.0, 1.0)
+        };
+        let mut w = [0.0; 3];
+        w[client] = share;
+        w[Placement::Nic.index()] = (1.0 - share) * nic;
+        w[Placement::Host.index()] = (1.0 - share) * host;
+        Weights(w)
+    }
+}
+
 /// Tracks one placement's load from the events its executors report.
 #[derive(Clone, Debug, Default)]
 pub struct LoadTracker {
@@ -748,6 +819,72 @@ mod tests {
             s.decide(KEY, &h, &inputs(0.0, 0.0), 0),
             Weights::all(Placement::Nic)
         );
+    }
+
+    /// A client's report of cheap local runs, for `KEY`.
+    fn cheap_client_report() -> RemoteLoad {
+        RemoteLoad {
+            executors: 1,
+            handlers: vec![RemoteHandler {
+                app: KEY.0,
+                handler: KEY.1,
+                service_ns: 10.0,
+                steps: 1.0,
+                completions: 100,
+            }],
+            ..RemoteLoad::default()
+        }
+    }
+
+    #[test]
+    fn a_clients_report_moves_only_its_own_client_share() {
+        // The server placements are congested, so a client whose own runs are cheap moves to
+        // the Client placement; another client that reported nothing stays server-bound.
+        let cfg = CostPolicyConfig::default();
+        let (mut reporter, mut quiet) = (ClientShare::new(cfg), ClientShare::new(cfg));
+        let h = HandlerLoad {
+            service_ns: [None, Some(3_000.0), Some(1_000.0)],
+            ..handler()
+        };
+        let congested = inputs(80_000.0, 60_000.0);
+        let server = Weights([0.0, 0.3, 0.7]);
+        reporter.absorb(&cheap_client_report(), Some(1_000.0));
+        let (mut r, mut q) = (server, server);
+        for t in 0..5 {
+            r = reporter.weights(KEY, &server, &h, &congested, t);
+            q = quiet.weights(KEY, &server, &h, &congested, t);
+        }
+        assert_eq!(r.major(), Placement::Client, "{r:?}");
+        // The quiet client prices its Client placement without anyone else's report: the
+        // unmeasured guess from the server's service time and the controller's round trip.
+        let alone = ClientShare::new(cfg).weights(KEY, &server, &h, &congested, 0);
+        assert_eq!(q.of(Placement::Client), alone.of(Placement::Client));
+        for w in [r, q] {
+            assert!((w.0.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+            // The server-bound rest keeps the controller's Host:NIC split.
+            let rest = w.of(Placement::Nic) + w.of(Placement::Host);
+            if rest > 0.0 {
+                assert!((w.of(Placement::Host) / rest - 0.7).abs() < 1e-9, "{w:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn writes_never_go_to_a_client_whatever_it_reports() {
+        let mut c = ClientShare::new(CostPolicyConfig::default());
+        c.absorb(&cheap_client_report(), Some(1.0));
+        let w = HandlerLoad {
+            read_only: false,
+            ..handler()
+        };
+        let got = c.weights(
+            KEY,
+            &Weights::all(Placement::Host),
+            &w,
+            &inputs(1e9, 1e9),
+            0,
+        );
+        assert_eq!(got, Weights::all(Placement::Host));
     }
 
     #[test]

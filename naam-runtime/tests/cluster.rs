@@ -558,3 +558,49 @@ fn writes_stay_at_the_host_when_the_nic_is_another_process() {
     assert!(e.to_string().contains("cannot own writes"), "{e}");
     assert_eq!(c.owner(APP), Some(Placement::Host));
 }
+
+/// Executor queues are fair between apps: one app's backlog of expensive messages (each runs
+/// to its instruction budget) does not stand between another app's message and the executor.
+/// With one shared FIFO the cheap message would wait for the whole backlog.
+#[test]
+fn a_cheap_app_is_served_past_another_apps_expensive_backlog() {
+    const HOG: u32 = 7;
+    let c = Cluster::builder()
+        .config(ClusterConfig::functional())
+        .app(app())
+        .app(common::examples_app(HOG).with_budget(2_000_000))
+        .build()
+        .unwrap();
+    const BACKLOG: u64 = 300;
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut sel = naam_runtime::cluster::Selector::default();
+    for id in 1..=BACKLOG {
+        let req = Request::for_call(HOG, handler_id("spin"), id, &[], &[]).unwrap();
+        let d = done.clone();
+        let queued = c.dispatch(req, &mut sel, Some(Placement::Host), move |_| {
+            d.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        assert!(matches!(
+            queued,
+            naam_runtime::cluster::Dispatch::Queued(Placement::Host)
+        ));
+    }
+    let mut client = c.client();
+    for _ in 0..5 {
+        let r = client
+            .call_at(
+                Placement::Host,
+                APP,
+                handler_id("add"),
+                &words(&[1, 2]),
+                &[],
+            )
+            .unwrap();
+        assert_eq!(r.status, Status::Ok);
+    }
+    let hog_done = done.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        hog_done < BACKLOG / 2,
+        "five cheap messages waited for {hog_done} of the other app's {BACKLOG}"
+    );
+}

@@ -418,3 +418,109 @@ fn a_server_restart_recovers_by_itself_within_five_seconds() {
     let took = restarted.elapsed();
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
+
+/// `app`'s weights for `handler` as the server states them to `c`'s session, after `c`'s
+/// load report `report` (`None`: no report).
+fn weights_after(
+    c: &mut UdpClient,
+    app: u32,
+    handler: &str,
+    report: Option<naam_runtime::steering::RemoteLoad>,
+    rtt_ns: Option<f64>,
+) -> Result<[f64; 3], String> {
+    let q = Control::QueryWeights {
+        app,
+        client: report,
+        rtt_ns,
+    };
+    match c.control(&q).unwrap() {
+        Control::Weights { handlers, .. } => Ok(handlers
+            .iter()
+            .find(|h| h.handler == handler_id(handler))
+            .expect("the handler's weights")
+            .weights),
+        Control::Error { message } => Err(message),
+        other => panic!("unexpected answer {other:?}"),
+    }
+}
+
+/// A report claiming `handler` of `app` costs nothing at the client.
+fn free_client_runs(app: u32, handler: &str) -> naam_runtime::steering::RemoteLoad {
+    naam_runtime::steering::RemoteLoad {
+        executors: 1,
+        handlers: vec![naam_runtime::steering::RemoteHandler {
+            app,
+            handler: handler_id(handler),
+            service_ns: 1.0,
+            steps: 1.0,
+            completions: 1_000,
+        }],
+        ..Default::default()
+    }
+}
+
+/// Finding 5: client load reports are range-checked, and an in-range report moves only the
+/// reporting session's own placement choices: another session of the same tenant, and
+/// another tenant, keep theirs.
+#[test]
+fn load_reports_are_range_checked_and_move_only_the_reporters_choices() {
+    let shm = tempfile::tempdir().unwrap();
+    let (h, _n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
+    let mut liar = client(h.addr, "a", key_a(), None);
+    let mut honest = client(h.addr, "a", key_a(), None);
+    let mut other = client(h.addr, "b", key_b(), None);
+    wait_for_agent(&mut honest, A);
+    wait_for_agent(&mut other, B);
+    // Traffic, so the controller has measured `add` at the server placements.
+    for _ in 0..300 {
+        honest
+            .call(A, handler_id("add"), &words(&[1, 2]), &[])
+            .unwrap();
+        other
+            .call(B, handler_id("add"), &words(&[1, 2]), &[])
+            .unwrap();
+    }
+    let client = Placement::Client.index();
+    let before = weights_after(&mut honest, A, "add", None, None).unwrap();
+    let before_b = weights_after(&mut other, B, "add", None, None).unwrap();
+    assert!(before[client] < 0.5, "{before:?}");
+    // Out of range: refused with a reason, nothing taken in.
+    let mut negative = free_client_runs(A, "add");
+    negative.handlers[0].service_ns = -1e12;
+    let e = weights_after(&mut liar, A, "add", Some(negative), None).unwrap_err();
+    assert!(e.contains("out of range"), "{e}");
+    let e = weights_after(&mut liar, A, "add", None, Some(-5.0)).unwrap_err();
+    assert!(e.contains("out of range"), "{e}");
+    // In range and flattering to the Client placement, over and over: the liar's own Client
+    // share moves...
+    let mut mine = before;
+    for _ in 0..20 {
+        mine = weights_after(
+            &mut liar,
+            A,
+            "add",
+            Some(free_client_runs(A, "add")),
+            Some(1.0),
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(mine[client] > 0.5, "the liar's own choice moved: {mine:?}");
+    // ...and nobody else's.
+    let after = weights_after(&mut honest, A, "add", None, None).unwrap();
+    let after_b = weights_after(&mut other, B, "add", None, None).unwrap();
+    assert!(after[client] < 0.5, "{after:?}");
+    assert!(
+        (after[client] - before[client]).abs() < 0.05,
+        "{before:?} -> {after:?}"
+    );
+    assert!(
+        (after_b[client] - before_b[client]).abs() < 0.05,
+        "{before_b:?} -> {after_b:?}"
+    );
+    // The honest client's calls still go to the server.
+    let r = honest
+        .call(A, handler_id("add"), &words(&[2, 2]), &[])
+        .unwrap();
+    assert_eq!(r.status, Status::Ok);
+}

@@ -76,6 +76,7 @@ pub fn start_host(
     shm_dir: &Path,
 ) -> Result<(Arc<Cluster>, Manifest), DeployError> {
     config.remote_nic = true;
+    config.remote_clients = true;
     config.nic_executors = 0;
     std::fs::create_dir_all(shm_dir).map_err(file_err(shm_dir))?;
     let dir = shm_dir.to_path_buf();

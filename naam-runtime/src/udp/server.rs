@@ -179,11 +179,13 @@ impl Replies {
     }
 }
 
+/// The longest time a load report may state (a minute), nanoseconds.
+const MAX_REPORTED_NS: f64 = 60e9;
+
 /// Whether a client's load report is within the ranges a real client produces: no negative,
 /// infinite or absurd figures (a report moves steering only within them).
 pub(crate) fn plausible_load(r: &RemoteLoad) -> bool {
-    const MAX_NS: f64 = 60e9;
-    let ok_ns = |x: f64| x.is_finite() && (0.0..=MAX_NS).contains(&x);
+    let ok_ns = |x: f64| x.is_finite() && (0.0..=MAX_REPORTED_NS).contains(&x);
     r.executors <= 1024
         && r.handlers.len() <= 4096
         && ok_ns(r.queue_delay_ns)
@@ -206,6 +208,8 @@ struct Host<'a> {
     nic: Option<(u64, SocketAddr)>,
     switch: Selector,
     draining: bool,
+    /// Per session: its own view of the Client placement, fed by its own load reports.
+    shares: std::collections::HashMap<u64, crate::steering::ClientShare>,
 }
 
 /// Bytes of a whole datagram carrying a `message`-byte message in one fragment.
@@ -538,7 +542,7 @@ impl Host<'_> {
                     rtt_ns,
                 },
                 Role::Tenant { .. },
-            ) => Some(self.weights(role, app, client, rtt_ns)),
+            ) => Some(self.weights(sid, role, app, client, rtt_ns)),
             (Control::NicLoad { agent, load }, Role::Nic) => {
                 // The NIC names its address; an unspecified IP means "as seen".
                 let mut at = agent;
@@ -614,8 +618,11 @@ impl Host<'_> {
         }
     }
 
+    /// `app`'s weights for session `sid`, after taking in the session's own load report: a
+    /// report moves only its own session's Client share ([`crate::steering::ClientShare`]).
     fn weights(
         &mut self,
+        sid: u64,
         role: &Role,
         app: u32,
         client: Option<RemoteLoad>,
@@ -626,33 +633,49 @@ impl Host<'_> {
                 message: format!("no app {app} in this session"),
             };
         }
-        if let Some(load) = client {
-            if plausible_load(&load) {
-                self.cluster.absorb_client_load(&load, rtt_ns);
-            } else {
-                return Control::Error {
-                    message: "the load report is out of range (negative, infinite or absurd \
-                              figures): ignored"
-                        .into(),
-                };
-            }
+        let rtt_ok = rtt_ns.is_none_or(|x| x.is_finite() && (0.0..=MAX_REPORTED_NS).contains(&x));
+        if client.as_ref().is_some_and(|l| !plausible_load(l)) || !rtt_ok {
+            return Control::Error {
+                message: "the load report is out of range (negative, infinite or absurd \
+                          figures): ignored"
+                    .into(),
+            };
         }
-        match self.cluster.registry().app(app) {
-            Some(a) => Control::Weights {
-                app,
-                handlers: a
-                    .handlers
-                    .values()
-                    .map(|h| HandlerWeights {
-                        handler: h.id,
-                        weights: self.cluster.weights(app, h.id).0,
-                    })
-                    .collect(),
-                agent: self.agent(),
-            },
-            None => Control::Error {
+        let Some(a) = self.cluster.registry().app(app) else {
+            return Control::Error {
                 message: format!("no app {app}"),
-            },
+            };
+        };
+        let mut share = match self.shares.remove(&sid) {
+            Some(s) => Some(s),
+            None => self.cluster.client_share(),
+        };
+        if let (Some(share), Some(mut load)) = (share.as_mut(), client) {
+            // Only the session's own apps' handlers that exist: a report cannot grow the view
+            // past what the session may run.
+            let registry = self.cluster.registry();
+            load.handlers
+                .retain(|h| role.may_use(h.app) && registry.handler(h.app, h.handler).is_ok());
+            share.absorb(&load, rtt_ns);
+        }
+        let handlers = a
+            .handlers
+            .values()
+            .map(|h| HandlerWeights {
+                handler: h.id,
+                weights: match share.as_mut() {
+                    Some(s) => self.cluster.client_weights(s, app, h.id).0,
+                    None => self.cluster.weights(app, h.id).0,
+                },
+            })
+            .collect();
+        if let Some(s) = share {
+            self.shares.insert(sid, s);
+        }
+        Control::Weights {
+            app,
+            handlers,
+            agent: self.agent(),
         }
     }
 
@@ -786,6 +809,7 @@ pub fn serve_host(
         nic: None,
         switch: Selector::default(),
         draining: false,
+        shares: std::collections::HashMap::new(),
     };
     let mut drain_deadline: Option<Instant> = None;
     let mut next_expiry = Instant::now();
@@ -802,6 +826,8 @@ pub fn serve_host(
         if Instant::now() >= next_expiry {
             next_expiry = Instant::now() + Duration::from_secs(1);
             host.gate.expire(clock.now());
+            let gate = &host.gate;
+            host.shares.retain(|sid, _| gate.session(*sid).is_some());
         }
         for (peer, msg) in socket.recv(Duration::from_millis(1))? {
             host.handle(clock.now(), peer, msg);
