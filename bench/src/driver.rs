@@ -29,6 +29,16 @@ pub enum App {
     Btree,
 }
 
+impl App {
+    /// The app kind naam-server's manifest names (and its tenant's usual name).
+    pub fn kind(self) -> &'static str {
+        match self {
+            App::Mica => "mica",
+            App::Btree => "btree",
+        }
+    }
+}
+
 impl std::str::FromStr for App {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -356,13 +366,26 @@ pub fn run_udp(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
     check(cfg)?;
-    let pin = match cfg.placement {
+    let client = crate::udp_client::config(server, cfg.app.kind())?;
+    run_udp_with(cfg, client, target, progress)
+}
+
+/// Runs `cfg` over the UDP fabric with every client set up as `client` says (its server,
+/// credential and settings; the placement pin comes from `cfg`).
+pub fn run_udp_with(
+    cfg: &YcsbConfig,
+    mut client: naam_runtime::udp::client::UdpConfig,
+    target: &Path,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> anyhow::Result<YcsbResult> {
+    check(cfg)?;
+    client.pin = match cfg.placement {
         PlacementChoice::Auto => None,
         PlacementChoice::Fixed(p) => Some(p),
     };
     // The device first: its absence is the clearer error.
     let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
-    let mut setup = UdpSetup::new(cfg.app, server, pin, target)?;
+    let mut setup = UdpSetup::with_config(cfg.app, client, target)?;
     setup.rdma = rdma;
     let connect = {
         let setup = setup.clone();
@@ -449,13 +472,19 @@ impl UdpSetup {
         pin: Option<Placement>,
         target: &Path,
     ) -> anyhow::Result<UdpSetup> {
-        use naam_runtime::udp::client::UdpClient;
-        let kind = match app {
-            App::Mica => "mica",
-            App::Btree => "btree",
-        };
-        let mut config = crate::udp_client::config(server, kind)?;
+        let mut config = crate::udp_client::config(server, app.kind())?;
         config.pin = pin;
+        Self::with_config(app, config, target)
+    }
+
+    /// As [`UdpSetup::new`], with every client set up as `config` says.
+    pub fn with_config(
+        app: App,
+        config: naam_runtime::udp::client::UdpConfig,
+        target: &Path,
+    ) -> anyhow::Result<UdpSetup> {
+        use naam_runtime::udp::client::UdpClient;
+        let (kind, server) = (app.kind(), config.server);
         let probe = UdpClient::connect(&config)?;
         let served = probe
             .manifest()

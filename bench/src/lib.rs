@@ -5,6 +5,7 @@
 //! DMA and one-sided RDMA emulated; nothing here is a hardware figure.
 #![deny(missing_docs)]
 
+pub mod auth_cost;
 pub mod driver;
 pub mod experiments;
 pub mod memcached;

@@ -157,7 +157,7 @@ enum Cmd {
     },
     /// Run one of the paper's experiments; writes NAME.json and SVG charts into --out.
     Experiment {
-        /// shift, capacity, scale, engines, placements or placements-congested.
+        /// shift, capacity, scale, engines, placements, placements-congested or auth-cost.
         name: String,
         /// Output directory.
         #[arg(long, default_value = "bench/out")]
@@ -193,6 +193,15 @@ enum Cmd {
         /// naam-server's address (with --fabric udp).
         #[arg(long)]
         server: Option<std::net::SocketAddr>,
+        /// Rounds (auth-cost: each runs both modes once, in alternating order).
+        #[arg(long, default_value_t = 3)]
+        rounds: u32,
+        /// Records loaded (auth-cost).
+        #[arg(long, default_value_t = 10_000)]
+        records: u64,
+        /// Client threads (auth-cost).
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
     },
     /// Draw key numbers from a distribution and write per-key counts.
     Keys {
@@ -380,6 +389,9 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             examples,
             fabric,
             server,
+            rounds,
+            records,
+            threads,
         } => {
             use naam_bench::experiments as x;
             let f = match x::Fabric::parse(&fabric, server) {
@@ -406,6 +418,22 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 "placements" => {
                     x::placements(&out, &target_dir, f, &rates, (seconds / 6.0).max(0.2), None)?
                 }
+                "auth-cost" => {
+                    if f != x::Fabric::Inproc {
+                        eprintln!(
+                            "naam-bench: note: auth-cost starts its own deployments on loopback \
+                             (authentication can be turned off nowhere else), so --fabric and \
+                             --server do not apply"
+                        );
+                    }
+                    let c = naam_bench::auth_cost::AuthCostConfig {
+                        records,
+                        ops,
+                        threads,
+                        rounds,
+                    };
+                    naam_bench::auth_cost::auth_cost(&out, &target_dir, &c)?
+                }
                 "placements-congested" => x::placements(
                     &out,
                     &target_dir,
@@ -415,7 +443,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     Some(extra_us),
                 )?,
                 other => {
-                    eprintln!("naam-bench: error: unknown experiment `{other}` (shift, capacity, scale, engines, placements, placements-congested)");
+                    eprintln!("naam-bench: error: unknown experiment `{other}` (shift, capacity, scale, engines, placements, placements-congested, auth-cost)");
                     return Ok(ExitCode::from(2));
                 }
             };
@@ -426,7 +454,12 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 }
             }
             println!("{}", serde_json::to_string_pretty(&summary)?);
-            println!("wrote {}/{name}.json and its SVG chart(s)", out.display());
+            let charts = if name == "auth-cost" {
+                ""
+            } else {
+                " and its SVG chart(s)"
+            };
+            println!("wrote {}/{name}.json{charts}", out.display());
             Ok(ExitCode::SUCCESS)
         }
         Cmd::CompareMemcached {

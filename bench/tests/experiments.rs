@@ -1,4 +1,5 @@
-//! Every experiment runs end to end from the CLI (small sizes) and leaves its JSON and SVG.
+//! Every experiment runs end to end from the CLI (small sizes) and leaves its JSON and SVG
+//! (auth-cost: its JSON).
 
 use std::path::Path;
 use std::process::Command;
@@ -15,6 +16,10 @@ fn run(name: &str, out: &Path) -> std::process::Output {
             "2000,5000",
             "--extra-us",
             "50",
+            "--rounds",
+            "1",
+            "--records",
+            "1000",
         ])
         .arg("--out")
         .arg(out)
@@ -30,7 +35,7 @@ fn run(name: &str, out: &Path) -> std::process::Output {
 fn every_experiment_writes_json_and_a_chart() {
     let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("experiments");
     let _ = std::fs::remove_dir_all(&out);
-    let expect: [(&str, &[&str]); 6] = [
+    let expect: [(&str, &[&str]); 7] = [
         (
             "shift",
             &["shift.json", "shift-fractions.svg", "shift-p99.svg"],
@@ -43,6 +48,7 @@ fn every_experiment_writes_json_and_a_chart() {
             "placements-congested",
             &["placements-congested.json", "placements-congested.svg"],
         ),
+        ("auth-cost", &["auth-cost.json"]),
     ];
     for (name, files) in expect {
         let o = run(name, &out);

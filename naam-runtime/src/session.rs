@@ -414,12 +414,42 @@ pub fn peek_sealed(buf: &[u8]) -> Result<SealedHeader, SealError> {
     })
 }
 
+/// Whether sealed datagrams carry and need a real authentication tag.
+///
+/// `Off` exists for one purpose: measuring what authentication costs, against the same build
+/// (`naam-bench experiment auth-cost`). Sessions are still set up and replay windows still
+/// run; only the tag is neither computed nor checked. Drivers refuse it on anything but
+/// loopback, and naam-server and naam-nic offer no way to ask for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Authentication {
+    /// HMAC-SHA-256 on every datagram (always, in every deployment).
+    #[default]
+    On,
+    /// No tag computed or checked: a loopback measurement's baseline only.
+    OffForMeasurement,
+}
+
+impl Authentication {
+    /// Refuses [`Authentication::OffForMeasurement`] unless `addr` is a loopback address.
+    pub fn check_scope(self, addr: SocketAddr) -> Result<(), String> {
+        if self == Authentication::OffForMeasurement && !addr.ip().is_loopback() {
+            return Err(format!(
+                "authentication can be turned off only on loopback, to measure its cost \
+                 ({addr} is not loopback)"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The keyed MAC of one session, with its id and tenant tag: seals and opens its messages.
 pub struct SessionKey {
     id: u64,
     tenant_tag: u32,
     raw: [u8; 32],
     mac: HmacSha256,
+    authentication: Authentication,
 }
 
 impl std::fmt::Debug for SessionKey {
@@ -436,7 +466,14 @@ impl SessionKey {
             tenant_tag,
             raw,
             mac: hmac_with(&raw),
+            authentication: Authentication::On,
         }
+    }
+
+    /// The same key sealing and opening with `authentication` (see [`Authentication`]).
+    pub fn with_authentication(mut self, authentication: Authentication) -> SessionKey {
+        self.authentication = authentication;
+        self
     }
 
     /// The session id.
@@ -460,6 +497,10 @@ impl SessionKey {
         b.put_u64_le(self.id);
         b.put_u64_le(packet);
         b.put_slice(inner);
+        if self.authentication == Authentication::OffForMeasurement {
+            b.put_slice(&[0; TAG_LEN]);
+            return b.freeze();
+        }
         let mut m = self.mac.clone();
         m.update(&b);
         let tag = m.finalize().into_bytes();
@@ -478,10 +519,12 @@ impl SessionKey {
             });
         }
         let end = sealed.len() - TAG_LEN;
-        let mut m = self.mac.clone();
-        m.update(&sealed[..end]);
-        m.verify_truncated_left(&sealed[end..])
-            .map_err(|_| SealError::BadTag(h.session))?;
+        if self.authentication == Authentication::On {
+            let mut m = self.mac.clone();
+            m.update(&sealed[..end]);
+            m.verify_truncated_left(&sealed[end..])
+                .map_err(|_| SealError::BadTag(h.session))?;
+        }
         Ok((h, sealed.slice(SEAL_HEADER..end)))
     }
 
@@ -839,6 +882,7 @@ pub struct Gatekeeper {
     sessions: HashMap<u64, Session>,
     by_nonce: HashMap<[u8; NONCE_LEN], u64>,
     limits: SessionLimits,
+    authentication: Authentication,
 }
 
 /// What [`Gatekeeper::open`] found in a sealed message.
@@ -860,7 +904,14 @@ impl Gatekeeper {
             sessions: HashMap::new(),
             by_nonce: HashMap::new(),
             limits: SessionLimits::default(),
+            authentication: Authentication::On,
         }
+    }
+
+    /// Seals and opens the sessions it sets up with `authentication` (see [`Authentication`]).
+    pub fn with_authentication(mut self, authentication: Authentication) -> Gatekeeper {
+        self.authentication = authentication;
+        self
     }
 
     /// Sets the limits.
@@ -946,7 +997,11 @@ impl Gatekeeper {
                 break id;
             }
         };
-        let key = Arc::new(credential.session_key(id, n));
+        let key = Arc::new(
+            credential
+                .session_key(id, n)
+                .with_authentication(self.authentication),
+        );
         self.by_nonce.insert(n.server, id);
         self.sessions.insert(
             id,
@@ -1319,6 +1374,33 @@ mod tests {
         );
         assert_eq!(g.reset_token(42, cred(3).tag()), None);
         assert_ne!(c.reset_token(42), cred(2).reset_token(42));
+    }
+
+    #[test]
+    fn authentication_is_off_only_where_asked_and_only_on_loopback() {
+        let on = SessionKey::new(7, 1, [9; 32]);
+        let off =
+            SessionKey::new(7, 1, [9; 32]).with_authentication(Authentication::OffForMeasurement);
+        let sealed_off = off.seal(Sender::Client, 1, b"hello");
+        assert_eq!(&sealed_off[sealed_off.len() - TAG_LEN..], &[0; TAG_LEN]);
+        // A key with authentication on never opens an untagged datagram...
+        assert!(matches!(on.open(&sealed_off), Err(SealError::BadTag(7))));
+        // ...and the measurement's key opens both (it checks nothing).
+        let sealed_on = on.seal(Sender::Client, 2, b"hello");
+        assert_eq!(
+            off.open(&sealed_on).unwrap().1,
+            Bytes::from_static(b"hello")
+        );
+        let loopback: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let network: SocketAddr = "10.0.0.1:7000".parse().unwrap();
+        assert!(Authentication::OffForMeasurement
+            .check_scope(loopback)
+            .is_ok());
+        let e = Authentication::OffForMeasurement
+            .check_scope(network)
+            .unwrap_err();
+        assert!(e.contains("only on loopback"), "{e}");
+        assert!(Authentication::On.check_scope(network).is_ok());
     }
 
     #[test]

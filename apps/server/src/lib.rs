@@ -90,7 +90,7 @@ fn queue() -> usize {
     4096
 }
 fn executor_poll_us() -> u64 {
-    200
+    naam_runtime::udp::deploy::SERVER_EXECUTOR_POLL.as_micros() as u64
 }
 fn target() -> PathBuf {
     PathBuf::from("target/naam")

@@ -66,6 +66,9 @@ pub struct UdpConfig {
     /// How long the server may stay silent before every call fails with
     /// [`ClientError::ServerGone`].
     pub liveness: Duration,
+    /// Datagram authentication: always on, but for a loopback measurement of its cost
+    /// ([`session::Authentication`]); it must match the server's.
+    pub authentication: session::Authentication,
 }
 
 impl UdpConfig {
@@ -82,6 +85,7 @@ impl UdpConfig {
             tenant: tenant.to_string(),
             credential,
             liveness: Duration::from_secs(10),
+            authentication: session::Authentication::On,
         }
     }
 }
@@ -161,6 +165,7 @@ pub struct Conn {
     liveness: Duration,
     /// How long a handshake may take.
     connect_timeout: Duration,
+    authentication: session::Authentication,
     /// One-sided READs over RDMA instead of the agent, once [`UdpClient::use_rdma`] connected.
     #[cfg(feature = "verbs")]
     rdma: Option<crate::verbs::RdmaReader>,
@@ -411,14 +416,16 @@ impl Conn {
         // The welcome is sealed in the new session: its id is in the envelope, and the key
         // follows from it, the nonces and the credential.
         let mut key: Option<SessionKey> = None;
-        let m = self.exchange_with(server, id, &mut |_, _| auth.clone(), &mut |_, incoming| {
+        let m = self.exchange_with(server, id, &mut |_, _| auth.clone(), &mut |c, incoming| {
             match incoming {
                 Incoming::Unopened(m) => {
                     let h = peek_sealed(&m).ok()?;
                     if h.sender != Sender::Server {
                         return None;
                     }
-                    let k = hs.session_key(h.session, server_nonce);
+                    let k = hs
+                        .session_key(h.session, server_nonce)
+                        .with_authentication(c.authentication);
                     let (_, inner) = k.open(&m).ok()?;
                     if answered_id(KIND_CONTROL, &inner) != Some(id) {
                         return None;
@@ -597,6 +604,13 @@ impl UdpClient {
         } else {
             "[::]:0".parse().expect("literal")
         };
+        config
+            .authentication
+            .check_scope(config.server)
+            .map_err(|message| UdpError::Refused {
+                server: config.server,
+                message,
+            })?;
         let socket = Socket::bind(bind, config.datagram)?;
         let mut conn = Conn {
             socket,
@@ -615,6 +629,7 @@ impl UdpClient {
             last_heard: Instant::now(),
             liveness: config.liveness,
             connect_timeout: config.connect_timeout,
+            authentication: config.authentication,
             #[cfg(feature = "verbs")]
             rdma: None,
         };

@@ -17,6 +17,12 @@ use crate::registry::{handler_id, HandlerKind, HandlerSpec};
 /// Name of the manifest file in the shared-memory directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
+/// How long naam-server's idle host executors poll before they park, by default: longer than
+/// the in-process default, because a datagram round trip over UDP outlasts a short poll and
+/// naam-server has no emulated NIC threads in its process to starve (bench/RESULTS.md, "MICA
+/// YCSB-B over UDP against memcached", has the measurement).
+pub const SERVER_EXECUTOR_POLL: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// Why a deployment could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DeployError {

@@ -64,6 +64,9 @@ pub struct NicOptions {
     pub drain: Duration,
     /// The pairing secret naam-server's config names.
     pub pairing: Credential,
+    /// Datagram authentication: on, except in a loopback measurement of its cost
+    /// ([`crate::session::Authentication`]); it must match the server's.
+    pub authentication: crate::session::Authentication,
 }
 
 /// The NIC's executors and the manifest they were built from.
@@ -345,7 +348,9 @@ impl Nic<'_> {
         } = &self.pairing
         {
             let Ok(h) = peek_sealed(&msg) else { return };
-            let key = hs.session_key(h.session, *server_nonce);
+            let key = hs
+                .session_key(h.session, *server_nonce)
+                .with_authentication(self.options.authentication);
             let Ok((_, inner)) = key.open(&msg) else {
                 self.stats.unauthenticated += 1;
                 return;
@@ -400,6 +405,7 @@ impl Nic<'_> {
                 )) => {
                     self.asked.remove(&session);
                     let Some(k) = SessionKey::unwrap(&pairing_key, session, tenant_tag, &key)
+                        .map(|k| k.with_authentication(self.options.authentication))
                     else {
                         self.stats.unauthenticated += 1;
                         return;
@@ -618,6 +624,10 @@ pub fn serve_nic(
     stop: &AtomicBool,
     remap: &mut dyn FnMut(u64) -> Result<NicCluster, String>,
 ) -> std::io::Result<NicStats> {
+    options
+        .authentication
+        .check_scope(socket.local_addr()?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let mut nic = Nic {
         grants: grants_of(&start.manifest),
         current: start,

@@ -96,6 +96,9 @@ pub struct ServerOptions {
     /// The credentials sessions are set up with ([`session::tenant_entries`]): every app's,
     /// the operator's and the NIC's pairing secret.
     pub tenants: Vec<TenantEntry>,
+    /// Datagram authentication: on, except in a loopback measurement of its cost
+    /// ([`session::Authentication`]).
+    pub authentication: session::Authentication,
 }
 
 /// A malformed-request reply (request id 0 when it could not be read).
@@ -793,13 +796,18 @@ pub fn serve_host(
             pages.insert(name.clone(), p);
         }
     }
+    options
+        .authentication
+        .check_scope(socket.local_addr()?)
+        .map_err(invalid)?;
     let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
     let clock = SystemClock::new();
     let mut host = Host {
         cluster,
         options: &options,
         replies: Replies::new(socket.sender()?),
-        gate: Gatekeeper::new(options.manifest.epoch, options.tenants.clone(), cookies),
+        gate: Gatekeeper::new(options.manifest.epoch, options.tenants.clone(), cookies)
+            .with_authentication(options.authentication),
         pages,
         head: Manifest {
             apps: Vec::new(),

@@ -226,6 +226,7 @@ pub fn udp_host_tenants(
             verbs,
             congestion_control,
             tenants,
+            authentication: naam_runtime::session::Authentication::On,
         };
         server::serve_host(cluster, socket, opts, &s).unwrap();
     });
@@ -256,6 +257,7 @@ pub fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
             report_every: std::time::Duration::from_millis(1),
             drain: std::time::Duration::from_secs(1),
             pairing: pairing_key(),
+            authentication: naam_runtime::session::Authentication::On,
         };
         let start = NicCluster { cluster, manifest };
         serve_nic(start, socket, opts, &s, &mut |_| {

@@ -219,6 +219,7 @@ fn run(
             report_every: Duration::from_millis(1),
             drain: Duration::from_secs(2),
             pairing,
+            authentication: naam_runtime::session::Authentication::On,
         },
         stop,
         &mut |_epoch| {

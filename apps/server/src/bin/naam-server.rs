@@ -216,6 +216,7 @@ fn run(
             verbs,
             congestion_control: config.allow_congestion_control,
             tenants,
+            authentication: naam_runtime::session::Authentication::On,
         },
         stop,
     )?;

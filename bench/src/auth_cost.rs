@@ -1,0 +1,290 @@
+//! What authentication costs: MICA YCSB-B over the UDP fabric with sessions as deployed,
+//! against the same build with datagram authentication off, in one run.
+//!
+//! Each run starts a whole deployment in this process on loopback (naam-server's driver and
+//! naam-nic's driver on their own threads, regions in a scratch directory, credentials made
+//! for the run), loads the records and runs the workload, then stops it. Rounds alternate the
+//! order of the two modes (on/off, then off/on) so drift on the machine falls on both alike.
+//! Authentication can be turned off only on loopback ([`Authentication::check_scope`]), and
+//! nothing but this measurement does it.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use naam_runtime::cluster::ClusterConfig;
+use naam_runtime::placement::Placement;
+use naam_runtime::session::{self, Authentication, Credential};
+use naam_runtime::udp::client::{UdpClient, UdpConfig};
+use naam_runtime::udp::{deploy, nic, server, socket::Socket};
+use serde_json::json;
+
+use crate::driver::{run_udp_with, App, PlacementChoice, YcsbConfig, YcsbResult};
+use crate::ycsb::{RecordShape, Workload};
+
+/// Settings of the measurement.
+#[derive(Clone, Debug)]
+pub struct AuthCostConfig {
+    /// Records loaded (MICA's table is sized for them).
+    pub records: u64,
+    /// Operations per run.
+    pub ops: u64,
+    /// Client threads.
+    pub threads: usize,
+    /// Rounds; each runs both modes once.
+    pub rounds: u32,
+}
+
+/// One deployment on loopback: the server's and the NIC's driver threads.
+struct Loopback {
+    server: SocketAddr,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    shm: PathBuf,
+}
+
+impl Loopback {
+    /// Starts MICA (`loaded`, `bytes`) sized for `records` as app 1 of tenant `mica`, and a
+    /// NIC paired with `pairing`, with datagram authentication `auth`.
+    fn start(
+        shm: PathBuf,
+        records: u64,
+        built: &(Arc<naam_runtime::LoadedObject>, Vec<u8>),
+        tenant: &Credential,
+        pairing: &Credential,
+        auth: Authentication,
+    ) -> anyhow::Result<Loopback> {
+        let mc = naam_mica::MicaConfig::sized(records.saturating_mul(2).max(1024), 32, 1024);
+        let app = deploy::HostApp {
+            spec: naam_mica::app_spec(1, &mc, built.0.clone(), Placement::Host)?,
+            kind: "mica".into(),
+            params: serde_json::to_value(mc)?,
+            object_bytes: built.1.clone(),
+            client_writes: false,
+            credential: Some(tenant.clone()),
+        };
+        let tenants = session::tenant_entries(
+            &[(1, "mica".to_string(), tenant.clone())],
+            None,
+            Some(pairing.clone()),
+        );
+        // As naam-server runs it by default.
+        let host = ClusterConfig {
+            executor_poll: deploy::SERVER_EXECUTOR_POLL,
+            ..ClusterConfig::default()
+        };
+        let (cluster, manifest) = deploy::start_host(vec![app], host, &shm)?;
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
+        let socket = Socket::bind(loopback, 1472)?;
+        let server = socket.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        let s = stop.clone();
+        let options = server::ServerOptions {
+            manifest,
+            drain: Duration::from_secs(1),
+            switch: None,
+            verbs: None,
+            congestion_control: false,
+            tenants,
+            authentication: auth,
+        };
+        threads.push(std::thread::spawn(move || {
+            if let Err(e) = server::serve_host(cluster, socket, options, &s) {
+                eprintln!("naam-bench: auth-cost: server driver: {e}");
+            }
+        }));
+        let (nic_cluster, nic_manifest) = deploy::start_nic(&shm, ClusterConfig::default())?;
+        let nic_socket = Socket::bind(loopback, 1472)?;
+        let advertise = nic_socket.local_addr()?;
+        let options = nic::NicOptions {
+            server,
+            advertise,
+            report_every: Duration::from_millis(1),
+            drain: Duration::from_secs(1),
+            pairing: pairing.clone(),
+            authentication: auth,
+        };
+        let s = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let start = nic::NicCluster {
+                cluster: nic_cluster,
+                manifest: nic_manifest,
+            };
+            let mut no_remap = |_| Err("the measurement's server does not restart".to_string());
+            if let Err(e) = nic::serve_nic(start, nic_socket, options, &s, &mut no_remap) {
+                eprintln!("naam-bench: auth-cost: NIC driver: {e}");
+            }
+        }));
+        Ok(Loopback {
+            server,
+            stop,
+            threads,
+            shm,
+        })
+    }
+
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        deploy::cleanup(&self.shm);
+        let _ = std::fs::remove_dir_all(&self.shm);
+    }
+}
+
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Waits until the NIC has paired (clients are told its agent), so both modes run with it.
+fn wait_for_nic(config: &UdpConfig) -> anyhow::Result<()> {
+    use naam_runtime::udp::control::Control;
+    let mut probe = UdpClient::connect(config)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let q = Control::QueryWeights {
+            app: 1,
+            client: None,
+            rtt_ns: None,
+        };
+        if let Ok(Control::Weights { agent: Some(_), .. }) = probe.control(&q) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the in-process NIC did not pair with the server within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn label(a: Authentication) -> &'static str {
+    match a {
+        Authentication::On => "on",
+        _ => "off",
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Runs the measurement; writes `auth-cost.json` into `out` and returns its document.
+pub fn auth_cost(
+    out: &Path,
+    target: &Path,
+    c: &AuthCostConfig,
+) -> anyhow::Result<serde_json::Value> {
+    if c.rounds == 0 || c.ops == 0 || c.records == 0 || c.threads == 0 {
+        bail!("auth-cost needs at least one round, operation, record and thread");
+    }
+    let built = naam_mica::build_handlers_output(Some(&target.join("mica")))
+        .context("building MICA's handlers")?;
+    let bytes = std::fs::read(&built.object)
+        .with_context(|| format!("reading {}", built.object.display()))?;
+    let built = (Arc::new(built.loaded), bytes);
+    let tenant = Credential::generate()?;
+    let pairing = Credential::generate()?;
+    let mut runs = Vec::new();
+    for round in 0..c.rounds {
+        let order = if round % 2 == 0 {
+            [Authentication::On, Authentication::OffForMeasurement]
+        } else {
+            [Authentication::OffForMeasurement, Authentication::On]
+        };
+        for auth in order {
+            let shm = std::env::temp_dir().join(format!(
+                "naam-auth-cost-{}-{round}-{}",
+                std::process::id(),
+                label(auth)
+            ));
+            let d = Loopback::start(shm, c.records, &built, &tenant, &pairing, auth)?;
+            let mut client = UdpConfig::new(d.server, "mica", tenant.clone());
+            client.authentication = auth;
+            client.liveness = crate::udp_client::DEFAULT_LIVENESS;
+            let r = wait_for_nic(&client).and_then(|()| {
+                let cfg = YcsbConfig {
+                    app: App::Mica,
+                    workload: Workload::core('b').expect("workload b"),
+                    records: c.records,
+                    ops: c.ops,
+                    threads: c.threads,
+                    placement: PlacementChoice::Auto,
+                    shape: RecordShape::default(),
+                    seed: 42 + round as u64,
+                    executors: (1, 1),
+                    fabric: "udp".into(),
+                    server: Some(d.server),
+                };
+                run_udp_with(&cfg, client, target, &|_, _| {})
+            });
+            d.stop();
+            let r: YcsbResult =
+                r.with_context(|| format!("round {round}, authentication {}", label(auth)))?;
+            eprintln!(
+                "naam-bench: auth-cost round {round} authentication {:>3}: {:.0} ops/s, p99 {:.1} us",
+                label(auth),
+                r.throughput,
+                r.all.p99 as f64 / 1e3
+            );
+            runs.push((round, auth, r));
+        }
+    }
+    let summary = |a: Authentication| {
+        let of: Vec<&YcsbResult> = runs.iter().filter(|x| x.1 == a).map(|x| &x.2).collect();
+        (
+            median(of.iter().map(|r| r.throughput).collect()),
+            median(of.iter().map(|r| r.all.p99 as f64 / 1e3).collect()),
+        )
+    };
+    let (on_ops, on_p99) = summary(Authentication::On);
+    let (off_ops, off_p99) = summary(Authentication::OffForMeasurement);
+    let loss = if off_ops > 0.0 {
+        100.0 * (off_ops - on_ops) / off_ops
+    } else {
+        0.0
+    };
+    let p99_change = if off_p99 > 0.0 {
+        100.0 * (on_p99 - off_p99) / off_p99
+    } else {
+        0.0
+    };
+    let doc = json!({
+        "experiment": "auth-cost",
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "mode": "udp on loopback, one process (naam-server's and naam-nic's drivers on threads; NIC cores and DMA emulated)",
+        "workload": "YCSB-B on MICA, placement auto",
+        "records": c.records,
+        "ops_per_run": c.ops,
+        "threads": c.threads,
+        "rounds": c.rounds,
+        "authentication_on": { "median_ops_per_s": on_ops, "median_p99_us": on_p99 },
+        "authentication_off": { "median_ops_per_s": off_ops, "median_p99_us": off_p99 },
+        "throughput_loss_percent": loss,
+        "p99_change_percent": p99_change,
+        "runs": runs.iter().map(|(round, a, r)| json!({
+            "round": round,
+            "authentication": label(*a),
+            "ops_per_s": r.throughput,
+            "p50_us": r.all.p50 as f64 / 1e3,
+            "p99_us": r.all.p99 as f64 / 1e3,
+            "placement_fractions": r.placement_fractions,
+        })).collect::<Vec<_>>(),
+    });
+    let path = out.join("auth-cost.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(doc)
+}
