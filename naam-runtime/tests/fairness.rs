@@ -6,42 +6,15 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{rd, words, Driver};
+use common::deployment::{key_a, key_b, Deployment, A, B};
+use common::{rd, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
-use naam_runtime::cluster::ClusterConfig;
 use naam_runtime::registry::handler_id;
 use naam_runtime::session::Credential;
 use naam_runtime::transport::Transport;
 use naam_runtime::udp::client::{UdpClient, UdpConfig};
 use naam_runtime::wire::{Reply, Request, Status};
 use naam_runtime::Placement;
-
-const A: u32 = 1;
-const B: u32 = 2;
-
-fn key_a() -> Credential {
-    Credential::from_bytes([0xa1; 32])
-}
-
-fn key_b() -> Credential {
-    Credential::from_bytes([0xb2; 32])
-}
-
-fn deployment(shm: &std::path::Path) -> (Driver, Driver) {
-    let tenants = [(A, "a".to_string(), key_a()), (B, "b".to_string(), key_b())];
-    let at = "127.0.0.1:0".parse().unwrap();
-    let h = common::udp_host_tenants(
-        shm,
-        at,
-        &tenants,
-        ClusterConfig::functional(),
-        false,
-        true,
-        |_| None,
-    );
-    let n = common::udp_nic(shm, h.addr);
-    (h, n)
-}
 
 fn client(server: SocketAddr, tenant: &str, key: Credential) -> UdpClient {
     let mut cfg = UdpConfig::new(server, tenant, key);
@@ -56,9 +29,15 @@ fn client(server: SocketAddr, tenant: &str, key: Credential) -> UdpClient {
 /// are bounded.
 #[test]
 fn a_retry_storm_from_one_tenant_leaves_the_other_most_of_its_throughput() {
-    let shm = tempfile::tempdir().unwrap();
-    let (h, _n) = deployment(shm.path());
-    let mut b = client(h.addr, "b", key_b());
+    // One after the other, never at once: each measures.
+    retry_storm(&mut Deployment::threads(), "threads");
+    if let Some(mut d) = Deployment::processes("the retry storm") {
+        retry_storm(&mut d, "processes");
+    }
+}
+
+fn retry_storm(d: &mut Deployment, what: &str) {
+    let mut b = client(d.server(), "b", key_b());
     let rate = |b: &mut UdpClient, d: Duration| {
         let start = Instant::now();
         let mut n = 0u64;
@@ -72,7 +51,7 @@ fn a_retry_storm_from_one_tenant_leaves_the_other_most_of_its_throughput() {
     rate(&mut b, Duration::from_millis(200));
     let alone = rate(&mut b, Duration::from_secs(1));
     // Tenant A tears its own record for good.
-    let mut a = client(h.addr, "a", key_a());
+    let mut a = client(d.server(), "a", key_a());
     let data = a.manifest().app(A).unwrap().region_key("data").unwrap();
     let front = Descriptor {
         rkey: data,
@@ -86,7 +65,7 @@ fn a_retry_storm_from_one_tenant_leaves_the_other_most_of_its_throughput() {
     assert_eq!(r.status, Status::Ok);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let halt = stop.clone();
-    let server = h.addr;
+    let server = d.server();
     let storm = std::thread::spawn(move || {
         // Eight optimistic reads of the torn record in flight at all times.
         const WINDOW: u64 = 8;
@@ -126,14 +105,16 @@ fn a_retry_storm_from_one_tenant_leaves_the_other_most_of_its_throughput() {
     let during = rate(&mut b, Duration::from_secs(1));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (sent, answers) = storm.join().unwrap();
-    eprintln!("B alone {alone:.0}/s, during A's storm {during:.0}/s; A sent {sent}: {answers:?}");
+    eprintln!(
+        "{what}: B alone {alone:.0}/s, during A's storm {during:.0}/s; A sent {sent}: {answers:?}"
+    );
     assert!(
         answers.get(&Status::Ok).copied().unwrap_or(0) == 0,
-        "a torn record is never returned: {answers:?}"
+        "{what}: a torn record is never returned: {answers:?}"
     );
     assert!(
         during >= 0.8 * alone,
-        "B kept {:.0}% of its throughput ({during:.0}/s of {alone:.0}/s)",
+        "{what}: B kept {:.0}% of its throughput ({during:.0}/s of {alone:.0}/s)",
         100.0 * during / alone
     );
 }

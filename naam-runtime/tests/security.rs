@@ -1,8 +1,10 @@
-//! Issue 12's findings, one test each, against the UDP fabric's real drivers on loopback (the
-//! same loops naam-server and naam-nic run): strangers and other tenants can neither read nor
-//! change a tenant's memory, guessed request ids poison nothing, the NIC reflects nothing and
-//! cannot be impersonated, answers to unproven peers stay within the amplification limit,
-//! and a server restart recovers by itself.
+//! Issue 12's findings, one test each, run twice: against the UDP fabric's driver loops on
+//! threads (the loops naam-server and naam-nic run), and against `naam-server` and `naam-nic`
+//! processes on loopback, configured from credential files and a TOML config. Strangers and
+//! other tenants can neither read nor change a tenant's memory, guessed request ids poison
+//! nothing, the NIC reflects nothing and cannot be impersonated, answers to unproven peers
+//! stay within the amplification limit, a server restart recovers by itself, and a load
+//! report moves only its sender's choices.
 
 mod common;
 
@@ -10,9 +12,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::{rd, words, Driver};
+use common::deployment::{key_a, key_b, Deployment, A, B};
+use common::{rd, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
-use naam_runtime::cluster::ClusterConfig;
 use naam_runtime::onesided::{self, Op};
 use naam_runtime::registry::handler_id;
 use naam_runtime::session::{Credential, HELLO_PADDING};
@@ -22,34 +24,6 @@ use naam_runtime::udp::control::{self, Control};
 use naam_runtime::udp::socket::Socket;
 use naam_runtime::wire::{Reply, Request, Status};
 use naam_runtime::Placement;
-
-/// Tenant A owns app 1, tenant B app 2.
-const A: u32 = 1;
-const B: u32 = 2;
-
-fn key_a() -> Credential {
-    Credential::from_bytes([0xa1; 32])
-}
-
-fn key_b() -> Credential {
-    Credential::from_bytes([0xb2; 32])
-}
-
-/// A server of tenants A and B on `at` (clients may write one-sided), and a NIC.
-fn deployment(shm: &std::path::Path, at: SocketAddr) -> (Driver, Driver) {
-    let tenants = [(A, "a".to_string(), key_a()), (B, "b".to_string(), key_b())];
-    let h = common::udp_host_tenants(
-        shm,
-        at,
-        &tenants,
-        ClusterConfig::functional(),
-        false,
-        true,
-        |_| None,
-    );
-    let n = common::udp_nic(shm, h.addr);
-    (h, n)
-}
 
 fn client(server: SocketAddr, tenant: &str, key: Credential, pin: Option<Placement>) -> UdpClient {
     let mut cfg = UdpConfig::new(server, tenant, key);
@@ -80,6 +54,25 @@ fn recv_sealed_one(c: &mut UdpClient) -> Option<Bytes> {
     None
 }
 
+/// Tenant A writes its `data` region's first words (A's app lets clients write one-sided):
+/// the processes start it zeroed, the threads with these contents.
+fn seed_data_of_a(a: &mut UdpClient) {
+    let data = a.manifest().app(A).unwrap().region_key("data").unwrap();
+    let op = onesided::Request {
+        app: A,
+        id: 901,
+        op: Op::Write {
+            rkey: data,
+            offset: 0,
+            data: Bytes::from(words(&[24, 1000, 0, 42])),
+        },
+    };
+    let agent = wait_for_agent(a, A);
+    a.send_sealed(agent, 901, &op.to_bytes().unwrap()).unwrap();
+    let c = onesided::Completion::decode(recv_sealed_one(a).expect("A writes its data")).unwrap();
+    assert_eq!(c.status, Status::Ok);
+}
+
 /// Tenant A's `data` region, read through A's own handler.
 fn data_of_a(a: &mut UdpClient) -> Vec<u8> {
     let data = a.manifest().app(A).unwrap().region_key("data").unwrap();
@@ -99,12 +92,9 @@ fn data_of_a(a: &mut UdpClient) -> Vec<u8> {
     c.data.to_vec()
 }
 
-#[test]
-fn strangers_and_other_tenants_can_neither_read_nor_change_a_tenants_memory() {
-    let shm = tempfile::tempdir().unwrap();
-    let (h, n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
-    let mut a = client(h.addr, "a", key_a(), None);
-    let mut b = client(h.addr, "b", key_b(), None);
+fn strangers_and_other_tenants_can_neither_read_nor_change_a_tenants_memory(d: &mut Deployment) {
+    let mut a = client(d.server(), "a", key_a(), None);
+    let mut b = client(d.server(), "b", key_b(), None);
     // Each session sees only its own app.
     assert_eq!(
         a.manifest().apps.iter().map(|x| x.id).collect::<Vec<_>>(),
@@ -118,7 +108,9 @@ fn strangers_and_other_tenants_can_neither_read_nor_change_a_tenants_memory() {
         .regions
         .iter()
         .all(|r| r.path.is_none()));
+    seed_data_of_a(&mut a);
     let before = data_of_a(&mut a);
+    assert_eq!(before[..8], 24u64.to_le_bytes());
     // B learned A's rkey somehow (it is derived, but say it leaked).
     let rkey = a.manifest().app(A).unwrap().region_key("data").unwrap();
     let agent = wait_for_agent(&mut b, B);
@@ -179,11 +171,11 @@ fn strangers_and_other_tenants_can_neither_read_nor_change_a_tenants_memory() {
     // A stranger: unsealed operations to the NIC and the server get nothing done.
     let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     for op in ops(A) {
-        s.send(n.addr, 1, &op.to_bytes().unwrap()).unwrap();
-        s.send(h.addr, 1, &op.to_bytes().unwrap()).unwrap();
+        s.send(d.nic(), 1, &op.to_bytes().unwrap()).unwrap();
+        s.send(d.server(), 1, &op.to_bytes().unwrap()).unwrap();
     }
     let req = Request::for_call(A, handler_id("counter_add"), 1, &words(&[5]), &[w]).unwrap();
-    s.send(h.addr, 1, &req.to_bytes().unwrap()).unwrap();
+    s.send(d.server(), 1, &req.to_bytes().unwrap()).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     for (_, m) in s.recv(Duration::from_millis(50)).unwrap() {
         // Only refusals come back, each small.
@@ -194,15 +186,12 @@ fn strangers_and_other_tenants_can_neither_read_nor_change_a_tenants_memory() {
         assert_eq!(status, Status::NoSession);
     }
     assert_eq!(data_of_a(&mut a), before, "A's memory is unchanged");
-    drop(n);
 }
 
-#[test]
-fn guessed_request_ids_poison_no_one_elses_writes() {
-    let shm = tempfile::tempdir().unwrap();
-    let (h, _n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
-    let mut attacker = client(h.addr, "a", key_a(), Some(Placement::Host));
-    let mut victim = client(h.addr, "a", key_a(), Some(Placement::Host));
+fn guessed_request_ids_poison_no_one_elses_writes(d: &mut Deployment) {
+    let server = d.server();
+    let mut attacker = client(server, "a", key_a(), Some(Placement::Host));
+    let mut victim = client(server, "a", key_a(), Some(Placement::Host));
     let data = victim
         .manifest()
         .app(A)
@@ -219,12 +208,12 @@ fn guessed_request_ids_poison_no_one_elses_writes() {
     for seq in 1..=64u64 {
         let req = Request::for_call(A, handler_id("counter_add"), seq, &words(&[0]), &[w]).unwrap();
         attacker
-            .send_sealed(h.addr, seq, &req.to_bytes().unwrap())
+            .send_sealed(server, seq, &req.to_bytes().unwrap())
             .unwrap();
         let id = naam_runtime::wire::request_id(2, seq);
         let req = Request::for_call(A, handler_id("counter_add"), id, &words(&[0]), &[w]).unwrap();
         attacker
-            .send_sealed(h.addr, id, &req.to_bytes().unwrap())
+            .send_sealed(server, id, &req.to_bytes().unwrap())
             .unwrap();
     }
     std::thread::sleep(Duration::from_millis(100));
@@ -256,24 +245,21 @@ fn guessed_request_ids_poison_no_one_elses_writes() {
     );
 }
 
-#[test]
-fn the_nic_reflects_nothing_and_cannot_be_impersonated() {
-    let shm = tempfile::tempdir().unwrap();
-    let (h, n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
-    let mut a = client(h.addr, "a", key_a(), Some(Placement::Nic));
+fn the_nic_reflects_nothing_and_cannot_be_impersonated(d: &mut Deployment) {
+    let (server, nic) = (d.server(), d.nic());
+    let mut a = client(server, "a", key_a(), Some(Placement::Nic));
     let agent = wait_for_agent(&mut a, A);
-    assert_eq!(agent, n.addr);
+    assert_eq!(agent, nic);
     // A third party that would receive reflected answers.
     let mut victim = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     let req = Request::for_call(A, handler_id("add"), 3, &words(&[1, 2]), &[]).unwrap();
     // Forwards from a stranger (unsealed), and from a tenant's session: dropped.
     let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
-    let sealed = a.send_sealed(h.addr, 3, &req.to_bytes().unwrap()).unwrap();
+    let sealed = a.send_sealed(server, 3, &req.to_bytes().unwrap()).unwrap();
     let _ = recv_sealed_one(&mut a);
     for _ in 0..20 {
-        s.send(n.addr, 1, &control::forward(&sealed)).unwrap();
-        a.send_sealed(n.addr, 1, &control::forward(&sealed))
-            .unwrap();
+        s.send(nic, 1, &control::forward(&sealed)).unwrap();
+        a.send_sealed(nic, 1, &control::forward(&sealed)).unwrap();
     }
     std::thread::sleep(Duration::from_millis(100));
     assert!(victim.recv(Duration::from_millis(50)).unwrap().is_empty());
@@ -284,7 +270,7 @@ fn the_nic_reflects_nothing_and_cannot_be_impersonated() {
     );
     // Nobody but the paired NIC may report load or say goodbye for it.
     let bye = Control::NicBye.to_bytes(9);
-    s.send(h.addr, 9, &bye).unwrap();
+    s.send(server, 9, &bye).unwrap();
     let answer = a.control(&Control::NicBye).unwrap();
     assert!(
         matches!(&answer, Control::Error { message } if message.contains("not allowed")),
@@ -302,14 +288,11 @@ fn the_nic_reflects_nothing_and_cannot_be_impersonated() {
         let r = a.call(A, handler_id("add"), &words(&[2, 3]), &[]).unwrap();
         assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
     }
-    assert_eq!(a.agent(), Some(n.addr));
+    assert_eq!(a.agent(), Some(nic));
     assert!(victim.recv(Duration::from_millis(10)).unwrap().is_empty());
 }
 
-#[test]
-fn answers_to_unproven_peers_stay_within_the_amplification_limit() {
-    let shm = tempfile::tempdir().unwrap();
-    let (h, _n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
+fn answers_to_unproven_peers_stay_within_the_amplification_limit(d: &mut Deployment) {
     let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     let hello = |pad: usize| {
         let mut b = Control::Hello {
@@ -345,7 +328,7 @@ fn answers_to_unproven_peers_stay_within_the_amplification_limit() {
             true,
         ),
     ] {
-        s.send(h.addr, 1, &msg).unwrap();
+        s.send(d.server(), 1, &msg).unwrap();
         let got = s.recv(Duration::from_millis(200)).unwrap();
         for (_, m) in &got {
             assert!(
@@ -364,11 +347,8 @@ fn answers_to_unproven_peers_stay_within_the_amplification_limit() {
     }
 }
 
-#[test]
-fn a_server_restart_recovers_by_itself_within_five_seconds() {
-    let shm = tempfile::tempdir().unwrap();
-    let (mut h, _n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
-    let at = h.addr;
+fn a_server_restart_recovers_by_itself_within_five_seconds(d: &mut Deployment) {
+    let at = d.server();
     let mut host = client(at, "a", key_a(), Some(Placement::Host));
     let mut nic = client(at, "a", key_a(), Some(Placement::Nic));
     wait_for_agent(&mut nic, A);
@@ -390,18 +370,8 @@ fn a_server_restart_recovers_by_itself_within_five_seconds() {
         let r = lookup(c).unwrap();
         assert_eq!(r.status, Status::Ok);
     }
-    h.stop();
-    let tenants = [(A, "a".to_string(), key_a()), (B, "b".to_string(), key_b())];
-    let _h2 = common::udp_host_tenants(
-        shm.path(),
-        at,
-        &tenants,
-        ClusterConfig::functional(),
-        false,
-        true,
-        |_| None,
-    );
     let restarted = Instant::now();
+    d.restart_server();
     for (c, p) in [(&mut host, Placement::Host), (&mut nic, Placement::Nic)] {
         loop {
             match lookup(c) {
@@ -462,13 +432,10 @@ fn free_client_runs(app: u32, handler: &str) -> naam_runtime::steering::RemoteLo
 /// Finding 5: client load reports are range-checked, and an in-range report moves only the
 /// reporting session's own placement choices: another session of the same tenant, and
 /// another tenant, keep theirs.
-#[test]
-fn load_reports_are_range_checked_and_move_only_the_reporters_choices() {
-    let shm = tempfile::tempdir().unwrap();
-    let (h, _n) = deployment(shm.path(), "127.0.0.1:0".parse().unwrap());
-    let mut liar = client(h.addr, "a", key_a(), None);
-    let mut honest = client(h.addr, "a", key_a(), None);
-    let mut other = client(h.addr, "b", key_b(), None);
+fn load_reports_are_range_checked_and_move_only_the_reporters_choices(d: &mut Deployment) {
+    let mut liar = client(d.server(), "a", key_a(), None);
+    let mut honest = client(d.server(), "a", key_a(), None);
+    let mut other = client(d.server(), "b", key_b(), None);
     wait_for_agent(&mut honest, A);
     wait_for_agent(&mut other, B);
     // Traffic, so the controller has measured `add` at the server placements.
@@ -524,3 +491,32 @@ fn load_reports_are_range_checked_and_move_only_the_reporters_choices() {
         .unwrap();
     assert_eq!(r.status, Status::Ok);
 }
+
+/// Each finding's test twice: against the driver loops on threads of this process, and against
+/// `naam-server` and `naam-nic` processes started from files as an operator would.
+macro_rules! on_threads_and_as_processes {
+    ($($finding:ident),* $(,)?) => {$(
+        mod $finding {
+            #[test]
+            fn on_threads() {
+                super::$finding(&mut super::Deployment::threads());
+            }
+
+            #[test]
+            fn as_processes() {
+                if let Some(mut d) = super::Deployment::processes(stringify!($finding)) {
+                    super::$finding(&mut d);
+                }
+            }
+        }
+    )*};
+}
+
+on_threads_and_as_processes!(
+    strangers_and_other_tenants_can_neither_read_nor_change_a_tenants_memory,
+    guessed_request_ids_poison_no_one_elses_writes,
+    the_nic_reflects_nothing_and_cannot_be_impersonated,
+    answers_to_unproven_peers_stay_within_the_amplification_limit,
+    a_server_restart_recovers_by_itself_within_five_seconds,
+    load_reports_are_range_checked_and_move_only_the_reporters_choices,
+);

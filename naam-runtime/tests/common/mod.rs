@@ -1,6 +1,8 @@
 //! Shared test support: builds handler crates with the real pipeline, once per test binary.
 #![allow(dead_code)]
 
+pub mod deployment;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 

@@ -1,0 +1,284 @@
+//! Two-tenant deployments for the security and fairness tests, in two forms that the same test
+//! bodies drive: the UDP fabric's driver loops on threads of the test process, and the real
+//! `naam-server` and `naam-nic` binaries as child processes on loopback, configured from files
+//! as an operator would (credential files, a TOML config, `naam-nic run --pairing`).
+//!
+//! Tenant `a` owns app [`A`], tenant `b` app [`B`]; both are the example handlers with a
+//! read-only `sorted` region and an all-rights `data` region, and clients may write them
+//! one-sided (so that refusing another tenant's writes is a real test). The processes zero
+//! their regions (as `kind = "object"` apps do); the threads start them with contents.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use naam_runtime::cluster::ClusterConfig;
+use naam_runtime::session::Credential;
+
+use super::Driver;
+
+/// Tenant `a`'s app.
+pub const A: u32 = 1;
+/// Tenant `b`'s app.
+pub const B: u32 = 2;
+
+/// Tenant `a`'s credential.
+pub fn key_a() -> Credential {
+    Credential::from_bytes([0xa1; 32])
+}
+
+/// Tenant `b`'s credential.
+pub fn key_b() -> Credential {
+    Credential::from_bytes([0xb2; 32])
+}
+
+fn tenants() -> [(u32, String, Credential); 2] {
+    [(A, "a".to_string(), key_a()), (B, "b".to_string(), key_b())]
+}
+
+/// A running deployment of tenants `a` and `b`: a server and its paired NIC.
+pub enum Deployment {
+    /// The driver loops on threads of this process.
+    Threads {
+        /// Regions and manifest.
+        shm: tempfile::TempDir,
+        /// naam-server's loop.
+        host: Option<Driver>,
+        /// naam-nic's loop.
+        nic: Driver,
+        /// The server's address (kept across restarts).
+        server: SocketAddr,
+    },
+    /// `naam-server` and `naam-nic` processes.
+    Processes(Processes),
+}
+
+/// The child processes of a [`Deployment::Processes`]; killed when dropped.
+pub struct Processes {
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    server: Child,
+    nic: Child,
+    server_addr: SocketAddr,
+    nic_addr: SocketAddr,
+}
+
+impl Deployment {
+    /// The driver loops on threads.
+    pub fn threads() -> Deployment {
+        let shm = tempfile::tempdir().expect("tempdir");
+        let host = host_threads(shm.path(), "127.0.0.1:0".parse().expect("literal"));
+        let server = host.addr;
+        let nic = super::udp_nic(shm.path(), server);
+        Deployment::Threads {
+            shm,
+            host: Some(host),
+            nic,
+            server,
+        }
+    }
+
+    /// The real binaries, or `None` (with the reason on stderr) when they have not been built
+    /// and this is not CI (`scripts/test.sh` builds them before testing; CI must run these).
+    pub fn processes(test: &str) -> Option<Deployment> {
+        let bin = match binaries() {
+            Ok(bin) => bin,
+            Err(why) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "CI must run {test} against real processes, but: {why}"
+                );
+                eprintln!("SKIPPED {test} against processes: {why}");
+                return None;
+            }
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        for (name, key) in [
+            ("a.key", key_a()),
+            ("b.key", key_b()),
+            ("nic.key", super::pairing_key()),
+            ("operator.key", super::operator_key()),
+        ] {
+            key.write_new(&d.join(name)).expect("credential file");
+        }
+        let object = &super::examples().0;
+        let handlers = "handlers = [{ name = \"bsearch\" }, { name = \"two_step\" }, \
+                        { name = \"add\" }, { name = \"vget\" }, \
+                        { name = \"counter_add\", write = true }, { name = \"store\", write = true }]\n\
+                        regions = [{ name = \"sorted\", size = 4096, access = \"r\" }, \
+                        { name = \"data\", size = 64, access = \"rwa\" }]\n";
+        let server_addr = free_loopback_port();
+        let mut config = format!(
+            "listen = \"{server_addr}\"\nnic_pairing = \"nic.key\"\n\
+             operator_credential = \"operator.key\"\n"
+        );
+        for (id, tenant, _) in tenants() {
+            config.push_str(&format!(
+                "[[app]]\nkind = \"object\"\nid = {id}\nname = \"{tenant}\"\n\
+                 credential = \"{tenant}.key\"\nclient_writes = true\nobject = \"{}\"\n{handlers}",
+                object.display()
+            ));
+        }
+        std::fs::write(d.join("naam-server.toml"), config).expect("config");
+        let nic_addr = free_loopback_port();
+        let server = spawn_server(&bin, d);
+        let nic = Command::new(bin.join("naam-nic"))
+            .args(["run", "--server", &server_addr.to_string()])
+            .args(["--listen", &nic_addr.to_string(), "--no-cost-model"])
+            .arg("--shm-dir")
+            .arg(d.join("shm"))
+            .arg("--pairing")
+            .arg(d.join("nic.key"))
+            .stdout(Stdio::null())
+            .stderr(log(d, "naam-nic.log"))
+            .spawn()
+            .expect("naam-nic starts");
+        let p = Processes {
+            dir,
+            bin,
+            server,
+            nic,
+            server_addr,
+            nic_addr,
+        };
+        p.wait_until_serving();
+        Some(Deployment::Processes(p))
+    }
+
+    /// naam-server's address.
+    pub fn server(&self) -> SocketAddr {
+        match self {
+            Deployment::Threads { server, .. } => *server,
+            Deployment::Processes(p) => p.server_addr,
+        }
+    }
+
+    /// naam-nic's address.
+    pub fn nic(&self) -> SocketAddr {
+        match self {
+            Deployment::Threads { nic, .. } => nic.addr,
+            Deployment::Processes(p) => p.nic_addr,
+        }
+    }
+
+    /// Stops the server abruptly (the process with SIGKILL) and starts a new one on the same
+    /// address and regions directory, without waiting for it to serve; the NIC keeps running.
+    pub fn restart_server(&mut self) {
+        match self {
+            Deployment::Threads {
+                shm, host, server, ..
+            } => {
+                if let Some(mut h) = host.take() {
+                    h.stop();
+                }
+                *host = Some(host_threads(shm.path(), *server));
+            }
+            Deployment::Processes(p) => {
+                let _ = p.server.kill();
+                let _ = p.server.wait();
+                p.server = spawn_server(&p.bin, p.dir.path());
+            }
+        }
+    }
+}
+
+impl Processes {
+    /// Waits until the server answers a session handshake (it has loaded its apps).
+    fn wait_until_serving(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut cfg = naam_runtime::udp::client::UdpConfig::new(self.server_addr, "a", key_a());
+            cfg.rto = Duration::from_millis(50);
+            if naam_runtime::udp::client::UdpClient::connect(&cfg).is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "naam-server did not start serving within 30 s:\n{}",
+                std::fs::read_to_string(self.dir.path().join("naam-server.log"))
+                    .unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for f in ["naam-server.log", "naam-nic.log"] {
+                let text = std::fs::read_to_string(self.dir.path().join(f)).unwrap_or_default();
+                eprintln!("--- {f}\n{text}");
+            }
+        }
+        for c in [&mut self.server, &mut self.nic] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// naam-server's loop for both tenants on `at`.
+fn host_threads(shm: &Path, at: SocketAddr) -> Driver {
+    super::udp_host_tenants(
+        shm,
+        at,
+        &tenants(),
+        ClusterConfig::functional(),
+        false,
+        true,
+        |_| None,
+    )
+}
+
+/// Where `naam-server` and `naam-nic` are: beside the test binary's directory (cargo puts test
+/// binaries in `target/<profile>/deps` and binaries in `target/<profile>`).
+fn binaries() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("the test binary has no parent directory")?
+        .to_path_buf();
+    for b in ["naam-server", "naam-nic"] {
+        if !dir.join(b).is_file() {
+            return Err(format!(
+                "no {b} in {} (run `cargo build --workspace --bins` first)",
+                dir.display()
+            ));
+        }
+    }
+    Ok(dir)
+}
+
+fn spawn_server(bin: &Path, dir: &Path) -> Child {
+    Command::new(bin.join("naam-server"))
+        .arg("--config")
+        .arg(dir.join("naam-server.toml"))
+        .arg("--shm-dir")
+        .arg(dir.join("shm"))
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(log(dir, "naam-server.log"))
+        .spawn()
+        .expect("naam-server starts")
+}
+
+/// Appends to `dir/name` (a restarted server keeps its predecessor's log).
+fn log(dir: &Path, name: &str) -> Stdio {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(name))
+        .expect("log file")
+        .into()
+}
+
+/// A loopback UDP port free a moment ago.
+fn free_loopback_port() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("a free loopback port")
+}
