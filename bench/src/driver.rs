@@ -366,6 +366,10 @@ pub fn run_udp(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
     check(cfg)?;
+    if cfg.fabric == "rdma" {
+        // Before the credential: a missing device is the clearer error.
+        rdma_device()?;
+    }
     let client = crate::udp_client::config(server, cfg.app.kind())?;
     run_udp_with(cfg, client, target, progress)
 }
