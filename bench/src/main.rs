@@ -59,10 +59,10 @@ enum Cmd {
         #[arg(long, default_value = "auto")]
         placement: PlacementChoice,
         /// Client threads.
-        #[arg(long, default_value_t = 2)]
+        #[arg(long, default_value_t = 2, value_parser = positive_usize())]
         threads: usize,
         /// Operations per thread at most.
-        #[arg(long, default_value_t = 2000)]
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
         ops: u64,
         /// Seconds at most.
         #[arg(long, default_value_t = 30.0)]
@@ -83,13 +83,13 @@ enum Cmd {
         #[arg(long, default_value = "b")]
         workload: char,
         /// Records to load.
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         records: u64,
         /// Operations to run.
-        #[arg(long, default_value_t = 100_000)]
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
         ops: u64,
         /// Client threads.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         threads: usize,
         /// Where reads run: auto, host, nic or client.
         #[arg(long, default_value = "auto")]
@@ -103,16 +103,16 @@ enum Cmd {
         #[arg(long)]
         server: Option<std::net::SocketAddr>,
         /// Fields per record.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = positive_usize())]
         field_count: usize,
         /// Bytes per field.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = positive_usize())]
         field_length: usize,
         /// Host executor threads.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         host_executors: usize,
         /// NIC executor threads.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         nic_executors: usize,
         /// Seed.
         #[arg(long, default_value_t = 42)]
@@ -130,16 +130,16 @@ enum Cmd {
         #[arg(long, default_value = "a,b,c", value_delimiter = ',')]
         workloads: Vec<char>,
         /// Records to load.
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         records: u64,
         /// Operations per workload.
-        #[arg(long, default_value_t = 100_000)]
+        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
         ops: u64,
         /// Client threads.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         threads: usize,
         /// memcached worker threads.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         memcached_threads: usize,
         /// Also run NAAM over UDP against naam-server at this address (its config must serve a
         /// MICA app sized for the records).
@@ -169,13 +169,13 @@ enum Cmd {
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
         /// Operations per measurement.
-        #[arg(long, default_value_t = 50_000)]
+        #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
         ops: u64,
         /// Extra busy microseconds per host message while congested.
         #[arg(long, default_value_t = 200)]
         extra_us: u64,
         /// Emulated NIC executors (capacity).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         nic_executors: usize,
         /// App counts (scale).
         #[arg(long, value_delimiter = ',', default_value = "1,8,64,256,1024")]
@@ -194,13 +194,13 @@ enum Cmd {
         #[arg(long)]
         server: Option<std::net::SocketAddr>,
         /// Rounds (auth-cost: each runs both modes once, in alternating order).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
         rounds: u32,
         /// Records loaded (auth-cost).
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         records: u64,
         /// Client threads (auth-cost).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         threads: usize,
     },
     /// Draw key numbers from a distribution and write per-key counts.
@@ -209,10 +209,10 @@ enum Cmd {
         #[arg(long, default_value = "scrambled-zipfian")]
         dist: Distribution,
         /// Records.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         records: u64,
         /// Draws.
-        #[arg(long, default_value_t = 1_000_000)]
+        #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
         draws: u64,
         /// Seed.
         #[arg(long, default_value_t = 42)]
@@ -223,10 +223,56 @@ enum Cmd {
     },
 }
 
+impl Cmd {
+    /// The `--json` file the command writes at its end, if any.
+    fn json_out(&self) -> Option<&std::path::Path> {
+        match self {
+            Cmd::Ycsb { json, .. }
+            | Cmd::CompareMemcached { json, .. }
+            | Cmd::Keys { json, .. } => json.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// Refuses a `--json` path whose directory does not exist, before the run rather than after.
+fn check_json_out(path: &std::path::Path) -> Result<(), String> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    if path.is_dir() {
+        return Err(format!("--json {} is a directory", path.display()));
+    }
+    if !dir.is_dir() {
+        return Err(format!(
+            "--json {}: the directory {} does not exist",
+            path.display(),
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a count that must be at least 1 (clap refuses 0 with exit 2 before any work).
+fn positive_usize() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
 fn main() -> ExitCode {
+    // Die quietly of SIGPIPE, as command-line tools do, when the reader of stdout goes away
+    // (`naam-bench ycsb | head`), instead of panicking in `println!`.
+    // SAFETY: called first thing in main, before any thread exists; SIG_DFL is a valid action.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     if !(cli.liveness.is_finite() && (0.1..=3600.0).contains(&cli.liveness)) {
         eprintln!("naam-bench: error: --liveness must be 0.1 to 3600 seconds");
+        return ExitCode::from(2);
+    }
+    if let Some(Err(e)) = cli.command.json_out().map(check_json_out) {
+        eprintln!("naam-bench: error: {e}");
         return ExitCode::from(2);
     }
     naam_bench::udp_client::set_liveness(std::time::Duration::from_secs_f64(cli.liveness));

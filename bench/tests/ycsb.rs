@@ -181,3 +181,55 @@ fn memcached_baseline_runs_the_same_workloads() {
         String::from_utf8_lossy(&left)
     );
 }
+
+/// Counts of zero, a `--json` path that cannot be written and a closed stdout: a clear error
+/// and a non-zero exit before any work, never a panic.
+#[test]
+fn bad_numbers_and_outputs_are_refused_before_any_work() {
+    let bin = env!("CARGO_BIN_EXE_naam-bench");
+    for args in [
+        &["ycsb", "--field-count", "0"][..],
+        &["ycsb", "--field-length", "0"],
+        &["ycsb", "--ops", "0"],
+        &["ycsb", "--records", "0"],
+        &["ycsb", "--threads", "0"],
+        &["ycsb", "--host-executors", "0"],
+        &["ycsb", "--nic-executors", "0"],
+        &["keys", "--draws", "0"],
+        &["keys", "--records", "0"],
+        &["verify", "--server", "127.0.0.1:9", "--ops", "0"],
+        &["experiment", "auth-cost", "--rounds", "0"],
+        &["compare-memcached", "--memcached-threads", "0"],
+    ] {
+        let started = std::time::Instant::now();
+        let out = Command::new(bin).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("invalid value '0'"), "{args:?}: {err}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{args:?}"
+        );
+    }
+    let out = Command::new(bin)
+        .args(["ycsb", "--json", "/nonexistent/x.json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("/nonexistent does not exist"), "{err}");
+    // `naam-bench ycsb | head`: the reader is gone; the process dies of SIGPIPE, no panic.
+    let mut child = Command::new(bin)
+        .args(["ycsb", "--records", "50", "--ops", "50", "--target-dir"])
+        .arg(target())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{err}");
+}

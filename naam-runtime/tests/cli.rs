@@ -124,6 +124,10 @@ fn run_errors_are_clear() {
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["status"], "aborted");
     assert!(v["error"].as_str().unwrap().contains("panic"));
+    // Zero invocations to time: a usage error, not a silent run.
+    let (code, _, err) = naam(&["run", &obj(), "--handler", "add", "--repeat", "0"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("invalid value '0'"), "{err}");
     // Out-of-bounds read: fault, exit 1.
     let dir = tempfile::tempdir().unwrap();
     let seg = dir.path().join("seg.bin");

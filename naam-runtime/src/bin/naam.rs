@@ -73,7 +73,7 @@ enum Cmd {
         #[arg(long, default_value_t = DEFAULT_BUDGET, value_parser = clap::value_parser!(u64).range(1..=MAX_BUDGET))]
         budget: u64,
         /// Invocations to time; the result of the last one is printed.
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
         repeat: u64,
         /// Step index to present to the handler.
         #[arg(long, default_value_t = 0)]
