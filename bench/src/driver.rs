@@ -366,29 +366,37 @@ pub fn run_udp(
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
     check(cfg)?;
-    if cfg.fabric == "rdma" {
-        // Before the credential: a missing device is the clearer error.
-        rdma_device()?;
-    }
+    // The device before the credential: its absence is the clearer error.
+    let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
     let client = crate::udp_client::config(server, cfg.app.kind())?;
-    run_udp_with(cfg, client, target, progress)
+    run_udp_on(cfg, client, rdma, target, progress)
 }
 
 /// Runs `cfg` over the UDP fabric with every client set up as `client` says (its server,
 /// credential and settings; the placement pin comes from `cfg`).
 pub fn run_udp_with(
     cfg: &YcsbConfig,
-    mut client: naam_runtime::udp::client::UdpConfig,
+    client: naam_runtime::udp::client::UdpConfig,
     target: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
     check(cfg)?;
+    let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
+    run_udp_on(cfg, client, rdma, target, progress)
+}
+
+/// [`run_udp_with`] once `cfg` is checked and the RDMA device (`--fabric rdma`) is open.
+fn run_udp_on(
+    cfg: &YcsbConfig,
+    mut client: naam_runtime::udp::client::UdpConfig,
+    rdma: Option<RdmaDevice>,
+    target: &Path,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> anyhow::Result<YcsbResult> {
     client.pin = match cfg.placement {
         PlacementChoice::Auto => None,
         PlacementChoice::Fixed(p) => Some(p),
     };
-    // The device first: its absence is the clearer error.
-    let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
     let mut setup = UdpSetup::with_config(cfg.app, client, target)?;
     setup.rdma = rdma;
     let connect = {

@@ -401,15 +401,6 @@ fn recv_polling<T>(
     rx: &Receiver<T>,
     timeout: Duration,
 ) -> Result<T, crossbeam_channel::RecvTimeoutError> {
-    recv_polling_for(rx, timeout, POLL_BEFORE_BLOCKING)
-}
-
-/// Receives from `rx`, polling for `poll` before blocking up to `timeout`.
-fn recv_polling_for<T>(
-    rx: &Receiver<T>,
-    timeout: Duration,
-    poll: Duration,
-) -> Result<T, crossbeam_channel::RecvTimeoutError> {
     let start = Instant::now();
     loop {
         match rx.try_recv() {
@@ -420,7 +411,7 @@ fn recv_polling_for<T>(
             Err(crossbeam_channel::TryRecvError::Empty) => {}
         }
         let waited = start.elapsed();
-        if waited >= poll {
+        if waited >= POLL_BEFORE_BLOCKING {
             return rx.recv_timeout(timeout.saturating_sub(waited));
         }
         std::hint::spin_loop();
@@ -1775,9 +1766,7 @@ fn submit(
     }
     let result = enqueue(inner, p, req, sink);
     if result.is_err() && write {
-        if let Some(o) = inner.owners.get(&app) {
-            o.inflight.fetch_sub(1, Ordering::SeqCst);
-        }
+        release_owner(inner, app);
     }
     result.map(|()| p).map_err(Refusal::Client)
 }
