@@ -13,5 +13,4 @@ echo "== YCSB-B on MICA (in-process cluster)"
 target/release/naam-bench ycsb --app mica --workload b --records 10000 --ops 200000 --threads 1 \
   --json bench/out/ycsb-b-mica.json
 echo "== steering under host congestion (naam demo)"
-target/release/naam build examples/handlers -o target/naam/examples.o
-target/release/naam demo --object target/naam/examples.o --seconds 3
+target/release/naam demo --seconds 3

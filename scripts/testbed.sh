@@ -129,7 +129,6 @@ listen = "$SERVER_ADDR"
 shm_dir = "$SHM"
 policy = "$POLICY"
 datagram = $DATAGRAM
-target_dir = "target/naam"
 nic_port = ${NIC_ADDR##*:}
 allow_congestion_control = true
 nic_pairing = "keys/naam-nic.key"

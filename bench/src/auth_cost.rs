@@ -182,19 +182,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Runs the measurement; writes `auth-cost.json` into `out` and returns its document.
-pub fn auth_cost(
-    out: &Path,
-    target: &Path,
-    c: &AuthCostConfig,
-) -> anyhow::Result<serde_json::Value> {
+pub fn auth_cost(out: &Path, c: &AuthCostConfig) -> anyhow::Result<serde_json::Value> {
     if c.rounds == 0 || c.ops == 0 || c.records == 0 || c.threads == 0 {
         bail!("auth-cost needs at least one round, operation, record and thread");
     }
-    let built = naam_mica::build_handlers_output(Some(&target.join("mica")))
-        .context("building MICA's handlers")?;
-    let bytes = std::fs::read(&built.object)
-        .with_context(|| format!("reading {}", built.object.display()))?;
-    let built = (Arc::new(built.loaded), bytes);
+    let loaded = naam_mica::handlers().context("loading MICA's embedded handlers")?;
+    let built = (Arc::new(loaded), naam_mica::HANDLERS_OBJECT.to_vec());
     let tenant = Credential::generate()?;
     let pairing = Credential::generate()?;
     let mut runs = Vec::new();
@@ -228,7 +221,7 @@ pub fn auth_cost(
                     fabric: "udp".into(),
                     server: Some(d.server),
                 };
-                run_udp_with(&cfg, client, target, &|_, _| {})
+                run_udp_with(&cfg, client, &|_, _| {})
             });
             d.stop();
             let r: YcsbResult =

@@ -1,7 +1,6 @@
 //! The YCSB driver: a load phase, then a run phase of closed-loop client threads against MICA or
 //! the B-tree on the in-process cluster, with per-operation and per-placement latencies.
 
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -244,20 +243,18 @@ struct Objects {
     btree: Option<Arc<naam_runtime::LoadedObject>>,
 }
 
-fn objects(app: App, target: &Path) -> anyhow::Result<Objects> {
+fn objects(app: App) -> anyhow::Result<Objects> {
     Ok(match app {
         App::Mica => Objects {
             mica: Some(Arc::new(
-                naam_mica::build_handlers(Some(&target.join("mica")))
-                    .context("building MICA's handlers")?,
+                naam_mica::handlers().context("loading MICA's embedded handlers")?,
             )),
             btree: None,
         },
         App::Btree => Objects {
             mica: None,
             btree: Some(Arc::new(
-                naam_btree::build_handlers(Some(&target.join("btree")))
-                    .context("building the B-tree's handlers")?,
+                naam_btree::handlers().context("loading the B-tree's embedded handlers")?,
             )),
         },
     })
@@ -279,7 +276,7 @@ struct ThreadResult {
     end: Instant,
 }
 
-fn setup(cfg: &YcsbConfig, target: &Path) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
+fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
     let policy = match cfg.placement {
         PlacementChoice::Auto => PolicyChoice::Auto(CostPolicyConfig::default()),
         PlacementChoice::Fixed(p) => PolicyChoice::Always(p),
@@ -290,7 +287,7 @@ fn setup(cfg: &YcsbConfig, target: &Path) -> anyhow::Result<(Arc<Cluster>, Store
         policy,
         ..ClusterConfig::default()
     };
-    let objs = objects(cfg.app, target)?;
+    let objs = objects(cfg.app)?;
     // Inserts grow the key space: size for the records plus every operation being an insert.
     let capacity = cfg.records + cfg.ops;
     match cfg.app {
@@ -349,11 +346,10 @@ fn check(cfg: &YcsbConfig) -> anyhow::Result<()> {
 /// Runs `cfg` on the in-process cluster; `progress` is told the operations done so far.
 pub fn run_inproc(
     cfg: &YcsbConfig,
-    target: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
     check(cfg)?;
-    let (cluster, make) = setup(cfg, target)?;
+    let (cluster, make) = setup(cfg)?;
     run_phases(cfg, make, Some(cluster.metrics()), progress, INPROC_MODE)
 }
 
@@ -362,14 +358,13 @@ pub fn run_inproc(
 pub fn run_udp(
     cfg: &YcsbConfig,
     server: std::net::SocketAddr,
-    target: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
     check(cfg)?;
     // The device before the credential: its absence is the clearer error.
     let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
     let client = crate::udp_client::config(server, cfg.app.kind())?;
-    run_udp_on(cfg, client, rdma, target, progress)
+    run_udp_on(cfg, client, rdma, progress)
 }
 
 /// Runs `cfg` over the UDP fabric with every client set up as `client` says (its server,
@@ -377,12 +372,11 @@ pub fn run_udp(
 pub fn run_udp_with(
     cfg: &YcsbConfig,
     client: naam_runtime::udp::client::UdpConfig,
-    target: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
     check(cfg)?;
     let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
-    run_udp_on(cfg, client, rdma, target, progress)
+    run_udp_on(cfg, client, rdma, progress)
 }
 
 /// [`run_udp_with`] once `cfg` is checked and the RDMA device (`--fabric rdma`) is open.
@@ -390,14 +384,13 @@ fn run_udp_on(
     cfg: &YcsbConfig,
     mut client: naam_runtime::udp::client::UdpConfig,
     rdma: Option<RdmaDevice>,
-    target: &Path,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
     client.pin = match cfg.placement {
         PlacementChoice::Auto => None,
         PlacementChoice::Fixed(p) => Some(p),
     };
-    let mut setup = UdpSetup::with_config(cfg.app, client, target)?;
+    let mut setup = UdpSetup::with_config(cfg.app, client)?;
     setup.rdma = rdma;
     let connect = {
         let setup = setup.clone();
@@ -482,18 +475,16 @@ impl UdpSetup {
         app: App,
         server: std::net::SocketAddr,
         pin: Option<Placement>,
-        target: &Path,
     ) -> anyhow::Result<UdpSetup> {
         let mut config = crate::udp_client::config(server, app.kind())?;
         config.pin = pin;
-        Self::with_config(app, config, target)
+        Self::with_config(app, config)
     }
 
     /// As [`UdpSetup::new`], with every client set up as `config` says.
     pub fn with_config(
         app: App,
         config: naam_runtime::udp::client::UdpConfig,
-        target: &Path,
     ) -> anyhow::Result<UdpSetup> {
         use naam_runtime::udp::client::UdpClient;
         let (kind, server) = (app.kind(), config.server);
@@ -503,14 +494,25 @@ impl UdpSetup {
             .app_of_kind(kind)
             .with_context(|| format!("naam-server at {server} serves no {kind} app"))?
             .clone();
-        let object = match std::fs::read(&served.object) {
-            Ok(b) if naam_runtime::udp::control::object_hash(&b) == served.object_hash => b,
-            _ => {
-                let out = match app {
-                    App::Mica => naam_mica::build_handlers_output(Some(&target.join("mica")))?,
-                    App::Btree => naam_btree::build_handlers_output(Some(&target.join("btree")))?,
-                };
-                std::fs::read(&out.object)?
+        // The Client placement runs the server's handlers here: the object this binary carries
+        // if it is the server's, else the server's file if this machine can read it.
+        let carried = match app {
+            App::Mica => naam_mica::HANDLERS_OBJECT,
+            App::Btree => naam_btree::HANDLERS_OBJECT,
+        };
+        let hash = naam_runtime::udp::control::object_hash;
+        let object = if hash(carried) == served.object_hash {
+            carried.to_vec()
+        } else {
+            match std::fs::read(&served.object) {
+                Ok(b) if hash(&b) == served.object_hash => b,
+                _ => bail!(
+                    "naam-server at {server} serves {kind} handlers this binary does not carry \
+                     (object hash {:016x}, {} here): run a naam-bench built from the same \
+                     source as the server",
+                    served.object_hash,
+                    format_args!("{:016x}", hash(carried)),
+                ),
             }
         };
         Ok(UdpSetup {

@@ -43,10 +43,9 @@ fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
 }
 
-fn mica_object(target: &Path) -> anyhow::Result<Arc<LoadedObject>> {
+fn mica_object() -> anyhow::Result<Arc<LoadedObject>> {
     Ok(Arc::new(
-        naam_mica::build_handlers(Some(&target.join("mica")))
-            .context("building MICA's handlers")?,
+        naam_mica::handlers().context("loading MICA's embedded handlers")?,
     ))
 }
 
@@ -90,16 +89,16 @@ impl Fabric {
     }
 
     /// `cfg` run on this fabric.
-    fn ycsb(&self, cfg: YcsbConfig, target: &Path) -> anyhow::Result<YcsbResult> {
+    fn ycsb(&self, cfg: YcsbConfig) -> anyhow::Result<YcsbResult> {
         match *self {
-            Fabric::Inproc => run_inproc(&cfg, target, &|_, _| {}),
+            Fabric::Inproc => run_inproc(&cfg, &|_, _| {}),
             Fabric::Udp(server) => {
                 let cfg = YcsbConfig {
                     fabric: "udp".into(),
                     server: Some(server),
                     ..cfg
                 };
-                run_udp(&cfg, server, target, &|_, _| {})
+                run_udp(&cfg, server, &|_, _| {})
             }
         }
     }
@@ -202,10 +201,9 @@ fn mica_cluster(
 fn udp_mica(
     server: SocketAddr,
     pin: Option<Placement>,
-    target: &Path,
     records: u64,
 ) -> anyhow::Result<(UdpSetup, MicaHandle)> {
-    let setup = UdpSetup::new(App::Mica, server, pin, target)?;
+    let setup = UdpSetup::new(App::Mica, server, pin)?;
     let handle = setup.mica()?;
     if records > 0 {
         load_mica(&mut MicaClient::new(setup.connect()?, handle), records)?;
@@ -245,7 +243,6 @@ fn shift_get<T: Transport>(
 /// the clients' replies report, and naam-server must allow congestion control.
 pub fn shift(
     out: &Path,
-    target: &Path,
     fabric: Fabric,
     seconds: f64,
     extra_us: u64,
@@ -265,7 +262,7 @@ pub fn shift(
     };
     let result: ShiftResult = match fabric {
         Fabric::Inproc => {
-            let object = mica_object(target)?;
+            let object = mica_object()?;
             let (cluster, handle) = mica_cluster(records, ClusterConfig::default(), object)?;
             let start = Instant::now();
             let lat = lat.clone();
@@ -282,7 +279,7 @@ pub fn shift(
             run_shift(&cluster, &cfg, call)
         }
         Fabric::Udp(server) => {
-            let (setup, handle) = udp_mica(server, None, target, records)?;
+            let (setup, handle) = udp_mica(server, None, records)?;
             let congestion = UdpCongestion::connect(server)?;
             // Refused before the run, not in the middle of it, when the server forbids it.
             congestion.set(None)?;
@@ -396,7 +393,6 @@ pub fn shift(
 /// `naam-nic` was started with, and `nic_executors` is not used.
 pub fn capacity(
     out: &Path,
-    target: &Path,
     fabric: Fabric,
     ops: u64,
     nic_executors: usize,
@@ -426,7 +422,7 @@ pub fn capacity(
                 fabric: "inproc".into(),
                 server: None,
             };
-            let r = fabric.ycsb(cfg, target)?;
+            let r = fabric.ycsb(cfg)?;
             points.push((threads as f64, r.throughput));
             rows.push(json!({ "app": label, "threads": threads, "throughput": r.throughput, "all": r.all, "placement_fractions": r.placement_fractions }));
         }
@@ -468,7 +464,6 @@ const SCALE_REPETITIONS: usize = 3;
 /// (`instances` in its config) and each count makes the first `n` of them active.
 pub fn scale(
     out: &Path,
-    target: &Path,
     fabric: Fabric,
     counts: &[u32],
     ops: u64,
@@ -484,9 +479,9 @@ pub fn scale(
         Udp(Box<(UdpSetup, Vec<MicaHandle>)>),
     }
     let on = match fabric {
-        Fabric::Inproc => On::Inproc(mica_object(target)?),
+        Fabric::Inproc => On::Inproc(mica_object()?),
         Fabric::Udp(server) => {
-            let setup = UdpSetup::new(App::Mica, server, None, target)?;
+            let setup = UdpSetup::new(App::Mica, server, None)?;
             // The largest group of like tables (the `instances` of one [[app]]), not a mix
             // of a big YCSB table with small ones.
             let mut groups: Vec<Vec<&naam_runtime::udp::control::AppManifest>> = Vec::new();
@@ -708,16 +703,9 @@ fn compile_times(app: &str, obj: &LoadedObject) -> anyhow::Result<Vec<serde_json
 /// Engines: nanoseconds per invocation of example handlers under the interpreter and the JIT,
 /// beside the same logic in native Rust where it exists, and how long every example, MICA and
 /// B-tree handler takes to verify and compile.
-pub fn engines(
-    out: &Path,
-    examples: &Path,
-    target_dir: &Path,
-    iters: u64,
-) -> anyhow::Result<serde_json::Value> {
-    let mut opts = naam_runtime::pipeline::BuildOptions::new(examples);
-    opts.out = Some(out.join("examples.o"));
-    let built = naam_runtime::pipeline::build(&opts).context("building the example handlers")?;
-    let obj = built.loaded;
+pub fn engines(out: &Path, iters: u64) -> anyhow::Result<serde_json::Value> {
+    let obj = naam_runtime::load(naam_examples::HANDLERS_OBJECT)
+        .context("loading the example handlers this binary carries")?;
     let args16: Vec<u8> = [5u64, 7].iter().flat_map(|w| w.to_le_bytes()).collect();
     let data: Vec<u8> = (0..1024u32).map(|i| (i * 31 % 251) as u8).collect();
     let sorted: Vec<u8> = (0..128u64).flat_map(|i| (i * 3).to_le_bytes()).collect();
@@ -803,9 +791,8 @@ pub fn engines(
         &series,
     )?;
     let mut compile = compile_times("examples", &obj)?;
-    compile.extend(compile_times("mica", mica_object(target_dir)?.as_ref())?);
-    let btree = naam_btree::build_handlers(Some(&target_dir.join("btree")))
-        .context("building the B-tree's handlers")?;
+    compile.extend(compile_times("mica", mica_object()?.as_ref())?);
+    let btree = naam_btree::handlers().context("loading the B-tree's embedded handlers")?;
     compile.extend(compile_times("btree", &btree)?);
     let doc = json!({ "command": command_line(), "mode": "standalone (one process, no fabric)", "experiment": "engines", "iterations": iters, "rows": rows,
         "compile": compile,
@@ -866,7 +853,6 @@ fn open_loop<T: Transport>(
 /// read, auto follows naam-server's weights, and `extra_us` needs congestion control allowed.
 pub fn placements(
     out: &Path,
-    target: &Path,
     fabric: Fabric,
     rates: &[u64],
     seconds: f64,
@@ -887,7 +873,7 @@ pub fn placements(
         Udp(SocketAddr),
     }
     let on = match fabric {
-        Fabric::Inproc => On::Inproc(mica_object(target)?),
+        Fabric::Inproc => On::Inproc(mica_object()?),
         Fabric::Udp(server) => On::Udp(server),
     };
     // Over UDP the server's host stays congested for the whole comparison (cleared on drop).
@@ -906,7 +892,7 @@ pub fn placements(
                 let server = *server;
                 // One table serves every policy: load it the first time only.
                 let load = if server_policy.is_none() { records } else { 0 };
-                let (setup, handle) = udp_mica(server, pin, target, load)?;
+                let (setup, handle) = udp_mica(server, pin, load)?;
                 server_policy = Some(setup.manifest.policy.clone());
                 open_loop(
                     &mut MicaClient::new(setup.connect()?, handle),

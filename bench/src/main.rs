@@ -70,9 +70,6 @@ enum Cmd {
         /// Failed calls tolerated (timeouts while a peer restarts); wrong answers never are.
         #[arg(long, default_value_t = 0)]
         max_errors: u64,
-        /// Where handler crates are built.
-        #[arg(long, default_value = "target/naam")]
-        target_dir: PathBuf,
     },
     /// Load records, then run a YCSB core workload; prints a summary and writes JSON.
     Ycsb {
@@ -120,9 +117,6 @@ enum Cmd {
         /// Write the full result here.
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Where handler crates are built.
-        #[arg(long, default_value = "target/naam")]
-        target_dir: PathBuf,
     },
     /// YCSB A, B and C on NAAM MICA (in-process) and on memcached (loopback), in one run.
     CompareMemcached {
@@ -151,9 +145,6 @@ enum Cmd {
         /// Write the results here.
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Where handler crates are built.
-        #[arg(long, default_value = "target/naam")]
-        target_dir: PathBuf,
     },
     /// Run one of the paper's experiments; writes NAME.json and SVG charts into --out.
     Experiment {
@@ -162,9 +153,6 @@ enum Cmd {
         /// Output directory.
         #[arg(long, default_value = "bench/out")]
         out: PathBuf,
-        /// Where handler crates are built.
-        #[arg(long, default_value = "target/naam")]
-        target_dir: PathBuf,
         /// Run time for time-based experiments, seconds.
         #[arg(long, default_value_t = 3.0)]
         seconds: f64,
@@ -183,9 +171,6 @@ enum Cmd {
         /// Offered loads in ops/s (placements).
         #[arg(long, value_delimiter = ',', default_value = "5000,20000,50000,100000")]
         rates: Vec<u64>,
-        /// The example handler crate (engines).
-        #[arg(long, default_value = "examples/handlers")]
-        examples: PathBuf,
         /// Fabric: inproc (one process) or udp (naam-server at --server, which must allow
         /// congestion control for shift and placements-congested).
         #[arg(long, default_value = "inproc")]
@@ -323,13 +308,12 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             ops,
             seconds,
             max_errors,
-            target_dir,
         } => {
             let pin = match placement {
                 PlacementChoice::Auto => None,
                 PlacementChoice::Fixed(p) => Some(p),
             };
-            let setup = naam_bench::driver::UdpSetup::new(app, server, pin, &target_dir)?;
+            let setup = naam_bench::driver::UdpSetup::new(app, server, pin)?;
             let mut seed = [0u8; 8];
             getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("random seed: {e}"))?;
             let r = naam_bench::verify::run(
@@ -365,7 +349,6 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             nic_executors,
             seed,
             json,
-            target_dir,
         } => {
             let Some(wl) = Workload::core(workload) else {
                 eprintln!("naam-bench: error: unknown workload `{workload}` (a-f)");
@@ -405,8 +388,8 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             let result = match server {
-                Some(addr) => run_udp(&cfg, addr, &target_dir, &|done, _| bar.set_position(done))?,
-                None => run_inproc(&cfg, &target_dir, &|done, _| bar.set_position(done))?,
+                Some(addr) => run_udp(&cfg, addr, &|done, _| bar.set_position(done))?,
+                None => run_inproc(&cfg, &|done, _| bar.set_position(done))?,
             };
             bar.finish_and_clear();
             print_summary(&result);
@@ -425,14 +408,12 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
         Cmd::Experiment {
             name,
             out,
-            target_dir,
             seconds,
             ops,
             extra_us,
             nic_executors,
             counts,
             rates,
-            examples,
             fabric,
             server,
             rounds,
@@ -449,9 +430,9 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             };
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
             let doc = match name.as_str() {
-                "shift" => x::shift(&out, &target_dir, f, seconds, extra_us)?,
-                "capacity" => x::capacity(&out, &target_dir, f, ops, nic_executors)?,
-                "scale" => x::scale(&out, &target_dir, f, &counts, ops)?,
+                "shift" => x::shift(&out, f, seconds, extra_us)?,
+                "capacity" => x::capacity(&out, f, ops, nic_executors)?,
+                "scale" => x::scale(&out, f, &counts, ops)?,
                 "engines" => {
                     if f != x::Fabric::Inproc {
                         eprintln!(
@@ -459,11 +440,9 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                              it sends no messages, so --fabric does not apply"
                         );
                     }
-                    x::engines(&out, &examples, &target_dir, ops.max(1000))?
+                    x::engines(&out, ops.max(1000))?
                 }
-                "placements" => {
-                    x::placements(&out, &target_dir, f, &rates, (seconds / 6.0).max(0.2), None)?
-                }
+                "placements" => x::placements(&out, f, &rates, (seconds / 6.0).max(0.2), None)?,
                 "auth-cost" => {
                     if f != x::Fabric::Inproc {
                         eprintln!(
@@ -478,16 +457,11 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                         threads,
                         rounds,
                     };
-                    naam_bench::auth_cost::auth_cost(&out, &target_dir, &c)?
+                    naam_bench::auth_cost::auth_cost(&out, &c)?
                 }
-                "placements-congested" => x::placements(
-                    &out,
-                    &target_dir,
-                    f,
-                    &rates,
-                    (seconds / 6.0).max(0.2),
-                    Some(extra_us),
-                )?,
+                "placements-congested" => {
+                    x::placements(&out, f, &rates, (seconds / 6.0).max(0.2), Some(extra_us))?
+                }
                 other => {
                     eprintln!("naam-bench: error: unknown experiment `{other}` (shift, capacity, scale, engines, placements, placements-congested, auth-cost)");
                     return Ok(ExitCode::from(2));
@@ -517,7 +491,6 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             server,
             seed,
             json,
-            target_dir,
         } => {
             let mut rows = Vec::new();
             println!("mode: NAAM MICA inproc (emulated NIC and RDMA){} vs memcached over loopback TCP, same driver",
@@ -549,7 +522,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     fabric: "inproc".into(),
                     server: None,
                 };
-                let naam = run_inproc(&cfg, &target_dir, &|_, _| {})?;
+                let naam = run_inproc(&cfg, &|_, _| {})?;
                 let udp = match server {
                     Some(addr) => {
                         let ucfg = YcsbConfig {
@@ -557,7 +530,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                             server: Some(addr),
                             ..cfg.clone()
                         };
-                        Some(run_udp(&ucfg, addr, &target_dir, &|_, _| {})?)
+                        Some(run_udp(&ucfg, addr, &|_, _| {})?)
                     }
                     None => None,
                 };

@@ -5,8 +5,6 @@ use std::path::Path;
 use std::process::Command;
 
 fn run(name: &str, out: &Path) -> std::process::Output {
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-handlers");
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/handlers");
     Command::new(env!("CARGO_BIN_EXE_naam-bench"))
         .args(["experiment", name, "--seconds", "0.3", "--ops", "2000"])
         .args([
@@ -23,10 +21,6 @@ fn run(name: &str, out: &Path) -> std::process::Output {
         ])
         .arg("--out")
         .arg(out)
-        .arg("--target-dir")
-        .arg(&target)
-        .arg("--examples")
-        .arg(&examples)
         .output()
         .expect("naam-bench runs")
 }

@@ -1,7 +1,6 @@
 //! Every core workload runs end to end on the in-process cluster, with no failed operation; the
 //! CLI rejects what it cannot run with a clear message and exit code.
 
-use std::path::Path;
 use std::process::Command;
 
 use naam_bench::driver::{run_inproc, App, PlacementChoice, YcsbConfig};
@@ -27,10 +26,6 @@ fn cfg(app: App, w: char, placement: PlacementChoice) -> YcsbConfig {
     }
 }
 
-fn target() -> std::path::PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("bench-handlers")
-}
-
 #[test]
 fn every_workload_runs_without_errors() {
     let runs = [
@@ -43,7 +38,7 @@ fn every_workload_runs_without_errors() {
         (App::Btree, 'e'),
     ];
     for (app, w) in runs {
-        let r = run_inproc(&cfg(app, w, PlacementChoice::Auto), &target(), &|_, _| {}).unwrap();
+        let r = run_inproc(&cfg(app, w, PlacementChoice::Auto), &|_, _| {}).unwrap();
         let done: u64 = r.ops.iter().map(|o| o.latency.count).sum();
         let errors: u64 = r.ops.iter().map(|o| o.errors).sum();
         assert_eq!((done, errors), (1500, 0), "{app:?} {w}");
@@ -60,12 +55,7 @@ fn every_workload_runs_without_errors() {
 #[test]
 fn pinned_placements_carry_the_reads() {
     for p in Placement::ALL {
-        let r = run_inproc(
-            &cfg(App::Mica, 'c', PlacementChoice::Fixed(p)),
-            &target(),
-            &|_, _| {},
-        )
-        .unwrap();
+        let r = run_inproc(&cfg(App::Mica, 'c', PlacementChoice::Fixed(p)), &|_, _| {}).unwrap();
         assert!(
             r.placement_fractions[p.index()] > 0.99,
             "{p}: {:?}",
@@ -83,7 +73,6 @@ fn cli_errors_are_clear() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown workload"));
-    let t = target();
     let out = Command::new(bin)
         .args([
             "ycsb",
@@ -95,9 +84,7 @@ fn cli_errors_are_clear() {
             "10",
             "--ops",
             "10",
-            "--target-dir",
         ])
-        .arg(&t)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
@@ -220,8 +207,7 @@ fn bad_numbers_and_outputs_are_refused_before_any_work() {
     assert!(err.contains("/nonexistent does not exist"), "{err}");
     // `naam-bench ycsb | head`: the reader is gone; the process dies of SIGPIPE, no panic.
     let mut child = Command::new(bin)
-        .args(["ycsb", "--records", "50", "--ops", "50", "--target-dir"])
-        .arg(target())
+        .args(["ycsb", "--records", "50", "--ops", "50"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

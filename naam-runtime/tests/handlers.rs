@@ -350,7 +350,9 @@ fn hostile_handlers_get_clean_faults_on_both_engines() {
 }
 
 #[test]
-fn undefined_symbols_fail_the_build() {
+fn undefined_symbols_fail_the_build_and_leave_no_object() {
+    let object = common::handler_target_dir().join("undefined.o");
+    let _ = std::fs::remove_file(&object);
     let err =
         common::build_crate("naam-runtime/tests/fixtures/undefined", "undefined").unwrap_err();
     let msg = err.to_string();
@@ -358,6 +360,58 @@ fn undefined_symbols_fail_the_build() {
         msg.contains("undefined symbols") && msg.contains("naam_fixture_not_defined_anywhere"),
         "{msg}"
     );
+    assert!(
+        !object.exists(),
+        "a failed build wrote {}",
+        object.display()
+    );
+    assert!(!object.with_extension("o.partial").exists());
+}
+
+#[test]
+fn objects_load_from_misaligned_bytes() {
+    let bytes = std::fs::read(&examples().0).unwrap();
+    let mut shifted = vec![0u8; bytes.len() + 1];
+    shifted[1..].copy_from_slice(&bytes);
+    let loaded = naam_runtime::load(&shifted[1..]).unwrap();
+    assert_eq!(loaded.programs.len(), examples().1.programs.len());
+}
+
+#[test]
+fn a_crate_without_panic_abort_builds_and_a_large_stack_is_named_once() {
+    let built = common::build_output("naam-runtime/tests/fixtures/unwinding", "unwinding")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(built.handler_names(), ["byte_sum", "triple"]);
+    // The same crate with a 2 KiB local: one error naming the function, no kernel advice.
+    let dir = tempfile::tempdir().unwrap();
+    let src = common::repo().join("naam-runtime/tests/fixtures/unwinding");
+    for f in ["Cargo.toml", "Cargo.lock", "src/lib.rs"] {
+        let to = dir.path().join(f);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(src.join(f), &to).unwrap();
+    }
+    let manifest = dir.path().join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let naam_ebpf = common::repo().join("naam-ebpf");
+    std::fs::write(
+        &manifest,
+        text.replace("../../../../naam-ebpf", naam_ebpf.to_str().unwrap()),
+    )
+    .unwrap();
+    let lib = dir.path().join("src/lib.rs");
+    let text = std::fs::read_to_string(&lib).unwrap();
+    std::fs::write(&lib, text.replace("#[cfg(any())]\n", "")).unwrap();
+    let mut opts = naam_runtime::pipeline::BuildOptions::new(dir.path());
+    opts.target_dir = Some(common::handler_target_dir().join("big-stack"));
+    let out = dir.path().join("big.o");
+    opts.out = Some(out.clone());
+    let err = naam_runtime::pipeline::build(&opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("big_stack need more than 512 bytes"), "{err}");
+    assert!(!err.contains("per-cpu array map"), "{err}");
+    assert_eq!(err.matches("big_stack").count(), 1, "{err}");
+    assert!(!out.exists());
 }
 
 #[test]

@@ -5,12 +5,11 @@
 //!
 //! Run: `cargo bench -p naam-btree --bench btree`.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use naam_btree::reference::NativeBTree;
-use naam_btree::{app_spec, build_handlers, BTreeClient, BTreeConfig, BTreeHandle};
+use naam_btree::{app_spec, handlers, BTreeClient, BTreeConfig, BTreeHandle};
 use naam_runtime::cluster::{Cluster, ClusterConfig};
 use naam_runtime::transport::{Direct, Pinned};
 use naam_runtime::Placement;
@@ -18,9 +17,7 @@ use naam_runtime::Placement;
 const KEYS: u64 = 100_000;
 
 fn bench(c: &mut Criterion) {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("btree");
-    let object =
-        Arc::new(build_handlers(Some(&dir)).expect("build B-tree handlers (scripts/setup.sh)"));
+    let object = Arc::new(handlers().expect("loading the embedded handler object"));
     let config = BTreeConfig::for_keys(KEYS * 2);
     let key = |i: u64| i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 1;
 

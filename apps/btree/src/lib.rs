@@ -11,13 +11,11 @@
 //! small and every reader sees either the old or the new node by its versions.
 #![deny(missing_docs)]
 
-use std::path::Path;
 use std::sync::Arc;
 
 use naam_btree_layout as l;
 use naam_ebpf::abi::{error_code::APP_BASE, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::cluster::{AppSpec, ClientError, Cluster, RegionSpec};
-use naam_runtime::pipeline::{build_app_handlers, BuildError};
 use naam_runtime::region::ALL_RIGHTS;
 use naam_runtime::registry::{handler_id, HandlerSpec};
 use naam_runtime::transport::{backoff, Transport};
@@ -75,9 +73,6 @@ pub enum BTreeError {
     /// The fabric failed.
     #[error(transparent)]
     Client(#[from] ClientError),
-    /// Building the handlers failed.
-    #[error(transparent)]
-    Build(#[from] BuildError),
     /// Loading the handlers failed.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -161,21 +156,14 @@ pub fn write_empty_root(node: &mut [u8]) {
     put(l::node_back(size), 2);
 }
 
-/// Builds the handler crate with the pipeline (into `target_dir`, default the workspace's
-/// `target/naam/btree`) and loads it.
-pub fn build_handlers(target_dir: Option<&Path>) -> Result<LoadedObject, BTreeError> {
-    Ok(build_handlers_output(target_dir)?.loaded)
-}
+/// The B-tree's handler object (eBPF), built from `handlers/` with this crate (build.rs) and
+/// carried by every binary that links it: running it needs no toolchain.
+pub const HANDLERS_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/btree.o"));
 
-/// [`build_handlers`], also returning where the object file is (a server publishes its bytes).
-pub fn build_handlers_output(
-    target_dir: Option<&Path>,
-) -> Result<naam_runtime::pipeline::BuildOutput, BTreeError> {
-    Ok(build_app_handlers(
-        Path::new(env!("CARGO_MANIFEST_DIR")),
-        "btree",
-        target_dir,
-    )?)
+/// Loads the embedded [`HANDLERS_OBJECT`]: its ELF, relocations and programs are checked here,
+/// and each handler is verified when a cluster installs it ([`app_spec`]).
+pub fn handlers() -> Result<LoadedObject, BTreeError> {
+    Ok(naam_runtime::load(HANDLERS_OBJECT)?)
 }
 
 /// The app a cluster installs for a tree.

@@ -3,15 +3,12 @@
 //! splits nodes, stale roots, steering mid-run, and bad input.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use naam_btree::reference::NativeBTree;
-use naam_btree::{
-    app_spec, build_handlers, BTreeClient, BTreeConfig, BTreeError, BTreeHandle, Written,
-};
+use naam_btree::{app_spec, handlers, BTreeClient, BTreeConfig, BTreeError, BTreeHandle, Written};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::registry::handler_id;
@@ -24,13 +21,8 @@ const APP: u32 = 9;
 
 fn object() -> Arc<LoadedObject> {
     static OBJ: OnceLock<Arc<LoadedObject>> = OnceLock::new();
-    OBJ.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("btree");
-        Arc::new(
-            build_handlers(Some(&dir)).expect("building the B-tree's handlers (scripts/setup.sh)"),
-        )
-    })
-    .clone()
+    OBJ.get_or_init(|| Arc::new(handlers().expect("loading the embedded handler object")))
+        .clone()
 }
 
 fn cluster_with(config: BTreeConfig, cc: ClusterConfig) -> Cluster {

@@ -4,12 +4,11 @@
 //!
 //! Run: `cargo bench -p naam-mica --bench mica`.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use naam_mica::reference::NativeMica;
-use naam_mica::{app_spec, build_handlers, MicaClient, MicaConfig, MicaHandle};
+use naam_mica::{app_spec, handlers, MicaClient, MicaConfig, MicaHandle};
 use naam_runtime::cluster::{Cluster, ClusterConfig};
 use naam_runtime::transport::{Direct, Pinned};
 use naam_runtime::Placement;
@@ -21,9 +20,7 @@ fn key(i: usize) -> Vec<u8> {
 }
 
 fn bench(c: &mut Criterion) {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mica");
-    let object =
-        Arc::new(build_handlers(Some(&dir)).expect("build MICA handlers (scripts/setup.sh)"));
+    let object = Arc::new(handlers().expect("loading the embedded handler object"));
     let config = MicaConfig::preset_16_64(100_000);
     let value = vec![7u8; 64];
     let keys: Vec<Vec<u8>> = (0..KEYS).map(key).collect();

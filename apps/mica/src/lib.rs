@@ -12,12 +12,10 @@
 //! `n - log_items`: MICA's lossy log.
 #![deny(missing_docs)]
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::cluster::{AppSpec, ClientError, Cluster, RegionSpec};
-use naam_runtime::pipeline::{build_app_handlers, BuildError};
 use naam_runtime::region::{ALL_RIGHTS, READ_WRITE};
 use naam_runtime::registry::{handler_id, HandlerSpec};
 use naam_runtime::transport::{backoff, Transport};
@@ -76,9 +74,6 @@ pub enum MicaError {
     /// The fabric failed.
     #[error(transparent)]
     Client(#[from] ClientError),
-    /// Building the handlers failed.
-    #[error(transparent)]
-    Build(#[from] BuildError),
     /// Loading the handlers failed.
     #[error(transparent)]
     Load(#[from] LoadError),
@@ -199,21 +194,14 @@ pub mod regions {
     pub const LOG: &str = "mica-log";
 }
 
-/// Builds the handler crate with the pipeline (into `target_dir`, default the workspace's
-/// `target/naam/mica`) and loads it.
-pub fn build_handlers(target_dir: Option<&Path>) -> Result<LoadedObject, MicaError> {
-    Ok(build_handlers_output(target_dir)?.loaded)
-}
+/// The MICA's handler object (eBPF), built from `handlers/` with this crate (build.rs) and
+/// carried by every binary that links it: running it needs no toolchain.
+pub const HANDLERS_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mica.o"));
 
-/// [`build_handlers`], also returning where the object file is (a server publishes its bytes).
-pub fn build_handlers_output(
-    target_dir: Option<&Path>,
-) -> Result<naam_runtime::pipeline::BuildOutput, MicaError> {
-    Ok(build_app_handlers(
-        Path::new(env!("CARGO_MANIFEST_DIR")),
-        "mica",
-        target_dir,
-    )?)
+/// Loads the embedded [`HANDLERS_OBJECT`]: its ELF, relocations and programs are checked here,
+/// and each handler is verified when a cluster installs it ([`app_spec`]).
+pub fn handlers() -> Result<LoadedObject, MicaError> {
+    Ok(naam_runtime::load(HANDLERS_OBJECT)?)
 }
 
 /// The app a cluster installs for a MICA table: its regions and handlers (GET read-only, the
@@ -502,9 +490,4 @@ impl<T: Transport> MicaClient<T> {
         self.put(key, &new)?;
         Ok(Some(new))
     }
-}
-
-/// Where the handler crate lives (for tools that build it themselves).
-pub fn handlers_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("handlers")
 }

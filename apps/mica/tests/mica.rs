@@ -2,14 +2,13 @@
 //! concurrent readers and a writer, steering mid-run, and bad input.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_mica::reference::NativeMica;
-use naam_mica::{app_spec, build_handlers, MicaClient, MicaConfig, MicaError, MicaHandle};
+use naam_mica::{app_spec, handlers, MicaClient, MicaConfig, MicaError, MicaHandle};
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Pinned;
@@ -21,11 +20,8 @@ const APP: u32 = 5;
 
 fn object() -> Arc<LoadedObject> {
     static OBJ: OnceLock<Arc<LoadedObject>> = OnceLock::new();
-    OBJ.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("mica");
-        Arc::new(build_handlers(Some(&dir)).expect("building MICA's handlers (scripts/setup.sh)"))
-    })
-    .clone()
+    OBJ.get_or_init(|| Arc::new(handlers().expect("loading the embedded handler object")))
+        .clone()
 }
 
 fn cluster_with(config: MicaConfig, cluster: ClusterConfig) -> Cluster {

@@ -1,10 +1,9 @@
-//! The XDP eSwitch on the server's interface: builds `smartnic/eswitch-xdp` with the handler
-//! pipeline, loads and attaches it with aya, and keeps its steering map in line with the
+//! The XDP eSwitch on the server's interface: the embedded `smartnic/eswitch-xdp` program
+//! (built with the handler pipeline when naam-server is built), loaded and attached with aya, and keeps its steering map in line with the
 //! steering controller's weights. Without the privilege to attach XDP, naam-server runs its
 //! user-space switch instead and says so.
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,17 +12,14 @@ use aya::maps::{Array, HashMap as BpfHashMap, PerCpuArray};
 use aya::programs::{Xdp, XdpMode};
 use naam_ebpf::eswitch as abi;
 use naam_runtime::cluster::Cluster;
-use naam_runtime::pipeline::{build_object, BuildOptions};
 use naam_runtime::registry::HandlerKind;
 use naam_runtime::udp::server::{SwitchCounters, SwitchHandle};
 use naam_runtime::Placement;
 
 /// Why the eSwitch could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EswitchError {
-    /// Building the XDP program failed.
-    #[error("building the XDP program: {0}")]
-    Build(#[from] naam_runtime::pipeline::BuildError),
     /// The kernel refused the program or the attachment.
     #[error("{0}")]
     Kernel(String),
@@ -55,15 +51,9 @@ fn kernel(what: &str) -> impl Fn(&dyn std::fmt::Display) -> EswitchError + '_ {
     move |e| EswitchError::Kernel(format!("{what}: {e}"))
 }
 
-/// Builds the XDP program into `target_dir/eswitch` and returns its bytes.
-pub fn build(target_dir: &Path) -> Result<Vec<u8>, EswitchError> {
-    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../smartnic/eswitch-xdp");
-    let mut opts = BuildOptions::new(crate_dir);
-    let target = target_dir.join("eswitch");
-    opts.out = Some(target.join("naam-eswitch.o"));
-    opts.target_dir = Some(target);
-    Ok(build_object(&opts)?.bytes)
-}
+/// The XDP program (`smartnic/eswitch-xdp`), built to eBPF with this crate (build.rs) and carried
+/// by the binary; the kernel verifies it when [`Eswitch::attach`] loads it.
+pub const OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/naam-eswitch.o"));
 
 impl Eswitch {
     /// Loads `object` and attaches it to `interface`: NAAM requests to `server_port` may be

@@ -42,9 +42,6 @@ pub struct Config {
     /// Executor queue capacity (back-pressure beyond it).
     #[serde(default = "queue")]
     pub queue_capacity: usize,
-    /// Where handler crates are built.
-    #[serde(default = "target")]
-    pub target_dir: PathBuf,
     /// How long an idle host executor polls before it parks, microseconds (see
     /// `ClusterConfig::executor_poll`; bench/RESULTS.md has the measurement behind 200).
     #[serde(default = "executor_poll_us")]
@@ -91,9 +88,6 @@ fn queue() -> usize {
 }
 fn executor_poll_us() -> u64 {
     naam_runtime::udp::deploy::SERVER_EXECUTOR_POLL.as_micros() as u64
-}
-fn target() -> PathBuf {
-    PathBuf::from("target/naam")
 }
 
 /// One app.
@@ -491,13 +485,13 @@ impl AppConfig {
         }
     }
 
-    /// Builds the apps: handlers (with the pipeline for MICA and the B-tree, once for all
-    /// instances) on the entry's engine and budget, regions, and what the manifest tells
-    /// clients.
-    pub fn build(&self, target_dir: &Path) -> anyhow::Result<Vec<HostApp>> {
+    /// Builds the apps: handlers (MICA's and the B-tree's are embedded in the binary; an object
+    /// app's are read from its path; each is verified when installed) on the entry's engine and
+    /// budget, regions, and what the manifest tells clients.
+    pub fn build(&self) -> anyhow::Result<Vec<HostApp>> {
         let (engine, budget) = self.exec();
         Ok(self
-            .build_specs(target_dir)?
+            .build_specs()?
             .into_iter()
             .map(|mut a| {
                 a.spec = a.spec.with_engine(engine).with_budget(budget);
@@ -506,16 +500,8 @@ impl AppConfig {
             .collect())
     }
 
-    fn build_specs(&self, target_dir: &Path) -> anyhow::Result<Vec<HostApp>> {
+    fn build_specs(&self) -> anyhow::Result<Vec<HostApp>> {
         use anyhow::Context as _;
-        /// The built object of a pipeline app, shared by its instances.
-        fn built(
-            out: naam_runtime::pipeline::BuildOutput,
-        ) -> anyhow::Result<(Arc<naam_runtime::LoadedObject>, Vec<u8>)> {
-            let bytes = std::fs::read(&out.object)
-                .with_context(|| format!("reading {}", out.object.display()))?;
-            Ok((Arc::new(out.loaded), bytes))
-        }
         match self {
             AppConfig::Mica {
                 items,
@@ -524,10 +510,9 @@ impl AppConfig {
                 ..
             } => {
                 let mc = naam_mica::MicaConfig::sized(*items, *key_cap, *value_cap);
-                let (loaded, bytes) = built(
-                    naam_mica::build_handlers_output(Some(&target_dir.join("mica")))
-                        .context("building MICA's handlers")?,
-                )?;
+                let loaded =
+                    Arc::new(naam_mica::handlers().context("loading MICA's embedded handlers")?);
+                let bytes = naam_mica::HANDLERS_OBJECT.to_vec();
                 self.ids()
                     .map(|id| {
                         Ok(HostApp {
@@ -545,10 +530,10 @@ impl AppConfig {
                 keys, node_size, ..
             } => {
                 let bc = naam_btree::BTreeConfig::with_node_size(*keys, *node_size);
-                let (loaded, bytes) = built(
-                    naam_btree::build_handlers_output(Some(&target_dir.join("btree")))
-                        .context("building the B-tree's handlers")?,
-                )?;
+                let loaded = Arc::new(
+                    naam_btree::handlers().context("loading the B-tree's embedded handlers")?,
+                );
+                let bytes = naam_btree::HANDLERS_OBJECT.to_vec();
                 self.ids()
                     .map(|id| {
                         Ok(HostApp {

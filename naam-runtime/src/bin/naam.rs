@@ -106,12 +106,9 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct DemoArgs {
-    /// Handler object with `bsearch` (default: build examples/handlers).
+    /// Handler object with `bsearch` (default: the example handlers this binary carries).
     #[arg(long)]
     object: Option<PathBuf>,
-    /// Handler crate to build when no object is given.
-    #[arg(long, default_value = "examples/handlers")]
-    handlers_dir: PathBuf,
     /// Run time, seconds.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
@@ -294,18 +291,15 @@ fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         "auto" => PolicyChoice::Auto(CostPolicyConfig::default()),
         other => PolicyChoice::Always(other.parse::<Placement>().map_err(anyhow::Error::msg)?),
     };
-    let object = match &args.object {
-        Some(p) => p.clone(),
-        None => {
-            let mut opts = BuildOptions::new(&args.handlers_dir);
-            opts.out = Some(PathBuf::from("target/naam/examples.o"));
-            build(&opts)
-                .with_context(|| format!("building {}", args.handlers_dir.display()))?
-                .object
+    let loaded = match &args.object {
+        Some(object) => {
+            let bytes =
+                std::fs::read(object).with_context(|| format!("reading {}", object.display()))?;
+            load(&bytes).with_context(|| format!("loading {}", object.display()))?
         }
+        None => load(naam_examples::HANDLERS_OBJECT)
+            .context("loading the example handlers this binary carries")?,
     };
-    let bytes = std::fs::read(&object).with_context(|| format!("reading {}", object.display()))?;
-    let loaded = load(&bytes).with_context(|| format!("loading {}", object.display()))?;
     const APP: u32 = 1;
     const N: u64 = 4_096;
     let sorted: Vec<u8> = (0..N).flat_map(|i| (i * 2).to_le_bytes()).collect();

@@ -26,7 +26,7 @@ pub fn handler_target_dir() -> PathBuf {
 pub fn build_crate(
     crate_dir: &str,
     name: &str,
-) -> Result<PathBuf, naam_runtime::pipeline::BuildError> {
+) -> Result<PathBuf, naam_runtime::pipeline::PipelineError> {
     build_output(crate_dir, name).map(|b| b.object)
 }
 
@@ -34,7 +34,7 @@ pub fn build_crate(
 pub fn build_output(
     crate_dir: &str,
     name: &str,
-) -> Result<naam_runtime::pipeline::BuildOutput, naam_runtime::pipeline::BuildError> {
+) -> Result<naam_runtime::pipeline::BuildOutput, naam_runtime::pipeline::PipelineError> {
     let mut opts = BuildOptions::new(repo().join(crate_dir));
     opts.target_dir = Some(handler_target_dir());
     opts.out = Some(handler_target_dir().join(format!("{name}.o")));

@@ -192,6 +192,20 @@ fn valid_name(name: &str) -> bool {
 
 /// Parses and links every `naam/<name>` handler of an eBPF ELF object.
 pub fn load(bytes: &[u8]) -> Result<LoadedObject, LoadError> {
+    // The ELF parser reads headers in place and needs them 8-byte aligned; slices need not be
+    // (`include_bytes!`, a datagram's payload). Copy to an aligned spot when they are not.
+    const ELF_ALIGN: usize = 8;
+    if bytes.as_ptr().align_offset(ELF_ALIGN) != 0 {
+        let mut buf = vec![0u8; bytes.len() + ELF_ALIGN];
+        let at = buf.as_ptr().align_offset(ELF_ALIGN);
+        let aligned = &mut buf[at..at + bytes.len()];
+        aligned.copy_from_slice(bytes);
+        return load_aligned(aligned);
+    }
+    load_aligned(bytes)
+}
+
+fn load_aligned(bytes: &[u8]) -> Result<LoadedObject, LoadError> {
     let file = object::File::parse(bytes).map_err(|e| LoadError::Malformed(e.to_string()))?;
     if file.architecture() != Architecture::Bpf || file.endianness() != Endianness::Little {
         return Err(LoadError::NotBpf(format!(

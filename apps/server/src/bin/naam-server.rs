@@ -45,6 +45,22 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(Command::Keygen { out }) = &args.command {
+        // `keygen --out keys/mica.key` as the example config names it: make `keys/` (owner
+        // only) when it is missing.
+        if let Some(parent) = out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty() && !p.exists())
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            if let Err(e) = std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+            {
+                eprintln!("naam-server: error: creating {}: {e}", parent.display());
+                return ExitCode::from(2);
+            }
+        }
         return match naam_runtime::session::Credential::generate().and_then(|c| c.write_new(out)) {
             Ok(()) => {
                 eprintln!("naam-server: wrote a new credential to {}", out.display());
@@ -84,7 +100,7 @@ fn main() -> ExitCode {
     // region that cannot be allocated, is a config error.
     let mut apps = Vec::new();
     for a in &config.apps {
-        match a.build(&config.target_dir) {
+        match a.build() {
             Ok(built) => apps.extend(built),
             Err(e) => {
                 eprintln!("naam-server: error: {}: {e:#}", path.display());
@@ -117,8 +133,7 @@ fn attach_eswitch(
 ) -> Option<Arc<Eswitch>> {
     let iface = config.xdp_interface.as_ref()?;
     let nic_port = config.nic_port?;
-    let attached = eswitch::build(&config.target_dir)
-        .and_then(|object| Eswitch::attach(&object, iface, config.listen.port(), nic_port));
+    let attached = Eswitch::attach(eswitch::OBJECT, iface, config.listen.port(), nic_port);
     match attached {
         Ok(sw) => {
             let sw = Arc::new(sw);
