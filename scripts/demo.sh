@@ -10,7 +10,7 @@ bash scripts/setup.sh
 cargo build --release --locked -p naam-bench -p naam-runtime --bins
 mkdir -p bench/out
 echo "== YCSB-B on MICA (in-process cluster)"
-target/release/naam-bench ycsb --app mica --workload b --records 10000 --ops 200000 --threads 1 \
-  --json bench/out/ycsb-b-mica.json
+target/release/naam-bench ycsb -P workloads/workloadb -p recordcount=10000 \
+  -p operationcount=200000 --json bench/out/ycsb-b-mica.json
 echo "== steering under host congestion (naam demo)"
 target/release/naam demo --seconds 3

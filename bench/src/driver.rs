@@ -1,12 +1,10 @@
 //! The YCSB driver: a load phase, then a run phase of closed-loop client threads against MICA or
 //! the B-tree on the in-process cluster, with per-operation and per-placement latencies.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use hdrhistogram::Histogram;
 use naam_btree::{BTreeClient, BTreeConfig, BTreeHandle};
 use naam_mica::{MicaClient, MicaConfig, MicaHandle};
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
@@ -16,7 +14,7 @@ use naam_runtime::transport::Transport;
 use naam_runtime::Placement;
 use serde::Serialize;
 
-use crate::ycsb::{key_name, key_u64, KeyChooser, Op, RecordShape, Rng, Workload};
+use crate::ycsb::{KeyNaming, Op, RecordShape, Workload};
 
 /// Which application serves the records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -97,6 +95,44 @@ pub struct YcsbConfig {
     pub fabric: String,
     /// The server (`udp`).
     pub server: Option<std::net::SocketAddr>,
+    /// Phases, pacing, time limit and what is reported while running.
+    pub run: RunOptions,
+}
+
+/// Which phases one command runs (YCSB's `load` and `run`, or both).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phases {
+    /// Load, then run (the in-process cluster needs both in one process).
+    #[default]
+    Both,
+    /// Only insert the records (against a server that keeps them).
+    Load,
+    /// Only run the operations (the records were loaded before).
+    Run,
+}
+
+/// How a run proceeds beyond the workload itself.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunOptions {
+    /// Phases.
+    pub phases: Phases,
+    /// Operations per second over all threads (`target`).
+    pub target_ops_per_sec: Option<f64>,
+    /// Each phase stops after this many seconds (`maxexecutiontime`, `--duration`).
+    pub max_execution_time_s: Option<f64>,
+    /// First key number the load inserts (`insertstart`).
+    pub insert_start: u64,
+    /// Records the load inserts (`insertcount`; default the record count).
+    pub insert_count: Option<u64>,
+    /// Updates write every field (`writeallfields`).
+    pub write_all_fields: bool,
+    /// Status lines on stderr this often.
+    #[serde(skip)]
+    pub status_interval: Option<Duration>,
+    /// HdrHistogram interval logs go here.
+    #[serde(skip)]
+    pub hdr_log: Option<std::path::PathBuf>,
 }
 
 /// Latency summary of one operation type.
@@ -106,8 +142,41 @@ pub struct OpSummary {
     pub op: Op,
     /// Percentiles, nanoseconds.
     pub latency: Percentiles,
+    /// Fastest, nanoseconds.
+    pub min: u64,
+    /// 95th percentile, nanoseconds.
+    pub p95: u64,
     /// Operations that failed (an error, not a miss).
     pub errors: u64,
+    /// Reads that found no record (a valid answer, YCSB's `Return=NOT_FOUND`).
+    pub not_found: u64,
+}
+
+impl OpSummary {
+    fn of(op: Op, s: &crate::phase::OpStats) -> OpSummary {
+        let h = &s.latency;
+        OpSummary {
+            op,
+            latency: Percentiles::of(h),
+            min: if h.is_empty() { 0 } else { h.min() },
+            p95: h.value_at_quantile(0.95),
+            errors: s.errors,
+            not_found: s.not_found,
+        }
+    }
+}
+
+/// A phase's totals.
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseSummary {
+    /// Wall time, seconds.
+    pub seconds: f64,
+    /// Successful operations per second.
+    pub throughput: f64,
+    /// Per operation type (those that ran).
+    pub ops: Vec<OpSummary>,
+    /// Whether the time limit ended the phase.
+    pub timed_out: bool,
 }
 
 /// The outcome of a run.
@@ -117,7 +186,13 @@ pub struct YcsbResult {
     pub mode: String,
     /// Settings.
     pub config: YcsbConfig,
-    /// Load phase: records per second.
+    /// The load phase, if this command ran one.
+    pub load: Option<PhaseSummary>,
+    /// Whether this command ran the run phase (else the run fields are empty).
+    pub ran: bool,
+    /// Whether the time limit ended the run phase.
+    pub timed_out: bool,
+    /// Load phase: records per second (0 without a load phase).
     pub load_throughput: f64,
     /// Run phase: operations per second.
     pub throughput: f64,
@@ -171,23 +246,24 @@ pub(crate) trait Store {
 struct MicaStore<T: Transport> {
     m: MicaClient<T>,
     field_length: usize,
+    naming: KeyNaming,
 }
 
 impl<T: Transport> Store for MicaStore<T> {
     fn read(&mut self, n: u64) -> anyhow::Result<bool> {
-        Ok(self.m.get(key_name(n).as_bytes())?.is_some())
+        Ok(self.m.get(self.naming.name(n).as_bytes())?.is_some())
     }
     fn update(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()> {
         // YCSB updates one field (writeallfields=false): patch it at the owner.
         self.m.rmw_field(
-            key_name(n).as_bytes(),
+            self.naming.name(n).as_bytes(),
             (field * self.field_length) as u32,
             bytes,
         )?;
         Ok(())
     }
     fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()> {
-        self.m.put(key_name(n).as_bytes(), record)?;
+        self.m.put(self.naming.name(n).as_bytes(), record)?;
         Ok(())
     }
     fn scan(&mut self, _: u64, _: usize) -> anyhow::Result<usize> {
@@ -195,7 +271,7 @@ impl<T: Transport> Store for MicaStore<T> {
     }
     fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()> {
         // Read the record, then modify one field of it at the owner (one message each).
-        let key = key_name(n);
+        let key = self.naming.name(n);
         self.m.get(key.as_bytes())?;
         self.m
             .rmw_field(key.as_bytes(), (field * self.field_length) as u32, bytes)?;
@@ -205,6 +281,7 @@ impl<T: Transport> Store for MicaStore<T> {
 
 struct BTreeStore<T: Transport> {
     t: BTreeClient<T>,
+    naming: KeyNaming,
 }
 
 fn word(bytes: &[u8]) -> u64 {
@@ -216,21 +293,21 @@ fn word(bytes: &[u8]) -> u64 {
 
 impl<T: Transport> Store for BTreeStore<T> {
     fn read(&mut self, n: u64) -> anyhow::Result<bool> {
-        Ok(self.t.get(key_u64(n))?.is_some())
+        Ok(self.t.get(self.naming.number(n))?.is_some())
     }
     fn update(&mut self, n: u64, _: usize, bytes: &[u8]) -> anyhow::Result<()> {
-        self.t.update(key_u64(n), word(bytes))?;
+        self.t.update(self.naming.number(n), word(bytes))?;
         Ok(())
     }
     fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()> {
-        self.t.insert(key_u64(n), word(record))?;
+        self.t.insert(self.naming.number(n), word(record))?;
         Ok(())
     }
     fn scan(&mut self, n: u64, len: usize) -> anyhow::Result<usize> {
-        Ok(self.t.scan(key_u64(n), len)?.len())
+        Ok(self.t.scan(self.naming.number(n), len)?.len())
     }
     fn rmw(&mut self, n: u64, _: usize, bytes: &[u8]) -> anyhow::Result<()> {
-        let k = key_u64(n);
+        let k = self.naming.number(n);
         let old = self.t.get(k)?.unwrap_or(0);
         self.t.update(k, old ^ word(bytes))?;
         Ok(())
@@ -266,16 +343,6 @@ const APP_ID: u32 = 1;
 /// Makes one store per client thread.
 pub(crate) type StoreFactory = Arc<dyn Fn() -> anyhow::Result<Box<dyn Store + Send>> + Send + Sync>;
 
-/// Latencies and errors per operation type, as one thread saw them.
-type OpStats = Vec<(Op, Histogram<u64>, u64)>;
-
-/// What a run-phase thread returns: its statistics, its misses, and when it finished.
-struct ThreadResult {
-    stats: OpStats,
-    misses: u64,
-    end: Instant,
-}
-
 fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
     let policy = match cfg.placement {
         PlacementChoice::Auto => PolicyChoice::Auto(CostPolicyConfig::default()),
@@ -288,8 +355,8 @@ fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
         ..ClusterConfig::default()
     };
     let objs = objects(cfg.app)?;
-    // Inserts grow the key space: size for the records plus every operation being an insert.
-    let capacity = cfg.records + cfg.ops;
+    let naming = cfg.workload.naming;
+    let capacity = capacity(cfg);
     match cfg.app {
         App::Mica => {
             let mc = MicaConfig::sized(capacity, 24, cfg.shape.len());
@@ -303,6 +370,7 @@ fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
                 Ok(Box::new(MicaStore {
                     m: MicaClient::new(c.client(), handle),
                     field_length: fl,
+                    naming,
                 }) as Box<dyn Store + Send>)
             });
             Ok((cluster, make))
@@ -318,6 +386,7 @@ fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
             let make: StoreFactory = Arc::new(move || {
                 Ok(Box::new(BTreeStore {
                     t: BTreeClient::new(c.client(), handle),
+                    naming,
                 }) as Box<dyn Store + Send>)
             });
             Ok((cluster, make))
@@ -325,8 +394,50 @@ fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
     }
 }
 
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+/// Items a run's store must hold: the records loaded plus the items its writes may add (10%
+/// over the expected number; with no operation count, as many again as the records). MICA's
+/// log takes a new item for every write, the B-tree a key for every insert only.
+pub fn capacity(cfg: &YcsbConfig) -> u64 {
+    let adds = |op: &Op| match cfg.app {
+        App::Mica => matches!(op, Op::Insert | Op::Update | Op::Rmw),
+        App::Btree => *op == Op::Insert,
+    };
+    let insert: f64 = cfg
+        .workload
+        .mix
+        .iter()
+        .filter(|(op, _)| adds(op))
+        .map(|(_, p)| *p)
+        .sum();
+    let loaded = cfg
+        .run
+        .insert_start
+        .saturating_add(cfg.run.insert_count.unwrap_or(cfg.records))
+        .max(cfg.records);
+    let inserts = if insert == 0.0 {
+        0
+    } else if cfg.ops == u64::MAX {
+        cfg.records
+    } else {
+        (cfg.ops as f64 * insert * 1.1) as u64 + 16
+    };
+    loaded.saturating_add(inserts)
+}
+
+/// The ids and names of the handlers `app`'s object carries (for reports that name them).
+pub fn handler_names(app: App) -> Vec<(u32, String)> {
+    let loaded = match app {
+        App::Mica => naam_mica::handlers().ok(),
+        App::Btree => naam_btree::handlers().ok(),
+    };
+    loaded
+        .map(|o| {
+            o.programs
+                .iter()
+                .map(|p| (naam_runtime::registry::handler_id(&p.name), p.name.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Refuses a run that cannot work on any fabric, before anything is set up.
@@ -339,6 +450,18 @@ fn check(cfg: &YcsbConfig) -> anyhow::Result<()> {
     }
     if cfg.records == 0 || cfg.threads == 0 {
         bail!("--records and --threads must be at least 1");
+    }
+    if cfg.run.phases != Phases::Both && cfg.server.is_none() {
+        bail!(
+            "`{}` alone needs a server that keeps the records between commands (--server \
+             ADDR); the in-process cluster lives for one command: omit the phase to load and \
+             run",
+            if cfg.run.phases == Phases::Load {
+                "load"
+            } else {
+                "run"
+            }
+        );
     }
     Ok(())
 }
@@ -396,6 +519,24 @@ fn run_udp_on(
         let setup = setup.clone();
         move || setup.connect()
     };
+    let naming = cfg.workload.naming;
+    // A table too small for the run would lose records (MICA's log wraps) or fill up (the
+    // B-tree): refuse before loading anything.
+    let (held, needed) = (setup.holds()?, capacity(cfg));
+    if needed > held {
+        bail!(
+            "naam-server's {} app {} holds about {held} items; this run needs {needed} \
+             ({} records plus what its writes add): give it `{} = {needed}` or more in \
+             naam-server's config, or load fewer records",
+            cfg.app.kind(),
+            setup.app.id,
+            cfg.records,
+            match cfg.app {
+                App::Mica => "items",
+                App::Btree => "keys",
+            }
+        );
+    }
     let make: StoreFactory = match cfg.app {
         App::Mica => {
             let handle = setup.mica()?;
@@ -404,6 +545,7 @@ fn run_udp_on(
                 Ok(Box::new(MicaStore {
                     m: MicaClient::new(connect()?, handle),
                     field_length: fl,
+                    naming,
                 }) as Box<dyn Store + Send>)
             })
         }
@@ -412,6 +554,7 @@ fn run_udp_on(
             Arc::new(move || {
                 Ok(Box::new(BTreeStore {
                     t: BTreeClient::new(connect()?, handle),
+                    naming,
                 }) as Box<dyn Store + Send>)
             })
         }
@@ -562,6 +705,22 @@ impl UdpSetup {
             .with_context(|| format!("app {}: MICA regions in the manifest", app.id))
     }
 
+    /// About how many items the served app holds (MICA: live items; the B-tree: keys).
+    pub fn holds(&self) -> anyhow::Result<u64> {
+        Ok(match self.app.kind.as_str() {
+            "mica" => {
+                let mc: MicaConfig = serde_json::from_value(self.app.params.clone())
+                    .context("the server's MICA parameters")?;
+                mc.items()
+            }
+            _ => {
+                let bc: BTreeConfig = serde_json::from_value(self.app.params.clone())
+                    .context("the server's B-tree parameters")?;
+                bc.keys()
+            }
+        })
+    }
+
     /// The B-tree handle of the served tree.
     pub fn btree(&self) -> anyhow::Result<BTreeHandle> {
         let bc: BTreeConfig = serde_json::from_value(self.app.params.clone())
@@ -578,7 +737,8 @@ pub const RDMA_MODE: &str = "rdma (requests over UDP to naam-server; Client-plac
 /// Mode label of in-process runs.
 pub const INPROC_MODE: &str = "inproc (one process; NIC cores, DMA and one-sided RDMA emulated)";
 
-/// Load, then run, with stores from `make`; per-placement figures from `cluster` if given.
+/// Load, then run (or one of them, as `cfg.run.phases` says), with stores from `make`;
+/// per-placement figures from `metrics` if given.
 pub(crate) fn run_phases(
     cfg: &YcsbConfig,
     make: StoreFactory,
@@ -586,178 +746,77 @@ pub(crate) fn run_phases(
     progress: &(dyn Fn(u64, u64) + Sync),
     mode: &str,
 ) -> anyhow::Result<YcsbResult> {
-    // Load phase: threads insert disjoint key ranges.
-    let load_start = Instant::now();
-    let per = cfg.records.div_ceil(cfg.threads as u64);
-    std::thread::scope(|s| -> anyhow::Result<()> {
-        let handles: Vec<_> = (0..cfg.threads as u64)
-            .map(|t| {
-                let make = make.clone();
-                let shape = cfg.shape;
-                let seed = cfg.seed;
-                s.spawn(move || -> anyhow::Result<()> {
-                    let mut store = make()?;
-                    let mut rng = Rng::new(seed ^ 0x10ad ^ t);
-                    for n in (t * per)..((t + 1) * per).min(cfg.records) {
-                        store.insert(n, &shape.record(&mut rng))?;
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join()
-                .map_err(|_| anyhow::anyhow!("a load thread panicked"))??;
-        }
-        Ok(())
-    })?;
-    let load_secs = load_start.elapsed().as_secs_f64();
-    // Let steering settle on the loaded table, then measure the run phase alone.
-    std::thread::sleep(Duration::from_millis(20));
+    use crate::phase::{run_phase, PhaseKind, PhasePlan};
+    let plan = |kind| PhasePlan {
+        kind,
+        ops: cfg.ops,
+        threads: cfg.threads,
+        workload: &cfg.workload,
+        records: cfg.records,
+        shape: cfg.shape,
+        write_all_fields: cfg.run.write_all_fields,
+        seed: match kind {
+            PhaseKind::Load { .. } => cfg.seed ^ 0x10ad,
+            PhaseKind::Run => cfg.seed,
+        },
+        target_ops_per_sec: cfg.run.target_ops_per_sec,
+        max_execution_time: cfg.run.max_execution_time_s.map(Duration::from_secs_f64),
+        status_interval: cfg.run.status_interval,
+        hdr_log: cfg.run.hdr_log.as_deref(),
+    };
+    let summaries = |ops: &[(Op, crate::phase::OpStats)]| -> Vec<OpSummary> {
+        ops.iter()
+            .filter(|(_, s)| !s.latency.is_empty() || s.errors > 0)
+            .map(|(op, s)| OpSummary::of(*op, s))
+            .collect()
+    };
+    let succeeded = |ops: &[(Op, crate::phase::OpStats)]| -> u64 {
+        ops.iter().map(|(_, s)| s.latency.len()).sum()
+    };
+    let mut load = None;
+    if cfg.run.phases != Phases::Run {
+        let kind = PhaseKind::Load {
+            start: cfg.run.insert_start,
+            count: cfg.run.insert_count.unwrap_or(cfg.records),
+        };
+        let outcome = run_phase(&plan(kind), &make, &|_, _| {})?;
+        load = Some(PhaseSummary {
+            seconds: outcome.seconds,
+            throughput: succeeded(&outcome.ops) as f64 / outcome.seconds,
+            ops: summaries(&outcome.ops),
+            timed_out: outcome.timed_out,
+        });
+    }
+    let load_throughput = load.as_ref().map_or(0.0, |l| l.throughput);
+    let empty = |load: Option<PhaseSummary>| YcsbResult {
+        mode: mode.to_string(),
+        config: cfg.clone(),
+        load,
+        ran: false,
+        timed_out: false,
+        load_throughput,
+        throughput: 0.0,
+        seconds: 0.0,
+        ops: Vec::new(),
+        placements: naam_runtime::metrics::Metrics::default().snapshot(),
+        placement_fractions: [0.0; 3],
+        misses: 0,
+        all: Percentiles::of(&crate::phase::histogram()),
+    };
+    if cfg.run.phases == Phases::Load {
+        return Ok(empty(load));
+    }
+    if cfg.run.phases == Phases::Both {
+        // Let steering settle on the loaded table, then measure the run phase alone.
+        std::thread::sleep(Duration::from_millis(20));
+    }
     if let Some(m) = metrics {
         m.reset();
     }
-
-    let done = AtomicU64::new(0);
-    let next_insert = AtomicU64::new(cfg.records);
-    let failed = AtomicBool::new(false);
-    let gone = std::sync::Mutex::new(None::<String>);
-    let run_start = Instant::now();
-    let per_thread = cfg.ops.div_ceil(cfg.threads as u64);
-    let results: Vec<ThreadResult> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..cfg.threads as u64)
-            .map(|t| {
-                let make = make.clone();
-                let (done, next_insert, failed, gone) = (&done, &next_insert, &failed, &gone);
-                let wl = cfg.workload.clone();
-                let shape = cfg.shape;
-                let seed = cfg.seed;
-                let records = cfg.records;
-                let ops = per_thread.min(cfg.ops.saturating_sub(t * per_thread));
-                s.spawn(move || {
-                    let mut store = match make() {
-                        Ok(s) => s,
-                        Err(e) => {
-                            eprintln!("naam-bench: a client could not start: {e:#}");
-                            failed.store(true, Ordering::Relaxed);
-                            return ThreadResult {
-                                stats: Vec::new(),
-                                misses: 0,
-                                end: Instant::now(),
-                            };
-                        }
-                    };
-                    let mut rng = Rng::new(seed ^ (t + 1).wrapping_mul(0x9e37_79b9));
-                    let mut keys = KeyChooser::new(wl.distribution, records);
-                    let mut hist: OpStats = Op::ALL.iter().map(|&o| (o, histogram(), 0)).collect();
-                    let mut misses = 0u64;
-                    for i in 0..ops {
-                        if failed.load(Ordering::Relaxed) {
-                            break;
-                        }
-                        let op = wl.next_op(&mut rng);
-                        keys.set_records(next_insert.load(Ordering::Relaxed));
-                        let start = Instant::now();
-                        let r = match op {
-                            Op::Read => store
-                                .read(keys.next(&mut rng))
-                                .map(|found| misses += (!found) as u64),
-                            Op::Update => {
-                                let f = rng.range(0, shape.field_count as u64 - 1) as usize;
-                                let bytes = shape.bytes(&mut rng, shape.field_length);
-                                store.update(keys.next(&mut rng), f, &bytes)
-                            }
-                            Op::Insert => {
-                                let n = next_insert.fetch_add(1, Ordering::Relaxed);
-                                store.insert(n, &shape.record(&mut rng))
-                            }
-                            Op::Scan => {
-                                let len = rng.range(1, wl.max_scan) as usize;
-                                store.scan(keys.next(&mut rng), len).map(|_| ())
-                            }
-                            Op::Rmw => {
-                                let f = rng.range(0, shape.field_count as u64 - 1) as usize;
-                                let bytes = shape.bytes(&mut rng, shape.field_length);
-                                store.rmw(keys.next(&mut rng), f, &bytes)
-                            }
-                        };
-                        let ns = start.elapsed().as_nanos() as u64;
-                        let slot =
-                            &mut hist[Op::ALL.iter().position(|&o| o == op).expect("known op")];
-                        match r {
-                            Ok(()) => {
-                                let _ = slot.1.record(ns.max(1));
-                            }
-                            Err(e) if server_gone(&e) => {
-                                slot.2 += 1;
-                                *gone.lock().unwrap_or_else(|p| p.into_inner()) =
-                                    Some(format!("{e:#}"));
-                                failed.store(true, Ordering::Relaxed);
-                                break;
-                            }
-                            Err(e) => {
-                                slot.2 += 1;
-                                if slot.2 == 1 {
-                                    eprintln!("naam-bench: {} failed: {e:#}", op.name());
-                                }
-                            }
-                        }
-                        if i % 256 == 0 {
-                            done.fetch_add(256.min(ops - i), Ordering::Relaxed);
-                        }
-                    }
-                    ThreadResult {
-                        stats: hist,
-                        misses,
-                        end: Instant::now(),
-                    }
-                })
-            })
-            .collect();
-        // Progress while the threads run.
-        while handles.iter().any(|h| !h.is_finished()) {
-            progress(done.load(Ordering::Relaxed).min(cfg.ops), cfg.ops);
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| ThreadResult {
-                    stats: Vec::new(),
-                    misses: 0,
-                    end: Instant::now(),
-                })
-            })
-            .collect()
-    });
-    if let Some(why) = gone.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        bail!("the run stopped: {why}");
-    }
-    if failed.load(Ordering::Relaxed) {
-        bail!("a client thread could not start; the run is incomplete");
-    }
-    // The run ends when its last thread does (not when this thread next wakes up).
-    let run_end = results
-        .iter()
-        .map(|r| r.end)
-        .max()
-        .unwrap_or_else(Instant::now);
-    let seconds = run_end.duration_since(run_start).as_secs_f64().max(1e-9);
-    progress(cfg.ops, cfg.ops);
-
-    let mut merged: OpStats = Op::ALL.iter().map(|&o| (o, histogram(), 0)).collect();
-    let mut misses = 0;
-    for r in results {
-        misses += r.misses;
-        for (i, (_, h, e)) in r.stats.into_iter().enumerate() {
-            merged[i].1.add(&h).expect("same bounds");
-            merged[i].2 += e;
-        }
-    }
-    let completed: u64 = merged.iter().map(|(_, h, _)| h.len()).sum();
-    let mut every = histogram();
-    for (_, h, _) in &merged {
-        every.add(h).expect("same bounds");
+    let outcome = run_phase(&plan(PhaseKind::Run), &make, progress)?;
+    let mut every = crate::phase::histogram();
+    for (_, s) in &outcome.ops {
+        every.add(&s.latency).expect("same bounds");
     }
     let placements = match metrics {
         Some(m) => m.snapshot(),
@@ -765,23 +824,15 @@ pub(crate) fn run_phases(
     };
     let fractions = [0, 1, 2].map(|i| placements.fraction(Placement::ALL[i]));
     Ok(YcsbResult {
-        mode: mode.to_string(),
-        config: cfg.clone(),
-        load_throughput: cfg.records as f64 / load_secs,
-        throughput: completed as f64 / seconds,
-        seconds,
-        ops: merged
-            .into_iter()
-            .filter(|(_, h, e)| !h.is_empty() || *e > 0)
-            .map(|(op, h, errors)| OpSummary {
-                op,
-                latency: Percentiles::of(&h),
-                errors,
-            })
-            .collect(),
+        ran: true,
+        timed_out: outcome.timed_out,
+        throughput: succeeded(&outcome.ops) as f64 / outcome.seconds,
+        seconds: outcome.seconds,
+        ops: summaries(&outcome.ops),
         placement_fractions: fractions,
         placements,
-        misses,
+        misses: outcome.ops.iter().map(|(_, s)| s.not_found).sum(),
         all: Percentiles::of(&every),
+        ..empty(load)
     })
 }

@@ -421,6 +421,7 @@ pub fn capacity(
                 executors: (1, nic_executors),
                 fabric: "inproc".into(),
                 server: None,
+                run: Default::default(),
             };
             let r = fabric.ycsb(cfg)?;
             points.push((threads as f64, r.throughput));

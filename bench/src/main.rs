@@ -8,7 +8,6 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use naam_bench::driver::{run_inproc, run_udp, App, PlacementChoice, YcsbConfig, YcsbResult};
 use naam_bench::ycsb::{Distribution, KeyChooser, RecordShape, Rng, Workload};
-use naam_runtime::Placement;
 use serde_json::json;
 
 #[derive(Parser)]
@@ -71,53 +70,9 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         max_errors: u64,
     },
-    /// Load records, then run a YCSB core workload; prints a summary and writes JSON.
-    Ycsb {
-        /// Application: mica or btree.
-        #[arg(long, default_value = "mica")]
-        app: App,
-        /// Workload: a, b, c, d, e or f.
-        #[arg(long, default_value = "b")]
-        workload: char,
-        /// Records to load.
-        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
-        records: u64,
-        /// Operations to run.
-        #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
-        ops: u64,
-        /// Client threads.
-        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
-        threads: usize,
-        /// Where reads run: auto, host, nic or client.
-        #[arg(long, default_value = "auto")]
-        placement: PlacementChoice,
-        /// Fabric: inproc (one process), udp (naam-server at --server), or rdma (as udp, with
-        /// the Client placement's one-sided READs over RDMA verbs; needs the `verbs` feature and
-        /// an RDMA device).
-        #[arg(long, default_value = "inproc")]
-        fabric: String,
-        /// naam-server's address (with --fabric udp or rdma).
-        #[arg(long)]
-        server: Option<std::net::SocketAddr>,
-        /// Fields per record.
-        #[arg(long, default_value_t = 10, value_parser = positive_usize())]
-        field_count: usize,
-        /// Bytes per field.
-        #[arg(long, default_value_t = 100, value_parser = positive_usize())]
-        field_length: usize,
-        /// Host executor threads.
-        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
-        host_executors: usize,
-        /// NIC executor threads.
-        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
-        nic_executors: usize,
-        /// Seed.
-        #[arg(long, default_value_t = 42)]
-        seed: u64,
-        /// Write the full result here.
-        #[arg(long)]
-        json: Option<PathBuf>,
-    },
+    /// YCSB: `ycsb [load|run] -P workloads/workloadb [-p key=value]...`; prints YCSB's output
+    /// (status lines every 10 s on stderr), then NAAM's per-placement lines.
+    Ycsb(naam_bench::ycsb_cli::YcsbArgs),
     /// YCSB A, B and C on NAAM MICA (in-process) and on memcached (loopback), in one run.
     CompareMemcached {
         /// Workloads (of a, b, c).
@@ -212,7 +167,7 @@ impl Cmd {
     /// The `--json` file the command writes at its end, if any.
     fn json_out(&self) -> Option<&std::path::Path> {
         match self {
-            Cmd::Ycsb { json, .. }
+            Cmd::Ycsb(naam_bench::ycsb_cli::YcsbArgs { json, .. })
             | Cmd::CompareMemcached { json, .. }
             | Cmd::Keys { json, .. } => json.as_deref(),
             _ => None,
@@ -334,71 +289,35 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 ExitCode::from(1)
             })
         }
-        Cmd::Ycsb {
-            app,
-            workload,
-            records,
-            ops,
-            threads,
-            placement,
-            fabric,
-            server,
-            field_count,
-            field_length,
-            host_executors,
-            nic_executors,
-            seed,
-            json,
-        } => {
-            let Some(wl) = Workload::core(workload) else {
-                eprintln!("naam-bench: error: unknown workload `{workload}` (a-f)");
-                return Ok(ExitCode::from(2));
+        Cmd::Ycsb(args) => {
+            let planned = match naam_bench::ycsb_cli::plan(&args) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("naam-bench: error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
             };
-            // rdma is the udp fabric with RDMA reads: the same checks on --server.
-            let checked = if fabric == "rdma" {
-                "udp"
-            } else {
-                fabric.as_str()
-            };
-            if let Err(e) = naam_bench::experiments::Fabric::parse(checked, server) {
-                eprintln!("naam-bench: error: {e}");
-                return Ok(ExitCode::from(2));
+            for w in &planned.warnings {
+                eprintln!("naam-bench: warning: {w}");
             }
-            let cfg = YcsbConfig {
-                app,
-                workload: wl,
-                records,
-                ops,
-                threads,
-                placement,
-                shape: RecordShape {
-                    field_count,
-                    field_length,
-                },
-                seed,
-                executors: (host_executors, nic_executors),
-                fabric,
-                server,
+            let cfg = planned.config;
+            let result = match cfg.server {
+                Some(addr) => run_udp(&cfg, addr, &|_, _| {})?,
+                None => run_inproc(&cfg, &|_, _| {})?,
             };
-            let bar = indicatif::ProgressBar::new(ops);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{bar:40} {pos}/{len} ops {per_sec} eta {eta}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            let result = match server {
-                Some(addr) => run_udp(&cfg, addr, &|done, _| bar.set_position(done))?,
-                None => run_inproc(&cfg, &|done, _| bar.set_position(done))?,
-            };
-            bar.finish_and_clear();
-            print_summary(&result);
-            if let Some(path) = json {
-                let doc = json!({ "command": command_line(), "result": result });
+            print!("{}", naam_bench::report::text(&result));
+            if let Some(path) = args.json {
+                let names = naam_bench::driver::handler_names(cfg.app);
+                let doc = naam_bench::report::json(&result, &command_line(), &names);
                 std::fs::write(&path, serde_json::to_vec_pretty(&doc)?)
                     .with_context(|| format!("writing {}", path.display()))?;
             }
-            let errors: u64 = result.ops.iter().map(|o| o.errors).sum();
+            let errors: u64 = result
+                .ops
+                .iter()
+                .chain(result.load.iter().flat_map(|l| l.ops.iter()))
+                .map(|o| o.errors)
+                .sum();
             Ok(if errors == 0 {
                 ExitCode::SUCCESS
             } else {
@@ -521,6 +440,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     executors: (1, 1),
                     fabric: "inproc".into(),
                     server: None,
+                    run: Default::default(),
                 };
                 let naam = run_inproc(&cfg, &|_, _| {})?;
                 let udp = match server {
@@ -604,60 +524,4 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
 
 fn us(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1e3)
-}
-
-fn print_summary(r: &YcsbResult) {
-    let c = &r.config;
-    println!("mode: {}", r.mode);
-    let record = match c.app {
-        App::Mica => format!("{} B", c.shape.len()),
-        App::Btree => "8-byte values".to_string(),
-    };
-    println!(
-        "YCSB-{} on {:?}: {} records ({record}), {} ops, {} client thread(s), reads at {:?}",
-        c.workload.name.to_ascii_uppercase(),
-        c.app,
-        c.records,
-        c.ops,
-        c.threads,
-        c.placement
-    );
-    println!(
-        "load: {:.0} records/s; run: {:.0} ops/s over {:.2} s",
-        r.load_throughput, r.throughput, r.seconds
-    );
-    println!(
-        "{:<8} {:>10} {:>10} {:>10} {:>10} {:>8}",
-        "op", "count", "p50 us", "p99 us", "p99.9 us", "errors"
-    );
-    for o in &r.ops {
-        println!(
-            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>8}",
-            o.op.name(),
-            o.latency.count,
-            us(o.latency.p50),
-            us(o.latency.p99),
-            us(o.latency.p999),
-            o.errors
-        );
-    }
-    println!(
-        "{:<8} {:>10} {:>10} {:>10} {:>10} {:>8}",
-        "place", "messages", "p50 us", "p99 us", "p99.9 us", "share"
-    );
-    for p in Placement::ALL {
-        let q = r.placements.placement[p.index()];
-        println!(
-            "{:<8} {:>10} {:>10} {:>10} {:>10} {:>7.1}%",
-            p.name(),
-            q.count,
-            us(q.p50),
-            us(q.p99),
-            us(q.p999),
-            100.0 * r.placement_fractions[p.index()]
-        );
-    }
-    if r.misses > 0 {
-        println!("misses: {} reads found no record", r.misses);
-    }
 }

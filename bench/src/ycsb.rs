@@ -201,15 +201,60 @@ impl KeyChooser {
     }
 }
 
-/// YCSB's key name for key number `n`: `user` followed by the decimal FNV hash of `n`.
+/// YCSB's key name for key number `n` with hashed inserts: `user` followed by the decimal FNV
+/// hash of `n`.
 pub fn key_name(n: u64) -> String {
-    format!("user{}", fnvhash64(n))
+    KeyNaming::default().name(n)
 }
 
-/// The `u64` key the B-tree uses for key number `n` (the same hash, so the same order as YCSB's
-/// hashed inserts).
+/// The `u64` key the B-tree uses for key number `n` with hashed inserts (the same hash, so the
+/// same order as YCSB's hashed inserts).
 pub fn key_u64(n: u64) -> u64 {
-    fnvhash64(n)
+    KeyNaming::default().number(n)
+}
+
+/// How key numbers become keys (`insertorder`, `zeropadding`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct KeyNaming {
+    /// `insertorder=ordered`: keys follow key numbers; else (`hashed`) their FNV hash.
+    pub ordered: bool,
+    /// Digits the number is zero-padded to.
+    pub zero_padding: usize,
+}
+
+impl Default for KeyNaming {
+    fn default() -> Self {
+        KeyNaming {
+            ordered: false,
+            zero_padding: 1,
+        }
+    }
+}
+
+impl KeyNaming {
+    /// The number a key is named after.
+    pub fn number(&self, n: u64) -> u64 {
+        if self.ordered {
+            n
+        } else {
+            fnvhash64(n)
+        }
+    }
+
+    /// The key name: `user` and the (padded) number, as YCSB's CoreWorkload builds it.
+    pub fn name(&self, n: u64) -> String {
+        format!("user{:0width$}", self.number(n), width = self.zero_padding)
+    }
+}
+
+/// How scan lengths are drawn between the minimum and maximum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScanLength {
+    /// Uniform.
+    Uniform,
+    /// Zipfian (short scans most often).
+    Zipfian,
 }
 
 /// Operation types.
@@ -232,6 +277,17 @@ impl Op {
     /// All types.
     pub const ALL: [Op; 5] = [Op::Read, Op::Update, Op::Insert, Op::Scan, Op::Rmw];
 
+    /// YCSB's name in its output (`[READ]`, `[READ-MODIFY-WRITE]`).
+    pub fn ycsb_name(self) -> &'static str {
+        match self {
+            Op::Read => "READ",
+            Op::Update => "UPDATE",
+            Op::Insert => "INSERT",
+            Op::Scan => "SCAN",
+            Op::Rmw => "READ-MODIFY-WRITE",
+        }
+    }
+
     /// Name.
     pub fn name(self) -> &'static str {
         match self {
@@ -244,17 +300,34 @@ impl Op {
     }
 }
 
+/// The core workload files the repository ships (`workloads/workloada` .. `workloadf`); `--workload
+/// LETTER` is the same as `-P workloads/workloadLETTER`.
+pub const CORE_FILES: [(char, &str); 6] = [
+    ('a', include_str!("../../workloads/workloada")),
+    ('b', include_str!("../../workloads/workloadb")),
+    ('c', include_str!("../../workloads/workloadc")),
+    ('d', include_str!("../../workloads/workloadd")),
+    ('e', include_str!("../../workloads/workloade")),
+    ('f', include_str!("../../workloads/workloadf")),
+];
+
 /// A core workload.
 #[derive(Clone, Debug, Serialize)]
 pub struct Workload {
-    /// Letter.
-    pub name: char,
-    /// Proportions of read, update, insert, scan, read-modify-write.
+    /// Name: the letter of a core workload, else the property file's name.
+    pub name: String,
+    /// Proportions of read, update, insert, scan, read-modify-write (they add up to 1).
     pub mix: [(Op, f64); 5],
     /// Key distribution.
     pub distribution: Distribution,
-    /// Longest scan (scan lengths are uniform in 1..=max).
+    /// Shortest scan.
+    pub min_scan: u64,
+    /// Longest scan.
     pub max_scan: u64,
+    /// How scan lengths are drawn.
+    pub scan_length: ScanLength,
+    /// Key names.
+    pub naming: KeyNaming,
 }
 
 impl Workload {
@@ -263,38 +336,29 @@ impl Workload {
         self.mix.iter().any(|(op, p)| *op == Op::Scan && *p > 0.0)
     }
 
-    /// YCSB's core workload `letter` (a-f).
+    /// YCSB's core workload `letter` (a-f), from the shipped file.
     pub fn core(letter: char) -> Option<Workload> {
-        let mix = |r, u, i, s, m| {
-            [
-                (Op::Read, r),
-                (Op::Update, u),
-                (Op::Insert, i),
-                (Op::Scan, s),
-                (Op::Rmw, m),
-            ]
-        };
-        let (m, d) = match letter.to_ascii_lowercase() {
-            'a' => (mix(0.5, 0.5, 0.0, 0.0, 0.0), Distribution::ScrambledZipfian),
-            'b' => (
-                mix(0.95, 0.05, 0.0, 0.0, 0.0),
-                Distribution::ScrambledZipfian,
-            ),
-            'c' => (mix(1.0, 0.0, 0.0, 0.0, 0.0), Distribution::ScrambledZipfian),
-            'd' => (mix(0.95, 0.0, 0.05, 0.0, 0.0), Distribution::Latest),
-            'e' => (
-                mix(0.0, 0.0, 0.05, 0.95, 0.0),
-                Distribution::ScrambledZipfian,
-            ),
-            'f' => (mix(0.5, 0.0, 0.0, 0.0, 0.5), Distribution::ScrambledZipfian),
-            _ => return None,
-        };
-        Some(Workload {
-            name: letter.to_ascii_lowercase(),
-            mix: m,
-            distribution: d,
-            max_scan: 100,
-        })
+        let letter = letter.to_ascii_lowercase();
+        let (_, text) = CORE_FILES.iter().find(|(l, _)| *l == letter)?;
+        let props = crate::properties::Properties::parse(text, "workload file").ok()?;
+        let mut w = crate::properties::Settings::from_properties(&props)
+            .ok()?
+            .workload;
+        w.name = letter.to_string();
+        Some(w)
+    }
+
+    /// Draws a scan length.
+    pub fn scan_length(&self, rng: &mut Rng, zipf: &mut Option<Zipfian>) -> u64 {
+        if self.min_scan >= self.max_scan {
+            return self.min_scan;
+        }
+        match self.scan_length {
+            ScanLength::Uniform => rng.range(self.min_scan, self.max_scan),
+            ScanLength::Zipfian => zipf
+                .get_or_insert_with(|| Zipfian::new(self.min_scan, self.max_scan))
+                .next(rng),
+        }
     }
 
     /// Draws an operation type.

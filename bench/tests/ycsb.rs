@@ -23,6 +23,7 @@ fn cfg(app: App, w: char, placement: PlacementChoice) -> YcsbConfig {
         executors: (1, 1),
         fabric: "inproc".into(),
         server: None,
+        run: Default::default(),
     }
 }
 
@@ -87,7 +88,7 @@ fn cli_errors_are_clear() {
         ])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("use --app btree"));
     let out = Command::new(bin)
         .args([

@@ -131,6 +131,46 @@ pub mod error_code {
     pub const TORN_READ: u32 = 10;
     /// First code available to applications.
     pub const APP_BASE: u32 = 0x1000;
+
+    /// Every SDK code with its name, as tools print it and the README lists it.
+    pub const NAMED: [(u32, &str); 10] = [
+        (OUT_OF_BOUNDS, "out-of-bounds"),
+        (NO_SEGMENT, "no-segment"),
+        (BAD_ARGS, "bad-args"),
+        (REPLY_FULL, "reply-full"),
+        (NEXT_FULL, "next-full"),
+        (WRITES_FULL, "writes-full"),
+        (ACCESS, "access"),
+        (HELPER_FAULT, "helper-fault"),
+        (BAD_STATE, "bad-state"),
+        (TORN_READ, "torn-read"),
+    ];
+
+    /// The name of an SDK code (`None` for application codes and unassigned ones).
+    pub const fn name(code: u32) -> Option<&'static str> {
+        let mut i = 0;
+        while i < NAMED.len() {
+            if NAMED[i].0 == code {
+                return Some(NAMED[i].1);
+            }
+            i += 1;
+        }
+        None
+    }
+
+    /// What a code means, for people: `out-of-bounds`, `app(1)` for `APP_BASE + 1` (a handler's
+    /// `Fault::app(1)`), or `unassigned(12)`.
+    pub struct Describe(pub u32);
+
+    impl core::fmt::Display for Describe {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            match name(self.0) {
+                Some(n) => f.write_str(n),
+                None if self.0 >= APP_BASE => write!(f, "app({})", self.0 - APP_BASE),
+                None => write!(f, "unassigned({})", self.0),
+            }
+        }
+    }
 }
 
 /// A segment fetched for the current step: `len` bytes at address `addr`, with access rights.

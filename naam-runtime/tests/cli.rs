@@ -86,6 +86,36 @@ fn run_prints_the_contract_fields() {
 }
 
 #[test]
+fn error_codes_are_named() {
+    // checksum refuses a segment whose length is not a multiple of 8: Fault::app(1).
+    let dir = tempfile::tempdir().unwrap();
+    let seg = dir.path().join("odd.bin");
+    std::fs::write(&seg, [1u8, 2, 3]).unwrap();
+    let (code, out, err) = naam(&[
+        "run",
+        &obj(),
+        "--handler",
+        "checksum",
+        "--segment",
+        seg.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "error");
+    assert_eq!(v["error_code"], 4097);
+    assert_eq!(v["error_name"], "app(1)");
+    // Asking for a segment that was not fetched: the SDK's own code, by name.
+    let (_, out, _) = naam(&["run", &obj(), "--handler", "checksum"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["error_name"], "no-segment");
+    use naam_ebpf::abi::error_code::{name, Describe, NAMED};
+    for (code, n) in NAMED {
+        assert_eq!(name(code), Some(n));
+    }
+    assert_eq!(Describe(12).to_string(), "unassigned(12)");
+}
+
+#[test]
 fn run_reports_continue_with_descriptors_and_segments() {
     let dir = tempfile::tempdir().unwrap();
     let seg = dir.path().join("seg.bin");

@@ -59,7 +59,7 @@ pub enum BTreeError {
     #[error("the tree is full ({0} nodes)")]
     Full(u64),
     /// The server answered with an error.
-    #[error("{op}: server replied {status:?} (code {code}): {message}")]
+    #[error("{op}: server replied {status:?} (code {code}, {}): {message}", error_name(*.code))]
     Server {
         /// Operation.
         op: &'static str,
@@ -81,6 +81,16 @@ pub enum BTreeError {
     Contended(&'static str, u32),
 }
 
+/// The name of an error code this app's handlers return (`mica:not-found`), else the SDK's
+/// (`out-of-bounds`, `app(7)`).
+pub fn error_name(code: u32) -> String {
+    let app = code.wrapping_sub(naam_ebpf::abi::error_code::APP_BASE);
+    match l::error::NAMED.iter().find(|(c, _)| *c == app) {
+        Some((_, name)) if code >= naam_ebpf::abi::error_code::APP_BASE => (*name).to_string(),
+        _ => naam_ebpf::abi::error_code::Describe(code).to_string(),
+    }
+}
+
 /// Tree geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BTreeConfig {
@@ -94,6 +104,13 @@ impl BTreeConfig {
     /// 1 KiB nodes, room for about `keys` keys (leaves half full after splits, plus inner nodes).
     pub fn for_keys(keys: u64) -> Self {
         Self::with_node_size(keys, 1024)
+    }
+
+    /// About how many keys the nodes hold (the inverse of [`BTreeConfig::with_node_size`]:
+    /// leaves half full).
+    pub fn keys(&self) -> u64 {
+        let per_leaf = (l::capacity(self.node_size) / 2).max(1) as u64;
+        self.max_nodes.saturating_sub(16) / 2 * per_leaf
     }
 
     /// Nodes of `node_size` bytes, room for about `keys` keys.

@@ -60,7 +60,7 @@ pub enum MicaError {
     #[error("invalid MICA configuration: {0}")]
     Config(String),
     /// The server answered with an error.
-    #[error("{op}: server replied {status:?} (code {code}): {message}")]
+    #[error("{op}: server replied {status:?} (code {code}, {}): {message}", error_name(*.code))]
     Server {
         /// Operation.
         op: &'static str,
@@ -80,6 +80,16 @@ pub enum MicaError {
     /// A conflicting writer won every retry.
     #[error("{0}: gave up after {1} conflicting attempts")]
     Contended(&'static str, u32),
+}
+
+/// The name of an error code this app's handlers return (`mica:not-found`), else the SDK's
+/// (`out-of-bounds`, `app(7)`).
+pub fn error_name(code: u32) -> String {
+    let app = code.wrapping_sub(naam_ebpf::abi::error_code::APP_BASE);
+    match l::error::NAMED.iter().find(|(c, _)| *c == app) {
+        Some((_, name)) if code >= naam_ebpf::abi::error_code::APP_BASE => (*name).to_string(),
+        _ => naam_ebpf::abi::error_code::Describe(code).to_string(),
+    }
 }
 
 /// Table geometry.
@@ -121,6 +131,12 @@ impl MicaConfig {
             key_cap,
             value_cap,
         }
+    }
+
+    /// Live items the table is sized for (the inverse of [`MicaConfig::sized`]: half the log,
+    /// so that writes do not wrap it onto live items).
+    pub fn items(&self) -> u64 {
+        self.log_items / 2
     }
 
     /// Bytes per log item.

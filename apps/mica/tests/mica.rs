@@ -521,3 +521,11 @@ fn aarch64_code_computes_what_the_host_computes() {
         check.compared()
     );
 }
+
+#[test]
+fn error_codes_have_names() {
+    use naam_ebpf::abi::error_code::{APP_BASE, OUT_OF_BOUNDS};
+    assert_eq!(naam_mica::error_name(APP_BASE + 2), "mica:not-found");
+    assert_eq!(naam_mica::error_name(APP_BASE + 9), "app(9)");
+    assert_eq!(naam_mica::error_name(OUT_OF_BOUNDS), "out-of-bounds");
+}

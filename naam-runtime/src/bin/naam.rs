@@ -467,6 +467,7 @@ fn report(
     v["return_code"] = json!(out.return_code);
     if let Some(Return::Error(code)) = out.ret {
         v["error_code"] = json!(code);
+        v["error_name"] = json!(naam_ebpf::abi::error_code::Describe(code).to_string());
     }
     if out.ret.is_none() {
         v["error"] = json!(format!(

@@ -132,6 +132,14 @@ pub mod error {
     pub const BAD_ARGS: u32 = 4;
     /// The tree changed under a write's descent: send it again.
     pub const RESTART: u32 = 5;
+    /// Each code with its name (a handler returns `Fault::app(code)`).
+    pub const NAMED: [(u32, &str); 5] = [
+        (STALE_ROOT, "btree:stale-root"),
+        (NOT_FOUND, "btree:not-found"),
+        (FULL, "btree:full"),
+        (BAD_ARGS, "btree:bad-args"),
+        (RESTART, "btree:restart"),
+    ];
 }
 
 /// Write descent segments: meta, the node, two spare nodes for splits, then the parent.

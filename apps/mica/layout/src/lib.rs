@@ -151,6 +151,12 @@ pub mod error {
     pub const NOT_FOUND: u32 = 2;
     /// The bucket is locked by another writer: retry.
     pub const BUSY: u32 = 3;
+    /// Each code with its name (a handler returns `Fault::app(code)`).
+    pub const NAMED: [(u32, &str); 3] = [
+        (TOO_LARGE, "mica:too-large"),
+        (NOT_FOUND, "mica:not-found"),
+        (BUSY, "mica:busy"),
+    ];
 }
 
 /// Most candidate items a GET examines (tag matches in one bucket).

@@ -1,0 +1,525 @@
+//! One YCSB phase (load or run) on client threads: pacing to a target rate, a time limit,
+//! per-operation histograms, YCSB's status lines every interval and HdrHistogram interval logs.
+//! The stores come from the caller; this module owns only the loop and its measurements.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context as _;
+use hdrhistogram::Histogram;
+
+use crate::driver::{server_gone, StoreFactory};
+use crate::ycsb::{KeyChooser, Op, RecordShape, Rng, Workload};
+
+/// Which phase a loop runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhaseKind {
+    /// Inserts key numbers `start..start + count`, split across threads.
+    Load {
+        /// First key number.
+        start: u64,
+        /// Records to insert.
+        count: u64,
+    },
+    /// The workload's operation mix.
+    Run,
+}
+
+impl PhaseKind {
+    /// `load` or `run`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PhaseKind::Load { .. } => "load",
+            PhaseKind::Run => "run",
+        }
+    }
+}
+
+/// What a phase loop needs besides its stores.
+pub struct PhasePlan<'a> {
+    /// Load or run.
+    pub kind: PhaseKind,
+    /// Operations in all (run), or ignored (load: the key range).
+    pub ops: u64,
+    /// Client threads.
+    pub threads: usize,
+    /// Workload (the run's mix; key naming for both).
+    pub workload: &'a Workload,
+    /// Records present before the run (the key chooser's range).
+    pub records: u64,
+    /// Record shape.
+    pub shape: RecordShape,
+    /// Updates write every field.
+    pub write_all_fields: bool,
+    /// Seed.
+    pub seed: u64,
+    /// Operations per second over all threads.
+    pub target_ops_per_sec: Option<f64>,
+    /// Stop after this long.
+    pub max_execution_time: Option<Duration>,
+    /// Print a status line this often (stderr).
+    pub status_interval: Option<Duration>,
+    /// Write HdrHistogram interval logs into this directory.
+    pub hdr_log: Option<&'a Path>,
+}
+
+/// One operation type's histogram and outcome counts over a phase.
+#[derive(Clone, Debug)]
+pub struct OpStats {
+    /// Latencies of successful operations, nanoseconds.
+    pub latency: Histogram<u64>,
+    /// Reads (and read-modify-writes) that found no record.
+    pub not_found: u64,
+    /// Operations that failed.
+    pub errors: u64,
+}
+
+/// Every operation type's statistics, in [`Op::ALL`] order.
+pub type PerOp = Vec<(Op, OpStats)>;
+
+/// The outcome of a phase.
+pub struct PhaseOutcome {
+    /// Per operation type, in [`Op::ALL`] order.
+    pub ops: PerOp,
+    /// Wall time from the first operation to the last thread's end.
+    pub seconds: f64,
+    /// Whether the time limit ended it.
+    pub timed_out: bool,
+}
+
+/// Latency histogram bounds: 1 ns to 60 s, 3 significant digits.
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid bounds")
+}
+
+fn empty_stats() -> PerOp {
+    Op::ALL
+        .iter()
+        .map(|&op| {
+            (
+                op,
+                OpStats {
+                    latency: histogram(),
+                    not_found: 0,
+                    errors: 0,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Holds a thread to `rate` operations per second from `start` (YCSB's throttle: the i-th
+/// operation is not issued before `start + i / rate`).
+struct Pacer {
+    start: Instant,
+    per_op: Option<Duration>,
+}
+
+impl Pacer {
+    fn wait(&self, i: u64) {
+        if let Some(per_op) = self.per_op {
+            let due = self.start + per_op.mul_f64(i as f64);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
+    }
+}
+
+/// Runs one phase. `progress` hears the operations done so far.
+pub(crate) fn run_phase(
+    plan: &PhasePlan<'_>,
+    make: &StoreFactory,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> anyhow::Result<PhaseOutcome> {
+    let threads = plan.threads.max(1) as u64;
+    let total = match plan.kind {
+        PhaseKind::Load { count, .. } => count,
+        PhaseKind::Run => plan.ops,
+    };
+    let per_thread = total.div_ceil(threads);
+    let intervals: Vec<Mutex<PerOp>> =
+        (0..threads).map(|_| Mutex::new(empty_stats())).collect();
+    let done = AtomicU64::new(0);
+    let next_insert = AtomicU64::new(plan.records);
+    let failed = AtomicBool::new(false);
+    let timed_out = AtomicBool::new(false);
+    let gone = Mutex::new(None::<String>);
+    let start = Instant::now();
+    let deadline = plan.max_execution_time.map(|d| start + d);
+    let per_op = plan
+        .target_ops_per_sec
+        .map(|t| Duration::from_secs_f64(threads as f64 / t));
+    let mut log = IntervalLog::new(plan.kind.name(), start);
+    let (results, end) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (done, next_insert, failed, timed_out, gone) =
+                    (&done, &next_insert, &failed, &timed_out, &gone);
+                let interval = &intervals[t as usize];
+                let make = make.clone();
+                let first = t * per_thread;
+                let count = per_thread.min(total.saturating_sub(first));
+                s.spawn(move || -> (PerOp, Instant) {
+                    let mut stats = empty_stats();
+                    let mut store = match make() {
+                        Ok(s) => s,
+                        Err(e) => {
+                            eprintln!("naam-bench: a client could not start: {e:#}");
+                            failed.store(true, Ordering::Relaxed);
+                            return (stats, Instant::now());
+                        }
+                    };
+                    let wl = plan.workload;
+                    let shape = plan.shape;
+                    let mut rng = Rng::new(plan.seed ^ (t + 1).wrapping_mul(0x9e37_79b9));
+                    let mut keys = KeyChooser::new(wl.distribution, plan.records.max(1));
+                    let mut scan_zipf = None;
+                    let pacer = Pacer {
+                        start: Instant::now(),
+                        per_op,
+                    };
+                    for i in 0..count {
+                        if failed.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            timed_out.store(true, Ordering::Relaxed);
+                            break;
+                        }
+                        pacer.wait(i);
+                        let op = match plan.kind {
+                            PhaseKind::Load { .. } => Op::Insert,
+                            PhaseKind::Run => wl.next_op(&mut rng),
+                        };
+                        let began = Instant::now();
+                        let mut missed = false;
+                        let r = match (plan.kind, op) {
+                            (PhaseKind::Load { start, .. }, _) => {
+                                store.insert(start + first + i, &shape.record(&mut rng))
+                            }
+                            (_, Op::Read) => {
+                                keys.set_records(next_insert.load(Ordering::Relaxed));
+                                store.read(keys.next(&mut rng)).map(|found| missed = !found)
+                            }
+                            (_, Op::Update) | (_, Op::Rmw) => {
+                                keys.set_records(next_insert.load(Ordering::Relaxed));
+                                let n = keys.next(&mut rng);
+                                let (field, bytes) = if plan.write_all_fields {
+                                    (0, shape.record(&mut rng))
+                                } else {
+                                    let f = rng.range(0, shape.field_count as u64 - 1) as usize;
+                                    (f, shape.bytes(&mut rng, shape.field_length))
+                                };
+                                if op == Op::Update {
+                                    store.update(n, field, &bytes)
+                                } else {
+                                    store.rmw(n, field, &bytes)
+                                }
+                            }
+                            (_, Op::Insert) => {
+                                let n = next_insert.fetch_add(1, Ordering::Relaxed);
+                                store.insert(n, &shape.record(&mut rng))
+                            }
+                            (_, Op::Scan) => {
+                                keys.set_records(next_insert.load(Ordering::Relaxed));
+                                let len = wl.scan_length(&mut rng, &mut scan_zipf) as usize;
+                                store.scan(keys.next(&mut rng), len).map(|_| ())
+                            }
+                        };
+                        let ns = (began.elapsed().as_nanos() as u64).max(1);
+                        let slot = Op::ALL.iter().position(|&o| o == op).expect("known op");
+                        let mut shared = interval.lock().unwrap_or_else(|p| p.into_inner());
+                        match r {
+                            Ok(()) => {
+                                let _ = stats[slot].1.latency.record(ns);
+                                let _ = shared[slot].1.latency.record(ns);
+                                if missed {
+                                    stats[slot].1.not_found += 1;
+                                    shared[slot].1.not_found += 1;
+                                }
+                            }
+                            Err(e) => {
+                                stats[slot].1.errors += 1;
+                                shared[slot].1.errors += 1;
+                                if server_gone(&e) {
+                                    *gone.lock().unwrap_or_else(|p| p.into_inner()) =
+                                        Some(format!("{e:#}"));
+                                    failed.store(true, Ordering::Relaxed);
+                                    break;
+                                }
+                                if stats[slot].1.errors == 1 {
+                                    eprintln!("naam-bench: {} failed: {e:#}", op.name());
+                                }
+                            }
+                        }
+                        drop(shared);
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    (stats, Instant::now())
+                })
+            })
+            .collect();
+        // Status lines and interval logs while the threads run.
+        let mut last_status = start;
+        let mut last_done = 0u64;
+        let status_every = plan.status_interval;
+        let log_every = plan
+            .hdr_log
+            .map(|_| status_every.unwrap_or(Duration::from_secs(1)));
+        let mut last_log = start;
+        while handles.iter().any(|h| !h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = Instant::now();
+            let n = done.load(Ordering::Relaxed);
+            progress(n.min(total), total);
+            let status_due = status_every.is_some_and(|every| now - last_status >= every);
+            let log_due = log_every.is_some_and(|every| now - last_log >= every);
+            if status_due || log_due {
+                let merged = take_interval(&intervals);
+                if status_due {
+                    eprintln!(
+                        "{}",
+                        status_line(now - start, n, n - last_done, now - last_status, &merged)
+                    );
+                    last_status = now;
+                    last_done = n;
+                }
+                if plan.hdr_log.is_some() {
+                    log.push(last_log, now, merged);
+                    last_log = now;
+                }
+            }
+        }
+        let end = Instant::now();
+        let results: Vec<(PerOp, Instant)> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| (empty_stats(), Instant::now())))
+            .collect();
+        // The last, partial interval.
+        let merged = take_interval(&intervals);
+        if let Some(every) = status_every {
+            let n = done.load(Ordering::Relaxed);
+            if end - last_status >= every / 10 || last_status == start {
+                eprintln!(
+                    "{}",
+                    status_line(end - start, n, n - last_done, end - last_status, &merged)
+                );
+            }
+        }
+        if plan.hdr_log.is_some() {
+            log.push(last_log, end, merged);
+        }
+        (results, end)
+    });
+    if let Some(dir) = plan.hdr_log {
+        log.write(dir)?;
+    }
+    if let Some(why) = gone.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        anyhow::bail!("the {} phase stopped: {why}", plan.kind.name());
+    }
+    if failed.load(Ordering::Relaxed) {
+        anyhow::bail!(
+            "a client thread could not start; the {} phase is incomplete",
+            plan.kind.name()
+        );
+    }
+    let last = results.iter().map(|(_, e)| *e).max().unwrap_or(end);
+    let mut ops = empty_stats();
+    for (stats, _) in results {
+        for (slot, (_, s)) in ops.iter_mut().zip(stats) {
+            slot.1.latency.add(&s.latency).expect("same bounds");
+            slot.1.not_found += s.not_found;
+            slot.1.errors += s.errors;
+        }
+    }
+    progress(total, total);
+    Ok(PhaseOutcome {
+        ops,
+        seconds: last.duration_since(start).as_secs_f64().max(1e-9),
+        timed_out: timed_out.load(Ordering::Relaxed),
+    })
+}
+
+/// Takes every thread's interval statistics, leaving them empty.
+fn take_interval(intervals: &[Mutex<PerOp>]) -> PerOp {
+    let mut merged = empty_stats();
+    for m in intervals {
+        let mut s = m.lock().unwrap_or_else(|p| p.into_inner());
+        for (slot, (_, t)) in merged.iter_mut().zip(s.iter_mut()) {
+            slot.1.latency.add(&t.latency).expect("same bounds");
+            slot.1.not_found += t.not_found;
+            slot.1.errors += t.errors;
+            t.latency.reset();
+            t.not_found = 0;
+            t.errors = 0;
+        }
+    }
+    merged
+}
+
+/// YCSB's status line: `<date> <n> sec: <ops> operations; <rate> current ops/sec; [READ:
+/// Count=.., Max=.., Min=.., Avg=.., 90=.., 99=.., 99.9=.., 99.99=..] ...` (latencies in us).
+pub fn status_line(
+    elapsed: Duration,
+    ops: u64,
+    interval_ops: u64,
+    interval: Duration,
+    stats: &[(Op, OpStats)],
+) -> String {
+    let rate = interval_ops as f64 / interval.as_secs_f64().max(1e-9);
+    let mut line = format!(
+        "{} {} sec: {ops} operations; {rate:.1} current ops/sec;",
+        utc_now(),
+        elapsed.as_secs()
+    );
+    for (op, s) in stats {
+        let h = &s.latency;
+        if h.is_empty() {
+            continue;
+        }
+        let us = |ns: u64| ns / 1000;
+        line.push_str(&format!(
+            " [{}: Count={}, Max={}, Min={}, Avg={:.2}, 90={}, 99={}, 99.9={}, 99.99={}]",
+            op.ycsb_name(),
+            h.len(),
+            us(h.max()),
+            us(h.min()),
+            h.mean() / 1000.0,
+            us(h.value_at_quantile(0.90)),
+            us(h.value_at_quantile(0.99)),
+            us(h.value_at_quantile(0.999)),
+            us(h.value_at_quantile(0.9999)),
+        ));
+    }
+    line
+}
+
+/// `YYYY-MM-DD HH:MM:SS:mmm` in UTC, YCSB's status-line clock.
+pub fn utc_now() -> String {
+    let since = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}:{:03}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        since.subsec_millis()
+    )
+}
+
+/// Interval histograms per operation type, written as HdrHistogram interval logs at the end
+/// of the phase (`<dir>/<phase>-<OP>.hdr`, values in nanoseconds).
+struct IntervalLog {
+    phase: &'static str,
+    start: Instant,
+    start_wall: SystemTime,
+    intervals: Vec<(Duration, Duration, PerOp)>,
+}
+
+impl IntervalLog {
+    fn new(phase: &'static str, start: Instant) -> IntervalLog {
+        IntervalLog {
+            phase,
+            start,
+            start_wall: SystemTime::now(),
+            intervals: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, from: Instant, to: Instant, stats: PerOp) {
+        self.intervals
+            .push((from - self.start, to.saturating_duration_since(from), stats));
+    }
+
+    fn write(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+        use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
+        use hdrhistogram::serialization::V2DeflateSerializer;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let mut written = Vec::new();
+        for (slot, op) in Op::ALL.iter().enumerate() {
+            if self
+                .intervals
+                .iter()
+                .all(|(_, _, s)| s[slot].1.latency.is_empty())
+            {
+                continue;
+            }
+            let path = dir.join(format!("{}-{}.hdr", self.phase, op.ycsb_name()));
+            let mut file = std::io::BufWriter::new(
+                std::fs::File::create(&path)
+                    .with_context(|| format!("creating {}", path.display()))?,
+            );
+            let mut serializer = V2DeflateSerializer::new();
+            let mut writer = IntervalLogWriterBuilder::new()
+                .add_comment(&format!(
+                    "naam-bench {} phase, {} latencies in nanoseconds",
+                    self.phase,
+                    op.ycsb_name()
+                ))
+                .with_start_time(self.start_wall)
+                .with_base_time(self.start_wall)
+                .begin_log_with(&mut file, &mut serializer)
+                .with_context(|| format!("writing {}", path.display()))?;
+            let tag = Tag::new(op.ycsb_name());
+            for (from, length, stats) in &self.intervals {
+                writer
+                    .write_histogram(&stats[slot].1.latency, *from, *length, tag)
+                    .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+            }
+            drop(writer);
+            std::io::Write::flush(&mut file)
+                .with_context(|| format!("writing {}", path.display()))?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_lines_have_ycsb_shape() {
+        let mut stats = empty_stats();
+        stats[0].1.latency.record(12_000).unwrap();
+        stats[0].1.latency.record(30_000).unwrap();
+        let line = status_line(
+            Duration::from_secs(10),
+            2,
+            2,
+            Duration::from_secs(10),
+            &stats,
+        );
+        let (date, rest) = line.split_at(23);
+        assert_eq!(date.len(), 23, "{line}");
+        assert!(
+            date.starts_with("20") && date.as_bytes()[10] == b' ',
+            "{line}"
+        );
+        assert!(
+            rest.starts_with(
+                " 10 sec: 2 operations; 0.2 current ops/sec; [READ: Count=2, Max=30, Min=12,"
+            ),
+            "{line}"
+        );
+        assert!(!line.contains("UPDATE"), "{line}");
+    }
+}

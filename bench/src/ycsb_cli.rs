@@ -1,0 +1,220 @@
+//! `naam-bench ycsb [load|run] -P FILE [-p key=value]... [flags]`: YCSB's command-line
+//! interface. Properties are read in YCSB's order (the core workload defaults, `--workload
+//! LETTER`'s shipped file, each `-P` file, each `-p`) and NAAM's flags override them; every
+//! value is checked before anything starts.
+
+use std::path::PathBuf;
+
+use crate::driver::{App, Phases, PlacementChoice, RunOptions, YcsbConfig};
+use crate::properties::{Properties, Settings};
+use crate::ycsb::CORE_FILES;
+
+/// The arguments of `naam-bench ycsb`.
+#[derive(clap::Args, Debug)]
+pub struct YcsbArgs {
+    /// `load` (insert the records), `run` (the operations, against records loaded before), or
+    /// neither: both, as one command (the only choice for the in-process cluster).
+    #[arg(value_parser = ["load", "run"])]
+    pub phase: Option<String>,
+    /// A YCSB workload property file (`workloads/workloadb`); repeatable, later files win.
+    #[arg(short = 'P', value_name = "FILE")]
+    pub property_files: Vec<PathBuf>,
+    /// One property, `key=value` (after the files); repeatable.
+    #[arg(short = 'p', value_name = "KEY=VALUE")]
+    pub properties: Vec<String>,
+    /// Application: mica or btree.
+    #[arg(long, default_value = "mica")]
+    pub app: App,
+    /// A shipped core workload, a to f (`-P workloads/workload<LETTER>`); default b when no
+    /// `-P` is given.
+    #[arg(long)]
+    pub workload: Option<char>,
+    /// Records (`recordcount`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub records: Option<u64>,
+    /// Operations of the run phase (`operationcount`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ops: Option<u64>,
+    /// Client threads (`threadcount`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub threads: Option<u64>,
+    /// Run for this many seconds (`maxexecutiontime`); without --ops the operation count is
+    /// then unlimited.
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Operations per second over all threads (`target`).
+    #[arg(long)]
+    pub target: Option<f64>,
+    /// Fields per record (`fieldcount`; MICA only).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub field_count: Option<u64>,
+    /// Bytes per field (`fieldlength`; MICA only).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub field_length: Option<u64>,
+    /// Where reads run: auto, host, nic or client.
+    #[arg(long, default_value = "auto")]
+    pub placement: PlacementChoice,
+    /// Fabric: inproc (one process), udp (naam-server at --server), or rdma (as udp, with
+    /// the Client placement's one-sided READs over RDMA verbs; needs the `verbs` feature and
+    /// an RDMA device).
+    #[arg(long, default_value = "inproc")]
+    pub fabric: String,
+    /// naam-server's address (with --fabric udp or rdma).
+    #[arg(long)]
+    pub server: Option<std::net::SocketAddr>,
+    /// Host executor threads (in-process cluster).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub host_executors: u64,
+    /// NIC executor threads (in-process cluster).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub nic_executors: u64,
+    /// Seed.
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// Write the result as JSON here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write HdrHistogram interval logs (`<phase>-<OP>.hdr`) into this directory.
+    #[arg(long, value_name = "DIR")]
+    pub hdr_log: Option<PathBuf>,
+}
+
+/// A checked run and what the user should hear about it first.
+#[derive(Debug)]
+pub struct Planned {
+    /// The run.
+    pub config: YcsbConfig,
+    /// Warnings (unknown keys, settings without effect).
+    pub warnings: Vec<String>,
+}
+
+/// Reads the property files and flags of `args` into a checked run. Errors are usage errors
+/// (exit 2): nothing has started.
+pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
+    let mut props = Properties::default();
+    let letter = match (args.workload, args.property_files.is_empty()) {
+        (Some(l), _) => Some(l),
+        (None, true) => Some('b'),
+        (None, false) => None,
+    };
+    let mut name = String::new();
+    if let Some(l) = letter {
+        let text = CORE_FILES
+            .iter()
+            .find(|(c, _)| *c == l.to_ascii_lowercase())
+            .map(|(_, t)| *t)
+            .ok_or_else(|| format!("unknown workload `{l}` (a-f)"))?;
+        props
+            .merge_text(text, &format!("workload{l}"))
+            .map_err(|e| e.to_string())?;
+        name = l.to_ascii_lowercase().to_string();
+    }
+    for file in &args.property_files {
+        let text =
+            std::fs::read_to_string(file).map_err(|e| format!("-P {}: {e}", file.display()))?;
+        props
+            .merge_text(&text, &file.display().to_string())
+            .map_err(|e| e.to_string())?;
+        name = file.file_name().map_or_else(
+            || file.display().to_string(),
+            |f| f.to_string_lossy().into_owned(),
+        );
+    }
+    // Keys the user set on the command line (flags or -p), as opposed to a file.
+    let mut explicit: Vec<&str> = Vec::new();
+    for pair in &args.properties {
+        props.set_pair(pair).map_err(|e| e.to_string())?;
+        if let Some((k, _)) = pair.split_once('=') {
+            explicit.push(k.trim());
+        }
+    }
+    let mut flag = |key: &'static str, value: Option<String>| {
+        if let Some(v) = value {
+            props.set(key, v);
+            explicit.push(key);
+        }
+    };
+    flag("recordcount", args.records.map(|n| n.to_string()));
+    flag("operationcount", args.ops.map(|n| n.to_string()));
+    flag("threadcount", args.threads.map(|n| n.to_string()));
+    flag("fieldcount", args.field_count.map(|n| n.to_string()));
+    flag("fieldlength", args.field_length.map(|n| n.to_string()));
+    flag("target", args.target.map(|t| t.to_string()));
+    if let Some(d) = args.duration {
+        if !(d.is_finite() && d > 0.0) {
+            return Err(format!("--duration {d}: a number of seconds above 0"));
+        }
+        props.set("maxexecutiontime", d);
+        if args.ops.is_none() {
+            props.set("operationcount", 0);
+        }
+    }
+    let settings = Settings::from_properties(&props).map_err(|e| e.to_string())?;
+    let mut warnings = settings.warnings.clone();
+    if args.app == App::Btree {
+        let shape_keys = ["fieldcount", "fieldlength"];
+        if let Some(k) = explicit.iter().find(|k| shape_keys.contains(k)) {
+            return Err(format!(
+                "{k}: the B-tree stores 8-byte values (it is an index from key to word); \
+                 record shapes apply to --app mica"
+            ));
+        }
+        if shape_keys.iter().any(|k| props.get(k).is_some()) {
+            warnings.push(
+                "the workload file's fieldcount/fieldlength do not apply to the B-tree, which \
+                 stores 8-byte values"
+                    .into(),
+            );
+        }
+    }
+    if settings.workload.has_scans() && args.app == App::Mica {
+        return Err(format!(
+            "workload {name} scans (scanproportion > 0); MICA is a hash table: use --app btree"
+        ));
+    }
+    let phases = match args.phase.as_deref() {
+        Some("load") => Phases::Load,
+        Some("run") => Phases::Run,
+        _ => Phases::Both,
+    };
+    if phases != Phases::Both && args.server.is_none() {
+        return Err(format!(
+            "`ycsb {}` alone needs a server that keeps the records between commands (--fabric \
+             udp --server ADDR); the in-process cluster lives for one command: omit the phase \
+             to load and run",
+            args.phase.as_deref().unwrap_or("")
+        ));
+    }
+    let checked_fabric = if args.fabric == "rdma" {
+        "udp"
+    } else {
+        args.fabric.as_str()
+    };
+    crate::experiments::Fabric::parse(checked_fabric, args.server).map_err(|e| e.to_string())?;
+    let mut workload = settings.workload;
+    workload.name = name;
+    let config = YcsbConfig {
+        app: args.app,
+        workload,
+        records: settings.record_count,
+        ops: settings.operation_count.unwrap_or(u64::MAX),
+        threads: settings.threads,
+        placement: args.placement,
+        shape: settings.shape,
+        seed: args.seed,
+        executors: (args.host_executors as usize, args.nic_executors as usize),
+        fabric: args.fabric.clone(),
+        server: args.server,
+        run: RunOptions {
+            phases,
+            target_ops_per_sec: settings.target_ops_per_sec,
+            max_execution_time_s: settings.max_execution_time.map(|d| d.as_secs_f64()),
+            insert_start: settings.insert_start,
+            insert_count: Some(settings.insert_count),
+            write_all_fields: settings.write_all_fields,
+            status_interval: Some(settings.status_interval),
+            hdr_log: args.hdr_log.clone(),
+        },
+    };
+    Ok(Planned { config, warnings })
+}
