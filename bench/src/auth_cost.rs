@@ -92,6 +92,7 @@ impl Loopback {
             congestion_control: false,
             tenants,
             authentication: auth,
+            telemetry: Default::default(),
         };
         threads.push(std::thread::spawn(move || {
             if let Err(e) = server::serve_host(cluster, socket, options, &s) {
@@ -108,6 +109,7 @@ impl Loopback {
             drain: Duration::from_secs(1),
             pairing: pairing.clone(),
             authentication: auth,
+            telemetry: Default::default(),
         };
         let s = stop.clone();
         threads.push(std::thread::spawn(move || {

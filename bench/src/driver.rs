@@ -514,6 +514,7 @@ fn run_udp_on(
         PlacementChoice::Fixed(p) => Some(p),
     };
     let mut setup = UdpSetup::with_config(cfg.app, client)?;
+    tracing::debug!(server = %setup.config.server, app = setup.app.id, "connected to naam-server");
     setup.rdma = rdma;
     let connect = {
         let setup = setup.clone();

@@ -13,7 +13,7 @@ use serde_json::json;
 #[derive(Parser)]
 #[command(
     name = "naam-bench",
-    version,
+    version = naam_runtime::version_line!(),
     about = "YCSB on NAAM (MICA, B-tree) and key distributions"
 )]
 struct Cli {
@@ -27,6 +27,8 @@ struct Cli {
     /// (exit 1), seconds.
     #[arg(long, global = true, default_value_t = 10.0)]
     liveness: f64,
+    #[command(flatten)]
+    verbosity: naam_runtime::logging::Verbosity,
 }
 
 #[derive(Subcommand)]
@@ -207,6 +209,7 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    naam_runtime::logging::init(cli.verbosity, tracing::level_filters::LevelFilter::WARN);
     if !(cli.liveness.is_finite() && (0.1..=3600.0).contains(&cli.liveness)) {
         eprintln!("naam-bench: error: --liveness must be 0.1 to 3600 seconds");
         return ExitCode::from(2);

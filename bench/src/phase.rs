@@ -141,8 +141,7 @@ pub(crate) fn run_phase(
         PhaseKind::Run => plan.ops,
     };
     let per_thread = total.div_ceil(threads);
-    let intervals: Vec<Mutex<PerOp>> =
-        (0..threads).map(|_| Mutex::new(empty_stats())).collect();
+    let intervals: Vec<Mutex<PerOp>> = (0..threads).map(|_| Mutex::new(empty_stats())).collect();
     let done = AtomicU64::new(0);
     let next_insert = AtomicU64::new(plan.records);
     let failed = AtomicBool::new(false);
@@ -328,6 +327,12 @@ pub(crate) fn run_phase(
         );
     }
     let last = results.iter().map(|(_, e)| *e).max().unwrap_or(end);
+    tracing::debug!(
+        phase = plan.kind.name(),
+        threads,
+        seconds = last.duration_since(start).as_secs_f64(),
+        "phase finished"
+    );
     let mut ops = empty_stats();
     for (stats, _) in results {
         for (slot, (_, s)) in ops.iter_mut().zip(stats) {

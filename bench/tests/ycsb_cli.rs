@@ -249,3 +249,41 @@ fn bad_properties_and_phases_are_refused_before_any_work() {
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 }
+
+#[test]
+fn logs_follow_rust_log_and_flags_and_version_names_the_commit() {
+    let bin = env!("CARGO_BIN_EXE_naam-bench");
+    let run = |env: Option<&str>, args: &[&str]| {
+        let mut c = Command::new(bin);
+        c.args(args).env_remove("RUST_LOG");
+        if let Some(v) = env {
+            c.env("RUST_LOG", v);
+        }
+        c.output().unwrap()
+    };
+    let small = ["ycsb", "--records", "10", "--ops", "10"];
+    let quiet = run(None, &small);
+    assert!(quiet.status.success());
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("DEBUG"));
+    let debug = run(Some("naam_bench=debug"), &small);
+    assert!(String::from_utf8_lossy(&debug.stderr).contains("DEBUG naam_bench::phase"));
+    let mut vv = vec!["-vv"];
+    vv.extend(small);
+    assert!(String::from_utf8_lossy(&run(None, &vv).stderr).contains("DEBUG"));
+    let bad = run(Some("naam_bench=loud["), &small);
+    assert!(bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("RUST_LOG ignored"));
+    let both = run(None, &["-q", "-v", "ycsb"]);
+    assert_eq!(both.status.code(), Some(2));
+    let version = String::from_utf8_lossy(&run(None, &["--version"]).stdout).into_owned();
+    let commit = version
+        .split("(git ")
+        .nth(1)
+        .and_then(|r| r.strip_suffix(")\n"))
+        .unwrap_or_else(|| panic!("{version}"));
+    let hex = commit.trim_end_matches("-dirty");
+    assert!(
+        hex == "unknown" || (hex.len() == 12 && hex.chars().all(|c| c.is_ascii_hexdigit())),
+        "{version}"
+    );
+}

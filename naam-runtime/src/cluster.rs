@@ -1593,6 +1593,11 @@ impl Cluster {
         &self.inner.config
     }
 
+    /// Messages waiting at this process's executors of `p` (`None`: no executors of `p` here).
+    pub fn queue_depth(&self, p: Placement) -> Option<usize> {
+        self.inner.queues[p.index()].as_ref().map(|q| q.len())
+    }
+
     /// The load report of local placement `p` since the last call (a NIC process sends it to
     /// the server's controller).
     pub fn take_load_report(&self, p: Placement) -> RemoteLoad {

@@ -22,6 +22,7 @@ use std::process::Command;
 use object::read::archive::ArchiveFile;
 use object::{Object, ObjectSymbol, SymbolSection};
 
+pub mod build_info;
 pub mod embed;
 
 /// Environment variable naming the bpf-linker binary to use.

@@ -21,12 +21,14 @@ use serde_json::json;
 #[derive(Parser)]
 #[command(
     name = "naam",
-    version,
+    version = naam_runtime::version_line!(),
     about = "Build, verify and run NAAM active-message handlers"
 )]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
+    #[command(flatten)]
+    verbosity: naam_runtime::logging::Verbosity,
 }
 
 #[derive(Subcommand)]
@@ -143,6 +145,7 @@ struct DemoArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    naam_runtime::logging::init(cli.verbosity, tracing::level_filters::LevelFilter::WARN);
     match dispatch(cli.command) {
         Ok(code) => code,
         Err(e) => {

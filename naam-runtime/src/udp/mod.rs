@@ -7,7 +7,8 @@
 //! - [`server`]: `naam-server`'s driver, the host executors behind the user-space switch;
 //! - [`nic`]: `naam-nic`'s driver, the NIC executors and the one-sided agent;
 //! - [`client`]: [`client::UdpClient`], a [`crate::transport::Transport`];
-//! - [`signal`]: SIGTERM/SIGINT as a stop flag, for draining.
+//! - [`signal`]: SIGTERM/SIGINT as a stop flag, for draining;
+//! - [`telemetry`]: live measurements in Prometheus' format and the `--metrics` endpoint.
 
 pub mod client;
 pub mod control;
@@ -16,6 +17,7 @@ pub mod nic;
 pub mod server;
 pub mod signal;
 pub mod socket;
+pub mod telemetry;
 
 /// Mode label of everything measured over this fabric.
 pub const MODE: &str =

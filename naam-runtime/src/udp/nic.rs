@@ -67,6 +67,39 @@ pub struct NicOptions {
     /// Datagram authentication: on, except in a loopback measurement of its cost
     /// ([`crate::session::Authentication`]); it must match the server's.
     pub authentication: crate::session::Authentication,
+    /// Where replies and counters are recorded for `--metrics`.
+    pub telemetry: std::sync::Arc<super::telemetry::Telemetry>,
+}
+
+impl NicStats {
+    /// The counters as `(name, help, value)` for [`super::telemetry::Telemetry`].
+    pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        vec![
+            (
+                "executed",
+                "Requests run by the NIC executors.",
+                self.executed,
+            ),
+            ("one_sided", "One-sided operations served.", self.one_sided),
+            (
+                "duplicates",
+                "Retransmitted one-sided writes answered from the cache.",
+                self.duplicates,
+            ),
+            ("malformed", "Messages that did not decode.", self.malformed),
+            (
+                "refused",
+                "Requests refused (busy, shutting down, out of scope).",
+                self.refused,
+            ),
+            (
+                "unauthenticated",
+                "Messages dropped unopened.",
+                self.unauthenticated,
+            ),
+            ("pairings", "Pairings with the server.", self.pairings),
+        ]
+    }
 }
 
 /// The NIC's executors and the manifest they were built from.
@@ -177,7 +210,7 @@ impl Nic<'_> {
                 self.send_pairing();
             }
             Err(e) => {
-                eprintln!("naam-nic: pairing: {e}");
+                tracing::warn!("pairing: {e}");
                 self.pairing = Pairing::Idle;
                 self.last_pairing_send = Instant::now();
             }
@@ -231,10 +264,12 @@ impl Nic<'_> {
                         self.asked.clear();
                         self.dup.answers.clear();
                         self.dup.order.clear();
-                        eprintln!("naam-nic: the server restarted (epoch {epoch:#x}): regions mapped anew");
+                        tracing::info!(
+                            "the server restarted (epoch {epoch:#x}): regions mapped anew"
+                        );
                     }
                     Ok(_) => {}
-                    Err(e) => eprintln!("naam-nic: mapping the restarted server's regions: {e}"),
+                    Err(e) => tracing::error!("mapping the restarted server's regions: {e}"),
                 }
             }
             Pairing::Paired { .. } => {}
@@ -313,13 +348,13 @@ impl Nic<'_> {
             | (Control::Error { message }, Pairing::Auth { id: want, .. })
                 if id == *want =>
             {
-                eprintln!("naam-nic: the server refused pairing: {message}");
+                tracing::warn!("the server refused pairing: {message}");
             }
             (Control::Stale { session, token, .. }, Pairing::Paired { key, .. })
                 if key.session() == session
                     && self.options.pairing.reset_token(session) == token =>
             {
-                eprintln!("naam-nic: the server does not know this NIC any more: pairing again");
+                tracing::info!("the server does not know this NIC any more: pairing again");
                 self.start_pairing();
             }
             _ => self.stats.unauthenticated += 1,
@@ -368,8 +403,8 @@ impl Nic<'_> {
                     };
                     self.stats.pairings += 1;
                     self.sessions.clear();
-                    eprintln!(
-                        "naam-nic: paired with naam-server at {} (epoch {epoch:#x})",
+                    tracing::info!(
+                        "paired with naam-server at {} (epoch {epoch:#x})",
                         self.options.server
                     );
                 }
@@ -632,7 +667,7 @@ pub fn serve_nic(
         grants: grants_of(&start.manifest),
         current: start,
         options: &options,
-        replies: Replies::new(socket.sender()?),
+        replies: Replies::new(socket.sender()?, options.telemetry.clone()),
         stats: NicStats::default(),
         sel: Selector::default(),
         dup: DuplicateCache {
@@ -665,6 +700,7 @@ pub fn serve_nic(
         nic.tick(remap);
         if drain_deadline.is_none() && Instant::now() >= next_report {
             next_report = Instant::now() + options.report_every;
+            options.telemetry.publish_counters(nic.stats.counters());
             nic.report();
         }
         let wait = next_report

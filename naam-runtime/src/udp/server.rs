@@ -99,6 +99,44 @@ pub struct ServerOptions {
     /// Datagram authentication: on, except in a loopback measurement of its cost
     /// ([`session::Authentication`]).
     pub authentication: session::Authentication,
+    /// Where replies and counters are recorded for `--metrics`.
+    pub telemetry: Arc<super::telemetry::Telemetry>,
+}
+
+impl ServerStats {
+    /// The counters as `(name, help, value)` for [`super::telemetry::Telemetry`].
+    pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        vec![
+            (
+                "host_queued",
+                "Requests queued at host executors.",
+                self.host,
+            ),
+            (
+                "forwarded_to_nic",
+                "Requests forwarded to the NIC.",
+                self.forwarded,
+            ),
+            (
+                "refused",
+                "Requests refused (unknown handler, busy, shutting down).",
+                self.refused,
+            ),
+            ("malformed", "Messages that did not decode.", self.malformed),
+            ("control", "Control messages answered.", self.control),
+            ("sessions", "Sessions set up.", self.sessions),
+            (
+                "unauthenticated",
+                "Messages dropped unopened (bad tag, replay, no session).",
+                self.unauthenticated,
+            ),
+            (
+                "amplification_drops",
+                "Answers to unproven peers left unsent.",
+                self.amplification_drops,
+            ),
+        ]
+    }
 }
 
 /// A malformed-request reply (request id 0 when it could not be read).
@@ -127,13 +165,18 @@ pub(crate) struct Channel {
 pub(crate) struct Replies {
     sender: Arc<super::socket::Sender>,
     inflight: Arc<AtomicU64>,
+    telemetry: Arc<super::telemetry::Telemetry>,
 }
 
 impl Replies {
-    pub(crate) fn new(sender: super::socket::Sender) -> Replies {
+    pub(crate) fn new(
+        sender: super::socket::Sender,
+        telemetry: Arc<super::telemetry::Telemetry>,
+    ) -> Replies {
         Replies {
             sender: Arc::new(sender),
             inflight: Arc::new(AtomicU64::new(0)),
+            telemetry,
         }
     }
 
@@ -162,12 +205,19 @@ impl Replies {
         forced: Option<Placement>,
         ch: Channel,
     ) -> Dispatch {
-        let (s, n) = (self.sender.clone(), self.inflight.clone());
+        let (s, n, t) = (
+            self.sender.clone(),
+            self.inflight.clone(),
+            self.telemetry.clone(),
+        );
         n.fetch_add(1, Ordering::SeqCst);
+        let (app, handler, arrived) = (req.app, req.handler, Instant::now());
         let d = cluster.dispatch(req, sel, forced, move |r: Reply| {
             if let Ok(b) = r.to_bytes() {
                 let _ = s.send(ch.to, r.request_id, &ch.sealer.seal(&b));
             }
+            let service = arrived.elapsed().as_nanos() as u64;
+            t.record(app, handler, r.placement, r.status, service);
             n.fetch_sub(1, Ordering::SeqCst);
         });
         if !matches!(d, Dispatch::Queued(_)) {
@@ -805,7 +855,7 @@ pub fn serve_host(
     let mut host = Host {
         cluster,
         options: &options,
-        replies: Replies::new(socket.sender()?),
+        replies: Replies::new(socket.sender()?, options.telemetry.clone()),
         gate: Gatekeeper::new(options.manifest.epoch, options.tenants.clone(), cookies)
             .with_authentication(options.authentication),
         pages,
@@ -833,6 +883,7 @@ pub fn serve_host(
         }
         if Instant::now() >= next_expiry {
             next_expiry = Instant::now() + Duration::from_secs(1);
+            options.telemetry.publish_counters(host.stats.counters());
             host.gate.expire(clock.now());
             let gate = &host.gate;
             host.shares.retain(|sid, _| gate.session(*sid).is_some());

@@ -62,6 +62,8 @@ pub struct Processes {
     nic: Child,
     server_addr: SocketAddr,
     nic_addr: SocketAddr,
+    server_metrics: SocketAddr,
+    nic_metrics: SocketAddr,
 }
 
 impl Deployment {
@@ -123,9 +125,11 @@ impl Deployment {
         }
         std::fs::write(d.join("naam-server.toml"), config).expect("config");
         let nic_addr = free_loopback_port();
-        let server = spawn_server(&bin, d);
+        let (server_metrics, nic_metrics) = (free_tcp_port(), free_tcp_port());
+        let server = spawn_server(&bin, d, server_metrics);
         let nic = Command::new(bin.join("naam-nic"))
             .args(["run", "--server", &server_addr.to_string()])
+            .args(["--metrics", &nic_metrics.to_string()])
             .args(["--listen", &nic_addr.to_string(), "--no-cost-model"])
             .arg("--shm-dir")
             .arg(d.join("shm"))
@@ -142,6 +146,8 @@ impl Deployment {
             nic,
             server_addr,
             nic_addr,
+            server_metrics,
+            nic_metrics,
         };
         p.wait_until_serving();
         Some(Deployment::Processes(p))
@@ -152,6 +158,14 @@ impl Deployment {
         match self {
             Deployment::Threads { server, .. } => *server,
             Deployment::Processes(p) => p.server_addr,
+        }
+    }
+
+    /// The `--metrics` addresses of naam-server and naam-nic (processes only).
+    pub fn metrics(&self) -> Option<(SocketAddr, SocketAddr)> {
+        match self {
+            Deployment::Threads { .. } => None,
+            Deployment::Processes(p) => Some((p.server_metrics, p.nic_metrics)),
         }
     }
 
@@ -178,7 +192,7 @@ impl Deployment {
             Deployment::Processes(p) => {
                 let _ = p.server.kill();
                 let _ = p.server.wait();
-                p.server = spawn_server(&p.bin, p.dir.path());
+                p.server = spawn_server(&p.bin, p.dir.path(), p.server_metrics);
             }
         }
     }
@@ -253,8 +267,9 @@ fn binaries() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-fn spawn_server(bin: &Path, dir: &Path) -> Child {
+fn spawn_server(bin: &Path, dir: &Path, metrics: SocketAddr) -> Child {
     Command::new(bin.join("naam-server"))
+        .args(["--metrics", &metrics.to_string()])
         .arg("--config")
         .arg(dir.join("naam-server.toml"))
         .arg("--shm-dir")
@@ -274,6 +289,13 @@ fn log(dir: &Path, name: &str) -> Stdio {
         .open(dir.join(name))
         .expect("log file")
         .into()
+}
+
+/// A loopback TCP port free a moment ago (for `--metrics`).
+fn free_tcp_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .expect("a free loopback port")
 }
 
 /// A loopback UDP port free a moment ago.

@@ -229,6 +229,7 @@ pub fn udp_host_tenants(
             congestion_control,
             tenants,
             authentication: naam_runtime::session::Authentication::On,
+            telemetry: Default::default(),
         };
         server::serve_host(cluster, socket, opts, &s).unwrap();
     });
@@ -260,6 +261,7 @@ pub fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
             drain: std::time::Duration::from_secs(1),
             pairing: pairing_key(),
             authentication: naam_runtime::session::Authentication::On,
+            telemetry: Default::default(),
         };
         let start = NicCluster { cluster, manifest };
         serve_nic(start, socket, opts, &s, &mut |_| {

@@ -15,10 +15,12 @@ use naam_runtime::udp::{deploy, nic, signal, socket::Socket};
 
 /// The SmartNIC side of a NAAM deployment (emulated on this machine).
 #[derive(Parser)]
-#[command(name = "naam-nic", version)]
+#[command(name = "naam-nic", version = naam_runtime::version_line!())]
 struct Args {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    verbosity: naam_runtime::logging::Verbosity,
 }
 
 #[derive(Subcommand)]
@@ -55,6 +57,9 @@ enum Command {
         /// The pairing secret naam-server's config names as `nic_pairing`.
         #[arg(long)]
         pairing: PathBuf,
+        /// Serve Prometheus metrics at http://ADDR/metrics.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
     },
     /// Prints the BlueField-2 eSwitch rules (OVS and tc flower on the representors) that do
     /// what the XDP eSwitch does here. Nothing is installed.
@@ -91,6 +96,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    naam_runtime::logging::init(args.verbosity, tracing::level_filters::LevelFilter::INFO);
     let r = match args.command {
         Command::EswitchRules {
             host_ip,
@@ -139,6 +145,7 @@ fn main() -> ExitCode {
             datagram,
             wait,
             pairing,
+            metrics,
         } => match naam_runtime::session::Credential::load(&pairing) {
             Err(e) => {
                 eprintln!("naam-nic: error: {e}");
@@ -153,6 +160,7 @@ fn main() -> ExitCode {
                 naam_smartnic::bluefield2_model(core_slowdown, dma_ns, !no_cost_model),
                 datagram,
                 Duration::from_secs(wait),
+                metrics,
             ),
         },
     };
@@ -175,6 +183,7 @@ fn run(
     model: naam_runtime::cluster::NicModel,
     datagram: usize,
     wait: Duration,
+    metrics: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
     let stop = signal::stop_flag();
     // The server writes the manifest when its regions exist; wait for it (it may be starting).
@@ -197,8 +206,19 @@ fn run(
         .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
     let socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
     let advertise = socket.local_addr()?;
-    eprintln!(
-        "naam-nic: {} app(s), {} core(s) (emulated Arm A72: slowdown {}x, DMA {} ns/access{}), \
+    let telemetry = std::sync::Arc::new(naam_runtime::udp::telemetry::Telemetry::default());
+    if let Some(addr) = metrics {
+        let (t, c) = (telemetry.clone(), cluster.clone());
+        let bound = naam_runtime::udp::telemetry::spawn_metrics(
+            addr,
+            stop,
+            std::sync::Arc::new(move || t.render("nic", &c)),
+        )
+        .with_context(|| format!("--metrics {addr}"))?;
+        tracing::info!("metrics at http://{bound}/metrics");
+    }
+    tracing::info!(
+        "{} app(s), {} core(s) (emulated Arm A72: slowdown {}x, DMA {} ns/access{}), \
          agent and executors on udp://{advertise}, reporting to {server}",
         manifest.apps.len(),
         cores.max(1),
@@ -220,6 +240,7 @@ fn run(
             drain: Duration::from_secs(2),
             pairing,
             authentication: naam_runtime::session::Authentication::On,
+            telemetry,
         },
         stop,
         &mut |_epoch| {
@@ -228,8 +249,8 @@ fn run(
                 .map_err(|e| e.to_string())
         },
     )?;
-    eprintln!(
-        "naam-nic: stopped; {}",
+    tracing::info!(
+        "stopped; {}",
         serde_json::to_string(&stats).unwrap_or_default()
     );
     Ok(())

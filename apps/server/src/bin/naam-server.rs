@@ -17,7 +17,11 @@ use std::sync::Arc;
 
 /// The host side of a NAAM deployment over UDP.
 #[derive(Parser)]
-#[command(name = "naam-server", version, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "naam-server",
+    version = naam_runtime::version_line!(),
+    args_conflicts_with_subcommands = true
+)]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
@@ -30,6 +34,12 @@ struct Args {
     /// Overrides the config's shared-memory directory.
     #[arg(long)]
     shm_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (messages per app, handler and
+    /// placement, errors by status, queue depths, steering weights, service-time histograms).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    verbosity: naam_runtime::logging::Verbosity,
 }
 
 #[derive(clap::Subcommand)]
@@ -44,6 +54,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    naam_runtime::logging::init(args.verbosity, tracing::level_filters::LevelFilter::INFO);
     if let Some(Command::Keygen { out }) = &args.command {
         // `keygen --out keys/mica.key` as the example config names it: make `keys/` (owner
         // only) when it is missing.
@@ -115,7 +126,7 @@ fn main() -> ExitCode {
             .find(|t| t.role.may_use(a.spec.id))
             .map(|t| t.credential.clone());
     }
-    match run(&config, apps, tenants) {
+    match run(&config, apps, tenants, args.metrics) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("naam-server: error: {e:#}");
@@ -137,8 +148,8 @@ fn attach_eswitch(
     match attached {
         Ok(sw) => {
             let sw = Arc::new(sw);
-            eprintln!(
-                "naam-server: {} attached; NIC messages go to port {nic_port}",
+            tracing::info!(
+                "{} attached; NIC messages go to port {nic_port}",
                 server::SwitchHandle::describe(sw.as_ref())
             );
             let (s, c) = (sw.clone(), cluster.clone());
@@ -149,9 +160,9 @@ fn attach_eswitch(
             Some(sw)
         }
         Err(e) => {
-            eprintln!(
-                "naam-server: XDP eSwitch not attached on {iface} ({e}); the user-space switch \
-                 in naam-server steers instead"
+            tracing::warn!(
+                "XDP eSwitch not attached on {iface} ({e}); the user-space switch in \
+                 naam-server steers instead"
             );
             None
         }
@@ -176,11 +187,13 @@ fn verbs_side(
     match Device::open(None).and_then(|d| Peers::new(d, cluster.regions().clone(), &client_access))
     {
         Ok(p) => {
-            eprintln!("naam-server: RDMA verbs: regions registered; peers connect over the control channel");
+            tracing::info!(
+                "RDMA verbs: regions registered; peers connect over the control channel"
+            );
             Some(Arc::new(p))
         }
         Err(e) => {
-            eprintln!("naam-server: RDMA verbs not available: {e}");
+            tracing::warn!("RDMA verbs not available: {e}");
             None
         }
     }
@@ -199,6 +212,7 @@ fn run(
     config: &Config,
     apps: Vec<naam_runtime::udp::deploy::HostApp>,
     tenants: Vec<naam_runtime::session::TenantEntry>,
+    metrics: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<()> {
     let stop = signal::stop_flag();
     let cc = ClusterConfig {
@@ -213,8 +227,19 @@ fn run(
     let (cluster, manifest) = deploy::start_host(apps, cc, &config.shm_dir)?;
     let switch = attach_eswitch(config, &cluster, stop);
     let verbs = verbs_side(&cluster, &manifest);
-    eprintln!(
-        "naam-server: serving {} app(s) on udp://{} ({}); regions and manifest in {}; policy {}",
+    let telemetry = Arc::new(naam_runtime::udp::telemetry::Telemetry::default());
+    if let Some(addr) = metrics {
+        let (t, c) = (telemetry.clone(), cluster.clone());
+        let bound = naam_runtime::udp::telemetry::spawn_metrics(
+            addr,
+            stop,
+            Arc::new(move || t.render("server", &c)),
+        )
+        .with_context(|| format!("--metrics {addr}"))?;
+        tracing::info!("metrics at http://{bound}/metrics");
+    }
+    tracing::info!(
+        "serving {} app(s) on udp://{} ({}); regions and manifest in {}; policy {}",
         manifest.apps.len(),
         socket.local_addr()?,
         naam_runtime::udp::MODE,
@@ -232,12 +257,13 @@ fn run(
             congestion_control: config.allow_congestion_control,
             tenants,
             authentication: naam_runtime::session::Authentication::On,
+            telemetry,
         },
         stop,
     )?;
     deploy::cleanup(&config.shm_dir);
-    eprintln!(
-        "naam-server: stopped; {}",
+    tracing::info!(
+        "stopped; {}",
         serde_json::to_string(&stats).unwrap_or_default()
     );
     Ok(())

@@ -1,0 +1,409 @@
+//! What naam-server and naam-nic show operators while they run: per (app, handler, placement)
+//! message counts by status and service-time histograms, recorded by the drivers as replies
+//! leave, the drivers' counters, executor queue depths and steering weights, rendered in
+//! Prometheus' text exposition format; and the small HTTP endpoint (`--metrics ADDR`) that
+//! serves it. Rendering is pure; the endpoint is a thin thread over a `TcpListener` that
+//! treats every request as hostile (bounded, timed out, GET /metrics only).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+use crate::cluster::Cluster;
+use crate::placement::Placement;
+use crate::wire::Status;
+
+/// Upper bounds of the latency histogram buckets, microseconds (then `+Inf`).
+pub const LATENCY_BUCKETS_US: [u64; 14] = [
+    5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 50_000, 100_000, 1_000_000,
+];
+
+/// Most distinct (app, handler, placement) series kept; later ones are counted in
+/// `naam_series_dropped_total` (a hostile client cannot grow a server's memory through names
+/// it makes up: only installed handlers are ever dispatched, this is a second fence).
+pub const MAX_SERIES: usize = 16_384;
+
+type SeriesKey = (u32, u32, Placement);
+
+struct Series {
+    by_status: Vec<(Status, u64)>,
+    latency: Histogram<u32>,
+    sum_ns: u128,
+}
+
+/// Live measurements of a driver.
+#[derive(Default)]
+pub struct Telemetry {
+    // Recorded by executor threads as replies leave; read by the endpoint.
+    series: Mutex<HashMap<SeriesKey, Series>>,
+    dropped: std::sync::atomic::AtomicU64,
+    counters: Mutex<Vec<(&'static str, &'static str, u64)>>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let series = self.series.lock().map_or(0, |m| m.len());
+        f.debug_struct("Telemetry")
+            .field("series", &series)
+            .finish()
+    }
+}
+
+impl Telemetry {
+    /// Records a message of `app`'s `handler` that ended at `placement` with `status` after
+    /// `service_ns` in this process (queueing and execution).
+    pub fn record(
+        &self,
+        app: u32,
+        handler: u32,
+        placement: Placement,
+        status: Status,
+        service_ns: u64,
+    ) {
+        let Ok(mut m) = self.series.lock() else {
+            return;
+        };
+        let key = (app, handler, placement);
+        if !m.contains_key(&key) && m.len() >= MAX_SERIES {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let s = m.entry(key).or_insert_with(|| Series {
+            by_status: Vec::new(),
+            latency: Histogram::new_with_bounds(1, crate::metrics::MAX_LATENCY_NS, 2)
+                .expect("valid bounds"),
+            sum_ns: 0,
+        });
+        match s.by_status.iter_mut().find(|(st, _)| *st == status) {
+            Some((_, n)) => *n += 1,
+            None => s.by_status.push((status, 1)),
+        }
+        let v = service_ns.clamp(1, crate::metrics::MAX_LATENCY_NS);
+        let _ = s.latency.record(v);
+        s.sum_ns += u128::from(v);
+    }
+
+    /// Publishes the driver's counters: `(name, help, value)`; names become
+    /// `naam_<name>_total`.
+    pub fn publish_counters(&self, counters: Vec<(&'static str, &'static str, u64)>) {
+        if let Ok(mut c) = self.counters.lock() {
+            *c = counters;
+        }
+    }
+
+    /// The Prometheus text exposition of everything recorded, plus `cluster`'s queue depths
+    /// and steering weights; `role` (`server`, `nic`) labels every series.
+    pub fn render(&self, role: &str, cluster: &Cluster) -> String {
+        let mut out = String::new();
+        let names = handler_names(cluster);
+        let name = |app: u32, h: u32| -> (String, String) {
+            names
+                .get(&(app, h))
+                .cloned()
+                .unwrap_or_else(|| (app.to_string(), format!("{h:#010x}")))
+        };
+        let _ = writeln!(
+            out,
+            "# HELP naam_up Whether the {role} is serving (always 1 when scraped)."
+        );
+        let _ = writeln!(out, "# TYPE naam_up gauge");
+        let _ = writeln!(out, "naam_up{{role=\"{role}\"}} 1");
+        let series = self.series.lock().map(|m| {
+            let mut v: Vec<_> = m
+                .iter()
+                .map(|(k, s)| (*k, s.by_status.clone(), s.latency.clone(), s.sum_ns))
+                .collect();
+            v.sort_by_key(|(k, ..)| (k.0, k.1, k.2.index()));
+            v
+        });
+        let series = series.unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "# HELP naam_messages_total Messages answered, by app, handler, placement and status."
+        );
+        let _ = writeln!(out, "# TYPE naam_messages_total counter");
+        for ((app, h, p), by_status, _, _) in &series {
+            let (app_name, handler) = name(*app, *h);
+            for (status, n) in by_status {
+                let _ = writeln!(
+                    out,
+                    "naam_messages_total{{role=\"{role}\",app=\"{}\",handler=\"{}\",placement=\"{}\",status=\"{}\"}} {n}",
+                    escape(&app_name),
+                    escape(&handler),
+                    p.name(),
+                    status_name(*status)
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP naam_service_seconds Time from arrival to reply in this process, by app, handler and placement."
+        );
+        let _ = writeln!(out, "# TYPE naam_service_seconds histogram");
+        for ((app, h, p), _, latency, sum_ns) in &series {
+            let (app_name, handler) = name(*app, *h);
+            let labels = format!(
+                "role=\"{role}\",app=\"{}\",handler=\"{}\",placement=\"{}\"",
+                escape(&app_name),
+                escape(&handler),
+                p.name()
+            );
+            for bound in LATENCY_BUCKETS_US {
+                let n = latency.count_between(0, bound * 1000);
+                let _ = writeln!(
+                    out,
+                    "naam_service_seconds_bucket{{{labels},le=\"{}\"}} {n}",
+                    bound as f64 / 1e6
+                );
+            }
+            let _ = writeln!(
+                out,
+                "naam_service_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                latency.len()
+            );
+            let _ = writeln!(
+                out,
+                "naam_service_seconds_sum{{{labels}}} {}",
+                *sum_ns as f64 / 1e9
+            );
+            let _ = writeln!(
+                out,
+                "naam_service_seconds_count{{{labels}}} {}",
+                latency.len()
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP naam_queue_depth Messages waiting at this process's executors, by placement."
+        );
+        let _ = writeln!(out, "# TYPE naam_queue_depth gauge");
+        for p in Placement::ALL {
+            if let Some(depth) = cluster.queue_depth(p) {
+                let _ = writeln!(
+                    out,
+                    "naam_queue_depth{{role=\"{role}\",placement=\"{}\"}} {depth}",
+                    p.name()
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP naam_steering_weight Share of a handler's messages steering sends to each placement."
+        );
+        let _ = writeln!(out, "# TYPE naam_steering_weight gauge");
+        let mut keys: Vec<_> = names.keys().copied().collect();
+        keys.sort_unstable();
+        for (app, h) in keys {
+            let (app_name, handler) = name(app, h);
+            let w = cluster.weights(app, h);
+            for p in Placement::ALL {
+                let _ = writeln!(
+                    out,
+                    "naam_steering_weight{{role=\"{role}\",app=\"{}\",handler=\"{}\",placement=\"{}\"}} {}",
+                    escape(&app_name),
+                    escape(&handler),
+                    p.name(),
+                    w.of(p)
+                );
+            }
+        }
+        let counters = self.counters.lock().map(|c| c.clone()).unwrap_or_default();
+        for (counter, help, value) in counters {
+            let _ = writeln!(out, "# HELP naam_{counter}_total {help}");
+            let _ = writeln!(out, "# TYPE naam_{counter}_total counter");
+            let _ = writeln!(out, "naam_{counter}_total{{role=\"{role}\"}} {value}");
+        }
+        let _ = writeln!(
+            out,
+            "# HELP naam_series_dropped_total Messages not recorded because the series limit was reached."
+        );
+        let _ = writeln!(out, "# TYPE naam_series_dropped_total counter");
+        let _ = writeln!(
+            out,
+            "naam_series_dropped_total{{role=\"{role}\"}} {}",
+            self.dropped.load(Ordering::Relaxed)
+        );
+        out
+    }
+}
+
+/// `(app, handler id) -> (app name, handler name)` of every installed handler.
+fn handler_names(cluster: &Cluster) -> HashMap<(u32, u32), (String, String)> {
+    let mut names = HashMap::new();
+    for app in cluster.registry().apps() {
+        for h in app.handlers.values() {
+            names.insert((app.id, h.id), (app.name.clone(), h.name.clone()));
+        }
+    }
+    names
+}
+
+/// A status as a label value (`ok`, `handler_error`).
+fn status_name(s: Status) -> String {
+    let debug = format!("{s:?}");
+    let mut out = String::new();
+    for (i, c) in debug.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+/// Escapes a label value (backslash, quote, newline).
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Longest request head the endpoint reads.
+const MAX_REQUEST: usize = 8 * 1024;
+/// How long a connection may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serves `render()` at `GET /metrics` on `listener` until `stop` is set: one connection at a
+/// time, each bounded in size and time; anything else gets 404 or 405.
+pub fn serve_metrics(
+    listener: TcpListener,
+    stop: &AtomicBool,
+    render: &(dyn Fn() -> String + Sync),
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let _ = answer(stream, render);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::warn!("metrics endpoint: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn answer(mut stream: TcpStream, render: &(dyn Fn() -> String + Sync)) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let started = Instant::now();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
+        if head.len() > MAX_REQUEST || started.elapsed() > REQUEST_TIMEOUT {
+            return respond(
+                &mut stream,
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                "request too large\n",
+            );
+        }
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    match (method, path.split('?').next().unwrap_or("")) {
+        ("GET", "/metrics") => respond(
+            &mut stream,
+            "200 OK",
+            "text/plain; version=0.0.4; charset=utf-8",
+            &render(),
+        ),
+        ("GET", _) => respond(&mut stream, "404 Not Found", "text/plain", "try /metrics\n"),
+        _ => respond(
+            &mut stream,
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET /metrics\n",
+        ),
+    }
+}
+
+fn respond(stream: &mut TcpStream, status: &str, kind: &str, body: &str) -> std::io::Result<()> {
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.flush()
+}
+
+/// Binds `addr` and serves `render` on a thread named `metrics` until `stop` is set; returns
+/// the bound address (port 0 picks one).
+pub fn spawn_metrics(
+    addr: SocketAddr,
+    stop: &'static AtomicBool,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            if let Err(e) = serve_metrics(listener, stop, render.as_ref()) {
+                tracing::warn!("metrics endpoint stopped: {e}");
+            }
+        })?;
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_names_are_snake_case_and_labels_are_escaped() {
+        assert_eq!(status_name(Status::Ok), "ok");
+        assert_eq!(status_name(Status::HandlerError), "handler_error");
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn the_endpoint_answers_metrics_and_refuses_the_rest() {
+        static STOP: AtomicBool = AtomicBool::new(false);
+        let addr = spawn_metrics(
+            "127.0.0.1:0".parse().unwrap(),
+            &STOP,
+            Arc::new(|| "naam_up 1\n".to_string()),
+        )
+        .unwrap();
+        let get = |req: &[u8]| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(req).unwrap();
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out);
+            out
+        };
+        let ok = get(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert!(
+            ok.starts_with("HTTP/1.1 200 OK") && ok.ends_with("naam_up 1\n"),
+            "{ok}"
+        );
+        assert!(get(b"GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
+        assert!(get(b"POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+        assert!(get(&[b'A'; 20_000]).starts_with("HTTP/1.1 431"));
+        // A silent client is dropped after the timeout; the endpoint keeps serving.
+        let _idle = TcpStream::connect(addr).unwrap();
+        assert!(get(b"GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+        STOP.store(true, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,89 @@
+//! naam-server and naam-nic serve Prometheus metrics while they run (`--metrics ADDR`): a
+//! scrape after some calls shows the messages per app, handler and placement, errors by
+//! status, queue depths, steering weights, service-time histograms and the drivers' counters.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::deployment::{key_a, Deployment, A};
+use common::words;
+use naam_runtime::registry::handler_id;
+use naam_runtime::transport::Transport;
+use naam_runtime::udp::client::{UdpClient, UdpConfig};
+use naam_runtime::Placement;
+
+fn scrape(addr: SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).expect("metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: naam\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
+    out
+}
+
+/// The value of the first sample whose line starts with `prefix`.
+fn sample(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn server_and_nic_metrics_can_be_scraped_while_serving() {
+    let Some(d) = Deployment::processes("the metrics scrape") else {
+        return;
+    };
+    let (server_metrics, nic_metrics) = d.metrics().expect("processes");
+    for (pin, n) in [(Placement::Host, 20u64), (Placement::Nic, 10)] {
+        let mut cfg = UdpConfig::new(d.server(), "a", key_a());
+        cfg.pin = Some(pin);
+        let mut c = UdpClient::connect(&cfg).unwrap();
+        for i in 0..n {
+            let r = c.call(A, handler_id("add"), &words(&[i, 1]), &[]).unwrap();
+            assert_eq!(r.status, naam_runtime::wire::Status::Ok);
+        }
+        // One handler error: `bsearch` without its segment.
+        let r = c.call(A, handler_id("bsearch"), &words(&[7]), &[]).unwrap();
+        assert_eq!(r.status, naam_runtime::wire::Status::HandlerError);
+    }
+    // Counters are published about once a second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let server = loop {
+        let text = scrape(server_metrics);
+        if sample(&text, "naam_sessions_total").unwrap_or(0.0) >= 1.0 || Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let host_adds = "naam_messages_total{role=\"server\",app=\"a\",handler=\"add\",placement=\"host\",status=\"ok\"}";
+    assert_eq!(sample(&server, host_adds), Some(20.0), "{server}");
+    assert!(
+        server.contains("handler=\"bsearch\",placement=\"host\",status=\"handler_error\"} 1"),
+        "{server}"
+    );
+    assert!(
+        server.contains("naam_service_seconds_bucket{role=\"server\",app=\"a\",handler=\"add\",placement=\"host\",le=\"+Inf\"} 20"),
+        "{server}"
+    );
+    assert!(server.contains("naam_queue_depth{role=\"server\",placement=\"host\"}"));
+    assert!(server.contains(
+        "naam_steering_weight{role=\"server\",app=\"a\",handler=\"add\",placement=\"nic\"}"
+    ));
+    assert!(
+        sample(&server, "naam_sessions_total").unwrap_or(0.0) >= 1.0,
+        "{server}"
+    );
+    assert!(server.contains("# TYPE naam_service_seconds histogram"));
+    let nic = scrape(nic_metrics);
+    let nic_adds = "naam_messages_total{role=\"nic\",app=\"a\",handler=\"add\",placement=\"nic\",status=\"ok\"}";
+    assert_eq!(sample(&nic, nic_adds), Some(10.0), "{nic}");
+    assert!(
+        nic.contains("naam_queue_depth{role=\"nic\",placement=\"nic\"}"),
+        "{nic}"
+    );
+}
