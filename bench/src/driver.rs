@@ -394,14 +394,28 @@ fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
     }
 }
 
-/// Items a run's store must hold: the records loaded plus the items its writes may add (10%
-/// over the expected number; with no operation count, as many again as the records). MICA's
-/// log takes a new item for every write, the B-tree a key for every insert only.
+/// Items a run's store is sized for in process: the records loaded plus the items its writes
+/// may add (10% over the expected number; with no operation count, as many again as the
+/// records). MICA's log takes a new item for every write, so sizing for them keeps the log
+/// from wrapping onto live records, up to four times the records plus 100,000 (a longer run
+/// wraps it, and MICA, a cache, evicts its oldest items); the B-tree takes a key for every
+/// insert only.
 pub fn capacity(cfg: &YcsbConfig) -> u64 {
-    let adds = |op: &Op| match cfg.app {
-        App::Mica => matches!(op, Op::Insert | Op::Update | Op::Rmw),
-        App::Btree => *op == Op::Insert,
-    };
+    let inserted = records_needed(cfg);
+    let written = needed(cfg, |op| matches!(op, Op::Insert | Op::Update | Op::Rmw));
+    match cfg.app {
+        App::Mica => written.min(inserted.saturating_mul(4).saturating_add(100_000)),
+        App::Btree => inserted,
+    }
+}
+
+/// Records a run puts in a store: those loaded plus the inserts it may make. A served table
+/// smaller than this loses records (MICA) or fills up (the B-tree) whatever else happens.
+pub fn records_needed(cfg: &YcsbConfig) -> u64 {
+    needed(cfg, |op| *op == Op::Insert)
+}
+
+fn needed(cfg: &YcsbConfig, adds: impl Fn(&Op) -> bool) -> u64 {
     let insert: f64 = cfg
         .workload
         .mix
@@ -523,11 +537,11 @@ fn run_udp_on(
     let naming = cfg.workload.naming;
     // A table too small for the run would lose records (MICA's log wraps) or fill up (the
     // B-tree): refuse before loading anything.
-    let (held, needed) = (setup.holds()?, capacity(cfg));
+    let (held, needed) = (setup.holds()?, records_needed(cfg));
     if needed > held {
         bail!(
             "naam-server's {} app {} holds about {held} items; this run needs {needed} \
-             ({} records plus what its writes add): give it `{} = {needed}` or more in \
+             ({} records plus the inserts it may make): give it `{} = {needed}` or more in \
              naam-server's config, or load fewer records",
             cfg.app.kind(),
             setup.app.id,

@@ -151,7 +151,7 @@ pub(crate) fn run_phase(
     let deadline = plan.max_execution_time.map(|d| start + d);
     let per_op = plan
         .target_ops_per_sec
-        .map(|t| Duration::from_secs_f64(threads as f64 / t));
+        .and_then(|t| Duration::try_from_secs_f64(threads as f64 / t).ok());
     let mut log = IntervalLog::new(plan.kind.name(), start);
     let (results, end) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)

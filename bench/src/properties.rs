@@ -341,12 +341,12 @@ impl Settings {
         let target_ops_per_sec = match p.get("target") {
             None | Some("0") => None,
             Some(v) => match v.parse::<f64>() {
-                Ok(t) if t > 0.0 && t.is_finite() => Some(t),
+                Ok(t) if (0.001..=1e9).contains(&t) => Some(t),
                 _ => {
                     return Err(bad(
                         "target",
                         v,
-                        "operations per second above 0 (0: no limit)",
+                        "operations per second from 0.001 to 10^9 (0: no limit)",
                     ))
                 }
             },
@@ -409,6 +409,27 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        /// Any text is either properties or a syntax error; any properties are either settings
+        /// or a value error: never a panic.
+        #[test]
+        fn hostile_files_get_answers(text in "[ -~\\n\\t=:#!\\\\]{0,400}") {
+            if let Ok(p) = Properties::parse(&text, "f") {
+                let _ = Settings::from_properties(&p);
+            }
+        }
+
+        #[test]
+        fn hostile_values_of_known_keys_get_answers(
+            key in proptest::sample::select(KNOWN_KEYS.to_vec()),
+            value in "[ -~]{0,24}",
+        ) {
+            let mut p = Properties::default();
+            p.set(key, value);
+            let _ = Settings::from_properties(&p);
+        }
+    }
 
     #[test]
     fn java_properties_syntax() {

@@ -141,7 +141,7 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
     flag("fieldlength", args.field_length.map(|n| n.to_string()));
     flag("target", args.target.map(|t| t.to_string()));
     if let Some(d) = args.duration {
-        if !(d.is_finite() && d > 0.0) {
+        if !(d.is_finite() && d > 0.0 && d <= 1e9) {
             return Err(format!("--duration {d}: a number of seconds above 0"));
         }
         props.set("maxexecutiontime", d);
