@@ -15,6 +15,7 @@ pub mod executor;
 pub mod experiment;
 pub mod fair;
 pub mod intmap;
+pub mod invoke;
 pub mod logging;
 pub mod metrics;
 pub mod onesided;

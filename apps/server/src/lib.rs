@@ -235,8 +235,13 @@ pub struct ObjectHandler {
 pub struct ObjectRegion {
     /// Name.
     pub name: String,
-    /// Size in bytes.
-    pub size: usize,
+    /// Size in bytes (default: the file's length).
+    #[serde(default)]
+    pub size: Option<usize>,
+    /// A file whose bytes the region starts with (relative to the config's directory); the
+    /// rest of `size` is zero. Without it the region starts zeroed.
+    #[serde(default)]
+    pub file: Option<PathBuf>,
     /// Rights: any of `r`, `w`, `a` (atomic).
     pub access: String,
 }
@@ -256,7 +261,8 @@ pub enum ConfigError {
 }
 
 impl Config {
-    /// Reads and checks `path`; credential paths become relative to its directory.
+    /// Reads and checks `path`; credential, object and region file paths are relative to its
+    /// directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
         let mut c = Self::parse(&text).map_err(|e| match e {
@@ -272,9 +278,22 @@ impl Config {
         };
         for a in &mut c.apps {
             match a {
-                AppConfig::Mica { credential, .. }
-                | AppConfig::Btree { credential, .. }
-                | AppConfig::Object { credential, .. } => fix(credential),
+                AppConfig::Mica { credential, .. } | AppConfig::Btree { credential, .. } => {
+                    fix(credential)
+                }
+                AppConfig::Object {
+                    credential,
+                    regions,
+                    object,
+                    ..
+                } => {
+                    fix(credential);
+                    fix(object);
+                    regions
+                        .iter_mut()
+                        .filter_map(|r| r.file.as_mut())
+                        .for_each(fix);
+                }
             }
         }
         c.nic_pairing.iter_mut().for_each(fix);
@@ -365,13 +384,23 @@ impl Config {
                 AppConfig::Object { regions, .. } => {
                     if let Some(r) = regions
                         .iter()
-                        .find(|r| r.size == 0 || r.size > MAX_REGION_SIZE)
+                        .find(|r| r.size.is_none() && r.file.is_none())
                     {
+                        return bad(format!(
+                            "app {}: region {} needs a size or a file",
+                            a.id(),
+                            r.name
+                        ));
+                    }
+                    if let Some(r) = regions.iter().find(|r| {
+                        r.size
+                            .is_some_and(|size| size == 0 || size > MAX_REGION_SIZE)
+                    }) {
                         return bad(format!(
                             "app {}: region {} has size {}: it must be 1 to {MAX_REGION_SIZE} bytes",
                             a.id(),
                             r.name,
-                            r.size
+                            r.size.unwrap_or(0)
                         ));
                     }
                 }
@@ -570,16 +599,45 @@ impl AppConfig {
                             o => anyhow::bail!("region {}: unknown right `{o}` (r, w, a)", r.name),
                         };
                     }
+                    let initial = match &r.file {
+                        Some(f) => {
+                            let len = std::fs::metadata(f)
+                                .with_context(|| format!("region {}: {}", r.name, f.display()))?
+                                .len();
+                            if len > MAX_REGION_SIZE as u64 {
+                                anyhow::bail!(
+                                    "region {}: {} has {len} bytes, more than a region's \
+                                     {MAX_REGION_SIZE}",
+                                    r.name,
+                                    f.display()
+                                );
+                            }
+                            std::fs::read(f)
+                                .with_context(|| format!("region {}: {}", r.name, f.display()))?
+                        }
+                        None => Vec::new(),
+                    };
+                    let size = r.size.unwrap_or(initial.len());
+                    if initial.len() > size {
+                        anyhow::bail!(
+                            "region {}: the file has {} bytes, more than its size {size}",
+                            r.name,
+                            initial.len()
+                        );
+                    }
+                    if size == 0 {
+                        anyhow::bail!("region {}: the file is empty and no size is given", r.name);
+                    }
                     // A size the machine cannot hold is an error, never an abort.
                     let mut contents = Vec::new();
-                    contents.try_reserve_exact(r.size).map_err(|_| {
+                    contents.try_reserve_exact(size).map_err(|_| {
                         anyhow::anyhow!(
-                            "region {}: {} bytes cannot be allocated on this machine",
-                            r.name,
-                            r.size
+                            "region {}: {size} bytes cannot be allocated on this machine",
+                            r.name
                         )
                     })?;
-                    contents.resize(r.size, 0u8);
+                    contents.extend_from_slice(&initial);
+                    contents.resize(size, 0u8);
                     rs.push(RegionSpec {
                         name: r.name.clone(),
                         access,
@@ -620,6 +678,50 @@ impl AppConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn object_regions_start_with_their_files_relative_to_the_config() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("h.o"), naam_mica::HANDLERS_OBJECT).unwrap();
+        std::fs::write(dir.path().join("table.bin"), [1u8, 2, 3, 4]).unwrap();
+        std::fs::write(dir.path().join("big.bin"), [9u8; 100]).unwrap();
+        let config = |regions: &str| {
+            let path = dir.path().join("c.toml");
+            std::fs::write(
+                &path,
+                format!(
+                    "listen = \"127.0.0.1:7000\"\n[[app]]\nkind = \"object\"\nid = 3\n\
+                     credential = \"k.key\"\nname = \"x\"\nobject = \"h.o\"\n\
+                     handlers = [{{ name = \"mica_get\" }}]\nregions = [{regions}]\n"
+                ),
+            )
+            .unwrap();
+            Config::load(&path)
+        };
+        let c = config(
+            r#"{ name = "t", file = "table.bin", access = "r" },
+               { name = "u", file = "table.bin", size = 16, access = "r" },
+               { name = "z", size = 8, access = "rw" }"#,
+        )
+        .unwrap();
+        let built = c.apps[0].build().unwrap();
+        let regions = &built[0].spec.regions;
+        assert_eq!(regions[0].contents, [1, 2, 3, 4]);
+        assert_eq!(&regions[1].contents[..4], [1, 2, 3, 4]);
+        assert_eq!(regions[1].contents.len(), 16);
+        assert_eq!(regions[2].contents, [0; 8]);
+        // A file larger than the size, a missing file, neither size nor file: refused.
+        let c = config(r#"{ name = "t", file = "big.bin", size = 10, access = "r" }"#).unwrap();
+        let e = c.apps[0].build().err().expect("refused").to_string();
+        assert!(e.contains("more than its size 10"), "{e}");
+        let c = config(r#"{ name = "t", file = "nope.bin", access = "r" }"#).unwrap();
+        let e = format!("{:#}", c.apps[0].build().err().expect("refused"));
+        assert!(e.contains("nope.bin"), "{e}");
+        let e = config(r#"{ name = "t", access = "r" }"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a size or a file"), "{e}");
+    }
 
     #[test]
     fn a_full_config_parses() {

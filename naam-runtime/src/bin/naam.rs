@@ -1,7 +1,8 @@
 //! `naam`: build, verify and run NAAM handlers.
 //!
-//! Exit codes: 0 success; 1 a handler was rejected, or an invocation faulted or aborted;
-//! 2 bad usage, unreadable input or a failed build.
+//! Exit codes: 0 success; 1 a handler was rejected, or an invocation faulted or aborted, or
+//! (`call`) the message did not succeed or the server could not be reached; 2 bad usage,
+//! unreadable input or a failed build.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,7 +56,8 @@ enum Cmd {
         #[arg(long, default_value_t = DEFAULT_MAX_INSNS)]
         max_insns: usize,
     },
-    /// Run one handler invocation and print the result as JSON.
+    /// Run one handler invocation (one step over --segment files) and print the result as
+    /// JSON; with --region, run a whole message, every step, over region files.
     Run {
         /// eBPF object file.
         object: PathBuf,
@@ -66,8 +68,19 @@ enum Cmd {
         #[arg(long, default_value = "")]
         args_hex: String,
         /// A file whose bytes become the next segment (read-only); repeatable.
-        #[arg(long = "segment")]
+        #[arg(long = "segment", conflicts_with = "regions")]
         segments: Vec<PathBuf>,
+        /// Run the whole message over regions: NAME=FILE[,rkey=HEX][,access=r|rw|rwa]
+        /// (repeatable; the files are read, never written).
+        #[arg(long = "region")]
+        regions: Vec<String>,
+        /// A descriptor of the message's first step, REGION:OFFSET:LEN[:ACCESS] (with
+        /// --region; repeatable).
+        #[arg(long = "desc", requires = "regions")]
+        descs: Vec<String>,
+        /// The handler writes: its Write steps are applied (with --region).
+        #[arg(long, requires = "regions")]
+        write: bool,
         /// Engine: jit (memory-checked native code) or interp (the reference interpreter).
         #[arg(long, default_value = "jit")]
         engine: EngineKind,
@@ -87,6 +100,9 @@ enum Cmd {
         #[arg(long, default_value_t = DEFAULT_MAX_INSNS)]
         max_insns: usize,
     },
+    /// Run one message on a deployment (naam-server over UDP), following its steps, and print
+    /// the reply as JSON. Exit 0 when it succeeded, 1 otherwise.
+    Call(CallArgs),
     /// Start an in-process cluster, run binary-search lookups against it, congest the host for a
     /// while, and print placement fractions as the steering moves traffic (mode: inproc).
     Demo(DemoArgs),
@@ -104,6 +120,45 @@ enum Cmd {
         #[arg(long, default_value = "x86_64")]
         target: String,
     },
+}
+
+#[derive(clap::Args)]
+struct CallArgs {
+    /// naam-server's address.
+    #[arg(long)]
+    server: std::net::SocketAddr,
+    /// The app, by name (or id).
+    #[arg(long)]
+    app: String,
+    /// The handler, by name.
+    #[arg(long)]
+    handler: String,
+    /// Inline args, hex.
+    #[arg(long, conflicts_with = "args_file")]
+    args_hex: Option<String>,
+    /// A file whose bytes are the inline args.
+    #[arg(long)]
+    args_file: Option<PathBuf>,
+    /// A descriptor, REGION:OFFSET:LEN[:ACCESS] (REGION a name of the app's regions or an
+    /// rkey; ACCESS r, rw or rwa; default r); repeatable.
+    #[arg(long = "desc")]
+    descs: Vec<String>,
+    /// Where it runs: auto (the server's steering), host, nic or client.
+    #[arg(long, default_value = "auto")]
+    placement: String,
+    /// The tenant to authenticate as (default: the app's name).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// The tenant's credential file (default: keys/<tenant>.key).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Seconds the server may stay silent before the call fails.
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+    /// The app's handler object, for the Client placement (which runs the handler here); it
+    /// must be the object the server loaded (default: the server's file, if readable here).
+    #[arg(long)]
+    object: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -158,6 +213,7 @@ fn main() -> ExitCode {
 fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
         Cmd::Demo(args) => demo(args),
+        Cmd::Call(args) => call(args),
         Cmd::ConformancePlugin {
             memory_hex,
             engine,
@@ -214,6 +270,9 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
             handler,
             args_hex,
             segments,
+            regions,
+            descs,
+            write,
             engine,
             budget,
             repeat,
@@ -225,6 +284,19 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 std::fs::read(&object).with_context(|| format!("reading {}", object.display()))?;
             let loaded = load(&bytes).with_context(|| format!("loading {}", object.display()))?;
             let program = loaded.get(&handler)?;
+            if !regions.is_empty() {
+                let args = hex::decode(args_hex.trim()).context("--args-hex is not valid hex")?;
+                return run_message(
+                    loaded.clone(),
+                    &handler,
+                    write,
+                    engine,
+                    budget,
+                    &args,
+                    &regions,
+                    &descs,
+                );
+            }
             let options = ExecOptions {
                 engine,
                 budget,
@@ -274,6 +346,199 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
             Ok(code)
         }
     }
+}
+
+/// `naam run --region`: the whole message on a local one-app cluster.
+#[allow(clippy::too_many_arguments)]
+fn run_message(
+    object: naam_runtime::LoadedObject,
+    handler: &str,
+    write: bool,
+    engine: EngineKind,
+    budget: u64,
+    args: &[u8],
+    regions: &[String],
+    descs: &[String],
+) -> anyhow::Result<ExitCode> {
+    use naam_runtime::invoke::{parse_region, reply_json, run_local, LocalMessage};
+    let mut files = Vec::new();
+    for spec in regions {
+        let r = parse_region(spec)?;
+        let bytes = std::fs::read(&r.file)
+            .with_context(|| format!("reading region file {}", r.file.display()))?;
+        if bytes.is_empty() {
+            bail!("region {}: {} is empty", r.name, r.file.display());
+        }
+        files.push((r, bytes));
+    }
+    let (reply, rkeys) = run_local(LocalMessage {
+        object: std::sync::Arc::new(object),
+        handler,
+        write,
+        engine,
+        budget,
+        regions: files,
+        args,
+        descriptors: descs,
+    })?;
+    let mut v = reply_json(&reply);
+    v["mode"] = json!("standalone message (in-process cluster, host placement)");
+    v["handler"] = json!(handler);
+    v["engine"] = json!(engine.name());
+    v["regions"] = json!(rkeys
+        .iter()
+        .map(|(name, rkey, len)| json!({ "name": name, "rkey": format!("{rkey:#x}"), "len": len }))
+        .collect::<Vec<_>>());
+    println!("{v}");
+    // As for one step: a handler's own error is an answer; a fault or a refusal is not.
+    let ok = matches!(
+        reply.status,
+        naam_runtime::wire::Status::Ok | naam_runtime::wire::Status::HandlerError
+    );
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `naam call`: one message on a deployment.
+fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
+    use naam_runtime::invoke::{parse_descriptor, reply_json};
+    use naam_runtime::transport::Transport;
+    use naam_runtime::udp::client::{UdpClient, UdpConfig};
+    let usage = |m: String| -> anyhow::Result<ExitCode> {
+        eprintln!("naam: error: {m}");
+        Ok(ExitCode::from(2))
+    };
+    if !(a.timeout.is_finite() && (0.1..=3600.0).contains(&a.timeout)) {
+        return usage("--timeout must be 0.1 to 3600 seconds".into());
+    }
+    let pin = match a.placement.as_str() {
+        "auto" => None,
+        p => match p.parse::<naam_runtime::Placement>() {
+            Ok(p) => Some(p),
+            Err(e) => return usage(format!("--placement {p}: {e}, or auto")),
+        },
+    };
+    let args = match (&a.args_hex, &a.args_file) {
+        (Some(h), _) => match hex::decode(h.trim()) {
+            Ok(b) => b,
+            Err(e) => return usage(format!("--args-hex is not valid hex: {e}")),
+        },
+        (None, Some(f)) => match std::fs::read(f) {
+            Ok(b) => b,
+            Err(e) => return usage(format!("--args-file {}: {e}", f.display())),
+        },
+        (None, None) => Vec::new(),
+    };
+    let tenant = a.tenant.clone().unwrap_or_else(|| a.app.clone());
+    let key_path = a
+        .key
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("keys").join(format!("{tenant}.key")));
+    let credential = match naam_runtime::session::Credential::load(&key_path) {
+        Ok(c) => c,
+        Err(e) => {
+            return usage(format!(
+                "{e} (the tenant's credential: --key FILE, default keys/<tenant>.key)"
+            ))
+        }
+    };
+    let mut config = UdpConfig::new(a.server, &tenant, credential);
+    config.pin = pin;
+    config.liveness = std::time::Duration::from_secs_f64(a.timeout);
+    let failed = |m: String| -> anyhow::Result<ExitCode> {
+        eprintln!("naam: error: {m}");
+        Ok(ExitCode::from(1))
+    };
+    let mut client = match UdpClient::connect(&config) {
+        Ok(c) => c,
+        Err(e) => {
+            return failed(format!(
+                "connecting to naam-server at {} as {tenant}: {e}",
+                a.server
+            ))
+        }
+    };
+    let manifest = client.manifest().clone();
+    let Some(app) = manifest
+        .apps
+        .iter()
+        .find(|x| x.name == a.app || x.id.to_string() == a.app)
+    else {
+        let names: Vec<&str> = manifest.apps.iter().map(|x| x.name.as_str()).collect();
+        return usage(format!(
+            "no app `{}` in {tenant}'s session (it may use: {})",
+            a.app,
+            names.join(", ")
+        ));
+    };
+    if !app.handlers.iter().any(|h| h.name == a.handler) {
+        let names: Vec<&str> = app.handlers.iter().map(|h| h.name.as_str()).collect();
+        return usage(format!(
+            "app {} has no handler `{}` (it has: {})",
+            app.name,
+            a.handler,
+            names.join(", ")
+        ));
+    }
+    let rkey_of = |name: &str| app.region_key(name);
+    let mut descs = Vec::new();
+    for d in &a.descs {
+        match parse_descriptor(d, &rkey_of) {
+            Ok(d) => descs.push(d),
+            Err(e) => return usage(e.to_string()),
+        }
+    }
+    // The Client placement runs the handler here: it needs the server's object, which this
+    // machine can read only beside the server.
+    let same = |b: &Vec<u8>| naam_runtime::udp::control::object_hash(b) == app.object_hash;
+    let object = match &a.object {
+        Some(path) => match std::fs::read(path) {
+            Ok(b) if same(&b) => Some(b),
+            Ok(_) => {
+                return usage(format!(
+                    "--object {}: not the object naam-server loaded for {}",
+                    path.display(),
+                    app.name
+                ))
+            }
+            Err(e) => return usage(format!("--object {}: {e}", path.display())),
+        },
+        None => std::fs::read(&app.object).ok().filter(same),
+    };
+    match (&object, pin) {
+        (Some(bytes), _) => client
+            .install_handlers(app.id, bytes)
+            .context("installing the server's handlers for the Client placement")?,
+        (None, Some(naam_runtime::Placement::Client)) => {
+            return usage(format!(
+                "--placement client runs the handler here: give its object with --object FILE \
+                 (the server's, {}, is not readable here)",
+                app.object
+            ))
+        }
+        (None, _) => {}
+    }
+    let reply = match client.call(
+        app.id,
+        naam_runtime::registry::handler_id(&a.handler),
+        &args,
+        &descs,
+    ) {
+        Ok(r) => r,
+        Err(e) => return failed(format!("calling {}/{}: {e}", app.name, a.handler)),
+    };
+    let mut v = reply_json(&reply);
+    v["app"] = json!(app.name);
+    v["handler"] = json!(a.handler);
+    println!("{v}");
+    Ok(if reply.status == naam_runtime::wire::Status::Ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
