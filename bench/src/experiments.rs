@@ -28,7 +28,7 @@ use serde_json::json;
 use crate::driver::{
     run_inproc, run_udp, App, PlacementChoice, UdpSetup, YcsbConfig, YcsbResult, INPROC_MODE,
 };
-use crate::plot::{lines, Chart, Series};
+use crate::plot::{bars, lines, Chart, Series};
 use crate::ycsb::{key_name, RecordShape, Rng, Workload};
 
 fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> anyhow::Result<PathBuf> {
@@ -316,13 +316,11 @@ pub fn shift(
         }
         p99.push(((w + 0.5) * window, h.value_at_quantile(0.99) as f64 / 1e3));
     }
-    let markers = vec![
-        (
-            cfg.congestion.0.as_secs_f64(),
-            "congestion starts".to_string(),
-        ),
-        (cfg.congestion.1.as_secs_f64(), "ends".to_string()),
-    ];
+    let windows = vec![(
+        cfg.congestion.0.as_secs_f64(),
+        cfg.congestion.1.as_secs_f64(),
+        "host congested".to_string(),
+    )];
     // Fractions per 10 ms.
     let mut fr: [Vec<(f64, f64)>; 3] = Default::default();
     for chunk in result.samples.chunks(10) {
@@ -357,7 +355,7 @@ pub fn shift(
             x_label: "time (s)",
             y_label: "% of operations",
             log_y: false,
-            markers: markers.clone(),
+            windows: windows.clone(),
         },
         &series,
     )?;
@@ -371,7 +369,7 @@ pub fn shift(
             x_label: "time (s)",
             y_label: "p99 (us)",
             log_y: true,
-            markers,
+            windows,
         },
         &[Series {
             label: "p99".into(),
@@ -442,7 +440,7 @@ pub fn capacity(
             x_label: "client threads",
             y_label: "ops/s",
             log_y: false,
-            markers: vec![],
+            windows: vec![],
         },
         &series,
     )?;
@@ -572,7 +570,7 @@ pub fn scale(
             x_label: "apps registered and active",
             y_label: "latency (us)",
             log_y: true,
-            markers: vec![],
+            windows: vec![],
         },
         &[
             Series {
@@ -780,15 +778,17 @@ pub fn engines(out: &Path, iters: u64) -> anyhow::Result<serde_json::Value> {
             ns,
         });
     }
-    lines(
+    let categories: Vec<String> = cases.iter().map(|(n, ..)| n.to_string()).collect();
+    bars(
         &out.join("engines.svg"),
         &Chart {
-            title: "Engines: ns per invocation (x: 0 add, 1 bsearch, 2 checksum, 3 hash1k)",
+            title: "Engines: ns per invocation (median)",
             x_label: "handler",
             y_label: "ns per invocation",
             log_y: true,
-            markers: vec![],
+            windows: vec![],
         },
+        &categories,
         &series,
     )?;
     let mut compile = compile_times("examples", &obj)?;
@@ -955,7 +955,7 @@ pub fn placements(
             x_label: "offered load (ops/s)",
             y_label: "p99 from scheduled send (us)",
             log_y: true,
-            markers: vec![],
+            windows: vec![],
         },
         &series,
     )?;

@@ -64,6 +64,10 @@ fn every_experiment_writes_json_and_a_chart() {
                 assert!(v["mode"].is_string(), "{name}: the JSON names its mode");
             } else {
                 assert!(String::from_utf8_lossy(&bytes).contains("<svg"));
+                // Every chart is also a PNG.
+                let png = std::fs::read(p.with_extension("png"))
+                    .unwrap_or_else(|e| panic!("{name}: {f} as PNG: {e}"));
+                assert_eq!(&png[..4], b"\x89PNG", "{name}: {f}");
             }
         }
     }
