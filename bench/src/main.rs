@@ -145,6 +145,12 @@ enum Cmd {
         #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         threads: usize,
     },
+    /// Print a core workload file this binary carries (`workloads/workload<LETTER>`), to edit
+    /// and pass with -P: `naam-bench workload a > workloada`.
+    Workload {
+        /// a to f.
+        letter: char,
+    },
     /// Draw key numbers from a distribution and write per-key counts.
     Keys {
         /// scrambled-zipfian, zipfian, uniform or latest.
@@ -483,6 +489,21 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Workload { letter } => {
+            match naam_bench::ycsb::CORE_FILES
+                .iter()
+                .find(|(l, _)| *l == letter.to_ascii_lowercase())
+            {
+                Some((_, text)) => {
+                    print!("{text}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                None => {
+                    eprintln!("naam-bench: error: unknown workload `{letter}` (a-f)");
+                    Ok(ExitCode::from(2))
+                }
+            }
         }
         Cmd::Keys {
             dist,

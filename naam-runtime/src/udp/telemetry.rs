@@ -317,24 +317,44 @@ fn answer(mut stream: TcpStream, render: &(dyn Fn() -> String + Sync)) -> std::i
         }
         head.extend_from_slice(&buf[..n]);
     }
-    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    match (method, path.split('?').next().unwrap_or("")) {
-        ("GET", "/metrics") => respond(
+    match route(&head) {
+        Route::Metrics => respond(
             &mut stream,
             "200 OK",
             "text/plain; version=0.0.4; charset=utf-8",
             &render(),
         ),
-        ("GET", _) => respond(&mut stream, "404 Not Found", "text/plain", "try /metrics\n"),
-        _ => respond(
+        Route::NotFound => respond(&mut stream, "404 Not Found", "text/plain", "try /metrics\n"),
+        Route::NotAllowed => respond(
             &mut stream,
             "405 Method Not Allowed",
             "text/plain",
             "only GET /metrics\n",
         ),
+    }
+}
+
+/// What the endpoint does with a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /metrics` (a query string is ignored).
+    Metrics,
+    /// `GET` of another path.
+    NotFound,
+    /// Any other method, or no request line.
+    NotAllowed,
+}
+
+/// Routes a request by its first line (any bytes: the peer is untrusted).
+pub fn route(head: &[u8]) -> Route {
+    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+    let line = String::from_utf8_lossy(line);
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    match (method, path.split('?').next().unwrap_or("")) {
+        ("GET", "/metrics") => Route::Metrics,
+        ("GET", _) => Route::NotFound,
+        _ => Route::NotAllowed,
     }
 }
 
@@ -375,6 +395,22 @@ mod tests {
         assert_eq!(status_name(Status::Ok), "ok");
         assert_eq!(status_name(Status::HandlerError), "handler_error");
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_request_bytes_get_a_route(head in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = route(&head);
+        }
+    }
+
+    #[test]
+    fn routes() {
+        assert_eq!(route(b"GET /metrics?x=1 HTTP/1.1\r\n"), Route::Metrics);
+        assert_eq!(route(b"GET /other HTTP/1.1\r\n"), Route::NotFound);
+        assert_eq!(route(b"DELETE /metrics HTTP/1.1\r\n"), Route::NotAllowed);
+        assert_eq!(route(b""), Route::NotAllowed);
+        assert_eq!(route(&[0xff, 0xfe, b'\n']), Route::NotAllowed);
     }
 
     #[test]
