@@ -378,7 +378,15 @@ pub fn shift(
     )?;
     let doc = json!({
         "command": command_line(), "mode": fabric.mode(), "experiment": "congestion-shift",
-        "policy": result.policy, "moved_ms": result.moved_ms, "back_ms": result.back_ms, "config": cfg,
+        "policy": result.policy, "moved_ms": result.moved_ms, "back_ms": result.back_ms,
+        "config": {
+            "duration_s": cfg.duration.as_secs_f64(),
+            "congestion_start_s": cfg.congestion.0.as_secs_f64(),
+            "congestion_end_s": cfg.congestion.1.as_secs_f64(),
+            "host_extra_ns": cfg.host_extra_ns,
+            "clients": cfg.clients,
+            "sample_ms": cfg.sample.as_secs_f64() * 1e3,
+        },
         "fractions_10ms": Placement::ALL.iter().map(|p| json!({ "placement": p, "points": fr[p.index()] })).collect::<Vec<_>>(),
         "p99_us_10ms": p99, "ops": result.ops,
     });
