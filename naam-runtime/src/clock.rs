@@ -4,8 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-/// Nanoseconds since the clock's own epoch.
-pub type Nanos = u64;
+pub use naam_proto::Nanos;
 
 /// A source of monotonic time.
 pub trait Clock: Send + Sync {

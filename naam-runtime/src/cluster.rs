@@ -36,9 +36,11 @@ use crate::metrics::Metrics;
 use crate::placement::Placement;
 use crate::region::{RegionMemory, RegionTable, ResolveError};
 use crate::registry::{HandlerEntry, HandlerKind, HandlerSpec, Registry, RegistryError};
+pub use crate::steering::Selector;
 use crate::steering::{
-    ClientShare, CostPolicy, CostPolicyConfig, Ewma, HandlerKey, HandlerLoad, LoadTracker, Policy,
-    RemoteLoad, StaticPolicy, SteeringInputs, Weights,
+    AppView, ClientShare, Controller, ControllerConfig, CostPolicy, CostPolicyConfig, Ewma,
+    HandlerKey, HandlerLoad, HandlerView, LoadTracker, Observe, Policy, RemoteLoad, StaticPolicy,
+    SteeringInputs, Weights,
 };
 use crate::verifier::VerifierConfig;
 use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status, WireError};
@@ -491,8 +493,6 @@ struct Inner {
     shutdown: AtomicBool,
     next_client: AtomicU32,
     policy_name: String,
-    last_decision: AtomicU64,
-    decision_cursor: AtomicU64,
     remote_nic_up: AtomicBool,
     remote_nic_seen: AtomicU64,
 }
@@ -690,7 +690,7 @@ impl ClusterBuilder {
         let host_q = Arc::new(FairQueue::new(config.queue_capacity));
         let nic_q = Arc::new(FairQueue::new(config.queue_capacity));
         let (agent_tx, agent_rx) = bounded::<AgentJob>(config.queue_capacity);
-        let mut policy = config.policy.build();
+        let policy = config.policy.build();
         let policy_name = policy.name();
         let inner = Arc::new(Inner {
             trackers: [
@@ -720,13 +720,18 @@ impl ClusterBuilder {
             shutdown: AtomicBool::new(false),
             next_client: AtomicU32::new(1),
             policy_name,
-            last_decision: AtomicU64::new(now),
-            decision_cursor: AtomicU64::new(0),
             remote_nic_up: AtomicBool::new(false),
             remote_nic_seen: AtomicU64::new(0),
         });
         // First decision with no measurements.
-        decide_all(&inner, policy.as_mut(), true);
+        let mut controller = Controller::new(
+            policy,
+            ControllerConfig::new()
+                .remote_clients(inner.config.remote_clients)
+                .remote_nic(inner.config.remote_nic),
+            now,
+        );
+        decide_all(&inner, &mut controller, true);
         let mut threads = Vec::new();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -757,7 +762,7 @@ impl ClusterBuilder {
             let inner2 = inner.clone();
             threads.push(spawn(
                 "naam-steering".into(),
-                Box::new(move || controller_loop(inner2, policy)),
+                Box::new(move || controller_loop(inner2, controller)),
             )?);
         }
         Ok(Cluster { inner, threads })
@@ -1165,17 +1170,59 @@ fn agent_loop(inner: Arc<Inner>, rx: Receiver<AgentJob>) {
 /// One steering decision. Each tracker is locked once. Only apps whose handlers saw traffic
 /// since the last decision are decided again (`full` decides every app): with a thousand apps,
 /// deciding all of them every millisecond would take a core.
-fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
+/// The cluster as the steering [`Controller`] observes it: trackers behind their locks, the
+/// executors' queues, the registry's apps and their current owners.
+struct Observed<'a>(&'a Inner);
+
+impl Observe for Observed<'_> {
+    fn with_tracker<R>(&mut self, p: Placement, f: impl FnOnce(&mut LoadTracker) -> R) -> R {
+        f(&mut self.0.lock_tracker(p))
+    }
+
+    fn queued(&self, p: Placement) -> Option<(u32, u32)> {
+        let executors = match p {
+            Placement::Host => self.0.config.host_executors,
+            _ => self.0.config.nic_executors,
+        };
+        self.0.queues[p.index()]
+            .as_ref()
+            .map(|q| (q.len() as u32, executors as u32))
+    }
+
+    fn available(&self, p: Placement) -> bool {
+        match p {
+            Placement::Client => self.0.agent_available(),
+            _ => self.0.available(p),
+        }
+    }
+
+    fn client_rtt_ns(&self) -> Option<f64> {
+        self.0.client_rtt.lock().ok().and_then(|e| e.get())
+    }
+
+    fn apps(&self) -> Vec<AppView> {
+        self.0
+            .registry
+            .apps()
+            .map(|a| AppView {
+                id: a.id,
+                owner: self.0.owner_of(a.id),
+                handlers: a
+                    .handlers
+                    .values()
+                    .map(|h| HandlerView {
+                        id: h.id,
+                        read_only: h.kind == HandlerKind::Read,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// One steering period: the controller decides, this publishes what changed and moves owners.
+fn decide_all(inner: &Inner, controller: &mut Controller, full: bool) {
     let now = inner.clock.now();
-    let mut inputs = SteeringInputs {
-        client_rtt_ns: inner
-            .client_rtt
-            .lock()
-            .ok()
-            .and_then(|e| e.get())
-            .unwrap_or(5_000.0),
-        ..SteeringInputs::default()
-    };
     if inner.config.remote_nic
         && inner.remote_nic_up.load(Ordering::SeqCst)
         && now.saturating_sub(inner.remote_nic_seen.load(Ordering::SeqCst))
@@ -1183,118 +1230,12 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
     {
         inner.remote_nic_up.store(false, Ordering::SeqCst);
     }
-    let mut active: std::collections::HashSet<u32> = std::collections::HashSet::new();
-    let mut completions: u64 = 0;
-    let period = now
-        .saturating_sub(inner.last_decision.swap(now, Ordering::Relaxed))
-        .max(1) as f64
-        / 1e9;
-    for p in Placement::ALL {
-        let mut t = inner.lock_tracker(p);
-        let mut load = t.sample(now);
-        if let Some(q) = &inner.queues[p.index()] {
-            // Little's law on what is queued right now: a stalled queue shows at once, not only
-            // when its messages finally get served.
-            let executors = match p {
-                Placement::Host => inner.config.host_executors,
-                _ => inner.config.nic_executors,
-            }
-            .max(1) as f64;
-            load.queue_depth = q.len() as u32;
-            load.queue_delay_ns = load
-                .queue_delay_ns
-                .max(q.len() as f64 * t.overall_service().unwrap_or(0.0) / executors);
-        }
-        load.available = match p {
-            Placement::Client => inner.agent_available(),
-            _ => inner.available(p),
-        };
-        inputs.placements[p.index()] = load;
-        for (key, n) in t.take_touched() {
-            active.insert(key.0);
-            completions += n;
-        }
-    }
-    inputs.total_rate = completions as f64 / period;
-    // Remote clients' Client shares are decided per client (from these inputs, where the
-    // Client placement is usable if the agent is); the shared decision is Host against NIC.
-    let client_inputs = inner.config.remote_clients.then(|| inputs.clone());
-    if inner.config.remote_clients {
-        inputs.placements[Placement::Client.index()].available = false;
-    }
-    // At most DECISION_BUDGET apps per period, round robin over the active ones: a thousand
-    // apps are each decided every few periods instead of one core's worth of work per period.
-    let mut apps: Vec<_> = inner
-        .registry
-        .apps()
-        .filter(|a| full || active.contains(&a.id))
-        .collect();
-    if !full && apps.len() > DECISION_BUDGET {
-        apps.sort_unstable_by_key(|a| a.id);
-        let start = inner
-            .decision_cursor
-            .fetch_add(DECISION_BUDGET as u64, Ordering::Relaxed) as usize
-            % apps.len();
-        apps.rotate_left(start);
-        apps.truncate(DECISION_BUDGET);
-    }
-    let keys: Vec<(HandlerKey, bool)> = apps
-        .iter()
-        .flat_map(|a| {
-            a.handlers
-                .values()
-                .map(move |h| ((a.id, h.id), h.kind == HandlerKind::Read))
-        })
-        .collect();
-    // Per-handler signals, one lock per tracker.
-    let mut service = vec![[None; 3]; keys.len()];
-    let mut steps = vec![1.0f64; keys.len()];
-    for p in Placement::ALL {
-        let t = inner.lock_tracker(p);
-        for (i, (k, _)) in keys.iter().enumerate() {
-            service[i][p.index()] = t.service(*k);
-            if let Some(s) = t.steps(*k) {
-                steps[i] = steps[i].max(s);
-            }
-        }
-    }
-    let mut updates = Vec::with_capacity(keys.len());
-    let mut signal_updates = Vec::new();
-    let mut owner_moves = Vec::new();
-    let mut i = 0;
-    for app in apps {
-        let owner = inner.owner_of(app.id);
-        let mut loads = Vec::with_capacity(app.handlers.len());
-        for _ in 0..app.handlers.len() {
-            let (key, read_only) = keys[i];
-            let handler = HandlerLoad {
-                service_ns: service[i],
-                steps: steps[i],
-                read_only,
-                owner,
-            };
-            updates.push((key, policy.decide(key, &handler, &inputs, now)));
-            loads.push(handler);
-            i += 1;
-        }
-        if inner.config.remote_clients {
-            let first = updates.len() - loads.len();
-            for (u, l) in updates[first..].iter().zip(&loads) {
-                signal_updates.push((u.0, l.clone()));
-            }
-        }
-        if let Some(current) = owner {
-            let want = policy.owner(app.id, current, &loads, &inputs, now);
-            let possible = !(want == Placement::Nic && inner.config.remote_nic);
-            if want != current && possible {
-                owner_moves.push((app.id, want));
-            }
-        }
-    }
+    let decisions = controller.tick(now, &mut Observed(inner), full);
     // Clients read the weights on every message: take the write lock only for real changes.
     let changed: Vec<_> = {
         let table = inner.weights.read().unwrap_or_else(|e| e.into_inner());
-        updates
+        decisions
+            .weights
             .into_iter()
             .filter(|(k, w)| table.get(k) != Some(w))
             .collect()
@@ -1306,21 +1247,16 @@ fn decide_all(inner: &Inner, policy: &mut dyn Policy, full: bool) {
             table.insert(key, w);
         }
     }
-    if let Some(client_inputs) = client_inputs {
+    if let Some((client_inputs, handlers)) = decisions.client_signals {
         let mut signals = inner.signals.write().unwrap_or_else(|e| e.into_inner());
         signals.0 = client_inputs;
-        for (key, load) in signal_updates {
-            signals.1.insert(key, load);
-        }
+        signals.1.extend(handlers);
     }
-    for (app, to) in owner_moves {
+    for (app, to) in decisions.owner_moves {
         // A handoff that cannot drain in time is abandoned; a later decision may try again.
         let _ = move_owner(inner, app, to, OWNER_DRAIN_TIMEOUT);
     }
 }
-
-/// Most apps one steering decision looks at.
-const DECISION_BUDGET: usize = 256;
 
 /// How long the controller waits for an owner handoff to drain.
 const OWNER_DRAIN_TIMEOUT: Duration = Duration::from_millis(200);
@@ -1361,40 +1297,10 @@ fn move_owner(
     Ok(epoch)
 }
 
-fn controller_loop(inner: Arc<Inner>, mut policy: Box<dyn Policy>) {
+fn controller_loop(inner: Arc<Inner>, mut controller: Controller) {
     while !inner.shutdown.load(Ordering::SeqCst) {
         std::thread::sleep(inner.config.steering_period);
-        decide_all(&inner, policy.as_mut(), false);
-    }
-}
-
-/// Smooth weighted round robin over placements: a client's (and a switch's) memory of past
-/// picks, so that weights are followed exactly over any window.
-#[derive(Default, Clone, Copy, Debug)]
-pub struct Selector {
-    credit: [f64; 3],
-}
-
-impl Selector {
-    /// The next placement among the `allowed` ones with positive weight.
-    pub fn pick(&mut self, w: &Weights, allowed: impl Fn(Placement) -> bool) -> Option<Placement> {
-        let mut best: Option<Placement> = None;
-        for p in Placement::ALL {
-            if w.of(p) > 0.0 && allowed(p) {
-                self.credit[p.index()] += w.of(p);
-                if best.is_none_or(|b| self.credit[p.index()] > self.credit[b.index()]) {
-                    best = Some(p);
-                }
-            }
-        }
-        let b = best?;
-        let total: f64 = Placement::ALL
-            .into_iter()
-            .filter(|&p| w.of(p) > 0.0 && allowed(p))
-            .map(|p| w.of(p))
-            .sum();
-        self.credit[b.index()] -= total;
-        Some(b)
+        decide_all(&inner, &mut controller, false);
     }
 }
 

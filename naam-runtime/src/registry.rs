@@ -9,15 +9,7 @@ use crate::loader::LoadedObject;
 use crate::placement::Placement;
 use crate::verifier::VerifierConfig;
 
-/// The stable id of the handler named `name`.
-pub fn handler_id(name: &str) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in name.bytes() {
-        h ^= b as u32;
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    h
-}
+pub use naam_proto::handler_id;
 
 /// Whether a handler only reads, or may return `Write`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -248,13 +240,6 @@ pub enum LookupError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ids_are_stable_fnv1a() {
-        assert_eq!(handler_id(""), 0x811c9dc5);
-        assert_eq!(handler_id("a"), 0xe40c292c);
-        assert_ne!(handler_id("get"), handler_id("put"));
-    }
 
     #[test]
     fn apps_and_lookups() {

@@ -54,14 +54,10 @@ fn hmac_with(key: &[u8]) -> HmacSha256 {
     <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes any key length")
 }
 
-/// Kind byte of a sealed (session-bound, authenticated) message (the XDP eSwitch reads it).
-pub const KIND_SEALED: u8 = naam_ebpf::eswitch::KIND_SEALED;
-/// Bytes of the sealed envelope before the inner message.
+pub use naam_proto::kind::SEALED as KIND_SEALED;
+pub use naam_proto::limits::{SEAL_OVERHEAD, SEAL_TAG as TAG_LEN};
+/// Bytes of the sealed envelope before the inner message (the XDP eSwitch reads it).
 pub const SEAL_HEADER: usize = naam_ebpf::eswitch::SEAL_HEADER;
-/// Bytes of the authentication tag after it.
-pub const TAG_LEN: usize = 16;
-/// Bytes a sealed envelope adds to a message.
-pub const SEAL_OVERHEAD: usize = SEAL_HEADER + TAG_LEN;
 /// Bytes of a credential (a 256-bit secret).
 pub const CREDENTIAL_LEN: usize = 32;
 /// Bytes of a handshake nonce.

@@ -1,5 +1,6 @@
 //! A deterministic virtual-time simulator of one server's placements under a steady stream of
-//! read messages. It drives the real steering code ([`LoadTracker`], any [`Policy`]) with a
+//! read messages. It drives the real steering code (the [`Controller`] that the cluster and
+//! naam-server run, its [`LoadTracker`]s, any [`Policy`], the clients' [`Selector`]) with a
 //! virtual clock: arrivals, FIFO queues at Host and NIC executors, client execution with
 //! one-sided round trips, a congestion window that slows host executors, and a steering period.
 //! Figures from it are labelled `sim`; they are model outputs, not measurements.
@@ -11,7 +12,10 @@ use serde::Serialize;
 
 use crate::clock::Nanos;
 use crate::placement::Placement;
-use crate::steering::{HandlerKey, HandlerLoad, LoadTracker, Policy, SteeringInputs, Weights};
+use crate::steering::{
+    AppView, Controller, ControllerConfig, HandlerKey, HandlerView, LoadTracker, Observe, Policy,
+    Selector, Weights,
+};
 
 /// The simulated handler's key.
 pub const SIM_KEY: HandlerKey = (1, 1);
@@ -157,33 +161,48 @@ struct Station {
     executors: u32,
 }
 
-/// Smooth weighted round robin: deterministic, and exact fractions over any window.
-#[derive(Default)]
-struct Selector {
-    credit: [f64; 3],
+/// The simulated server as the controller observes it.
+struct Observed<'a> {
+    trackers: &'a mut [LoadTracker; 3],
+    stations: &'a [Station; 3],
 }
 
-impl Selector {
-    fn pick(&mut self, w: &Weights) -> Placement {
-        for p in Placement::ALL {
-            self.credit[p.index()] += w.of(p);
-        }
-        let mut best = Placement::Host;
-        for p in Placement::ALL {
-            if w.of(p) > 0.0
-                && (w.of(best) == 0.0 || self.credit[p.index()] > self.credit[best.index()])
-            {
-                best = p;
-            }
-        }
-        self.credit[best.index()] -= 1.0;
-        best
+impl Observe for Observed<'_> {
+    fn with_tracker<R>(&mut self, p: Placement, f: impl FnOnce(&mut LoadTracker) -> R) -> R {
+        f(&mut self.trackers[p.index()])
+    }
+
+    fn queued(&self, p: Placement) -> Option<(u32, u32)> {
+        let st = &self.stations[p.index()];
+        (p != Placement::Client).then_some((st.queue.len() as u32, st.executors))
+    }
+
+    fn available(&self, _: Placement) -> bool {
+        true
+    }
+
+    fn client_rtt_ns(&self) -> Option<f64> {
+        None
+    }
+
+    fn apps(&self) -> Vec<AppView> {
+        vec![AppView {
+            id: SIM_KEY.0,
+            owner: Some(Placement::Host),
+            handlers: vec![HandlerView {
+                id: SIM_KEY.1,
+                read_only: true,
+            }],
+        }]
     }
 }
 
 /// Runs the simulation with `policy`.
-pub fn simulate(config: &SimConfig, policy: &mut dyn Policy) -> SimResult {
+pub fn simulate(config: &SimConfig, policy: Box<dyn Policy>) -> SimResult {
     let c = config;
+    let policy_name = policy.name();
+    let controller_config = ControllerConfig::new().default_client_rtt_ns(c.client_rtt_ns as f64);
+    let mut controller = Controller::new(policy, controller_config, 0);
     let mut events: BinaryHeap<Reverse<(Nanos, Event)>> = BinaryHeap::new();
     events.push(Reverse((0, Event::Arrival)));
     events.push(Reverse((c.period_ns, Event::Tick)));
@@ -238,7 +257,7 @@ pub fn simulate(config: &SimConfig, policy: &mut dyn Policy) -> SimResult {
         }
         match ev {
             Event::Arrival => {
-                let p = selector.pick(&weights);
+                let p = selector.pick(&weights, |_| true).unwrap_or(Placement::Host);
                 buckets[(now / c.bucket_ns) as usize].placed[p.index()] += 1;
                 let st = &mut stations[p.index()];
                 if p == Placement::Client {
@@ -298,34 +317,15 @@ pub fn simulate(config: &SimConfig, policy: &mut dyn Policy) -> SimResult {
                 }
             }
             Event::Tick => {
-                let mut inputs = SteeringInputs {
-                    client_rtt_ns: c.client_rtt_ns as f64,
-                    ..SteeringInputs::default()
+                let mut observed = Observed {
+                    trackers: &mut trackers,
+                    stations: &stations,
                 };
-                for p in Placement::ALL {
-                    inputs.placements[p.index()] = trackers[p.index()].sample(now);
+                // The one app is decided every period, active or not (a full tick).
+                let decided = controller.tick(now, &mut observed, true);
+                if let Some(&(_, w)) = decided.weights.iter().find(|(k, _)| *k == SIM_KEY) {
+                    weights = w;
                 }
-                // A queue that is not draining counts with what it holds, not only what it served.
-                for p in [Placement::Nic, Placement::Host] {
-                    let st = &stations[p.index()];
-                    if let Some(&oldest) = st.queue.front() {
-                        let l = &mut inputs.placements[p.index()];
-                        l.queue_delay_ns = l.queue_delay_ns.max((now - oldest) as f64);
-                    }
-                }
-                let done: u64 = trackers
-                    .iter_mut()
-                    .flat_map(|t| t.take_touched())
-                    .map(|(_, n)| n)
-                    .sum();
-                inputs.total_rate = done as f64 / (c.period_ns as f64 / 1e9);
-                let handler = HandlerLoad {
-                    service_ns: [0, 1, 2].map(|i| trackers[i].service(SIM_KEY)),
-                    steps: c.steps as f64,
-                    read_only: true,
-                    owner: Some(Placement::Host),
-                };
-                weights = policy.decide(SIM_KEY, &handler, &inputs, now);
                 timeline.push((now, weights));
                 events.push(Reverse((now + c.period_ns, Event::Tick)));
             }
@@ -340,7 +340,7 @@ pub fn simulate(config: &SimConfig, policy: &mut dyn Policy) -> SimResult {
     }
     SimResult {
         config: c.clone(),
-        policy: policy.name(),
+        policy: policy_name,
         buckets,
         weights: timeline,
     }
@@ -355,7 +355,7 @@ mod tests {
     fn congestion_moves_reads_off_the_host_within_10ms_and_back() {
         let cfg = SimConfig::default();
         let (onset, end, _) = cfg.congestion.unwrap();
-        let r = simulate(&cfg, &mut CostPolicy::new(CostPolicyConfig::default()));
+        let r = simulate(&cfg, Box::new(CostPolicy::new(CostPolicyConfig::default())));
         // Before congestion the host is the cheapest placement.
         let before = r
             .first_time_share_at_least(Placement::Host, 0.9, 10_000_000, 30)
@@ -392,8 +392,8 @@ mod tests {
             duration_ns: 60_000_000,
             ..SimConfig::default()
         };
-        let a = simulate(&cfg, &mut CostPolicy::new(CostPolicyConfig::default()));
-        let b = simulate(&cfg, &mut CostPolicy::new(CostPolicyConfig::default()));
+        let a = simulate(&cfg, Box::new(CostPolicy::new(CostPolicyConfig::default())));
+        let b = simulate(&cfg, Box::new(CostPolicy::new(CostPolicyConfig::default())));
         assert_eq!(a.buckets, b.buckets);
     }
 
@@ -403,8 +403,8 @@ mod tests {
             duration_ns: 100_000_000,
             ..SimConfig::default()
         };
-        let auto = simulate(&cfg, &mut CostPolicy::new(CostPolicyConfig::default()));
-        let host = simulate(&cfg, &mut StaticPolicy(Placement::Host));
+        let auto = simulate(&cfg, Box::new(CostPolicy::new(CostPolicyConfig::default())));
+        let host = simulate(&cfg, Box::new(StaticPolicy(Placement::Host)));
         let late = |r: &SimResult| {
             r.buckets[60..90]
                 .iter()

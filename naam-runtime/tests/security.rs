@@ -304,7 +304,7 @@ fn answers_to_unproven_peers_stay_within_the_amplification_limit(d: &mut Deploym
         b.resize(b.len().max(pad), b' ');
         b
     };
-    let frame = naam_runtime::datagram::HEADER;
+    let frame = naam_runtime::frame::HEADER;
     for (msg, answered) in [
         (hello(HELLO_PADDING), true),
         (hello(0), true),

@@ -414,7 +414,7 @@ impl Config {
                 ));
             }
         }
-        let (lo, hi) = (naam_runtime::datagram::MIN_DATAGRAM, MAX_DATAGRAM);
+        let (lo, hi) = (naam_runtime::frame::MIN_DATAGRAM, MAX_DATAGRAM);
         if !(lo..=hi).contains(&c.datagram) {
             return bad(format!(
                 "datagram must be {lo} to {hi} bytes, not {}",

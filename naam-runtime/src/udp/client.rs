@@ -19,8 +19,7 @@ use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use super::control::{object_hash, Control, Manifest, KIND_CONTROL};
 use super::socket::{Socket, DEFAULT_DATAGRAM};
 use crate::clock::SystemClock;
-use crate::cluster::{run_at_client, ClientError, Selector};
-use crate::datagram::{Retransmit, Timeout};
+use crate::cluster::{run_at_client, ClientError};
 use crate::engine::Vm;
 use crate::executor::{ClientPath, FetchError, Limits, OneSided};
 use crate::metrics::Metrics;
@@ -30,10 +29,12 @@ use crate::registry::{HandlerKind, HandlerSpec, Registry};
 use crate::session::{
     self, peek_sealed, ClientHandshake, Credential, Sealer, Sender, SessionKey, KIND_SEALED,
 };
+use crate::steering::Selector;
 use crate::steering::{Ewma, HandlerKey, LoadTracker, Weights};
 use crate::transport::Transport;
 use crate::verifier::VerifierConfig;
 use crate::wire::{flags, peek_kind, Reply, Request, Status, KIND_REPLY};
+use naam_proto::frame::{Retransmit, Timeout};
 
 /// Manifest pages a client fetches at most (tens of thousands of apps).
 const MAX_MANIFEST_PAGES: u32 = 4096;

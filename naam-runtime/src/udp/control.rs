@@ -19,10 +19,7 @@ use crate::session::{COOKIE_LEN, NONCE_LEN, RESET_TOKEN_LEN};
 use crate::steering::RemoteLoad;
 use crate::wire::{header, WireError, VERSION};
 
-/// Kind byte of a control message.
-pub const KIND_CONTROL: u8 = 5;
-/// Kind byte of a forwarded request.
-pub const KIND_FORWARD: u8 = 6;
+pub use naam_proto::kind::{CONTROL as KIND_CONTROL, FORWARD as KIND_FORWARD};
 /// Control header size.
 pub const CONTROL_HEADER: usize = 16;
 /// Forward header size.
@@ -184,7 +181,7 @@ pub const MAX_CONGESTION_NS: u64 = 10_000_000;
 
 /// Bytes of app entries one manifest page carries: a control message's limit less its header
 /// and room for the envelope (client id, agent address, mode, page numbers).
-pub const MANIFEST_PAGE_BUDGET: usize = crate::datagram::MAX_MESSAGE - CONTROL_HEADER - 512;
+pub const MANIFEST_PAGE_BUDGET: usize = naam_proto::frame::MAX_MESSAGE - CONTROL_HEADER - 512;
 
 /// Why a manifest cannot be published.
 #[derive(Debug, thiserror::Error)]
@@ -590,7 +587,7 @@ mod tests {
                 pages: pages.len() as u32,
                 apps: p.clone(),
             };
-            assert!(c.to_bytes(1).len() <= crate::datagram::MAX_MESSAGE);
+            assert!(c.to_bytes(1).len() <= naam_proto::frame::MAX_MESSAGE);
             let w = Control::Welcome {
                 session: u64::MAX,
                 epoch: u64::MAX,
@@ -602,7 +599,7 @@ mod tests {
                 pages: u32::MAX,
                 agent: Some("[fe80::1:2:3:4]:65535".parse().unwrap()),
             };
-            assert!(w.to_bytes(1).len() <= crate::datagram::MAX_MESSAGE);
+            assert!(w.to_bytes(1).len() <= naam_proto::frame::MAX_MESSAGE);
         }
         assert_eq!(Manifest::default().pages().unwrap(), vec![vec![]]);
         let huge = Manifest {

@@ -28,8 +28,8 @@ mod tests {
     use bytes::Bytes;
     use naam_ebpf::eswitch as abi;
 
-    use crate::datagram::fragment;
     use crate::wire::{flags, Descriptors, Request};
+    use naam_proto::frame::fragment;
 
     /// The XDP eSwitch reads NAAM packets at fixed offsets (naam-ebpf's `eswitch` ABI): they
     /// must match what the runtime's encoders write.

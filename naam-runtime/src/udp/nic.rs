@@ -22,13 +22,14 @@ use serde::Serialize;
 use super::control::{self, Control, Manifest, KIND_CONTROL, KIND_FORWARD};
 use super::server::{malformed, Channel, Replies};
 use super::socket::Socket;
-use crate::cluster::{Cluster, Dispatch, Selector};
+use crate::cluster::{Cluster, Dispatch};
 use crate::onesided::{self, KIND_OP};
 use crate::placement::Placement;
 use crate::session::{
     self, peek_sealed, ClientHandshake, Credential, ReplayWindow, Sealer, Sender, SessionKey,
     KIND_SEALED,
 };
+use crate::steering::Selector;
 use crate::wire::{peek_kind, Request, Status, KIND_REQUEST};
 
 /// Counters of a NIC driver.

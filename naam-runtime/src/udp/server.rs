@@ -14,15 +14,16 @@ use serde::Serialize;
 use super::control::{self, AppManifest, Control, HandlerWeights, Manifest, KIND_CONTROL};
 use super::socket::Socket;
 use crate::clock::{Clock, Nanos, SystemClock};
-use crate::cluster::{Cluster, Dispatch, Selector};
-use crate::datagram;
+use crate::cluster::{Cluster, Dispatch};
 use crate::onesided::{self, KIND_OP};
 use crate::placement::Placement;
 use crate::session::{
     self, CookieJar, Gatekeeper, HandshakeNonces, Role, SealError, Sealer, TenantEntry, KIND_SEALED,
 };
 use crate::steering::RemoteLoad;
+use crate::steering::Selector;
 use crate::wire::{peek_kind, LoadFeedback, Reply, Request, Status, KIND_REQUEST};
+use naam_proto::frame;
 
 /// Counters of a server driver.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -267,7 +268,7 @@ struct Host<'a> {
 
 /// Bytes of a whole datagram carrying a `message`-byte message in one fragment.
 fn datagram_len(message: usize) -> usize {
-    datagram::HEADER + message
+    frame::HEADER + message
 }
 
 impl Host<'_> {

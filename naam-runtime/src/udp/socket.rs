@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::datagram::{fragment, Fragment, Pushed, Reassembler, MAX_MESSAGE};
+use naam_proto::frame::{fragment, Fragment, Pushed, Reassembler, MAX_MESSAGE};
 
 /// Datagrams one `recvmmsg` call takes at most.
 pub const RECV_BATCH: usize = 32;
@@ -164,7 +164,7 @@ impl Socket {
         }
         Socket {
             sock,
-            datagram: datagram.clamp(crate::datagram::MIN_DATAGRAM, MAX_DATAGRAM),
+            datagram: datagram.clamp(naam_proto::frame::MIN_DATAGRAM, MAX_DATAGRAM),
             bufs: vec![[0u8; MAX_DATAGRAM]; RECV_BATCH],
             reassembler: Reassembler::new(4096, 16 << 20, 200_000_000),
             stats: SocketStats::default(),

@@ -1,4 +1,4 @@
-//! Datagram framing for the UDP fabric, IO-free: splitting a wire message into MTU-sized
+//! Datagram framing, IO-free: splitting a wire message into MTU-sized
 //! fragments, reassembling them with bounded memory, and the retransmission timers a client keeps
 //! per outstanding request. Sockets live in a thin driver; everything here takes time as an
 //! argument so the simulator and tests drive it with a virtual clock.
@@ -16,17 +16,15 @@ use std::hash::Hash;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-use crate::clock::Nanos;
+pub use crate::limits::MAX_MESSAGE;
+use crate::Nanos;
 
 /// Magic number opening every fragment ("NAAM" in little-endian byte order).
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NAAM");
-/// Framing version.
+/// Framing version (of the fragment header; messages inside carry [`crate::kind::VERSION`]).
 pub const VERSION: u8 = 1;
 /// Fragment header size.
 pub const HEADER: usize = 24;
-/// Largest message the fabric carries (a request with full args, state, descriptors and a
-/// partial reply fits).
-pub const MAX_MESSAGE: usize = 8 * 1024;
 /// Most fragments one message may have.
 pub const MAX_FRAGMENTS: usize = 64;
 /// Smallest datagram payload the framing accepts (IPv4's minimum reassembly size less headers).

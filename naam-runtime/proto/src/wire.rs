@@ -25,23 +25,9 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use naam_ebpf::abi::{Descriptor, ACCESS_MASK, ARGS_CAP, MAX_NEXT, REPLY_CAP, STATE_WORDS};
 use serde::Serialize;
 
+pub use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
+pub use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
 use crate::placement::Placement;
-
-/// Wire format version.
-pub const VERSION: u8 = 1;
-/// Kind byte of a request.
-pub const KIND_REQUEST: u8 = 1;
-/// Kind byte of a reply.
-pub const KIND_REPLY: u8 = 2;
-/// Fixed request header size.
-pub const REQUEST_HEADER: usize = 32;
-/// Fixed reply header size, load feedback included.
-pub const REPLY_HEADER: usize = 56;
-/// Size of one encoded descriptor.
-pub const DESCRIPTOR_SIZE: usize = 24;
-/// Largest encoded message.
-pub const MAX_MESSAGE: usize =
-    REQUEST_HEADER + ARGS_CAP + 8 * STATE_WORDS + DESCRIPTOR_SIZE * MAX_NEXT + REPLY_CAP;
 
 /// Request flags.
 pub mod flags {
@@ -171,7 +157,7 @@ impl Descriptors {
 pub struct Request {
     /// Application id.
     pub app: u32,
-    /// Handler id (see [`crate::registry::handler_id`]).
+    /// Handler id (see [`crate::handler_id`]).
     pub handler: u32,
     /// Request id, unique per client.
     pub request_id: u64,
@@ -415,8 +401,9 @@ fn check_access(access: u32) -> Result<(), WireError> {
 }
 
 /// The fixed header of `size` bytes, after checking the version and that the kind is `want`;
-/// the returned slice starts after those two bytes.
-pub(crate) fn header(buf: &[u8], size: usize, want: u8) -> Result<&[u8], WireError> {
+/// the returned slice starts after those two bytes. Every codec of this crate opens its
+/// message with it.
+pub fn header(buf: &[u8], size: usize, want: u8) -> Result<&[u8], WireError> {
     let have = buf.len();
     if have < size {
         return Err(WireError::Truncated { need: size, have });
@@ -431,7 +418,7 @@ pub(crate) fn header(buf: &[u8], size: usize, want: u8) -> Result<&[u8], WireErr
 }
 
 /// A message must be exactly as long as its header declares.
-pub(crate) fn check_exact(have: usize, expected: usize) -> Result<(), WireError> {
+pub fn check_exact(have: usize, expected: usize) -> Result<(), WireError> {
     if have < expected {
         return Err(WireError::Truncated {
             need: expected,

@@ -12,8 +12,14 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::clock::Nanos;
 use crate::placement::Placement;
+use crate::Nanos;
+
+mod controller;
+pub use controller::{
+    AppView, Controller, ControllerConfig, Decisions, HandlerView, Observe, Selector,
+    DECISION_BUDGET,
+};
 
 /// Exponentially weighted moving average.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

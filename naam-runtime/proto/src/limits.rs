@@ -1,0 +1,30 @@
+//! Size limits shared by every codec and driver, each defined once. The handler ABI's own caps
+//! (args, state words, descriptors, reply) live in naam-ebpf's `abi` and are used from there.
+
+use naam_ebpf::abi::{ARGS_CAP, MAX_NEXT, REPLY_CAP, STATE_WORDS};
+
+/// Fixed request header size.
+pub const REQUEST_HEADER: usize = 32;
+/// Fixed reply header size, load feedback included.
+pub const REPLY_HEADER: usize = 56;
+/// Size of one encoded descriptor.
+pub const DESCRIPTOR_SIZE: usize = 24;
+/// Largest encoded request: full args, state words, descriptors and a partial reply.
+pub const MAX_REQUEST: usize =
+    REQUEST_HEADER + ARGS_CAP + 8 * STATE_WORDS + DESCRIPTOR_SIZE * MAX_NEXT + REPLY_CAP;
+/// Largest encoded reply.
+pub const MAX_REPLY: usize = REPLY_HEADER + REPLY_CAP;
+/// Largest message the datagram framing carries once reassembled, sealing included: any
+/// request, reply, one-sided operation or control message must fit.
+pub const MAX_MESSAGE: usize = 8 * 1024;
+/// Largest payload of one one-sided operation or completion (a READ's ranges together, or a
+/// WRITE's bytes), so that an operation and its completion fit in [`MAX_MESSAGE`].
+pub const MAX_TRANSFER: usize = 7 * 1024;
+/// Bytes sealing adds to a message: the envelope header and the authentication tag.
+pub const SEAL_OVERHEAD: usize = naam_ebpf::eswitch::SEAL_HEADER + SEAL_TAG;
+/// Length of a sealed envelope's authentication tag (truncated HMAC-SHA-256).
+pub const SEAL_TAG: usize = 16;
+
+const _: () = assert!(MAX_REQUEST + SEAL_OVERHEAD <= MAX_MESSAGE);
+const _: () = assert!(MAX_REPLY + SEAL_OVERHEAD <= MAX_MESSAGE);
+const _: () = assert!(MAX_TRANSFER + 64 + SEAL_OVERHEAD <= MAX_MESSAGE);
