@@ -760,6 +760,33 @@ pub fn connect(
     }
 }
 
+impl crate::udp::client::UdpClient {
+    /// Sends this client's one-sided READs over RDMA: connects a queue pair on `dev` to
+    /// naam-server's (the out-of-band exchange on the control channel) and reads the server's
+    /// registered regions directly, with no naam-nic agent in the path.
+    pub fn use_rdma(&mut self, dev: &Arc<Device>) -> Result<(), VerbsError> {
+        let (qp, regions) = connect(self, dev)?;
+        let reader = RdmaReader::new(dev.clone(), qp, regions)?;
+        self.set_direct_reads(Box::new(reader));
+        Ok(())
+    }
+}
+
+/// The client's data path sees RDMA READs as one more one-sided source; the round trip is
+/// measured around the posted READs and their completions.
+impl crate::executor::OneSided for RdmaReader {
+    fn read(
+        &mut self,
+        app: u32,
+        descs: &[naam_ebpf::abi::Descriptor],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<u64, crate::executor::FetchError> {
+        let start = std::time::Instant::now();
+        RdmaReader::read(self, app, descs, bufs)?;
+        Ok(start.elapsed().as_nanos() as u64)
+    }
+}
+
 /// Bytes one step of a client's reads may fetch at most (its registered landing buffer).
 pub const READ_BUFFER: usize = 1 << 20;
 

@@ -167,9 +167,8 @@ pub struct Conn {
     /// How long a handshake may take.
     connect_timeout: Duration,
     authentication: session::Authentication,
-    /// One-sided READs over RDMA instead of the agent, once [`UdpClient::use_rdma`] connected.
-    #[cfg(feature = "verbs")]
-    rdma: Option<crate::verbs::RdmaReader>,
+    /// One-sided READs over a direct path (RDMA verbs: `use_rdma`) instead of the agent.
+    direct_reads: Option<Box<dyn OneSided + Send>>,
 }
 
 /// What [`Conn::exchange_with`] asks of each arriving message: `Some` ends the exchange.
@@ -203,11 +202,7 @@ fn answered_id(kind: u8, m: &[u8]) -> Option<u64> {
 impl Conn {
     /// Whether one-sided READs have somewhere to go: RDMA, or the NIC's agent.
     fn one_sided_up(&self) -> bool {
-        #[cfg(feature = "verbs")]
-        if self.rdma.is_some() {
-            return true;
-        }
-        self.agent.is_some()
+        self.direct_reads.is_some() || self.agent.is_some()
     }
 
     fn next_id(&mut self) -> u64 {
@@ -519,11 +514,8 @@ impl OneSided for Conn {
                 },
             ));
         }
-        #[cfg(feature = "verbs")]
-        if let Some(rdma) = &mut self.rdma {
-            let start = Instant::now();
-            rdma.read(app, descs, bufs)?;
-            let rtt = start.elapsed().as_nanos() as u64;
+        if let Some(direct) = &mut self.direct_reads {
+            let rtt = direct.read(app, descs, bufs)?;
             self.rtt.add(rtt as f64);
             return Ok(rtt);
         }
@@ -631,8 +623,7 @@ impl UdpClient {
             liveness: config.liveness,
             connect_timeout: config.connect_timeout,
             authentication: config.authentication,
-            #[cfg(feature = "verbs")]
-            rdma: None,
+            direct_reads: None,
         };
         let server = config.server;
         let unanswered = |e: Exchange| match e {
@@ -757,30 +748,15 @@ impl UdpClient {
         Ok(Control::decode(&m)?.1)
     }
 
-    /// Sends this client's one-sided READs over RDMA: connects a queue pair on `dev` to
-    /// naam-server's (the out-of-band exchange on the control channel) and reads the server's
-    /// registered regions directly, with no naam-nic agent in the path.
-    #[cfg(feature = "verbs")]
-    pub fn use_rdma(
-        &mut self,
-        dev: &Arc<crate::verbs::Device>,
-    ) -> Result<(), crate::verbs::VerbsError> {
-        let (qp, regions) = crate::verbs::connect(self, dev)?;
-        let reader = crate::verbs::RdmaReader::new(dev.clone(), qp, regions)?;
-        self.path.transport().rdma = Some(reader);
-        Ok(())
+    /// Sends this client's one-sided READs over `reader` (the verbs backend's RDMA READs)
+    /// instead of naam-nic's agent. Backends call it; this module knows none of them.
+    pub fn set_direct_reads(&mut self, reader: Box<dyn OneSided + Send>) {
+        self.path.transport().direct_reads = Some(reader);
     }
 
-    /// Whether one-sided READs go over RDMA.
+    /// Whether one-sided READs go over a direct path (RDMA) rather than the agent.
     pub fn uses_rdma(&mut self) -> bool {
-        #[cfg(feature = "verbs")]
-        {
-            self.path.transport().rdma.is_some()
-        }
-        #[cfg(not(feature = "verbs"))]
-        {
-            false
-        }
+        self.path.transport().direct_reads.is_some()
     }
 
     /// Sends `inner` sealed in this client's session to `to` without waiting for an answer

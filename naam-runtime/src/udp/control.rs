@@ -399,9 +399,9 @@ pub enum Control {
         /// Which switch steers (XDP or user-space).
         switch: String,
         /// Its packet counters.
-        counters: crate::udp::server::SwitchCounters,
+        counters: SwitchCounters,
         /// What the user-space switch queued at the host or forwarded to the NIC.
-        userspace: crate::udp::server::SwitchCounters,
+        userspace: SwitchCounters,
     },
     /// Operator → server: take host executor capacity away (every host message spends
     /// `extra_ns` more, busy) or give it back (`None`), for congestion experiments. Refused
@@ -492,6 +492,17 @@ pub fn unforward(buf: &Bytes) -> Result<Bytes, WireError> {
 /// The manifest's hash of an object's bytes (the handlers' own `hash64`, seed 0).
 pub fn object_hash(bytes: &[u8]) -> u64 {
     naam_ebpf::hash::hash64(bytes, 0)
+}
+
+/// Packet counters of a switch in front of the server.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SwitchCounters {
+    /// Messages left for the host executors.
+    pub host: u64,
+    /// Messages steered to the NIC.
+    pub nic: u64,
+    /// Multi-fragment messages (always left for the host).
+    pub fragmented: u64,
 }
 
 #[cfg(test)]

@@ -48,16 +48,7 @@ pub struct ServerStats {
     pub amplification_drops: u64,
 }
 
-/// Packet counters of a switch in front of the server.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct SwitchCounters {
-    /// Messages left for the host executors.
-    pub host: u64,
-    /// Messages steered to the NIC.
-    pub nic: u64,
-    /// Multi-fragment messages (always left for the host).
-    pub fragmented: u64,
-}
+pub use super::control::SwitchCounters;
 
 /// A switch ahead of this driver (the XDP eSwitch) that already split server-bound messages
 /// between host and NIC: what arrives here is for the host.

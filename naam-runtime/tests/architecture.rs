@@ -1,0 +1,163 @@
+//! Structure the code must keep (docs/ARCHITECTURE.md): no import cycle between naam-runtime's
+//! modules, and no IO, thread or clock in naam-proto. Read from the source text, so a change
+//! that breaks either fails here with the modules that did it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).expect("readable source directory") {
+            let path = entry.expect("directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The code of a file without comments and without its unit tests.
+fn code_of(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).expect("readable source file");
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `udp/client.rs` → `udp::client`; `udp/mod.rs` → `udp`.
+fn module_name(src: &Path, path: &Path) -> String {
+    let rel = path.strip_prefix(src).expect("under src");
+    let s = rel.with_extension("").to_string_lossy().replace('/', "::");
+    s.strip_suffix("::mod").map(str::to_string).unwrap_or(s)
+}
+
+/// Modules named after `prefix` in `code` (`crate::a::b` gives `a::b` when `a::b` is a module,
+/// else `a`).
+fn references(code: &str, prefix: &str, parent: &str, modules: &BTreeSet<String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in code.match_indices(prefix) {
+        let rest = &code[i + prefix.len()..];
+        let path: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+            .collect();
+        let parts: Vec<&str> = path.split("::").filter(|p| !p.is_empty()).collect();
+        let base = if parent.is_empty() {
+            String::new()
+        } else {
+            format!("{parent}::")
+        };
+        let mut best = None;
+        for n in 1..=parts.len() {
+            let candidate = format!("{base}{}", parts[..n].join("::"));
+            if modules.contains(&candidate) {
+                best = Some(candidate);
+            }
+        }
+        out.extend(best);
+    }
+    out
+}
+
+#[test]
+fn naam_runtime_has_no_import_cycle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files: Vec<PathBuf> = rust_files(&src)
+        .into_iter()
+        .filter(|p| !p.starts_with(src.join("bin")))
+        .collect();
+    let modules: BTreeSet<String> = files.iter().map(|p| module_name(&src, p)).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for path in &files {
+        let name = module_name(&src, path);
+        let code = code_of(path);
+        let parent = name.rsplit_once("::").map(|(p, _)| p).unwrap_or("");
+        let mut deps: BTreeSet<String> = references(&code, "crate::", "", &modules)
+            .into_iter()
+            .collect();
+        deps.extend(references(&code, "super::", parent, &modules));
+        // A module may use its parent's items (`udp::MODE`) and its own children.
+        deps.retain(|d| d != &name && !name.starts_with(&format!("{d}::")));
+        deps.retain(|d| !d.starts_with(&format!("{name}::")));
+        graph.insert(name, deps);
+    }
+    // Depth-first search for a back edge; report the cycle it closes.
+    fn visit(
+        m: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        stack: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(i) = stack.iter().position(|s| s == m) {
+            let mut cycle = stack[i..].to_vec();
+            cycle.push(m.to_string());
+            return Some(cycle);
+        }
+        if done.contains(m) {
+            return None;
+        }
+        stack.push(m.to_string());
+        for d in graph.get(m).into_iter().flatten() {
+            if let Some(c) = visit(d, graph, stack, done) {
+                return Some(c);
+            }
+        }
+        stack.pop();
+        done.insert(m.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for m in graph.keys() {
+        if let Some(cycle) = visit(m, &graph, &mut Vec::new(), &mut done) {
+            panic!("import cycle: {}", cycle.join(" → "));
+        }
+    }
+}
+
+#[test]
+fn naam_proto_does_no_io_and_reads_no_clock() {
+    let proto = Path::new(env!("CARGO_MANIFEST_DIR")).join("proto");
+    let forbidden = [
+        "std::net",
+        "std::thread",
+        "std::fs",
+        "std::time::Instant",
+        "SystemTime",
+        "Instant::now",
+        "std::env",
+        "tokio",
+        "libc",
+    ];
+    for path in rust_files(&proto.join("src")) {
+        let code = code_of(&path);
+        for f in forbidden {
+            assert!(
+                !code.contains(f),
+                "{} uses {f}: naam-proto is IO-free and takes time as an argument",
+                path.display()
+            );
+        }
+    }
+    let manifest = std::fs::read_to_string(proto.join("Cargo.toml")).expect("manifest");
+    let deps = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .unwrap_or("")
+        .split("\n[")
+        .next()
+        .unwrap_or("");
+    for crate_name in ["tokio", "libc", "clap", "anyhow", "crossbeam"] {
+        assert!(
+            !deps.contains(crate_name),
+            "naam-proto depends on {crate_name}"
+        );
+    }
+}
