@@ -1926,11 +1926,14 @@ pub(crate) fn run_at_client<T: OneSided>(
             return (r, None);
         }
     };
-    let begin = Instant::now();
+    let begin = clock.now();
     let (c, cost) = run_message(req, handler, path, vm, limits, clock, |_| {
         Err(WriteError::NotOwner)
     });
-    let service = (begin.elapsed().as_nanos() as u64).saturating_sub(cost.fetch_ns);
+    let service = clock
+        .now()
+        .saturating_sub(begin)
+        .saturating_sub(cost.fetch_ns);
     let reply = reply_for(
         req,
         &c,

@@ -762,21 +762,6 @@ pub fn one_sided_read(
     Ok(())
 }
 
-/// Waits `ns` before a retry: first yields (the writer may be waiting for this core), then
-/// sleeps or spins for the rest.
-fn backoff(ns: u64) {
-    let start = std::time::Instant::now();
-    std::thread::yield_now();
-    let left = ns.saturating_sub(start.elapsed().as_nanos() as u64);
-    if left >= 50_000 {
-        std::thread::sleep(std::time::Duration::from_nanos(left));
-    } else {
-        while (start.elapsed().as_nanos() as u64) < ns {
-            std::hint::spin_loop();
-        }
-    }
-}
-
 /// Accounting of one driven message.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RunCost {
@@ -916,7 +901,7 @@ pub fn run_message<P: DataPath>(
         match driven {
             Driven::Done(c, cost) => return (c, cost),
             Driven::Parked(p) => {
-                backoff(p.resume_at.saturating_sub(clock.now()));
+                clock.wait_until(p.resume_at);
                 driven = resume(p, path, vm, clock, &mut apply);
             }
         }
