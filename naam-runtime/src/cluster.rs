@@ -13,7 +13,7 @@
 //! and sends writes to the app's write owner; executors run the sans-IO [`StepMachine`] through
 //! [`run_message`]; the controller samples load every period and publishes new weights.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
@@ -26,8 +26,8 @@ use naam_ebpf::abi::Descriptor;
 use crate::clock::{Clock, Nanos, SystemClock};
 use crate::engine::Vm;
 use crate::executor::{
-    self, apply_writes, one_sided_read, run_message, Action, ClientPath, Completion, DataPath,
-    DmaModel, Driven, FetchError, HostPath, Limits, NicPath, OneSided, ParkedRun, RunCost,
+    self, apply_writes, one_sided_read, run_message, Action, ClientPath, DataPath, DmaModel,
+    Driven, FetchError, HostPath, Limits, NicPath, OneSided, Outcome, ParkedRun, RunCost,
     StepMachine, WriteError,
 };
 use crate::fair::{FairQueue, PushError};
@@ -44,6 +44,7 @@ use crate::steering::{
 };
 use crate::verifier::VerifierConfig;
 use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status, WireError};
+use naam_proto::dedup::RecentAnswers;
 
 /// A region to register for an app.
 #[derive(Clone, Debug)]
@@ -360,31 +361,11 @@ struct Owner {
 
 enum Dedup {
     Pending,
-    Done(Completion),
+    Done(Outcome),
 }
 
-/// Answers to writes by (origin session, request id): a retransmission gets the first answer,
-/// and one session's ids never match another's.
-#[derive(Default)]
-struct DedupTable {
-    entries: HashMap<(u64, u64), Dedup>,
-    order: VecDeque<(u64, u64)>,
-}
-
-const DEDUP_CAP: usize = 1 << 16;
-
-impl DedupTable {
-    fn insert(&mut self, id: (u64, u64), e: Dedup) {
-        if self.entries.insert(id, e).is_none() {
-            self.order.push_back(id);
-            if self.order.len() > DEDUP_CAP {
-                if let Some(old) = self.order.pop_front() {
-                    self.entries.remove(&old);
-                }
-            }
-        }
-    }
-}
+/// Answers to one app's writes by (origin session, request id).
+type DedupTable = RecentAnswers<(u64, u64), Dedup>;
 
 /// Takes host executor capacity away, for experiments.
 #[derive(Default)]
@@ -823,7 +804,7 @@ pub fn install_with(
 
 pub(crate) fn reply_for(
     req: &Request,
-    c: &Completion,
+    c: &Outcome,
     placement: Placement,
     load: LoadFeedback,
 ) -> Reply {
@@ -860,7 +841,7 @@ pub(crate) fn error_reply(
 /// What serving a message left: an answer, or a message parked for a torn-read retry.
 enum Served {
     /// The completion and the modelled fetch cost.
-    Done(Completion, u64),
+    Done(Outcome, u64),
     /// Waiting for its backoff; `write`: it holds its dedup entry and owner count.
     Parked { run: Box<ParkedRun>, write: bool },
 }
@@ -876,7 +857,7 @@ fn serve<P: DataPath>(inner: &Inner, req: &Request, path: &mut P, vm: &mut Vm) -
                 crate::registry::LookupError::UnknownApp(_) => Status::UnknownApp,
                 _ => Status::UnknownHandler,
             };
-            return Served::Done(Completion::error(status, 0, e.to_string(), req.steps), 0);
+            return Served::Done(Outcome::error(status, 0, e.to_string(), req.steps), 0);
         }
     };
     let (limits, clock) = (inner.config.limits, inner.clock.as_ref());
@@ -887,12 +868,12 @@ fn serve<P: DataPath>(inner: &Inner, req: &Request, path: &mut P, vm: &mut Vm) -
         return served(inner, req, driven, false);
     }
     // Writes: only at the owner, once per (origin, request id).
-    let refused = |c: Completion| {
+    let refused = |c: Outcome| {
         release_owner(inner, req.app);
         Served::Done(c, 0)
     };
     if inner.owner_of(req.app) != Some(placement) {
-        return refused(Completion::error(
+        return refused(Outcome::error(
             Status::NotOwner,
             0,
             format!("{placement} does not own app {}'s writes", req.app),
@@ -904,10 +885,10 @@ fn serve<P: DataPath>(inner: &Inner, req: &Request, path: &mut P, vm: &mut Vm) -
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let key = (req.origin, req.request_id);
-        match t.entries.get(&key) {
+        match t.get(&key) {
             Some(Dedup::Done(c)) => return refused(c.clone()),
             Some(Dedup::Pending) => {
-                return refused(Completion::error(
+                return refused(Outcome::error(
                     Status::Busy,
                     0,
                     "a write with this request id is in progress",
@@ -935,7 +916,7 @@ fn resume_served<P: DataPath>(
     vm: &mut Vm,
 ) -> Served {
     if inner.over_budget(req.app) == Some("torn-read retries") {
-        let c = Completion::error(
+        let c = Outcome::error(
             Status::Refused,
             0,
             format!(
@@ -972,8 +953,7 @@ fn served(inner: &Inner, req: &Request, driven: Driven, write: bool) -> Served {
                 let mut t = inner.dedup[&req.app]
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
-                t.entries
-                    .insert((req.origin, req.request_id), Dedup::Done(c.clone()));
+                t.insert((req.origin, req.request_id), Dedup::Done(c.clone()));
                 drop(t);
                 release_owner(inner, req.app);
             }

@@ -87,13 +87,13 @@ pub enum Action {
     /// Apply these writes (at the owner) and call [`StepMachine::writes_applied`].
     Write(WriteBatch),
     /// The message is finished.
-    Complete(Completion),
+    Complete(Outcome),
 }
 
-/// The end of a message.
+/// How a message ended, at whichever placement ran it (the reply is built from it).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Completion {
-    /// Outcome.
+pub struct Outcome {
+    /// Its status.
     pub status: Status,
     /// Handler error code, or a detail code.
     pub code: u32,
@@ -120,10 +120,10 @@ pub struct StepRecord {
     pub fetch_ns: u64,
 }
 
-impl Completion {
+impl Outcome {
     /// An error completion with a message.
-    pub fn error(status: Status, code: u32, message: impl Into<String>, steps: u16) -> Completion {
-        Completion {
+    pub fn error(status: Status, code: u32, message: impl Into<String>, steps: u16) -> Outcome {
+        Outcome {
             status,
             code,
             payload: Bytes::from(message.into().into_bytes()),
@@ -295,7 +295,7 @@ impl StepMachine {
     }
 
     fn fail(&mut self, status: Status, message: impl Into<String>) -> Action {
-        let mut c = Completion::error(status, 0, message, self.steps);
+        let mut c = Outcome::error(status, 0, message, self.steps);
         c.insns = self.insns;
         c.retries = self.retries;
         c.records = std::mem::take(&mut self.records);
@@ -304,7 +304,7 @@ impl StepMachine {
 
     /// The message ends: the reply and the records move into the completion.
     fn complete(&mut self, status: Status, code: u32) -> Action {
-        Action::Complete(Completion {
+        Action::Complete(Outcome {
             status,
             code,
             payload: Bytes::from(std::mem::take(&mut self.reply)),
@@ -349,7 +349,7 @@ impl StepMachine {
         let out = match result {
             Ok(out) => out,
             Err(StepError::Vm(VmError::Aborted { code })) => {
-                let mut c = Completion::error(
+                let mut c = Outcome::error(
                     Status::Aborted,
                     code as u32,
                     format!("handler aborted with code {code}"),
@@ -801,7 +801,7 @@ impl std::fmt::Debug for ParkedRun {
 #[derive(Debug)]
 pub enum Driven {
     /// The message finished.
-    Done(Completion, RunCost),
+    Done(Outcome, RunCost),
     /// A torn read must be retried after a backoff: resume with [`resume`].
     Parked(Box<ParkedRun>),
 }
@@ -895,7 +895,7 @@ pub fn run_message<P: DataPath>(
     limits: Limits,
     clock: &dyn Clock,
     mut apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
-) -> (Completion, RunCost) {
+) -> (Outcome, RunCost) {
     let mut driven = start(req, handler, path, vm, limits, clock, &mut apply);
     loop {
         match driven {

@@ -21,7 +21,7 @@ fn mem_status(e: &MemError) -> Status {
 /// Runs one operation against `regions` as the NIC's agent would: the rkey must name a region
 /// of `req.app` granting the right the operation needs (READ: read, WRITE: write, CAS/FAA:
 /// atomic) and the range must lie inside it. Never panics on any input.
-pub fn execute(regions: &RegionTable, req: &Request) -> Completion {
+pub fn execute(regions: &RegionTable, req: &Operation) -> Completion {
     let fail = |status, msg: String| Completion::error(req.app, req.id, status, msg);
     let check = |rkey: u64, offset: u64, len: u64, access: u32| {
         let d = Descriptor {
@@ -114,9 +114,9 @@ mod tests {
     }
 
     fn run(t: &RegionTable, op: Op) -> Completion {
-        let req = Request { app: 1, id: 9, op };
+        let req = Operation { app: 1, id: 9, op };
         let bytes = req.to_bytes().unwrap();
-        let back = Request::decode(bytes).unwrap();
+        let back = Operation::decode(bytes).unwrap();
         assert_eq!(back, req);
         let c = execute(t, &back);
         assert_eq!(Completion::decode(c.to_bytes()).unwrap(), c);
@@ -203,7 +203,7 @@ mod tests {
         );
         let other_app = execute(
             &t,
-            &Request {
+            &Operation {
                 app: 2,
                 id: 1,
                 op: Op::Read(vec![read(rw, 0, 8)]),
@@ -229,11 +229,11 @@ mod tests {
             at in 0usize..64, value in any::<u8>(), len in 0u32..64, offset in 0u64..64
         ) {
             let (t, rw, _) = table();
-            let mut b = Request { app: 1, id: 3, op: Op::Read(vec![read(rw, offset, len)]) }
+            let mut b = Operation { app: 1, id: 3, op: Op::Read(vec![read(rw, offset, len)]) }
                 .to_bytes().unwrap().to_vec();
             let i = at % b.len();
             b[i] = value;
-            if let Ok(req) = Request::decode(Bytes::from(b)) {
+            if let Ok(req) = Operation::decode(Bytes::from(b)) {
                 let _ = execute(&t, &req);
             }
         }

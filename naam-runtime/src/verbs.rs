@@ -34,7 +34,7 @@ pub enum VerbsError {
     },
     /// A work request completed with an error status.
     #[error("work request {wr_id} completed with status {status} ({text})")]
-    Completion {
+    WorkCompletion {
         /// Its id.
         wr_id: u64,
         /// `ibv_wc_status`.
@@ -233,7 +233,7 @@ impl Device {
 
     /// Polls the completion queue until work request `wr_id` completes (other completions are
     /// returned too, so callers with several outstanding requests can match them).
-    pub fn wait(&self, wr_id: u64, timeout: Duration) -> Result<Vec<Completion>, VerbsError> {
+    pub fn wait(&self, wr_id: u64, timeout: Duration) -> Result<Vec<WorkCompletion>, VerbsError> {
         let start = Instant::now();
         let mut seen = Vec::new();
         loop {
@@ -249,13 +249,13 @@ impl Device {
                     let text = unsafe { CStr::from_ptr(ibv_wc_status_str(w.status)) }
                         .to_string_lossy()
                         .into_owned();
-                    return Err(VerbsError::Completion {
+                    return Err(VerbsError::WorkCompletion {
                         wr_id: w.wr_id,
                         status: w.status,
                         text,
                     });
                 }
-                seen.push(Completion {
+                seen.push(WorkCompletion {
                     wr_id: w.wr_id,
                     byte_len: w.byte_len,
                 });
@@ -273,7 +273,7 @@ impl Device {
 
 /// A successful work completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Completion {
+pub struct WorkCompletion {
     /// The work request's id.
     pub wr_id: u64,
     /// Bytes received (RECV).

@@ -10,8 +10,8 @@ use common::{examples, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::engine::Vm;
 use naam_runtime::executor::{
-    apply_writes, one_sided_read, run_message, ClientPath, Completion, DataPath, DmaModel,
-    HostPath, Limits, NicPath, OneSided, WriteError,
+    apply_writes, one_sided_read, run_message, ClientPath, DataPath, DmaModel, HostPath, Limits,
+    NicPath, OneSided, Outcome, WriteError,
 };
 use naam_runtime::region::{RegionMemory, RegionTable, READ_ONLY, READ_WRITE};
 use naam_runtime::registry::{handler_id, HandlerSpec, Registry};
@@ -103,10 +103,10 @@ fn d(rkey: u64, offset: u64, len: u32) -> Descriptor {
     }
 }
 
-fn run_at(w: &World, placement: Placement, r: &Request) -> Completion {
+fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
     let handler = match w.registry.handler(r.app, r.handler) {
         Ok(h) => h.clone(),
-        Err(e) => return Completion::error(Status::UnknownHandler, 0, e.to_string(), 0),
+        Err(e) => return Outcome::error(Status::UnknownHandler, 0, e.to_string(), 0),
     };
     let mut vm = Vm::new();
     let limits = Limits::default();
@@ -124,7 +124,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Completion {
         vm: &mut Vm,
         l: Limits,
         o: impl FnMut(&naam_runtime::executor::WriteBatch) -> Result<(), WriteError>,
-    ) -> Completion {
+    ) -> Outcome {
         run_message(r, h, p, vm, l, &naam_runtime::clock::SystemClock::new(), o).0
     }
     match placement {
@@ -155,7 +155,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Completion {
     }
 }
 
-fn same_everywhere(w: &World, r: &Request) -> Completion {
+fn same_everywhere(w: &World, r: &Request) -> Outcome {
     let host = run_at(w, Placement::Host, r);
     for p in [Placement::Nic, Placement::Client] {
         let c = run_at(w, p, r);

@@ -58,7 +58,7 @@ fn recv_sealed_one(c: &mut UdpClient) -> Option<Bytes> {
 /// the processes start it zeroed, the threads with these contents.
 fn seed_data_of_a(a: &mut UdpClient) {
     let data = a.manifest().app(A).unwrap().region_key("data").unwrap();
-    let op = onesided::Request {
+    let op = onesided::Operation {
         app: A,
         id: 901,
         op: Op::Write {
@@ -80,7 +80,7 @@ fn data_of_a(a: &mut UdpClient) -> Vec<u8> {
         .call(A, handler_id("bsearch"), &words(&[0]), &[rd(data, 0, 64)])
         .unwrap();
     assert_eq!(r.status, Status::Ok);
-    let op = onesided::Request {
+    let op = onesided::Operation {
         app: A,
         id: 900,
         op: Op::Read(vec![rd(data, 0, 64)]),
@@ -135,7 +135,7 @@ fn strangers_and_other_tenants_can_neither_read_nor_change_a_tenants_memory(d: &
             },
         ]
         .into_iter()
-        .map(move |op| onesided::Request { app, id: 77, op })
+        .map(move |op| onesided::Operation { app, id: 77, op })
     };
     // In B's session, naming A's app or its own: refused, nothing read.
     for (i, op) in ops(A).chain(ops(B)).enumerate() {
@@ -228,7 +228,7 @@ fn guessed_request_ids_poison_no_one_elses_writes(d: &mut Deployment) {
         .call(A, handler_id("bsearch"), &words(&[0]), &[rd(data, 0, 64)])
         .unwrap();
     assert_eq!(r.status, Status::Ok);
-    let op = onesided::Request {
+    let op = onesided::Operation {
         app: A,
         id: 5,
         op: Op::Read(vec![rd(data, 16, 8)]),

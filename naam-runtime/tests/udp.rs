@@ -156,7 +156,7 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         Status::Malformed
     );
     // One-sided operations sent to the host are refused: only the NIC serves them.
-    let op = onesided::Request {
+    let op = onesided::Operation {
         app: APP,
         id: 5,
         op: Op::Read(vec![rd(sorted, 0, 8)]),
@@ -186,7 +186,7 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
             Status::AccessDenied,
         ),
     ] {
-        let req = onesided::Request {
+        let req = onesided::Operation {
             app: APP,
             id: 6,
             op,
@@ -256,7 +256,7 @@ fn one_sided_writes_are_applied_once_when_retransmitted() {
     let mut c = client(h.addr, None);
     wait_for_agent(&mut c);
     let data = rkey(&c, "data");
-    let faa = onesided::Request {
+    let faa = onesided::Operation {
         app: APP,
         id: 42,
         op: Op::Faa {
@@ -276,7 +276,7 @@ fn one_sided_writes_are_applied_once_when_retransmitted() {
         );
     }
     assert!(olds.iter().all(|o| o[..] == 0u64.to_le_bytes()[..]));
-    let read = onesided::Request {
+    let read = onesided::Operation {
         app: APP,
         id: 43,
         op: Op::Read(vec![rd(data, 16, 8)]),

@@ -6,7 +6,7 @@
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use naam_runtime::onesided::{execute, Completion, Request};
+use naam_runtime::onesided::{execute, Completion, Operation};
 use naam_runtime::region::{RegionMemory, RegionTable, ALL_RIGHTS, READ_ONLY};
 use naam_runtime::udp::control::{unforward, Control};
 
@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
     t.register_with_key(1, 1, "rw", ALL_RIGHTS, RegionMemory::zeroed(256));
     t.register_with_key(2, 1, "ro", READ_ONLY, RegionMemory::zeroed(64));
     let b = Bytes::copy_from_slice(data);
-    if let Ok(req) = Request::decode(b.clone()) {
+    if let Ok(req) = Operation::decode(b.clone()) {
         let c = execute(&t, &req);
         let _ = Completion::decode(c.to_bytes()).expect("the agent's answer decodes");
     }

@@ -10,11 +10,13 @@
 //! - [`limits`]: the size limits every codec and driver shares;
 //! - [`wire`]: active-message requests and replies, statuses, load feedback;
 //! - [`onesided`]: emulated one-sided RDMA operations and their completions;
+//! - [`dedup`]: answers to recent mutations, so retransmissions are not applied twice;
 //! - [`frame`]: datagram framing (fragments, bounded reassembly, retransmission timers);
 //! - [`placement`]: where a message's steps run;
 //! - [`steering`]: load signals and the policies that turn them into weights.
 #![deny(missing_docs)]
 
+pub mod dedup;
 pub mod frame;
 pub mod kind;
 pub mod limits;

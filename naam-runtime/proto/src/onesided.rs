@@ -93,7 +93,7 @@ impl Op {
 
 /// An operation with its addressing.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Request {
+pub struct Operation {
     /// App whose regions it targets.
     pub app: u32,
     /// Operation id (matches the completion; retransmissions reuse it).
@@ -115,7 +115,7 @@ pub struct Completion {
     pub data: Bytes,
 }
 
-impl Request {
+impl Operation {
     /// Encodes the operation.
     pub fn to_bytes(&self) -> Result<Bytes, WireError> {
         let mut b = BytesMut::with_capacity(HEADER + 32);
@@ -189,7 +189,7 @@ impl Request {
     }
 
     /// Decodes an operation, strictly (exact length, zero reserved fields, limits).
-    pub fn decode(buf: Bytes) -> Result<Request, WireError> {
+    pub fn decode(buf: Bytes) -> Result<Operation, WireError> {
         let have = buf.len();
         header(&buf, HEADER, KIND_OP)?;
         // The operands follow the header: read on through the whole message.
@@ -294,7 +294,7 @@ impl Request {
                 })
             }
         };
-        Ok(Request { app, id, op })
+        Ok(Operation { app, id, op })
     }
 }
 
@@ -399,12 +399,12 @@ mod tests {
             },
         ];
         for (i, op) in ops.into_iter().enumerate() {
-            let req = Request {
+            let req = Operation {
                 app: 4,
                 id: i as u64,
                 op,
             };
-            let back = Request::decode(req.to_bytes().unwrap()).unwrap();
+            let back = Operation::decode(req.to_bytes().unwrap()).unwrap();
             assert_eq!(back, req);
         }
         let c = Completion::error(4, 7, Status::BadKey, "no such key");
@@ -413,7 +413,7 @@ mod tests {
 
     #[test]
     fn oversized_operations_are_refused_by_the_encoder() {
-        let big = Request {
+        let big = Operation {
             app: 1,
             id: 1,
             op: Op::Write {
@@ -423,7 +423,7 @@ mod tests {
             },
         };
         assert!(big.to_bytes().is_err());
-        let none = Request {
+        let none = Operation {
             app: 1,
             id: 1,
             op: Op::Read(vec![]),
@@ -434,7 +434,7 @@ mod tests {
     proptest! {
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = Request::decode(Bytes::from(bytes.clone()));
+            let _ = Operation::decode(Bytes::from(bytes.clone()));
             let _ = Completion::decode(Bytes::from(bytes));
         }
     }

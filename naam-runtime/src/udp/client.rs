@@ -523,7 +523,7 @@ impl OneSided for Conn {
             FetchError::Unavailable("no one-sided agent: the server reports no naam-nic".into())
         })?;
         let id = self.next_id();
-        let op = onesided::Request {
+        let op = onesided::Operation {
             app,
             id,
             op: onesided::Op::Read(descs.to_vec()),

@@ -10,7 +10,7 @@
 //! taken only in the pairing session. When the server restarts (a new epoch) the NIC pairs
 //! again, maps the new regions and forgets the old sessions, with no manual step.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,6 +31,7 @@ use crate::session::{
 };
 use crate::steering::Selector;
 use crate::wire::{peek_kind, Request, Status, KIND_REQUEST};
+use naam_proto::dedup::RecentAnswers;
 
 /// Counters of a NIC driver.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -111,28 +112,6 @@ pub struct NicCluster {
     pub manifest: Manifest,
 }
 
-/// Recent answers to mutating one-sided operations by (session, operation id), so a
-/// retransmission is not applied twice.
-struct DuplicateCache {
-    answers: HashMap<(u64, u64), Bytes>,
-    order: VecDeque<(u64, u64)>,
-}
-
-const DUPLICATE_CACHE: usize = 1 << 16;
-
-impl DuplicateCache {
-    fn put(&mut self, key: (u64, u64), answer: Bytes) {
-        if self.answers.insert(key, answer).is_none() {
-            self.order.push_back(key);
-            if self.order.len() > DUPLICATE_CACHE {
-                if let Some(old) = self.order.pop_front() {
-                    self.answers.remove(&old);
-                }
-            }
-        }
-    }
-}
-
 /// A client session the server announced.
 struct ClientSession {
     key: Arc<SessionKey>,
@@ -176,7 +155,8 @@ struct Nic<'a> {
     replies: Replies,
     stats: NicStats,
     sel: Selector,
-    dup: DuplicateCache,
+    /// Answers to mutating one-sided operations by (session, operation id).
+    dup: RecentAnswers<(u64, u64), Bytes>,
     sessions: HashMap<u64, ClientSession>,
     /// Sessions asked about, and when.
     asked: HashMap<u64, Instant>,
@@ -263,8 +243,7 @@ impl Nic<'_> {
                         drop(old);
                         self.sessions.clear();
                         self.asked.clear();
-                        self.dup.answers.clear();
-                        self.dup.order.clear();
+                        self.dup.clear();
                         tracing::info!(
                             "the server restarted (epoch {epoch:#x}): regions mapped anew"
                         );
@@ -592,7 +571,7 @@ impl Nic<'_> {
     }
 
     fn one_sided(&mut self, sid: u64, ch: &Channel, apps: &[u32], inner: Bytes) {
-        let op = match onesided::Request::decode(inner) {
+        let op = match onesided::Operation::decode(inner) {
             Ok(op) => op,
             Err(e) => {
                 self.stats.malformed += 1;
@@ -634,7 +613,7 @@ impl Nic<'_> {
         }
         let key = (sid, op.id);
         if op.op.mutates() {
-            if let Some(answer) = self.dup.answers.get(&key) {
+            if let Some(answer) = self.dup.get(&key) {
                 self.stats.duplicates += 1;
                 let a = answer.clone();
                 self.replies.sealed(ch, op.id, &a);
@@ -645,7 +624,7 @@ impl Nic<'_> {
         let answer = onesided::execute(self.current.cluster.regions(), &op).to_bytes();
         self.replies.sealed(ch, op.id, &answer);
         if op.op.mutates() {
-            self.dup.put(key, answer);
+            self.dup.insert(key, answer);
         }
     }
 }
@@ -671,10 +650,7 @@ pub fn serve_nic(
         replies: Replies::new(socket.sender()?, options.telemetry.clone()),
         stats: NicStats::default(),
         sel: Selector::default(),
-        dup: DuplicateCache {
-            answers: HashMap::new(),
-            order: VecDeque::new(),
-        },
+        dup: RecentAnswers::default(),
         sessions: HashMap::new(),
         asked: HashMap::new(),
         pairing: Pairing::Idle,

@@ -288,7 +288,7 @@ impl Host<'_> {
             }
             Some(KIND_OP) => {
                 self.stats.unauthenticated += 1;
-                if let Ok(op) = onesided::Request::decode(msg.clone()) {
+                if let Ok(op) = onesided::Operation::decode(msg.clone()) {
                     let c = onesided::Completion::error(
                         op.app,
                         op.id,
@@ -463,7 +463,7 @@ impl Host<'_> {
             Some(KIND_OP) => {
                 // One-sided operations are the NIC's job, never the host cores'.
                 self.stats.refused += 1;
-                if let Ok(op) = onesided::Request::decode(inner) {
+                if let Ok(op) = onesided::Operation::decode(inner) {
                     let c = onesided::Completion::error(
                         op.app,
                         op.id,
