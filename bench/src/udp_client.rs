@@ -3,6 +3,7 @@
 //! `mica.key`, `btree.key`, `naam-operator.key`; `--keys DIR`), and how long a silent server
 //! is waited for before the run fails (`--liveness SECONDS`).
 
+use naam_runtime::session::CredentialFile as _;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;

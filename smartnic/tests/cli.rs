@@ -1,6 +1,7 @@
 //! naam-nic's refusals: started before (or without) a server, or against a corrupt manifest,
 //! it says what is wrong and exits 1 without serving; bad usage exits 2.
 
+use naam_runtime::session::CredentialFile as _;
 use std::process::Command;
 
 fn nic(shm: &std::path::Path, extra: &[&str]) -> std::process::Output {

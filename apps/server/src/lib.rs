@@ -6,6 +6,7 @@
 //! ([`naam_runtime::udp`]).
 #![deny(missing_docs)]
 
+use naam_runtime::session::CredentialFile as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

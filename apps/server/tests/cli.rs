@@ -2,6 +2,7 @@
 //! documented exit codes (2: config, handler objects or usage; 1: runtime failure), and never
 //! starts serving.
 
+use naam_runtime::session::CredentialFile as _;
 use std::process::Command;
 
 fn server(config: &str) -> (i32, String) {

@@ -12,6 +12,7 @@
 //! - [`onesided`]: emulated one-sided RDMA operations and their completions;
 //! - [`dedup`]: answers to recent mutations, so retransmissions are not applied twice;
 //! - [`frame`]: datagram framing (fragments, bounded reassembly, retransmission timers);
+//! - [`session`]: credentials, the handshake, sealed envelopes, replay windows, sessions;
 //! - [`placement`]: where a message's steps run;
 //! - [`steering`]: load signals and the policies that turn them into weights.
 #![deny(missing_docs)]
@@ -22,6 +23,7 @@ pub mod kind;
 pub mod limits;
 pub mod onesided;
 pub mod placement;
+pub mod session;
 pub mod steering;
 pub mod wire;
 

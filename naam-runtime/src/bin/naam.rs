@@ -4,6 +4,7 @@
 //! (`call`) the message did not succeed or the server could not be reached; 2 bad usage,
 //! unreadable input or a failed build.
 
+use naam_runtime::session::CredentialFile as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

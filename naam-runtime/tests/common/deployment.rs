@@ -8,6 +8,7 @@
 //! one-sided (so that refusing another tenant's writes is a real test). The processes zero
 //! their regions (as `kind = "object"` apps do); the threads start them with contents.
 
+use naam_runtime::session::CredentialFile as _;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

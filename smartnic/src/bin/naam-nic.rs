@@ -3,6 +3,7 @@
 //! drains). Exit codes: 0 clean stop, 1 runtime failure (no or a corrupt manifest included), 2
 //! bad usage.
 
+use naam_runtime::session::CredentialFile as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

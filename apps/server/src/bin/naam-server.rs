@@ -3,6 +3,7 @@
 //! the NIC's pairing secret, or the operator's), readable by its owner only. Exit codes: 0
 //! clean stop, 1 runtime failure, 2 bad config or usage.
 
+use naam_runtime::session::CredentialFile as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
