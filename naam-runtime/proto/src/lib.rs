@@ -10,6 +10,8 @@
 //! - [`limits`]: the size limits every codec and driver shares;
 //! - [`wire`]: active-message requests and replies, statuses, load feedback;
 //! - [`onesided`]: emulated one-sided RDMA operations and their completions;
+//! - [`control`]: control messages (handshake, manifest, weights, pairing, load reports) and
+//!   the header of requests forwarded to the NIC;
 //! - [`dedup`]: answers to recent mutations, so retransmissions are not applied twice;
 //! - [`frame`]: datagram framing (fragments, bounded reassembly, retransmission timers);
 //! - [`session`]: credentials, the handshake, sealed envelopes, replay windows, sessions;
@@ -17,7 +19,9 @@
 //! - [`steering`]: load signals and the policies that turn them into weights.
 #![deny(missing_docs)]
 
+pub mod control;
 pub mod dedup;
+mod engine_kind;
 pub mod frame;
 pub mod kind;
 pub mod limits;
@@ -27,6 +31,7 @@ pub mod session;
 pub mod steering;
 pub mod wire;
 
+pub use engine_kind::EngineKind;
 pub use kind::MessageKind;
 pub use placement::Placement;
 

@@ -3,7 +3,8 @@
 //! everything reported over this fabric is labelled `udp`.
 //!
 //! - [`socket`]: the thin IO layer (`sendmmsg` / `recvmmsg`, fragmentation and reassembly);
-//! - [`control`]: manifest, hello, weights, NIC load reports, forwarded requests (IO-free);
+//! - [`control`]: manifest, hello, weights, NIC load reports, forwarded requests (naam-proto's,
+//!   re-exported);
 //! - [`server`]: `naam-server`'s driver, the host executors behind the user-space switch;
 //! - [`nic`]: `naam-nic`'s driver, the NIC executors and the one-sided agent;
 //! - [`client`]: [`client::UdpClient`], a [`crate::transport::Transport`];
@@ -11,7 +12,7 @@
 //! - [`telemetry`]: live measurements in Prometheus' format and the `--metrics` endpoint.
 
 pub mod client;
-pub mod control;
+pub use naam_proto::control;
 pub mod deploy;
 pub mod nic;
 pub mod server;

@@ -11,7 +11,6 @@
 //! memory buffer (the conformance suite's convention) is [`Vm::run_raw`].
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,6 @@ use naam_ebpf::abi::{
     placement, Context, Descriptor, Return, WriteOp, ABI_VERSION, ARGS_CAP, CONTEXT_INPUT_SIZE,
     CONTEXT_SIZE, MAX_NEXT, MAX_SEGMENTS, MAX_WRITES, REPLY_CAP, STATE_WORDS, WRITE_DATA_CAP,
 };
-use serde::{Deserialize, Serialize};
 
 use crate::analysis::{analyze, EntryAssumptions, Facts};
 use crate::helpers::HelperSet;
@@ -37,43 +35,8 @@ pub const DEFAULT_BUDGET: u64 = 1 << 20;
 /// most one step may hold an executor (and every other tenant queued behind it).
 pub const MAX_BUDGET: u64 = 1 << 30;
 
-/// Which engine runs a handler.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum EngineKind {
-    /// The reference interpreter.
-    Interp,
-    /// The memory-checked Cranelift JIT (the default).
-    #[default]
-    Jit,
-}
-
-impl EngineKind {
-    /// Name as printed and parsed.
-    pub fn name(self) -> &'static str {
-        match self {
-            EngineKind::Interp => "interp",
-            EngineKind::Jit => "jit",
-        }
-    }
-}
-
-impl fmt::Display for EngineKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for EngineKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "interp" => Ok(EngineKind::Interp),
-            "jit" => Ok(EngineKind::Jit),
-            other => Err(format!("unknown engine `{other}` (interp, jit)")),
-        }
-    }
-}
+/// Which engine runs a handler (defined with the protocol, whose manifests carry it).
+pub use naam_proto::EngineKind;
 
 /// What `r1` points at when an executable starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -1,4 +1,4 @@
-//! Control-plane messages of the UDP fabric, IO-free: the session handshake, the manifest a
+//! Control-plane messages of the datagram fabric, IO-free: the session handshake, the manifest a
 //! server shows a session (its own apps, handlers, regions, rkeys and client rights), weight
 //! queries, the NIC's pairing, session announcements and load reports, and the header of
 //! requests the switch forwards to the NIC.
@@ -19,7 +19,7 @@ use crate::session::{COOKIE_LEN, NONCE_LEN, RESET_TOKEN_LEN};
 use crate::steering::RemoteLoad;
 use crate::wire::{header, WireError, VERSION};
 
-pub use naam_proto::kind::{CONTROL as KIND_CONTROL, FORWARD as KIND_FORWARD};
+pub use crate::kind::{CONTROL as KIND_CONTROL, FORWARD as KIND_FORWARD};
 /// Control header size.
 pub const CONTROL_HEADER: usize = 16;
 /// Forward header size.
@@ -35,7 +35,7 @@ pub struct HandlerManifest {
     /// Read-only (may run at the client) or a write (at the owner).
     pub write: bool,
     /// The engine the server runs it on (the NIC and clients use the same).
-    pub engine: crate::engine::EngineKind,
+    pub engine: crate::EngineKind,
     /// Instructions per step before `budget exhausted`.
     pub budget: u64,
 }
@@ -181,7 +181,7 @@ pub const MAX_CONGESTION_NS: u64 = 10_000_000;
 
 /// Bytes of app entries one manifest page carries: a control message's limit less its header
 /// and room for the envelope (client id, agent address, mode, page numbers).
-pub const MANIFEST_PAGE_BUDGET: usize = naam_proto::frame::MAX_MESSAGE - CONTROL_HEADER - 512;
+pub const MANIFEST_PAGE_BUDGET: usize = crate::frame::MAX_MESSAGE - CONTROL_HEADER - 512;
 
 /// Why a manifest cannot be published.
 #[derive(Debug, thiserror::Error)]
@@ -584,7 +584,7 @@ mod tests {
     fn manifests_are_paged_to_fit_control_messages() {
         let m = Manifest {
             apps: (1..=300).map(|id| app(id, 3)).collect(),
-            mode: crate::udp::MODE.into(),
+            mode: "udp".into(),
             policy: "cost-based steering with a long policy name".into(),
             epoch: u64::MAX,
         };
@@ -598,7 +598,7 @@ mod tests {
                 pages: pages.len() as u32,
                 apps: p.clone(),
             };
-            assert!(c.to_bytes(1).len() <= naam_proto::frame::MAX_MESSAGE);
+            assert!(c.to_bytes(1).len() <= crate::frame::MAX_MESSAGE);
             let w = Control::Welcome {
                 session: u64::MAX,
                 epoch: u64::MAX,
@@ -610,7 +610,7 @@ mod tests {
                 pages: u32::MAX,
                 agent: Some("[fe80::1:2:3:4]:65535".parse().unwrap()),
             };
-            assert!(w.to_bytes(1).len() <= naam_proto::frame::MAX_MESSAGE);
+            assert!(w.to_bytes(1).len() <= crate::frame::MAX_MESSAGE);
         }
         assert_eq!(Manifest::default().pages().unwrap(), vec![vec![]]);
         let huge = Manifest {
