@@ -185,6 +185,7 @@ pub const MANIFEST_PAGE_BUDGET: usize = crate::frame::MAX_MESSAGE - CONTROL_HEAD
 
 /// Why a manifest cannot be published.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ManifestError {
     /// One app's entry does not fit a control message.
     #[error("app {app}'s manifest entry is {size} bytes, over the {budget} one control message carries (fewer handlers or regions, or shorter names)")]

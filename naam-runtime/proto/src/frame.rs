@@ -32,6 +32,7 @@ pub const MIN_DATAGRAM: usize = 512;
 
 /// Why a datagram or a message was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FrameError {
     /// Shorter than the header or than the length it declares.
     #[error("truncated fragment: need {need} bytes, have {have}")]

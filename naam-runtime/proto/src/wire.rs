@@ -46,6 +46,7 @@ pub mod flags {
 
 /// Why bytes are not a valid message.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum WireError {
     /// Fewer bytes than the header or the lengths it declares.
     #[error("truncated message: need {need} bytes, have {have}")]
