@@ -29,6 +29,8 @@ pub fn config(
 ) -> anyhow::Result<naam_runtime::udp::client::UdpConfig> {
     let mut c = naam_runtime::udp::client::UdpConfig::new(server, tenant, credential(tenant)?);
     c.liveness = *LIVENESS.get().unwrap_or(&DEFAULT_LIVENESS);
+    c.inject_loss =
+        naam_runtime::udp::socket::injected_loss_from_env().map_err(anyhow::Error::msg)?;
     Ok(c)
 }
 

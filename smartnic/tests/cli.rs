@@ -79,3 +79,22 @@ fn bad_usage_exits_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("at most 1000"));
 }
+
+#[test]
+fn a_bad_loss_injection_value_is_refused_before_any_work() {
+    let out = Command::new(env!("CARGO_BIN_EXE_naam-nic"))
+        .args(["run", "--server", "127.0.0.1:9", "--listen", "127.0.0.1:0"])
+        .args([
+            "--shm-dir",
+            "/nonexistent/shm",
+            "--pairing",
+            "/nonexistent/k.key",
+        ])
+        .env("NAAM_INJECT_LOSS", "2")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("NAAM_INJECT_LOSS"), "{err}");
+    assert!(!err.contains("/nonexistent"), "did work first: {err}");
+}

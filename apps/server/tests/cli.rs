@@ -107,3 +107,16 @@ fn hostile_handler_objects_are_refused_before_serving() {
         assert!(!err.contains("serving"), "{err}");
     }
 }
+
+#[test]
+fn a_bad_loss_injection_value_is_refused_before_any_work() {
+    let out = Command::new(env!("CARGO_BIN_EXE_naam-server"))
+        .args(["--config", "/nonexistent/naam-server.toml"])
+        .env("NAAM_INJECT_LOSS", "lots")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("NAAM_INJECT_LOSS"), "{err}");
+    assert!(!err.contains("/nonexistent"), "did work first: {err}");
+}

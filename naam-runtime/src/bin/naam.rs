@@ -448,6 +448,10 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
     };
     let mut config = UdpConfig::new(a.server, &tenant, credential);
     config.pin = pin;
+    config.inject_loss = match naam_runtime::udp::socket::injected_loss_from_env() {
+        Ok(loss) => loss,
+        Err(e) => return usage(e),
+    };
     config.liveness = std::time::Duration::from_secs_f64(a.timeout);
     let failed = |m: String| -> anyhow::Result<ExitCode> {
         eprintln!("naam: error: {m}");

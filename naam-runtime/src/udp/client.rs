@@ -70,6 +70,9 @@ pub struct UdpConfig {
     /// Datagram authentication: always on, but for a loopback measurement of its cost
     /// ([`session::Authentication`]); it must match the server's.
     pub authentication: session::Authentication,
+    /// Fraction of received datagrams the client's socket drops on purpose (fault injection;
+    /// see [`super::socket::INJECT_LOSS_ENV`]). `None`: none.
+    pub inject_loss: Option<f64>,
 }
 
 impl UdpConfig {
@@ -87,6 +90,7 @@ impl UdpConfig {
             credential,
             liveness: Duration::from_secs(10),
             authentication: session::Authentication::On,
+            inject_loss: None,
         }
     }
 }
@@ -604,7 +608,8 @@ impl UdpClient {
                 server: config.server,
                 message,
             })?;
-        let socket = Socket::bind(bind, config.datagram)?;
+        let mut socket = Socket::bind(bind, config.datagram)?;
+        socket.inject_loss(config.inject_loss);
         let mut conn = Conn {
             socket,
             server: config.server,

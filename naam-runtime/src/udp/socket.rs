@@ -93,8 +93,36 @@ pub struct SocketStats {
 }
 
 /// Environment variable with a fraction of received datagrams to drop (`0.01` = 1%): loss
-/// injection for tests on kernels without `sch_netem` (where `tc netem` cannot run).
+/// injection for tests on kernels without `sch_netem` (where `tc netem` cannot run). The
+/// binaries read it ([`injected_loss_from_env`]) and give it to their sockets
+/// ([`Socket::inject_loss`]); nothing below the binaries reads the environment.
 pub const INJECT_LOSS_ENV: &str = "NAAM_INJECT_LOSS";
+
+/// Parses a loss fraction: a number in (0, 1].
+pub fn parse_loss(text: &str) -> Result<f64, String> {
+    let p: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if p > 0.0 && p <= 1.0 {
+        Ok(p)
+    } else {
+        Err(format!("{p} is not a fraction in (0, 1]"))
+    }
+}
+
+/// The loss fraction [`INJECT_LOSS_ENV`] asks for: `None` when it is unset, an error naming
+/// the variable when its value is not a fraction in (0, 1] (a typo must not silently mean "no
+/// loss" in a fault-injection run).
+pub fn injected_loss_from_env() -> Result<Option<f64>, String> {
+    match std::env::var(INJECT_LOSS_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(e) => Err(format!("{INJECT_LOSS_ENV}: {e}")),
+        Ok(v) => parse_loss(&v)
+            .map(Some)
+            .map_err(|e| format!("{INJECT_LOSS_ENV}: {e}")),
+    }
+}
 
 /// Drops a fraction of datagrams (xorshift64; not for anything but fault injection).
 #[derive(Debug, Clone, Copy)]
@@ -104,19 +132,15 @@ struct LossInjector {
 }
 
 impl LossInjector {
-    fn from_env() -> Option<LossInjector> {
-        let p: f64 = std::env::var(INJECT_LOSS_ENV).ok()?.parse().ok()?;
-        if !(p > 0.0 && p <= 1.0) {
-            return None;
-        }
+    fn new(p: f64) -> LossInjector {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64)
             | 1;
-        Some(LossInjector {
-            threshold: (p * u64::MAX as f64) as u64,
+        LossInjector {
+            threshold: (p.clamp(0.0, 1.0) * u64::MAX as f64) as u64,
             state: seed,
-        })
+        }
     }
 
     fn drop_next(&mut self) -> bool {
@@ -169,9 +193,15 @@ impl Socket {
             reassembler: Reassembler::new(4096, 16 << 20, 200_000_000),
             stats: SocketStats::default(),
             epoch: std::time::Instant::now(),
-            loss: LossInjector::from_env(),
+            loss: None,
             read_timeout: None,
         }
+    }
+
+    /// Drops this fraction of received datagrams from now on (`None`: none), for fault
+    /// injection where the kernel has no `netem`; counted in `injected_losses`.
+    pub fn inject_loss(&mut self, fraction: Option<f64>) {
+        self.loss = fraction.filter(|&p| p > 0.0).map(LossInjector::new);
     }
 
     /// The bound address.
@@ -380,6 +410,37 @@ fn recv_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn loss_fractions_are_checked_and_a_full_loss_drops_everything() {
+        assert_eq!(parse_loss("0.01"), Ok(0.01));
+        assert_eq!(parse_loss(" 1 "), Ok(1.0));
+        for bad in ["0", "-0.5", "1.5", "abc", "", "NaN"] {
+            assert!(parse_loss(bad).is_err(), "{bad:?} accepted");
+        }
+        let mut a = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+        let mut b = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+        b.inject_loss(Some(1.0));
+        let to = b.local_addr().unwrap();
+        for id in 1..=5u64 {
+            a.send(to, id, b"lost").unwrap();
+        }
+        let mut got = Vec::new();
+        for _ in 0..20 {
+            got.extend(b.recv(Duration::from_millis(5)).unwrap());
+        }
+        assert!(got.is_empty());
+        assert_eq!(b.stats().injected_losses, 5);
+        b.inject_loss(None);
+        a.send(to, 6, b"kept").unwrap();
+        for _ in 0..100 {
+            got.extend(b.recv(Duration::from_millis(10)).unwrap());
+            if !got.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(got.len(), 1);
+    }
 
     #[test]
     fn messages_of_every_size_cross_a_socket_pair() {

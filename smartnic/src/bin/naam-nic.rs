@@ -98,6 +98,11 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     naam_runtime::logging::init(args.verbosity, tracing::level_filters::LevelFilter::INFO);
+    // Checked before any work: the socket reads it again when it is bound.
+    if let Err(e) = naam_runtime::udp::socket::injected_loss_from_env() {
+        eprintln!("naam-nic: error: {e}");
+        return ExitCode::from(2);
+    }
     let r = match args.command {
         Command::EswitchRules {
             host_ip,
@@ -205,7 +210,10 @@ fn run(
     };
     let (cluster, manifest) = deploy::start_nic(shm_dir, cc.clone())
         .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
-    let socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
+    let mut socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
+    socket.inject_loss(
+        naam_runtime::udp::socket::injected_loss_from_env().map_err(anyhow::Error::msg)?,
+    );
     let advertise = socket.local_addr()?;
     let telemetry = std::sync::Arc::new(naam_runtime::udp::telemetry::Telemetry::default());
     if let Some(addr) = metrics {

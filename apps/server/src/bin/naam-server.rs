@@ -56,6 +56,11 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     naam_runtime::logging::init(args.verbosity, tracing::level_filters::LevelFilter::INFO);
+    // Checked before any work: the socket reads it again when it is bound.
+    if let Err(e) = naam_runtime::udp::socket::injected_loss_from_env() {
+        eprintln!("naam-server: error: {e}");
+        return ExitCode::from(2);
+    }
     if let Some(Command::Keygen { out }) = &args.command {
         // `keygen --out keys/mica.key` as the example config names it: make `keys/` (owner
         // only) when it is missing.
@@ -223,8 +228,11 @@ fn run(
         executor_poll: Duration::from_micros(config.executor_poll_us),
         ..ClusterConfig::default()
     };
-    let socket = Socket::bind(config.listen, config.datagram)
+    let mut socket = Socket::bind(config.listen, config.datagram)
         .with_context(|| format!("binding {}", config.listen))?;
+    socket.inject_loss(
+        naam_runtime::udp::socket::injected_loss_from_env().map_err(anyhow::Error::msg)?,
+    );
     let (cluster, manifest) = deploy::start_host(apps, cc, &config.shm_dir)?;
     let switch = attach_eswitch(config, &cluster, stop);
     let verbs = verbs_side(&cluster, &manifest);
