@@ -14,6 +14,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 export LIBCLANG_PATH=/usr/lib/llvm-14/lib
 cargo clippy -p naam-runtime -p naam-server -p naam-bench --features naam-server/verbs,naam-bench/verbs --all-targets --locked -- -D warnings
 cargo test -p naam-runtime --features verbs --test verbs --locked
+# The tokio client is behind naam-runtime's `async` feature (nothing in the workspace turns it
+# on): lint it and run the tests that flood through it.
+cargo clippy -p naam-runtime --features async --all-targets --locked -- -D warnings
+cargo test -p naam-runtime --features async --test cluster --locked
 # The namespace testbed test runs naam-server and naam-nic as processes: build them first.
 cargo build --workspace --bins --locked
 # bench/tests/standalone.rs copies the release binaries into an empty directory and runs them

@@ -39,6 +39,13 @@ pub enum InvokeError {
     /// Access letters other than r, w, a.
     #[error("access `{0}`: use letters r (read), w (write), a (atomic)")]
     Access(String),
+    /// The one-app cluster of a local run could not be set up (the handler is not in the
+    /// object, it does not verify, a region is refused).
+    #[error("setting up the local run: {0}")]
+    Setup(String),
+    /// The message could not be sent to the local cluster.
+    #[error("running the message: {0}")]
+    Call(String),
 }
 
 /// `ACCESS_*` bits of `r`, `rw`, `rwa`, ...
@@ -175,8 +182,7 @@ pub type InstalledRegion = (String, u64, usize);
 /// Runs a whole message, every step, on a one-app in-process cluster whose regions are the
 /// given files' bytes (in memory: the files are not changed). Returns the reply and the
 /// regions' rkeys.
-pub fn run_local(m: LocalMessage<'_>) -> anyhow::Result<(Reply, Vec<InstalledRegion>)> {
-    use anyhow::Context as _;
+pub fn run_local(m: LocalMessage<'_>) -> Result<(Reply, Vec<InstalledRegion>), InvokeError> {
     const APP: u32 = 1;
     let spec = if m.write {
         HandlerSpec::write(m.handler)
@@ -221,7 +227,7 @@ pub fn run_local(m: LocalMessage<'_>) -> anyhow::Result<(Reply, Vec<InstalledReg
             Ok((RegionMemory::from_bytes(&r.contents), Some(key)))
         }))
         .build()
-        .context("setting up the local run")?;
+        .map_err(|e| InvokeError::Setup(e.to_string()))?;
     let rkeys: Vec<InstalledRegion> = m
         .regions
         .iter()
@@ -240,7 +246,9 @@ pub fn run_local(m: LocalMessage<'_>) -> anyhow::Result<(Reply, Vec<InstalledReg
         .map(|d| parse_descriptor(d, &rkey_of))
         .collect::<Result<_, _>>()?;
     let mut client = cluster.client();
-    let reply = client.call(APP, handler_id(m.handler), m.args, &descs)?;
+    let reply = client
+        .call(APP, handler_id(m.handler), m.args, &descs)
+        .map_err(|e| InvokeError::Call(e.to_string()))?;
     Ok((reply, rkeys))
 }
 

@@ -4,14 +4,19 @@
 
 use tracing::level_filters::LevelFilter;
 
-/// `-v` / `-q` for a binary's command line (flatten it into the top-level arguments).
-#[derive(clap::Args, Debug, Clone, Copy, Default)]
+/// `-v` / `-q` for a binary's command line (with feature `cli`, a clap argument group: flatten
+/// it into the top-level arguments).
+#[cfg_attr(feature = "cli", derive(clap::Args))]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Verbosity {
     /// More log output (repeat for more: -vv); RUST_LOG overrides.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    #[cfg_attr(feature = "cli", arg(short, long, action = clap::ArgAction::Count, global = true))]
     pub verbose: u8,
     /// Less log output (repeat for none: -qq); RUST_LOG overrides.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true, conflicts_with = "verbose")]
+    #[cfg_attr(
+        feature = "cli",
+        arg(short, long, action = clap::ArgAction::Count, global = true, conflicts_with = "verbose")
+    )]
     pub quiet: u8,
 }
 

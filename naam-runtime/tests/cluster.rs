@@ -169,6 +169,7 @@ fn bad_input_gets_error_replies_and_the_cluster_keeps_serving() {
 }
 
 #[test]
+#[cfg(feature = "async")] // floods through the tokio client (scripts/test.sh runs it)
 fn full_queues_give_back_pressure_errors() {
     let config = ClusterConfig {
         queue_capacity: 2,
@@ -228,6 +229,7 @@ fn full_queues_give_back_pressure_errors() {
 }
 
 /// Polls futures to completion concurrently (no extra dependency).
+#[cfg(feature = "async")]
 async fn futures_join_all<F: std::future::Future>(
     fs: impl IntoIterator<Item = F>,
 ) -> Vec<F::Output> {
@@ -356,6 +358,7 @@ fn owner_handoff_loses_and_duplicates_nothing() {
 }
 
 #[test]
+#[cfg(feature = "async")] // floods through the tokio client (scripts/test.sh runs it)
 fn async_client_many_in_flight() {
     let c = cluster(ClusterConfig::functional());
     let sorted = c.region_key(APP, "sorted").unwrap();

@@ -26,9 +26,8 @@ use naam_ebpf::abi::Descriptor;
 use crate::clock::{Clock, Nanos, SystemClock};
 use crate::engine::Vm;
 use crate::executor::{
-    self, apply_writes, one_sided_read, run_message, Action, ClientPath, DataPath, DmaModel,
-    Driven, FetchError, HostPath, Limits, NicPath, OneSided, Outcome, ParkedRun, RunCost,
-    StepMachine, WriteError,
+    self, apply_writes, one_sided_read, run_message, ClientPath, DataPath, DmaModel, Driven,
+    FetchError, HostPath, Limits, NicPath, OneSided, Outcome, ParkedRun, RunCost, WriteError,
 };
 use crate::fair::{FairQueue, PushError};
 use crate::loader::LoadedObject;
@@ -37,6 +36,9 @@ use crate::placement::Placement;
 use crate::region::{RegionMemory, RegionTable, ResolveError};
 use crate::registry::{HandlerEntry, HandlerKind, HandlerSpec, Registry, RegistryError};
 pub use crate::steering::Selector;
+
+#[cfg(feature = "async")]
+mod async_client;
 use crate::steering::{
     AppView, ClientShare, Controller, ControllerConfig, CostPolicy, CostPolicyConfig, Ewma,
     HandlerKey, HandlerLoad, HandlerView, LoadTracker, Observe, Policy, RemoteLoad, StaticPolicy,
@@ -44,6 +46,8 @@ use crate::steering::{
 };
 use crate::verifier::VerifierConfig;
 use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status, WireError};
+#[cfg(feature = "async")]
+pub use async_client::AsyncClient;
 use naam_proto::dedup::RecentAnswers;
 
 /// A region to register for an app.
@@ -311,6 +315,7 @@ pub enum ClientError {
 
 enum ReplySink {
     Sync(Sender<Reply>),
+    #[cfg(feature = "async")]
     Async(tokio::sync::oneshot::Sender<Reply>),
     /// A fabric driver's callback (sends the reply back over the network).
     Func(Box<dyn FnOnce(Reply) + Send>),
@@ -323,6 +328,7 @@ impl ReplySink {
             ReplySink::Sync(s) => {
                 let _ = s.try_send(r);
             }
+            #[cfg(feature = "async")]
             ReplySink::Async(s) => {
                 let _ = s.send(r);
             }
@@ -341,6 +347,7 @@ type AgentResult = Result<Vec<Vec<u8>>, ResolveError>;
 
 enum AgentSink {
     Sync(Sender<AgentResult>),
+    #[cfg(feature = "async")]
     Async(tokio::sync::oneshot::Sender<AgentResult>),
 }
 
@@ -1140,6 +1147,7 @@ fn agent_loop(inner: Arc<Inner>, rx: Receiver<AgentJob>) {
             AgentSink::Sync(s) => {
                 let _ = s.try_send(r);
             }
+            #[cfg(feature = "async")]
             AgentSink::Async(s) => {
                 let _ = s.send(r);
             }
@@ -1147,9 +1155,6 @@ fn agent_loop(inner: Arc<Inner>, rx: Receiver<AgentJob>) {
     }
 }
 
-/// One steering decision. Each tracker is locked once. Only apps whose handlers saw traffic
-/// since the last decision are decided again (`full` decides every app): with a thousand apps,
-/// deciding all of them every millisecond would take a core.
 /// The cluster as the steering [`Controller`] observes it: trackers behind their locks, the
 /// executors' queues, the registry's apps and their current owners.
 struct Observed<'a>(&'a Inner);
@@ -1321,17 +1326,6 @@ impl Cluster {
                 vm
             },
             selectors: HashMap::new(),
-        }
-    }
-
-    /// An asynchronous (tokio) client; cheap to clone and share.
-    pub fn async_client(&self) -> AsyncClient {
-        let id = self.inner.next_client.fetch_add(1, Ordering::SeqCst);
-        AsyncClient {
-            inner: self.inner.clone(),
-            id,
-            seq: Arc::new(AtomicU64::new(0)),
-            selector: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
@@ -1924,139 +1918,4 @@ pub(crate) fn run_at_client<T: OneSided>(
         },
     );
     (reply, Some((service, c.steps)))
-}
-
-/// An asynchronous client: many calls in flight, replies through tokio oneshots; client-side
-/// execution awaits one-sided READs without blocking the runtime.
-#[derive(Clone)]
-pub struct AsyncClient {
-    inner: Arc<Inner>,
-    id: u32,
-    seq: Arc<AtomicU64>,
-    selector: Arc<Mutex<HashMap<HandlerKey, Selector>>>,
-}
-
-impl AsyncClient {
-    /// Sends one message placed by the steering weights and awaits the reply.
-    pub async fn call(
-        &self,
-        app: u32,
-        handler: u32,
-        args: &[u8],
-        descs: &[Descriptor],
-    ) -> Result<Reply, ClientError> {
-        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let id = crate::wire::request_id(self.id, seq);
-        let req = Request::for_call(app, handler, id, args, descs)?;
-        let key = (app, handler);
-        let start = Instant::now();
-        let is_read = self
-            .inner
-            .registry
-            .handler(app, handler)
-            .is_ok_and(|h| h.kind == HandlerKind::Read);
-        let choice = if is_read {
-            let mut sels = self.selector.lock().unwrap_or_else(|e| e.into_inner());
-            let w = self.inner.weights(key);
-            sels.entry(key).or_default().pick(&w, |p| {
-                (p == Placement::Client && self.inner.agent_available())
-                    || self.inner.queues[p.index()].is_some()
-            })
-        } else {
-            None
-        };
-        let reply = if choice == Some(Placement::Client) {
-            self.run_locally(&req).await
-        } else {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let submitted = {
-                let mut sels = self.selector.lock().unwrap_or_else(|e| e.into_inner());
-                let sel = sels.entry(key).or_default();
-                submit(&self.inner, req.clone(), sel, choice, ReplySink::Async(tx))
-            };
-            match submitted {
-                Err(Refusal::Client(e)) => return Err(e),
-                Err(refusal) => refusal.reply(&req),
-                Ok(_) => match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
-                    Ok(Ok(r)) => r,
-                    Ok(Err(_)) => return Err(ClientError::Shutdown),
-                    Err(_) => return Err(ClientError::Timeout(self.inner.config.client_timeout)),
-                },
-            }
-        };
-        self.inner.metrics.record(
-            reply.placement,
-            key,
-            start.elapsed().as_nanos() as u64,
-            reply.status,
-        );
-        Ok(reply)
-    }
-
-    async fn run_locally(&self, req: &Request) -> Reply {
-        let handler: Arc<HandlerEntry> = match self.inner.registry.handler(req.app, req.handler) {
-            Ok(h) => h.clone(),
-            Err(e) => {
-                return error_reply(
-                    req,
-                    Status::UnknownHandler,
-                    Placement::Client,
-                    e.to_string(),
-                )
-            }
-        };
-        let mut vm = Vm::new();
-        vm.set_cross_check(self.inner.config.cross_check.clone());
-        let (mut m, mut action) =
-            StepMachine::start(req, handler, Placement::Client, self.inner.config.limits);
-        let mut bufs: Vec<Vec<u8>> = Vec::new();
-        loop {
-            action = match action {
-                Action::Complete(c) => {
-                    return reply_for(req, &c, Placement::Client, LoadFeedback::default())
-                }
-                Action::Write(_) => m.writes_applied(Err(WriteError::NotOwner)),
-                Action::Fetch => {
-                    let descs = *m.current();
-                    if let Some(ns) = m.retry_backoff_ns() {
-                        tokio::time::sleep(Duration::from_nanos(ns)).await;
-                    }
-                    let (tx, rx) = tokio::sync::oneshot::channel();
-                    let job = AgentJob {
-                        app: req.app,
-                        descs,
-                        bufs: std::mem::take(&mut bufs),
-                        sink: AgentSink::Async(tx),
-                    };
-                    if self.inner.agent.try_send(job).is_err() {
-                        return error_reply(
-                            req,
-                            Status::Busy,
-                            Placement::Client,
-                            "the one-sided agent's queue is full".into(),
-                        );
-                    }
-                    match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
-                        Ok(Ok(Ok(got))) => {
-                            bufs = got;
-                            let grants: Vec<crate::engine::Grant> = bufs[..descs.len()]
-                                .iter()
-                                .map(|b| crate::engine::Grant::read(b))
-                                .collect();
-                            m.step(&mut vm, &grants, self.inner.clock.as_ref(), 0)
-                        }
-                        Ok(Ok(Err(e))) => m.fetch_failed(&e.into()),
-                        _ => {
-                            return error_reply(
-                                req,
-                                Status::Unavailable,
-                                Placement::Client,
-                                "the one-sided agent did not answer".into(),
-                            )
-                        }
-                    }
-                }
-            };
-        }
-    }
 }

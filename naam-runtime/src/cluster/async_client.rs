@@ -1,0 +1,154 @@
+//! The asynchronous (tokio) client of the in-process cluster, behind the `async` feature: many
+//! calls in flight, replies through tokio oneshots, and the Client placement awaiting its
+//! one-sided READs without blocking the runtime.
+
+use super::*;
+use crate::executor::{Action, StepMachine};
+
+impl Cluster {
+    /// An asynchronous (tokio) client; cheap to clone and share (feature `async`).
+    pub fn async_client(&self) -> AsyncClient {
+        let id = self.inner.next_client.fetch_add(1, Ordering::SeqCst);
+        AsyncClient {
+            inner: self.inner.clone(),
+            id,
+            seq: Arc::new(AtomicU64::new(0)),
+            selector: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+}
+
+/// An asynchronous client: many calls in flight, replies through tokio oneshots; client-side
+/// execution awaits one-sided READs without blocking the runtime.
+#[derive(Clone)]
+pub struct AsyncClient {
+    inner: Arc<Inner>,
+    id: u32,
+    seq: Arc<AtomicU64>,
+    selector: Arc<Mutex<HashMap<HandlerKey, Selector>>>,
+}
+
+impl AsyncClient {
+    /// Sends one message placed by the steering weights and awaits the reply.
+    pub async fn call(
+        &self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        let id = crate::wire::request_id(self.id, seq);
+        let req = Request::for_call(app, handler, id, args, descs)?;
+        let key = (app, handler);
+        let start = Instant::now();
+        let is_read = self
+            .inner
+            .registry
+            .handler(app, handler)
+            .is_ok_and(|h| h.kind == HandlerKind::Read);
+        let choice = if is_read {
+            let mut sels = self.selector.lock().unwrap_or_else(|e| e.into_inner());
+            let w = self.inner.weights(key);
+            sels.entry(key).or_default().pick(&w, |p| {
+                (p == Placement::Client && self.inner.agent_available())
+                    || self.inner.queues[p.index()].is_some()
+            })
+        } else {
+            None
+        };
+        let reply = if choice == Some(Placement::Client) {
+            self.run_locally(&req).await
+        } else {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let submitted = {
+                let mut sels = self.selector.lock().unwrap_or_else(|e| e.into_inner());
+                let sel = sels.entry(key).or_default();
+                submit(&self.inner, req.clone(), sel, choice, ReplySink::Async(tx))
+            };
+            match submitted {
+                Err(Refusal::Client(e)) => return Err(e),
+                Err(refusal) => refusal.reply(&req),
+                Ok(_) => match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(_)) => return Err(ClientError::Shutdown),
+                    Err(_) => return Err(ClientError::Timeout(self.inner.config.client_timeout)),
+                },
+            }
+        };
+        self.inner.metrics.record(
+            reply.placement,
+            key,
+            start.elapsed().as_nanos() as u64,
+            reply.status,
+        );
+        Ok(reply)
+    }
+
+    async fn run_locally(&self, req: &Request) -> Reply {
+        let handler: Arc<HandlerEntry> = match self.inner.registry.handler(req.app, req.handler) {
+            Ok(h) => h.clone(),
+            Err(e) => {
+                return error_reply(
+                    req,
+                    Status::UnknownHandler,
+                    Placement::Client,
+                    e.to_string(),
+                )
+            }
+        };
+        let mut vm = Vm::new();
+        vm.set_cross_check(self.inner.config.cross_check.clone());
+        let (mut m, mut action) =
+            StepMachine::start(req, handler, Placement::Client, self.inner.config.limits);
+        let mut bufs: Vec<Vec<u8>> = Vec::new();
+        loop {
+            action = match action {
+                Action::Complete(c) => {
+                    return reply_for(req, &c, Placement::Client, LoadFeedback::default())
+                }
+                Action::Write(_) => m.writes_applied(Err(WriteError::NotOwner)),
+                Action::Fetch => {
+                    let descs = *m.current();
+                    if let Some(ns) = m.retry_backoff_ns() {
+                        tokio::time::sleep(Duration::from_nanos(ns)).await;
+                    }
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    let job = AgentJob {
+                        app: req.app,
+                        descs,
+                        bufs: std::mem::take(&mut bufs),
+                        sink: AgentSink::Async(tx),
+                    };
+                    if self.inner.agent.try_send(job).is_err() {
+                        return error_reply(
+                            req,
+                            Status::Busy,
+                            Placement::Client,
+                            "the one-sided agent's queue is full".into(),
+                        );
+                    }
+                    match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
+                        Ok(Ok(Ok(got))) => {
+                            bufs = got;
+                            let grants: Vec<crate::engine::Grant> = bufs[..descs.len()]
+                                .iter()
+                                .map(|b| crate::engine::Grant::read(b))
+                                .collect();
+                            m.step(&mut vm, &grants, self.inner.clock.as_ref(), 0)
+                        }
+                        Ok(Ok(Err(e))) => m.fetch_failed(&e.into()),
+                        _ => {
+                            return error_reply(
+                                req,
+                                Status::Unavailable,
+                                Placement::Client,
+                                "the one-sided agent did not answer".into(),
+                            )
+                        }
+                    }
+                }
+            };
+        }
+    }
+}
