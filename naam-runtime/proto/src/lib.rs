@@ -15,6 +15,7 @@
 //! - [`dedup`]: answers to recent mutations, so retransmissions are not applied twice;
 //! - [`frame`]: datagram framing (fragments, bounded reassembly, retransmission timers);
 //! - [`session`]: credentials, the handshake, sealed envelopes, replay windows, sessions;
+//! - [`peek`]: a message's kind and id read without decoding it (matching answers);
 //! - [`placement`]: where a message's steps run;
 //! - [`steering`]: load signals and the policies that turn them into weights.
 #![deny(missing_docs)]
@@ -26,6 +27,7 @@ pub mod frame;
 pub mod kind;
 pub mod limits;
 pub mod onesided;
+pub mod peek;
 pub mod placement;
 pub mod session;
 pub mod steering;

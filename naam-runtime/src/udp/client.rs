@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 
 use super::control::{object_hash, Control, Manifest, KIND_CONTROL};
@@ -192,15 +192,11 @@ enum Incoming {
     Drop,
 }
 
-/// The id a reply, completion or control message answers.
+/// The id a reply, completion or control message of kind `kind` answers.
 fn answered_id(kind: u8, m: &[u8]) -> Option<u64> {
-    let at = match kind {
-        KIND_REPLY => 16,
-        KIND_COMPLETION | KIND_CONTROL => 8,
-        _ => return None,
-    };
-    m.get(at..at + 8)
-        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+    naam_proto::peek::message_id(m)
+        .filter(|(k, _)| k.byte() == kind)
+        .map(|(_, id)| id)
 }
 
 impl Conn {
@@ -872,15 +868,14 @@ impl UdpClient {
     fn call_server(&mut self, mut req: Request) -> Result<Reply, ClientError> {
         let conn = self.path.transport();
         req.request_id = conn.next_id();
-        let mut b = BytesMut::new();
-        req.encode(&mut b)?;
-        let first = b.freeze();
-        let mut retry = first.to_vec();
-        let f = u16::from_le_bytes([retry[2], retry[3]]) | flags::RETRY;
-        retry[2..4].copy_from_slice(&f.to_le_bytes());
+        let first = req.to_bytes()?;
+        // Retransmissions say so (the owner answers a retried write from its dedup table).
+        req.flags |= flags::RETRY;
+        let retry = req.to_bytes()?;
         let server = conn.server;
-        let m = conn
-            .in_session(|c| c.exchange(server, req.request_id, &first, Some(&retry), KIND_REPLY))?;
+        let m = conn.in_session(|c| {
+            c.exchange(server, req.request_id, &first, Some(&retry[..]), KIND_REPLY)
+        })?;
         Ok(Reply::decode(m)?)
     }
 }
