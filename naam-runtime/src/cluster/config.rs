@@ -1,0 +1,267 @@
+//! The cluster's configuration: apps and their regions, policies, the NIC model, tenant
+//! budgets, and the errors of building a cluster and of calling it.
+
+use super::*;
+
+/// A region to register for an app.
+#[derive(Clone, Debug)]
+pub struct RegionSpec {
+    /// Name (clients look the rkey up by it).
+    pub name: String,
+    /// `ACCESS_*` rights.
+    pub access: u32,
+    /// Initial contents (its length is the region size).
+    pub contents: Vec<u8>,
+}
+
+/// An app to install.
+#[derive(Clone, Debug)]
+pub struct AppSpec {
+    /// App id.
+    pub id: u32,
+    /// Name.
+    pub name: String,
+    /// Placement applying its writes (Host or Nic).
+    pub owner: Placement,
+    /// Its regions.
+    pub regions: Vec<RegionSpec>,
+    /// The object holding its handlers.
+    pub object: Arc<LoadedObject>,
+    /// Handlers to register from the object.
+    pub handlers: Vec<HandlerSpec>,
+}
+
+impl AppSpec {
+    /// Every handler of the app on `engine` (the JIT is the default).
+    pub fn with_engine(mut self, engine: crate::engine::EngineKind) -> Self {
+        for h in &mut self.handlers {
+            h.engine = engine;
+        }
+        self
+    }
+
+    /// Every handler of the app with an instruction budget of `budget` per step.
+    pub fn with_budget(mut self, budget: u64) -> Self {
+        for h in &mut self.handlers {
+            h.budget = budget;
+        }
+        self
+    }
+}
+
+/// Which steering policy the cluster runs.
+#[derive(Clone, Copy, Debug)]
+pub enum PolicyChoice {
+    /// The cost policy.
+    Auto(CostPolicyConfig),
+    /// Always one placement (reads); writes at their owner.
+    Always(Placement),
+}
+
+impl PolicyChoice {
+    pub(super) fn build(self) -> Box<dyn Policy> {
+        match self {
+            PolicyChoice::Auto(c) => Box::new(CostPolicy::new(c)),
+            PolicyChoice::Always(p) => Box::new(StaticPolicy(p)),
+        }
+    }
+}
+
+/// How NIC cores are emulated.
+#[derive(Clone, Copy, Debug)]
+pub struct NicModel {
+    /// DMA cost per access.
+    pub dma: DmaModel,
+    /// Handler run time on a NIC core relative to a host core (BlueField-2's Arm A72 cores at
+    /// 2.0–2.75 GHz against a server x86 core: about 2×, a model, not a measurement).
+    pub core_slowdown: f64,
+    /// Busy-wait the modelled costs so wall-clock figures include them.
+    pub emulate_costs: bool,
+}
+
+impl Default for NicModel {
+    fn default() -> Self {
+        NicModel {
+            dma: DmaModel::default(),
+            core_slowdown: 2.0,
+            emulate_costs: true,
+        }
+    }
+}
+
+/// Cluster settings.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Host executor threads.
+    pub host_executors: usize,
+    /// NIC executor threads.
+    pub nic_executors: usize,
+    /// Capacity of each executor queue (back-pressure beyond it).
+    pub queue_capacity: usize,
+    /// Steering policy.
+    pub policy: PolicyChoice,
+    /// NIC emulation.
+    pub nic: NicModel,
+    /// Per-message bounds.
+    pub limits: Limits,
+    /// Steering decision period.
+    pub steering_period: Duration,
+    /// How long a client waits for a reply.
+    pub client_timeout: Duration,
+    /// Verifier settings for handlers.
+    pub verifier: VerifierConfig,
+    /// The NIC placement (executors and one-sided agent) runs in another process
+    /// (`naam-nic`): reads routed to it come back from [`Cluster::dispatch`] for the caller to
+    /// forward, its load arrives through [`Cluster::absorb_remote_load`], and it counts as down
+    /// when its reports stop for [`REMOTE_SILENCE`].
+    pub remote_nic: bool,
+    /// Run the steering controller (off in a NIC process, which reports its load instead).
+    pub controller: bool,
+    /// Clients reach this cluster over a fabric (naam-server): what they report of their own
+    /// executions is unproven and describes them alone, so the controller decides only the
+    /// split between Host and NIC, and each client's Client share is decided from its own
+    /// reports ([`Cluster::client_weights`]). In-process clients share one view instead.
+    pub remote_clients: bool,
+    /// How long an idle executor polls its queue before it parks. Parking costs a wake-up of
+    /// several microseconds on the next message; polling costs the core. 20 µs suits the
+    /// in-process cluster, whose many emulated threads share few cores; a server process whose
+    /// host executors have cores to themselves polls longer.
+    pub executor_poll: Duration,
+    /// Replay sampled steps of every executor and client VM as aarch64 code under qemu and
+    /// record differences (tests of the aarch64 JIT over real workloads; off by default).
+    pub cross_check: Option<Arc<crate::cross::CrossCheck>>,
+    /// What one app may spend per period before its new messages are refused `Busy`: bounds
+    /// the harm one tenant's torn records or retry storms do to the others.
+    pub tenant_budget: TenantBudget,
+}
+
+/// How long a remote NIC may stay silent before the controller takes it out of the weights.
+pub const REMOTE_SILENCE: Duration = Duration::from_millis(30);
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            host_executors: 1,
+            nic_executors: 1,
+            queue_capacity: 4096,
+            policy: PolicyChoice::Auto(CostPolicyConfig::default()),
+            nic: NicModel::default(),
+            limits: Limits::default(),
+            steering_period: Duration::from_millis(1),
+            client_timeout: Duration::from_secs(5),
+            verifier: VerifierConfig::default(),
+            remote_nic: false,
+            controller: true,
+            remote_clients: false,
+            executor_poll: POLL_BEFORE_BLOCKING,
+            cross_check: None,
+            tenant_budget: TenantBudget::default(),
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The defaults with the NIC's modelled costs not busy-waited: runs that check answers,
+    /// not wall-clock figures (the model still steers).
+    pub fn functional() -> Self {
+        ClusterConfig {
+            nic: NicModel {
+                emulate_costs: false,
+                ..NicModel::default()
+            },
+            ..ClusterConfig::default()
+        }
+    }
+}
+
+/// Why a cluster could not be built or an operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// Registering an app or handler failed.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// A thread could not be started.
+    #[error("starting thread {0}: {1}")]
+    Thread(String, std::io::Error),
+    /// Unknown app.
+    #[error("no app {0}")]
+    UnknownApp(u32),
+    /// The owner handoff did not drain in time.
+    #[error("write owner handoff of app {0} did not drain in-flight writes within {1:?}")]
+    HandoffTimeout(u32, Duration),
+    /// Bad configuration.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Region memory could not be provided.
+    #[error("region {region} of app {app}: {message}")]
+    Region {
+        /// App.
+        app: u32,
+        /// Region name.
+        region: String,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// Torn-read retries and steps one app may spend per period at this cluster's executors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantBudget {
+    /// Length of a period.
+    pub period: Duration,
+    /// Torn-read retries per period; past it, the app's retrying messages fail `Refused`
+    /// and its new messages are refused `Busy` until the period ends.
+    pub retries: u64,
+    /// Steps per period (retries included); past it, new messages are refused `Busy`.
+    pub steps: u64,
+}
+
+impl Default for TenantBudget {
+    /// 2,000 retries and 4 million steps per 100 ms: far above what a healthy app needs (torn
+    /// reads are rare: 20,000 retries a second is 1% of the paper's MICA rate; 4 M steps per
+    /// 100 ms is 20 times that rate), far below what starves the executors.
+    fn default() -> Self {
+        TenantBudget {
+            period: Duration::from_millis(100),
+            retries: 2_000,
+            steps: 4_000_000,
+        }
+    }
+}
+
+/// What one app spent in the current period.
+#[derive(Debug, Default)]
+pub(super) struct Spent {
+    pub(super) since: Nanos,
+    pub(super) retries: u64,
+    pub(super) steps: u64,
+}
+
+/// Why a client call produced no reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The placement's queue is full: back-pressure, try again later.
+    #[error("the {0} queue is full (back-pressure); retry later")]
+    Busy(Placement),
+    /// No reply within the timeout.
+    #[error("no reply within {0:?}")]
+    Timeout(Duration),
+    /// The cluster is shutting down.
+    #[error("the cluster is shut down")]
+    Shutdown,
+    /// The request does not fit the wire format.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// The server has answered nothing for longer than the client's liveness bound.
+    #[error("the server has not answered for {silent:?} (over the liveness bound of {bound:?}): it is down or unreachable")]
+    ServerGone {
+        /// How long it has been silent.
+        silent: Duration,
+        /// The bound.
+        bound: Duration,
+    },
+    /// The session could not be set up again (after the server restarted or forgot it).
+    #[error("setting up a session again: {0}")]
+    Session(String),
+}

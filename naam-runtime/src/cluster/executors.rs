@@ -1,0 +1,319 @@
+//! The executor and one-sided agent threads: serving a message at a placement, parking a
+//! torn-read retry, write ownership and deduplication at the owner.
+
+use super::*;
+
+/// What serving a message left: an answer, or a message parked for a torn-read retry.
+pub(super) enum Served {
+    /// The completion and the modelled fetch cost.
+    Done(Outcome, u64),
+    /// Waiting for its backoff; `write`: it holds its dedup entry and owner count.
+    Parked { run: Box<ParkedRun>, write: bool },
+}
+
+/// Runs `req` on `path` until it completes or parks: reads anywhere, writes only at the owner
+/// and once per (origin, request id).
+pub(super) fn serve<P: DataPath>(
+    inner: &Inner,
+    req: &Request,
+    path: &mut P,
+    vm: &mut Vm,
+) -> Served {
+    let placement = path.placement();
+    let handler = match inner.registry.handler(req.app, req.handler) {
+        Ok(h) => h.clone(),
+        Err(e) => {
+            let status = match e {
+                crate::registry::LookupError::UnknownApp(_) => Status::UnknownApp,
+                _ => Status::UnknownHandler,
+            };
+            return Served::Done(Outcome::error(status, 0, e.to_string(), req.steps), 0);
+        }
+    };
+    let (limits, clock) = (inner.config.limits, inner.clock.as_ref());
+    if handler.kind == HandlerKind::Read {
+        let driven = executor::start(req, handler, path, vm, limits, clock, &mut |_| {
+            Err(WriteError::NotOwner)
+        });
+        return served(inner, req, driven, false);
+    }
+    // Writes: only at the owner, once per (origin, request id).
+    let refused = |c: Outcome| {
+        release_owner(inner, req.app);
+        Served::Done(c, 0)
+    };
+    if inner.owner_of(req.app) != Some(placement) {
+        return refused(Outcome::error(
+            Status::NotOwner,
+            0,
+            format!("{placement} does not own app {}'s writes", req.app),
+            req.steps,
+        ));
+    }
+    {
+        let mut t = inner.dedup[&req.app]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let key = (req.origin, req.request_id);
+        match t.get(&key) {
+            Some(Dedup::Done(c)) => return refused(c.clone()),
+            Some(Dedup::Pending) => {
+                return refused(Outcome::error(
+                    Status::Busy,
+                    0,
+                    "a write with this request id is in progress",
+                    req.steps,
+                ))
+            }
+            None => t.insert(key, Dedup::Pending),
+        }
+    }
+    let regions = inner.regions.clone();
+    let driven = executor::start(req, handler, path, vm, limits, clock, &mut |batch| {
+        apply_writes(&regions, batch)
+    });
+    served(inner, req, driven, true)
+}
+
+/// Resumes a parked message, its backoff served. An app past its retry budget gets no more
+/// retries: the message fails at once.
+pub(super) fn resume_served<P: DataPath>(
+    inner: &Inner,
+    req: &Request,
+    run: Box<ParkedRun>,
+    write: bool,
+    path: &mut P,
+    vm: &mut Vm,
+) -> Served {
+    if inner.over_budget(req.app) == Some("torn-read retries") {
+        let c = Outcome::error(
+            Status::Refused,
+            0,
+            format!(
+                "app {} spent its torn-read retry budget for this period",
+                req.app
+            ),
+            req.steps,
+        );
+        return served(inner, req, Driven::Done(c, RunCost::default()), write);
+    }
+    let clock = inner.clock.as_ref();
+    let driven = if write {
+        let regions = inner.regions.clone();
+        executor::resume(run, path, vm, clock, &mut |batch| {
+            apply_writes(&regions, batch)
+        })
+    } else {
+        executor::resume(run, path, vm, clock, &mut |_| Err(WriteError::NotOwner))
+    };
+    served(inner, req, driven, write)
+}
+
+/// Books a driven message: a parked one counts a retry against its app; a finished write
+/// records its answer for deduplication and leaves its owner's in-flight count.
+pub(super) fn served(inner: &Inner, req: &Request, driven: Driven, write: bool) -> Served {
+    match driven {
+        Driven::Parked(run) => {
+            inner.spend(req.app, 1, 1);
+            Served::Parked { run, write }
+        }
+        Driven::Done(c, cost) => {
+            inner.spend(req.app, 0, c.steps as u64);
+            if write {
+                let mut t = inner.dedup[&req.app]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                t.insert((req.origin, req.request_id), Dedup::Done(c.clone()));
+                drop(t);
+                release_owner(inner, req.app);
+            }
+            Served::Done(c, cost.fetch_ns)
+        }
+    }
+}
+
+/// A write of `app` left its executor: the owner's in-flight count goes down.
+pub(super) fn release_owner(inner: &Inner, app: u32) {
+    if let Some(o) = inner.owners.get(&app) {
+        o.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A message parked at an executor, with what its reply needs.
+pub(super) struct ParkedJob {
+    pub(super) job: Job,
+    pub(super) run: Box<ParkedRun>,
+    pub(super) write: bool,
+    /// Executor time spent on it so far (its service time excludes the backoffs).
+    pub(super) busy: Nanos,
+    /// Modelled fetch cost so far.
+    pub(super) fetch_ns: u64,
+}
+
+pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placement: Placement) {
+    let mut last_done: Nanos = 0;
+    let mut vm = Vm::new();
+    vm.set_cross_check(inner.config.cross_check.clone());
+    let mut host = HostPath::new(inner.regions.clone());
+    let mut nic = NicPath::new(inner.regions.clone(), inner.config.nic.dma);
+    // Messages waiting out a torn-read backoff: never slept on, the executor serves others.
+    let mut parked: Vec<ParkedJob> = Vec::new();
+    // Due retries and queued messages take turns: retries never hold up the queue by more
+    // than one step each, and a full queue never starves the retries.
+    let mut retry_turn = false;
+    loop {
+        let now = inner.clock.now();
+        retry_turn = !retry_turn;
+        let due = parked
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.run.resume_at <= now)
+            .min_by_key(|(_, p)| p.run.resume_at)
+            .map(|(i, _)| i)
+            .filter(|_| retry_turn || rx.is_empty());
+        let (job, resumed) = match due {
+            Some(i) => {
+                let p = parked.swap_remove(i);
+                (p.job, Some((p.run, p.write, p.busy, p.fetch_ns)))
+            }
+            None => {
+                // Sleep no longer than until the next parked message is due.
+                let next = parked.iter().map(|p| p.run.resume_at).min();
+                let wait = next.map_or(Duration::from_millis(20), |t| {
+                    Duration::from_nanos(t.saturating_sub(now)).min(Duration::from_millis(20))
+                });
+                let poll = inner.config.executor_poll.min(wait);
+                match rx.pop_timeout(wait, poll) {
+                    Some((_, j)) => (j, None),
+                    None => {
+                        if inner.shutdown.load(Ordering::SeqCst) {
+                            rx.close();
+                            let queued = rx.drain().into_iter().map(|(_, j)| j);
+                            for job in parked.drain(..).map(|p| p.job).chain(queued) {
+                                job.sink.send(error_reply(
+                                    &job.req,
+                                    Status::Unavailable,
+                                    placement,
+                                    "the cluster is shutting down".into(),
+                                ));
+                            }
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            }
+        };
+        if inner.shutdown.load(Ordering::SeqCst) {
+            job.sink.send(error_reply(
+                &job.req,
+                Status::Unavailable,
+                placement,
+                "the cluster is shutting down".into(),
+            ));
+            continue;
+        }
+        let start = inner.clock.now();
+        if resumed.is_none() {
+            let depth = rx.len() as u32;
+            // Queueing delay is time spent behind other work. A message that arrived while this
+            // executor was idle waited only for it to wake up, an artefact of emulating
+            // executors as threads that park (real ones busy-poll); counting it would make
+            // every idle placement look congested to its probes.
+            let waited = if job.enqueued >= last_done {
+                0
+            } else {
+                start.saturating_sub(job.enqueued)
+            };
+            inner.lock_tracker(placement).dequeued(waited, depth);
+            if placement == Placement::Host {
+                let extra = inner.congestion.host_extra_ns();
+                spin_for(extra);
+                inner.lock_tracker(placement).stolen(extra);
+            }
+        }
+        let begin = inner.clock.now();
+        let (busy_before, fetched_before) = resumed.as_ref().map_or((0, 0), |r| (r.2, r.3));
+        let outcome = match (placement, resumed) {
+            (Placement::Nic, None) => serve(&inner, &job.req, &mut nic, &mut vm),
+            (Placement::Nic, Some((run, write, ..))) => {
+                resume_served(&inner, &job.req, run, write, &mut nic, &mut vm)
+            }
+            (_, None) => serve(&inner, &job.req, &mut host, &mut vm),
+            (_, Some((run, write, ..))) => {
+                resume_served(&inner, &job.req, run, write, &mut host, &mut vm)
+            }
+        };
+        let fetch_total = match &outcome {
+            Served::Done(_, f) => *f,
+            Served::Parked { run, .. } => run.fetch_ns(),
+        };
+        if placement == Placement::Nic && inner.config.nic.emulate_costs {
+            let run = inner.clock.now().saturating_sub(begin);
+            let slower = (run as f64 * (inner.config.nic.core_slowdown - 1.0).max(0.0)) as u64;
+            spin_for(fetch_total.saturating_sub(fetched_before) + slower);
+        }
+        // Service time runs from dequeue: time taken away from the executor (a hog, a capacity
+        // limit) is time this message spent at this placement; backoffs are not.
+        let busy = busy_before + inner.clock.now().saturating_sub(start);
+        let c = match outcome {
+            Served::Parked { run, write } => {
+                parked.push(ParkedJob {
+                    job,
+                    run,
+                    write,
+                    busy,
+                    fetch_ns: fetch_total,
+                });
+                continue;
+            }
+            Served::Done(c, _) => c,
+        };
+        rx.record(job.req.app, busy);
+        let load = {
+            let mut t = inner.lock_tracker(placement);
+            t.completed((job.req.app, job.req.handler), busy, c.steps);
+            LoadFeedback {
+                queue_depth: rx.len() as u32,
+                utilisation_permille: (t.last_utilisation() * 1000.0).round() as u16,
+                queue_delay_ns: t.queue_delay_ns() as u64,
+                service_ns: busy,
+            }
+        };
+        last_done = inner.clock.now();
+        job.sink.send(reply_for(&job.req, &c, placement, load));
+    }
+}
+
+pub(super) fn agent_loop(inner: Arc<Inner>, rx: Receiver<AgentJob>) {
+    loop {
+        let mut job = match recv_polling(&rx, Duration::from_millis(20)) {
+            Ok(j) => j,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if inner.shutdown.load(Ordering::SeqCst) {
+                    return;
+                }
+                continue;
+            }
+            Err(_) => return,
+        };
+        let n = job.descs.len();
+        job.bufs.resize_with(n.max(job.bufs.len()), Vec::new);
+        let r = one_sided_read(
+            &inner.regions,
+            job.app,
+            job.descs.as_slice(),
+            &mut job.bufs[..n],
+        )
+        .map(|()| job.bufs);
+        match job.sink {
+            AgentSink::Sync(s) => {
+                let _ = s.try_send(r);
+            }
+            #[cfg(feature = "async")]
+            AgentSink::Async(s) => {
+                let _ = s.send(r);
+            }
+        }
+    }
+}

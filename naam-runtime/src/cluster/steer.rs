@@ -1,0 +1,138 @@
+//! The steering thread's side of the cluster: what the [`Controller`] observes of it, and
+//! publishing its decisions (weights, client signals, owner handoffs).
+
+use super::*;
+
+/// The cluster as the steering [`Controller`] observes it: trackers behind their locks, the
+/// executors' queues, the registry's apps and their current owners.
+pub(super) struct Observed<'a>(&'a Inner);
+
+impl Observe for Observed<'_> {
+    fn with_tracker<R>(&mut self, p: Placement, f: impl FnOnce(&mut LoadTracker) -> R) -> R {
+        f(&mut self.0.lock_tracker(p))
+    }
+
+    fn queued(&self, p: Placement) -> Option<(u32, u32)> {
+        let executors = match p {
+            Placement::Host => self.0.config.host_executors,
+            _ => self.0.config.nic_executors,
+        };
+        self.0.queues[p.index()]
+            .as_ref()
+            .map(|q| (q.len() as u32, executors as u32))
+    }
+
+    fn available(&self, p: Placement) -> bool {
+        match p {
+            Placement::Client => self.0.agent_available(),
+            _ => self.0.available(p),
+        }
+    }
+
+    fn client_rtt_ns(&self) -> Option<f64> {
+        self.0.client_rtt.lock().ok().and_then(|e| e.get())
+    }
+
+    fn apps(&self) -> Vec<AppView> {
+        self.0
+            .registry
+            .apps()
+            .map(|a| AppView {
+                id: a.id,
+                owner: self.0.owner_of(a.id),
+                handlers: a
+                    .handlers
+                    .values()
+                    .map(|h| HandlerView {
+                        id: h.id,
+                        read_only: h.kind == HandlerKind::Read,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// One steering period: the controller decides, this publishes what changed and moves owners.
+pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool) {
+    let now = inner.clock.now();
+    if inner.config.remote_nic
+        && inner.remote_nic_up.load(Ordering::SeqCst)
+        && now.saturating_sub(inner.remote_nic_seen.load(Ordering::SeqCst))
+            > REMOTE_SILENCE.as_nanos() as u64
+    {
+        inner.remote_nic_up.store(false, Ordering::SeqCst);
+    }
+    let decisions = controller.tick(now, &mut Observed(inner), full);
+    // Clients read the weights on every message: take the write lock only for real changes.
+    let changed: Vec<_> = {
+        let table = inner.weights.read().unwrap_or_else(|e| e.into_inner());
+        decisions
+            .weights
+            .into_iter()
+            .filter(|(k, w)| table.get(k) != Some(w))
+            .collect()
+    };
+    if !changed.is_empty() {
+        let mut table = inner.weights.write().unwrap_or_else(|e| e.into_inner());
+        for (key, w) in changed {
+            inner.metrics.record_weights(now, key, w);
+            table.insert(key, w);
+        }
+    }
+    if let Some((client_inputs, handlers)) = decisions.client_signals {
+        let mut signals = inner.signals.write().unwrap_or_else(|e| e.into_inner());
+        signals.0 = client_inputs;
+        signals.1.extend(handlers);
+    }
+    for (app, to) in decisions.owner_moves {
+        // A handoff that cannot drain in time is abandoned; a later decision may try again.
+        let _ = move_owner(inner, app, to, OWNER_DRAIN_TIMEOUT);
+    }
+}
+
+/// How long the controller waits for an owner handoff to drain.
+pub(super) const OWNER_DRAIN_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Moves `app`'s write ownership to `to`: new writes get `Busy` while in-flight writes at the
+/// old owner drain; then the owner changes and the epoch advances.
+pub(super) fn move_owner(
+    inner: &Inner,
+    app: u32,
+    to: Placement,
+    timeout: Duration,
+) -> Result<u64, ClusterError> {
+    if to == Placement::Client {
+        return Err(ClusterError::Config("the client cannot own writes".into()));
+    }
+    if to == Placement::Nic && inner.config.remote_nic {
+        // naam-nic serves forwarded reads and one-sided operations; writes stay at the host.
+        return Err(ClusterError::Config(
+            "the NIC runs in another process and cannot own writes".into(),
+        ));
+    }
+    let o = inner
+        .owners
+        .get(&app)
+        .ok_or(ClusterError::UnknownApp(app))?;
+    o.draining.store(true, Ordering::SeqCst);
+    let deadline = Instant::now() + timeout;
+    while o.inflight.load(Ordering::SeqCst) > 0 {
+        if Instant::now() > deadline {
+            o.draining.store(false, Ordering::SeqCst);
+            return Err(ClusterError::HandoffTimeout(app, timeout));
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    o.placement.store(to.abi() as u8, Ordering::SeqCst);
+    let epoch = o.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+    o.draining.store(false, Ordering::SeqCst);
+    Ok(epoch)
+}
+
+pub(super) fn controller_loop(inner: Arc<Inner>, mut controller: Controller) {
+    while !inner.shutdown.load(Ordering::SeqCst) {
+        std::thread::sleep(inner.config.steering_period);
+        decide_all(&inner, &mut controller, false);
+    }
+}
