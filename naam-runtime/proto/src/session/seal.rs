@@ -1,0 +1,349 @@
+//! Sealed envelopes: session keys, sealing and opening, the key wrap for the paired NIC, and
+//! replay windows.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The two fresh nonces of one handshake.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandshakeNonces {
+    /// The client's.
+    pub client: [u8; NONCE_LEN],
+    /// The server's.
+    pub server: [u8; NONCE_LEN],
+}
+
+/// Why a sealed message was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SealError {
+    /// Too short to be sealed, or not a sealed message.
+    #[error("not a sealed message ({0})")]
+    Malformed(&'static str),
+    /// No session with this id.
+    #[error("no session {session:#x}")]
+    UnknownSession {
+        /// The session id the message names.
+        session: u64,
+        /// The tenant tag it carries.
+        tenant_tag: u32,
+    },
+    /// The tag does not verify under the session's key.
+    #[error("the authentication tag of a message for session {0:#x} does not verify")]
+    BadTag(u64),
+    /// A packet number already seen, or too far behind the newest.
+    #[error("packet {packet} of session {session:#x} is a replay")]
+    Replay {
+        /// Session.
+        session: u64,
+        /// Packet number.
+        packet: u64,
+    },
+    /// The session belongs to another address.
+    #[error("session {session:#x} belongs to {owner}, not {from}")]
+    WrongPeer {
+        /// Session.
+        session: u64,
+        /// Its address.
+        owner: SocketAddr,
+        /// Where the message came from.
+        from: SocketAddr,
+    },
+    /// A sender this side does not accept.
+    #[error("a message sealed by {0:?} is not accepted here")]
+    WrongSender(Sender),
+}
+
+/// The header of a sealed message, read before its tag is checked (so it is not yet trusted).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SealedHeader {
+    /// Who sealed it.
+    pub sender: Sender,
+    /// The tenant tag.
+    pub tenant_tag: u32,
+    /// The session.
+    pub session: u64,
+    /// The packet number.
+    pub packet: u64,
+}
+
+/// Reads the header of a sealed message.
+pub fn peek_sealed(buf: &[u8]) -> Result<SealedHeader, SealError> {
+    if buf.len() < SEAL_OVERHEAD {
+        return Err(SealError::Malformed("shorter than the envelope"));
+    }
+    if buf[0] != VERSION || buf[1] != KIND_SEALED {
+        return Err(SealError::Malformed("wrong version or kind"));
+    }
+    let sender = Sender::from_u8(buf[2]).ok_or(SealError::Malformed("unknown sender"))?;
+    if buf[3] != 0 {
+        return Err(SealError::Malformed("reserved byte is not zero"));
+    }
+    let u64_at = |i: usize| u64::from_le_bytes(buf[i..i + 8].try_into().expect("8 bytes"));
+    Ok(SealedHeader {
+        sender,
+        tenant_tag: u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes")),
+        session: u64_at(8),
+        packet: u64_at(16),
+    })
+}
+
+/// Whether sealed datagrams carry and need a real authentication tag.
+///
+/// `Off` exists for one purpose: measuring what authentication costs, against the same build
+/// (`naam-bench experiment auth-cost`). Sessions are still set up and replay windows still
+/// run; only the tag is neither computed nor checked. Drivers refuse it on anything but
+/// loopback, and naam-server and naam-nic offer no way to ask for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Authentication {
+    /// HMAC-SHA-256 on every datagram (always, in every deployment).
+    #[default]
+    On,
+    /// No tag computed or checked: a loopback measurement's baseline only.
+    OffForMeasurement,
+}
+
+impl Authentication {
+    /// Refuses [`Authentication::OffForMeasurement`] unless `addr` is a loopback address.
+    pub fn check_scope(self, addr: SocketAddr) -> Result<(), String> {
+        if self == Authentication::OffForMeasurement && !addr.ip().is_loopback() {
+            return Err(format!(
+                "authentication can be turned off only on loopback, to measure its cost \
+                 ({addr} is not loopback)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The keyed MAC of one session, with its id and tenant tag: seals and opens its messages.
+pub struct SessionKey {
+    pub(super) id: u64,
+    pub(super) tenant_tag: u32,
+    pub(super) raw: [u8; 32],
+    pub(super) mac: HmacSha256,
+    pub(super) authentication: Authentication,
+}
+
+impl std::fmt::Debug for SessionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SessionKey(session {:#x})", self.id)
+    }
+}
+
+impl SessionKey {
+    /// The key of session `id` from its 32 raw bytes.
+    pub fn new(id: u64, tenant_tag: u32, raw: [u8; 32]) -> SessionKey {
+        SessionKey {
+            id,
+            tenant_tag,
+            raw,
+            mac: hmac_with(&raw),
+            authentication: Authentication::On,
+        }
+    }
+
+    /// The same key sealing and opening with `authentication` (see [`Authentication`]).
+    pub fn with_authentication(mut self, authentication: Authentication) -> SessionKey {
+        self.authentication = authentication;
+        self
+    }
+
+    /// The session id.
+    pub fn session(&self) -> u64 {
+        self.id
+    }
+
+    /// The tenant tag.
+    pub fn tenant_tag(&self) -> u32 {
+        self.tenant_tag
+    }
+
+    /// Seals `inner` as packet `packet` from `sender`.
+    pub fn seal(&self, sender: Sender, packet: u64, inner: &[u8]) -> Bytes {
+        let mut b = BytesMut::with_capacity(SEAL_OVERHEAD + inner.len());
+        b.put_u8(VERSION);
+        b.put_u8(KIND_SEALED);
+        b.put_u8(sender as u8);
+        b.put_u8(0);
+        b.put_u32_le(self.tenant_tag);
+        b.put_u64_le(self.id);
+        b.put_u64_le(packet);
+        b.put_slice(inner);
+        if self.authentication == Authentication::OffForMeasurement {
+            b.put_slice(&[0; TAG_LEN]);
+            return b.freeze();
+        }
+        let mut m = self.mac.clone();
+        m.update(&b);
+        let tag = m.finalize().into_bytes();
+        b.put_slice(&tag[..TAG_LEN]);
+        b.freeze()
+    }
+
+    /// Checks the tag of a sealed message of this session and returns its header and inner
+    /// message (a slice of `sealed`). Replays are the caller's [`ReplayWindow`]'s to catch.
+    pub fn open(&self, sealed: &Bytes) -> Result<(SealedHeader, Bytes), SealError> {
+        let h = peek_sealed(sealed)?;
+        if h.session != self.id {
+            return Err(SealError::UnknownSession {
+                session: h.session,
+                tenant_tag: h.tenant_tag,
+            });
+        }
+        let end = sealed.len() - TAG_LEN;
+        if self.authentication == Authentication::On {
+            let mut m = self.mac.clone();
+            m.update(&sealed[..end]);
+            m.verify_truncated_left(&sealed[end..])
+                .map_err(|_| SealError::BadTag(h.session))?;
+        }
+        Ok((h, sealed.slice(SEAL_HEADER..end)))
+    }
+
+    /// Encrypts this key for the paired NIC under `pairing` (the NIC's own session key):
+    /// ChaCha20-Poly1305, the nonce and associated data bound to this session's id and tag.
+    pub fn wrap(&self, pairing: &SessionKey) -> Vec<u8> {
+        let aead = pairing.wrapping_cipher();
+        let nonce = wrap_nonce(self.id);
+        aead.encrypt(
+            (&nonce).into(),
+            Payload {
+                msg: &self.raw,
+                aad: &wrap_aad(self.id, self.tenant_tag),
+            },
+        )
+        .expect("ChaCha20-Poly1305 encrypts 32 bytes")
+    }
+
+    /// The key [`SessionKey::wrap`] encrypted, if `wrapped` was made under `pairing` for
+    /// session `id` of tenant `tenant_tag`.
+    pub fn unwrap(
+        pairing: &SessionKey,
+        id: u64,
+        tenant_tag: u32,
+        wrapped: &[u8],
+    ) -> Option<SessionKey> {
+        let aead = pairing.wrapping_cipher();
+        let nonce = wrap_nonce(id);
+        let raw = aead
+            .decrypt(
+                (&nonce).into(),
+                Payload {
+                    msg: wrapped,
+                    aad: &wrap_aad(id, tenant_tag),
+                },
+            )
+            .ok()?;
+        let raw: [u8; 32] = raw.try_into().ok()?;
+        Some(SessionKey::new(id, tenant_tag, raw))
+    }
+
+    pub(super) fn wrapping_cipher(&self) -> ChaCha20Poly1305 {
+        let mut m = self.mac.clone();
+        m.update(b"naam key wrapping v1");
+        let k = m.finalize().into_bytes();
+        <ChaCha20Poly1305 as chacha20poly1305::KeyInit>::new(&k)
+    }
+}
+
+pub(super) fn wrap_nonce(id: u64) -> [u8; 12] {
+    let mut n = [0u8; 12];
+    n[..8].copy_from_slice(&id.to_le_bytes());
+    n
+}
+
+pub(super) fn wrap_aad(id: u64, tag: u32) -> [u8; 12] {
+    let mut a = [0u8; 12];
+    a[..8].copy_from_slice(&id.to_le_bytes());
+    a[8..].copy_from_slice(&tag.to_le_bytes());
+    a
+}
+
+/// The sending half of a session: its key and the next packet number. Shared by the threads
+/// that answer on the session (host executors send replies themselves).
+#[derive(Debug)]
+pub struct Sealer {
+    pub(super) key: Arc<SessionKey>,
+    pub(super) sender: Sender,
+    pub(super) next: AtomicU64,
+}
+
+impl Sealer {
+    /// Seals for `key` as `sender`, numbering packets from 1.
+    pub fn new(key: Arc<SessionKey>, sender: Sender) -> Sealer {
+        Sealer {
+            key,
+            sender,
+            next: AtomicU64::new(1),
+        }
+    }
+
+    /// Seals `inner` as the next packet.
+    pub fn seal(&self, inner: &[u8]) -> Bytes {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        self.key.seal(self.sender, n, inner)
+    }
+
+    /// The key.
+    pub fn key(&self) -> &Arc<SessionKey> {
+        &self.key
+    }
+}
+
+/// The packet numbers of one session a receiver has accepted: the newest, and a bitmap of the
+/// [`REPLAY_WINDOW`] before it.
+#[derive(Clone, Debug, Default)]
+pub struct ReplayWindow {
+    pub(super) top: u64,
+    pub(super) seen: [u64; (REPLAY_WINDOW / 64) as usize],
+}
+
+impl ReplayWindow {
+    /// Accepts `packet` once; refuses packet 0, repeats, and packets the window has passed.
+    pub fn accept(&mut self, packet: u64) -> bool {
+        if packet == 0 {
+            return false;
+        }
+        if packet > self.top {
+            let shift = packet - self.top;
+            if shift >= REPLAY_WINDOW {
+                self.seen = Default::default();
+            } else {
+                for _ in 0..shift {
+                    self.top += 1;
+                    self.clear(self.top);
+                }
+            }
+            self.top = packet;
+            self.set(packet);
+            return true;
+        }
+        if self.top - packet >= REPLAY_WINDOW || self.get(packet) {
+            return false;
+        }
+        self.set(packet);
+        true
+    }
+
+    pub(super) fn slot(p: u64) -> (usize, u64) {
+        let i = p % REPLAY_WINDOW;
+        ((i / 64) as usize, 1 << (i % 64))
+    }
+
+    pub(super) fn get(&self, p: u64) -> bool {
+        let (w, b) = Self::slot(p);
+        self.seen[w] & b != 0
+    }
+
+    pub(super) fn set(&mut self, p: u64) {
+        let (w, b) = Self::slot(p);
+        self.seen[w] |= b;
+    }
+
+    pub(super) fn clear(&mut self, p: u64) {
+        let (w, b) = Self::slot(p);
+        self.seen[w] &= !b;
+    }
+}
