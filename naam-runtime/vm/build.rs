@@ -6,11 +6,11 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-#[allow(dead_code)]
+#[allow(dead_code, unreachable_pub)] // the library's modules, private in this script
 #[path = "src/memory.rs"]
 mod memory;
 
-#[allow(dead_code)]
+#[allow(dead_code, unreachable_pub)] // the library's modules, private in this script
 #[path = "src/helpers.rs"]
 mod helpers;
 

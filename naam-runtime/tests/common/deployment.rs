@@ -20,17 +20,17 @@ use naam_runtime::session::Credential;
 use super::Driver;
 
 /// Tenant `a`'s app.
-pub const A: u32 = 1;
+pub(crate) const A: u32 = 1;
 /// Tenant `b`'s app.
-pub const B: u32 = 2;
+pub(crate) const B: u32 = 2;
 
 /// Tenant `a`'s credential.
-pub fn key_a() -> Credential {
+pub(crate) fn key_a() -> Credential {
     Credential::from_bytes([0xa1; 32])
 }
 
 /// Tenant `b`'s credential.
-pub fn key_b() -> Credential {
+pub(crate) fn key_b() -> Credential {
     Credential::from_bytes([0xb2; 32])
 }
 
@@ -39,7 +39,7 @@ fn tenants() -> [(u32, String, Credential); 2] {
 }
 
 /// A running deployment of tenants `a` and `b`: a server and its paired NIC.
-pub enum Deployment {
+pub(crate) enum Deployment {
     /// The driver loops on threads of this process.
     Threads {
         /// Regions and manifest.
@@ -56,7 +56,7 @@ pub enum Deployment {
 }
 
 /// The child processes of a [`Deployment::Processes`]; killed when dropped.
-pub struct Processes {
+pub(crate) struct Processes {
     dir: tempfile::TempDir,
     bin: PathBuf,
     server: Child,
@@ -69,7 +69,7 @@ pub struct Processes {
 
 impl Deployment {
     /// The driver loops on threads.
-    pub fn threads() -> Deployment {
+    pub(crate) fn threads() -> Deployment {
         let shm = tempfile::tempdir().expect("tempdir");
         let host = host_threads(shm.path(), "127.0.0.1:0".parse().expect("literal"));
         let server = host.addr;
@@ -84,7 +84,7 @@ impl Deployment {
 
     /// The real binaries, or `None` (with the reason on stderr) when they have not been built
     /// and this is not CI (`scripts/test.sh` builds them before testing; CI must run these).
-    pub fn processes(test: &str) -> Option<Deployment> {
+    pub(crate) fn processes(test: &str) -> Option<Deployment> {
         let bin = match binaries() {
             Ok(bin) => bin,
             Err(why) => {
@@ -155,7 +155,7 @@ impl Deployment {
     }
 
     /// naam-server's address.
-    pub fn server(&self) -> SocketAddr {
+    pub(crate) fn server(&self) -> SocketAddr {
         match self {
             Deployment::Threads { server, .. } => *server,
             Deployment::Processes(p) => p.server_addr,
@@ -163,7 +163,7 @@ impl Deployment {
     }
 
     /// The `--metrics` addresses of naam-server and naam-nic (processes only).
-    pub fn metrics(&self) -> Option<(SocketAddr, SocketAddr)> {
+    pub(crate) fn metrics(&self) -> Option<(SocketAddr, SocketAddr)> {
         match self {
             Deployment::Threads { .. } => None,
             Deployment::Processes(p) => Some((p.server_metrics, p.nic_metrics)),
@@ -171,7 +171,7 @@ impl Deployment {
     }
 
     /// naam-nic's address.
-    pub fn nic(&self) -> SocketAddr {
+    pub(crate) fn nic(&self) -> SocketAddr {
         match self {
             Deployment::Threads { nic, .. } => nic.addr,
             Deployment::Processes(p) => p.nic_addr,
@@ -180,7 +180,7 @@ impl Deployment {
 
     /// Stops the server abruptly (the process with SIGKILL) and starts a new one on the same
     /// address and regions directory, without waiting for it to serve; the NIC keeps running.
-    pub fn restart_server(&mut self) {
+    pub(crate) fn restart_server(&mut self) {
         match self {
             Deployment::Threads {
                 shm, host, server, ..

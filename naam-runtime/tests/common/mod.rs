@@ -1,7 +1,7 @@
 //! Shared test support: builds handler crates with the real pipeline, once per test binary.
 #![allow(dead_code)]
 
-pub mod deployment;
+pub(crate) mod deployment;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -10,7 +10,7 @@ use naam_runtime::pipeline::{build, BuildOptions};
 use naam_runtime::LoadedObject;
 
 /// Repository root.
-pub fn repo() -> PathBuf {
+pub(crate) fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
@@ -18,12 +18,12 @@ pub fn repo() -> PathBuf {
 }
 
 /// Target dir shared by every handler build of the test run.
-pub fn handler_target_dir() -> PathBuf {
+pub(crate) fn handler_target_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("handlers")
 }
 
 /// Builds `crate_dir` (relative to the repository) into `<tmp>/<name>.o`.
-pub fn build_crate(
+pub(crate) fn build_crate(
     crate_dir: &str,
     name: &str,
 ) -> Result<PathBuf, naam_runtime::pipeline::PipelineError> {
@@ -31,7 +31,7 @@ pub fn build_crate(
 }
 
 /// Builds `crate_dir` (relative to the repository) into `<tmp>/<name>.o`, loaded.
-pub fn build_output(
+pub(crate) fn build_output(
     crate_dir: &str,
     name: &str,
 ) -> Result<naam_runtime::pipeline::BuildOutput, naam_runtime::pipeline::PipelineError> {
@@ -42,7 +42,7 @@ pub fn build_output(
 }
 
 /// The example handlers (`examples/handlers`), built once.
-pub fn examples() -> &'static (PathBuf, LoadedObject) {
+pub(crate) fn examples() -> &'static (PathBuf, LoadedObject) {
     static EXAMPLES: OnceLock<(PathBuf, LoadedObject)> = OnceLock::new();
     EXAMPLES.get_or_init(|| {
         let built = build_output("examples/handlers", "examples").unwrap_or_else(|e| {
@@ -53,14 +53,14 @@ pub fn examples() -> &'static (PathBuf, LoadedObject) {
 }
 
 /// Little-endian bytes of `words`.
-pub fn words(words: &[u64]) -> Vec<u8> {
+pub(crate) fn words(words: &[u64]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
 
 /// A tiny deterministic generator (SplitMix64) for test data.
-pub struct Rng(pub u64);
+pub(crate) struct Rng(pub u64);
 impl Rng {
-    pub fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         naam_ebpf::hash::finish(self.0)
     }
@@ -69,7 +69,7 @@ impl Rng {
 /// The example handlers as app `id`: a read-only sorted array (`sorted`, 512 words i × 4) and a
 /// small all-rights region (`data`), with read and write handlers (hostile ones included), on
 /// the JIT.
-pub fn examples_app(id: u32) -> naam_runtime::cluster::AppSpec {
+pub(crate) fn examples_app(id: u32) -> naam_runtime::cluster::AppSpec {
     use naam_runtime::cluster::{AppSpec, RegionSpec};
     use naam_runtime::region::{ALL_RIGHTS, READ_ONLY};
     use naam_runtime::registry::HandlerSpec;
@@ -109,7 +109,7 @@ pub fn examples_app(id: u32) -> naam_runtime::cluster::AppSpec {
 
 /// A fabric driver thread (naam-server's or naam-nic's loop) standing in for a process; stops
 /// and joins when dropped.
-pub struct Driver {
+pub(crate) struct Driver {
     /// Set to stop the loop.
     pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The loop's thread.
@@ -120,7 +120,7 @@ pub struct Driver {
 
 impl Driver {
     /// Stops the loop and waits for it.
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             t.join().unwrap();
@@ -135,26 +135,26 @@ impl Drop for Driver {
 }
 
 /// The tenant every test app belongs to unless a test says otherwise.
-pub const TENANT: &str = "examples";
+pub(crate) const TENANT: &str = "examples";
 
 /// The test tenant's credential.
-pub fn tenant_key() -> naam_runtime::session::Credential {
+pub(crate) fn tenant_key() -> naam_runtime::session::Credential {
     naam_runtime::session::Credential::from_bytes([0x11; 32])
 }
 
 /// The test NIC's pairing secret.
-pub fn pairing_key() -> naam_runtime::session::Credential {
+pub(crate) fn pairing_key() -> naam_runtime::session::Credential {
     naam_runtime::session::Credential::from_bytes([0x22; 32])
 }
 
 /// The test operator's credential.
-pub fn operator_key() -> naam_runtime::session::Credential {
+pub(crate) fn operator_key() -> naam_runtime::session::Credential {
     naam_runtime::session::Credential::from_bytes([0x33; 32])
 }
 
 /// A naam-server driver on loopback serving the examples object as apps `ids` from `shm`,
 /// all of tenant [`TENANT`]; `verbs` gives it an RDMA side once its cluster exists.
-pub fn udp_host(
+pub(crate) fn udp_host(
     shm: &Path,
     ids: &[u32],
     config: naam_runtime::cluster::ClusterConfig,
@@ -183,7 +183,7 @@ pub fn udp_host(
 /// A naam-server driver on `at` serving the examples object as the apps of `tenants` (app id,
 /// tenant name, credential), with the test NIC's pairing secret and operator credential.
 #[allow(clippy::too_many_arguments)]
-pub fn udp_host_tenants(
+pub(crate) fn udp_host_tenants(
     shm: &Path,
     at: std::net::SocketAddr,
     tenants: &[(u32, String, naam_runtime::session::Credential)],
@@ -242,7 +242,7 @@ pub fn udp_host_tenants(
 
 /// A naam-nic driver on loopback for the host that wrote `shm`, reporting to `server`; it maps
 /// the regions anew when the server restarts.
-pub fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
+pub(crate) fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
     use naam_runtime::cluster::ClusterConfig;
     use naam_runtime::udp::deploy::start_nic;
     use naam_runtime::udp::nic::{serve_nic, NicCluster, NicOptions};
@@ -279,7 +279,7 @@ pub fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
 }
 
 /// A read descriptor.
-pub fn rd(rkey: u64, offset: u64, len: u32) -> naam_ebpf::abi::Descriptor {
+pub(crate) fn rd(rkey: u64, offset: u64, len: u32) -> naam_ebpf::abi::Descriptor {
     naam_ebpf::abi::Descriptor {
         rkey,
         offset,
@@ -290,7 +290,7 @@ pub fn rd(rkey: u64, offset: u64, len: u32) -> naam_ebpf::abi::Descriptor {
 
 /// Checks that `bsearch` of the examples app `app` refuses an unknown rkey and a range past its
 /// `sorted` region (whose rkey is `sorted`) with clear statuses, over any transport.
-pub fn check_descriptor_refusals<T: naam_runtime::transport::Transport>(
+pub(crate) fn check_descriptor_refusals<T: naam_runtime::transport::Transport>(
     c: &mut T,
     app: u32,
     sorted: u64,
@@ -309,7 +309,7 @@ pub fn check_descriptor_refusals<T: naam_runtime::transport::Transport>(
 }
 
 /// An eBPF ELF with one section per (name, bytes) pair.
-pub fn elf_object(sections: &[(&str, &[u8])]) -> Vec<u8> {
+pub(crate) fn elf_object(sections: &[(&str, &[u8])]) -> Vec<u8> {
     use object::write::{Object as WObject, Symbol, SymbolSection};
     use object::{
         Architecture, BinaryFormat, Endianness, SectionKind, SymbolFlags, SymbolKind, SymbolScope,
