@@ -185,7 +185,10 @@ impl Observe for Observed<'_> {
         None
     }
 
-    fn apps(&self) -> Vec<AppView> {
+    fn apps(&self, wanted: &dyn Fn(u32) -> bool) -> Vec<AppView> {
+        if !wanted(SIM_KEY.0) {
+            return Vec::new();
+        }
         vec![AppView {
             id: SIM_KEY.0,
             owner: Some(Placement::Host),

@@ -33,10 +33,11 @@ impl Observe for Observed<'_> {
         self.0.client_rtt.lock().ok().and_then(|e| e.get())
     }
 
-    fn apps(&self) -> Vec<AppView> {
+    fn apps(&self, wanted: &dyn Fn(u32) -> bool) -> Vec<AppView> {
         self.0
             .registry
             .apps()
+            .filter(|a| wanted(a.id))
             .map(|a| AppView {
                 id: a.id,
                 owner: self.0.owner_of(a.id),

@@ -47,8 +47,9 @@ pub trait Observe {
     fn available(&self, p: Placement) -> bool;
     /// The one-sided round trip clients see, nanoseconds, if measured.
     fn client_rtt_ns(&self) -> Option<f64>;
-    /// Every app, in any order.
-    fn apps(&self) -> Vec<AppView>;
+    /// The apps whose id `wanted` accepts, in any order. Called every tick: a driver builds
+    /// views only for those (the active ones, out of possibly thousands).
+    fn apps(&self, wanted: &dyn Fn(u32) -> bool) -> Vec<AppView>;
 }
 
 /// Settings of a [`Controller`].
@@ -190,11 +191,7 @@ impl Controller {
         if self.config.remote_clients {
             inputs.placements[Placement::Client.index()].available = false;
         }
-        let mut apps: Vec<AppView> = observe
-            .apps()
-            .into_iter()
-            .filter(|a| full || active.contains(&a.id))
-            .collect();
+        let mut apps = observe.apps(&|id| full || active.contains(&id));
         if !full && apps.len() > DECISION_BUDGET {
             apps.sort_unstable_by_key(|a| a.id);
             let start = self.cursor % apps.len();
@@ -311,8 +308,8 @@ mod tests {
         fn client_rtt_ns(&self) -> Option<f64> {
             None
         }
-        fn apps(&self) -> Vec<AppView> {
-            self.apps.clone()
+        fn apps(&self, wanted: &dyn Fn(u32) -> bool) -> Vec<AppView> {
+            self.apps.iter().filter(|a| wanted(a.id)).cloned().collect()
         }
     }
 
