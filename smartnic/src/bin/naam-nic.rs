@@ -98,11 +98,14 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     naam_runtime::logging::init(args.verbosity, tracing::level_filters::LevelFilter::INFO);
-    // Checked before any work: the socket reads it again when it is bound.
-    if let Err(e) = naam_runtime::udp::socket::injected_loss_from_env() {
-        eprintln!("naam-nic: error: {e}");
-        return ExitCode::from(2);
-    }
+    // Read before any work (a bad value is a usage error), given to the socket once bound.
+    let inject_loss = match naam_runtime::udp::socket::injected_loss_from_env() {
+        Ok(loss) => loss,
+        Err(e) => {
+            eprintln!("naam-nic: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let r = match args.command {
         Command::EswitchRules {
             host_ip,
@@ -167,6 +170,7 @@ fn main() -> ExitCode {
                 datagram,
                 Duration::from_secs(wait),
                 metrics,
+                inject_loss,
             ),
         },
     };
@@ -190,6 +194,7 @@ fn run(
     datagram: usize,
     wait: Duration,
     metrics: Option<SocketAddr>,
+    inject_loss: Option<f64>,
 ) -> anyhow::Result<()> {
     let stop = signal::stop_flag();
     // The server writes the manifest when its regions exist; wait for it (it may be starting).
@@ -211,9 +216,7 @@ fn run(
     let (cluster, manifest) = deploy::start_nic(shm_dir, cc.clone())
         .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
     let mut socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
-    socket.inject_loss(
-        naam_runtime::udp::socket::injected_loss_from_env().map_err(anyhow::Error::msg)?,
-    );
+    socket.inject_loss(inject_loss);
     let advertise = socket.local_addr()?;
     let telemetry = std::sync::Arc::new(naam_runtime::udp::telemetry::Telemetry::default());
     if let Some(addr) = metrics {

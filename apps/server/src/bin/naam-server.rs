@@ -56,11 +56,6 @@ enum Command {
 fn main() -> ExitCode {
     let args = Args::parse();
     naam_runtime::logging::init(args.verbosity, tracing::level_filters::LevelFilter::INFO);
-    // Checked before any work: the socket reads it again when it is bound.
-    if let Err(e) = naam_runtime::udp::socket::injected_loss_from_env() {
-        eprintln!("naam-server: error: {e}");
-        return ExitCode::from(2);
-    }
     if let Some(Command::Keygen { out }) = &args.command {
         // `keygen --out keys/mica.key` as the example config names it: make `keys/` (owner
         // only) when it is missing.
@@ -89,6 +84,14 @@ fn main() -> ExitCode {
             }
         };
     }
+    // Read before any work (a bad value is a usage error), given to the socket once bound.
+    let inject_loss = match naam_runtime::udp::socket::injected_loss_from_env() {
+        Ok(loss) => loss,
+        Err(e) => {
+            eprintln!("naam-server: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let Some(path) = &args.config else {
         eprintln!("naam-server: error: --config FILE is required");
         return ExitCode::from(2);
@@ -132,7 +135,7 @@ fn main() -> ExitCode {
             .find(|t| t.role.may_use(a.spec.id))
             .map(|t| t.credential.clone());
     }
-    match run(&config, apps, tenants, args.metrics) {
+    match run(&config, apps, tenants, args.metrics, inject_loss) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("naam-server: error: {e:#}");
@@ -219,6 +222,7 @@ fn run(
     apps: Vec<naam_runtime::udp::deploy::HostApp>,
     tenants: Vec<naam_runtime::session::TenantEntry>,
     metrics: Option<std::net::SocketAddr>,
+    inject_loss: Option<f64>,
 ) -> anyhow::Result<()> {
     let stop = signal::stop_flag();
     let cc = ClusterConfig {
@@ -230,9 +234,7 @@ fn run(
     };
     let mut socket = Socket::bind(config.listen, config.datagram)
         .with_context(|| format!("binding {}", config.listen))?;
-    socket.inject_loss(
-        naam_runtime::udp::socket::injected_loss_from_env().map_err(anyhow::Error::msg)?,
-    );
+    socket.inject_loss(inject_loss);
     let (cluster, manifest) = deploy::start_host(apps, cc, &config.shm_dir)?;
     let switch = attach_eswitch(config, &cluster, stop);
     let verbs = verbs_side(&cluster, &manifest);
