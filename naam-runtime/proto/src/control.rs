@@ -436,6 +436,33 @@ pub enum Control {
 }
 
 impl Control {
+    /// The message's name, for refusals and logs (never its contents: they may hold secrets).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Control::Hello { .. } => "hello",
+            Control::Challenge { .. } => "challenge",
+            Control::Auth { .. } => "auth",
+            Control::Stale { .. } => "stale",
+            Control::Welcome { .. } => "welcome",
+            Control::QueryManifest { .. } => "query-manifest",
+            Control::ManifestPage { .. } => "manifest-page",
+            Control::QueryWeights { .. } => "query-weights",
+            Control::Weights { .. } => "weights",
+            Control::NicLoad { .. } => "nic-load",
+            Control::NicBye => "nic-bye",
+            Control::SessionOpen { .. } => "session-open",
+            Control::QuerySession { .. } => "query-session",
+            Control::SessionClosed { .. } => "session-closed",
+            Control::QuerySwitch { .. } => "query-switch",
+            Control::Switch { .. } => "switch",
+            Control::Congest { .. } => "congest",
+            Control::Congestion { .. } => "congestion",
+            Control::VerbsConnect { .. } => "verbs-connect",
+            Control::VerbsAccept { .. } => "verbs-accept",
+            Control::Error { .. } => "error",
+        }
+    }
+
     /// Encodes the message with id `id`.
     pub fn to_bytes(&self, id: u64) -> Bytes {
         let body = serde_json::to_vec(self).unwrap_or_default();

@@ -12,6 +12,8 @@
 //! - [`onesided`]: emulated one-sided RDMA operations and their completions;
 //! - [`control`]: control messages (handshake, manifest, weights, pairing, load reports) and
 //!   the header of requests forwarded to the NIC;
+//! - [`endpoint`]: the client's and the server's state machines (sessions, retransmission,
+//!   the control plane, the user-space switch), driven by datagrams and explicit time;
 //! - [`dedup`]: answers to recent mutations, so retransmissions are not applied twice;
 //! - [`frame`]: datagram framing (fragments, bounded reassembly, retransmission timers);
 //! - [`session`]: credentials, the handshake, sealed envelopes, replay windows, sessions;
@@ -22,6 +24,7 @@
 
 pub mod control;
 pub mod dedup;
+pub mod endpoint;
 mod engine_kind;
 pub mod frame;
 pub mod kind;

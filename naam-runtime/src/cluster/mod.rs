@@ -581,23 +581,7 @@ pub(crate) fn reply_for(
     }
 }
 
-pub(crate) fn error_reply(
-    req: &Request,
-    status: Status,
-    placement: Placement,
-    message: String,
-) -> Reply {
-    Reply {
-        app: req.app,
-        request_id: req.request_id,
-        status,
-        code: 0,
-        steps: req.steps,
-        placement,
-        load: LoadFeedback::default(),
-        payload: Bytes::from(message.into_bytes()),
-    }
-}
+pub(crate) use naam_proto::endpoint::error_reply;
 
 impl Cluster {
     /// A new builder.

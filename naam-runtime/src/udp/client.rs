@@ -1,12 +1,13 @@
 //! The client side of the UDP fabric: a [`Transport`] that sends active messages to
-//! `naam-server` with request ids, timeouts and retransmission, and runs read handlers itself
-//! (Client placement) with one-sided READs served by the NIC's agent. It follows the server's
-//! steering weights, which it refreshes every few milliseconds while reporting what it measured.
+//! `naam-server` and runs read handlers itself (Client placement) with one-sided READs served
+//! by the NIC's agent. It follows the server's steering weights, which it refreshes every few
+//! milliseconds while reporting what it measured.
 //!
-//! Everything after the handshake travels sealed in the client's session
-//! ([`crate::session`]); a server that restarted says so with an authenticated notice and the
-//! client sets up a new session by itself. A server silent for longer than
-//! [`UdpConfig::liveness`] makes every call fail with [`ClientError::ServerGone`].
+//! The protocol is [`ClientEndpoint`]'s (sessions and their renewal after a server restart,
+//! request ids, retransmission, liveness); this module is its driver ([`Conn`]: a socket, a
+//! clock, one short loop) and the client's choices (where to run, weights, metrics). A server
+//! silent for longer than [`UdpConfig::liveness`] makes every call fail with
+//! [`ClientError::ServerGone`].
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -15,26 +16,27 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
+use naam_proto::endpoint::{
+    ClientConfig, ClientEndpoint, ClientEvent, ConnectError, ExchangeError,
+};
+use naam_proto::Nanos;
 
-use super::control::{object_hash, Control, Manifest, KIND_CONTROL};
+use super::control::{object_hash, Control, Manifest};
 use super::socket::{Socket, DEFAULT_DATAGRAM};
-use crate::clock::SystemClock;
+use crate::clock::{Clock, SystemClock};
 use crate::cluster::{run_at_client, ClientError};
 use crate::engine::Vm;
 use crate::executor::{ClientPath, FetchError, Limits, OneSided};
 use crate::metrics::Metrics;
-use crate::onesided::{self, KIND_COMPLETION};
+use crate::onesided;
 use crate::placement::Placement;
 use crate::registry::{HandlerKind, HandlerSpec, Registry};
-use crate::session::{
-    self, peek_sealed, ClientHandshake, Credential, Sealer, Sender, SessionKey, KIND_SEALED,
-};
+use crate::session::{self, Credential};
 use crate::steering::Selector;
 use crate::steering::{Ewma, HandlerKey, LoadTracker, Weights};
 use crate::transport::Transport;
 use crate::verifier::VerifierConfig;
-use crate::wire::{flags, peek_kind, Reply, Request, Status, KIND_REPLY};
-use naam_proto::frame::{Retransmit, Timeout};
+use crate::wire::{flags, Reply, Request, Status};
 
 /// Manifest pages a client fetches at most (tens of thousands of apps).
 const MAX_MANIFEST_PAGES: u32 = 4096;
@@ -135,367 +137,128 @@ pub enum UdpError {
     Handlers(u32, String),
 }
 
-/// Why an exchange got no answer.
-#[derive(Debug)]
-enum Exchange {
-    Timeout(Duration),
-    Io(std::io::Error),
-    /// The server does not know the session any more (authenticated notice): handshake again.
-    Stale,
-}
+/// The longest the driver blocks in one receive, so that it notices due timers promptly.
+const MAX_WAIT: Duration = Duration::from_millis(1);
 
-/// A session set up with the server.
-struct ClientSession {
-    key: Arc<SessionKey>,
-    sealer: Sealer,
-}
-
-/// The socket, ids, session and retransmission state one client uses for everything.
+/// The UDP driver of a [`ClientEndpoint`]: its socket, its clock, and what the client does
+/// with the endpoint's events. Every protocol decision (sessions, ids, retransmission,
+/// matching answers) is the endpoint's.
 pub struct Conn {
     socket: Socket,
-    server: SocketAddr,
-    agent: Option<SocketAddr>,
-    client_id: u32,
-    seq: u64,
-    rto: Duration,
-    attempts: u32,
-    epoch: Instant,
+    endpoint: ClientEndpoint,
+    clock: SystemClock,
+    /// Control messages that answered no exchange (weights after a refresh).
     inbox: Vec<Control>,
     rtt: Ewma,
-    tenant: String,
-    credential: Credential,
-    session: Option<ClientSession>,
-    /// When an authenticated message last arrived (from the server or the NIC).
-    last_heard: Instant,
-    liveness: Duration,
-    /// How long a handshake may take.
-    connect_timeout: Duration,
-    authentication: session::Authentication,
     /// One-sided READs over a direct path (RDMA verbs: `use_rdma`) instead of the agent.
     direct_reads: Option<Box<dyn OneSided + Send>>,
-}
-
-/// What [`Conn::exchange_with`] asks of each arriving message: `Some` ends the exchange.
-type Accept<'a> = dyn FnMut(&mut Conn, Incoming) -> Option<Result<Bytes, Exchange>> + 'a;
-
-/// An arriving datagram, classified once its seal (if any) is checked.
-enum Incoming {
-    /// The inner message of a datagram sealed in this client's session by the server or NIC.
-    Sealed(Bytes),
-    /// A sealed datagram while there is no session yet (a welcome).
-    Unopened(Bytes),
-    /// An authenticated notice that the server does not know the session.
-    Stale,
-    /// An unsealed control message (handshake answers; trusted for nothing else).
-    Unsealed(u64, Control),
-    /// Anything else: forged, replayed from elsewhere, or late.
-    Drop,
-}
-
-/// The id a reply, completion or control message of kind `kind` answers.
-fn answered_id(kind: u8, m: &[u8]) -> Option<u64> {
-    naam_proto::peek::message_id(m)
-        .filter(|(k, _)| k.byte() == kind)
-        .map(|(_, id)| id)
 }
 
 impl Conn {
     /// Whether one-sided READs have somewhere to go: RDMA, or the NIC's agent.
     fn one_sided_up(&self) -> bool {
-        self.direct_reads.is_some() || self.agent.is_some()
+        self.direct_reads.is_some() || self.endpoint.agent().is_some()
     }
 
-    fn next_id(&mut self) -> u64 {
-        self.seq += 1;
-        crate::wire::request_id(self.client_id, self.seq)
-    }
-
-    fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64
-    }
-
-    /// Sends control message `message` to the server in the session and waits for the answer.
-    fn ask(&mut self, message: &Control) -> Result<Bytes, Exchange> {
-        let id = self.next_id();
-        let server = self.server;
-        self.exchange(server, id, &message.to_bytes(id), None, KIND_CONTROL)
-    }
-
-    /// Seals `inner` in the session (unsealed before there is one: handshake messages).
-    fn seal(&self, inner: &[u8]) -> Bytes {
-        match &self.session {
-            Some(s) => s.sealer.seal(inner),
-            None => Bytes::copy_from_slice(inner),
-        }
-    }
-
-    /// What an arriving datagram is, once its seal is checked.
-    fn open(&mut self, m: &Bytes) -> Incoming {
-        match peek_kind(m) {
-            Some(KIND_SEALED) => {
-                let Some(s) = &self.session else {
-                    return Incoming::Unopened(m.clone());
-                };
-                match s.key.open(m) {
-                    Ok((h, inner)) if matches!(h.sender, Sender::Server | Sender::Nic) => {
-                        self.last_heard = Instant::now();
-                        Incoming::Sealed(inner)
-                    }
-                    _ => Incoming::Drop,
-                }
-            }
-            Some(KIND_CONTROL) => match Control::decode(m) {
-                Ok((_, Control::Stale { session, token, .. })) => match &self.session {
-                    Some(s)
-                        if s.key.session() == session
-                            && self.credential.reset_token(session) == token =>
-                    {
-                        self.last_heard = Instant::now();
-                        Incoming::Stale
-                    }
-                    _ => Incoming::Drop,
-                },
-                Ok((id, c)) => Incoming::Unsealed(id, c),
-                Err(_) => Incoming::Drop,
-            },
-            _ => Incoming::Drop,
-        }
-    }
-
-    /// Sends `msg` to `to` in the session and waits for the `want`-kind message answering
-    /// `id`, resending `resend` (default `msg`) on each timeout, each time as a new packet.
-    /// Control answers that arrive meanwhile are kept.
-    fn exchange(
-        &mut self,
-        to: SocketAddr,
-        id: u64,
-        msg: &[u8],
-        resend: Option<&[u8]>,
-        want: u8,
-    ) -> Result<Bytes, Exchange> {
-        self.exchange_with(
-            to,
-            id,
-            &mut |c, again| c.seal(if again { resend.unwrap_or(msg) } else { msg }),
-            &mut |c, incoming| match incoming {
-                Incoming::Sealed(inner) => {
-                    let kind = peek_kind(&inner)?;
-                    if kind == want && answered_id(kind, &inner) == Some(id) {
-                        return Some(Ok(inner));
-                    }
-                    if kind == KIND_CONTROL {
-                        if let Ok((_, c2)) = Control::decode(&inner) {
-                            c.inbox.push(c2);
-                        }
-                    }
-                    // Anything else is a late answer to an earlier, given-up exchange.
-                    None
-                }
-                Incoming::Stale => Some(Err(Exchange::Stale)),
-                _ => None,
-            },
-        )
-    }
-
-    /// The retransmission loop: sends `make(self, resending)` to `to` until `accept` takes an
-    /// arriving message (or gives up with an error), or the attempts run out.
-    fn exchange_with(
-        &mut self,
-        to: SocketAddr,
-        id: u64,
-        make: &mut dyn FnMut(&mut Conn, bool) -> Bytes,
-        accept: &mut Accept<'_>,
-    ) -> Result<Bytes, Exchange> {
-        let mut rt = Retransmit::new(self.rto.as_nanos() as u64, self.attempts);
-        let started = Instant::now();
-        let first = make(self, false);
-        self.socket.send(to, id, &first).map_err(Exchange::Io)?;
-        rt.sent(id, self.now());
-        loop {
-            let wait = rt
-                .next_deadline()
-                .map_or(0, |d| d.saturating_sub(self.now()))
-                .min(1_000_000);
-            for (_, m) in self
-                .socket
-                .recv(Duration::from_nanos(wait))
-                .map_err(Exchange::Io)?
-            {
-                let incoming = self.open(&m);
-                if let Some(r) = accept(self, incoming) {
-                    return r;
-                }
-            }
-            for (_, t) in rt.poll(self.now()) {
-                match t {
-                    Timeout::Resend(_) => {
-                        let again = make(self, true);
-                        let _ = self.socket.send(to, id, &again);
-                    }
-                    Timeout::GiveUp => return Err(Exchange::Timeout(started.elapsed())),
-                }
-            }
-        }
-    }
-
-    /// Sets up a session: hello, challenge, auth, welcome. Returns the welcome.
-    fn handshake(&mut self) -> Result<Control, UdpError> {
-        let server = self.server;
-        let refused = |message: String| UdpError::Refused { server, message };
-        let hs = ClientHandshake::new(&self.tenant, self.credential.clone())
-            .map_err(|e| refused(e.to_string()))?;
-        self.session = None;
-        // The handshake retransmits on its own schedule: three tries within the connect
-        // timeout.
-        let data = (self.rto, self.attempts);
-        (self.rto, self.attempts) = ((self.connect_timeout / 4).max(Duration::from_millis(1)), 3);
-        let r = self.handshake_steps(hs);
-        (self.rto, self.attempts) = data;
-        r
-    }
-
-    fn handshake_steps(&mut self, hs: ClientHandshake) -> Result<Control, UdpError> {
-        let server = self.server;
-        let unanswered = |e: Exchange| match e {
-            Exchange::Io(e) => UdpError::Io(e),
-            Exchange::Timeout(waited) => UdpError::NoServer { server, waited },
-            Exchange::Stale => UdpError::Refused {
-                server,
-                message: "the session was forgotten during its handshake".into(),
-            },
-        };
-        let refused = |message: String| UdpError::Refused { server, message };
-        let id = self.next_id();
-        let mut hello = Control::Hello {
-            tenant: self.tenant.clone(),
-            nonce: hs.nonce(),
-        }
-        .to_bytes(id)
-        .to_vec();
-        // Padded, so the challenge is far inside the server's amplification limit.
-        if hello.len() < session::HELLO_PADDING {
-            hello.resize(session::HELLO_PADDING, b' ');
-        }
-        let hello = Bytes::from(hello);
-        let m = self.exchange_with(server, id, &mut |_, _| hello.clone(), &mut |_, incoming| {
-            match incoming {
-                Incoming::Unsealed(i, c @ (Control::Challenge { .. } | Control::Error { .. }))
-                    if i == id =>
-                {
-                    Some(Ok(c.to_bytes(i)))
-                }
-                _ => None,
-            }
-        });
-        let (server_nonce, issued, cookie) = match Control::decode(&m.map_err(unanswered)?) {
-            Ok((
-                _,
-                Control::Challenge {
-                    nonce,
-                    issued,
-                    cookie,
-                },
-            )) => (nonce, issued, cookie),
-            Ok((_, Control::Error { message })) => return Err(refused(message)),
-            other => return Err(refused(format!("unexpected answer to hello: {other:?}"))),
-        };
-        let id = self.next_id();
-        let auth = Control::Auth {
-            tenant: self.tenant.clone(),
-            client_nonce: hs.nonce(),
-            server_nonce,
-            issued,
-            cookie,
-            proof: hs.proof(server_nonce, &cookie),
-        }
-        .to_bytes(id);
-        // The welcome is sealed in the new session: its id is in the envelope, and the key
-        // follows from it, the nonces and the credential.
-        let mut key: Option<SessionKey> = None;
-        let m = self.exchange_with(server, id, &mut |_, _| auth.clone(), &mut |c, incoming| {
-            match incoming {
-                Incoming::Unopened(m) => {
-                    let h = peek_sealed(&m).ok()?;
-                    if h.sender != Sender::Server {
-                        return None;
-                    }
-                    let k = hs
-                        .session_key(h.session, server_nonce)
-                        .with_authentication(c.authentication);
-                    let (_, inner) = k.open(&m).ok()?;
-                    if answered_id(KIND_CONTROL, &inner) != Some(id) {
-                        return None;
-                    }
-                    key = Some(k);
-                    Some(Ok(inner))
-                }
-                Incoming::Unsealed(i, c @ Control::Error { .. }) if i == id => {
-                    Some(Ok(c.to_bytes(i)))
-                }
-                _ => None,
-            }
-        });
-        let welcome = match Control::decode(&m.map_err(unanswered)?) {
-            Ok((_, w @ Control::Welcome { .. })) => w,
-            Ok((_, Control::Error { message })) => return Err(refused(message)),
-            other => return Err(refused(format!("unexpected answer to auth: {other:?}"))),
-        };
-        let key = Arc::new(key.ok_or_else(|| refused("the welcome was not sealed".into()))?);
-        self.session = Some(ClientSession {
-            sealer: Sealer::new(key.clone(), Sender::Client),
-            key,
-        });
-        self.last_heard = Instant::now();
-        if let Control::Welcome {
-            client_id, agent, ..
-        } = &welcome
-        {
-            self.client_id = *client_id;
-            self.agent = *agent;
-        }
-        Ok(welcome)
-    }
-
-    /// Runs `exchange` in the session: fails fast once the server is past the liveness bound,
-    /// and after an authenticated "no such session" sets up a new session and tries once more.
-    fn in_session<T>(
-        &mut self,
-        mut exchange: impl FnMut(&mut Conn) -> Result<T, Exchange>,
-    ) -> Result<T, ClientError> {
-        self.check_alive()?;
-        let mut renewed = false;
-        loop {
-            match exchange(self) {
-                Ok(x) => return Ok(x),
-                Err(Exchange::Stale) if !renewed => {
-                    renewed = true;
-                    self.handshake()
-                        .map_err(|e| ClientError::Session(e.to_string()))?;
-                }
-                Err(Exchange::Stale) => {
-                    return Err(ClientError::Session(
-                        "the server forgot the new session at once".into(),
-                    ))
-                }
-                Err(Exchange::Timeout(d)) => {
-                    self.check_alive()?;
-                    return Err(ClientError::Timeout(d));
-                }
-                Err(Exchange::Io(_)) => return Err(ClientError::Shutdown),
-            }
-        }
-    }
-
-    /// Fails fast once the server has been silent for longer than the liveness bound.
-    fn check_alive(&self) -> Result<(), ClientError> {
-        let silent = self.last_heard.elapsed();
-        if silent > self.liveness {
-            return Err(ClientError::ServerGone {
-                silent,
-                bound: self.liveness,
-            });
+    /// Sends what the endpoint asks for.
+    fn flush(&mut self) -> std::io::Result<()> {
+        while let Some(t) = self.endpoint.poll_transmit() {
+            self.socket.send(t.to, t.id, &t.bytes)?;
         }
         Ok(())
+    }
+
+    /// The driver loop: sends, receives and fires timers until `until` takes an event.
+    fn drive<T>(&mut self, mut until: impl FnMut(ClientEvent) -> Option<T>) -> std::io::Result<T> {
+        loop {
+            self.flush()?;
+            while let Some(event) = self.endpoint.poll_event() {
+                match event {
+                    ClientEvent::Control(c) => self.inbox.push(c),
+                    event => {
+                        if let Some(t) = until(event) {
+                            return Ok(t);
+                        }
+                    }
+                }
+            }
+            let now = self.clock.now();
+            let wait = self
+                .endpoint
+                .poll_timeout()
+                .map_or(MAX_WAIT, |d| Duration::from_nanos(d.saturating_sub(now)))
+                .min(MAX_WAIT);
+            for (from, m) in self.socket.recv(wait)? {
+                self.endpoint.handle(self.clock.now(), from, m);
+            }
+            self.endpoint.handle_timeout(self.clock.now());
+        }
+    }
+
+    /// Sets up a session and returns the server's welcome.
+    fn connect(&mut self) -> Result<Control, UdpError> {
+        self.endpoint.connect(self.clock.now());
+        let r = self.drive(|event| match event {
+            ClientEvent::Connected(welcome) => Some(Ok(welcome)),
+            ClientEvent::ConnectFailed(e) => Some(Err(e)),
+            _ => None,
+        })?;
+        r.map_err(|e| match e {
+            ConnectError::NoServer { server, waited_ns } => UdpError::NoServer {
+                server,
+                waited: Duration::from_nanos(waited_ns),
+            },
+            ConnectError::Refused { server, message } => UdpError::Refused { server, message },
+            other => UdpError::Refused {
+                server: self.endpoint.server(),
+                message: other.to_string(),
+            },
+        })
+    }
+
+    /// Waits for exchange `id`'s answer.
+    fn wait(&mut self, id: Result<u64, ExchangeError>) -> Result<Bytes, ClientError> {
+        let id = id.map_err(|e| self.client_error(e))?;
+        let r = self
+            .drive(|event| match event {
+                ClientEvent::Answered { id: i, message } if i == id => Some(Ok(message)),
+                ClientEvent::Failed { id: i, error } if i == id => Some(Err(error)),
+                _ => None,
+            })
+            .map_err(|_| ClientError::Shutdown)?;
+        r.map_err(|e| self.client_error(e))
+    }
+
+    /// A failed exchange as callers see it: a timeout past the liveness bound means the
+    /// server is gone.
+    fn client_error(&self, e: ExchangeError) -> ClientError {
+        let gone = |silent_ns, bound_ns| ClientError::ServerGone {
+            silent: Duration::from_nanos(silent_ns),
+            bound: Duration::from_nanos(bound_ns),
+        };
+        match e {
+            ExchangeError::TimedOut { waited_ns } => {
+                match self.endpoint.check_alive(self.clock.now()) {
+                    Err(ExchangeError::ServerGone {
+                        silent_ns,
+                        bound_ns,
+                    }) => gone(silent_ns, bound_ns),
+                    _ => ClientError::Timeout(Duration::from_nanos(waited_ns)),
+                }
+            }
+            ExchangeError::ServerGone {
+                silent_ns,
+                bound_ns,
+            } => gone(silent_ns, bound_ns),
+            ExchangeError::Encode(w) => ClientError::Wire(w),
+            other => ClientError::Session(other.to_string()),
+        }
+    }
+
+    /// Sends control query `message` to the server in the session and waits for the answer.
+    fn ask(&mut self, message: &Control) -> Result<Bytes, ClientError> {
+        let id = self.endpoint.query(self.clock.now(), message);
+        self.wait(id)
     }
 }
 
@@ -519,22 +282,13 @@ impl OneSided for Conn {
             self.rtt.add(rtt as f64);
             return Ok(rtt);
         }
-        let agent = self.agent.ok_or_else(|| {
+        let agent = self.endpoint.agent().ok_or_else(|| {
             FetchError::Unavailable("no one-sided agent: the server reports no naam-nic".into())
         })?;
-        let id = self.next_id();
-        let op = onesided::Operation {
-            app,
-            id,
-            op: onesided::Op::Read(descs.to_vec()),
-        };
-        let bytes = op.to_bytes().map_err(|e| FetchError::Refused {
-            status: Status::Refused,
-            message: e.to_string(),
-        })?;
         let start = Instant::now();
+        let id = self.endpoint.read(self.clock.now(), app, descs);
         let m = self
-            .in_session(|c| c.exchange(agent, id, &bytes, None, KIND_COMPLETION))
+            .wait(id)
             .map_err(|e| FetchError::Unavailable(format!("the one-sided agent at {agent}: {e}")))?;
         let c = onesided::Completion::decode(m).map_err(|e| FetchError::Refused {
             status: Status::Malformed,
@@ -606,40 +360,27 @@ impl UdpClient {
             })?;
         let mut socket = Socket::bind(bind, config.datagram)?;
         socket.inject_loss(config.inject_loss);
+        let clock = SystemClock::new();
+        let mut endpoint_config =
+            ClientConfig::new(config.server, &config.tenant, config.credential.clone());
+        endpoint_config.rto = config.rto.as_nanos() as Nanos;
+        endpoint_config.attempts = config.attempts.max(1);
+        endpoint_config.connect_timeout = config.connect_timeout.as_nanos() as Nanos;
+        endpoint_config.liveness = config.liveness.as_nanos() as Nanos;
+        endpoint_config.authentication = config.authentication;
         let mut conn = Conn {
             socket,
-            server: config.server,
-            agent: None,
-            client_id: 0,
-            seq: 0,
-            rto: config.rto,
-            attempts: config.attempts.max(1),
-            epoch: Instant::now(),
+            endpoint: ClientEndpoint::new(endpoint_config, clock.now()),
+            clock,
             inbox: Vec::new(),
             rtt: Ewma::default(),
-            tenant: config.tenant.clone(),
-            credential: config.credential.clone(),
-            session: None,
-            last_heard: Instant::now(),
-            liveness: config.liveness,
-            connect_timeout: config.connect_timeout,
-            authentication: config.authentication,
             direct_reads: None,
-        };
-        let server = config.server;
-        let unanswered = |e: Exchange| match e {
-            Exchange::Io(e) => UdpError::Io(e),
-            Exchange::Timeout(waited) => UdpError::NoServer { server, waited },
-            Exchange::Stale => UdpError::Refused {
-                server,
-                message: "the new session was forgotten at once".into(),
-            },
         };
         let refused = |message: String| UdpError::Refused {
             server: config.server,
             message,
         };
-        let (mut manifest, pages) = match conn.handshake()? {
+        let (mut manifest, pages) = match conn.connect()? {
             Control::Welcome {
                 manifest, pages, ..
             } => (manifest, pages),
@@ -655,7 +396,7 @@ impl UdpClient {
         for page in 1..pages {
             let m = conn
                 .ask(&Control::QueryManifest { page })
-                .map_err(unanswered)?;
+                .map_err(|e| refused(format!("manifest page {page}: {e}")))?;
             match Control::decode(&m) {
                 Ok((_, Control::ManifestPage { page: p, apps, .. })) if p == page => {
                     manifest.apps.extend(apps)
@@ -745,7 +486,7 @@ impl UdpClient {
     /// Sends a control message to the server and returns its answer (operator queries such as
     /// [`Control::QuerySwitch`]).
     pub fn control(&mut self, message: &Control) -> Result<Control, ClientError> {
-        let m = self.path.transport().in_session(|c| c.ask(message))?;
+        let m = self.path.transport().ask(message)?;
         Ok(Control::decode(&m)?.1)
     }
 
@@ -764,7 +505,7 @@ impl UdpClient {
     /// (tools and tests: bursts, replays, hostile messages).
     pub fn send_sealed(&mut self, to: SocketAddr, id: u64, inner: &[u8]) -> std::io::Result<Bytes> {
         let conn = self.path.transport();
-        let sealed = conn.seal(inner);
+        let sealed = conn.endpoint.seal(inner);
         conn.socket.send(to, id, &sealed)?;
         Ok(sealed)
     }
@@ -781,21 +522,18 @@ impl UdpClient {
         let got = conn.socket.recv(timeout)?;
         Ok(got
             .into_iter()
-            .filter_map(|(_, m)| match conn.open(&m) {
-                Incoming::Sealed(inner) => Some(inner),
-                _ => None,
-            })
+            .filter_map(|(_, m)| conn.endpoint.open(&m))
             .collect())
     }
 
     /// The server's address.
     pub fn server(&mut self) -> SocketAddr {
-        self.path.transport().server
+        self.path.transport().endpoint.server()
     }
 
     /// The one-sided agent, as last reported by the server.
     pub fn agent(&mut self) -> Option<SocketAddr> {
-        self.path.transport().agent
+        self.path.transport().endpoint.agent()
     }
 
     fn refresh_weights(&mut self) {
@@ -812,7 +550,6 @@ impl UdpClient {
         let n = self.refresh_order.len().min(QUERIES_PER_REFRESH);
         for k in 0..n {
             let app = self.refresh_order[(self.refresh_cursor + k) % self.refresh_order.len()];
-            let id = conn.next_id();
             let q = Control::QueryWeights {
                 app,
                 client: first.then(|| report.clone()),
@@ -820,10 +557,9 @@ impl UdpClient {
             };
             first = false;
             // Fire and forget: the answer is picked up by whichever exchange sees it.
-            let server = conn.server;
-            let sealed = conn.seal(&q.to_bytes(id));
-            let _ = conn.socket.send(server, id, &sealed);
+            conn.endpoint.notify(&q);
         }
+        let _ = conn.flush();
         self.refresh_cursor = (self.refresh_cursor + n) % self.refresh_order.len().max(1);
     }
 
@@ -839,7 +575,7 @@ impl UdpClient {
                 for h in handlers {
                     self.weights.insert((app, h.handler), Weights(h.weights));
                 }
-                self.path.transport().agent = agent;
+                self.path.transport().endpoint.set_agent(agent);
             }
         }
     }
@@ -865,17 +601,10 @@ impl UdpClient {
         reply
     }
 
-    fn call_server(&mut self, mut req: Request) -> Result<Reply, ClientError> {
+    fn call_server(&mut self, req: Request) -> Result<Reply, ClientError> {
         let conn = self.path.transport();
-        req.request_id = conn.next_id();
-        let first = req.to_bytes()?;
-        // Retransmissions say so (the owner answers a retried write from its dedup table).
-        req.flags |= flags::RETRY;
-        let retry = req.to_bytes()?;
-        let server = conn.server;
-        let m = conn.in_session(|c| {
-            c.exchange(server, req.request_id, &first, Some(&retry[..]), KIND_REPLY)
-        })?;
+        let id = conn.endpoint.request(conn.clock.now(), req);
+        let m = conn.wait(id)?;
         Ok(Reply::decode(m)?)
     }
 }
@@ -921,7 +650,7 @@ impl Transport for UdpClient {
         };
         let mut reply = None;
         if choice == Some(Placement::Client) && client_ok {
-            req.request_id = self.path.transport().next_id();
+            req.request_id = self.path.transport().endpoint.next_id();
             let r = self.run_locally(&req);
             if r.status == Status::Unavailable && self.pin != Some(Placement::Client) {
                 // The agent is gone: stop using it for a while and let the server answer.

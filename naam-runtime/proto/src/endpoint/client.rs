@@ -1,0 +1,723 @@
+//! The client's endpoint: one session with `naam-server` and every exchange in it.
+//!
+//! An *exchange* is a message that expects one answer of a known kind with the same id: a
+//! request (answered by a reply), a one-sided operation (by a completion, from the NIC's
+//! agent) or a control query (by a control answer). Each is resent on its own exponential
+//! timer, as a new packet of the session, until it is answered or out of attempts; a request's
+//! resends carry [`flags::RETRY`] so that the owner answers a retried write from its dedup
+//! table. Answers that match nothing outstanding are late duplicates and are dropped; control
+//! messages that answer no exchange (weights after a fire-and-forget query) surface as
+//! [`ClientEvent::Control`].
+//!
+//! Sessions: the endpoint says hello, answers the challenge and opens the welcome, which is
+//! sealed in the new session. A server that restarted answers a sealed message with an
+//! authenticated [`Control::Stale`]; the endpoint then sets up a new session by itself and
+//! resends what was outstanding, once. A server silent for longer than
+//! [`ClientConfig::liveness`] fails every new exchange with [`ExchangeError::ServerGone`].
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use naam_ebpf::abi::Descriptor;
+
+use super::Transmit;
+use crate::control::Control;
+use crate::frame::{Retransmit, Timeout};
+use crate::kind::MessageKind;
+use crate::onesided::{Op, Operation};
+use crate::session::{
+    peek_sealed, Authentication, ClientHandshake, Credential, Sealer, Sender, SessionKey,
+    HELLO_PADDING,
+};
+use crate::wire::{flags, request_id, Request, WireError};
+use crate::Nanos;
+
+const MS: Nanos = 1_000_000;
+
+/// A client endpoint's settings.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ClientConfig {
+    /// `naam-server`'s address.
+    pub server: SocketAddr,
+    /// The tenant the client authenticates as: an app's name, the operator, or the NIC.
+    pub tenant: String,
+    /// The tenant's credential.
+    pub credential: Credential,
+    /// First retransmission timeout of an exchange; it doubles on every resend.
+    pub rto: Nanos,
+    /// Sends per exchange before giving up (the first one included).
+    pub attempts: u32,
+    /// How long a handshake may take (three tries within it).
+    pub connect_timeout: Nanos,
+    /// How long the server may stay silent before new exchanges fail with
+    /// [`ExchangeError::ServerGone`].
+    pub liveness: Nanos,
+    /// Datagram authentication (must match the server's).
+    pub authentication: Authentication,
+}
+
+impl ClientConfig {
+    /// Defaults for `server`, authenticating as `tenant` with `credential`: 20 ms first
+    /// timeout, 8 attempts, 2 s to connect, 10 s of silence tolerated.
+    pub fn new(server: SocketAddr, tenant: &str, credential: Credential) -> ClientConfig {
+        ClientConfig {
+            server,
+            tenant: tenant.to_string(),
+            credential,
+            rto: 20 * MS,
+            attempts: 8,
+            connect_timeout: 2_000 * MS,
+            liveness: 10_000 * MS,
+            authentication: Authentication::On,
+        }
+    }
+}
+
+/// Why a handshake did not give a session.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// No answer within the connect timeout.
+    #[error("no answer from naam-server at {server} within {waited_ns} ns")]
+    NoServer {
+        /// The address tried.
+        server: SocketAddr,
+        /// How long the handshake waited.
+        waited_ns: Nanos,
+    },
+    /// The server refused, or the handshake could not start.
+    #[error("naam-server at {server} refused: {message}")]
+    Refused {
+        /// The address.
+        server: SocketAddr,
+        /// Why.
+        message: String,
+    },
+}
+
+/// Why an exchange ended without its answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExchangeError {
+    /// Every attempt went unanswered.
+    #[error("no answer after {waited_ns} ns")]
+    TimedOut {
+        /// From the first send to giving up.
+        waited_ns: Nanos,
+    },
+    /// The server has been silent for longer than the liveness bound.
+    #[error("the server has been silent for {silent_ns} ns (bound {bound_ns} ns)")]
+    ServerGone {
+        /// How long.
+        silent_ns: Nanos,
+        /// [`ClientConfig::liveness`].
+        bound_ns: Nanos,
+    },
+    /// The session was lost and could not be set up again.
+    #[error("session: {0}")]
+    Session(String),
+    /// One-sided operations have nowhere to go: the server reports no NIC agent.
+    #[error("no one-sided agent: the server reports no naam-nic")]
+    NoAgent,
+    /// The message could not be encoded.
+    #[error("encoding: {0}")]
+    Encode(#[from] WireError),
+}
+
+/// What happened, for the driver (taken with [`ClientEndpoint::poll_event`]).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum ClientEvent {
+    /// A session is set up; the server's welcome (manifest page 0, client id, agent).
+    Connected(Control),
+    /// A handshake failed.
+    ConnectFailed(ConnectError),
+    /// Exchange `id` was answered with `message` (a reply, a completion or a control
+    /// message, unsealed).
+    Answered {
+        /// The exchange.
+        id: u64,
+        /// The answer.
+        message: Bytes,
+    },
+    /// Exchange `id` ended without an answer.
+    Failed {
+        /// The exchange.
+        id: u64,
+        /// Why.
+        error: ExchangeError,
+    },
+    /// A control message in the session that answers no exchange (weights, errors).
+    Control(Control),
+}
+
+/// One outstanding exchange.
+#[derive(Debug)]
+struct Exchange {
+    to: SocketAddr,
+    want: MessageKind,
+    /// The message's first send (unsealed).
+    first: Bytes,
+    /// What resends carry instead, if different (a request with RETRY set).
+    resend: Option<Bytes>,
+    started: Nanos,
+    /// Whether this exchange already lived through a session renewal.
+    renewed: bool,
+}
+
+#[derive(Debug)]
+enum Handshake {
+    /// Hello sent, waiting for the challenge.
+    Hello {
+        hs: ClientHandshake,
+        id: u64,
+        hello: Bytes,
+        started: Nanos,
+    },
+    /// Auth sent, waiting for the sealed welcome.
+    Auth {
+        hs: ClientHandshake,
+        id: u64,
+        auth: Bytes,
+        server_nonce: [u8; crate::session::NONCE_LEN],
+        started: Nanos,
+    },
+}
+
+impl Handshake {
+    fn id(&self) -> u64 {
+        match self {
+            Handshake::Hello { id, .. } | Handshake::Auth { id, .. } => *id,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Session {
+    key: Arc<SessionKey>,
+    sealer: Sealer,
+}
+
+/// A client's endpoint. See the module documentation.
+#[derive(Debug)]
+pub struct ClientEndpoint {
+    config: ClientConfig,
+    session: Option<Session>,
+    handshake: Option<Handshake>,
+    /// The handshake's timers (its own schedule: three tries within the connect timeout).
+    handshake_timer: Retransmit,
+    client_id: u32,
+    seq: u64,
+    agent: Option<SocketAddr>,
+    exchanges: HashMap<u64, Exchange>,
+    timers: Retransmit,
+    /// Exchanges waiting for a session (set up, or set up again after a restart).
+    parked: Vec<u64>,
+    last_heard: Nanos,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<ClientEvent>,
+}
+
+/// The id a message of kind `kind` carries.
+fn answered_id(kind: MessageKind, m: &[u8]) -> Option<u64> {
+    crate::peek::message_id(m)
+        .filter(|(k, _)| *k == kind)
+        .map(|(_, id)| id)
+}
+
+impl ClientEndpoint {
+    /// An endpoint with no session yet; [`ClientEndpoint::connect`] starts one.
+    pub fn new(config: ClientConfig, now: Nanos) -> ClientEndpoint {
+        let handshake_rto = (config.connect_timeout / 4).max(MS);
+        ClientEndpoint {
+            timers: Retransmit::new(config.rto, config.attempts.max(1)),
+            handshake_timer: Retransmit::new(handshake_rto, 3),
+            config,
+            session: None,
+            handshake: None,
+            client_id: 0,
+            seq: 0,
+            agent: None,
+            exchanges: HashMap::new(),
+            parked: Vec::new(),
+            last_heard: now,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// Starts a handshake (dropping any session): hello now, the rest as answers arrive. Its
+    /// end is a [`ClientEvent::Connected`] or [`ClientEvent::ConnectFailed`].
+    pub fn connect(&mut self, now: Nanos) {
+        self.session = None;
+        let server = self.config.server;
+        if let Some(h) = self.handshake.take() {
+            self.handshake_timer.answered(h.id());
+        }
+        if let Err(message) = self.config.authentication.check_scope(server) {
+            self.connect_failed(ConnectError::Refused { server, message });
+            return;
+        }
+        let hs = match ClientHandshake::new(&self.config.tenant, self.config.credential.clone()) {
+            Ok(hs) => hs,
+            Err(e) => {
+                let message = e.to_string();
+                self.connect_failed(ConnectError::Refused { server, message });
+                return;
+            }
+        };
+        let id = self.next_id();
+        let mut hello = Control::Hello {
+            tenant: self.config.tenant.clone(),
+            nonce: hs.nonce(),
+        }
+        .to_bytes(id)
+        .to_vec();
+        // Padded, so the challenge is far inside the server's amplification limit.
+        if hello.len() < HELLO_PADDING {
+            hello.resize(HELLO_PADDING, b' ');
+        }
+        let hello = Bytes::from(hello);
+        self.push(server, id, hello.clone());
+        self.handshake_timer.sent(id, now);
+        self.handshake = Some(Handshake::Hello {
+            hs,
+            id,
+            hello,
+            started: now,
+        });
+    }
+
+    /// Whether a session is set up.
+    pub fn is_connected(&self) -> bool {
+        self.session.is_some()
+    }
+
+    /// The server's address.
+    pub fn server(&self) -> SocketAddr {
+        self.config.server
+    }
+
+    /// The NIC's one-sided agent, as the server last reported it.
+    pub fn agent(&self) -> Option<SocketAddr> {
+        self.agent
+    }
+
+    /// Takes the server's latest word on the agent (from a weights answer).
+    pub fn set_agent(&mut self, agent: Option<SocketAddr>) {
+        self.agent = agent;
+    }
+
+    /// A fresh request id (top bits: the client id the welcome gave).
+    pub fn next_id(&mut self) -> u64 {
+        self.seq += 1;
+        request_id(self.client_id, self.seq)
+    }
+
+    /// Exchanges outstanding (sent or waiting for a session).
+    pub fn outstanding(&self) -> usize {
+        self.exchanges.len()
+    }
+
+    /// Fails fast once the server has been silent for longer than the liveness bound.
+    pub fn check_alive(&self, now: Nanos) -> Result<(), ExchangeError> {
+        let silent_ns = now.saturating_sub(self.last_heard);
+        if silent_ns > self.config.liveness {
+            return Err(ExchangeError::ServerGone {
+                silent_ns,
+                bound_ns: self.config.liveness,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends request `req` to the server under a fresh id (returned); its answer is a reply.
+    pub fn request(&mut self, now: Nanos, mut req: Request) -> Result<u64, ExchangeError> {
+        self.check_alive(now)?;
+        req.request_id = self.next_id();
+        let first = req.to_bytes()?;
+        req.flags |= flags::RETRY;
+        let retry = req.to_bytes()?;
+        let server = self.config.server;
+        Ok(self.start(
+            now,
+            server,
+            req.request_id,
+            MessageKind::Reply,
+            first,
+            Some(retry),
+        ))
+    }
+
+    /// Sends a one-sided READ of `descs` (of `app`'s regions) to the NIC's agent; its answer
+    /// is a completion carrying the bytes.
+    pub fn read(
+        &mut self,
+        now: Nanos,
+        app: u32,
+        descs: &[Descriptor],
+    ) -> Result<u64, ExchangeError> {
+        self.check_alive(now)?;
+        let agent = self.agent.ok_or(ExchangeError::NoAgent)?;
+        let id = self.next_id();
+        let bytes = Operation {
+            app,
+            id,
+            op: Op::Read(descs.to_vec()),
+        }
+        .to_bytes()?;
+        Ok(self.start(now, agent, id, MessageKind::OneSidedCompletion, bytes, None))
+    }
+
+    /// Sends control query `message` to the server; its answer is a control message.
+    pub fn query(&mut self, now: Nanos, message: &Control) -> Result<u64, ExchangeError> {
+        self.check_alive(now)?;
+        let id = self.next_id();
+        let server = self.config.server;
+        let bytes = message.to_bytes(id);
+        Ok(self.start(now, server, id, MessageKind::Control, bytes, None))
+    }
+
+    /// Sends control message `message` to the server once, expecting nothing in particular:
+    /// whatever it answers arrives as [`ClientEvent::Control`]. Nothing is sent without a
+    /// session.
+    pub fn notify(&mut self, message: &Control) {
+        if self.session.is_none() {
+            return;
+        }
+        let id = self.next_id();
+        let server = self.config.server;
+        let sealed = self.seal(&message.to_bytes(id));
+        self.push(server, id, sealed);
+    }
+
+    /// Seals `inner` in the session (unchanged without one). For tools and tests that send
+    /// hostile or replayed messages.
+    pub fn seal(&self, inner: &[u8]) -> Bytes {
+        match &self.session {
+            Some(s) => s.sealer.seal(inner),
+            None => Bytes::copy_from_slice(inner),
+        }
+    }
+
+    /// The inner message of `datagram` if it is sealed in this session by the server or its
+    /// NIC (tools and tests; [`ClientEndpoint::handle`] is the protocol's way in).
+    pub fn open(&self, datagram: &Bytes) -> Option<Bytes> {
+        let s = self.session.as_ref()?;
+        match s.key.open(datagram) {
+            Ok((h, inner)) if matches!(h.sender, Sender::Server | Sender::Nic) => Some(inner),
+            _ => None,
+        }
+    }
+
+    /// Takes in a datagram from `from`.
+    pub fn handle(&mut self, now: Nanos, from: SocketAddr, datagram: Bytes) {
+        let _ = from; // Sessions, not addresses, say who sent what.
+        match MessageKind::peek(&datagram) {
+            Some(MessageKind::Sealed) if self.session.is_some() => {
+                if let Some(inner) = self.open(&datagram) {
+                    self.last_heard = now;
+                    self.sealed(inner);
+                }
+            }
+            Some(MessageKind::Sealed) => self.welcome(now, &datagram),
+            Some(MessageKind::Control) => match Control::decode(&datagram) {
+                Ok((_, Control::Stale { session, token, .. })) => {
+                    let ours = self.session.as_ref().is_some_and(|s| {
+                        s.key.session() == session
+                            && self.config.credential.reset_token(session) == token
+                    });
+                    if ours {
+                        self.last_heard = now;
+                        self.renew(now);
+                    }
+                }
+                Ok((id, c)) => self.unsealed(now, id, c),
+                Err(_) => {}
+            },
+            _ => {}
+        }
+    }
+
+    /// The next datagram to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<ClientEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`ClientEndpoint::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        match (
+            self.timers.next_deadline(),
+            self.handshake_timer.next_deadline(),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Resends what is due and gives up on what is out of attempts.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        for (id, t) in self.handshake_timer.poll(now) {
+            let Some(h) = &self.handshake else { continue };
+            if h.id() != id {
+                continue;
+            }
+            match (t, h) {
+                (Timeout::Resend(_), Handshake::Hello { hello: m, .. })
+                | (Timeout::Resend(_), Handshake::Auth { auth: m, .. }) => {
+                    let m = m.clone();
+                    self.push(self.config.server, id, m);
+                }
+                (
+                    Timeout::GiveUp,
+                    Handshake::Hello { started, .. } | Handshake::Auth { started, .. },
+                ) => {
+                    let waited_ns = now.saturating_sub(*started);
+                    self.handshake = None;
+                    let server = self.config.server;
+                    self.connect_failed(ConnectError::NoServer { server, waited_ns });
+                }
+            }
+        }
+        for (id, t) in self.timers.poll(now) {
+            let Some(x) = self.exchanges.get(&id) else {
+                continue;
+            };
+            match t {
+                Timeout::Resend(_) => {
+                    let (to, m) = (x.to, x.resend.clone().unwrap_or_else(|| x.first.clone()));
+                    let sealed = self.seal(&m);
+                    self.push(to, id, sealed);
+                }
+                Timeout::GiveUp => {
+                    let waited_ns = now.saturating_sub(x.started);
+                    self.fail(id, ExchangeError::TimedOut { waited_ns });
+                }
+            }
+        }
+    }
+
+    fn push(&mut self, to: SocketAddr, id: u64, bytes: Bytes) {
+        self.transmits.push_back(Transmit { to, id, bytes });
+    }
+
+    fn fail(&mut self, id: u64, error: ExchangeError) {
+        self.exchanges.remove(&id);
+        self.timers.answered(id);
+        self.events.push_back(ClientEvent::Failed { id, error });
+    }
+
+    /// Records exchange `id` and sends it, or parks it until there is a session.
+    fn start(
+        &mut self,
+        now: Nanos,
+        to: SocketAddr,
+        id: u64,
+        want: MessageKind,
+        first: Bytes,
+        resend: Option<Bytes>,
+    ) -> u64 {
+        self.exchanges.insert(
+            id,
+            Exchange {
+                to,
+                want,
+                first,
+                resend,
+                started: now,
+                renewed: false,
+            },
+        );
+        if self.session.is_some() {
+            self.send_exchange(now, id);
+        } else {
+            self.parked.push(id);
+            if self.handshake.is_none() {
+                self.connect(now);
+            }
+        }
+        id
+    }
+
+    fn send_exchange(&mut self, now: Nanos, id: u64) {
+        let Some(x) = self.exchanges.get(&id) else {
+            return;
+        };
+        let (to, sealed) = (x.to, self.seal(&x.first));
+        self.push(to, id, sealed);
+        self.timers.sent(id, now);
+    }
+
+    /// A message sealed in the session: an answer, a control message, or a late duplicate.
+    fn sealed(&mut self, inner: Bytes) {
+        let Some(kind) = MessageKind::peek(&inner) else {
+            return;
+        };
+        if let Some(id) = answered_id(kind, &inner) {
+            if self.exchanges.get(&id).is_some_and(|x| x.want == kind) {
+                self.exchanges.remove(&id);
+                self.timers.answered(id);
+                self.events
+                    .push_back(ClientEvent::Answered { id, message: inner });
+                return;
+            }
+        }
+        if kind == MessageKind::Control {
+            if let Ok((_, c)) = Control::decode(&inner) {
+                self.events.push_back(ClientEvent::Control(c));
+            }
+        }
+        // Anything else answers an exchange given up on, or answered already.
+    }
+
+    /// An unsealed control message: only handshake answers are taken (and trusted for nothing
+    /// else).
+    fn unsealed(&mut self, now: Nanos, id: u64, c: Control) {
+        let server = self.config.server;
+        match (&self.handshake, c) {
+            (
+                Some(Handshake::Hello { id: hid, .. }),
+                Control::Challenge {
+                    nonce,
+                    issued,
+                    cookie,
+                },
+            ) if *hid == id => {
+                let Some(Handshake::Hello { hs, started, .. }) = self.handshake.take() else {
+                    return;
+                };
+                self.handshake_timer.answered(id);
+                let auth_id = self.next_id();
+                let auth = Control::Auth {
+                    tenant: self.config.tenant.clone(),
+                    client_nonce: hs.nonce(),
+                    server_nonce: nonce,
+                    issued,
+                    cookie,
+                    proof: hs.proof(nonce, &cookie),
+                }
+                .to_bytes(auth_id);
+                self.push(server, auth_id, auth.clone());
+                self.handshake_timer.sent(auth_id, now);
+                self.handshake = Some(Handshake::Auth {
+                    hs,
+                    id: auth_id,
+                    auth,
+                    server_nonce: nonce,
+                    started,
+                });
+            }
+            (Some(h), Control::Error { message }) if h.id() == id => {
+                self.handshake_timer.answered(id);
+                self.handshake = None;
+                self.connect_failed(ConnectError::Refused { server, message });
+            }
+            _ => {}
+        }
+    }
+
+    /// A sealed datagram while there is no session: the welcome, sealed in the new session
+    /// (whose key follows from its id, the nonces and the credential).
+    fn welcome(&mut self, now: Nanos, datagram: &Bytes) {
+        let Some(Handshake::Auth {
+            hs,
+            id,
+            server_nonce,
+            ..
+        }) = &self.handshake
+        else {
+            return;
+        };
+        let Ok(h) = peek_sealed(datagram) else {
+            return;
+        };
+        if h.sender != Sender::Server {
+            return;
+        }
+        let key = hs
+            .session_key(h.session, *server_nonce)
+            .with_authentication(self.config.authentication);
+        let Ok((_, inner)) = key.open(datagram) else {
+            return;
+        };
+        if answered_id(MessageKind::Control, &inner) != Some(*id) {
+            return;
+        }
+        let id = *id;
+        let server = self.config.server;
+        let welcome = match Control::decode(&inner) {
+            Ok((_, w @ Control::Welcome { .. })) => w,
+            Ok((_, Control::Error { message })) => {
+                self.handshake_timer.answered(id);
+                self.handshake = None;
+                self.connect_failed(ConnectError::Refused { server, message });
+                return;
+            }
+            other => {
+                self.handshake_timer.answered(id);
+                self.handshake = None;
+                let message = format!("unexpected answer to auth: {other:?}");
+                self.connect_failed(ConnectError::Refused { server, message });
+                return;
+            }
+        };
+        self.handshake_timer.answered(id);
+        self.handshake = None;
+        let key = Arc::new(key);
+        self.session = Some(Session {
+            sealer: Sealer::new(key.clone(), Sender::Client),
+            key,
+        });
+        self.last_heard = now;
+        if let Control::Welcome {
+            client_id, agent, ..
+        } = &welcome
+        {
+            self.client_id = *client_id;
+            self.agent = *agent;
+        }
+        self.events.push_back(ClientEvent::Connected(welcome));
+        for id in std::mem::take(&mut self.parked) {
+            self.send_exchange(now, id);
+        }
+    }
+
+    /// The server does not know the session (it restarted): set up a new one and resend what
+    /// is outstanding, once per exchange.
+    fn renew(&mut self, now: Nanos) {
+        let ids: Vec<u64> = self.exchanges.keys().copied().collect();
+        for id in ids {
+            self.timers.answered(id);
+            let again = self.exchanges.get_mut(&id).is_some_and(|x| {
+                let first = !x.renewed;
+                x.renewed = true;
+                first
+            });
+            if again {
+                if !self.parked.contains(&id) {
+                    self.parked.push(id);
+                }
+            } else {
+                self.parked.retain(|p| *p != id);
+                let message = "the server forgot the new session at once".to_string();
+                self.fail(id, ExchangeError::Session(message));
+            }
+        }
+        self.connect(now);
+    }
+
+    fn connect_failed(&mut self, error: ConnectError) {
+        for id in std::mem::take(&mut self.parked) {
+            self.fail(id, ExchangeError::Session(error.to_string()));
+        }
+        self.events.push_back(ClientEvent::ConnectFailed(error));
+    }
+}

@@ -1,0 +1,38 @@
+//! Endpoints: the protocol's state machines, in quinn-proto's manner. An endpoint never
+//! touches a socket or a clock. Its driver hands it what arrived
+//! (`handle(now, from, datagram)`), sends what it asks for ([`Transmit`]s from
+//! `poll_transmit()`), and wakes it when its earliest timer is due (`poll_timeout()`, then
+//! `handle_timeout(now)`). The same endpoint therefore runs under the UDP drivers, and under
+//! the virtual-time network of the tests, where loss, duplication, reordering and delay are
+//! parameters and no test sleeps.
+//!
+//! - [`ClientEndpoint`]: a client's session with `naam-server` (the handshake, renewal after
+//!   a server restart, liveness), its request ids, and retransmission of every exchange
+//!   (requests, one-sided operations, control queries).
+//! - [`ServerEndpoint`]: the server's gatekeeper, its control plane and the user-space
+//!   switch, over a [`HostBackend`] that owns the executors.
+
+mod client;
+mod server;
+
+pub use client::{ClientConfig, ClientEndpoint, ClientEvent, ConnectError, ExchangeError};
+pub use server::{
+    error_reply, malformed, plausible_load, Channel, HostBackend, Routed, ServerConfig,
+    ServerEndpoint, ServerStats, SwitchHandle, VerbsAcceptor,
+};
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+
+/// A datagram an endpoint wants sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where to.
+    pub to: SocketAddr,
+    /// The id of the message inside, so that a driver which fragments can name the fragments
+    /// (0 when none applies).
+    pub id: u64,
+    /// The whole message (sealed, unless it is part of a handshake).
+    pub bytes: Bytes,
+}

@@ -1,0 +1,881 @@
+//! The server's endpoint: the gatekeeper (handshakes, sealed sessions, stale notices, the
+//! amplification limit), the control plane (manifest pages, per-session weights, NIC pairing
+//! and load reports, operator commands) and the user-space switch (a request goes to a host
+//! executor or, sealed in the NIC's session, to the paired `naam-nic`).
+//!
+//! The executors are not here: they belong to a [`HostBackend`], which queues a request and
+//! sends its reply from its own thread, sealed on the request's [`Channel`]. Everything the
+//! endpoint itself answers (refusals, control answers, forwards) comes out of
+//! [`ServerEndpoint::poll_transmit`].
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use super::Transmit;
+use crate::control::{
+    self, AppManifest, Control, HandlerWeights, Manifest, ManifestError, QpEndpoint, RdmaRegion,
+    SwitchCounters,
+};
+use crate::kind::MessageKind;
+use crate::onesided::{Completion, Operation};
+use crate::session::{
+    within_amplification, CookieJar, Gatekeeper, HandshakeNonces, Role, SealError, Sealer,
+    TenantEntry,
+};
+use crate::steering::{ClientShare, RemoteLoad, Selector, Weights};
+use crate::wire::{LoadFeedback, Reply, Request, Status};
+use crate::{frame, Nanos, Placement};
+
+/// How often sessions and per-session views are expired.
+const EXPIRY_PERIOD: Nanos = 1_000_000_000;
+
+/// Where the answers of one session go: its address, sealed with its key.
+#[derive(Clone, Debug)]
+pub struct Channel {
+    /// The session's peer.
+    pub to: SocketAddr,
+    /// Seals in the session, as the server (or as the NIC, on the NIC's copy).
+    pub sealer: Arc<Sealer>,
+}
+
+impl Channel {
+    /// `bytes` sealed in this session, addressed to its peer.
+    pub fn transmit(&self, id: u64, bytes: &[u8]) -> Transmit {
+        Transmit {
+            to: self.to,
+            id,
+            bytes: self.sealer.seal(bytes),
+        }
+    }
+
+    /// Reply `r` sealed in this session (a reply that does not encode goes out empty: the
+    /// client's retransmission repairs it).
+    pub fn reply(&self, r: &Reply) -> Transmit {
+        self.transmit(r.request_id, &r.to_bytes().unwrap_or_default())
+    }
+}
+
+/// What a [`HostBackend`] did with a request.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Routed {
+    /// Queued at an executor of this placement; its reply goes out on the channel.
+    Queued(Placement),
+    /// Steered to the NIC in another process: the endpoint forwards it.
+    Remote(Box<Request>),
+    /// Refused: the endpoint sends this reply.
+    Refused(Reply),
+}
+
+/// A switch ahead of the server (the XDP eSwitch) that already split server-bound messages
+/// between host and NIC: what arrives at the endpoint is for the host.
+pub trait SwitchHandle: Send + Sync {
+    /// What it is, for logs and answers.
+    fn describe(&self) -> String;
+    /// Its counters.
+    fn counters(&self) -> Result<SwitchCounters, String>;
+    /// Pins the NIC share of every read handler (per mille), or returns to the weights.
+    fn pin_nic_share(&self, permille: Option<u32>);
+}
+
+/// The RDMA side of a server (the `verbs` backend): connects one queue pair per peer.
+pub trait VerbsAcceptor: Send + Sync {
+    /// Connects a queue pair to `peer`'s `remote` endpoint; returns ours and the regions.
+    fn accept(
+        &self,
+        peer: SocketAddr,
+        remote: &QpEndpoint,
+    ) -> Result<(QpEndpoint, Vec<RdmaRegion>), String>;
+}
+
+/// The host side a [`ServerEndpoint`] steers into: its executors, registry and steering
+/// state (the in-process cluster, in `naam-server`; a model in tests).
+pub trait HostBackend {
+    /// Steers `req` (with `sel`, the switch's round-robin memory, unless `forced` pins it) and
+    /// queues it at a host executor, whose reply goes out sealed on `reply_to`; or hands it
+    /// back to forward to the NIC, or refuses it.
+    fn dispatch(
+        &mut self,
+        req: Request,
+        sel: &mut Selector,
+        forced: Option<Placement>,
+        reply_to: Channel,
+    ) -> Routed;
+    /// A fresh client id for a new session (the top 24 bits of its request ids).
+    fn next_client_id(&mut self) -> u32;
+    /// Whether the paired NIC is up (its load reports are fresh).
+    fn nic_up(&self) -> bool;
+    /// Takes in the paired NIC's load report.
+    fn nic_load(&mut self, load: &RemoteLoad);
+    /// The paired NIC said goodbye.
+    fn nic_gone(&mut self);
+    /// `app`'s handler ids, if it exists.
+    fn handlers(&self, app: u32) -> Option<Vec<u32>>;
+    /// Whether `app` has handler `handler`.
+    fn has_handler(&self, app: u32, handler: u32) -> bool;
+    /// A new per-session view of the Client placement, if clients may run handlers.
+    fn client_share(&self) -> Option<ClientShare>;
+    /// The weights of `(app, handler)`: the controller's, or for a session with a
+    /// `share`, its own Client share and the controller's split of the rest.
+    fn weights(&self, app: u32, handler: u32, share: Option<&mut ClientShare>) -> Weights;
+    /// Slows the host executors by `extra_ns` per message (`None`: back to normal).
+    fn congest(&mut self, extra_ns: Option<u64>);
+    /// A switch in front of the server, if any.
+    fn switch(&self) -> Option<&dyn SwitchHandle>;
+    /// The RDMA verbs side, if the server has a device.
+    fn verbs(&self) -> Option<&dyn VerbsAcceptor>;
+}
+
+/// A server endpoint's settings.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// What is served (each tenant sees its own apps).
+    pub manifest: Manifest,
+    /// The credentials sessions are set up with: every app's, the operator's, the NIC's.
+    pub tenants: Vec<TenantEntry>,
+    /// Datagram authentication (on, but for a loopback measurement of its cost).
+    pub authentication: crate::session::Authentication,
+    /// Whether [`Control::Congest`] may slow the host down (experiments; operator only).
+    pub congestion_control: bool,
+}
+
+impl ServerConfig {
+    /// Serves `manifest` to sessions of `tenants`, authenticated, without congestion control.
+    pub fn new(manifest: Manifest, tenants: Vec<TenantEntry>) -> ServerConfig {
+        ServerConfig {
+            manifest,
+            tenants,
+            authentication: crate::session::Authentication::On,
+            congestion_control: false,
+        }
+    }
+}
+
+/// Counters of a server endpoint.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct ServerStats {
+    /// Requests queued at host executors.
+    pub host: u64,
+    /// Requests forwarded to the NIC.
+    pub forwarded: u64,
+    /// Requests refused by the switch (unknown handler, busy, shutting down).
+    pub refused: u64,
+    /// Messages that did not decode.
+    pub malformed: u64,
+    /// Control messages answered.
+    pub control: u64,
+    /// Sessions set up.
+    pub sessions: u64,
+    /// Messages dropped unopened: a bad tag, a replay, another address, or sent outside a
+    /// session.
+    pub unauthenticated: u64,
+    /// Answers to peers that had not proved their address left unsent because they were over
+    /// the amplification limit.
+    pub amplification_drops: u64,
+}
+
+impl ServerStats {
+    /// The counters as `(name, help, value)`, for metrics.
+    pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        vec![
+            (
+                "host_queued",
+                "Requests queued at host executors.",
+                self.host,
+            ),
+            (
+                "forwarded_to_nic",
+                "Requests forwarded to the NIC.",
+                self.forwarded,
+            ),
+            (
+                "refused",
+                "Requests refused (unknown handler, busy, shutting down).",
+                self.refused,
+            ),
+            ("malformed", "Messages that did not decode.", self.malformed),
+            ("control", "Control messages answered.", self.control),
+            ("sessions", "Sessions set up.", self.sessions),
+            (
+                "unauthenticated",
+                "Messages dropped unopened (bad tag, replay, no session).",
+                self.unauthenticated,
+            ),
+            (
+                "amplification_drops",
+                "Answers to unproven peers left unsent.",
+                self.amplification_drops,
+            ),
+        ]
+    }
+}
+
+/// A reply with status `status` and `why` as its payload, answering `req`.
+pub fn error_reply(req: &Request, status: Status, placement: Placement, why: String) -> Reply {
+    Reply {
+        app: req.app,
+        request_id: req.request_id,
+        status,
+        code: 0,
+        steps: req.steps,
+        placement,
+        load: LoadFeedback::default(),
+        payload: Bytes::from(why.into_bytes()),
+    }
+}
+
+/// A malformed-request reply (request id 0 when it could not be read).
+pub fn malformed(app: u32, id: u64, placement: Placement, why: String) -> Reply {
+    Reply {
+        app,
+        request_id: id,
+        status: Status::Malformed,
+        code: 0,
+        steps: 0,
+        placement,
+        load: LoadFeedback::default(),
+        payload: Bytes::from(why.into_bytes()),
+    }
+}
+
+/// The longest time a load report may state (a minute), nanoseconds.
+const MAX_REPORTED_NS: f64 = 60e9;
+
+/// Whether a client's load report is within the ranges a real client produces: no negative,
+/// infinite or absurd figures (a report moves steering only within them).
+pub fn plausible_load(r: &RemoteLoad) -> bool {
+    let ok_ns = |x: f64| x.is_finite() && (0.0..=MAX_REPORTED_NS).contains(&x);
+    r.executors <= 1024
+        && r.handlers.len() <= 4096
+        && ok_ns(r.queue_delay_ns)
+        && r.handlers.iter().all(|h| {
+            ok_ns(h.service_ns) && h.steps.is_finite() && (0.0..=1024.0).contains(&h.steps)
+        })
+}
+
+/// Bytes of a whole datagram carrying a `message`-byte message in one fragment.
+fn datagram_len(message: usize) -> usize {
+    frame::HEADER + message
+}
+
+/// The server's endpoint over host side `B`. See the module documentation.
+pub struct ServerEndpoint<B> {
+    backend: B,
+    config: ServerConfig,
+    gate: Gatekeeper,
+    /// Manifest pages per tenant name (each tenant sees its own apps).
+    pages: HashMap<String, Vec<Vec<AppManifest>>>,
+    head: Manifest,
+    stats: ServerStats,
+    /// The paired NIC: its session and where it takes forwarded requests.
+    nic: Option<(u64, SocketAddr)>,
+    switch: Selector,
+    draining: bool,
+    /// Per session: its own view of the Client placement, fed by its own load reports.
+    shares: HashMap<u64, ClientShare>,
+    next_expiry: Nanos,
+    transmits: VecDeque<Transmit>,
+}
+
+impl<B: HostBackend> ServerEndpoint<B> {
+    /// An endpoint serving `config` over `backend`, issuing cookies from `cookies`.
+    pub fn new(
+        config: ServerConfig,
+        backend: B,
+        cookies: CookieJar,
+        now: Nanos,
+    ) -> Result<ServerEndpoint<B>, ManifestError> {
+        let mut pages = HashMap::new();
+        for t in &config.tenants {
+            if let Role::Tenant { name, apps } = &t.role {
+                pages.insert(name.clone(), config.manifest.scoped(apps).pages()?);
+            }
+        }
+        let gate = Gatekeeper::new(config.manifest.epoch, config.tenants.clone(), cookies)
+            .with_authentication(config.authentication);
+        Ok(ServerEndpoint {
+            backend,
+            gate,
+            pages,
+            head: Manifest {
+                apps: Vec::new(),
+                ..config.manifest.clone()
+            },
+            config,
+            stats: ServerStats::default(),
+            nic: None,
+            switch: Selector::default(),
+            draining: false,
+            shares: HashMap::new(),
+            next_expiry: now + EXPIRY_PERIOD,
+            transmits: VecDeque::new(),
+        })
+    }
+
+    /// The host side.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The host side, to change.
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> ServerStats {
+        self.stats
+    }
+
+    /// Sessions set up and not expired.
+    pub fn sessions(&self) -> usize {
+        self.gate.len()
+    }
+
+    /// From now on, new requests are refused with `Unavailable` (queued ones finish).
+    pub fn start_drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// The next datagram to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// When [`ServerEndpoint::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        Some(self.next_expiry)
+    }
+
+    /// Expires idle sessions and their views of the Client placement.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        if now < self.next_expiry {
+            return;
+        }
+        self.next_expiry = now + EXPIRY_PERIOD;
+        self.gate.expire(now);
+        let gate = &self.gate;
+        self.shares.retain(|sid, _| gate.session(*sid).is_some());
+    }
+
+    /// Takes in a datagram from `peer`.
+    pub fn handle(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
+        match MessageKind::peek(&msg) {
+            Some(MessageKind::Sealed) => self.sealed(now, peer, &msg),
+            Some(MessageKind::Control) => self.unsealed_control(now, peer, &msg),
+            Some(MessageKind::Request) => {
+                self.stats.unauthenticated += 1;
+                let id = Request::decode(msg.clone()).map_or(0, |r| r.request_id);
+                let r = Reply {
+                    status: Status::NoSession,
+                    ..malformed(0, id, Placement::Host, "no session: handshake first".into())
+                };
+                self.send_unproven(peer, msg.len(), id, r.to_bytes().unwrap_or_default());
+            }
+            Some(MessageKind::OneSidedOp) => {
+                self.stats.unauthenticated += 1;
+                if let Ok(op) = Operation::decode(msg.clone()) {
+                    let c = Completion::error(
+                        op.app,
+                        op.id,
+                        Status::NoSession,
+                        "no session: handshake first",
+                    );
+                    self.send_unproven(peer, msg.len(), op.id, c.to_bytes());
+                }
+            }
+            _ => self.stats.malformed += 1,
+        }
+    }
+
+    fn push(&mut self, t: Transmit) {
+        self.transmits.push_back(t);
+    }
+
+    /// Sends an unsealed answer to a peer that has not proved its address, if it is within
+    /// the amplification limit of what the peer sent.
+    fn send_unproven(&mut self, peer: SocketAddr, received: usize, id: u64, bytes: Bytes) {
+        if within_amplification(datagram_len(received), datagram_len(bytes.len())) {
+            self.push(Transmit {
+                to: peer,
+                id,
+                bytes,
+            });
+        } else {
+            self.stats.amplification_drops += 1;
+        }
+    }
+
+    /// Hello and Auth: the only control messages taken outside a session.
+    fn unsealed_control(&mut self, now: Nanos, peer: SocketAddr, msg: &Bytes) {
+        self.stats.control += 1;
+        let (id, c) = match Control::decode(msg) {
+            Ok(x) => x,
+            Err(e) => {
+                self.stats.malformed += 1;
+                let m = Control::Error {
+                    message: format!("malformed control message: {e}"),
+                };
+                self.send_unproven(peer, msg.len(), 0, m.to_bytes(0));
+                return;
+            }
+        };
+        let answer = match c {
+            Control::Hello { nonce, .. } => match self.gate.challenge(now, peer, nonce) {
+                Ok((server, cookie)) => Control::Challenge {
+                    nonce: server,
+                    issued: now,
+                    cookie,
+                },
+                Err(e) => Control::Error {
+                    message: e.to_string(),
+                },
+            },
+            Control::Auth {
+                tenant,
+                client_nonce,
+                server_nonce,
+                issued,
+                cookie,
+                proof,
+            } => {
+                let n = HandshakeNonces {
+                    client: client_nonce,
+                    server: server_nonce,
+                };
+                let before = self.gate.len();
+                match self
+                    .gate
+                    .authenticate(now, peer, &tenant, &n, issued, &cookie, &proof)
+                {
+                    Ok(s) => {
+                        let (sid, role, sealer) = (s.id, s.role.clone(), s.sealer.clone());
+                        if self.gate.len() > before {
+                            self.stats.sessions += 1;
+                            self.announce(sid);
+                        }
+                        self.welcome(id, sid, &role, Channel { to: peer, sealer });
+                        return;
+                    }
+                    Err(e) => Control::Error {
+                        message: e.to_string(),
+                    },
+                }
+            }
+            _ => {
+                self.stats.unauthenticated += 1;
+                Control::Error {
+                    message: "no session: handshake first".into(),
+                }
+            }
+        };
+        self.send_unproven(peer, msg.len(), id, answer.to_bytes(id));
+    }
+
+    /// The welcome of a new session: its first manifest page.
+    fn welcome(&mut self, id: u64, session: u64, role: &Role, ch: Channel) {
+        let (apps, pages) = match role {
+            Role::Tenant { name, .. } => match self.pages.get(name) {
+                Some(p) => (p.first().cloned().unwrap_or_default(), p.len() as u32),
+                None => (Vec::new(), 1),
+            },
+            _ => (Vec::new(), 1),
+        };
+        let w = Control::Welcome {
+            session,
+            epoch: self.gate.epoch(),
+            client_id: self.backend.next_client_id(),
+            manifest: Manifest {
+                apps,
+                ..self.head.clone()
+            },
+            pages,
+            agent: self.agent(),
+        };
+        let t = ch.transmit(id, &w.to_bytes(id));
+        self.push(t);
+    }
+
+    /// The NIC's one-sided agent, while the NIC is up.
+    fn agent(&self) -> Option<SocketAddr> {
+        self.nic.filter(|_| self.backend.nic_up()).map(|(_, a)| a)
+    }
+
+    /// The NIC's channel, when one is paired.
+    fn nic_channel(&self) -> Option<Channel> {
+        let (sid, _) = self.nic?;
+        let s = self.gate.session(sid)?;
+        Some(Channel {
+            to: s.peer,
+            sealer: s.sealer.clone(),
+        })
+    }
+
+    /// Tells the paired NIC about tenant session `sid` (or that it is gone).
+    fn announce(&mut self, sid: u64) {
+        let Some(nic) = self.nic_channel() else {
+            return;
+        };
+        let m = match self.gate.session(sid) {
+            Some(s) => match &*s.role {
+                Role::Tenant { apps, .. } => Control::SessionOpen {
+                    session: sid,
+                    tenant_tag: s.sealer.key().tenant_tag(),
+                    peer: s.peer,
+                    apps: apps.clone(),
+                    key: s.sealer.key().wrap(nic.sealer.key()),
+                },
+                _ => Control::SessionClosed { session: sid },
+            },
+            None => Control::SessionClosed { session: sid },
+        };
+        let t = nic.transmit(0, &m.to_bytes(0));
+        self.push(t);
+    }
+
+    fn sealed(&mut self, now: Nanos, peer: SocketAddr, msg: &Bytes) {
+        let (sid, role, sealer, inner) = match self.gate.open(now, peer, msg) {
+            Ok(o) => (
+                o.session.id,
+                o.session.role.clone(),
+                o.session.sealer.clone(),
+                o.inner,
+            ),
+            Err(SealError::UnknownSession {
+                session,
+                tenant_tag,
+            }) => {
+                self.stats.unauthenticated += 1;
+                if let Some(token) = self.gate.reset_token(session, tenant_tag) {
+                    let m = Control::Stale {
+                        session,
+                        epoch: self.gate.epoch(),
+                        token,
+                    };
+                    self.send_unproven(peer, msg.len(), 0, m.to_bytes(0));
+                }
+                return;
+            }
+            Err(_) => {
+                self.stats.unauthenticated += 1;
+                return;
+            }
+        };
+        let ch = Channel { to: peer, sealer };
+        match MessageKind::peek(&inner) {
+            Some(MessageKind::Request) => self.request(sid, &role, ch, inner, msg),
+            Some(MessageKind::Control) => self.control(sid, &role, ch, &inner),
+            Some(MessageKind::OneSidedOp) => {
+                // One-sided operations are the NIC's job, never the host cores'.
+                self.stats.refused += 1;
+                if let Ok(op) = Operation::decode(inner) {
+                    let c = Completion::error(
+                        op.app,
+                        op.id,
+                        Status::Unavailable,
+                        "one-sided operations are served by the NIC's agent (naam-nic), \
+                         not by the host",
+                    );
+                    self.push(ch.transmit(op.id, &c.to_bytes()));
+                }
+            }
+            _ => self.stats.malformed += 1,
+        }
+    }
+
+    fn request(&mut self, sid: u64, role: &Role, ch: Channel, inner: Bytes, sealed: &Bytes) {
+        let mut req = match Request::decode(inner) {
+            Ok(r) => r,
+            Err(e) => {
+                self.stats.malformed += 1;
+                self.push(ch.reply(&malformed(0, 0, Placement::Host, e.to_string())));
+                return;
+            }
+        };
+        req.origin = sid;
+        if !role.may_use(req.app) {
+            // Said as for an app that does not exist: a session learns nothing of others'.
+            self.stats.refused += 1;
+            let why = format!("no app {} in this session", req.app);
+            let r = error_reply(&req, Status::UnknownApp, Placement::Host, why);
+            self.push(ch.reply(&r));
+            return;
+        }
+        if self.draining {
+            self.stats.refused += 1;
+            let why = "the server is shutting down".to_string();
+            let r = error_reply(&req, Status::Unavailable, Placement::Host, why);
+            self.push(ch.reply(&r));
+            return;
+        }
+        // Behind an eSwitch, what reaches the host's port was steered here.
+        let pinned = req
+            .pinned()
+            .or(self.backend.switch().map(|_| Placement::Host));
+        let id = req.request_id;
+        match self
+            .backend
+            .dispatch(req, &mut self.switch, pinned, ch.clone())
+        {
+            Routed::Queued(_) => self.stats.host += 1,
+            Routed::Remote(req) => match self.nic_channel().zip(self.agent()) {
+                Some((nic, agent)) => {
+                    self.stats.forwarded += 1;
+                    let t = Transmit {
+                        to: agent,
+                        ..nic.transmit(id, &control::forward(sealed))
+                    };
+                    self.push(t);
+                }
+                None => {
+                    self.stats.refused += 1;
+                    let why = "the NIC is down".to_string();
+                    let r = error_reply(&req, Status::Unavailable, Placement::Nic, why);
+                    self.push(ch.reply(&r));
+                }
+            },
+            Routed::Refused(r) => {
+                self.stats.refused += 1;
+                self.push(ch.reply(&r));
+            }
+        }
+    }
+
+    fn control(&mut self, sid: u64, role: &Role, ch: Channel, inner: &Bytes) {
+        self.stats.control += 1;
+        let (id, c) = match Control::decode(inner) {
+            Ok(x) => x,
+            Err(e) => {
+                self.stats.malformed += 1;
+                let m = Control::Error {
+                    message: format!("malformed control message: {e}"),
+                };
+                self.push(ch.transmit(0, &m.to_bytes(0)));
+                return;
+            }
+        };
+        let refused = |what: &str| Control::Error {
+            message: format!("{what} is not allowed in this session"),
+        };
+        let answer = match (c, role) {
+            (Control::QueryManifest { page }, Role::Tenant { name, .. }) => {
+                let pages = self.pages.get(name).map_or(&[][..], |p| &p[..]);
+                let count = pages.len() as u32;
+                Some(match pages.get(page as usize) {
+                    Some(apps) => Control::ManifestPage {
+                        page,
+                        pages: count,
+                        apps: apps.clone(),
+                    },
+                    None => Control::Error {
+                        message: format!("no manifest page {page}: there are {count}"),
+                    },
+                })
+            }
+            (
+                Control::QueryWeights {
+                    app,
+                    client,
+                    rtt_ns,
+                },
+                Role::Tenant { .. },
+            ) => Some(self.weights(sid, role, app, client, rtt_ns)),
+            (Control::NicLoad { agent, load }, Role::Nic) => {
+                // The NIC names its address; an unspecified IP means "as seen".
+                let mut at = agent;
+                if at.ip().is_unspecified() {
+                    at.set_ip(ch.to.ip());
+                }
+                let fresh = self.nic.map(|(s, _)| s) != Some(sid);
+                self.nic = Some((sid, at));
+                self.backend.nic_load(&load);
+                if fresh {
+                    // A newly paired NIC learns every tenant session at once.
+                    let ids: Vec<u64> = self
+                        .gate
+                        .sessions()
+                        .filter(|s| matches!(*s.role, Role::Tenant { .. }))
+                        .map(|s| s.id)
+                        .collect();
+                    for s in ids {
+                        self.announce(s);
+                    }
+                }
+                None
+            }
+            (Control::NicBye, Role::Nic) => {
+                if self.nic.map(|(s, _)| s) == Some(sid) {
+                    self.backend.nic_gone();
+                }
+                None
+            }
+            (Control::QuerySession { session }, Role::Nic) => {
+                self.announce(session);
+                None
+            }
+            (Control::Congest { extra_ns }, Role::Operator) => Some(self.congest(extra_ns)),
+            (Control::QuerySwitch { pin, unpin }, Role::Operator) => {
+                Some(self.query_switch(pin, unpin))
+            }
+            (Control::VerbsConnect { endpoint }, Role::Tenant { .. }) => {
+                Some(match self.backend.verbs() {
+                    Some(v) => match v.accept(ch.to, &endpoint) {
+                        Ok((endpoint, mut regions)) => {
+                            regions.retain(|r| role.may_use(r.app));
+                            Control::VerbsAccept { endpoint, regions }
+                        }
+                        Err(e) => Control::Error {
+                            message: format!("connecting a queue pair: {e}"),
+                        },
+                    },
+                    None => Control::Error {
+                        message: "this server has no RDMA device (built without the verbs \
+                                  feature, or none found): use the udp fabric"
+                            .into(),
+                    },
+                })
+            }
+            (
+                c @ (Control::QueryManifest { .. }
+                | Control::QueryWeights { .. }
+                | Control::VerbsConnect { .. }
+                | Control::NicLoad { .. }
+                | Control::NicBye
+                | Control::QuerySession { .. }
+                | Control::Congest { .. }
+                | Control::QuerySwitch { .. }),
+                _,
+            ) => Some(refused(c.name())),
+            (other, _) => Some(Control::Error {
+                message: format!("unexpected control message {}", other.name()),
+            }),
+        };
+        if let Some(a) = answer {
+            self.push(ch.transmit(id, &a.to_bytes(id)));
+        }
+    }
+
+    /// `app`'s weights for session `sid`, after taking in the session's own load report: a
+    /// report moves only its own session's Client share ([`ClientShare`]).
+    fn weights(
+        &mut self,
+        sid: u64,
+        role: &Role,
+        app: u32,
+        client: Option<RemoteLoad>,
+        rtt_ns: Option<f64>,
+    ) -> Control {
+        if !role.may_use(app) {
+            return Control::Error {
+                message: format!("no app {app} in this session"),
+            };
+        }
+        let rtt_ok = rtt_ns.is_none_or(|x| x.is_finite() && (0.0..=MAX_REPORTED_NS).contains(&x));
+        if client.as_ref().is_some_and(|l| !plausible_load(l)) || !rtt_ok {
+            return Control::Error {
+                message: "the load report is out of range (negative, infinite or absurd \
+                          figures): ignored"
+                    .into(),
+            };
+        }
+        let Some(handler_ids) = self.backend.handlers(app) else {
+            return Control::Error {
+                message: format!("no app {app}"),
+            };
+        };
+        let mut share = match self.shares.remove(&sid) {
+            Some(s) => Some(s),
+            None => self.backend.client_share(),
+        };
+        if let (Some(share), Some(mut load)) = (share.as_mut(), client) {
+            // Only the session's own apps' handlers that exist: a report cannot grow the view
+            // past what the session may run.
+            let backend = &self.backend;
+            load.handlers
+                .retain(|h| role.may_use(h.app) && backend.has_handler(h.app, h.handler));
+            share.absorb(&load, rtt_ns);
+        }
+        let handlers = handler_ids
+            .into_iter()
+            .map(|h| HandlerWeights {
+                handler: h,
+                weights: self.backend.weights(app, h, share.as_mut()).0,
+            })
+            .collect();
+        if let Some(s) = share {
+            self.shares.insert(sid, s);
+        }
+        Control::Weights {
+            app,
+            handlers,
+            agent: self.agent(),
+        }
+    }
+
+    fn congest(&mut self, extra_ns: Option<u64>) -> Control {
+        if !self.config.congestion_control {
+            Control::Error {
+                message: "this server does not allow congestion control (set \
+                          allow_congestion_control = true in its config to run congestion \
+                          experiments)"
+                    .into(),
+            }
+        } else if let Some(ns) = extra_ns.filter(|ns| *ns > control::MAX_CONGESTION_NS) {
+            Control::Error {
+                message: format!(
+                    "congestion of {ns} ns per message is over the limit of {} ns",
+                    control::MAX_CONGESTION_NS
+                ),
+            }
+        } else {
+            self.backend.congest(extra_ns);
+            Control::Congestion { extra_ns }
+        }
+    }
+
+    fn query_switch(&self, pin: Option<u32>, unpin: bool) -> Control {
+        let change = match (pin, unpin) {
+            (Some(p), _) => Some(Some(p)),
+            (None, true) => Some(None),
+            (None, false) => None,
+        };
+        let userspace = SwitchCounters {
+            host: self.stats.host,
+            nic: self.stats.forwarded,
+            fragmented: 0,
+        };
+        match self.backend.switch() {
+            Some(sw) => {
+                if let Some(p) = change {
+                    sw.pin_nic_share(p);
+                }
+                match sw.counters() {
+                    Ok(c) => Control::Switch {
+                        switch: sw.describe(),
+                        counters: c,
+                        userspace,
+                    },
+                    Err(e) => Control::Error {
+                        message: format!("reading the switch counters: {e}"),
+                    },
+                }
+            }
+            None if change.is_some() => Control::Error {
+                message: "no XDP eSwitch is attached: the user-space switch follows the \
+                          steering weights"
+                    .into(),
+            },
+            None => Control::Switch {
+                switch: "user-space switch in naam-server".into(),
+                counters: userspace,
+                userspace,
+            },
+        }
+    }
+}
