@@ -1,0 +1,664 @@
+//! The client and server endpoints joined by an in-memory network in virtual time (the model
+//! is quinn-proto's `Pair`): loss, duplication, reordering and delay are parameters, time
+//! advances to the next event, and no test opens a socket or sleeps. The host behind the
+//! server is a model with the executor's contract: writes applied once per request id (a
+//! dedup table answers retransmissions), reads steered to the NIC when the host is
+//! congested.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use naam_proto::control::{AppManifest, Control, Manifest};
+use naam_proto::dedup::RecentAnswers;
+use naam_proto::endpoint::{
+    Channel, ClientConfig, ClientEndpoint, ClientEvent, ExchangeError, HostBackend, Routed,
+    ServerConfig, ServerEndpoint, SwitchHandle, Transmit, VerbsAcceptor,
+};
+use naam_proto::session::{tenant_entries, CookieJar, Credential, NIC_TENANT};
+use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
+use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
+use naam_proto::{Nanos, Placement};
+
+const MS: Nanos = 1_000_000;
+const APP: u32 = 1;
+/// The model's write handler: adds one to a counter and answers the new value.
+const INCREMENT: u32 = 1;
+/// The model's read handler: answers the counter.
+const READ: u32 = 2;
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().expect("literal address")
+}
+
+fn client_addr() -> SocketAddr {
+    addr("10.0.0.2:5000")
+}
+
+fn server_addr() -> SocketAddr {
+    addr("10.0.0.1:7000")
+}
+
+fn nic_addr() -> SocketAddr {
+    addr("10.0.0.3:7001")
+}
+
+/// The host behind the server endpoint, as the cluster behaves: executes at once, answers
+/// on the request's channel, deduplicates writes, steers reads to the NIC when congested.
+#[derive(Default)]
+struct ModelHost {
+    /// Replies "sent from executor threads", for the network.
+    outbox: Vec<Transmit>,
+    counter: u64,
+    /// Times each write was applied, by (session, request id).
+    applied: HashMap<(u64, u64), u32>,
+    answers: Option<RecentAnswers<(u64, u64), Reply>>,
+    /// Reads go to the NIC (the host is congested).
+    congested: bool,
+    nic_up: bool,
+    next_client: u32,
+}
+
+impl ModelHost {
+    fn reply(&self, req: &Request) -> Reply {
+        Reply {
+            app: req.app,
+            request_id: req.request_id,
+            status: Status::Ok,
+            code: 0,
+            steps: 1,
+            placement: Placement::Host,
+            load: LoadFeedback::default(),
+            payload: Bytes::copy_from_slice(&self.counter.to_le_bytes()),
+        }
+    }
+}
+
+impl HostBackend for ModelHost {
+    fn dispatch(
+        &mut self,
+        req: Request,
+        _sel: &mut Selector,
+        forced: Option<Placement>,
+        reply_to: Channel,
+    ) -> Routed {
+        if req.handler == READ && self.congested && forced != Some(Placement::Host) {
+            return Routed::Remote(Box::new(req));
+        }
+        let r = if req.handler == INCREMENT {
+            let key = (req.origin, req.request_id);
+            let answers = self.answers.get_or_insert_with(|| RecentAnswers::new(1024));
+            match answers.get(&key) {
+                Some(r) => r.clone(),
+                None => {
+                    self.counter += 1;
+                    *self.applied.entry(key).or_default() += 1;
+                    let r = self.reply(&req);
+                    if let Some(a) = self.answers.as_mut() {
+                        a.insert(key, r.clone());
+                    }
+                    r
+                }
+            }
+        } else {
+            self.reply(&req)
+        };
+        self.outbox.push(reply_to.reply(&r));
+        Routed::Queued(Placement::Host)
+    }
+
+    fn next_client_id(&mut self) -> u32 {
+        self.next_client += 1;
+        self.next_client
+    }
+
+    fn nic_up(&self) -> bool {
+        self.nic_up
+    }
+
+    fn nic_load(&mut self, _load: &RemoteLoad) {
+        self.nic_up = true;
+    }
+
+    fn nic_gone(&mut self) {
+        self.nic_up = false;
+    }
+
+    fn handlers(&self, app: u32) -> Option<Vec<u32>> {
+        (app == APP).then(|| vec![INCREMENT, READ])
+    }
+
+    fn has_handler(&self, app: u32, handler: u32) -> bool {
+        app == APP && (handler == INCREMENT || handler == READ)
+    }
+
+    fn client_share(&self) -> Option<ClientShare> {
+        None
+    }
+
+    fn weights(&self, _app: u32, handler: u32, _share: Option<&mut ClientShare>) -> Weights {
+        if handler == READ && self.congested {
+            Weights::all(Placement::Nic)
+        } else {
+            Weights::all(Placement::Host)
+        }
+    }
+
+    fn congest(&mut self, extra_ns: Option<u64>) {
+        self.congested = extra_ns.is_some();
+    }
+
+    fn switch(&self) -> Option<&dyn SwitchHandle> {
+        None
+    }
+
+    fn verbs(&self) -> Option<&dyn VerbsAcceptor> {
+        None
+    }
+}
+
+/// The network: every datagram is lost, duplicated and delayed (with jitter, so reordered)
+/// by a seeded generator.
+struct Net {
+    loss: f64,
+    duplicate: f64,
+    delay: Nanos,
+    jitter: Nanos,
+    rng: u64,
+    seq: u64,
+    in_flight: Vec<(Nanos, u64, SocketAddr, SocketAddr, Bytes)>,
+    /// Datagrams delivered, by destination.
+    delivered: HashMap<SocketAddr, u64>,
+}
+
+impl Net {
+    fn new(seed: u64) -> Net {
+        Net {
+            loss: 0.0,
+            duplicate: 0.0,
+            delay: 50_000,
+            jitter: 0,
+            rng: seed | 1,
+            seq: 0,
+            in_flight: Vec::new(),
+            delivered: HashMap::new(),
+        }
+    }
+
+    fn random(&mut self) -> f64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn send(&mut self, now: Nanos, from: SocketAddr, t: Transmit) {
+        if self.random() < self.loss {
+            return;
+        }
+        let copies = if self.random() < self.duplicate { 2 } else { 1 };
+        for _ in 0..copies {
+            let at = now + self.delay + (self.random() * self.jitter as f64) as Nanos;
+            self.seq += 1;
+            self.in_flight
+                .push((at, self.seq, from, t.to, t.bytes.clone()));
+        }
+    }
+
+    fn next_delivery(&self) -> Option<Nanos> {
+        self.in_flight.iter().map(|d| d.0).min()
+    }
+
+    fn take_due(&mut self, now: Nanos) -> Vec<(SocketAddr, SocketAddr, Bytes)> {
+        let mut due: Vec<_> = Vec::new();
+        self.in_flight.retain(|d| {
+            if d.0 <= now {
+                due.push(d.clone());
+                false
+            } else {
+                true
+            }
+        });
+        due.sort_by_key(|d| (d.0, d.1));
+        due.into_iter()
+            .map(|(_, _, from, to, b)| {
+                *self.delivered.entry(to).or_default() += 1;
+                (from, to, b)
+            })
+            .collect()
+    }
+}
+
+/// A client, a server over the model host, and optionally a paired NIC (a client endpoint of
+/// the NIC's tenant, reporting load as naam-nic does), joined by a [`Net`].
+struct World {
+    now: Nanos,
+    net: Net,
+    credential: Credential,
+    pairing: Credential,
+    client: ClientEndpoint,
+    server: ServerEndpoint<ModelHost>,
+    nic: Option<ClientEndpoint>,
+    /// The client's events, in order.
+    events: Vec<ClientEvent>,
+    /// Control messages the NIC received (session announcements).
+    nic_controls: Vec<Control>,
+}
+
+fn manifest(epoch: u64) -> Manifest {
+    Manifest {
+        apps: vec![AppManifest {
+            id: APP,
+            name: "counter".into(),
+            kind: "object".into(),
+            params: serde_json::Value::Null,
+            object: String::new(),
+            object_hash: 0,
+            handlers: Vec::new(),
+            regions: Vec::new(),
+        }],
+        mode: "virtual".into(),
+        policy: "model".into(),
+        epoch,
+    }
+}
+
+fn server(credential: &Credential, pairing: &Credential, epoch: u64) -> ServerEndpoint<ModelHost> {
+    let tenants = tenant_entries(
+        &[(APP, "counter".into(), credential.clone())],
+        Some(Credential::generate().expect("randomness")),
+        Some(pairing.clone()),
+    );
+    let mut config = ServerConfig::new(manifest(epoch), tenants);
+    config.congestion_control = true;
+    ServerEndpoint::new(
+        config,
+        ModelHost::default(),
+        CookieJar::with_key([epoch as u8; 32]),
+        0,
+    )
+    .expect("a one-page manifest")
+}
+
+impl World {
+    fn new(seed: u64) -> World {
+        let credential = Credential::generate().expect("randomness");
+        let pairing = Credential::generate().expect("randomness");
+        let client = ClientEndpoint::new(
+            ClientConfig::new(server_addr(), "counter", credential.clone()),
+            0,
+        );
+        World {
+            now: 0,
+            net: Net::new(seed),
+            server: server(&credential, &pairing, 1),
+            credential,
+            pairing,
+            client,
+            nic: None,
+            events: Vec::new(),
+            nic_controls: Vec::new(),
+        }
+    }
+
+    /// Moves everything every endpoint wants sent onto the network and takes the events.
+    fn flush(&mut self) {
+        let now = self.now;
+        while let Some(t) = self.client.poll_transmit() {
+            self.net.send(now, client_addr(), t);
+        }
+        while let Some(t) = self.server.poll_transmit() {
+            self.net.send(now, server_addr(), t);
+        }
+        for t in std::mem::take(&mut self.server.backend_mut().outbox) {
+            self.net.send(now, server_addr(), t);
+        }
+        if let Some(nic) = &mut self.nic {
+            while let Some(t) = nic.poll_transmit() {
+                self.net.send(now, nic_addr(), t);
+            }
+            while let Some(e) = nic.poll_event() {
+                if let ClientEvent::Control(c) = e {
+                    self.nic_controls.push(c);
+                }
+            }
+        }
+        while let Some(e) = self.client.poll_event() {
+            self.events.push(e);
+        }
+    }
+
+    /// Runs until `done` holds or virtual time passes `limit` (from now); returns `done`.
+    fn run_until(&mut self, limit: Nanos, done: impl Fn(&World) -> bool) -> bool {
+        let end = self.now + limit;
+        loop {
+            self.flush();
+            if done(self) {
+                return true;
+            }
+            let next = [
+                self.net.next_delivery(),
+                self.client.poll_timeout(),
+                self.server.poll_timeout(),
+                self.nic.as_ref().and_then(|n| n.poll_timeout()),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let Some(next) = next.filter(|n| *n <= end) else {
+                self.now = end;
+                return done(self);
+            };
+            self.now = self.now.max(next);
+            for (from, to, bytes) in self.net.take_due(self.now) {
+                if to == server_addr() {
+                    self.server.handle(self.now, from, bytes);
+                } else if to == client_addr() {
+                    self.client.handle(self.now, from, bytes);
+                } else if let Some(nic) = self.nic.as_mut().filter(|_| to == nic_addr()) {
+                    nic.handle(self.now, from, bytes);
+                }
+            }
+            self.client.handle_timeout(self.now);
+            self.server.handle_timeout(self.now);
+            if let Some(nic) = &mut self.nic {
+                nic.handle_timeout(self.now);
+            }
+        }
+    }
+
+    fn connected(&mut self) {
+        self.client.connect(self.now);
+        assert!(
+            self.run_until(10_000 * MS, |w| w
+                .events
+                .iter()
+                .any(|e| matches!(e, ClientEvent::Connected(_)))),
+            "no session: {:?}",
+            self.events
+        );
+    }
+
+    /// Sends a request for `handler` and returns its id.
+    fn call(&mut self, handler: u32) -> u64 {
+        let req = Request::for_call(APP, handler, 0, b"", &[]).expect("small request");
+        self.client.request(self.now, req).expect("sent")
+    }
+
+    /// The outcome of exchange `id`, once there is one.
+    fn outcome(&self, id: u64) -> Option<Result<Bytes, ExchangeError>> {
+        self.events.iter().find_map(|e| match e {
+            ClientEvent::Answered { id: i, message } if *i == id => Some(Ok(message.clone())),
+            ClientEvent::Failed { id: i, error } if *i == id => Some(Err(error.clone())),
+            _ => None,
+        })
+    }
+
+    fn outcomes(&self, id: u64) -> usize {
+        self.events
+            .iter()
+            .filter(|e| {
+                matches!(e, ClientEvent::Answered { id: i, .. } | ClientEvent::Failed { id: i, .. }
+                    if *i == id)
+            })
+            .count()
+    }
+
+    /// Runs until exchange `id` has an outcome (within a virtual minute) and returns its
+    /// reply.
+    fn reply(&mut self, id: u64) -> Result<Reply, ExchangeError> {
+        self.run_until(60_000 * MS, |w| w.outcome(id).is_some());
+        let m = self
+            .outcome(id)
+            .expect("an outcome within a virtual minute")?;
+        Ok(Reply::decode(m).expect("a reply"))
+    }
+
+    /// Calls `handler` and waits for the reply.
+    fn roundtrip(&mut self, handler: u32) -> Result<Reply, ExchangeError> {
+        let id = self.call(handler);
+        self.reply(id)
+    }
+
+    /// Pairs a (new) NIC with the server: a session as the NIC tenant, then a load report
+    /// naming its agent address.
+    fn pair_nic(&mut self) {
+        let mut nic = ClientEndpoint::new(
+            ClientConfig::new(server_addr(), NIC_TENANT, self.pairing.clone()),
+            self.now,
+        );
+        nic.connect(self.now);
+        self.nic = Some(nic);
+        assert!(self.run_until(1_000 * MS, |w| w
+            .nic
+            .as_ref()
+            .is_some_and(|n| n.is_connected())));
+        let report = Control::NicLoad {
+            agent: nic_addr(),
+            load: RemoteLoad::default(),
+        };
+        if let Some(n) = &mut self.nic {
+            n.notify(&report);
+        }
+        self.run_until(10 * MS, |w| w.server.backend().nic_up);
+    }
+}
+
+fn counter(r: &Reply) -> u64 {
+    u64::from_le_bytes(r.payload[..8].try_into().expect("eight bytes"))
+}
+
+#[test]
+fn a_session_is_set_up_and_requests_are_answered() {
+    let mut w = World::new(1);
+    w.connected();
+    let id = w.call(INCREMENT);
+    let r = w.reply(id).expect("answered");
+    assert_eq!((r.status, counter(&r)), (Status::Ok, 1));
+    let r = w.roundtrip(READ).expect("answered");
+    assert_eq!(counter(&r), 1);
+    assert_eq!(w.server.stats().sessions, 1);
+    assert_eq!(w.server.stats().host, 2);
+}
+
+#[test]
+fn under_heavy_loss_every_write_is_answered_and_applied_once() {
+    for seed in [7, 8, 9, 10] {
+        let mut w = World::new(seed);
+        // 30% loss each way: an attempt succeeds half the time, so allow 16 of them.
+        let mut config = ClientConfig::new(server_addr(), "counter", w.credential.clone());
+        config.attempts = 16;
+        w.client = ClientEndpoint::new(config, 0);
+        w.connected();
+        w.net.loss = 0.3;
+        for n in 1..=50 {
+            let r = w.roundtrip(INCREMENT).expect("answered despite loss");
+            assert_eq!(counter(&r), n, "seed {seed}: write {n} applied once");
+        }
+        let host = w.server.backend();
+        assert_eq!(host.counter, 50);
+        assert!(host.applied.values().all(|&n| n == 1), "{:?}", host.applied);
+        // Retransmissions reached the host and were answered from the dedup table.
+        assert!(w.server.stats().host > 50, "{:?}", w.server.stats());
+    }
+}
+
+#[test]
+fn duplicated_and_reordered_answers_end_each_exchange_once() {
+    let mut w = World::new(11);
+    w.net.duplicate = 0.5;
+    w.net.jitter = 400_000;
+    w.connected();
+    let ids: Vec<u64> = (0..40).map(|_| w.call(INCREMENT)).collect();
+    w.run_until(60_000 * MS, |w| {
+        ids.iter().all(|id| w.outcome(*id).is_some())
+    });
+    let mut seen: Vec<u64> = Vec::new();
+    for id in &ids {
+        assert_eq!(w.outcomes(*id), 1, "exchange {id} ended once");
+        let r = Reply::decode(w.outcome(*id).expect("ended").expect("answered")).expect("reply");
+        seen.push(counter(&r));
+    }
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        (1..=40).collect::<Vec<u64>>(),
+        "each write applied once"
+    );
+    assert_eq!(w.client.outstanding(), 0);
+}
+
+#[test]
+fn a_silent_server_times_out_then_is_declared_gone() {
+    let mut w = World::new(3);
+    w.connected();
+    w.net.loss = 1.0;
+    let id = w.call(READ);
+    match w.reply(id) {
+        Err(ExchangeError::TimedOut { waited_ns }) => assert!(waited_ns >= 20 * MS),
+        other => panic!("{other:?}"),
+    }
+    w.run_until(20_000 * MS, |_| false);
+    let req = Request::for_call(APP, READ, 0, b"", &[]).expect("small");
+    assert!(matches!(
+        w.client.request(w.now, req),
+        Err(ExchangeError::ServerGone { .. })
+    ));
+}
+
+#[test]
+fn after_a_server_restart_the_client_sets_up_a_new_session_by_itself() {
+    let mut w = World::new(5);
+    w.connected();
+    assert_eq!(counter(&w.roundtrip(INCREMENT).expect("answered")), 1);
+    // The server restarts: a new epoch, no sessions, a fresh host.
+    w.server = server(&w.credential, &w.pairing, 2);
+    w.events.clear();
+    let r = w.roundtrip(INCREMENT).expect("answered after renewal");
+    assert_eq!((r.status, counter(&r)), (Status::Ok, 1));
+    assert!(
+        w.events
+            .iter()
+            .any(|e| matches!(e, ClientEvent::Connected(Control::Welcome { epoch: 2, .. }))),
+        "{:?}",
+        w.events
+    );
+    assert_eq!(w.server.stats().sessions, 1);
+}
+
+#[test]
+fn a_stale_notice_forged_without_the_credential_is_ignored() {
+    let mut w = World::new(9);
+    w.connected();
+    let forged = Control::Stale {
+        session: 1,
+        epoch: 9,
+        token: [0; naam_proto::session::RESET_TOKEN_LEN],
+    };
+    w.client.handle(w.now, server_addr(), forged.to_bytes(0));
+    assert!(w.client.is_connected());
+    assert_eq!(counter(&w.roundtrip(INCREMENT).expect("answered")), 1);
+}
+
+#[test]
+fn congestion_shifts_reads_to_the_nic_and_its_crash_and_restart_are_survived() {
+    let mut w = World::new(13);
+    w.connected();
+    w.pair_nic();
+    let announced = |w: &World| {
+        w.nic_controls
+            .iter()
+            .any(|c| matches!(c, Control::SessionOpen { .. }))
+    };
+    w.run_until(10 * MS, announced);
+    assert!(
+        w.nic_controls
+            .iter()
+            .any(|c| matches!(c, Control::SessionOpen { .. })),
+        "the new NIC learns the client's session: {:?}",
+        w.nic_controls
+    );
+    // The host is congested: the weights say NIC and the switch forwards reads there.
+    w.server.backend_mut().congested = true;
+    let q = w
+        .client
+        .query(
+            w.now,
+            &Control::QueryWeights {
+                app: APP,
+                client: None,
+                rtt_ns: None,
+            },
+        )
+        .expect("sent");
+    w.run_until(1_000 * MS, |w| w.outcome(q).is_some());
+    let answer = w.outcome(q).expect("answered").expect("weights");
+    match Control::decode(&answer).expect("control").1 {
+        Control::Weights {
+            handlers, agent, ..
+        } => {
+            assert_eq!(agent, Some(nic_addr()));
+            let read = handlers.iter().find(|h| h.handler == READ).expect("read");
+            assert_eq!(read.weights, Weights::all(Placement::Nic).0);
+        }
+        other => panic!("{other:?}"),
+    }
+    let before = w.net.delivered.get(&nic_addr()).copied().unwrap_or(0);
+    let at_nic = |w: &World| w.net.delivered.get(&nic_addr()).copied().unwrap_or(0);
+    w.call(READ);
+    w.run_until(10 * MS, |w| at_nic(w) > before);
+    assert_eq!(w.server.stats().forwarded, 1);
+    assert!(
+        at_nic(&w) > before,
+        "the forwarded read reached the NIC's agent"
+    );
+    // Writes stay on the host.
+    assert_eq!(counter(&w.roundtrip(INCREMENT).expect("answered")), 1);
+
+    // The NIC crashes (its reports stop): reads are refused quickly rather than lost.
+    w.nic = None;
+    w.server.backend_mut().nic_up = false;
+    let r = w.roundtrip(READ).expect("answered");
+    assert_eq!(
+        (r.status, r.placement),
+        (Status::Unavailable, Placement::Nic)
+    );
+
+    // A restarted NIC pairs anew, learns the client's session, and takes reads again.
+    w.nic_controls.clear();
+    w.pair_nic();
+    w.run_until(10 * MS, announced);
+    assert!(w
+        .nic_controls
+        .iter()
+        .any(|c| matches!(c, Control::SessionOpen { .. })));
+    w.call(READ);
+    w.run_until(10 * MS, |w| w.server.stats().forwarded == 2);
+    assert_eq!(w.server.stats().forwarded, 2);
+
+    // Congestion clears: reads are the host's again.
+    w.server.backend_mut().congested = false;
+    let r = w.roundtrip(READ).expect("answered");
+    assert_eq!((r.status, r.placement), (Status::Ok, Placement::Host));
+}
+
+#[test]
+fn a_request_outside_a_session_is_refused_and_the_server_keeps_serving() {
+    let mut w = World::new(17);
+    w.connected();
+    let bare = Request::for_call(APP, READ, 99, b"", &[]).expect("small");
+    w.server.handle(
+        w.now,
+        addr("10.0.0.9:4000"),
+        bare.to_bytes().expect("encodes"),
+    );
+    w.server.handle(
+        w.now,
+        addr("10.0.0.9:4000"),
+        Bytes::from_static(b"\x01\xffjunk"),
+    );
+    assert_eq!(w.server.stats().unauthenticated, 1);
+    assert_eq!(w.server.stats().malformed, 1);
+    assert_eq!(counter(&w.roundtrip(INCREMENT).expect("answered")), 1);
+}
