@@ -4,7 +4,6 @@
 //! [`HostBackend`] over the in-process [`Cluster`], whose executor threads send their replies
 //! themselves, sealed on the request's channel.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +19,6 @@ use crate::wire::{Reply, Request};
 use naam_proto::endpoint::{HostBackend, Routed, ServerConfig, ServerEndpoint};
 
 pub use super::control::SwitchCounters;
-pub(crate) use naam_proto::endpoint::malformed;
 pub use naam_proto::endpoint::{Channel, ServerStats, SwitchHandle, VerbsAcceptor};
 
 /// How the server driver behaves.
@@ -47,8 +45,8 @@ pub struct ServerOptions {
     pub telemetry: Arc<super::telemetry::Telemetry>,
 }
 
-/// How a driver answers requests: replies go out on `sender`, and every request queued at an
-/// executor counts as in flight until its reply is sent (SIGTERM drains until none is).
+/// How a driver's executors answer: a queued request's reply goes out on `sender` from the
+/// executor's thread, and counts as in flight until then (SIGTERM drains until none is).
 pub(crate) struct Replies {
     sender: Arc<super::socket::Sender>,
     inflight: Arc<AtomicU64>,
@@ -65,21 +63,6 @@ impl Replies {
             inflight: Arc::new(AtomicU64::new(0)),
             telemetry,
         }
-    }
-
-    /// Sends `r` on `ch` (a lost reply is the client's retransmission to repair).
-    pub(crate) fn reply(&self, ch: &Channel, r: &Reply) {
-        self.sealed(ch, r.request_id, &r.to_bytes().unwrap_or_default());
-    }
-
-    /// Seals `bytes` in `ch`'s session and sends them to its address.
-    pub(crate) fn sealed(&self, ch: &Channel, id: u64, bytes: &[u8]) {
-        let _ = self.sender.send(ch.to, id, &ch.sealer.seal(bytes));
-    }
-
-    /// Sends raw message bytes (forwarded requests, control answers, completions).
-    pub(crate) fn send_bytes(&self, to: SocketAddr, id: u64, bytes: &[u8]) {
-        let _ = self.sender.send(to, id, bytes);
     }
 
     /// Dispatches `req` on `cluster`; a queued request's reply goes out sealed on `ch` from

@@ -11,11 +11,15 @@
 //!   (requests, one-sided operations, control queries).
 //! - [`ServerEndpoint`]: the server's gatekeeper, its control plane and the user-space
 //!   switch, over a [`HostBackend`] that owns the executors.
+//! - [`NicEndpoint`]: `naam-nic`'s pairing with the server, the client sessions it is told
+//!   about, one-sided operations, and requests for the NIC executors ([`NicBackend`]).
 
 mod client;
+mod nic;
 mod server;
 
 pub use client::{ClientConfig, ClientEndpoint, ClientEvent, ConnectError, ExchangeError};
+pub use nic::{NicBackend, NicConfig, NicEndpoint, NicEvent, NicStats};
 pub use server::{
     error_reply, malformed, plausible_load, Channel, HostBackend, Routed, ServerConfig,
     ServerEndpoint, ServerStats, SwitchHandle, VerbsAcceptor,

@@ -1,0 +1,778 @@
+//! The NIC's endpoint (`naam-nic`'s protocol): pairing with the server through the pairing
+//! secret (a session of tenant [`NIC_TENANT`], retried until it answers), the client sessions
+//! the server announces (each key unwrapped with the pairing session's), checking every
+//! client message's seal, replay window, scope and one-sided rights, serving one-sided
+//! operations (mutations answered once: retransmissions get the first answer), steering
+//! requests to the NIC executors, and reporting the NIC's load every period.
+//!
+//! When the server restarts (a welcome of a new epoch) the endpoint asks its [`NicBackend`]
+//! to map the new regions, and forgets the old sessions, with no manual step.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use super::server::{error_reply, malformed, Channel, Routed};
+use super::Transmit;
+use crate::control::{self, Control, Manifest};
+use crate::dedup::RecentAnswers;
+use crate::kind::MessageKind;
+use crate::onesided::{Completion, Operation};
+use crate::session::{
+    peek_sealed, Authentication, ClientHandshake, Credential, ReplayWindow, Sealer, Sender,
+    SessionKey, HELLO_PADDING, NIC_TENANT, NONCE_LEN,
+};
+use crate::steering::{RemoteLoad, Selector};
+use crate::wire::{Request, Status};
+use crate::{Nanos, Placement};
+
+/// Sessions the NIC holds at most (the server's own limit is per tenant).
+const MAX_SESSIONS: usize = 1 << 16;
+/// How often a pairing message is resent while unanswered, and how often the server is asked
+/// about one unknown session at most.
+const PAIRING_RETRY: Nanos = 100_000_000;
+/// How often mapping a restarted server's regions is retried (its manifest may still be
+/// being written).
+const REMAP_RETRY: Nanos = 10_000_000;
+
+/// The NIC's executors and memory, as its endpoint uses them.
+pub trait NicBackend {
+    /// Queues `req` at a NIC executor (its reply goes out sealed on `reply_to`), or refuses.
+    fn dispatch(
+        &mut self,
+        req: Request,
+        sel: &mut Selector,
+        forced: Option<Placement>,
+        reply_to: Channel,
+    ) -> Routed;
+    /// Performs one-sided operation `op` (already checked against the session's grants).
+    fn one_sided(&mut self, op: &Operation) -> Completion;
+    /// The NIC's load since the last report.
+    fn load_report(&mut self) -> RemoteLoad;
+    /// Maps the regions of the server start `epoch` and returns its manifest; an error (or
+    /// an older manifest) means "not yet": the endpoint asks again on its next timeout.
+    fn remap(&mut self, epoch: u64) -> Result<Manifest, String>;
+}
+
+/// A NIC endpoint's settings.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct NicConfig {
+    /// naam-server's address.
+    pub server: SocketAddr,
+    /// Where this NIC takes forwarded requests and one-sided operations (an unspecified IP:
+    /// as the server sees it).
+    pub advertise: SocketAddr,
+    /// The pairing secret.
+    pub pairing: Credential,
+    /// Datagram authentication (must match the server's).
+    pub authentication: Authentication,
+    /// How often the NIC reports its load.
+    pub report_every: Nanos,
+}
+
+impl NicConfig {
+    /// Pairs with `server` using `pairing`, advertising `advertise`, reporting every 5 ms.
+    pub fn new(server: SocketAddr, advertise: SocketAddr, pairing: Credential) -> NicConfig {
+        NicConfig {
+            server,
+            advertise,
+            pairing,
+            authentication: Authentication::On,
+            report_every: 5_000_000,
+        }
+    }
+}
+
+/// Counters of a NIC endpoint.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct NicStats {
+    /// Requests queued at the NIC executors.
+    pub executed: u64,
+    /// One-sided operations served.
+    pub one_sided: u64,
+    /// Retransmitted one-sided writes answered from the duplicate cache.
+    pub duplicates: u64,
+    /// Messages that did not decode.
+    pub malformed: u64,
+    /// Requests and operations refused (busy, shutting down, out of scope).
+    pub refused: u64,
+    /// Messages dropped unopened.
+    pub unauthenticated: u64,
+    /// Pairings with the server.
+    pub pairings: u64,
+}
+
+impl NicStats {
+    /// The counters as `(name, help, value)`, for metrics.
+    pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        vec![
+            (
+                "executed",
+                "Requests run by the NIC executors.",
+                self.executed,
+            ),
+            ("one_sided", "One-sided operations served.", self.one_sided),
+            (
+                "duplicates",
+                "Retransmitted one-sided writes answered from the cache.",
+                self.duplicates,
+            ),
+            ("malformed", "Messages that did not decode.", self.malformed),
+            (
+                "refused",
+                "Requests refused (busy, shutting down, out of scope).",
+                self.refused,
+            ),
+            (
+                "unauthenticated",
+                "Messages dropped unopened.",
+                self.unauthenticated,
+            ),
+            ("pairings", "Pairings with the server.", self.pairings),
+        ]
+    }
+}
+
+/// What happened, for the driver's log (taken with [`NicEndpoint::poll_event`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NicEvent {
+    /// Paired with the server start `epoch`.
+    Paired {
+        /// The server start.
+        epoch: u64,
+    },
+    /// A pairing could not start (no randomness); retried.
+    PairingFailed(String),
+    /// The server refused pairing.
+    Refused(String),
+    /// The server forgot this NIC: pairing again.
+    Unpaired,
+    /// The server restarted: its regions are mapped anew.
+    Remapped {
+        /// The new server start.
+        epoch: u64,
+    },
+    /// Mapping the restarted server's regions failed (retried).
+    RemapFailed(String),
+}
+
+/// A client session the server announced.
+struct ClientSession {
+    key: Arc<SessionKey>,
+    ch: Channel,
+    apps: Vec<u32>,
+    window: ReplayWindow,
+}
+
+/// Where pairing stands.
+enum Pairing {
+    /// Not started, or a handshake could not be made (no randomness): retried.
+    Idle,
+    /// Hello sent.
+    Hello { hs: ClientHandshake, id: u64 },
+    /// Auth sent: waiting for the welcome.
+    Auth {
+        hs: ClientHandshake,
+        id: u64,
+        server_nonce: [u8; NONCE_LEN],
+        auth: Bytes,
+    },
+    /// Paired in server start `epoch`.
+    Paired {
+        key: Arc<SessionKey>,
+        sealer: Arc<Sealer>,
+        window: ReplayWindow,
+        epoch: u64,
+    },
+}
+
+/// `(app, rkey)` → the rights clients have there.
+fn grants_of(m: &Manifest) -> HashMap<(u32, u64), u32> {
+    m.apps
+        .iter()
+        .flat_map(|a| {
+            a.regions
+                .iter()
+                .map(move |r| ((a.id, r.rkey), r.client_access))
+        })
+        .collect()
+}
+
+/// The NIC's endpoint over NIC side `B`. See the module documentation.
+pub struct NicEndpoint<B> {
+    backend: B,
+    config: NicConfig,
+    /// The server start the executors' regions belong to.
+    epoch: u64,
+    grants: HashMap<(u32, u64), u32>,
+    stats: NicStats,
+    sel: Selector,
+    /// Answers to mutating one-sided operations by (session, operation id).
+    dup: RecentAnswers<(u64, u64), Bytes>,
+    sessions: HashMap<u64, ClientSession>,
+    /// Sessions asked about, and when.
+    asked: HashMap<u64, Nanos>,
+    pairing: Pairing,
+    last_pairing_send: Nanos,
+    next_remap: Nanos,
+    next_id: u64,
+    draining: bool,
+    next_report: Nanos,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<NicEvent>,
+}
+
+impl<B: NicBackend> NicEndpoint<B> {
+    /// An endpoint for executors built from `manifest`; it starts pairing at once.
+    pub fn new(config: NicConfig, backend: B, manifest: &Manifest, now: Nanos) -> NicEndpoint<B> {
+        let mut nic = NicEndpoint {
+            backend,
+            epoch: manifest.epoch,
+            grants: grants_of(manifest),
+            stats: NicStats::default(),
+            sel: Selector::default(),
+            dup: RecentAnswers::default(),
+            sessions: HashMap::new(),
+            asked: HashMap::new(),
+            pairing: Pairing::Idle,
+            last_pairing_send: now,
+            next_remap: 0,
+            next_id: 0,
+            draining: false,
+            next_report: now,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            config,
+        };
+        nic.start_pairing(now);
+        nic
+    }
+
+    /// The NIC side.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The NIC side, to change.
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> NicStats {
+        self.stats
+    }
+
+    /// Whether the NIC is paired with the server start its regions belong to.
+    pub fn is_paired(&self) -> bool {
+        self.server_channel().is_some()
+    }
+
+    /// Client sessions the server announced and the NIC holds.
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// Says goodbye to the server (it stops forwarding) and refuses new requests; reports
+    /// stop.
+    pub fn start_drain(&mut self) {
+        if self.draining {
+            return;
+        }
+        self.draining = true;
+        if let Some(ch) = self.server_channel() {
+            self.push(ch.transmit(0, &Control::NicBye.to_bytes(0)));
+        }
+    }
+
+    /// The next datagram to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<NicEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`NicEndpoint::handle_timeout`] is next due.
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        let retry = self.last_pairing_send + PAIRING_RETRY;
+        let pairing = match &self.pairing {
+            Pairing::Paired { epoch, .. } if *epoch == self.epoch => None,
+            Pairing::Paired { .. } => Some(self.next_remap),
+            _ => Some(retry),
+        };
+        let report = (!self.draining).then_some(self.next_report);
+        match (pairing, report) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Retries pairing, maps a restarted server's regions, and reports load when due.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        self.tick(now);
+        if !self.draining && now >= self.next_report {
+            self.next_report = now + self.config.report_every;
+            self.report();
+        }
+    }
+
+    /// Takes in a datagram from `peer`.
+    pub fn handle(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
+        match MessageKind::peek(&msg) {
+            Some(MessageKind::Sealed) => self.sealed(now, peer, msg),
+            Some(MessageKind::Control) if peer == self.config.server => {
+                self.pairing_control(now, &msg)
+            }
+            Some(
+                MessageKind::Control
+                | MessageKind::Request
+                | MessageKind::OneSidedOp
+                | MessageKind::Forward,
+            ) => self.stats.unauthenticated += 1,
+            _ => self.stats.malformed += 1,
+        }
+    }
+
+    fn push(&mut self, t: Transmit) {
+        self.transmits.push_back(t);
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn start_pairing(&mut self, now: Nanos) {
+        self.last_pairing_send = now;
+        match ClientHandshake::new(NIC_TENANT, self.config.pairing.clone()) {
+            Ok(hs) => {
+                let id = self.id();
+                self.pairing = Pairing::Hello { hs, id };
+                self.send_pairing(now);
+            }
+            Err(e) => {
+                self.events
+                    .push_back(NicEvent::PairingFailed(e.to_string()));
+                self.pairing = Pairing::Idle;
+            }
+        }
+    }
+
+    fn send_pairing(&mut self, now: Nanos) {
+        self.last_pairing_send = now;
+        let server = self.config.server;
+        let (id, bytes) = match &self.pairing {
+            Pairing::Hello { hs, id } => {
+                let mut b = Control::Hello {
+                    tenant: hs.tenant().to_string(),
+                    nonce: hs.nonce(),
+                }
+                .to_bytes(*id)
+                .to_vec();
+                b.resize(b.len().max(HELLO_PADDING), b' ');
+                (*id, Bytes::from(b))
+            }
+            Pairing::Auth { id, auth, .. } => (*id, auth.clone()),
+            Pairing::Paired { .. } | Pairing::Idle => return,
+        };
+        self.push(Transmit {
+            to: server,
+            id,
+            bytes,
+        });
+    }
+
+    /// The pairing channel, when paired with the server start the executors were built for.
+    fn server_channel(&self) -> Option<Channel> {
+        match &self.pairing {
+            Pairing::Paired { sealer, epoch, .. } if *epoch == self.epoch => Some(Channel {
+                to: self.config.server,
+                sealer: sealer.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn tick(&mut self, now: Nanos) {
+        match &self.pairing {
+            Pairing::Paired { epoch, .. } if *epoch != self.epoch => {
+                // The server restarted: map its new regions (its manifest may still be
+                // being written; try again on the next timeout).
+                let epoch = *epoch;
+                if now < self.next_remap {
+                    return;
+                }
+                self.next_remap = now + REMAP_RETRY;
+                match self.backend.remap(epoch) {
+                    Ok(m) if m.epoch == epoch => {
+                        self.grants = grants_of(&m);
+                        self.epoch = epoch;
+                        self.sessions.clear();
+                        self.asked.clear();
+                        self.dup.clear();
+                        self.events.push_back(NicEvent::Remapped { epoch });
+                    }
+                    Ok(_) => {}
+                    Err(e) => self.events.push_back(NicEvent::RemapFailed(e)),
+                }
+            }
+            Pairing::Paired { .. } => {}
+            _ if now >= self.last_pairing_send + PAIRING_RETRY => {
+                if let Pairing::Hello { .. } = self.pairing {
+                    self.send_pairing(now);
+                } else {
+                    // An unanswered auth may have an expired cookie: start again.
+                    self.start_pairing(now);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn report(&mut self) {
+        if let Some(ch) = self.server_channel() {
+            let id = self.id();
+            let m = Control::NicLoad {
+                agent: self.config.advertise,
+                load: self.backend.load_report(),
+            };
+            self.push(ch.transmit(id, &m.to_bytes(id)));
+        }
+    }
+
+    /// Unsealed messages from the server: the challenge, refusals, and a stale notice.
+    fn pairing_control(&mut self, now: Nanos, msg: &Bytes) {
+        let Ok((id, c)) = Control::decode(msg) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        match (c, &self.pairing) {
+            (
+                Control::Challenge {
+                    nonce,
+                    issued,
+                    cookie,
+                },
+                Pairing::Hello { id: want, .. },
+            ) if id == *want => {
+                let Pairing::Hello { hs, .. } = std::mem::replace(&mut self.pairing, Pairing::Idle)
+                else {
+                    return;
+                };
+                let id = self.id();
+                let auth = Control::Auth {
+                    tenant: hs.tenant().to_string(),
+                    client_nonce: hs.nonce(),
+                    server_nonce: nonce,
+                    issued,
+                    cookie,
+                    proof: hs.proof(nonce, &cookie),
+                }
+                .to_bytes(id);
+                self.pairing = Pairing::Auth {
+                    hs,
+                    id,
+                    server_nonce: nonce,
+                    auth,
+                };
+                self.send_pairing(now);
+            }
+            (Control::Error { message }, Pairing::Hello { id: want, .. })
+            | (Control::Error { message }, Pairing::Auth { id: want, .. })
+                if id == *want =>
+            {
+                self.events.push_back(NicEvent::Refused(message));
+            }
+            (Control::Stale { session, token, .. }, Pairing::Paired { key, .. })
+                if key.session() == session
+                    && self.config.pairing.reset_token(session) == token =>
+            {
+                self.events.push_back(NicEvent::Unpaired);
+                self.start_pairing(now);
+            }
+            _ => self.stats.unauthenticated += 1,
+        }
+    }
+
+    fn sealed(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
+        let Ok(h) = peek_sealed(&msg) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        match h.sender {
+            Sender::Server if peer == self.config.server => self.server_message(now, msg),
+            Sender::Client => self.client_message(now, peer, msg),
+            _ => self.stats.unauthenticated += 1,
+        }
+    }
+
+    /// A sealed message from the server: the welcome, session announcements, forwards.
+    fn server_message(&mut self, now: Nanos, msg: Bytes) {
+        if let Pairing::Auth {
+            hs,
+            id,
+            server_nonce,
+            ..
+        } = &self.pairing
+        {
+            let Ok(h) = peek_sealed(&msg) else { return };
+            let key = hs
+                .session_key(h.session, *server_nonce)
+                .with_authentication(self.config.authentication);
+            let Ok((_, inner)) = key.open(&msg) else {
+                self.stats.unauthenticated += 1;
+                return;
+            };
+            if let Ok((got, Control::Welcome { epoch, .. })) = Control::decode(&inner) {
+                if got == *id {
+                    let key = Arc::new(key);
+                    let mut window = ReplayWindow::default();
+                    window.accept(h.packet);
+                    self.pairing = Pairing::Paired {
+                        sealer: Arc::new(Sealer::new(key.clone(), Sender::Client)),
+                        key,
+                        window,
+                        epoch,
+                    };
+                    self.stats.pairings += 1;
+                    self.sessions.clear();
+                    self.events.push_back(NicEvent::Paired { epoch });
+                    // A restarted server's regions are mapped at once.
+                    self.tick(now);
+                }
+            }
+            return;
+        }
+        let Pairing::Paired { key, window, .. } = &mut self.pairing else {
+            return;
+        };
+        let inner = match key.open(&msg) {
+            Ok((h, inner)) if window.accept(h.packet) => inner,
+            _ => {
+                self.stats.unauthenticated += 1;
+                return;
+            }
+        };
+        let pairing_key = key.clone();
+        match MessageKind::peek(&inner) {
+            Some(MessageKind::Forward) => match control::unforward(&inner) {
+                Ok(client) => self.client_message_checked(now, client, true),
+                Err(_) => self.stats.malformed += 1,
+            },
+            Some(MessageKind::Control) => match Control::decode(&inner) {
+                Ok((
+                    _,
+                    Control::SessionOpen {
+                        session,
+                        tenant_tag,
+                        peer,
+                        apps,
+                        key,
+                    },
+                )) => {
+                    self.asked.remove(&session);
+                    let Some(k) = SessionKey::unwrap(&pairing_key, session, tenant_tag, &key)
+                        .map(|k| k.with_authentication(self.config.authentication))
+                    else {
+                        self.stats.unauthenticated += 1;
+                        return;
+                    };
+                    if self.sessions.len() >= MAX_SESSIONS && !self.sessions.contains_key(&session)
+                    {
+                        // The server's idle expiry is the bound that matters; forget any one.
+                        if let Some(&old) = self.sessions.keys().next() {
+                            self.sessions.remove(&old);
+                        }
+                    }
+                    let k = Arc::new(k);
+                    self.sessions.entry(session).or_insert(ClientSession {
+                        ch: Channel {
+                            to: peer,
+                            sealer: Arc::new(Sealer::new(k.clone(), Sender::Nic)),
+                        },
+                        key: k,
+                        apps,
+                        window: ReplayWindow::default(),
+                    });
+                }
+                Ok((_, Control::SessionClosed { session })) => {
+                    self.sessions.remove(&session);
+                }
+                Ok(_) => {}
+                Err(_) => self.stats.malformed += 1,
+            },
+            _ => self.stats.malformed += 1,
+        }
+    }
+
+    fn client_message(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
+        // Straight from a client (the eSwitch's path, one-sided operations): the datagram
+        // must come from the session's own address.
+        let Ok(h) = peek_sealed(&msg) else { return };
+        if let Some(s) = self.sessions.get(&h.session) {
+            if s.ch.to != peer {
+                self.stats.unauthenticated += 1;
+                return;
+            }
+        }
+        self.client_message_checked(now, msg, false)
+    }
+
+    fn client_message_checked(&mut self, now: Nanos, msg: Bytes, forwarded: bool) {
+        let Ok(h) = peek_sealed(&msg) else {
+            self.stats.malformed += 1;
+            return;
+        };
+        if h.sender != Sender::Client {
+            self.stats.unauthenticated += 1;
+            return;
+        }
+        let Some(s) = self.sessions.get_mut(&h.session) else {
+            self.stats.unauthenticated += 1;
+            self.ask_about(now, h.session);
+            return;
+        };
+        let inner = match s.key.open(&msg) {
+            Ok((h, inner)) if s.window.accept(h.packet) => inner,
+            _ => {
+                self.stats.unauthenticated += 1;
+                return;
+            }
+        };
+        let (sid, ch, apps) = (h.session, s.ch.clone(), s.apps.clone());
+        match MessageKind::peek(&inner) {
+            Some(MessageKind::Request) => self.request(sid, &ch, &apps, inner),
+            Some(MessageKind::OneSidedOp) if !forwarded => self.one_sided(sid, &ch, &apps, inner),
+            _ => self.stats.malformed += 1,
+        }
+    }
+
+    /// Asks the server about an unknown session (at most every 100 ms per session).
+    fn ask_about(&mut self, now: Nanos, session: u64) {
+        let Some(ch) = self.server_channel() else {
+            return;
+        };
+        if self
+            .asked
+            .get(&session)
+            .is_some_and(|t| now.saturating_sub(*t) < PAIRING_RETRY)
+        {
+            return;
+        }
+        if self.asked.len() >= MAX_SESSIONS {
+            self.asked.clear();
+        }
+        self.asked.insert(session, now);
+        let id = self.id();
+        self.push(ch.transmit(id, &Control::QuerySession { session }.to_bytes(id)));
+    }
+
+    fn request(&mut self, sid: u64, ch: &Channel, apps: &[u32], inner: Bytes) {
+        let mut req = match Request::decode(inner) {
+            Ok(r) => r,
+            Err(e) => {
+                self.stats.malformed += 1;
+                self.push(ch.reply(&malformed(0, 0, Placement::Nic, e.to_string())));
+                return;
+            }
+        };
+        req.origin = sid;
+        if !apps.contains(&req.app) {
+            self.stats.refused += 1;
+            let why = format!("no app {} in this session", req.app);
+            let r = error_reply(&req, Status::UnknownApp, Placement::Nic, why);
+            self.push(ch.reply(&r));
+            return;
+        }
+        if self.draining {
+            self.stats.refused += 1;
+            let why = "the NIC is shutting down".to_string();
+            let r = error_reply(&req, Status::Unavailable, Placement::Nic, why);
+            self.push(ch.reply(&r));
+            return;
+        }
+        match self
+            .backend
+            .dispatch(req, &mut self.sel, Some(Placement::Nic), ch.clone())
+        {
+            Routed::Queued(_) => self.stats.executed += 1,
+            Routed::Remote(req) => {
+                self.stats.refused += 1;
+                let why = "this NIC has no executors".to_string();
+                let r = error_reply(&req, Status::Unavailable, Placement::Nic, why);
+                self.push(ch.reply(&r));
+            }
+            Routed::Refused(r) => {
+                self.stats.refused += 1;
+                self.push(ch.reply(&r));
+            }
+        }
+    }
+
+    fn one_sided(&mut self, sid: u64, ch: &Channel, apps: &[u32], inner: Bytes) {
+        let op = match Operation::decode(inner) {
+            Ok(op) => op,
+            Err(e) => {
+                self.stats.malformed += 1;
+                let c = Completion::error(0, 0, Status::Malformed, e.to_string());
+                self.push(ch.transmit(0, &c.to_bytes()));
+                return;
+            }
+        };
+        let deny = |status, why: String| Completion::error(op.app, op.id, status, why);
+        // The session's grants, not only the rkey: its own apps, with the rights the app
+        // grants to clients.
+        let refusal = if !apps.contains(&op.app) {
+            Some(deny(
+                Status::UnknownApp,
+                format!("no app {} in this session", op.app),
+            ))
+        } else {
+            op.op.targets().into_iter().find_map(|(rkey, need)| {
+                match self.grants.get(&(op.app, rkey)) {
+                    None => Some(deny(
+                        Status::BadKey,
+                        format!("no region with rkey {rkey:#x} in app {}", op.app),
+                    )),
+                    Some(have) if have & need != need => Some(deny(
+                        Status::AccessDenied,
+                        format!(
+                            "clients have rights {have:#x} on this region, the operation needs \
+                             {need:#x} (the app's config grants clients no one-sided writes)"
+                        ),
+                    )),
+                    Some(_) => None,
+                }
+            })
+        };
+        if let Some(c) = refusal {
+            self.stats.refused += 1;
+            self.push(ch.transmit(op.id, &c.to_bytes()));
+            return;
+        }
+        let key = (sid, op.id);
+        if op.op.mutates() {
+            if let Some(answer) = self.dup.get(&key) {
+                self.stats.duplicates += 1;
+                let t = ch.transmit(op.id, &answer.clone());
+                self.push(t);
+                return;
+            }
+        }
+        self.stats.one_sided += 1;
+        let answer = self.backend.one_sided(&op).to_bytes();
+        self.push(ch.transmit(op.id, &answer));
+        if op.op.mutates() {
+            self.dup.insert(key, answer);
+        }
+    }
+}
