@@ -1,4 +1,4 @@
-//! The client and server endpoints joined by an in-memory network in virtual time (the model
+//! The client, server and NIC endpoints joined by an in-memory network in virtual time (the model
 //! is quinn-proto's `Pair`): loss, duplication, reordering and delay are parameters, time
 //! advances to the next event, and no test opens a socket or sleeps. The host behind the
 //! server is a model with the executor's contract: writes applied once per request id (a
@@ -12,10 +12,12 @@ use bytes::Bytes;
 use naam_proto::control::{AppManifest, Control, Manifest};
 use naam_proto::dedup::RecentAnswers;
 use naam_proto::endpoint::{
-    Channel, ClientConfig, ClientEndpoint, ClientEvent, ExchangeError, HostBackend, Routed,
-    ServerConfig, ServerEndpoint, SwitchHandle, Transmit, VerbsAcceptor,
+    Channel, ClientConfig, ClientEndpoint, ClientEvent, ExchangeError, HostBackend, NicBackend,
+    NicConfig, NicEndpoint, NicEvent, Routed, ServerConfig, ServerEndpoint, SwitchHandle, Transmit,
+    VerbsAcceptor,
 };
-use naam_proto::session::{tenant_entries, CookieJar, Credential, NIC_TENANT};
+use naam_proto::onesided::{Completion, Operation};
+use naam_proto::session::{tenant_entries, CookieJar, Credential};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
 use naam_proto::{Nanos, Placement};
@@ -157,6 +159,55 @@ impl HostBackend for ModelHost {
     }
 }
 
+/// The NIC's executors, as naam-nic's: a read runs at once and answers the client directly
+/// (payload `nic`); the regions of any server start can be mapped.
+#[derive(Default)]
+struct ModelNic {
+    outbox: Vec<Transmit>,
+    executed: u64,
+}
+
+impl NicBackend for ModelNic {
+    fn dispatch(
+        &mut self,
+        req: Request,
+        _sel: &mut Selector,
+        _forced: Option<Placement>,
+        reply_to: Channel,
+    ) -> Routed {
+        self.executed += 1;
+        let r = Reply {
+            app: req.app,
+            request_id: req.request_id,
+            status: Status::Ok,
+            code: 0,
+            steps: 1,
+            placement: Placement::Nic,
+            load: LoadFeedback::default(),
+            payload: Bytes::from_static(b"nic"),
+        };
+        self.outbox.push(reply_to.reply(&r));
+        Routed::Queued(Placement::Nic)
+    }
+
+    fn one_sided(&mut self, op: &Operation) -> Completion {
+        Completion::error(
+            op.app,
+            op.id,
+            Status::Unavailable,
+            "no regions in the model",
+        )
+    }
+
+    fn load_report(&mut self) -> RemoteLoad {
+        RemoteLoad::default()
+    }
+
+    fn remap(&mut self, epoch: u64) -> Result<Manifest, String> {
+        Ok(manifest(epoch))
+    }
+}
+
 /// The network: every datagram is lost, duplicated and delayed (with jitter, so reordered)
 /// by a seeded generator.
 struct Net {
@@ -230,8 +281,7 @@ impl Net {
     }
 }
 
-/// A client, a server over the model host, and optionally a paired NIC (a client endpoint of
-/// the NIC's tenant, reporting load as naam-nic does), joined by a [`Net`].
+/// A client, a server over the model host, and optionally a NIC, joined by a [`Net`].
 struct World {
     now: Nanos,
     net: Net,
@@ -239,11 +289,11 @@ struct World {
     pairing: Credential,
     client: ClientEndpoint,
     server: ServerEndpoint<ModelHost>,
-    nic: Option<ClientEndpoint>,
+    nic: Option<NicEndpoint<ModelNic>>,
     /// The client's events, in order.
     events: Vec<ClientEvent>,
-    /// Control messages the NIC received (session announcements).
-    nic_controls: Vec<Control>,
+    /// The NIC's events, in order.
+    nic_events: Vec<NicEvent>,
 }
 
 fn manifest(epoch: u64) -> Manifest {
@@ -298,7 +348,7 @@ impl World {
             client,
             nic: None,
             events: Vec::new(),
-            nic_controls: Vec::new(),
+            nic_events: Vec::new(),
         }
     }
 
@@ -318,10 +368,11 @@ impl World {
             while let Some(t) = nic.poll_transmit() {
                 self.net.send(now, nic_addr(), t);
             }
+            for t in std::mem::take(&mut nic.backend_mut().outbox) {
+                self.net.send(now, nic_addr(), t);
+            }
             while let Some(e) = nic.poll_event() {
-                if let ClientEvent::Control(c) = e {
-                    self.nic_controls.push(c);
-                }
+                self.nic_events.push(e);
             }
         }
         while let Some(e) = self.client.poll_event() {
@@ -421,27 +472,24 @@ impl World {
         self.reply(id)
     }
 
-    /// Pairs a (new) NIC with the server: a session as the NIC tenant, then a load report
-    /// naming its agent address.
-    fn pair_nic(&mut self) {
-        let mut nic = ClientEndpoint::new(
-            ClientConfig::new(server_addr(), NIC_TENANT, self.pairing.clone()),
+    /// Starts a (new) NIC and runs until it is paired, has reported its load, and knows the
+    /// client's session.
+    fn start_nic(&mut self) {
+        let config = NicConfig::new(server_addr(), nic_addr(), self.pairing.clone());
+        self.nic = Some(NicEndpoint::new(
+            config,
+            ModelNic::default(),
+            &manifest(1),
             self.now,
+        ));
+        assert!(
+            self.run_until(1_000 * MS, |w| w.server.backend().nic_up
+                && w.nic
+                    .as_ref()
+                    .is_some_and(|n| n.is_paired() && n.sessions() > 0)),
+            "the NIC did not pair: {:?}",
+            self.nic_events
         );
-        nic.connect(self.now);
-        self.nic = Some(nic);
-        assert!(self.run_until(1_000 * MS, |w| w
-            .nic
-            .as_ref()
-            .is_some_and(|n| n.is_connected())));
-        let report = Control::NicLoad {
-            agent: nic_addr(),
-            load: RemoteLoad::default(),
-        };
-        if let Some(n) = &mut self.nic {
-            n.notify(&report);
-        }
-        self.run_until(10 * MS, |w| w.server.backend().nic_up);
     }
 }
 
@@ -565,20 +613,7 @@ fn a_stale_notice_forged_without_the_credential_is_ignored() {
 fn congestion_shifts_reads_to_the_nic_and_its_crash_and_restart_are_survived() {
     let mut w = World::new(13);
     w.connected();
-    w.pair_nic();
-    let announced = |w: &World| {
-        w.nic_controls
-            .iter()
-            .any(|c| matches!(c, Control::SessionOpen { .. }))
-    };
-    w.run_until(10 * MS, announced);
-    assert!(
-        w.nic_controls
-            .iter()
-            .any(|c| matches!(c, Control::SessionOpen { .. })),
-        "the new NIC learns the client's session: {:?}",
-        w.nic_controls
-    );
+    w.start_nic();
     // The host is congested: the weights say NIC and the switch forwards reads there.
     w.server.backend_mut().congested = true;
     let q = w
@@ -604,15 +639,11 @@ fn congestion_shifts_reads_to_the_nic_and_its_crash_and_restart_are_survived() {
         }
         other => panic!("{other:?}"),
     }
-    let before = w.net.delivered.get(&nic_addr()).copied().unwrap_or(0);
-    let at_nic = |w: &World| w.net.delivered.get(&nic_addr()).copied().unwrap_or(0);
-    w.call(READ);
-    w.run_until(10 * MS, |w| at_nic(w) > before);
+    // A read: client → server → forwarded in the pairing session → NIC → client.
+    let r = w.roundtrip(READ).expect("answered");
+    assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
+    assert_eq!(&r.payload[..], b"nic");
     assert_eq!(w.server.stats().forwarded, 1);
-    assert!(
-        at_nic(&w) > before,
-        "the forwarded read reached the NIC's agent"
-    );
     // Writes stay on the host.
     assert_eq!(counter(&w.roundtrip(INCREMENT).expect("answered")), 1);
 
@@ -625,22 +656,59 @@ fn congestion_shifts_reads_to_the_nic_and_its_crash_and_restart_are_survived() {
         (Status::Unavailable, Placement::Nic)
     );
 
-    // A restarted NIC pairs anew, learns the client's session, and takes reads again.
-    w.nic_controls.clear();
-    w.pair_nic();
-    w.run_until(10 * MS, announced);
-    assert!(w
-        .nic_controls
-        .iter()
-        .any(|c| matches!(c, Control::SessionOpen { .. })));
-    w.call(READ);
-    w.run_until(10 * MS, |w| w.server.stats().forwarded == 2);
-    assert_eq!(w.server.stats().forwarded, 2);
+    // A restarted NIC pairs anew, learns the client's session, and serves reads again.
+    w.start_nic();
+    let r = w.roundtrip(READ).expect("answered");
+    assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
 
     // Congestion clears: reads are the host's again.
     w.server.backend_mut().congested = false;
     let r = w.roundtrip(READ).expect("answered");
     assert_eq!((r.status, r.placement), (Status::Ok, Placement::Host));
+}
+
+#[test]
+fn after_a_server_restart_the_nic_pairs_again_and_maps_the_new_regions() {
+    let mut w = World::new(21);
+    w.connected();
+    w.start_nic();
+    w.server = server(&w.credential, &w.pairing, 2);
+    w.server.backend_mut().congested = true;
+    // The NIC's next report meets a server that does not know it: it pairs again.
+    let remapped = |w: &World| {
+        w.nic_events.contains(&NicEvent::Remapped { epoch: 2 }) && w.server.backend().nic_up
+    };
+    assert!(w.run_until(2_000 * MS, remapped), "{:?}", w.nic_events);
+    assert!(w.nic_events.contains(&NicEvent::Unpaired));
+    // The client renews its session on its next call; the NIC learns it and serves reads.
+    let r = w.roundtrip(READ).expect("answered");
+    assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
+    assert_eq!(w.nic.as_ref().map(|n| n.stats().pairings), Some(2));
+}
+
+#[test]
+fn the_nic_refuses_forged_and_out_of_session_messages_and_keeps_serving() {
+    let mut w = World::new(23);
+    w.connected();
+    w.start_nic();
+    let stranger = addr("10.0.0.9:4000");
+    let nic = w.nic.as_mut().expect("started");
+    let bare = Request::for_call(APP, READ, 5, b"", &[]).expect("small");
+    nic.handle(w.now, stranger, bare.to_bytes().expect("encodes"));
+    // Sealed in the client's session but sent from another address.
+    let sealed = w.client.seal(&bare.to_bytes().expect("encodes"));
+    nic.handle(w.now, stranger, sealed);
+    nic.handle(w.now, stranger, Bytes::from_static(b"\x01\xee"));
+    let stats = nic.stats();
+    assert_eq!(
+        (stats.unauthenticated, stats.malformed),
+        (2, 1),
+        "{stats:?}"
+    );
+    assert_eq!(stats.executed, 0);
+    w.server.backend_mut().congested = true;
+    let r = w.roundtrip(READ).expect("answered");
+    assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
 }
 
 #[test]
