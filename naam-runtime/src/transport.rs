@@ -1,5 +1,5 @@
-//! What application client libraries send messages through: any fabric that carries a request
-//! and returns its reply (the in-process cluster's [`crate::cluster::Client`], the UDP fabric's
+//! The runtime's [`Transport`]s (the trait is naam-proto's): the fabrics that carry a request
+//! and return its reply (the in-process cluster's [`crate::cluster::Client`], the UDP fabric's
 //! [`crate::udp::client::UdpClient`], or [`Direct`] execution), and how they wait before
 //! retrying a message the server answered `Busy` or `Conflict`.
 
@@ -29,17 +29,7 @@ pub fn backoff(attempt: u32) {
     }
 }
 
-/// Sends one active message and returns its reply.
-pub trait Transport {
-    /// Sends `handler` of `app` with `args` and `descs`, placed by the fabric's steering.
-    fn call(
-        &mut self,
-        app: u32,
-        handler: u32,
-        args: &[u8],
-        descs: &[Descriptor],
-    ) -> Result<Reply, ClientError>;
-}
+pub use naam_proto::transport::Transport;
 
 impl Transport for crate::cluster::Client {
     fn call(
@@ -50,6 +40,10 @@ impl Transport for crate::cluster::Client {
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
         crate::cluster::Client::call(self, app, handler, args, descs)
+    }
+
+    fn backoff(&mut self, attempt: u32) {
+        backoff(attempt)
     }
 }
 
@@ -71,6 +65,10 @@ impl Transport for Pinned {
     ) -> Result<Reply, ClientError> {
         self.client
             .call_at(self.placement, app, handler, args, descs)
+    }
+
+    fn backoff(&mut self, attempt: u32) {
+        backoff(attempt)
     }
 }
 
@@ -156,16 +154,8 @@ impl Transport for Direct {
             LoadFeedback::default(),
         ))
     }
-}
 
-impl<T: Transport + ?Sized> Transport for &mut T {
-    fn call(
-        &mut self,
-        app: u32,
-        handler: u32,
-        args: &[u8],
-        descs: &[Descriptor],
-    ) -> Result<Reply, ClientError> {
-        (**self).call(app, handler, args, descs)
+    fn backoff(&mut self, attempt: u32) {
+        backoff(attempt)
     }
 }

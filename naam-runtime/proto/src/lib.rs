@@ -19,7 +19,8 @@
 //! - [`session`]: credentials, the handshake, sealed envelopes, replay windows, sessions;
 //! - [`peek`]: a message's kind and id read without decoding it (matching answers);
 //! - [`placement`]: where a message's steps run;
-//! - [`steering`]: load signals and the policies that turn them into weights.
+//! - [`steering`]: load signals and the policies that turn them into weights;
+//! - [`transport`]: what application client libraries call through ([`transport::Transport`]).
 #![deny(missing_docs)]
 
 pub mod control;
@@ -34,6 +35,7 @@ pub mod peek;
 pub mod placement;
 pub mod session;
 pub mod steering;
+pub mod transport;
 pub mod wire;
 
 pub use engine_kind::EngineKind;

@@ -237,31 +237,4 @@ pub(super) struct Spent {
     pub(super) steps: u64,
 }
 
-/// Why a client call produced no reply.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClientError {
-    /// The placement's queue is full: back-pressure, try again later.
-    #[error("the {0} queue is full (back-pressure); retry later")]
-    Busy(Placement),
-    /// No reply within the timeout.
-    #[error("no reply within {0:?}")]
-    Timeout(Duration),
-    /// The cluster is shutting down.
-    #[error("the cluster is shut down")]
-    Shutdown,
-    /// The request does not fit the wire format.
-    #[error(transparent)]
-    Wire(#[from] WireError),
-    /// The server has answered nothing for longer than the client's liveness bound.
-    #[error("the server has not answered for {silent:?} (over the liveness bound of {bound:?}): it is down or unreachable")]
-    ServerGone {
-        /// How long it has been silent.
-        silent: Duration,
-        /// The bound.
-        bound: Duration,
-    },
-    /// The session could not be set up again (after the server restarted or forgot it).
-    #[error("setting up a session again: {0}")]
-    Session(String),
-}
+pub use naam_proto::transport::ClientError;

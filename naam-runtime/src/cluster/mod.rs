@@ -62,7 +62,7 @@ use crate::steering::{
     SteeringInputs, Weights,
 };
 use crate::verifier::VerifierConfig;
-use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status, WireError};
+use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status};
 #[cfg(feature = "async")]
 pub use async_client::AsyncClient;
 use naam_proto::dedup::RecentAnswers;

@@ -680,4 +680,8 @@ impl Transport for UdpClient {
         }
         Ok(reply)
     }
+
+    fn backoff(&mut self, attempt: u32) {
+        crate::transport::backoff(attempt)
+    }
 }
