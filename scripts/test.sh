@@ -18,6 +18,17 @@ cargo test -p naam-runtime --features verbs --test verbs --locked
 # on): lint it and run the tests that flood through it.
 cargo clippy -p naam-runtime --features async --all-targets --locked -- -D warnings
 cargo test -p naam-runtime --features async --test cluster --locked
+# MICA's and the B-tree's client libraries, without their `host` feature, link naam-proto and
+# not the runtime: lint them so, and fail if naam-runtime creeps back into their tree.
+cargo clippy -p naam-mica -p naam-btree --no-default-features --all-targets --locked -- -D warnings
+cargo test -p naam-mica -p naam-btree --no-default-features --locked
+for app in naam-mica naam-btree; do
+    tree=$(cargo tree -p "$app" --no-default-features -e normal,build --locked --prefix none)
+    if grep -q '^naam-runtime ' <<<"$tree"; then
+        echo "error: $app's client library (--no-default-features) depends on naam-runtime" >&2
+        exit 1
+    fi
+done
 # The namespace testbed test runs naam-server and naam-nic as processes: build them first.
 cargo build --workspace --bins --locked
 # bench/tests/standalone.rs copies the release binaries into an empty directory and runs them

@@ -11,16 +11,24 @@
 //! small and every reader sees either the old or the new node by its versions.
 #![deny(missing_docs)]
 
+#[cfg(feature = "host")]
 use std::sync::Arc;
 
 use naam_btree_layout as l;
 use naam_ebpf::abi::{error_code::APP_BASE, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
-use naam_runtime::cluster::{AppSpec, ClientError, Cluster, RegionSpec};
+use naam_proto::handler_id;
+use naam_proto::transport::{ClientError, Transport};
+use naam_proto::wire::Status;
+#[cfg(feature = "host")]
+use naam_proto::Placement;
+#[cfg(feature = "host")]
+use naam_runtime::cluster::{AppSpec, Cluster, RegionSpec};
+#[cfg(feature = "host")]
 use naam_runtime::region::ALL_RIGHTS;
-use naam_runtime::registry::{handler_id, HandlerSpec};
-use naam_runtime::transport::{backoff, Transport};
-use naam_runtime::wire::Status;
-use naam_runtime::{LoadError, LoadedObject, Placement};
+#[cfg(feature = "host")]
+use naam_runtime::registry::HandlerSpec;
+#[cfg(feature = "host")]
+use naam_runtime::{LoadError, LoadedObject};
 
 pub use naam_btree_layout as layout;
 
@@ -74,6 +82,7 @@ pub enum BTreeError {
     #[error(transparent)]
     Client(#[from] ClientError),
     /// Loading the handlers failed.
+    #[cfg(feature = "host")]
     #[error(transparent)]
     Load(#[from] LoadError),
     /// Concurrent writers or splits won every attempt.
@@ -175,15 +184,18 @@ pub fn write_empty_root(node: &mut [u8]) {
 
 /// The B-tree's handler object (eBPF), built from `handlers/` with this crate (build.rs) and
 /// carried by every binary that links it: running it needs no toolchain.
+#[cfg(feature = "host")]
 pub const HANDLERS_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/btree.o"));
 
 /// Loads the embedded [`HANDLERS_OBJECT`]: its ELF, relocations and programs are checked here,
 /// and each handler is verified when a cluster installs it ([`app_spec`]).
+#[cfg(feature = "host")]
 pub fn handlers() -> Result<LoadedObject, BTreeError> {
     Ok(naam_runtime::load(HANDLERS_OBJECT)?)
 }
 
 /// The app a cluster installs for a tree.
+#[cfg(feature = "host")]
 pub fn app_spec(
     app: u32,
     config: &BTreeConfig,
@@ -246,6 +258,7 @@ impl BTreeHandle {
     }
 
     /// The handle of tree `app` in an in-process cluster.
+    #[cfg(feature = "host")]
     pub fn from_cluster(cluster: &Cluster, app: u32, config: BTreeConfig) -> Option<Self> {
         Self::with_keys(app, config, |n| cluster.region_key(app, n))
     }
@@ -338,7 +351,7 @@ impl<T: Transport> BTreeClient<T> {
         op: &'static str,
         id: u32,
         args: &[u8],
-    ) -> Result<naam_runtime::wire::Reply, BTreeError> {
+    ) -> Result<naam_proto::wire::Reply, BTreeError> {
         for attempt in 1..=MAX_ATTEMPTS {
             let r = match self
                 .transport
@@ -346,7 +359,7 @@ impl<T: Transport> BTreeClient<T> {
             {
                 Ok(r) => r,
                 Err(ClientError::Busy(_)) => {
-                    backoff(attempt);
+                    self.transport.backoff(attempt);
                     continue;
                 }
                 Err(e) => return Err(e.into()),
@@ -356,7 +369,7 @@ impl<T: Transport> BTreeClient<T> {
                 Status::HandlerError if code_is(r.code, l::error::STALE_ROOT) => {
                     self.refresh_root()?;
                 }
-                Status::Busy => backoff(attempt),
+                Status::Busy => self.transport.backoff(attempt),
                 _ => return Err(server_error(op, &r)),
             }
         }
@@ -440,7 +453,7 @@ impl<T: Transport> BTreeClient<T> {
             let r = match self.transport.call(h.app, self.ids[2], &args, &[meta]) {
                 Ok(r) => r,
                 Err(ClientError::Busy(_)) => {
-                    backoff(attempt);
+                    self.transport.backoff(attempt);
                     continue;
                 }
                 Err(e) => return Err(e.into()),
@@ -455,8 +468,10 @@ impl<T: Transport> BTreeClient<T> {
                 (Status::HandlerError, _) if code_is(r.code, l::error::FULL) => {
                     return Err(BTreeError::Full(h.config.max_nodes))
                 }
-                (Status::HandlerError, _) if code_is(r.code, l::error::RESTART) => backoff(attempt),
-                (Status::Conflict | Status::Busy, _) => backoff(attempt),
+                (Status::HandlerError, _) if code_is(r.code, l::error::RESTART) => {
+                    self.transport.backoff(attempt)
+                }
+                (Status::Conflict | Status::Busy, _) => self.transport.backoff(attempt),
                 _ => return Err(server_error(op, &r)),
             }
         }
@@ -476,7 +491,7 @@ impl<T: Transport> BTreeClient<T> {
     }
 }
 
-fn server_error(op: &'static str, r: &naam_runtime::wire::Reply) -> BTreeError {
+fn server_error(op: &'static str, r: &naam_proto::wire::Reply) -> BTreeError {
     BTreeError::Server {
         op,
         status: r.status,

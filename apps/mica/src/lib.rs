@@ -12,15 +12,23 @@
 //! `n - log_items`: MICA's lossy log.
 #![deny(missing_docs)]
 
+#[cfg(feature = "host")]
 use std::sync::Arc;
 
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
-use naam_runtime::cluster::{AppSpec, ClientError, Cluster, RegionSpec};
+use naam_proto::handler_id;
+use naam_proto::transport::{ClientError, Transport};
+use naam_proto::wire::Status;
+#[cfg(feature = "host")]
+use naam_proto::Placement;
+#[cfg(feature = "host")]
+use naam_runtime::cluster::{AppSpec, Cluster, RegionSpec};
+#[cfg(feature = "host")]
 use naam_runtime::region::{ALL_RIGHTS, READ_WRITE};
-use naam_runtime::registry::{handler_id, HandlerSpec};
-use naam_runtime::transport::{backoff, Transport};
-use naam_runtime::wire::Status;
-use naam_runtime::{LoadError, LoadedObject, Placement};
+#[cfg(feature = "host")]
+use naam_runtime::registry::HandlerSpec;
+#[cfg(feature = "host")]
+use naam_runtime::{LoadError, LoadedObject};
 
 pub use naam_mica_layout as layout;
 use naam_mica_layout as l;
@@ -75,6 +83,7 @@ pub enum MicaError {
     #[error(transparent)]
     Client(#[from] ClientError),
     /// Loading the handlers failed.
+    #[cfg(feature = "host")]
     #[error(transparent)]
     Load(#[from] LoadError),
     /// A conflicting writer won every retry.
@@ -212,10 +221,12 @@ pub mod regions {
 
 /// The MICA's handler object (eBPF), built from `handlers/` with this crate (build.rs) and
 /// carried by every binary that links it: running it needs no toolchain.
+#[cfg(feature = "host")]
 pub const HANDLERS_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mica.o"));
 
 /// Loads the embedded [`HANDLERS_OBJECT`]: its ELF, relocations and programs are checked here,
 /// and each handler is verified when a cluster installs it ([`app_spec`]).
+#[cfg(feature = "host")]
 pub fn handlers() -> Result<LoadedObject, MicaError> {
     Ok(naam_runtime::load(HANDLERS_OBJECT)?)
 }
@@ -223,6 +234,7 @@ pub fn handlers() -> Result<LoadedObject, MicaError> {
 /// The app a cluster installs for a MICA table: its regions and handlers (GET read-only, the
 /// others writes at `owner`), on the JIT with the default budget ([`AppSpec::with_engine`] and
 /// [`AppSpec::with_budget`] change them).
+#[cfg(feature = "host")]
 pub fn app_spec(
     app: u32,
     config: &MicaConfig,
@@ -279,6 +291,7 @@ pub struct MicaHandle {
 
 impl MicaHandle {
     /// The handle of table `app` in an in-process cluster.
+    #[cfg(feature = "host")]
     pub fn from_cluster(cluster: &Cluster, app: u32, config: MicaConfig) -> Option<MicaHandle> {
         Self::with_keys(app, config, |name| cluster.region_key(app, name))
     }
@@ -377,7 +390,7 @@ impl<T: Transport> MicaClient<T> {
         key: &[u8],
         value: &[u8],
         write: bool,
-    ) -> Result<naam_runtime::wire::Reply, MicaError> {
+    ) -> Result<naam_proto::wire::Reply, MicaError> {
         let extra = if id == self.ids[4] {
             l::RMW_OFFSET_SIZE
         } else {
@@ -413,7 +426,7 @@ impl<T: Transport> MicaClient<T> {
             let reply = match self.transport.call(h.app, id, &self.args, descs) {
                 Ok(r) => r,
                 Err(ClientError::Busy(_)) => {
-                    backoff(attempt);
+                    self.transport.backoff(attempt);
                     continue;
                 }
                 Err(e) => return Err(e.into()),
@@ -422,7 +435,7 @@ impl<T: Transport> MicaClient<T> {
                 Status::Ok => return Ok(reply),
                 // Another writer won a compare-and-swap, the bucket was locked, a queue was
                 // full or an owner handoff was draining: nothing was applied, try again.
-                Status::Conflict | Status::Busy => backoff(attempt),
+                Status::Conflict | Status::Busy => self.transport.backoff(attempt),
                 status => {
                     return Err(MicaError::Server {
                         op,
@@ -505,5 +518,94 @@ impl<T: Transport> MicaClient<T> {
         let new = f(&old);
         self.put(key, &new)?;
         Ok(Some(new))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The client library over a scripted [`Transport`]: no runtime, no server.
+    use super::*;
+    use naam_proto::wire::{LoadFeedback, Reply};
+    use naam_proto::Placement;
+
+    /// Answers each call with the next scripted status (payload `HIT, b"v"`), counting
+    /// backoffs.
+    struct Scripted {
+        replies: Vec<Result<Status, ClientError>>,
+        calls: Vec<(u32, usize)>,
+        backoffs: Vec<u32>,
+    }
+
+    impl Transport for Scripted {
+        fn call(
+            &mut self,
+            app: u32,
+            handler: u32,
+            _args: &[u8],
+            descs: &[Descriptor],
+        ) -> Result<Reply, ClientError> {
+            self.calls.push((handler, descs.len()));
+            let status = self.replies.remove(0)?;
+            Ok(Reply {
+                app,
+                request_id: 0,
+                status,
+                code: 0,
+                steps: 2,
+                placement: Placement::Host,
+                load: LoadFeedback::default(),
+                payload: bytes::Bytes::from_static(&[l::reply::HIT, b'v']),
+            })
+        }
+
+        fn backoff(&mut self, attempt: u32) {
+            self.backoffs.push(attempt);
+        }
+    }
+
+    fn client(replies: Vec<Result<Status, ClientError>>) -> MicaClient<Scripted> {
+        let handle = MicaHandle::with_keys(1, MicaConfig::preset_8_8(1024), |_| Some(7))
+            .expect("every region named");
+        let t = Scripted {
+            replies,
+            calls: Vec::new(),
+            backoffs: Vec::new(),
+        };
+        MicaClient::new(t, handle)
+    }
+
+    #[test]
+    fn busy_and_conflict_are_retried_through_the_transports_backoff() {
+        let mut c = client(vec![
+            Err(ClientError::Busy(Placement::Host)),
+            Ok(Status::Conflict),
+            Ok(Status::Ok),
+        ]);
+        assert_eq!(c.get(b"key").expect("answered"), Some(b"v".to_vec()));
+        let t = c.transport();
+        assert_eq!(t.backoffs, vec![1, 2]);
+        // GET names the bucket alone, read-only, to the GET handler.
+        assert!(t
+            .calls
+            .iter()
+            .all(|&(h, n)| h == handler_id(handlers::GET) && n == 1));
+    }
+
+    #[test]
+    fn a_server_error_and_a_dead_fabric_are_errors_not_retries() {
+        let mut c = client(vec![Ok(Status::AccessDenied)]);
+        assert!(matches!(
+            c.get(b"key"),
+            Err(MicaError::Server {
+                status: Status::AccessDenied,
+                ..
+            })
+        ));
+        let mut c = client(vec![Err(ClientError::Shutdown)]);
+        assert!(matches!(
+            c.put(b"key", b"value"),
+            Err(MicaError::Client(ClientError::Shutdown))
+        ));
+        assert!(c.transport().backoffs.is_empty());
     }
 }
