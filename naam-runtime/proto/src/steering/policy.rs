@@ -1,0 +1,307 @@
+//! Policies: how load signals become weights. [`StaticPolicy`] pins (baselines);
+//! [`CostPolicy`] minimises expected completion time with hysteresis and probes.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::{HandlerKey, HandlerLoad, SteeringInputs, Weights};
+use crate::placement::Placement;
+use crate::Nanos;
+
+/// A steering policy.
+pub trait Policy: Send {
+    /// Name, for reports.
+    fn name(&self) -> String;
+    /// Weights for `key` at time `now`.
+    fn decide(
+        &mut self,
+        key: HandlerKey,
+        handler: &HandlerLoad,
+        inputs: &SteeringInputs,
+        now: Nanos,
+    ) -> Weights;
+    /// Where `app`'s writes should be applied, given the loads of all its handlers; the caller
+    /// moves the owner (with a draining handoff) when this differs from `current`. Default: stay.
+    fn owner(
+        &mut self,
+        app: u32,
+        current: Placement,
+        handlers: &[HandlerLoad],
+        inputs: &SteeringInputs,
+        now: Nanos,
+    ) -> Placement {
+        let _ = (app, handlers, inputs, now);
+        current
+    }
+}
+
+/// Always one placement: the baselines. Write handlers still go to their owner. A static policy
+/// ignores load and availability by design; that is what it is a baseline for.
+#[derive(Clone, Copy, Debug)]
+pub struct StaticPolicy(pub Placement);
+
+impl Policy for StaticPolicy {
+    fn name(&self) -> String {
+        format!("always-{}", self.0)
+    }
+
+    fn decide(
+        &mut self,
+        _: HandlerKey,
+        handler: &HandlerLoad,
+        _: &SteeringInputs,
+        _: Nanos,
+    ) -> Weights {
+        match (handler.read_only, handler.owner) {
+            (false, Some(owner)) => Weights::all(owner),
+            _ => Weights::all(self.0),
+        }
+    }
+}
+
+/// Settings of the cost policy.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CostPolicyConfig {
+    /// A challenger must be cheaper than the incumbent by this fraction.
+    pub margin: f64,
+    /// ...for this many consecutive decisions.
+    pub confirm: u32,
+    /// Share kept on every other usable placement, so its signals stay fresh.
+    pub probe: f64,
+    /// Service-time guess for a placement never measured, relative to the cheapest measured one.
+    pub unknown_factor: f64,
+    /// Probes per second each other placement should get, shared by every handler: the probe
+    /// share is this divided by the total message rate, between `min_probe` and `probe`. Fresh
+    /// estimates need a few hundred probes a second, not a fixed share of every handler's
+    /// traffic (with a thousand apps, per-handler shares would make probes the tail).
+    pub probes_per_second: f64,
+    /// Smallest probe share.
+    pub min_probe: f64,
+}
+
+impl Default for CostPolicyConfig {
+    fn default() -> Self {
+        CostPolicyConfig {
+            margin: 0.2,
+            confirm: 2,
+            probe: 0.02,
+            unknown_factor: 1.5,
+            probes_per_second: 200.0,
+            min_probe: 0.0005,
+        }
+    }
+}
+
+/// Owner moves are costly (a drain): they need a larger margin, a longer streak, and an
+/// absolute gain: microsecond differences between two uncongested placements are noise.
+const OWNER_MARGIN: f64 = 1.0;
+pub(super) const OWNER_CONFIRM: u32 = 5;
+const OWNER_MIN_GAIN_NS: f64 = 50_000.0;
+
+#[derive(Clone, Copy, Debug)]
+struct Incumbent {
+    placement: Placement,
+    challenger: Option<Placement>,
+    streak: u32,
+}
+
+/// Minimises expected completion time, with hysteresis and probes.
+#[derive(Debug, Default)]
+pub struct CostPolicy {
+    config: CostPolicyConfig,
+    state: HashMap<HandlerKey, Incumbent>,
+    owners: HashMap<u32, (Placement, u32)>,
+}
+
+impl CostPolicy {
+    /// A cost policy with `config`.
+    pub fn new(config: CostPolicyConfig) -> Self {
+        CostPolicy {
+            config,
+            owners: HashMap::new(),
+            state: HashMap::new(),
+        }
+    }
+
+    /// Service time of `h` at `p` where it was never measured. Placements differ mostly by a
+    /// speed factor (Arm cores and DMA against host cores and loads), so the handler's cheapest
+    /// measurement is scaled by the ratio of the placements' averages over every handler; with
+    /// a thousand apps, each app would otherwise rediscover that the NIC is slower by being
+    /// sent there. The guess is never below the measurement (probes find faster placements),
+    /// and without both averages it is [`CostPolicyConfig::unknown_factor`] times it.
+    fn unmeasured_service(&self, h: &HandlerLoad, inputs: &SteeringInputs, p: Placement) -> f64 {
+        let cheapest = Placement::ALL
+            .into_iter()
+            .filter_map(|q| h.service_ns[q.index()].map(|t| (q, t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        let Some((q, t)) = cheapest else {
+            return 1_000.0;
+        };
+        let mean = |x: Placement| inputs.placements[x.index()].mean_service_ns;
+        match (mean(p), mean(q)) {
+            (Some(there), Some(here)) if here > 0.0 => t * (there / here).max(1.0),
+            _ => t * self.config.unknown_factor,
+        }
+    }
+
+    /// Expected completion time of one message at each placement (`None`: not usable).
+    pub fn completion_times(&self, h: &HandlerLoad, inputs: &SteeringInputs) -> [Option<f64>; 3] {
+        let mut out = [None; 3];
+        for p in Placement::ALL {
+            let load = &inputs.placements[p.index()];
+            let usable = load.available && (h.read_only || p != Placement::Client);
+            if !usable {
+                continue;
+            }
+            let service =
+                h.service_ns[p.index()].unwrap_or_else(|| self.unmeasured_service(h, inputs, p));
+            let extra = if p == Placement::Client {
+                h.steps.max(1.0) * inputs.client_rtt_ns
+            } else {
+                load.queue_delay_ns
+            };
+            out[p.index()] = Some(service + extra);
+        }
+        out
+    }
+}
+
+impl Policy for CostPolicy {
+    fn name(&self) -> String {
+        "auto".into()
+    }
+
+    fn owner(
+        &mut self,
+        app: u32,
+        current: Placement,
+        handlers: &[HandlerLoad],
+        inputs: &SteeringInputs,
+        _now: Nanos,
+    ) -> Placement {
+        let other = if current == Placement::Host {
+            Placement::Nic
+        } else {
+            Placement::Host
+        };
+        let has_writes = handlers.iter().any(|h| !h.read_only);
+        if !has_writes || !inputs.placements[other.index()].available {
+            self.owners.remove(&app);
+            return current;
+        }
+        // Congestion signal per placement: the app's read handlers are probed everywhere, so
+        // their completion times are measured at both server placements; writes run only at the
+        // owner and would leave the other side a guess. Apps without reads fall back to writes.
+        // Handlers never measured anywhere carry no signal (they would be priced alike at both
+        // placements and only dilute the average, hiding a real gain): leave them out.
+        let measured: Vec<&HandlerLoad> = handlers
+            .iter()
+            .filter(|h| h.service_ns.iter().any(Option::is_some))
+            .collect();
+        let reads: Vec<&HandlerLoad> = measured.iter().copied().filter(|h| h.read_only).collect();
+        let basis: Vec<&HandlerLoad> = if reads.is_empty() { measured } else { reads };
+        if basis.is_empty() {
+            self.owners.remove(&app);
+            return current;
+        }
+        let cost = |p: Placement| -> f64 {
+            let sum: f64 = basis
+                .iter()
+                .map(|h| {
+                    let as_read = HandlerLoad {
+                        read_only: true,
+                        ..(*h).clone()
+                    };
+                    self.completion_times(&as_read, inputs)[p.index()].unwrap_or(f64::INFINITY)
+                })
+                .sum();
+            sum / basis.len() as f64
+        };
+        let (here, there) = (cost(current), cost(other));
+        let streak = self.owners.entry(app).or_insert((other, 0));
+        if there * (1.0 + OWNER_MARGIN) < here && here - there > OWNER_MIN_GAIN_NS {
+            *streak = (other, streak.1 + 1);
+            if streak.1 >= OWNER_CONFIRM {
+                self.owners.remove(&app);
+                return other;
+            }
+        } else {
+            *streak = (other, 0);
+        }
+        current
+    }
+
+    fn decide(
+        &mut self,
+        key: HandlerKey,
+        h: &HandlerLoad,
+        inputs: &SteeringInputs,
+        _now: Nanos,
+    ) -> Weights {
+        if !h.read_only {
+            // Writes go to the owner, whatever the load.
+            return Weights::all(h.owner.unwrap_or(Placement::Host));
+        }
+        let ect = self.completion_times(h, inputs);
+        let best = Placement::ALL
+            .into_iter()
+            .filter_map(|p| ect[p.index()].map(|t| (p, t)))
+            .min_by(|a, b| a.1.total_cmp(&b.1).then(b.0.index().cmp(&a.0.index())));
+        let Some((best, best_t)) = best else {
+            return Weights::all(Placement::Host);
+        };
+        let cfg = self.config;
+        let inc = self.state.entry(key).or_insert(Incumbent {
+            placement: best,
+            challenger: None,
+            streak: 0,
+        });
+        match ect[inc.placement.index()] {
+            // The incumbent became unusable: move at once.
+            None => {
+                *inc = Incumbent {
+                    placement: best,
+                    challenger: None,
+                    streak: 0,
+                }
+            }
+            Some(inc_t) if best != inc.placement && best_t * (1.0 + cfg.margin) < inc_t => {
+                if inc.challenger == Some(best) {
+                    inc.streak += 1;
+                } else {
+                    inc.challenger = Some(best);
+                    inc.streak = 1;
+                }
+                if inc.streak >= cfg.confirm {
+                    *inc = Incumbent {
+                        placement: best,
+                        challenger: None,
+                        streak: 0,
+                    };
+                }
+            }
+            Some(_) => {
+                inc.challenger = None;
+                inc.streak = 0;
+            }
+        }
+        let mut w = [0.0; 3];
+        let others: Vec<Placement> = Placement::ALL
+            .into_iter()
+            .filter(|&p| p != inc.placement && ect[p.index()].is_some())
+            .collect();
+        let probe = if inputs.total_rate > 0.0 {
+            (cfg.probes_per_second / inputs.total_rate).clamp(cfg.min_probe, cfg.probe)
+        } else {
+            cfg.probe
+        };
+        let mut probes = 0.0;
+        for &p in &others {
+            w[p.index()] = probe;
+            probes += probe;
+        }
+        w[inc.placement.index()] = 1.0 - probes;
+        Weights(w)
+    }
+}
