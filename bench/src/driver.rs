@@ -138,7 +138,7 @@ pub struct RunOptions {
 /// Latency summary of one operation type.
 #[derive(Clone, Debug, Serialize)]
 pub struct OpSummary {
-    /// Operation.
+    /// The operation type these figures are for (one summary per type that ran).
     pub op: Op,
     /// Percentiles, nanoseconds.
     pub latency: Percentiles,

@@ -288,7 +288,7 @@ impl Op {
         }
     }
 
-    /// Name.
+    /// Lowercase name (`read` .. `rmw`), as serialised and in report keys (`read_proportion`).
     pub fn name(self) -> &'static str {
         match self {
             Op::Read => "read",

@@ -70,7 +70,8 @@ pub struct WriteRequest {
 /// The writes of one step, applied in order by the write owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WriteBatch {
-    /// App.
+    /// The app of the handler that produced the writes: every target rkey must name one of
+    /// this app's regions.
     pub app: u32,
     /// Request id (for deduplication).
     pub request_id: u64,
@@ -190,7 +191,7 @@ pub enum FetchError {
     Refused {
         /// The agent's status.
         status: Status,
-        /// Its message.
+        /// The agent's error text, or why its answer was unusable (malformed, wrong length).
         message: String,
     },
 }

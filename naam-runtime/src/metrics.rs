@@ -31,7 +31,7 @@ fn handler_histogram() -> Histogram<u32> {
 pub struct WeightSample {
     /// When (cluster clock).
     pub at_ns: Nanos,
-    /// App.
+    /// The app of the handler the weights are for (the first half of its `HandlerKey`).
     pub app: u32,
     /// Handler id.
     pub handler: u32,

@@ -23,15 +23,15 @@ pub enum HandlerKind {
 /// A registered handler.
 #[derive(Debug)]
 pub struct HandlerEntry {
-    /// Name.
+    /// Name in the object (section `naam/<name>`); unique within its app.
     pub name: String,
-    /// Stable id.
+    /// [`handler_id`] of the name (FNV-1a): the id messages carry.
     pub id: u32,
     /// App id.
     pub app: u32,
     /// Read or write.
     pub kind: HandlerKind,
-    /// The executable.
+    /// The verified handler, built for its engine with its instruction budget.
     pub exe: Executable,
 }
 
@@ -40,7 +40,8 @@ pub struct HandlerEntry {
 pub struct AppEntry {
     /// App id.
     pub id: u32,
-    /// Name.
+    /// Name from its spec (`mica`, `btree`, an object app's configured name); not unique:
+    /// instances of one app share it.
     pub name: String,
     /// Handlers by id.
     pub handlers: IntMap<u32, Arc<HandlerEntry>>,
@@ -230,9 +231,9 @@ pub enum LookupError {
     /// No such handler.
     #[error("app {app} has no handler {handler:#010x}")]
     UnknownHandler {
-        /// App.
+        /// The app the message named; it exists, the handler does not.
         app: u32,
-        /// Handler id.
+        /// The handler id the message carried ([`handler_id`] of a name).
         handler: u32,
     },
 }

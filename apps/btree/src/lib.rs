@@ -69,13 +69,15 @@ pub enum BTreeError {
     /// The server answered with an error.
     #[error("{op}: server replied {status:?} (code {code}, {}): {message}", error_name(*.code))]
     Server {
-        /// Operation.
+        /// The client call that failed: `get`, `scan`, `insert`, `update` or `root`.
         op: &'static str,
-        /// Status.
+        /// The reply's status; `Ok` when the reply itself was unusable (a short `root` reply, an
+        /// unknown write outcome).
         status: Status,
-        /// Code.
+        /// The reply's code: for `HandlerError` the handler's error code ([`error_name`] names it),
+        /// else a detail code.
         code: u32,
-        /// Message.
+        /// The reply's payload as text (lossy UTF-8): the server's or the handler's error message.
         message: String,
     },
     /// The fabric failed.
@@ -234,7 +236,8 @@ pub fn app_spec(
 pub struct BTreeHandle {
     /// App id.
     pub app: u32,
-    /// Geometry.
+    /// The tree's geometry, which must equal the server's: the client addresses nodes by
+    /// `node_size` (over UDP it comes from the manifest's `params`).
     pub config: BTreeConfig,
     /// rkey of the meta region.
     pub rkey_meta: u64,

@@ -55,13 +55,14 @@ pub enum MicaError {
     /// A key or value over the table's capacity, or an empty key.
     #[error("key of {key} bytes or value of {value} bytes does not fit (capacities {key_cap} and {value_cap}; keys must not be empty)")]
     TooLarge {
-        /// Key length.
+        /// Length of the key given, bytes (an empty key is refused too).
         key: usize,
-        /// Value length.
+        /// Length of the value given, bytes (for `rmw_field`, its 4-byte field offset included).
         value: usize,
-        /// Key capacity.
+        /// The table's largest key, bytes ([`MicaConfig::key_cap`]).
         key_cap: usize,
-        /// Value capacity.
+        /// The table's largest value, bytes ([`MicaConfig::value_cap`]); `rmw_field` may exceed it
+        /// by its field offset.
         value_cap: usize,
     },
     /// The configuration is not usable.
@@ -70,13 +71,14 @@ pub enum MicaError {
     /// The server answered with an error.
     #[error("{op}: server replied {status:?} (code {code}, {}): {message}", error_name(*.code))]
     Server {
-        /// Operation.
+        /// The client call that failed: `get`, `put`, `update`, `delete` or `rmw`.
         op: &'static str,
-        /// Status.
+        /// The reply's status: never `Ok`, nor `Conflict` or `Busy`, which the client retries.
         status: Status,
-        /// Code.
+        /// The reply's code: for `HandlerError` the handler's error code ([`error_name`] names it),
+        /// else a detail code.
         code: u32,
-        /// Message.
+        /// The reply's payload as text (lossy UTF-8): the server's or the handler's error message.
         message: String,
     },
     /// The fabric failed.
@@ -279,7 +281,8 @@ pub fn app_spec(
 pub struct MicaHandle {
     /// App id.
     pub app: u32,
-    /// Geometry.
+    /// The table's geometry, which must equal the server's: the client computes bucket offsets
+    /// and item sizes from it (over UDP it comes from the manifest's `params`).
     pub config: MicaConfig,
     /// rkey of the meta region.
     pub rkey_meta: u64,

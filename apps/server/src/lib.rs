@@ -67,7 +67,7 @@ pub struct Config {
     /// absent: no operator session. Relative to the config file.
     #[serde(default)]
     pub operator_credential: Option<PathBuf>,
-    /// The apps.
+    /// The `[[app]]` entries: at least one, and no app id twice (instance ranges included).
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
 }
@@ -91,7 +91,7 @@ fn executor_poll_us() -> u64 {
     naam_runtime::udp::deploy::SERVER_EXECUTOR_POLL.as_micros() as u64
 }
 
-/// One app.
+/// One `[[app]]` entry; `kind` picks the variant, and `instances` may make it several apps.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
 pub enum AppConfig {
@@ -101,10 +101,10 @@ pub enum AppConfig {
         id: u32,
         /// Live items it is sized for.
         items: u64,
-        /// Largest key.
+        /// Largest key, bytes (default 24: YCSB's `user` and up to 20 digits).
         #[serde(default = "key_cap")]
         key_cap: usize,
-        /// Largest value.
+        /// Largest value, bytes (default 1000: YCSB's 10 fields of 100 bytes).
         #[serde(default = "value_cap")]
         value_cap: usize,
         /// Independent tables with ids `id..id + instances` (offload-scale experiments).
@@ -162,13 +162,14 @@ pub enum AppConfig {
     Object {
         /// App id.
         id: u32,
-        /// Name.
+        /// Name the manifest shows, and the tenant name clients authenticate as unless `tenant`
+        /// is set.
         name: String,
         /// The eBPF ELF.
         object: PathBuf,
-        /// Handlers.
+        /// Which of the object's handlers to install (each is verified); the others stay unused.
         handlers: Vec<ObjectHandler>,
-        /// Regions.
+        /// Regions to create for the app (default none); each needs a `size`, a `file` or both.
         #[serde(default)]
         regions: Vec<ObjectRegion>,
         /// File holding the tenant's credential (`naam-server keygen --out FILE`); relative
@@ -234,7 +235,8 @@ pub struct ObjectHandler {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ObjectRegion {
-    /// Name.
+    /// Name clients look its rkey up by in the manifest; it also names the region's file in
+    /// the shared-memory directory.
     pub name: String,
     /// Size in bytes (default: the file's length).
     #[serde(default)]

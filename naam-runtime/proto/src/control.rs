@@ -43,9 +43,11 @@ pub struct HandlerManifest {
 /// A region as the manifest lists it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegionManifest {
-    /// Name.
+    /// Name from the app's spec (`mica-log`, an object app's configured name): what
+    /// [`AppManifest::region_key`] and the NIC look the region up by.
     pub name: String,
-    /// Its rkey.
+    /// The key descriptors and one-sided operations name it by (never 0); naam-server derives it
+    /// from the tenant's credential, so it survives restarts.
     pub rkey: u64,
     /// `ACCESS_*` rights handlers have on it.
     pub access: u32,
@@ -62,9 +64,10 @@ pub struct RegionManifest {
 /// An installed app.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AppManifest {
-    /// Id.
+    /// App id requests carry; unique among the server's apps.
     pub id: u32,
-    /// Name.
+    /// Name from its spec (`mica`, `btree`, an object app's configured name); instances share
+    /// it, so look apps up by id.
     pub name: String,
     /// Application kind (`mica`, `btree`, or `object` for a plain eBPF object).
     pub kind: String,
@@ -74,9 +77,11 @@ pub struct AppManifest {
     pub object: String,
     /// [`object_hash`] of the object's bytes, so a client can check it runs the same handlers.
     pub object_hash: u64,
-    /// Handlers.
+    /// Every handler the server registered for it; clients take handler ids and read/write
+    /// kinds from here.
     pub handlers: Vec<HandlerManifest>,
-    /// Regions.
+    /// Its regions; in a session's copy ([`Manifest::scoped`]) `access` holds the client's
+    /// rights and `path` is `None`.
     pub regions: Vec<RegionManifest>,
 }
 
@@ -90,7 +95,8 @@ impl AppManifest {
 /// What a server serves.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// Apps.
+    /// The served apps in config order; a session is shown only its own ([`Manifest::scoped`]),
+    /// a page at a time ([`Manifest::pages`]).
     pub apps: Vec<AppManifest>,
     /// The mode label (`udp`: NIC cores, DMA and one-sided RDMA emulated).
     pub mode: String,
@@ -190,7 +196,7 @@ pub enum ManifestError {
     /// One app's entry does not fit a control message.
     #[error("app {app}'s manifest entry is {size} bytes, over the {budget} one control message carries (fewer handlers or regions, or shorter names)")]
     AppTooLarge {
-        /// App.
+        /// The app whose entry does not fit.
         app: u32,
         /// Its entry's size.
         size: usize,
@@ -234,7 +240,7 @@ pub struct RdmaRemote {
 /// A NAAM region registered for RDMA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RdmaRegion {
-    /// App.
+    /// The app that owns the region; a client uses it only for that app's descriptors.
     pub app: u32,
     /// The NAAM rkey descriptors use.
     pub naam_rkey: u64,
@@ -338,7 +344,8 @@ pub enum Control {
     /// Client → server: current weights of `app`'s handlers; carries what the client measured
     /// running handlers itself since its last query.
     QueryWeights {
-        /// App.
+        /// The app whose handlers' weights to send; one the session may use, else the answer is an
+        /// `Error`.
         app: u32,
         /// Client-side executions since the last query.
         client: Option<RemoteLoad>,
@@ -347,9 +354,9 @@ pub enum Control {
     },
     /// Server → client: the weights.
     Weights {
-        /// App.
+        /// The app the query named.
         app: u32,
-        /// Per handler.
+        /// Every handler of the app with its fractions per placement, for this session.
         handlers: Vec<HandlerWeights>,
         /// The one-sided agent, when a NIC is up.
         agent: Option<SocketAddr>,

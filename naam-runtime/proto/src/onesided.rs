@@ -105,9 +105,9 @@ pub struct Operation {
 /// The answer to one operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Completion {
-    /// App.
+    /// The app of the operation it answers, echoed back.
     pub app: u32,
-    /// Operation id.
+    /// Id of the operation it answers, echoed back, so the answer to a retransmission matches too.
     pub id: u64,
     /// Outcome (`Ok`, `BadKey`, `OutOfRange`, `AccessDenied`, `Malformed`, `Unavailable`).
     pub status: Status,

@@ -113,7 +113,7 @@ enum Cmd {
     ConformancePlugin {
         /// Input memory, hex (absent or empty: no memory).
         memory_hex: Option<String>,
-        /// Engine.
+        /// Engine: jit (memory-checked native code) or interp (the reference interpreter).
         #[arg(long, default_value = "jit")]
         engine: EngineKind,
         /// Instruction set of the JIT's code: x86_64 (this host) or aarch64 (run under

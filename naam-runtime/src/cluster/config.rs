@@ -17,9 +17,9 @@ pub struct RegionSpec {
 /// An app to install.
 #[derive(Clone, Debug)]
 pub struct AppSpec {
-    /// App id.
+    /// Id messages name the app by; unique within the cluster (a repeat is refused).
     pub id: u32,
-    /// Name.
+    /// Name the registry and manifest show; need not be unique (every MICA table is `mica`).
     pub name: String,
     /// Placement applying its writes (Host or Nic).
     pub owner: Placement,
@@ -195,7 +195,7 @@ pub enum ClusterError {
     /// Region memory could not be provided.
     #[error("region {region} of app {app}: {message}")]
     Region {
-        /// App.
+        /// The app the region belongs to ([`AppSpec::id`]).
         app: u32,
         /// Region name.
         region: String,

@@ -108,15 +108,17 @@ pub enum UdpError {
     NoServer {
         /// Address tried.
         server: SocketAddr,
-        /// How long.
+        /// How long the handshake went unanswered before the client gave up (about
+        /// [`UdpConfig::connect_timeout`]).
         waited: Duration,
     },
     /// The server refused.
     #[error("naam-server at {server} refused: {message}")]
     Refused {
-        /// Address.
+        /// The server's address, as configured ([`UdpConfig::server`]).
         server: SocketAddr,
-        /// Its message.
+        /// Why: the server's `Error` message, or what the client found wrong (address scope,
+        /// welcome, manifest pages).
         message: String,
     },
     /// The server serves no such app.
@@ -125,11 +127,11 @@ pub enum UdpError {
     /// The client's handler object is not the server's.
     #[error("app {app}: the handler object here (hash {local:#x}) differs from the server's ({server:#x}); rebuild both from the same source")]
     ObjectMismatch {
-        /// App.
+        /// The app [`UdpClient::install_handlers`] was asked to install handlers for.
         app: u32,
-        /// Local hash.
+        /// [`object_hash`] of the object bytes the caller passed in.
         local: u64,
-        /// Server's hash.
+        /// The manifest's `object_hash` for the app: the hash of the object the server loaded.
         server: u64,
     },
     /// The handlers could not be loaded or verified.

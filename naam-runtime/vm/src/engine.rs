@@ -61,7 +61,7 @@ impl Entry {
 /// How to build an executable.
 #[derive(Clone, Debug)]
 pub struct ExecOptions {
-    /// Engine.
+    /// Interpreter or memory-checked JIT (the default); both give the same results and faults.
     pub engine: EngineKind,
     /// Instructions per invocation before it faults with `budget exhausted`.
     pub budget: u64,
@@ -153,9 +153,9 @@ pub enum VmError {
     Misaligned {
         /// Instruction index.
         pc: usize,
-        /// Address.
+        /// The address the atomic targeted (base register plus offset): not a multiple of `len`.
         addr: u64,
-        /// Access size.
+        /// Bytes the atomic operates on: 4 or 8.
         len: u64,
     },
     /// The handler called the abort helper (a panic, or an explicit abort).

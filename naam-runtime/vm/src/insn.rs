@@ -278,7 +278,7 @@ pub enum Op {
     Alu {
         /// Operand width.
         width: Width,
-        /// Operation.
+        /// The binary operation; division and remainder by zero do not trap (see [`AluOp`]).
         op: AluOp,
         /// Destination (and first operand).
         dst: u8,
@@ -289,23 +289,23 @@ pub enum Op {
     Neg {
         /// Operand width.
         width: Width,
-        /// Register.
+        /// Register negated in place (r0 to r9).
         dst: u8,
     },
     /// `dst = src` at `width` (a 32-bit move zero-extends).
     Mov {
         /// Operand width.
         width: Width,
-        /// Destination.
+        /// Destination register (r0 to r9: r10 is read-only).
         dst: u8,
-        /// Source.
+        /// Register or immediate copied (an immediate is sign-extended at `W64`).
         src: Operand,
     },
     /// `dst = sign_extend(low bits of src)` at `width` (ISA v4).
     MovSx {
         /// Result width (a 32-bit result is zero-extended).
         width: Width,
-        /// Destination.
+        /// Destination register (r0 to r9).
         dst: u8,
         /// Source register.
         src: u8,
@@ -314,7 +314,7 @@ pub enum Op {
     },
     /// Byte order: keep the low `bits` and zero-extend (`le`), or reverse them (`be`, `bswap`).
     End {
-        /// Register.
+        /// Register converted in place (r0 to r9).
         dst: u8,
         /// 16, 32 or 64.
         bits: u8,
@@ -323,18 +323,18 @@ pub enum Op {
     },
     /// `dst = imm` (64 bits, two slots).
     Lddw {
-        /// Destination.
+        /// Destination register (r0 to r9).
         dst: u8,
-        /// The constant.
+        /// The 64-bit value: low half from the first slot's `imm`, high half from the second's.
         imm: u64,
     },
     /// `dst = *(size *)(base + off)`, zero- or sign-extended.
     Load {
-        /// Destination.
+        /// Register loaded into (r0 to r9).
         dst: u8,
         /// Address register.
         base: u8,
-        /// Displacement.
+        /// Signed byte offset added to the address in `base`.
         off: i16,
         /// Bytes: 1, 2, 4 or 8.
         size: u8,
@@ -345,7 +345,7 @@ pub enum Op {
     Store {
         /// Address register.
         base: u8,
-        /// Displacement.
+        /// Signed byte offset added to the address in `base`.
         off: i16,
         /// Bytes: 1, 2, 4 or 8.
         size: u8,
@@ -356,11 +356,11 @@ pub enum Op {
     Atomic {
         /// Address register.
         base: u8,
-        /// Displacement.
+        /// Signed byte offset added to the address in `base`.
         off: i16,
         /// Bytes: 4 or 8.
         size: u8,
-        /// Operation.
+        /// The read-modify-write; `Xchg` and `Cmpxchg` always have `fetch` set.
         op: AtomicOp,
         /// The old value is written back into `src` (into `r0` for `Cmpxchg`).
         fetch: bool,
@@ -376,7 +376,7 @@ pub enum Op {
     Jump {
         /// Comparison width.
         width: Width,
-        /// Condition.
+        /// How `dst` is compared with `src`; the jump is taken when it holds.
         cond: Cond,
         /// First operand.
         dst: u8,

@@ -111,7 +111,8 @@ pub enum ExchangeError {
     /// The server has been silent for longer than the liveness bound.
     #[error("the server has been silent for {silent_ns} ns (bound {bound_ns} ns)")]
     ServerGone {
-        /// How long.
+        /// Nanoseconds since the server or its NIC last sent something that authenticated (or
+        /// since the session was set up).
         silent_ns: Nanos,
         /// [`ClientConfig::liveness`].
         bound_ns: Nanos,

@@ -93,9 +93,9 @@ impl Ewma {
 /// One handler's figures in a [`RemoteLoad`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct RemoteHandler {
-    /// App.
+    /// The app id; a server keeps a client's figures only for the apps its session may use.
     pub app: u32,
-    /// Handler.
+    /// The handler id (`handler_id` of its name); unknown handlers are dropped on receipt.
     pub handler: u32,
     /// Service-time average, nanoseconds.
     pub service_ns: f64,
