@@ -73,9 +73,10 @@ impl std::str::FromStr for PlacementChoice {
 /// A YCSB run.
 #[derive(Clone, Debug, Serialize)]
 pub struct YcsbConfig {
-    /// Application.
+    /// The store under test: MICA, or the B-tree (workloads with scans need the B-tree).
     pub app: App,
-    /// Workload.
+    /// Operation mix, key distribution, scan lengths and key naming (a core workload or a
+    /// property file).
     pub workload: Workload,
     /// Records loaded.
     pub records: u64,
@@ -87,7 +88,8 @@ pub struct YcsbConfig {
     pub placement: PlacementChoice,
     /// Record shape (MICA).
     pub shape: RecordShape,
-    /// Seed.
+    /// Random seed: the run phase uses it, the load phase `seed ^ 0x10ad`; each client thread
+    /// mixes its index into the phase's seed.
     pub seed: u64,
     /// Host and NIC executor threads.
     pub executors: (usize, usize),
@@ -115,7 +117,7 @@ pub enum Phases {
 /// How a run proceeds beyond the workload itself.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunOptions {
-    /// Phases.
+    /// Which YCSB phases this command runs (default: load, then run).
     pub phases: Phases,
     /// Operations per second over all threads (`target`).
     pub target_ops_per_sec: Option<f64>,
@@ -184,7 +186,7 @@ pub struct PhaseSummary {
 pub struct YcsbResult {
     /// Mode label.
     pub mode: String,
-    /// Settings.
+    /// A copy of the settings the run used.
     pub config: YcsbConfig,
     /// The load phase, if this command ran one.
     pub load: Option<PhaseSummary>,

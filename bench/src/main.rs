@@ -96,7 +96,7 @@ enum Cmd {
         /// MICA app sized for the records).
         #[arg(long)]
         server: Option<std::net::SocketAddr>,
-        /// Seed.
+        /// Random seed for key and operation draws, shared by the NAAM and memcached runs.
         #[arg(long, default_value_t = 42)]
         seed: u64,
         /// Write the results here.
@@ -156,13 +156,13 @@ enum Cmd {
         /// scrambled-zipfian, zipfian, uniform or latest.
         #[arg(long, default_value = "scrambled-zipfian")]
         dist: Distribution,
-        /// Records.
+        /// Number of keys to draw from (key numbers 0 to records - 1).
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         records: u64,
-        /// Draws.
+        /// Key numbers drawn in all.
         #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
         draws: u64,
-        /// Seed.
+        /// Random seed (the same seed gives the same counts).
         #[arg(long, default_value_t = 42)]
         seed: u64,
         /// Write the counts here.

@@ -53,7 +53,7 @@ pub struct PhasePlan<'a> {
     pub shape: RecordShape,
     /// Updates write every field.
     pub write_all_fields: bool,
-    /// Seed.
+    /// Random seed of the phase; each client thread seeds its generator from it and its index.
     pub seed: u64,
     /// Operations per second over all threads.
     pub target_ops_per_sec: Option<f64>,

@@ -50,7 +50,7 @@ pub struct Series {
 
 /// Chart options.
 pub struct Chart<'a> {
-    /// Title.
+    /// Caption drawn above the plot; also names the chart in "nothing to plot" errors.
     pub title: &'a str,
     /// X axis label.
     pub x_label: &'a str,

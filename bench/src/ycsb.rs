@@ -251,7 +251,8 @@ impl KeyNaming {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScanLength {
-    /// Uniform.
+    /// Every length from the minimum to the maximum (inclusive) equally likely; the default of
+    /// `scanlengthdistribution`.
     Uniform,
     /// Zipfian (short scans most often).
     Zipfian,

@@ -68,7 +68,7 @@ pub struct YcsbArgs {
     /// NIC executor threads (in-process cluster).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub nic_executors: u64,
-    /// Seed.
+    /// Random seed for key and operation draws (the load phase uses one derived from it).
     #[arg(long, default_value_t = 42)]
     pub seed: u64,
     /// Write the result as JSON here.

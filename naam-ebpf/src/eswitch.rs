@@ -19,7 +19,7 @@ pub const COUNTER_HOST: u32 = 0;
 pub const COUNTER_NIC: u32 = 1;
 /// Multi-fragment NAAM messages (always left for the host: later fragments carry no header).
 pub const COUNTER_FRAGMENTED: u32 = 2;
-/// Counters.
+/// Number of `COUNTER_*` indices: the counter map's `max_entries`.
 pub const COUNTERS: u32 = 3;
 
 /// What the switch steers: UDP messages to `server_port` go to `nic_port` instead when the
@@ -45,9 +45,9 @@ pub struct MapDef {
     pub key_size: u32,
     /// Value size.
     pub value_size: u32,
-    /// Entries.
+    /// Most entries the map holds (for an array map, its fixed length).
     pub max_entries: u32,
-    /// Flags.
+    /// `BPF_F_*` map creation flags (0 for every map of the eSwitch).
     pub map_flags: u32,
     /// Unused id.
     pub id: u32,

@@ -65,9 +65,9 @@ pub struct ShiftResult {
     pub mode: String,
     /// Policy name.
     pub policy: String,
-    /// Settings.
+    /// A copy of the settings the run used.
     pub config: ShiftConfig,
-    /// Samples.
+    /// Operations per placement in each sampling interval (`config.sample`), in time order.
     pub samples: Vec<ShiftSample>,
     /// Time from congestion onset until at most 10% of traffic stays on the host, ms.
     pub moved_ms: Option<f64>,

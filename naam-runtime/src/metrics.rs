@@ -42,17 +42,18 @@ pub struct WeightSample {
 /// Latency percentiles, nanoseconds.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Percentiles {
-    /// Samples.
+    /// Number of latencies in the histogram.
     pub count: u64,
-    /// Median.
+    /// 50th percentile (median), rounded up to the histogram's precision.
     pub p50: u64,
     /// 99th percentile.
     pub p99: u64,
     /// 99.9th percentile.
     pub p999: u64,
-    /// Maximum.
+    /// Largest latency recorded, rounded up to the histogram's precision.
     pub max: u64,
-    /// Mean.
+    /// Mean latency, each sample counted at the middle of its histogram bucket (0.0 when
+    /// empty).
     pub mean: f64,
 }
 

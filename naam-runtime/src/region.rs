@@ -359,7 +359,7 @@ pub struct Resolved {
     pub region: Arc<Region>,
     /// Offset inside it.
     pub offset: u64,
-    /// Length.
+    /// Length in bytes; `offset..offset + len` lies inside the region (checked on resolving).
     pub len: u32,
     /// Rights the descriptor asked for (granted).
     pub access: u32,

@@ -51,9 +51,9 @@ pub enum VerbsError {
     /// A local buffer range outside its registration.
     #[error("range {offset}+{len} is outside the {size}-byte registration")]
     Range {
-        /// Offset.
+        /// Start of the range, in bytes from the start of the registered buffer.
         offset: usize,
-        /// Length.
+        /// Length of the range in bytes.
         len: usize,
         /// Registered size.
         size: usize,

@@ -36,9 +36,10 @@ pub mod reference;
 
 /// Handler names.
 pub mod handlers {
-    /// Lookup.
+    /// Point lookup of one key: replies `[found: u8][value: u64]` (value 0 when not found).
     pub const GET: &str = "btree_get";
-    /// Scan.
+    /// Range scan from a start key, in key order: replies `[more: u8]` then `(key, value)` pairs;
+    /// `more = 1` means the client continues after the last key returned.
     pub const SCAN: &str = "btree_scan";
     /// Insert/replace and update.
     pub const PUT: &str = "btree_put";
@@ -48,9 +49,11 @@ pub mod handlers {
 
 /// Region names.
 pub mod regions {
-    /// Meta.
+    /// The [`crate::layout::META_SIZE`]-byte meta region (all rights): root id, write version,
+    /// next free node id, node size and node count.
     pub const META: &str = "btree-meta";
-    /// Nodes.
+    /// `max_nodes` nodes of `node_size` bytes, node `id` at `id * node_size` (read and write);
+    /// node 0 starts as the empty root leaf.
     pub const NODES: &str = "btree-nodes";
 }
 

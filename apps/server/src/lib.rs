@@ -252,7 +252,7 @@ pub struct ObjectRegion {
 /// Why a config is not usable.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// Unreadable.
+    /// The config file itself could not be read: its path and the I/O error.
     #[error("reading {0}: {1}")]
     Read(PathBuf, std::io::Error),
     /// Not valid TOML for this schema.

@@ -437,7 +437,8 @@ pub enum Control {
     },
     /// Any direction: a refusal.
     Error {
-        /// Why.
+        /// The reason, in words for people and logs; the message's control id (0 when the
+        /// refused message did not decode) says which request it answers.
         message: String,
     },
 }

@@ -37,16 +37,16 @@ pub enum Op {
     Read(Vec<Descriptor>),
     /// Writes `data` at `offset` of `rkey`.
     Write {
-        /// Region.
+        /// rkey of the target region (it must grant write access).
         rkey: u64,
-        /// Offset.
+        /// Byte offset in the region where `data` starts.
         offset: u64,
-        /// Bytes.
+        /// The bytes to store, at most [`MAX_TRANSFER`].
         data: Bytes,
     },
     /// 64-bit compare-and-swap.
     Cas {
-        /// Region.
+        /// rkey of the target region (it must grant atomic access).
         rkey: u64,
         /// Offset (8-byte aligned).
         offset: u64,
@@ -57,11 +57,12 @@ pub enum Op {
     },
     /// 64-bit fetch-and-add.
     Faa {
-        /// Region.
+        /// rkey of the target region (it must grant atomic access).
         rkey: u64,
         /// Offset (8-byte aligned).
         offset: u64,
-        /// Addend.
+        /// Added, wrapping, to the little-endian `u64` at `offset`; the completion carries the
+        /// old value.
         add: u64,
     },
 }

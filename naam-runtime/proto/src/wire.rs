@@ -526,7 +526,8 @@ pub struct Reply {
     pub app: u32,
     /// Request id it answers.
     pub request_id: u64,
-    /// Outcome.
+    /// How the call ended (a `u16` on the wire): `Ok`, or the kind of error, which `code`
+    /// details.
     pub status: Status,
     /// Handler error code or detail.
     pub code: u32,

@@ -603,7 +603,8 @@ impl Cluster {
         self.inner.regions.get(app, key).map(|r| r.mem.snapshot())
     }
 
-    /// Metrics.
+    /// Latencies and operation counts of calls made through this cluster's in-process clients
+    /// (remote clients' calls are not recorded), and the timeline of steering decisions.
     pub fn metrics(&self) -> &Metrics {
         &self.inner.metrics
     }

@@ -43,7 +43,8 @@ pub enum DeployError {
     Manifest {
         /// The file.
         path: PathBuf,
-        /// Why.
+        /// The cause as text: a JSON, handler-object loading or OS RNG error, or a handler
+        /// object that changed since the host loaded it.
         message: String,
     },
 }

@@ -217,7 +217,7 @@ impl Socket {
         })
     }
 
-    /// Counters.
+    /// A copy of this socket's datagram counters, counted since it was created.
     pub fn stats(&self) -> SocketStats {
         self.stats
     }

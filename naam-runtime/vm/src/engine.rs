@@ -123,7 +123,8 @@ pub enum EngineError {
     Jit {
         /// Handler name.
         name: String,
-        /// Why.
+        /// The compiler's error. The target ISA is set up once per process, so an ISA error
+        /// repeats for every handler.
         source: JitError,
     },
 }
@@ -1190,7 +1191,8 @@ pub struct Image {
 /// One memory region of an [`Image`].
 #[derive(Clone, Debug)]
 pub struct ImageRegion {
-    /// Contents.
+    /// The region's bytes, copied when the image is made (region 0: the serialised [`VmCtx`],
+    /// helper pointers zeroed); their length is the region's size.
     pub bytes: Vec<u8>,
     /// Whether the handler may write it (its contents come back after the run).
     pub writable: bool,

@@ -73,7 +73,8 @@ pub enum JitError {
     Isa {
         /// Target asked for.
         target: &'static str,
-        /// Why.
+        /// Cranelift's message (a setting or target it could not set up), or that code for
+        /// another target cannot be mapped in this process.
         reason: String,
     },
     /// Cranelift refused the generated function (a bug in the translation).

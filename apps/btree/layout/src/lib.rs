@@ -144,7 +144,8 @@ pub mod error {
 
 /// Write descent segments: meta, the node, two spare nodes for splits, then the parent.
 pub mod seg {
-    /// Meta.
+    /// The whole meta region (read, write, atomic): target of every write batch's
+    /// compare-and-swap on the write version and of its root and next-node stores.
     pub const META: u32 = 0;
     /// The current node.
     pub const NODE: u32 = 1;

@@ -93,7 +93,8 @@ pub enum ConnectError {
     Refused {
         /// The address.
         server: SocketAddr,
-        /// Why.
+        /// The server's refusal text, or the local reason: authentication turned off for a
+        /// server not on loopback, a handshake that could not be set up, or an unexpected answer.
         message: String,
     },
 }
@@ -148,7 +149,8 @@ pub enum ClientEvent {
     Failed {
         /// The exchange.
         id: u64,
-        /// Why.
+        /// Why it ended. The exchange is forgotten: a late reply or completion for `id` is
+        /// dropped.
         error: ExchangeError,
     },
     /// A control message in the session that answers no exchange (weights, errors).

@@ -34,7 +34,7 @@ pub enum SealError {
     /// A packet number already seen, or too far behind the newest.
     #[error("packet {packet} of session {session:#x} is a replay")]
     Replay {
-        /// Session.
+        /// The session id the replayed message names.
         session: u64,
         /// Packet number.
         packet: u64,
@@ -42,7 +42,7 @@ pub enum SealError {
     /// The session belongs to another address.
     #[error("session {session:#x} belongs to {owner}, not {from}")]
     WrongPeer {
-        /// Session.
+        /// The session id the message names.
         session: u64,
         /// Its address.
         owner: SocketAddr,
