@@ -29,7 +29,7 @@ const ESTIMATE_SHIFT: u32 = 3;
 
 /// Why a message was not queued.
 #[derive(Debug, PartialEq, Eq)]
-pub enum PushError<T> {
+pub(crate) enum PushError<T> {
     /// The queue is full and the message's app holds at least as many as any other.
     Full(T),
     /// The queue was closed.
@@ -48,7 +48,7 @@ struct AppQueue<T> {
 
 /// The scheduling core: per-app FIFOs, the order they are served in, and fair admission.
 #[derive(Debug)]
-pub struct FairState<T> {
+pub(crate) struct FairState<T> {
     apps: HashMap<u32, AppQueue<T>>,
     /// Apps with queued messages, by (virtual time, app).
     active: BTreeSet<(u64, u32)>,
@@ -60,7 +60,7 @@ pub struct FairState<T> {
 
 impl<T> FairState<T> {
     /// An empty queue holding at most `capacity` messages (at least 1).
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         FairState {
             apps: HashMap::new(),
             active: BTreeSet::new(),
@@ -71,24 +71,24 @@ impl<T> FairState<T> {
     }
 
     /// Messages queued.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
     /// Whether nothing is queued.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Messages of `app` queued.
-    pub fn queued(&self, app: u32) -> usize {
+    pub(crate) fn queued(&self, app: u32) -> usize {
         self.apps.get(&app).map_or(0, |a| a.items.len())
     }
 
     /// Queues `item` of `app`. When the queue is full, the newest message of the longest
     /// backlog makes room if that backlog is longer than `app`'s would be; it is returned so
     /// its caller can be told (`Ok(Some(..))`).
-    pub fn push(&mut self, app: u32, item: T) -> Result<Option<(u32, T)>, PushError<T>> {
+    pub(crate) fn push(&mut self, app: u32, item: T) -> Result<Option<(u32, T)>, PushError<T>> {
         let mut evicted = None;
         if self.len >= self.capacity {
             let mine = self.queued(app);
@@ -133,7 +133,7 @@ impl<T> FairState<T> {
 
     /// The next message: the oldest of the app that was charged least. Its app is charged
     /// the app's current cost estimate.
-    pub fn pop(&mut self) -> Option<(u32, T)> {
+    pub(crate) fn pop(&mut self) -> Option<(u32, T)> {
         let (v, app) = self.active.pop_first()?;
         let q = self.apps.get_mut(&app)?;
         let item = q.items.pop_front()?;
@@ -147,7 +147,7 @@ impl<T> FairState<T> {
     }
 
     /// A message of `app` took `service_ns` of executor time: its cost estimate moves toward it.
-    pub fn record(&mut self, app: u32, service_ns: u64) {
+    pub(crate) fn record(&mut self, app: u32, service_ns: u64) {
         if let Some(q) = self.apps.get_mut(&app) {
             let (old, new) = (q.estimate_ns as i128, service_ns.max(1) as i128);
             q.estimate_ns = (old + ((new - old) >> ESTIMATE_SHIFT)).max(1) as u64;
@@ -155,7 +155,7 @@ impl<T> FairState<T> {
     }
 
     /// Takes every queued message (shutdown).
-    pub fn drain(&mut self) -> Vec<(u32, T)> {
+    pub(crate) fn drain(&mut self) -> Vec<(u32, T)> {
         let mut out = Vec::with_capacity(self.len);
         while let Some(x) = self.pop() {
             out.push(x);
@@ -165,7 +165,7 @@ impl<T> FairState<T> {
 }
 
 /// A [`FairState`] shared by the threads that queue messages and the executors that take them.
-pub struct FairQueue<T> {
+pub(crate) struct FairQueue<T> {
     state: Mutex<FairState<T>>,
     ready: Condvar,
     /// Messages queued, readable without the lock (executors poll it).
@@ -175,7 +175,7 @@ pub struct FairQueue<T> {
 
 impl<T> FairQueue<T> {
     /// An empty queue of `capacity` messages.
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         FairQueue {
             state: Mutex::new(FairState::new(capacity)),
             ready: Condvar::new(),
@@ -189,17 +189,17 @@ impl<T> FairQueue<T> {
     }
 
     /// Messages queued.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }
 
     /// Whether nothing is queued.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Queues `item` of `app` (see [`FairState::push`]); a pushed-out message comes back.
-    pub fn push(&self, app: u32, item: T) -> Result<Option<(u32, T)>, PushError<T>> {
+    pub(crate) fn push(&self, app: u32, item: T) -> Result<Option<(u32, T)>, PushError<T>> {
         if self.closed.load(Ordering::Acquire) {
             return Err(PushError::Closed(item));
         }
@@ -214,7 +214,7 @@ impl<T> FairQueue<T> {
     }
 
     /// The next message, if one is queued.
-    pub fn try_pop(&self) -> Option<(u32, T)> {
+    pub(crate) fn try_pop(&self) -> Option<(u32, T)> {
         if self.is_empty() {
             return None;
         }
@@ -226,7 +226,7 @@ impl<T> FairQueue<T> {
 
     /// The next message: polls for `poll` (an executor that parks pays a wake-up), then waits
     /// up to `timeout` in all. `None` when nothing came or the queue is closed and empty.
-    pub fn pop_timeout(&self, timeout: Duration, poll: Duration) -> Option<(u32, T)> {
+    pub(crate) fn pop_timeout(&self, timeout: Duration, poll: Duration) -> Option<(u32, T)> {
         let start = Instant::now();
         loop {
             if let Some(x) = self.try_pop() {
@@ -260,18 +260,18 @@ impl<T> FairQueue<T> {
     }
 
     /// A message of `app` took `service_ns` of executor time.
-    pub fn record(&self, app: u32, service_ns: u64) {
+    pub(crate) fn record(&self, app: u32, service_ns: u64) {
         self.lock().record(app, service_ns);
     }
 
     /// Refuses new messages and wakes every waiting executor.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.ready.notify_all();
     }
 
     /// Takes every queued message.
-    pub fn drain(&self) -> Vec<(u32, T)> {
+    pub(crate) fn drain(&self) -> Vec<(u32, T)> {
         let mut s = self.lock();
         let r = s.drain();
         self.len.store(0, Ordering::Release);

@@ -30,4 +30,4 @@ impl Hasher for IntHasher {
 }
 
 /// A `HashMap` with [`IntHasher`].
-pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
