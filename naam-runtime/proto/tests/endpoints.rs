@@ -730,3 +730,64 @@ fn a_request_outside_a_session_is_refused_and_the_server_keeps_serving() {
     assert_eq!(w.server.stats().malformed, 1);
     assert_eq!(counter(&w.roundtrip(INCREMENT).expect("answered")), 1);
 }
+
+mod hostile {
+    //! Arbitrary datagrams from anywhere, to every endpoint: nothing panics, nothing is
+    //! executed, and the session that was set up keeps working with its writes applied once.
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Bytes that look like NAAM messages often enough to get past the first checks: a version
+    /// byte, a known kind byte, then anything; or anything at all.
+    fn datagram() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            (1u8..=7, proptest::collection::vec(any::<u8>(), 0..200)).prop_map(|(k, rest)| {
+                let mut m = vec![naam_proto::kind::VERSION, k];
+                m.extend(rest);
+                m
+            }),
+            proptest::collection::vec(any::<u8>(), 0..64),
+        ]
+    }
+
+    fn from() -> impl Strategy<Value = SocketAddr> {
+        prop_oneof![
+            Just(client_addr()),
+            Just(server_addr()),
+            Just(nic_addr()),
+            Just(addr("10.0.0.9:4000")),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn hostile_datagrams_change_nothing(
+            hits in proptest::collection::vec((0u8..3, from(), datagram()), 1..40),
+        ) {
+            let mut w = World::new(29);
+            w.connected();
+            w.start_nic();
+            for (to, from, bytes) in hits {
+                let bytes = Bytes::from(bytes);
+                match to {
+                    0 => w.server.handle(w.now, from, bytes),
+                    1 => w.client.handle(w.now, from, bytes),
+                    _ => {
+                        if let Some(nic) = w.nic.as_mut() {
+                            nic.handle(w.now, from, bytes);
+                        }
+                    }
+                }
+            }
+            prop_assert_eq!(w.server.backend().counter, 0);
+            prop_assert_eq!(w.nic.as_ref().map(|n| n.stats().executed), Some(0));
+            let r = w.roundtrip(INCREMENT).expect("the session still works");
+            prop_assert_eq!((r.status, counter(&r)), (Status::Ok, 1));
+            w.server.backend_mut().congested = true;
+            let r = w.roundtrip(READ).expect("the NIC still serves");
+            prop_assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
+        }
+    }
+}
