@@ -585,7 +585,7 @@ fn a_cheap_app_is_served_past_another_apps_expensive_backlog() {
         });
         assert!(matches!(
             queued,
-            naam_runtime::cluster::Dispatch::Queued(Placement::Host)
+            naam_runtime::cluster::Routed::Queued(Placement::Host)
         ));
     }
     let mut client = c.client();

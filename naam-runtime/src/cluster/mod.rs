@@ -582,6 +582,8 @@ pub(crate) fn reply_for(
 }
 
 pub(crate) use naam_proto::endpoint::error_reply;
+/// What [`Cluster::dispatch`] did with a message (the server endpoint's word for it).
+pub use naam_proto::endpoint::Routed;
 
 impl Cluster {
     /// A new builder.
@@ -705,14 +707,14 @@ impl Cluster {
     /// Routes `req` like the switch and queues it at a local executor; the reply goes to
     /// `on_reply` (from the executor's thread). `forced` pins a read to a placement; `sel` is the
     /// caller's round-robin memory. A read routed to a NIC in another process comes back as
-    /// [`Dispatch::Remote`] for the caller to forward.
+    /// [`Routed::Remote`] for the caller to forward.
     pub fn dispatch(
         &self,
         req: Request,
         sel: &mut Selector,
         forced: Option<Placement>,
         on_reply: impl FnOnce(Reply) + Send + 'static,
-    ) -> Dispatch {
+    ) -> Routed {
         let keep = req.clone();
         match submit(
             &self.inner,
@@ -721,9 +723,9 @@ impl Cluster {
             forced,
             ReplySink::Func(Box::new(on_reply)),
         ) {
-            Ok(p) => Dispatch::Queued(p),
-            Err(Refusal::Remote(r)) => Dispatch::Remote(r),
-            Err(refusal) => Dispatch::Refused(refusal.reply(&keep)),
+            Ok(p) => Routed::Queued(p),
+            Err(Refusal::Remote(r)) => Routed::Remote(r),
+            Err(refusal) => Routed::Refused(refusal.reply(&keep)),
         }
     }
 
@@ -802,17 +804,6 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// What [`Cluster::dispatch`] did with a message.
-#[derive(Debug)]
-pub enum Dispatch {
-    /// Queued at a local executor of this placement; the reply goes to the callback.
-    Queued(Placement),
-    /// Routed to the NIC in another process: forward it there.
-    Remote(Box<Request>),
-    /// Refused: send this error reply.
-    Refused(Reply),
 }
 
 /// Where a server-bound message goes, and its handler's kind; no side effects.

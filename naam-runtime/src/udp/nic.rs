@@ -12,7 +12,7 @@ use super::control::Manifest;
 use super::server::{Channel, Replies};
 use super::socket::Socket;
 use crate::clock::{Clock, SystemClock};
-use crate::cluster::{Cluster, Dispatch};
+use crate::cluster::Cluster;
 use crate::onesided::{self, Completion, Operation};
 use crate::placement::Placement;
 use crate::session::Credential;
@@ -65,12 +65,8 @@ impl NicBackend for NicHost<'_> {
         forced: Option<Placement>,
         reply_to: Channel,
     ) -> Routed {
-        let cluster = self.current.cluster.clone();
-        match self.replies.dispatch(&cluster, req, sel, forced, reply_to) {
-            Dispatch::Queued(p) => Routed::Queued(p),
-            Dispatch::Remote(r) => Routed::Remote(r),
-            Dispatch::Refused(r) => Routed::Refused(r),
-        }
+        self.replies
+            .dispatch(&self.current.cluster, req, sel, forced, reply_to)
     }
 
     fn one_sided(&mut self, op: &Operation) -> Completion {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::control::Manifest;
 use super::socket::Socket;
 use crate::clock::{Clock, SystemClock};
-use crate::cluster::{Cluster, Dispatch};
+use crate::cluster::Cluster;
 use crate::placement::Placement;
 use crate::session::{self, CookieJar, TenantEntry};
 use crate::steering::{ClientShare, RemoteLoad, Selector, Weights};
@@ -74,7 +74,7 @@ impl Replies {
         sel: &mut Selector,
         forced: Option<Placement>,
         ch: Channel,
-    ) -> Dispatch {
+    ) -> Routed {
         let (s, n, t) = (
             self.sender.clone(),
             self.inflight.clone(),
@@ -90,7 +90,7 @@ impl Replies {
             t.record(app, handler, r.placement, r.status, service);
             n.fetch_sub(1, Ordering::SeqCst);
         });
-        if !matches!(d, Dispatch::Queued(_)) {
+        if !matches!(d, Routed::Queued(_)) {
             self.inflight.fetch_sub(1, Ordering::SeqCst);
         }
         d
@@ -119,14 +119,8 @@ impl HostBackend for ClusterHost {
         forced: Option<Placement>,
         reply_to: Channel,
     ) -> Routed {
-        match self
-            .replies
+        self.replies
             .dispatch(&self.cluster, req, sel, forced, reply_to)
-        {
-            Dispatch::Queued(p) => Routed::Queued(p),
-            Dispatch::Remote(r) => Routed::Remote(r),
-            Dispatch::Refused(r) => Routed::Refused(r),
-        }
     }
 
     fn next_client_id(&mut self) -> u32 {
