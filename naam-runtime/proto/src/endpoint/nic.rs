@@ -15,7 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::server::{error_reply, malformed, Channel, Routed};
+use super::server::{admit, error_reply, Channel, Inadmissible, Routed};
 use super::Transmit;
 use crate::control::{self, Control, Manifest};
 use crate::dedup::RecentAnswers;
@@ -677,29 +677,27 @@ impl<B: NicBackend> NicEndpoint<B> {
     }
 
     fn request(&mut self, sid: u64, ch: &Channel, apps: &[u32], inner: Bytes) {
-        let mut req = match Request::decode(inner) {
-            Ok(r) => r,
-            Err(e) => {
+        let admitted = admit(
+            inner,
+            sid,
+            |app| apps.contains(&app),
+            self.draining,
+            "the NIC",
+            Placement::Nic,
+        );
+        let req = match admitted {
+            Ok(req) => req,
+            Err(Inadmissible::Malformed(r)) => {
                 self.stats.malformed += 1;
-                self.push(ch.reply(&malformed(0, 0, Placement::Nic, e.to_string())));
+                self.push(ch.reply(&r));
+                return;
+            }
+            Err(Inadmissible::Refused(r)) => {
+                self.stats.refused += 1;
+                self.push(ch.reply(&r));
                 return;
             }
         };
-        req.origin = sid;
-        if !apps.contains(&req.app) {
-            self.stats.refused += 1;
-            let why = format!("no app {} in this session", req.app);
-            let r = error_reply(&req, Status::UnknownApp, Placement::Nic, why);
-            self.push(ch.reply(&r));
-            return;
-        }
-        if self.draining {
-            self.stats.refused += 1;
-            let why = "the NIC is shutting down".to_string();
-            let r = error_reply(&req, Status::Unavailable, Placement::Nic, why);
-            self.push(ch.reply(&r));
-            return;
-        }
         match self
             .backend
             .dispatch(req, &mut self.sel, Some(Placement::Nic), ch.clone())

@@ -244,6 +244,51 @@ pub fn malformed(app: u32, id: u64, placement: Placement, why: String) -> Reply 
     }
 }
 
+/// Why a request that arrived sealed in a session is not run: it did not decode, or it was
+/// refused; either way the reply to send.
+pub(super) enum Inadmissible {
+    /// It did not decode (the reply names request id 0).
+    Malformed(Reply),
+    /// Out of the session's scope, or the endpoint is shutting down.
+    Refused(Reply),
+}
+
+/// Decodes request `inner` of session `sid` (its origin from now on) and admits it at
+/// `placement`: only for an app the session `may_use` (any other is answered as an app that
+/// does not exist, so a session learns nothing of others'), and not while `draining` (`who` is
+/// shutting down). The server and NIC endpoints admit requests the same way.
+pub(super) fn admit(
+    inner: Bytes,
+    sid: u64,
+    may_use: impl Fn(u32) -> bool,
+    draining: bool,
+    who: &str,
+    placement: Placement,
+) -> Result<Request, Inadmissible> {
+    let mut req = Request::decode(inner)
+        .map_err(|e| Inadmissible::Malformed(malformed(0, 0, placement, e.to_string())))?;
+    req.origin = sid;
+    if !may_use(req.app) {
+        let why = format!("no app {} in this session", req.app);
+        return Err(Inadmissible::Refused(error_reply(
+            &req,
+            Status::UnknownApp,
+            placement,
+            why,
+        )));
+    }
+    if draining {
+        let why = format!("{who} is shutting down");
+        return Err(Inadmissible::Refused(error_reply(
+            &req,
+            Status::Unavailable,
+            placement,
+            why,
+        )));
+    }
+    Ok(req)
+}
+
 /// The longest time a load report may state (a minute), nanoseconds.
 const MAX_REPORTED_NS: f64 = 60e9;
 
@@ -590,30 +635,27 @@ impl<B: HostBackend> ServerEndpoint<B> {
     }
 
     fn request(&mut self, sid: u64, role: &Role, ch: Channel, inner: Bytes, sealed: &Bytes) {
-        let mut req = match Request::decode(inner) {
-            Ok(r) => r,
-            Err(e) => {
+        let admitted = admit(
+            inner,
+            sid,
+            |app| role.may_use(app),
+            self.draining,
+            "the server",
+            Placement::Host,
+        );
+        let req = match admitted {
+            Ok(req) => req,
+            Err(Inadmissible::Malformed(r)) => {
                 self.stats.malformed += 1;
-                self.push(ch.reply(&malformed(0, 0, Placement::Host, e.to_string())));
+                self.push(ch.reply(&r));
+                return;
+            }
+            Err(Inadmissible::Refused(r)) => {
+                self.stats.refused += 1;
+                self.push(ch.reply(&r));
                 return;
             }
         };
-        req.origin = sid;
-        if !role.may_use(req.app) {
-            // Said as for an app that does not exist: a session learns nothing of others'.
-            self.stats.refused += 1;
-            let why = format!("no app {} in this session", req.app);
-            let r = error_reply(&req, Status::UnknownApp, Placement::Host, why);
-            self.push(ch.reply(&r));
-            return;
-        }
-        if self.draining {
-            self.stats.refused += 1;
-            let why = "the server is shutting down".to_string();
-            let r = error_reply(&req, Status::Unavailable, Placement::Host, why);
-            self.push(ch.reply(&r));
-            return;
-        }
         // Behind an eSwitch, what reaches the host's port was steered here.
         let pinned = req
             .pinned()
