@@ -55,6 +55,8 @@ struct ModelHost {
     /// Times each write was applied, by (session, request id).
     applied: HashMap<(u64, u64), u32>,
     answers: Option<RecentAnswers<(u64, u64), Reply>>,
+    /// Requests that arrived marked as retransmissions (RETRY).
+    retried: u64,
     /// Reads go to the NIC (the host is congested).
     congested: bool,
     nic_up: bool,
@@ -84,6 +86,9 @@ impl HostBackend for ModelHost {
         forced: Option<Placement>,
         reply_to: Channel,
     ) -> Routed {
+        if req.flags & naam_proto::wire::flags::RETRY != 0 {
+            self.retried += 1;
+        }
         if req.handler == READ && self.congested && forced != Some(Placement::Host) {
             return Routed::Remote(Box::new(req));
         }
@@ -527,8 +532,14 @@ fn under_heavy_loss_every_write_is_answered_and_applied_once() {
         let host = w.server.backend();
         assert_eq!(host.counter, 50);
         assert!(host.applied.values().all(|&n| n == 1), "{:?}", host.applied);
-        // Retransmissions reached the host and were answered from the dedup table.
+        // Retransmissions reached the host, said so, and were answered from the dedup table.
         assert!(w.server.stats().host > 50, "{:?}", w.server.stats());
+        // Every arrival past a write's first is a resend, and resends carry RETRY (a write whose
+        // first send was lost arrives first as a resend, so there may be more).
+        assert!(
+            host.retried >= w.server.stats().host - 50,
+            "resends carry RETRY"
+        );
     }
 }
 

@@ -164,8 +164,9 @@ struct Exchange {
     want: MessageKind,
     /// The message's first send (unsealed).
     first: Bytes,
-    /// What resends carry instead, if different (a request with RETRY set).
-    resend: Option<Bytes>,
+    /// What resends carry instead, if different: the request with RETRY set, encoded only
+    /// when a resend happens (most exchanges are answered the first time).
+    resend: Option<Request>,
     started: Nanos,
     /// Whether this exchange already lived through a session renewal.
     renewed: bool,
@@ -342,17 +343,11 @@ impl ClientEndpoint {
         self.check_alive(now)?;
         req.request_id = self.next_id();
         let first = req.to_bytes()?;
+        // Resends say so (the owner answers a retried write from its dedup table); they are
+        // encoded only if one is needed.
         req.flags |= flags::RETRY;
-        let retry = req.to_bytes()?;
-        let server = self.config.server;
-        Ok(self.start(
-            now,
-            server,
-            req.request_id,
-            MessageKind::Reply,
-            first,
-            Some(retry),
-        ))
+        let (server, id) = (self.config.server, req.request_id);
+        Ok(self.start(now, server, id, MessageKind::Reply, first, Some(req)))
     }
 
     /// Sends a one-sided READ of `descs` (of `app`'s regions) to the NIC's agent; its answer
@@ -496,7 +491,8 @@ impl ClientEndpoint {
             };
             match t {
                 Timeout::Resend(_) => {
-                    let (to, m) = (x.to, x.resend.clone().unwrap_or_else(|| x.first.clone()));
+                    let again = x.resend.as_ref().and_then(|r| r.to_bytes().ok());
+                    let (to, m) = (x.to, again.unwrap_or_else(|| x.first.clone()));
                     let sealed = self.seal(&m);
                     self.push(to, id, sealed);
                 }
@@ -526,7 +522,7 @@ impl ClientEndpoint {
         id: u64,
         want: MessageKind,
         first: Bytes,
-        resend: Option<Bytes>,
+        resend: Option<Request>,
     ) -> u64 {
         self.exchanges.insert(
             id,
