@@ -761,7 +761,7 @@ impl<B: NicBackend> NicEndpoint<B> {
         if op.op.mutates() {
             if let Some(answer) = self.dup.get(&key) {
                 self.stats.duplicates += 1;
-                let t = ch.transmit(op.id, &answer.clone());
+                let t = ch.transmit(op.id, answer);
                 self.push(t);
                 return;
             }
