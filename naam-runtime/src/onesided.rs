@@ -9,14 +9,7 @@ pub use naam_proto::onesided::*;
 use naam_proto::wire::Status;
 
 use crate::executor::resolve_status;
-use crate::region::{MemError, RegionTable};
-
-fn mem_status(e: &MemError) -> Status {
-    match e {
-        MemError::OutOfRange { .. } => Status::OutOfRange,
-        MemError::Misaligned(_) => Status::Refused,
-    }
-}
+use crate::region::RegionTable;
 
 /// Runs one operation against `regions` as the NIC's agent would: the rkey must name a region
 /// of `req.app` granting the right the operation needs (READ: read, WRITE: write, CAS/FAA:
@@ -52,7 +45,7 @@ pub fn execute(regions: &RegionTable, req: &Operation) -> Completion {
                 };
                 let n = d.len as usize;
                 if let Err(e) = r.region.mem.read(r.offset, &mut out[at..at + n]) {
-                    return fail(mem_status(&e), e.to_string());
+                    return fail(e.status(), e.to_string());
                 }
                 at += n;
             }
@@ -65,7 +58,7 @@ pub fn execute(regions: &RegionTable, req: &Operation) -> Completion {
             };
             match r.region.mem.write(r.offset, data) {
                 Ok(()) => ok(Bytes::new()),
-                Err(e) => fail(mem_status(&e), e.to_string()),
+                Err(e) => fail(e.status(), e.to_string()),
             }
         }
         Op::Cas {
@@ -80,7 +73,7 @@ pub fn execute(regions: &RegionTable, req: &Operation) -> Completion {
             };
             match r.region.mem.cas(r.offset, *expected, *new) {
                 Ok(old) => ok(Bytes::copy_from_slice(&old.to_le_bytes())),
-                Err(e) => fail(mem_status(&e), e.to_string()),
+                Err(e) => fail(e.status(), e.to_string()),
             }
         }
         Op::Faa { rkey, offset, add } => {
@@ -90,7 +83,7 @@ pub fn execute(regions: &RegionTable, req: &Operation) -> Completion {
             };
             match r.region.mem.faa(r.offset, *add) {
                 Ok(old) => ok(Bytes::copy_from_slice(&old.to_le_bytes())),
-                Err(e) => fail(mem_status(&e), e.to_string()),
+                Err(e) => fail(e.status(), e.to_string()),
             }
         }
     }

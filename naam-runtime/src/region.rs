@@ -60,23 +60,9 @@ impl std::fmt::Debug for RegionMemory {
     }
 }
 
-/// Why a region operation was refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum MemError {
-    /// The range runs past the region.
-    #[error("range {offset}+{len} runs past the region's {size} bytes")]
-    OutOfRange {
-        /// Offset asked for.
-        offset: u64,
-        /// Length asked for.
-        len: u64,
-        /// Region size.
-        size: usize,
-    },
-    /// A 64-bit atomic at an offset that is not a multiple of 8.
-    #[error("atomic operation at offset {0} is not 8-byte aligned")]
-    Misaligned(u64),
-}
+/// Why a region operation or a descriptor was refused (defined with the step machine, whose
+/// replies name them).
+pub use naam_proto::step::{MemError, ResolveError};
 
 impl RegionMemory {
     /// `len` zero bytes.
@@ -331,25 +317,6 @@ pub struct Region {
     pub access: u32,
     /// The memory.
     pub mem: RegionMemory,
-}
-
-/// Why a descriptor does not resolve. Each maps to an error reply, never a memory access.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ResolveError {
-    /// Unknown rkey, or one that belongs to another app (indistinguishable by design).
-    #[error("rkey {0:#018x} names no region of this app")]
-    BadKey(u64),
-    /// The range runs past the region.
-    #[error("descriptor range runs past its region: {0}")]
-    OutOfRange(MemError),
-    /// Rights the region does not grant.
-    #[error("descriptor asks for access {need:#x}, region grants {have:#x}")]
-    AccessDenied {
-        /// Rights asked for.
-        need: u32,
-        /// Rights granted.
-        have: u32,
-    },
 }
 
 /// A descriptor checked against its region.

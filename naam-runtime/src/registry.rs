@@ -11,14 +11,9 @@ use crate::verifier::VerifierConfig;
 
 pub use naam_proto::handler_id;
 
-/// Whether a handler only reads, or may return `Write`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HandlerKind {
-    /// Reads only: may run at any placement, including the client.
-    Read,
-    /// May write: runs at the app's write owner only.
-    Write,
-}
+/// Whether a handler only reads or may write (defined with the step machine, which enforces
+/// it).
+pub use naam_proto::step::HandlerKind;
 
 /// A registered handler.
 #[derive(Debug)]

@@ -20,6 +20,8 @@
 //! - [`peek`]: a message's kind and id read without decoding it (matching answers);
 //! - [`placement`]: where a message's steps run;
 //! - [`steering`]: load signals and the policies that turn them into weights;
+//! - [`step`]: the step machine (one message's steps at one placement) and the traits its
+//!   drivers implement: the engine, the data paths, the one-sided READ transport;
 //! - [`transport`]: what application client libraries call through ([`transport::Transport`]).
 #![deny(missing_docs)]
 
@@ -35,6 +37,7 @@ pub mod peek;
 pub mod placement;
 pub mod session;
 pub mod steering;
+pub mod step;
 pub mod transport;
 pub mod wire;
 

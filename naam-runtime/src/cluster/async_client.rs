@@ -3,7 +3,7 @@
 //! one-sided READs without blocking the runtime.
 
 use super::*;
-use crate::executor::{Action, StepMachine};
+use crate::executor::{run_step, Action, StepMachine};
 
 impl Cluster {
     /// An asynchronous (tokio) client; cheap to clone and share (feature `async`).
@@ -99,8 +99,13 @@ impl AsyncClient {
         };
         let mut vm = Vm::new();
         vm.set_cross_check(self.inner.config.cross_check.clone());
-        let (mut m, mut action) =
-            StepMachine::start(req, handler, Placement::Client, self.inner.config.limits);
+        let (mut m, mut action) = StepMachine::start(
+            req,
+            handler.app,
+            handler.kind,
+            Placement::Client,
+            self.inner.config.limits,
+        );
         let mut bufs: Vec<Vec<u8>> = Vec::new();
         loop {
             action = match action {
@@ -135,7 +140,14 @@ impl AsyncClient {
                                 .iter()
                                 .map(|b| crate::engine::Grant::read(b))
                                 .collect();
-                            m.step(&mut vm, &grants, self.inner.clock.as_ref(), 0)
+                            run_step(
+                                &mut m,
+                                &mut vm,
+                                &handler.exe,
+                                &grants,
+                                self.inner.clock.as_ref(),
+                                0,
+                            )
                         }
                         Ok(Ok(Err(e))) => m.fetch_failed(&e.into()),
                         _ => {

@@ -431,90 +431,19 @@ impl Executable {
     }
 }
 
-/// A segment granted to one step: `len` bytes at `addr` with `ACCESS_*` rights.
-#[derive(Clone, Copy, Debug)]
-pub struct Grant<'a> {
-    addr: u64,
-    len: usize,
-    access: u32,
-    _life: std::marker::PhantomData<&'a mut [u8]>,
-}
+/// A segment granted to one step, and the inputs of one step: defined with the step machine
+/// (naam-proto), which builds them.
+pub use naam_proto::step::{Grant, Invocation};
 
-impl<'a> Grant<'a> {
-    /// Read-only access to `bytes`.
-    pub fn read(bytes: &'a [u8]) -> Grant<'a> {
-        Grant {
-            addr: bytes.as_ptr() as u64,
-            len: bytes.len(),
-            access: naam_ebpf::abi::ACCESS_READ,
-            _life: std::marker::PhantomData,
-        }
-    }
-
-    /// Access to `bytes` with `access` rights (write rights need the exclusive borrow).
-    pub fn with_access(bytes: &'a mut [u8], access: u32) -> Grant<'a> {
-        Grant {
-            addr: bytes.as_mut_ptr() as u64,
-            len: bytes.len(),
-            access,
-            _life: std::marker::PhantomData,
-        }
-    }
-
-    /// Grants raw memory.
-    ///
-    /// # Safety
-    /// `[addr, addr + len)` must be valid for the access rights for the whole step, and not be
-    /// accessed concurrently in a way that breaks Rust's aliasing rules for its owner.
-    pub unsafe fn raw(addr: u64, len: usize, access: u32) -> Grant<'a> {
-        Grant {
-            addr,
-            len,
-            access,
-            _life: std::marker::PhantomData,
-        }
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True for an empty grant.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The grant: read and write rights as the descriptor asked (atomics need the write right).
-    fn slot(&self) -> GrantSlot {
-        GrantSlot::with_rights(
-            self.addr,
-            self.len as u64,
-            self.access & naam_ebpf::abi::ACCESS_READ != 0,
-            self.access & naam_ebpf::abi::ACCESS_WRITE != 0,
-        )
-    }
-}
-
-/// The inputs of one step.
-#[derive(Clone, Debug, Default)]
-pub struct Invocation<'a> {
-    /// Application id.
-    pub app: u32,
-    /// Request id.
-    pub request_id: u64,
-    /// Step index.
-    pub step: u32,
-    /// Placement, one of `naam_ebpf::abi::placement`.
-    pub placement: u32,
-    /// Inline args (at most `ARGS_CAP` bytes).
-    pub args: &'a [u8],
-    /// State words from the previous step.
-    pub state: [u64; STATE_WORDS],
-    /// Reply bytes accumulated by earlier steps.
-    pub reply: &'a [u8],
-    /// Segments fetched for this step.
-    pub segments: &'a [Grant<'a>],
+/// The engine's grant for `g`: read and write rights as the descriptor asked (atomics need the
+/// write right).
+fn grant_slot(g: &Grant<'_>) -> GrantSlot {
+    GrantSlot::with_rights(
+        g.addr(),
+        g.len() as u64,
+        g.access() & naam_ebpf::abi::ACCESS_READ != 0,
+        g.access() & naam_ebpf::abi::ACCESS_WRITE != 0,
+    )
 }
 
 /// Why a step failed before, during or after the handler ran.
@@ -643,7 +572,7 @@ impl Vm {
         } else if inv.reply.len() > REPLY_CAP {
             "reply exceeds its capacity".into()
         } else {
-            let len = inv.segments.iter().map(|g| g.len).max().unwrap_or(0);
+            let len = inv.segments.iter().map(|g| g.len()).max().unwrap_or(0);
             format!("segment of {len} bytes is too large")
         })
     }
@@ -662,7 +591,7 @@ impl Vm {
         if inv.args.len() > ARGS_CAP
             || inv.segments.len() > MAX_SEGMENTS
             || inv.reply.len() > REPLY_CAP
-            || inv.segments.iter().any(|g| g.len > u32::MAX as usize)
+            || inv.segments.iter().any(|g| g.len() > u32::MAX as usize)
         {
             return Err(Self::bad_invocation(inv));
         }
@@ -681,9 +610,9 @@ impl Vm {
         c.segment_count = inv.segments.len() as u32;
         for (slot, g) in c.segments.iter_mut().zip(inv.segments) {
             *slot = naam_ebpf::Segment {
-                addr: g.addr,
-                len: g.len as u32,
-                access: g.access,
+                addr: g.addr(),
+                len: g.len() as u32,
+                access: g.access(),
             };
         }
         // Entries an earlier step used and this one does not: no stale addresses (the
@@ -706,7 +635,7 @@ impl Vm {
         }
         let v = &mut *self.vmctx;
         for (i, g) in inv.segments.iter().enumerate() {
-            v.grants[slot::SEGMENT + i] = g.slot();
+            v.grants[slot::SEGMENT + i] = grant_slot(g);
         }
         for i in inv.segments.len()..self.segments_installed {
             v.grants[slot::SEGMENT + i] = GrantSlot::EMPTY;
@@ -1125,6 +1054,35 @@ impl Vm {
     /// State words after the last step.
     pub fn state(&self) -> [u64; STATE_WORDS] {
         self.ctx.state
+    }
+}
+
+/// The step machine's view of the engine: a step's output borrowed from the context, and a
+/// failure turned into the fault the machine replies with.
+impl naam_proto::step::Engine for Vm {
+    type Program = Executable;
+
+    fn run_step(
+        &mut self,
+        exe: &Executable,
+        inv: &Invocation<'_>,
+    ) -> Result<naam_proto::step::StepResult<'_>, naam_proto::step::StepFault> {
+        use naam_proto::step::StepFault;
+        match self.run(exe, inv) {
+            Ok(out) => Ok(naam_proto::step::StepResult {
+                return_code: out.return_code,
+                ret: out.ret,
+                insns: out.insns,
+                reply: self.reply(),
+                state: self.state(),
+                next: self.next(),
+                writes: self.writes(),
+                write_data: self.write_data(),
+            }),
+            Err(StepError::Vm(VmError::Aborted { code })) => Err(StepFault::Aborted { code }),
+            Err(e @ StepError::BadInput(_)) => Err(StepFault::BadInput(e.to_string())),
+            Err(e) => Err(StepFault::Fault(e.to_string())),
+        }
     }
 }
 

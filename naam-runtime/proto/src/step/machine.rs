@@ -1,0 +1,421 @@
+//! [`StepMachine`]: one message's steps at one placement, and what it asks of its driver.
+
+use bytes::Bytes;
+use naam_ebpf::abi::{write_kind, Descriptor, Return, ACCESS_MASK, STATE_WORDS};
+
+use super::engine::{Grant, Invocation, StepFault, StepResult};
+use super::error::{FetchError, WriteError};
+use crate::placement::Placement;
+use crate::wire::{Descriptors, Request, Status};
+
+/// Whether a handler only reads, or may return `Write`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandlerKind {
+    /// Reads only: may run at any placement, including the client.
+    Read,
+    /// May write: runs at the app's write owner only.
+    Write,
+}
+
+/// Bounds on one message's execution.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most steps a message may take over its whole life (hop limit).
+    pub max_steps: u16,
+    /// Most `Retry` returns (torn optimistic reads) per message at one placement.
+    pub max_retries: u16,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_steps: 32,
+            max_retries: 64,
+        }
+    }
+}
+
+/// Longest wait between two attempts of a torn optimistic read.
+pub const MAX_RETRY_BACKOFF_NS: u64 = 1_000_000;
+
+/// One write operation, resolved against the descriptor of the segment it targets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteRequest {
+    /// Descriptor of the target segment (as the message granted it).
+    pub target: Descriptor,
+    /// `write_kind::*`.
+    pub kind: u32,
+    /// Offset inside the target segment.
+    pub offset: u32,
+    /// Bytes to store (`STORE`).
+    pub data: Vec<u8>,
+    /// New value (`CAS`) or addend (`FAA`).
+    pub operand: u64,
+    /// Expected value (`CAS`).
+    pub expected: u64,
+}
+
+/// The writes of one step, applied in order by the write owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WriteBatch {
+    /// The app of the handler that produced the writes: every target rkey must name one of
+    /// this app's regions.
+    pub app: u32,
+    /// Request id (the owner's deduplication key, with the session).
+    pub request_id: u64,
+    /// Operations in order.
+    pub ops: Vec<WriteRequest>,
+}
+
+/// What the driver must do next.
+#[derive(Debug)]
+pub enum Action {
+    /// Fetch [`StepMachine::current`]'s descriptors, run the engine over them with
+    /// [`StepMachine::invocation`] and hand the result to [`StepMachine::stepped`] (the
+    /// descriptors stay in the machine: no copy per step). Wait out
+    /// [`StepMachine::retry_backoff_ns`] first, if any.
+    Fetch,
+    /// Apply these writes (at the owner) and call [`StepMachine::writes_applied`].
+    Write(WriteBatch),
+    /// The message is finished.
+    Complete(Outcome),
+}
+
+/// How a message ended, at whichever placement ran it (the reply is built from it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// Its status.
+    pub status: Status,
+    /// The handler's error code (`HandlerError`), abort code (`Aborted`), or 0.
+    pub code: u32,
+    /// Reply bytes (`Ok`) or an error message.
+    pub payload: Bytes,
+    /// Steps run over the message's life (earlier placements' included).
+    pub steps: u16,
+    /// Interpreter instructions executed here (0 under the JIT).
+    pub insns: u64,
+    /// Optimistic-read retries taken here.
+    pub retries: u16,
+    /// Accounting of every step run here (retries included), in order.
+    pub records: Vec<StepRecord>,
+}
+
+/// Accounting of one step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct StepRecord {
+    /// Instructions the interpreter executed (`None` under the JIT, which does not count).
+    pub insns: Option<u64>,
+    /// Handler run time, nanoseconds, as the driver measured it with its clock.
+    pub exec_ns: u64,
+    /// Cost of fetching the step's segments, nanoseconds (modelled DMA, measured READ, 0).
+    pub fetch_ns: u64,
+}
+
+impl Outcome {
+    /// An error completion with a message.
+    pub fn error(status: Status, code: u32, message: impl Into<String>, steps: u16) -> Outcome {
+        Outcome {
+            status,
+            code,
+            payload: Bytes::from(message.into().into_bytes()),
+            steps,
+            insns: 0,
+            retries: 0,
+            records: Vec::new(),
+        }
+    }
+}
+
+/// One message in flight at one placement.
+#[derive(Debug)]
+pub struct StepMachine {
+    app: u32,
+    kind: HandlerKind,
+    placement: Placement,
+    request_id: u64,
+    args: Bytes,
+    state: [u64; STATE_WORDS],
+    reply: Vec<u8>,
+    current: Descriptors,
+    steps: u16,
+    retries: u16,
+    insns: u64,
+    limits: Limits,
+    records: Vec<StepRecord>,
+}
+
+impl StepMachine {
+    /// Starts `req`, whose handler belongs to `app` and is of `kind`, at `placement`. The first
+    /// action fetches the request's descriptors, unless the message cannot run here at all.
+    pub fn start(
+        req: &Request,
+        app: u32,
+        kind: HandlerKind,
+        placement: Placement,
+        limits: Limits,
+    ) -> (StepMachine, Action) {
+        let mut m = StepMachine {
+            app,
+            kind,
+            placement,
+            request_id: req.request_id,
+            args: req.args.clone(),
+            state: req.state,
+            reply: req.partial_reply.to_vec(),
+            current: req.descriptors,
+            steps: req.steps,
+            retries: 0,
+            insns: 0,
+            limits,
+            records: Vec::new(),
+        };
+        let action = if placement == Placement::Client && kind == HandlerKind::Write {
+            m.fail(
+                Status::PlacementRefused,
+                "write handlers run at the write owner, not at the client",
+            )
+        } else if m.steps >= m.limits.max_steps {
+            m.fail(
+                Status::HopLimit,
+                format!("hop limit of {} steps reached", m.limits.max_steps),
+            )
+        } else {
+            Action::Fetch
+        };
+        (m, action)
+    }
+
+    /// The app whose regions the descriptors name.
+    pub fn app(&self) -> u32 {
+        self.app
+    }
+
+    /// The request id.
+    pub fn request_id(&self) -> u64 {
+        self.request_id
+    }
+
+    /// Descriptors of the step being fetched or run.
+    pub fn current(&self) -> &Descriptors {
+        &self.current
+    }
+
+    /// Steps run so far, over the message's life.
+    pub fn steps(&self) -> u16 {
+        self.steps
+    }
+
+    /// Optimistic-read retries taken so far at this placement.
+    pub fn retries(&self) -> u16 {
+        self.retries
+    }
+
+    /// How long the driver should wait before fetching again after a torn read: doubling from
+    /// 1 µs per retry, capped at [`MAX_RETRY_BACKOFF_NS`]. A writer preempted in the middle of
+    /// an update keeps an object torn for a whole scheduler slice; readers that retry at once
+    /// would spend their budget in microseconds.
+    pub fn retry_backoff_ns(&self) -> Option<u64> {
+        (self.retries > 0)
+            .then(|| (1_000u64 << (self.retries - 1).min(20)).min(MAX_RETRY_BACKOFF_NS))
+    }
+
+    /// The engine's input for the current step over `segments` (fetched in the order of
+    /// [`StepMachine::current`]).
+    pub fn invocation<'a>(&'a self, segments: &'a [Grant<'a>]) -> Invocation<'a> {
+        Invocation {
+            app: self.app,
+            request_id: self.request_id,
+            step: self.steps as u32,
+            placement: self.placement.abi(),
+            args: &self.args,
+            state: self.state,
+            reply: &self.reply,
+            segments,
+        }
+    }
+
+    fn fail(&mut self, status: Status, message: impl Into<String>) -> Action {
+        self.fail_with_code(status, 0, message)
+    }
+
+    fn fail_with_code(&mut self, status: Status, code: u32, message: impl Into<String>) -> Action {
+        let mut c = Outcome::error(status, code, message, self.steps);
+        c.insns = self.insns;
+        c.retries = self.retries;
+        c.records = std::mem::take(&mut self.records);
+        Action::Complete(c)
+    }
+
+    /// The message ends: the reply and the records move into the completion.
+    fn complete(&mut self, status: Status, code: u32) -> Action {
+        Action::Complete(Outcome {
+            status,
+            code,
+            payload: Bytes::from(std::mem::take(&mut self.reply)),
+            steps: self.steps,
+            insns: self.insns,
+            retries: self.retries,
+            records: std::mem::take(&mut self.records),
+        })
+    }
+
+    /// The fetch failed: the message ends with the matching error.
+    pub fn fetch_failed(&mut self, e: &FetchError) -> Action {
+        self.fail(e.status(), e.to_string())
+    }
+
+    /// The engine ran the current step (its segments cost `fetch_ns` to fetch, the run took
+    /// `exec_ns` by the driver's clock): the machine takes the step's output and says what
+    /// comes next. A step that faulted ends the message; one that asked to be retried (a torn
+    /// optimistic read) leaves the reply and state as they were.
+    pub fn stepped(
+        &mut self,
+        result: Result<StepResult<'_>, StepFault>,
+        fetch_ns: u64,
+        exec_ns: u64,
+    ) -> Action {
+        self.records.push(StepRecord {
+            insns: result.as_ref().ok().and_then(|o| o.insns),
+            exec_ns,
+            fetch_ns,
+        });
+        let out = match result {
+            Ok(out) => out,
+            Err(e @ StepFault::Aborted { code }) => {
+                return self.fail_with_code(Status::Aborted, code as u32, e.to_string())
+            }
+            Err(e @ StepFault::BadInput(_)) => return self.fail(Status::Refused, e.to_string()),
+            Err(e) => return self.fail(Status::Fault, e.to_string()),
+        };
+        self.insns += out.insns.unwrap_or(0);
+        self.steps += 1;
+        // A step that asks to be retried saw inconsistent data: whatever it wrote into the
+        // reply or the state words is discarded with it.
+        if out.ret != Some(Return::Retry) {
+            self.reply.clear();
+            self.reply.extend_from_slice(out.reply);
+            self.state = out.state;
+        }
+        match out.ret {
+            Some(Return::Done) => self.complete(Status::Ok, 0),
+            Some(Return::Error(code)) => self.complete(Status::HandlerError, code),
+            Some(Return::Continue) => {
+                if self.steps >= self.limits.max_steps {
+                    return self.fail(
+                        Status::HopLimit,
+                        format!("hop limit of {} steps reached", self.limits.max_steps),
+                    );
+                }
+                match Descriptors::from_slice(out.next) {
+                    Ok(next)
+                        if next
+                            .as_slice()
+                            .iter()
+                            .all(|d| d.access != 0 && d.access & !ACCESS_MASK == 0) =>
+                    {
+                        self.current = next;
+                        Action::Fetch
+                    }
+                    _ => self.fail(Status::Refused, "Continue with invalid next descriptors"),
+                }
+            }
+            Some(Return::Retry) => {
+                self.retries += 1;
+                if self.retries > self.limits.max_retries {
+                    return self.fail(
+                        Status::Refused,
+                        format!(
+                            "more than {} optimistic-read retries",
+                            self.limits.max_retries
+                        ),
+                    );
+                }
+                // Same step, same descriptors, fresh data.
+                self.steps -= 1;
+                Action::Fetch
+            }
+            Some(Return::Write) => {
+                if self.kind != HandlerKind::Write {
+                    return self.fail(Status::Refused, "a read handler returned Write");
+                }
+                match self.write_batch(&out) {
+                    Ok(batch) => Action::Write(batch),
+                    Err(why) => self.fail(Status::Refused, why),
+                }
+            }
+            None => self.fail(
+                Status::Fault,
+                format!("handler returned invalid r0 {:#x}", out.return_code),
+            ),
+        }
+    }
+
+    /// The step's write operations, each checked against the segment it targets.
+    fn write_batch(&self, out: &StepResult<'_>) -> Result<WriteBatch, String> {
+        let mut ops = Vec::with_capacity(out.writes.len());
+        for (i, w) in out.writes.iter().enumerate() {
+            let target = *self
+                .current
+                .as_slice()
+                .get(w.segment as usize)
+                .ok_or_else(|| {
+                    format!(
+                        "write {i} targets segment {} of {}",
+                        w.segment,
+                        self.current.len()
+                    )
+                })?;
+            let end = w.offset as u64 + w.len as u64;
+            if end > target.len as u64 {
+                return Err(format!(
+                    "write {i} runs past its segment ({end} > {})",
+                    target.len
+                ));
+            }
+            let op = match w.kind {
+                write_kind::STORE => {
+                    let bytes = out
+                        .write_data
+                        .get(w.data_offset as usize..w.data_offset as usize + w.len as usize)
+                        .ok_or_else(|| format!("write {i}: data outside the staging buffer"))?;
+                    WriteRequest {
+                        target,
+                        kind: w.kind,
+                        offset: w.offset,
+                        data: bytes.to_vec(),
+                        operand: 0,
+                        expected: 0,
+                    }
+                }
+                write_kind::CAS | write_kind::FAA => {
+                    if w.len != 8 {
+                        return Err(format!("write {i}: atomics are 8 bytes"));
+                    }
+                    WriteRequest {
+                        target,
+                        kind: w.kind,
+                        offset: w.offset,
+                        data: Vec::new(),
+                        operand: w.operand,
+                        expected: w.expected,
+                    }
+                }
+                k => return Err(format!("write {i}: unknown kind {k}")),
+            };
+            ops.push(op);
+        }
+        Ok(WriteBatch {
+            app: self.app,
+            request_id: self.request_id,
+            ops,
+        })
+    }
+
+    /// The writes were applied (or not): the message completes.
+    pub fn writes_applied(&mut self, result: Result<(), WriteError>) -> Action {
+        match result {
+            Ok(()) => self.complete(Status::Ok, 0),
+            Err(e) => self.fail(e.status(), e.to_string()),
+        }
+    }
+}

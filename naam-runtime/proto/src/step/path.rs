@@ -1,0 +1,66 @@
+//! How a placement reaches the data a step needs: the traits its drivers implement, and the
+//! cost model of the NIC's DMA.
+
+use naam_ebpf::abi::Descriptor;
+
+use super::engine::Grant;
+use super::error::FetchError;
+use crate::placement::Placement;
+
+/// Segments fetched for one step, and what fetching them cost.
+pub struct Fetched<'a> {
+    /// One grant per descriptor, in order (borrowed from the path's reused buffers).
+    pub grants: &'a [Grant<'a>],
+    /// Cost of the fetch, nanoseconds: modelled DMA, a measured READ round trip, or 0 for
+    /// direct memory.
+    pub cost_ns: u64,
+}
+
+/// How a placement reaches the data a step needs.
+pub trait DataPath {
+    /// The placement this path serves.
+    fn placement(&self) -> Placement;
+    /// Resolves `descs` against `app`'s regions and fetches them (the app scopes the rkeys:
+    /// another tenant's key does not resolve).
+    fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError>;
+}
+
+/// A one-sided READ transport: fetch the bytes of several descriptors in one round trip.
+pub trait OneSided {
+    /// Reads `descs` of `app` into `bufs` (one per descriptor, resized to fit); returns the
+    /// round-trip cost in nanoseconds (measured or modelled).
+    fn read(
+        &mut self,
+        app: u32,
+        descs: &[Descriptor],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<u64, FetchError>;
+}
+
+/// Cost model of a DMA access from NIC cores to host memory: a fixed PCIe round trip plus a
+/// per-byte transfer time. Defaults follow published BlueField-2 figures (about 1 µs for a
+/// small DMA read across PCIe Gen4, about 10 GB/s sustained per engine); they are a model, not a
+/// measurement on this machine.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DmaModel {
+    /// Fixed cost of one access, nanoseconds.
+    pub access_ns: u64,
+    /// Transfer cost, picoseconds per byte.
+    pub ps_per_byte: u64,
+}
+
+impl Default for DmaModel {
+    fn default() -> Self {
+        DmaModel {
+            access_ns: 1_000,
+            ps_per_byte: 100,
+        }
+    }
+}
+
+impl DmaModel {
+    /// Modelled cost of reading `bytes` in one access.
+    pub fn cost_ns(&self, bytes: u64) -> u64 {
+        self.access_ns + bytes * self.ps_per_byte / 1000
+    }
+}

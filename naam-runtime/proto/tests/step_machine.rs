@@ -1,0 +1,529 @@
+//! The step machine against a scripted engine: every rule a placement enforces (hop limit,
+//! retry budget and backoff, write-owner rules, checks on a step's output, faults) with no VM,
+//! no memory and no clock.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use naam_ebpf::abi::{write_kind, Descriptor, Return, WriteOp, ACCESS_READ, ACCESS_WRITE};
+use naam_proto::step::{
+    Action, Engine, Grant, HandlerKind, Invocation, Limits, Outcome, StepFault, StepMachine,
+    StepResult, WriteError, MAX_RETRY_BACKOFF_NS,
+};
+use naam_proto::wire::{Descriptors, Request, Status};
+use naam_proto::Placement;
+use proptest::prelude::*;
+
+/// What one scripted step leaves behind.
+#[derive(Clone, Debug, Default)]
+struct ScriptedStep {
+    ret: Option<Return>,
+    return_code: u64,
+    reply: Vec<u8>,
+    state0: u64,
+    next: Vec<Descriptor>,
+    writes: Vec<WriteOp>,
+    write_data: Vec<u8>,
+    fault: Option<StepFault>,
+}
+
+impl ScriptedStep {
+    fn returning(ret: Return) -> Self {
+        ScriptedStep {
+            ret: Some(ret),
+            return_code: ret.encode(),
+            ..Default::default()
+        }
+    }
+}
+
+/// An engine that replays a script and records what each step was given.
+#[derive(Default)]
+struct ScriptedEngine {
+    script: VecDeque<ScriptedStep>,
+    current: ScriptedStep,
+    seen: Vec<(u32, u32, u64, Vec<u8>, usize)>,
+}
+
+impl Engine for ScriptedEngine {
+    type Program = ();
+
+    fn run_step(
+        &mut self,
+        _program: &(),
+        inv: &Invocation<'_>,
+    ) -> Result<StepResult<'_>, StepFault> {
+        self.seen.push((
+            inv.step,
+            inv.placement,
+            inv.state[0],
+            inv.reply.to_vec(),
+            inv.segments.len(),
+        ));
+        self.current = self.script.pop_front().expect("the script ran out");
+        if let Some(f) = self.current.fault.clone() {
+            return Err(f);
+        }
+        let mut state = [0u64; naam_ebpf::abi::STATE_WORDS];
+        state[0] = self.current.state0;
+        Ok(StepResult {
+            return_code: self.current.return_code,
+            ret: self.current.ret,
+            insns: Some(10),
+            reply: &self.current.reply,
+            state,
+            next: &self.current.next,
+            writes: &self.current.writes,
+            write_data: &self.current.write_data,
+        })
+    }
+}
+
+fn desc(rkey: u64, len: u32, access: u32) -> Descriptor {
+    Descriptor {
+        rkey,
+        offset: 0,
+        len,
+        access,
+    }
+}
+
+fn request(descs: &[Descriptor]) -> Request {
+    Request::new(
+        7,
+        1,
+        42,
+        Bytes::from_static(b"args"),
+        Descriptors::from_slice(descs).expect("descriptors fit"),
+    )
+}
+
+/// Drives the machine as a driver would (fetch = one zero-length grant per descriptor, fetch
+/// cost 5 ns, exec 3 ns), applying writes with `apply`; returns the outcome and every batch.
+fn drive(
+    req: &Request,
+    kind: HandlerKind,
+    placement: Placement,
+    limits: Limits,
+    engine: &mut ScriptedEngine,
+    mut apply: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
+) -> (Outcome, Vec<naam_proto::step::WriteBatch>) {
+    let (mut m, mut action) = StepMachine::start(req, 7, kind, placement, limits);
+    let mut batches = Vec::new();
+    let buf = [0u8; 0];
+    loop {
+        action = match action {
+            Action::Complete(o) => return (o, batches),
+            Action::Fetch => {
+                let grants: Vec<Grant<'_>> = m
+                    .current()
+                    .as_slice()
+                    .iter()
+                    .map(|_| Grant::read(&buf))
+                    .collect();
+                let r = engine.run_step(&(), &m.invocation(&grants));
+                m.stepped(r, 5, 3)
+            }
+            Action::Write(b) => {
+                let r = apply(&b);
+                batches.push(b);
+                m.writes_applied(r)
+            }
+        };
+    }
+}
+
+fn script(steps: impl IntoIterator<Item = ScriptedStep>) -> ScriptedEngine {
+    ScriptedEngine {
+        script: steps.into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn continue_carries_state_reply_and_next_descriptors() {
+    let next = desc(9, 16, ACCESS_READ);
+    let mut first = ScriptedStep::returning(Return::Continue);
+    first.reply = b"half".to_vec();
+    first.state0 = 77;
+    first.next = vec![next, next];
+    let mut second = ScriptedStep::returning(Return::Done);
+    second.reply = b"whole".to_vec();
+    let mut e = script([first, second]);
+    let (o, _) = drive(
+        &request(&[desc(1, 8, ACCESS_READ)]),
+        HandlerKind::Read,
+        Placement::Nic,
+        Limits::default(),
+        &mut e,
+        |_| unreachable!(),
+    );
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(&o.payload[..], b"whole");
+    assert_eq!(o.steps, 2);
+    assert_eq!(o.insns, 20);
+    assert_eq!(o.records.len(), 2);
+    assert!(o.records.iter().all(|r| r.fetch_ns == 5 && r.exec_ns == 3));
+    // Step 1 saw step 0's state, reply and two segments, at the NIC's placement code.
+    assert_eq!(e.seen[0], (0, Placement::Nic.abi(), 0, Vec::new(), 1));
+    assert_eq!(
+        e.seen[1],
+        (1, Placement::Nic.abi(), 77, b"half".to_vec(), 2)
+    );
+}
+
+#[test]
+fn hop_limit_ends_a_message_that_keeps_continuing() {
+    let mut step = ScriptedStep::returning(Return::Continue);
+    step.next = vec![desc(1, 8, ACCESS_READ)];
+    let limits = Limits {
+        max_steps: 4,
+        max_retries: 1,
+    };
+    let mut e = script(std::iter::repeat_n(step, 4));
+    let (o, _) = drive(
+        &request(&[desc(1, 8, ACCESS_READ)]),
+        HandlerKind::Read,
+        Placement::Host,
+        limits,
+        &mut e,
+        |_| unreachable!(),
+    );
+    assert_eq!(o.status, Status::HopLimit);
+    assert_eq!(o.steps, 4);
+    // A continuation that arrives with its budget spent does not run at all.
+    let mut spent = request(&[desc(1, 8, ACCESS_READ)]);
+    spent.steps = 4;
+    let (_, action) = StepMachine::start(&spent, 7, HandlerKind::Read, Placement::Host, limits);
+    assert!(matches!(action, Action::Complete(o) if o.status == Status::HopLimit));
+}
+
+#[test]
+fn continue_with_invalid_next_descriptors_is_refused() {
+    for next in [
+        vec![desc(1, 8, 0)],                         // no rights
+        vec![desc(1, 8, 0x8000_0000 | ACCESS_READ)], // unknown rights
+        vec![desc(1, 8, ACCESS_READ); 64],           // more than a step may fetch
+    ] {
+        let mut step = ScriptedStep::returning(Return::Continue);
+        step.next = next.clone();
+        let mut e = script([step]);
+        let (o, _) = drive(
+            &request(&[desc(1, 8, ACCESS_READ)]),
+            HandlerKind::Read,
+            Placement::Host,
+            Limits::default(),
+            &mut e,
+            |_| unreachable!(),
+        );
+        assert_eq!(o.status, Status::Refused, "next = {next:?}");
+    }
+}
+
+#[test]
+fn retries_discard_the_torn_step_and_back_off_up_to_the_budget() {
+    let mut torn = ScriptedStep::returning(Return::Retry);
+    torn.reply = b"garbage".to_vec();
+    torn.state0 = 666;
+    let mut done = ScriptedStep::returning(Return::Done);
+    done.reply = b"ok".to_vec();
+    let mut e = script([torn.clone(), torn.clone(), done]);
+    let (o, _) = drive(
+        &request(&[desc(1, 8, ACCESS_READ)]),
+        HandlerKind::Read,
+        Placement::Host,
+        Limits::default(),
+        &mut e,
+        |_| unreachable!(),
+    );
+    assert_eq!((o.status, o.steps, o.retries), (Status::Ok, 1, 2));
+    assert_eq!(&o.payload[..], b"ok");
+    // Every attempt ran as step 0 with the original state and an empty reply.
+    assert!(e
+        .seen
+        .iter()
+        .all(|s| s.0 == 0 && s.2 == 0 && s.3.is_empty()));
+
+    // Backoff doubles from 1 µs and is capped.
+    let limits = Limits {
+        max_steps: 32,
+        max_retries: 40,
+    };
+    let (mut m, _) = StepMachine::start(
+        &request(&[desc(1, 8, ACCESS_READ)]),
+        7,
+        HandlerKind::Read,
+        Placement::Host,
+        limits,
+    );
+    assert_eq!(m.retry_backoff_ns(), None);
+    let mut e = script(std::iter::repeat_n(
+        ScriptedStep::returning(Return::Retry),
+        41,
+    ));
+    let mut waits = Vec::new();
+    let buf = [0u8; 8];
+    let outcome = loop {
+        let grants = [Grant::read(&buf)];
+        let r = e.run_step(&(), &m.invocation(&grants));
+        match m.stepped(r, 0, 0) {
+            Action::Fetch => waits.push(m.retry_backoff_ns().expect("a retry waits")),
+            Action::Complete(o) => break o,
+            Action::Write(_) => unreachable!(),
+        }
+    };
+    assert_eq!(&waits[..4], &[1_000, 2_000, 4_000, 8_000]);
+    assert_eq!(waits.last(), Some(&MAX_RETRY_BACKOFF_NS));
+    assert_eq!(outcome.status, Status::Refused);
+    assert_eq!(outcome.retries, 41);
+}
+
+fn write_step(writes: Vec<WriteOp>, data: &[u8]) -> ScriptedStep {
+    let mut s = ScriptedStep::returning(Return::Write);
+    s.writes = writes;
+    s.write_data = data.to_vec();
+    s
+}
+
+fn store(segment: u32, offset: u32, len: u32, data_offset: u32) -> WriteOp {
+    WriteOp {
+        kind: write_kind::STORE,
+        segment,
+        offset,
+        len,
+        data_offset,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn writes_are_checked_against_their_segments_and_applied_at_the_owner() {
+    let target = desc(3, 16, ACCESS_READ | ACCESS_WRITE);
+    let cas = WriteOp {
+        kind: write_kind::CAS,
+        segment: 0,
+        offset: 8,
+        len: 8,
+        operand: 5,
+        expected: 4,
+        ..Default::default()
+    };
+    let mut e = script([write_step(vec![store(0, 0, 4, 2), cas], b"..abcd")]);
+    let (o, batches) = drive(
+        &request(&[target]),
+        HandlerKind::Write,
+        Placement::Host,
+        Limits::default(),
+        &mut e,
+        |_| Ok(()),
+    );
+    assert_eq!(o.status, Status::Ok);
+    assert_eq!(batches.len(), 1);
+    let b = &batches[0];
+    assert_eq!((b.app, b.request_id, b.ops.len()), (7, 42, 2));
+    assert_eq!(b.ops[0].target, target);
+    assert_eq!(b.ops[0].data, b"abcd");
+    assert_eq!((b.ops[1].operand, b.ops[1].expected), (5, 4));
+
+    // The owner's refusal becomes the reply.
+    let mut e = script([write_step(vec![cas], b"")]);
+    let (o, _) = drive(
+        &request(&[target]),
+        HandlerKind::Write,
+        Placement::Host,
+        Limits::default(),
+        &mut e,
+        |_| {
+            Err(WriteError::Conflict {
+                index: 0,
+                expected: 4,
+                found: 9,
+            })
+        },
+    );
+    assert_eq!(o.status, Status::Conflict);
+}
+
+#[test]
+fn malformed_writes_are_refused_before_reaching_the_owner() {
+    let target = desc(3, 16, ACCESS_READ | ACCESS_WRITE);
+    let bad = [
+        store(1, 0, 4, 0),  // a segment the step was not given
+        store(0, 14, 4, 0), // runs past its segment
+        store(0, 0, 4, 6),  // data outside the staging buffer
+        WriteOp {
+            kind: write_kind::FAA,
+            len: 4,
+            ..Default::default()
+        }, // atomics are 8 bytes
+        WriteOp {
+            kind: 99,
+            len: 8,
+            ..Default::default()
+        }, // unknown kind
+    ];
+    for op in bad {
+        let mut e = script([write_step(vec![op], b"abcdefgh")]);
+        let (o, batches) = drive(
+            &request(&[target]),
+            HandlerKind::Write,
+            Placement::Host,
+            Limits::default(),
+            &mut e,
+            |_| panic!("a malformed batch reached the owner"),
+        );
+        assert_eq!(o.status, Status::Refused, "{op:?}");
+        assert!(batches.is_empty());
+    }
+}
+
+#[test]
+fn placement_and_kind_rules() {
+    // A write handler never starts at the client.
+    let (_, action) = StepMachine::start(
+        &request(&[desc(1, 8, ACCESS_READ)]),
+        7,
+        HandlerKind::Write,
+        Placement::Client,
+        Limits::default(),
+    );
+    assert!(matches!(action, Action::Complete(o) if o.status == Status::PlacementRefused));
+    // A read handler that returns Write is refused.
+    let mut e = script([write_step(vec![store(0, 0, 1, 0)], b"x")]);
+    let (o, batches) = drive(
+        &request(&[desc(1, 8, ACCESS_READ | ACCESS_WRITE)]),
+        HandlerKind::Read,
+        Placement::Host,
+        Limits::default(),
+        &mut e,
+        |_| unreachable!(),
+    );
+    assert_eq!(o.status, Status::Refused);
+    assert!(batches.is_empty());
+}
+
+#[test]
+fn faults_and_bad_returns_map_to_their_statuses() {
+    let cases = [
+        (
+            ScriptedStep {
+                fault: Some(StepFault::Aborted {
+                    code: 0x1_0000_0007,
+                }),
+                ..Default::default()
+            },
+            Status::Aborted,
+            7,
+        ),
+        (
+            ScriptedStep {
+                fault: Some(StepFault::BadInput("args too long".into())),
+                ..Default::default()
+            },
+            Status::Refused,
+            0,
+        ),
+        (
+            ScriptedStep {
+                fault: Some(StepFault::Fault("out of bounds".into())),
+                ..Default::default()
+            },
+            Status::Fault,
+            0,
+        ),
+        (
+            ScriptedStep {
+                return_code: 0xff,
+                ..Default::default()
+            },
+            Status::Fault,
+            0,
+        ),
+        (
+            ScriptedStep::returning(Return::Error(13)),
+            Status::HandlerError,
+            13,
+        ),
+    ];
+    for (step, status, code) in cases {
+        let mut e = script([step.clone()]);
+        let (o, _) = drive(
+            &request(&[desc(1, 8, ACCESS_READ)]),
+            HandlerKind::Read,
+            Placement::Host,
+            Limits::default(),
+            &mut e,
+            |_| unreachable!(),
+        );
+        assert_eq!((o.status, o.code), (status, code), "{step:?}");
+        assert_eq!(o.records.len(), 1, "a faulted step is still accounted");
+    }
+}
+
+fn any_step() -> impl Strategy<Value = ScriptedStep> {
+    let ret = prop_oneof![
+        Just(Some(Return::Done)),
+        Just(Some(Return::Continue)),
+        Just(Some(Return::Write)),
+        Just(Some(Return::Retry)),
+        any::<u32>().prop_map(|c| Some(Return::Error(c))),
+        Just(None),
+    ];
+    let d =
+        (any::<u64>(), 0u32..64, 0u32..16).prop_map(|(rkey, len, access)| desc(rkey, len, access));
+    let w = (0u32..4, 0u32..4, 0u32..80, 0u32..20, 0u32..40).prop_map(
+        |(kind, segment, offset, len, data_offset)| WriteOp {
+            kind,
+            segment,
+            offset,
+            len,
+            data_offset,
+            ..Default::default()
+        },
+    );
+    (
+        ret,
+        proptest::collection::vec(any::<u8>(), 0..8),
+        proptest::collection::vec(d, 0..12),
+        proptest::collection::vec(w, 0..4),
+        proptest::collection::vec(any::<u8>(), 0..32),
+    )
+        .prop_map(|(ret, reply, next, writes, write_data)| ScriptedStep {
+            ret,
+            return_code: ret.map_or(0xee, Return::encode),
+            reply,
+            next,
+            writes,
+            write_data,
+            ..Default::default()
+        })
+}
+
+proptest! {
+    /// Whatever a handler leaves behind, the machine ends within its step and retry budgets,
+    /// never hands the owner an operation outside its segment, and accounts every step.
+    #[test]
+    fn any_handler_output_ends_within_budget(
+        steps in proptest::collection::vec(any_step(), 1..80),
+        kind in prop_oneof![Just(HandlerKind::Read), Just(HandlerKind::Write)],
+    ) {
+        let limits = Limits { max_steps: 8, max_retries: 4 };
+        let mut script_steps = steps.clone();
+        // Past the random steps the handler finishes, so every run ends.
+        script_steps.extend(std::iter::repeat_n(ScriptedStep::returning(Return::Done), 16));
+        let mut e = script(script_steps);
+        let req = request(&[desc(1, 32, ACCESS_READ | ACCESS_WRITE)]);
+        let (o, batches) = drive(&req, kind, Placement::Host, limits, &mut e, |_| Ok(()));
+        prop_assert!(o.steps <= limits.max_steps);
+        prop_assert!(o.retries <= limits.max_retries + 1);
+        prop_assert_eq!(o.records.len(), e.seen.len());
+        prop_assert!(batches.len() <= 1);
+        for b in &batches {
+            prop_assert_eq!(kind, HandlerKind::Write);
+            for op in &b.ops {
+                let len = if op.kind == write_kind::STORE { op.data.len() as u64 } else { 8 };
+                prop_assert!(op.offset as u64 + len <= op.target.len as u64, "{:?}", op);
+            }
+        }
+    }
+}
