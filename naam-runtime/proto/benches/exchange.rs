@@ -1,0 +1,221 @@
+//! CPU cost of one request/reply exchange through the protocol core, with no socket and no
+//! executor: a YCSB-style GET (16-byte key, one descriptor, 100-byte value) from
+//! `ClientEndpoint` to `ServerEndpoint` and back, the host answering at once.
+//!
+//! Two figures, measured in the same run:
+//! - `codec`: encode and decode the request and the reply only (what any fabric pays);
+//! - `endpoints`: the whole exchange as the UDP fabric runs it minus the kernel: request id,
+//!   session seal (HMAC-SHA-256) and replay window, the server's admission and switch, the
+//!   reply's seal, the client's open and matching.
+//!
+//! Their difference is what routing in-process messages through the endpoints would add to
+//! each one (docs/ARCHITECTURE.md, "the in-process cluster runs no endpoint").
+//!
+//! Run: `cargo bench -p naam-proto --bench exchange`.
+
+use std::hint::black_box;
+use std::net::SocketAddr;
+
+use bytes::{Bytes, BytesMut};
+use criterion::{criterion_group, criterion_main, Criterion};
+use naam_ebpf::abi::{Descriptor, ACCESS_READ};
+use naam_proto::control::{AppManifest, Manifest};
+use naam_proto::endpoint::{
+    Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, Routed, ServerConfig,
+    ServerEndpoint, SwitchHandle, Transmit, VerbsAcceptor,
+};
+use naam_proto::session::{tenant_entries, CookieJar, Credential};
+use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
+use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
+use naam_proto::{Nanos, Placement};
+
+const APP: u32 = 1;
+const GET: u32 = 2;
+const VALUE: [u8; 100] = [0x5a; 100];
+
+fn client_addr() -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, 2], 5000))
+}
+
+fn server_addr() -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, 1], 7000))
+}
+
+fn reply_to(req: &Request) -> Reply {
+    Reply {
+        app: req.app,
+        request_id: req.request_id,
+        status: Status::Ok,
+        code: 0,
+        steps: 1,
+        placement: Placement::Host,
+        load: LoadFeedback::default(),
+        payload: Bytes::from_static(&VALUE),
+    }
+}
+
+/// A host that answers every request at once, on the request's channel.
+#[derive(Default)]
+struct AnsweringHost {
+    outbox: Vec<Transmit>,
+    next_client: u32,
+}
+
+impl HostBackend for AnsweringHost {
+    fn dispatch(
+        &mut self,
+        req: Request,
+        _sel: &mut Selector,
+        _forced: Option<Placement>,
+        reply_to_channel: Channel,
+    ) -> Routed {
+        self.outbox.push(reply_to_channel.reply(&reply_to(&req)));
+        Routed::Queued(Placement::Host)
+    }
+    fn next_client_id(&mut self) -> u32 {
+        self.next_client += 1;
+        self.next_client
+    }
+    fn nic_up(&self) -> bool {
+        false
+    }
+    fn nic_load(&mut self, _load: &RemoteLoad) {}
+    fn nic_gone(&mut self) {}
+    fn handlers(&self, app: u32) -> Option<Vec<u32>> {
+        (app == APP).then(|| vec![GET])
+    }
+    fn has_handler(&self, app: u32, handler: u32) -> bool {
+        app == APP && handler == GET
+    }
+    fn client_share(&self) -> Option<ClientShare> {
+        None
+    }
+    fn weights(&self, _app: u32, _handler: u32, _share: Option<&mut ClientShare>) -> Weights {
+        Weights::all(Placement::Host)
+    }
+    fn congest(&mut self, _extra_ns: Option<u64>) {}
+    fn switch(&self) -> Option<&dyn SwitchHandle> {
+        None
+    }
+    fn verbs(&self) -> Option<&dyn VerbsAcceptor> {
+        None
+    }
+}
+
+struct Pair {
+    now: Nanos,
+    client: ClientEndpoint,
+    server: ServerEndpoint<AnsweringHost>,
+}
+
+impl Pair {
+    fn connected() -> Pair {
+        let credential = Credential::generate().expect("randomness");
+        let manifest = Manifest {
+            apps: vec![AppManifest {
+                id: APP,
+                name: "kv".into(),
+                kind: "object".into(),
+                params: serde_json::Value::Null,
+                object: String::new(),
+                object_hash: 0,
+                handlers: Vec::new(),
+                regions: Vec::new(),
+            }],
+            mode: "bench".into(),
+            policy: "static".into(),
+            epoch: 1,
+        };
+        let tenants = tenant_entries(&[(APP, "kv".into(), credential.clone())], None, None);
+        let server = ServerEndpoint::new(
+            ServerConfig::new(manifest, tenants),
+            AnsweringHost::default(),
+            CookieJar::with_key([7; 32]),
+            0,
+        )
+        .expect("a one-page manifest");
+        let client = ClientEndpoint::new(ClientConfig::new(server_addr(), "kv", credential), 0);
+        let mut pair = Pair {
+            now: 0,
+            client,
+            server,
+        };
+        pair.client.connect(0);
+        for _ in 0..100 {
+            if pair
+                .pump()
+                .iter()
+                .any(|e| matches!(e, ClientEvent::Connected(_)))
+            {
+                return pair;
+            }
+        }
+        panic!("no session after 100 rounds");
+    }
+
+    /// Delivers everything in flight once, both ways; returns the client's events.
+    fn pump(&mut self) -> Vec<ClientEvent> {
+        while let Some(t) = self.client.poll_transmit() {
+            self.server.handle(self.now, client_addr(), t.bytes);
+        }
+        let mut back: Vec<Transmit> = std::mem::take(&mut self.server.backend_mut().outbox);
+        while let Some(t) = self.server.poll_transmit() {
+            back.push(t);
+        }
+        for t in back {
+            self.client.handle(self.now, server_addr(), t.bytes);
+        }
+        let mut events = Vec::new();
+        while let Some(e) = self.client.poll_event() {
+            events.push(e);
+        }
+        events
+    }
+
+    /// One GET, end to end.
+    fn exchange(&mut self, req: Request) -> Bytes {
+        self.now += 1_000;
+        let id = self.client.request(self.now, req).expect("session is up");
+        for e in self.pump() {
+            if let ClientEvent::Answered { id: got, message } = e {
+                if got == id {
+                    return message;
+                }
+            }
+        }
+        panic!("exchange {id} did not complete in one round");
+    }
+}
+
+fn get_request(id: u64) -> Request {
+    let desc = Descriptor {
+        rkey: 0x1234_5678_9abc_def0,
+        offset: 4096,
+        len: 128,
+        access: ACCESS_READ,
+    };
+    Request::for_call(APP, GET, id, &[7u8; 16], &[desc]).expect("a small request")
+}
+
+fn exchange(c: &mut Criterion) {
+    let mut g = c.benchmark_group("exchange");
+    g.bench_function("codec", |b| {
+        let mut buf = BytesMut::with_capacity(512);
+        let mut id = 0u64;
+        b.iter(|| {
+            id += 1;
+            get_request(id).encode(&mut buf).expect("encodes");
+            let req = Request::decode(buf.split().freeze()).expect("decodes");
+            reply_to(&req).encode(&mut buf).expect("encodes");
+            black_box(Reply::decode(buf.split().freeze()).expect("decodes"))
+        })
+    });
+    g.bench_function("endpoints", |b| {
+        let mut pair = Pair::connected();
+        b.iter(|| black_box(pair.exchange(get_request(0))))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, exchange);
+criterion_main!(benches);
