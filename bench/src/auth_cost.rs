@@ -19,8 +19,8 @@ use anyhow::{bail, Context as _};
 use naam_runtime::cluster::ClusterConfig;
 use naam_runtime::placement::Placement;
 use naam_runtime::session::{self, Authentication, Credential};
-use naam_runtime::udp::client::{UdpClient, UdpConfig};
-use naam_runtime::udp::{deploy, nic, server, socket::Socket};
+use naam_runtime::udp::{self, Socket};
+use naam_runtime::udp::{UdpClient, UdpConfig};
 use serde_json::json;
 
 use crate::driver::{run_udp_with, App, PlacementChoice, YcsbConfig, YcsbResult};
@@ -59,7 +59,7 @@ impl Loopback {
         auth: Authentication,
     ) -> anyhow::Result<Loopback> {
         let mc = naam_mica::MicaConfig::sized(records.saturating_mul(2).max(1024), 32, 1024);
-        let app = deploy::HostApp {
+        let app = udp::HostApp {
             spec: naam_mica::app_spec(1, &mc, built.0.clone(), Placement::Host)?,
             kind: "mica".into(),
             params: serde_json::to_value(mc)?,
@@ -74,17 +74,17 @@ impl Loopback {
         );
         // As naam-server runs it by default.
         let host = ClusterConfig {
-            executor_poll: deploy::SERVER_EXECUTOR_POLL,
+            executor_poll: udp::SERVER_EXECUTOR_POLL,
             ..ClusterConfig::default()
         };
-        let (cluster, manifest) = deploy::start_host(vec![app], host, &shm)?;
+        let (cluster, manifest) = udp::start_host(vec![app], host, &shm)?;
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
         let socket = Socket::bind(loopback, 1472)?;
         let server = socket.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         let s = stop.clone();
-        let options = server::ServerOptions {
+        let options = udp::ServerOptions {
             manifest,
             drain: Duration::from_secs(1),
             switch: None,
@@ -95,14 +95,14 @@ impl Loopback {
             telemetry: Default::default(),
         };
         threads.push(std::thread::spawn(move || {
-            if let Err(e) = server::serve_host(cluster, socket, options, &s) {
+            if let Err(e) = udp::serve_host(cluster, socket, options, &s) {
                 eprintln!("naam-bench: auth-cost: server driver: {e}");
             }
         }));
-        let (nic_cluster, nic_manifest) = deploy::start_nic(&shm, ClusterConfig::default())?;
+        let (nic_cluster, nic_manifest) = udp::start_nic(&shm, ClusterConfig::default())?;
         let nic_socket = Socket::bind(loopback, 1472)?;
         let advertise = nic_socket.local_addr()?;
-        let options = nic::NicOptions {
+        let options = udp::NicOptions {
             server,
             advertise,
             report_every: Duration::from_millis(1),
@@ -113,12 +113,12 @@ impl Loopback {
         };
         let s = stop.clone();
         threads.push(std::thread::spawn(move || {
-            let start = nic::NicCluster {
+            let start = udp::NicCluster {
                 cluster: nic_cluster,
                 manifest: nic_manifest,
             };
             let mut no_remap = |_| Err("the measurement's server does not restart".to_string());
-            if let Err(e) = nic::serve_nic(start, nic_socket, options, &s, &mut no_remap) {
+            if let Err(e) = udp::serve_nic(start, nic_socket, options, &s, &mut no_remap) {
                 eprintln!("naam-bench: auth-cost: NIC driver: {e}");
             }
         }));
@@ -135,7 +135,7 @@ impl Loopback {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-        deploy::cleanup(&self.shm);
+        udp::cleanup(&self.shm);
         let _ = std::fs::remove_dir_all(&self.shm);
     }
 }

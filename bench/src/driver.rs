@@ -510,7 +510,7 @@ pub fn run_udp(
 /// credential and settings; the placement pin comes from `cfg`).
 pub fn run_udp_with(
     cfg: &YcsbConfig,
-    client: naam_runtime::udp::client::UdpConfig,
+    client: naam_runtime::udp::UdpConfig,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
     check(cfg)?;
@@ -521,7 +521,7 @@ pub fn run_udp_with(
 /// [`run_udp_with`] once `cfg` is checked and the RDMA device (`--fabric rdma`) is open.
 fn run_udp_on(
     cfg: &YcsbConfig,
-    mut client: naam_runtime::udp::client::UdpConfig,
+    mut client: naam_runtime::udp::UdpConfig,
     rdma: Option<RdmaDevice>,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
@@ -599,7 +599,7 @@ pub struct UdpSetup {
     pub manifest: Arc<naam_runtime::udp::control::Manifest>,
     /// Latency and placement of every call.
     pub metrics: Arc<naam_runtime::metrics::Metrics>,
-    config: naam_runtime::udp::client::UdpConfig,
+    config: naam_runtime::udp::UdpConfig,
     object: Arc<Vec<u8>>,
     /// The RDMA device clients read the server's memory through (`--fabric rdma`).
     pub rdma: Option<RdmaDevice>,
@@ -642,11 +642,8 @@ impl UdpSetup {
     }
 
     /// As [`UdpSetup::new`], with every client set up as `config` says.
-    pub fn with_config(
-        app: App,
-        config: naam_runtime::udp::client::UdpConfig,
-    ) -> anyhow::Result<UdpSetup> {
-        use naam_runtime::udp::client::UdpClient;
+    pub fn with_config(app: App, config: naam_runtime::udp::UdpConfig) -> anyhow::Result<UdpSetup> {
+        use naam_runtime::udp::UdpClient;
         let (kind, server) = (app.kind(), config.server);
         let probe = UdpClient::connect(&config)?;
         let served = probe
@@ -686,18 +683,15 @@ impl UdpSetup {
     }
 
     /// A connected client with the app's handlers installed.
-    pub fn connect(&self) -> anyhow::Result<naam_runtime::udp::client::UdpClient> {
+    pub fn connect(&self) -> anyhow::Result<naam_runtime::udp::UdpClient> {
         self.connect_apps(&[self.app.id])
     }
 
     /// A connected client with the handlers of `apps` installed (apps of the same kind, built
     /// from the same object).
-    pub fn connect_apps(
-        &self,
-        apps: &[u32],
-    ) -> anyhow::Result<naam_runtime::udp::client::UdpClient> {
-        let mut c = naam_runtime::udp::client::UdpClient::connect(&self.config)?
-            .with_metrics(self.metrics.clone());
+    pub fn connect_apps(&self, apps: &[u32]) -> anyhow::Result<naam_runtime::udp::UdpClient> {
+        let mut c =
+            naam_runtime::udp::UdpClient::connect(&self.config)?.with_metrics(self.metrics.clone());
         for &app in apps {
             c.install_handlers(app, &self.object)?;
         }

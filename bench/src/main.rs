@@ -251,9 +251,10 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             unpin,
         } => {
             use naam_runtime::udp::control::Control;
-            let mut c = naam_runtime::udp::client::UdpClient::connect(
-                &naam_bench::udp_client::config(server, naam_runtime::session::OPERATOR_TENANT)?,
-            )?;
+            let mut c = naam_runtime::udp::UdpClient::connect(&naam_bench::udp_client::config(
+                server,
+                naam_runtime::session::OPERATOR_TENANT,
+            )?)?;
             let answer = c.control(&Control::QuerySwitch {
                 pin: pin_nic_permille,
                 unpin,

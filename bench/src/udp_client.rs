@@ -26,11 +26,10 @@ pub fn set_liveness(d: Duration) {
 pub fn config(
     server: std::net::SocketAddr,
     tenant: &str,
-) -> anyhow::Result<naam_runtime::udp::client::UdpConfig> {
-    let mut c = naam_runtime::udp::client::UdpConfig::new(server, tenant, credential(tenant)?);
+) -> anyhow::Result<naam_runtime::udp::UdpConfig> {
+    let mut c = naam_runtime::udp::UdpConfig::new(server, tenant, credential(tenant)?);
     c.liveness = *LIVENESS.get().unwrap_or(&DEFAULT_LIVENESS);
-    c.inject_loss =
-        naam_runtime::udp::socket::injected_loss_from_env().map_err(anyhow::Error::msg)?;
+    c.inject_loss = naam_runtime::udp::injected_loss_from_env().map_err(anyhow::Error::msg)?;
     Ok(c)
 }
 

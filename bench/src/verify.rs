@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use naam_btree::BTreeClient;
 use naam_mica::MicaClient;
-use naam_runtime::udp::client::UdpClient;
+use naam_runtime::udp::UdpClient;
 use naam_runtime::Placement;
 use serde::Serialize;
 

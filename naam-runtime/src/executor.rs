@@ -296,7 +296,7 @@ impl std::fmt::Debug for ParkedRun {
     }
 }
 
-/// What [`drive`] left.
+/// What [`start`] or [`resume`] left.
 #[derive(Debug)]
 pub enum Driven {
     /// The message finished.

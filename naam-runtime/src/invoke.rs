@@ -1,7 +1,7 @@
 //! Whole messages for people (`naam call`, `naam run --region`): descriptors written as
 //! `REGION:OFFSET:LEN[:ACCESS]` with regions by name, regions given as files, a local run of a
 //! message through every step on an in-process cluster, and a call on a deployment. Parsing is
-//! pure; the runs are thin wrappers over [`crate::cluster`] and [`crate::udp::client`].
+//! pure; the runs are thin wrappers over [`crate::cluster`] and [`crate::udp::UdpClient`].
 
 use std::path::PathBuf;
 use std::sync::Arc;

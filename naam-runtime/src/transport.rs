@@ -1,6 +1,6 @@
 //! The runtime's [`Transport`]s (the trait is naam-proto's): the fabrics that carry a request
 //! and return its reply (the in-process cluster's [`crate::cluster::Client`], the UDP fabric's
-//! [`crate::udp::client::UdpClient`], or [`Direct`] execution), and how they wait before
+//! [`crate::udp::UdpClient`], or [`Direct`] execution), and how they wait before
 //! retrying a message the server answered `Busy` or `Conflict`.
 
 use std::collections::HashMap;

@@ -725,7 +725,7 @@ impl Peers {
     }
 }
 
-impl crate::udp::server::VerbsAcceptor for Peers {
+impl crate::udp::VerbsAcceptor for Peers {
     fn accept(
         &self,
         peer: std::net::SocketAddr,
@@ -740,7 +740,7 @@ impl crate::udp::server::VerbsAcceptor for Peers {
 /// app it uses), sends its endpoint to naam-server over the UDP control channel, and connects
 /// it to the server's answer. Returns the queue pair and the server's regions.
 pub fn connect(
-    client: &mut crate::udp::client::UdpClient,
+    client: &mut crate::udp::UdpClient,
     dev: &Arc<Device>,
 ) -> Result<(QueuePair, Vec<crate::udp::control::RdmaRegion>), VerbsError> {
     use crate::udp::control::Control;
@@ -760,7 +760,7 @@ pub fn connect(
     }
 }
 
-impl crate::udp::client::UdpClient {
+impl crate::udp::UdpClient {
     /// Sends this client's one-sided READs over RDMA: connects a queue pair on `dev` to
     /// naam-server's (the out-of-band exchange on the control channel) and reads the server's
     /// registered regions directly, with no naam-nic agent in the path.

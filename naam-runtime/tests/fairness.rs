@@ -12,7 +12,7 @@ use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::registry::handler_id;
 use naam_runtime::session::Credential;
 use naam_runtime::transport::Transport;
-use naam_runtime::udp::client::{UdpClient, UdpConfig};
+use naam_runtime::udp::{UdpClient, UdpConfig};
 use naam_runtime::wire::{Reply, Request, Status};
 use naam_runtime::Placement;
 

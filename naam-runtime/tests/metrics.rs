@@ -12,7 +12,7 @@ use common::deployment::{key_a, Deployment, A};
 use common::words;
 use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Transport;
-use naam_runtime::udp::client::{UdpClient, UdpConfig};
+use naam_runtime::udp::{UdpClient, UdpConfig};
 use naam_runtime::Placement;
 
 fn scrape(addr: SocketAddr) -> String {

@@ -19,9 +19,9 @@ use naam_runtime::onesided::{self, Op};
 use naam_runtime::registry::handler_id;
 use naam_runtime::session::{Credential, HELLO_PADDING};
 use naam_runtime::transport::Transport;
-use naam_runtime::udp::client::{UdpClient, UdpConfig};
 use naam_runtime::udp::control::{self, Control};
-use naam_runtime::udp::socket::Socket;
+use naam_runtime::udp::Socket;
+use naam_runtime::udp::{UdpClient, UdpConfig};
 use naam_runtime::wire::{Reply, Request, Status};
 use naam_runtime::Placement;
 

@@ -15,9 +15,9 @@ use naam_runtime::cluster::ClusterConfig;
 use naam_runtime::onesided::{self, Op};
 use naam_runtime::registry::handler_id;
 use naam_runtime::transport::Transport;
-use naam_runtime::udp::client::{UdpClient, UdpConfig, UdpError};
 use naam_runtime::udp::control::Control;
-use naam_runtime::udp::socket::Socket;
+use naam_runtime::udp::Socket;
+use naam_runtime::udp::{UdpClient, UdpConfig, UdpError};
 use naam_runtime::wire::Status;
 use naam_runtime::Placement;
 

@@ -109,7 +109,7 @@ fn a_client_placement_reads_the_server_over_rdma() {
     use naam_runtime::cluster::ClusterConfig;
     use naam_runtime::registry::handler_id;
     use naam_runtime::transport::Transport;
-    use naam_runtime::udp::client::{UdpClient, UdpConfig};
+    use naam_runtime::udp::{UdpClient, UdpConfig};
     use naam_runtime::wire::Status;
     use naam_runtime::Placement;
 

@@ -13,7 +13,7 @@ use aya::programs::{Xdp, XdpMode};
 use naam_ebpf::eswitch as abi;
 use naam_runtime::cluster::Cluster;
 use naam_runtime::registry::HandlerKind;
-use naam_runtime::udp::server::{SwitchCounters, SwitchHandle};
+use naam_runtime::udp::{SwitchCounters, SwitchHandle};
 use naam_runtime::Placement;
 
 /// Why the eSwitch could not start.

@@ -16,7 +16,7 @@ use naam_runtime::cluster::{AppSpec, PolicyChoice, RegionSpec};
 use naam_runtime::engine::{EngineKind, DEFAULT_BUDGET, MAX_BUDGET};
 use naam_runtime::registry::HandlerSpec;
 use naam_runtime::steering::CostPolicyConfig;
-use naam_runtime::udp::deploy::HostApp;
+use naam_runtime::udp::HostApp;
 use naam_runtime::Placement;
 use serde::Deserialize;
 
@@ -82,13 +82,13 @@ fn auto() -> String {
     "auto".into()
 }
 fn datagram() -> usize {
-    naam_runtime::udp::socket::DEFAULT_DATAGRAM
+    naam_runtime::udp::DEFAULT_DATAGRAM
 }
 fn queue() -> usize {
     4096
 }
 fn executor_poll_us() -> u64 {
-    naam_runtime::udp::deploy::SERVER_EXECUTOR_POLL.as_micros() as u64
+    naam_runtime::udp::SERVER_EXECUTOR_POLL.as_micros() as u64
 }
 
 /// One `[[app]]` entry; `kind` picks the variant, and `instances` may make it several apps.

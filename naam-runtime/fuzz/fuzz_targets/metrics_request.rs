@@ -3,5 +3,5 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let _ = naam_runtime::udp::telemetry::route(data);
+    let _ = naam_runtime::udp::route(data);
 });

@@ -407,7 +407,7 @@ fn run_message(
 fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
     use naam_runtime::invoke::{parse_descriptor, reply_json};
     use naam_runtime::transport::Transport;
-    use naam_runtime::udp::client::{UdpClient, UdpConfig};
+    use naam_runtime::udp::{UdpClient, UdpConfig};
     let usage = |m: String| -> anyhow::Result<ExitCode> {
         eprintln!("naam: error: {m}");
         Ok(ExitCode::from(2))
@@ -448,7 +448,7 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
     };
     let mut config = UdpConfig::new(a.server, &tenant, credential);
     config.pin = pin;
-    config.inject_loss = match naam_runtime::udp::socket::injected_loss_from_env() {
+    config.inject_loss = match naam_runtime::udp::injected_loss_from_env() {
         Ok(loss) => loss,
         Err(e) => return usage(e),
     };

@@ -145,7 +145,7 @@ const MAX_WAIT: Duration = Duration::from_millis(1);
 /// The UDP driver of a [`ClientEndpoint`]: its socket, its clock, and what the client does
 /// with the endpoint's events. Every protocol decision (sessions, ids, retransmission,
 /// matching answers) is the endpoint's.
-pub struct Conn {
+pub(crate) struct Conn {
     socket: Socket,
     endpoint: ClientEndpoint,
     clock: SystemClock,

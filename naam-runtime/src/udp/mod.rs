@@ -2,23 +2,46 @@
 //! between network namespaces). One-sided RDMA is emulated by an agent in the NIC process;
 //! everything reported over this fabric is labelled `udp`.
 //!
-//! - [`socket`]: the thin IO layer (`sendmmsg` / `recvmmsg`, fragmentation and reassembly);
+//! Its modules are private; what callers use is re-exported here:
+//! - the socket, the thin IO layer (`sendmmsg` / `recvmmsg`, fragmentation and reassembly):
+//!   [`Socket`], [`Sender`], loss injection ([`injected_loss_from_env`]);
 //! - [`control`]: manifest, hello, weights, NIC load reports, forwarded requests (naam-proto's,
 //!   re-exported);
-//! - [`server`]: `naam-server`'s driver, the host executors behind the user-space switch;
-//! - [`nic`]: `naam-nic`'s driver, the NIC executors and the one-sided agent;
-//! - [`client`]: [`client::UdpClient`], a [`crate::transport::Transport`];
-//! - [`signal`]: SIGTERM/SIGINT as a stop flag, for draining;
-//! - [`telemetry`]: live measurements in Prometheus' format and the `--metrics` endpoint.
+//! - `naam-server`'s driver, the host executors behind the user-space switch: [`serve_host`];
+//! - `naam-nic`'s driver, the NIC executors and the one-sided agent: [`serve_nic`];
+//! - the client, a [`crate::transport::Transport`]: [`UdpClient`];
+//! - deployment helpers shared by the binaries and the tests: [`start_host`], [`start_nic`];
+//! - SIGTERM/SIGINT as a stop flag, for draining: [`stop_flag`];
+//! - live measurements in Prometheus' format and the `--metrics` endpoint: [`Telemetry`],
+//!   [`spawn_metrics`].
 
-pub mod client;
+mod client;
+mod deploy;
+mod nic;
+mod server;
+mod signal;
+mod socket;
+mod telemetry;
+
 pub use naam_proto::control;
-pub mod deploy;
-pub mod nic;
-pub mod server;
-pub mod signal;
-pub mod socket;
-pub mod telemetry;
+
+pub use client::{UdpClient, UdpConfig, UdpError};
+pub use deploy::{
+    cleanup, read_manifest, start_host, start_nic, DeployError, HostApp, MANIFEST_FILE,
+    SERVER_EXECUTOR_POLL,
+};
+pub use nic::{serve_nic, NicCluster, NicOptions, NicStats};
+pub use server::{
+    serve_host, Channel, ServerOptions, ServerStats, SwitchCounters, SwitchHandle, VerbsAcceptor,
+};
+pub use signal::stop_flag;
+pub use socket::{
+    injected_loss_from_env, parse_loss, Sender, Socket, SocketStats, DEFAULT_DATAGRAM,
+    INJECT_LOSS_ENV, MAX_DATAGRAM, RECV_BATCH,
+};
+pub use telemetry::{
+    route, serve_metrics, spawn_metrics, Route, Telemetry, LATENCY_BUCKETS_US, MAX_SERIES,
+};
 
 /// Mode label of everything measured over this fabric.
 pub const MODE: &str =

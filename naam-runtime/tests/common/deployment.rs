@@ -204,9 +204,9 @@ impl Processes {
     fn wait_until_serving(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let mut cfg = naam_runtime::udp::client::UdpConfig::new(self.server_addr, "a", key_a());
+            let mut cfg = naam_runtime::udp::UdpConfig::new(self.server_addr, "a", key_a());
             cfg.rto = Duration::from_millis(50);
-            if naam_runtime::udp::client::UdpClient::connect(&cfg).is_ok() {
+            if naam_runtime::udp::UdpClient::connect(&cfg).is_ok() {
                 return;
             }
             assert!(

@@ -162,7 +162,7 @@ pub(crate) fn udp_host(
     client_writes: bool,
     verbs: impl FnOnce(
         &std::sync::Arc<naam_runtime::cluster::Cluster>,
-    ) -> Option<std::sync::Arc<dyn naam_runtime::udp::server::VerbsAcceptor>>,
+    ) -> Option<std::sync::Arc<dyn naam_runtime::udp::VerbsAcceptor>>,
 ) -> Driver {
     let tenants: Vec<_> = ids
         .iter()
@@ -192,13 +192,13 @@ pub(crate) fn udp_host_tenants(
     client_writes: bool,
     verbs: impl FnOnce(
         &std::sync::Arc<naam_runtime::cluster::Cluster>,
-    ) -> Option<std::sync::Arc<dyn naam_runtime::udp::server::VerbsAcceptor>>,
+    ) -> Option<std::sync::Arc<dyn naam_runtime::udp::VerbsAcceptor>>,
 ) -> Driver {
-    use naam_runtime::udp::{deploy, server, socket::Socket};
+    use naam_runtime::udp::{self, Socket};
     let bytes = std::fs::read(&examples().0).unwrap();
     let apps = tenants
         .iter()
-        .map(|(id, _, c)| deploy::HostApp {
+        .map(|(id, _, c)| udp::HostApp {
             spec: examples_app(*id),
             kind: "object".into(),
             params: serde_json::Value::Null,
@@ -214,14 +214,14 @@ pub(crate) fn udp_host_tenants(
         .into_iter()
         .filter(|t| seen.insert(t.name.clone()))
         .collect();
-    let (cluster, manifest) = deploy::start_host(apps, config, shm).unwrap();
+    let (cluster, manifest) = udp::start_host(apps, config, shm).unwrap();
     let verbs = verbs(&cluster);
     let socket = Socket::bind(at, 1472).unwrap();
     let addr = socket.local_addr().unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
     let thread = std::thread::spawn(move || {
-        let opts = server::ServerOptions {
+        let opts = udp::ServerOptions {
             manifest,
             drain: std::time::Duration::from_secs(1),
             switch: None,
@@ -231,7 +231,7 @@ pub(crate) fn udp_host_tenants(
             authentication: naam_runtime::session::Authentication::On,
             telemetry: Default::default(),
         };
-        server::serve_host(cluster, socket, opts, &s).unwrap();
+        udp::serve_host(cluster, socket, opts, &s).unwrap();
     });
     Driver {
         stop,
@@ -244,9 +244,9 @@ pub(crate) fn udp_host_tenants(
 /// the regions anew when the server restarts.
 pub(crate) fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
     use naam_runtime::cluster::ClusterConfig;
-    use naam_runtime::udp::deploy::start_nic;
-    use naam_runtime::udp::nic::{serve_nic, NicCluster, NicOptions};
-    use naam_runtime::udp::socket::Socket;
+    use naam_runtime::udp::start_nic;
+    use naam_runtime::udp::Socket;
+    use naam_runtime::udp::{serve_nic, NicCluster, NicOptions};
     let (cluster, manifest) = start_nic(shm, ClusterConfig::functional()).unwrap();
     let shm = shm.to_path_buf();
     let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();

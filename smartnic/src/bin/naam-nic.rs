@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use naam_runtime::cluster::ClusterConfig;
-use naam_runtime::udp::{deploy, nic, signal, socket::Socket};
+use naam_runtime::udp::{self, Socket};
 
 /// The SmartNIC side of a NAAM deployment (emulated on this machine).
 #[derive(Parser)]
@@ -50,7 +50,7 @@ enum Command {
         #[arg(long)]
         no_cost_model: bool,
         /// Datagram size.
-        #[arg(long, default_value_t = naam_runtime::udp::socket::DEFAULT_DATAGRAM)]
+        #[arg(long, default_value_t = naam_runtime::udp::DEFAULT_DATAGRAM)]
         datagram: usize,
         /// How long to wait for the server's manifest to appear, seconds.
         #[arg(long, default_value_t = 30)]
@@ -99,7 +99,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     naam_runtime::logging::init(args.verbosity, tracing::level_filters::LevelFilter::INFO);
     // Read before any work (a bad value is a usage error), given to the socket once bound.
-    let inject_loss = match naam_runtime::udp::socket::injected_loss_from_env() {
+    let inject_loss = match naam_runtime::udp::injected_loss_from_env() {
         Ok(loss) => loss,
         Err(e) => {
             eprintln!("naam-nic: error: {e}");
@@ -196,10 +196,10 @@ fn run(
     metrics: Option<SocketAddr>,
     inject_loss: Option<f64>,
 ) -> anyhow::Result<()> {
-    let stop = signal::stop_flag();
+    let stop = udp::stop_flag();
     // The server writes the manifest when its regions exist; wait for it (it may be starting).
     let deadline = std::time::Instant::now() + wait;
-    while !shm_dir.join(deploy::MANIFEST_FILE).exists() {
+    while !shm_dir.join(udp::MANIFEST_FILE).exists() {
         if std::time::Instant::now() >= deadline || stop.load(std::sync::atomic::Ordering::SeqCst) {
             anyhow::bail!(
                 "no manifest in {} after {wait:?}: is naam-server running with this shm_dir?",
@@ -213,15 +213,15 @@ fn run(
         nic: model,
         ..ClusterConfig::default()
     };
-    let (cluster, manifest) = deploy::start_nic(shm_dir, cc.clone())
+    let (cluster, manifest) = udp::start_nic(shm_dir, cc.clone())
         .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
     let mut socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
     socket.inject_loss(inject_loss);
     let advertise = socket.local_addr()?;
-    let telemetry = std::sync::Arc::new(naam_runtime::udp::telemetry::Telemetry::default());
+    let telemetry = std::sync::Arc::new(naam_runtime::udp::Telemetry::default());
     if let Some(addr) = metrics {
         let (t, c) = (telemetry.clone(), cluster.clone());
-        let bound = naam_runtime::udp::telemetry::spawn_metrics(
+        let bound = naam_runtime::udp::spawn_metrics(
             addr,
             stop,
             std::sync::Arc::new(move || t.render("nic", &c)),
@@ -242,10 +242,10 @@ fn run(
             ", costs not emulated"
         }
     );
-    let stats = nic::serve_nic(
-        nic::NicCluster { cluster, manifest },
+    let stats = udp::serve_nic(
+        udp::NicCluster { cluster, manifest },
         socket,
-        nic::NicOptions {
+        udp::NicOptions {
             server,
             advertise,
             report_every: Duration::from_millis(1),
@@ -256,8 +256,8 @@ fn run(
         },
         stop,
         &mut |_epoch| {
-            deploy::start_nic(shm_dir, cc.clone())
-                .map(|(cluster, manifest)| nic::NicCluster { cluster, manifest })
+            udp::start_nic(shm_dir, cc.clone())
+                .map(|(cluster, manifest)| udp::NicCluster { cluster, manifest })
                 .map_err(|e| e.to_string())
         },
     )?;

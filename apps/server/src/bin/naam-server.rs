@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use naam_runtime::cluster::ClusterConfig;
-use naam_runtime::udp::{deploy, server, signal, socket::Socket};
+use naam_runtime::udp::{self, Socket};
 use naam_server::eswitch::{self, Eswitch};
 use naam_server::Config;
 use std::sync::Arc;
@@ -85,7 +85,7 @@ fn main() -> ExitCode {
         };
     }
     // Read before any work (a bad value is a usage error), given to the socket once bound.
-    let inject_loss = match naam_runtime::udp::socket::injected_loss_from_env() {
+    let inject_loss = match naam_runtime::udp::injected_loss_from_env() {
         Ok(loss) => loss,
         Err(e) => {
             eprintln!("naam-server: error: {e}");
@@ -159,7 +159,7 @@ fn attach_eswitch(
             let sw = Arc::new(sw);
             tracing::info!(
                 "{} attached; NIC messages go to port {nic_port}",
-                server::SwitchHandle::describe(sw.as_ref())
+                udp::SwitchHandle::describe(sw.as_ref())
             );
             let (s, c) = (sw.clone(), cluster.clone());
             std::thread::Builder::new()
@@ -183,7 +183,7 @@ fn attach_eswitch(
 fn verbs_side(
     cluster: &Arc<naam_runtime::cluster::Cluster>,
     manifest: &naam_runtime::udp::control::Manifest,
-) -> Option<Arc<dyn server::VerbsAcceptor>> {
+) -> Option<Arc<dyn udp::VerbsAcceptor>> {
     use naam_runtime::verbs::{Device, Peers};
     // Registered for the rights clients have: remote writes and atomics only where the app
     // opts into client one-sided writes.
@@ -213,18 +213,18 @@ fn verbs_side(
 fn verbs_side(
     _: &Arc<naam_runtime::cluster::Cluster>,
     _: &naam_runtime::udp::control::Manifest,
-) -> Option<Arc<dyn server::VerbsAcceptor>> {
+) -> Option<Arc<dyn udp::VerbsAcceptor>> {
     None
 }
 
 fn run(
     config: &Config,
-    apps: Vec<naam_runtime::udp::deploy::HostApp>,
+    apps: Vec<naam_runtime::udp::HostApp>,
     tenants: Vec<naam_runtime::session::TenantEntry>,
     metrics: Option<std::net::SocketAddr>,
     inject_loss: Option<f64>,
 ) -> anyhow::Result<()> {
-    let stop = signal::stop_flag();
+    let stop = udp::stop_flag();
     let cc = ClusterConfig {
         host_executors: config.host_executors,
         queue_capacity: config.queue_capacity,
@@ -235,18 +235,15 @@ fn run(
     let mut socket = Socket::bind(config.listen, config.datagram)
         .with_context(|| format!("binding {}", config.listen))?;
     socket.inject_loss(inject_loss);
-    let (cluster, manifest) = deploy::start_host(apps, cc, &config.shm_dir)?;
+    let (cluster, manifest) = udp::start_host(apps, cc, &config.shm_dir)?;
     let switch = attach_eswitch(config, &cluster, stop);
     let verbs = verbs_side(&cluster, &manifest);
-    let telemetry = Arc::new(naam_runtime::udp::telemetry::Telemetry::default());
+    let telemetry = Arc::new(naam_runtime::udp::Telemetry::default());
     if let Some(addr) = metrics {
         let (t, c) = (telemetry.clone(), cluster.clone());
-        let bound = naam_runtime::udp::telemetry::spawn_metrics(
-            addr,
-            stop,
-            Arc::new(move || t.render("server", &c)),
-        )
-        .with_context(|| format!("--metrics {addr}"))?;
+        let bound =
+            naam_runtime::udp::spawn_metrics(addr, stop, Arc::new(move || t.render("server", &c)))
+                .with_context(|| format!("--metrics {addr}"))?;
         tracing::info!("metrics at http://{bound}/metrics");
     }
     tracing::info!(
@@ -257,13 +254,13 @@ fn run(
         config.shm_dir.display(),
         cluster.policy_name()
     );
-    let stats = server::serve_host(
+    let stats = udp::serve_host(
         cluster,
         socket,
-        server::ServerOptions {
+        udp::ServerOptions {
             manifest,
             drain: Duration::from_secs(2),
-            switch: switch.clone().map(|s| s as Arc<dyn server::SwitchHandle>),
+            switch: switch.clone().map(|s| s as Arc<dyn udp::SwitchHandle>),
             verbs,
             congestion_control: config.allow_congestion_control,
             tenants,
@@ -272,7 +269,7 @@ fn run(
         },
         stop,
     )?;
-    deploy::cleanup(&config.shm_dir);
+    udp::cleanup(&config.shm_dir);
     tracing::info!(
         "stopped; {}",
         serde_json::to_string(&stats).unwrap_or_default()
