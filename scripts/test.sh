@@ -37,8 +37,10 @@ cargo build --release --workspace --bins --locked
 cargo test --workspace --locked
 # The protocol core does no IO: its tests pass with no network at all (a new network
 # namespace has not even loopback up). Needs unshare and the right to make namespaces.
+# So does a whole deployment over the in-memory datagram network (--fabric inproc-endpoints).
 if unshare -n true 2>/dev/null; then
     unshare -n cargo test -p naam-proto --locked --offline
+    unshare -n cargo test -p naam-bench --test inproc_endpoints --locked --offline
 else
-    echo "skipped: naam-proto's tests without a network (unshare -n is not permitted here)"
+    echo "skipped: naam-proto's and inproc-endpoints' tests without a network (unshare -n is not permitted here)"
 fi

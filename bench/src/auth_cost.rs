@@ -8,21 +8,17 @@
 //! Authentication can be turned off only on loopback ([`Authentication::check_scope`]), and
 //! nothing but this measurement does it.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 use naam_runtime::cluster::ClusterConfig;
 use naam_runtime::placement::Placement;
-use naam_runtime::session::{self, Authentication, Credential};
-use naam_runtime::udp::{self, Socket};
-use naam_runtime::udp::{UdpClient, UdpConfig};
+use naam_runtime::session::{Authentication, Credential};
+use naam_runtime::udp;
 use serde_json::json;
 
+use crate::deployment::{DeploymentPlan, InProcessDeployment};
 use crate::driver::{run_udp_with, App, PlacementChoice, YcsbConfig, YcsbResult};
 use crate::ycsb::{RecordShape, Workload};
 
@@ -39,132 +35,39 @@ pub struct AuthCostConfig {
     pub rounds: u32,
 }
 
-/// One deployment on loopback: the server's and the NIC's driver threads.
-struct Loopback {
-    server: SocketAddr,
-    stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+/// MICA sized for `records` as app 1 of tenant `mica`, on loopback with datagram
+/// authentication `auth`.
+fn start(
     shm: PathBuf,
-}
-
-impl Loopback {
-    /// Starts MICA (`loaded`, `bytes`) sized for `records` as app 1 of tenant `mica`, and a
-    /// NIC paired with `pairing`, with datagram authentication `auth`.
-    fn start(
-        shm: PathBuf,
-        records: u64,
-        built: &(Arc<naam_runtime::LoadedObject>, Vec<u8>),
-        tenant: &Credential,
-        pairing: &Credential,
-        auth: Authentication,
-    ) -> anyhow::Result<Loopback> {
-        let mc = naam_mica::MicaConfig::sized(records.saturating_mul(2).max(1024), 32, 1024);
-        let app = udp::HostApp {
-            spec: naam_mica::app_spec(1, &mc, built.0.clone(), Placement::Host)?,
-            kind: "mica".into(),
-            params: serde_json::to_value(mc)?,
-            object_bytes: built.1.clone(),
-            client_writes: false,
-            credential: Some(tenant.clone()),
-        };
-        let tenants = session::tenant_entries(
-            &[(1, "mica".to_string(), tenant.clone())],
-            None,
-            Some(pairing.clone()),
-        );
+    records: u64,
+    built: &(Arc<naam_runtime::LoadedObject>, Vec<u8>),
+    tenant: &Credential,
+    auth: Authentication,
+) -> anyhow::Result<InProcessDeployment> {
+    let mc = naam_mica::MicaConfig::sized(records.saturating_mul(2).max(1024), 32, 1024);
+    let app = udp::HostApp {
+        spec: naam_mica::app_spec(1, &mc, built.0.clone(), Placement::Host)?,
+        kind: "mica".into(),
+        params: serde_json::to_value(mc)?,
+        object_bytes: built.1.clone(),
+        client_writes: false,
+        credential: Some(tenant.clone()),
+    };
+    let plan = DeploymentPlan {
+        app,
+        tenant: "mica".into(),
+        credential: tenant.clone(),
         // As naam-server runs it by default.
-        let host = ClusterConfig {
+        host: ClusterConfig {
             executor_poll: udp::SERVER_EXECUTOR_POLL,
             ..ClusterConfig::default()
-        };
-        let (cluster, manifest) = udp::start_host(vec![app], host, &shm)?;
-        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
-        let socket = Socket::bind(loopback, 1472)?;
-        let server = socket.local_addr()?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        let s = stop.clone();
-        let options = udp::ServerOptions {
-            manifest,
-            drain: Duration::from_secs(1),
-            switch: None,
-            verbs: None,
-            congestion_control: false,
-            tenants,
-            authentication: auth,
-            telemetry: Default::default(),
-        };
-        threads.push(std::thread::spawn(move || {
-            if let Err(e) = udp::serve_host(cluster, socket, options, &s) {
-                eprintln!("naam-bench: auth-cost: server driver: {e}");
-            }
-        }));
-        let (nic_cluster, nic_manifest) = udp::start_nic(&shm, ClusterConfig::default())?;
-        let nic_socket = Socket::bind(loopback, 1472)?;
-        let advertise = nic_socket.local_addr()?;
-        let options = udp::NicOptions {
-            server,
-            advertise,
-            report_every: Duration::from_millis(1),
-            drain: Duration::from_secs(1),
-            pairing: pairing.clone(),
-            authentication: auth,
-            telemetry: Default::default(),
-        };
-        let s = stop.clone();
-        threads.push(std::thread::spawn(move || {
-            let start = udp::NicCluster {
-                cluster: nic_cluster,
-                manifest: nic_manifest,
-            };
-            let mut no_remap = |_| Err("the measurement's server does not restart".to_string());
-            if let Err(e) = udp::serve_nic(start, nic_socket, options, &s, &mut no_remap) {
-                eprintln!("naam-bench: auth-cost: NIC driver: {e}");
-            }
-        }));
-        Ok(Loopback {
-            server,
-            stop,
-            threads,
-            shm,
-        })
-    }
-
-    fn stop(mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
-        udp::cleanup(&self.shm);
-        let _ = std::fs::remove_dir_all(&self.shm);
-    }
-}
-
-impl Drop for Loopback {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-    }
-}
-
-/// Waits until the NIC has paired (clients are told its agent), so both modes run with it.
-fn wait_for_nic(config: &UdpConfig) -> anyhow::Result<()> {
-    use naam_runtime::udp::control::Control;
-    let mut probe = UdpClient::connect(config)?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let q = Control::QueryWeights {
-            app: 1,
-            client: None,
-            rtt_ns: None,
-        };
-        if let Ok(Control::Weights { agent: Some(_), .. }) = probe.control(&q) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("the in-process NIC did not pair with the server within 10 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        },
+        nic: ClusterConfig::default(),
+        authentication: auth,
+        congestion_control: false,
+        network: None,
+    };
+    InProcessDeployment::start(shm, plan)
 }
 
 fn label(a: Authentication) -> &'static str {
@@ -191,7 +94,6 @@ pub fn auth_cost(out: &Path, c: &AuthCostConfig) -> anyhow::Result<serde_json::V
     let loaded = naam_mica::handlers().context("loading MICA's embedded handlers")?;
     let built = (Arc::new(loaded), naam_mica::HANDLERS_OBJECT.to_vec());
     let tenant = Credential::generate()?;
-    let pairing = Credential::generate()?;
     let mut runs = Vec::new();
     for round in 0..c.rounds {
         let order = if round % 2 == 0 {
@@ -205,11 +107,9 @@ pub fn auth_cost(out: &Path, c: &AuthCostConfig) -> anyhow::Result<serde_json::V
                 std::process::id(),
                 label(auth)
             ));
-            let d = Loopback::start(shm, c.records, &built, &tenant, &pairing, auth)?;
-            let mut client = UdpConfig::new(d.server, "mica", tenant.clone());
-            client.authentication = auth;
-            client.liveness = crate::udp_client::DEFAULT_LIVENESS;
-            let r = wait_for_nic(&client).and_then(|()| {
+            let d = start(shm, c.records, &built, &tenant, auth)?;
+            let client = d.client_config();
+            let r = {
                 let cfg = YcsbConfig {
                     app: App::Mica,
                     workload: Workload::core('b').expect("workload b"),
@@ -225,7 +125,7 @@ pub fn auth_cost(out: &Path, c: &AuthCostConfig) -> anyhow::Result<serde_json::V
                     run: Default::default(),
                 };
                 run_udp_with(&cfg, client, &|_, _| {})
-            });
+            };
             d.stop();
             let r: YcsbResult =
                 r.with_context(|| format!("round {round}, authentication {}", label(auth)))?;

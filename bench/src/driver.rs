@@ -492,6 +492,88 @@ pub fn run_inproc(
     run_phases(cfg, make, Some(cluster.metrics()), progress, INPROC_MODE)
 }
 
+/// Runs `cfg` on a deployment inside this process over an in-memory datagram network
+/// (`--fabric inproc-endpoints`): naam-server's and naam-nic's drivers on threads, each client
+/// thread a `UdpClient`. Every message crosses the client, server and NIC endpoints, the
+/// framing and the drivers as it does over UDP, with neither a network nor the kernel: set
+/// against [`run_inproc`] (whose clients submit to the executors directly), it measures what
+/// the protocol costs. The cluster is sized, steered and staffed as `run_inproc`'s.
+pub fn run_inproc_endpoints(
+    cfg: &YcsbConfig,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> anyhow::Result<YcsbResult> {
+    use naam_runtime::session::{Authentication, Credential};
+    use naam_runtime::udp::{HostApp, MemoryNet, MEMORY_MODE};
+    check(cfg)?;
+    let policy = match cfg.placement {
+        PlacementChoice::Auto => PolicyChoice::Auto(CostPolicyConfig::default()),
+        PlacementChoice::Fixed(p) => PolicyChoice::Always(p),
+    };
+    let host = ClusterConfig {
+        host_executors: cfg.executors.0,
+        policy,
+        ..ClusterConfig::default()
+    };
+    let nic = ClusterConfig {
+        nic_executors: cfg.executors.1,
+        ..ClusterConfig::default()
+    };
+    let credential = Credential::generate()?;
+    let objs = objects(cfg.app)?;
+    let capacity = capacity(cfg);
+    let app = match cfg.app {
+        App::Mica => {
+            let mc = MicaConfig::sized(capacity, 24, cfg.shape.len());
+            HostApp {
+                spec: naam_mica::app_spec(APP_ID, &mc, objs.mica.expect("built"), Placement::Host)?,
+                kind: "mica".into(),
+                params: serde_json::to_value(mc)?,
+                object_bytes: naam_mica::HANDLERS_OBJECT.to_vec(),
+                client_writes: false,
+                credential: Some(credential.clone()),
+            }
+        }
+        App::Btree => {
+            let bc = BTreeConfig::for_keys(capacity);
+            HostApp {
+                spec: naam_btree::app_spec(
+                    APP_ID,
+                    &bc,
+                    objs.btree.expect("built"),
+                    Placement::Host,
+                )?,
+                kind: "btree".into(),
+                params: serde_json::to_value(bc)?,
+                object_bytes: naam_btree::HANDLERS_OBJECT.to_vec(),
+                client_writes: false,
+                credential: Some(credential.clone()),
+            }
+        }
+    };
+    let plan = crate::deployment::DeploymentPlan {
+        app,
+        tenant: cfg.app.kind().into(),
+        credential,
+        host,
+        nic,
+        authentication: Authentication::On,
+        congestion_control: false,
+        network: Some(MemoryNet::new()),
+    };
+    // One directory per deployment: runs may overlap within a process (tests).
+    static DEPLOYMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let shm = std::env::temp_dir().join(format!(
+        "naam-bench-inproc-endpoints-{}-{}",
+        std::process::id(),
+        DEPLOYMENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let d = crate::deployment::InProcessDeployment::start(shm, plan)?;
+    let client = d.client_config();
+    let r = run_udp_on(cfg, client, None, progress, MEMORY_MODE);
+    d.stop();
+    r
+}
+
 /// Runs `cfg` against `naam-server` at `server` over the UDP fabric: every client thread has its
 /// own socket and follows the server's steering weights (or `cfg.placement`).
 pub fn run_udp(
@@ -503,7 +585,7 @@ pub fn run_udp(
     // The device before the credential: its absence is the clearer error.
     let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
     let client = crate::udp_client::config(server, cfg.app.kind())?;
-    run_udp_on(cfg, client, rdma, progress)
+    run_udp_on(cfg, client, rdma, progress, udp_mode(cfg))
 }
 
 /// Runs `cfg` over the UDP fabric with every client set up as `client` says (its server,
@@ -515,15 +597,26 @@ pub fn run_udp_with(
 ) -> anyhow::Result<YcsbResult> {
     check(cfg)?;
     let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
-    run_udp_on(cfg, client, rdma, progress)
+    run_udp_on(cfg, client, rdma, progress, udp_mode(cfg))
 }
 
-/// [`run_udp_with`] once `cfg` is checked and the RDMA device (`--fabric rdma`) is open.
+/// The mode label of a run over naam-server: `rdma` or `udp`.
+fn udp_mode(cfg: &YcsbConfig) -> &'static str {
+    if cfg.fabric == "rdma" {
+        RDMA_MODE
+    } else {
+        naam_runtime::udp::MODE
+    }
+}
+
+/// [`run_udp_with`] once `cfg` is checked and the RDMA device (`--fabric rdma`) is open;
+/// results are labelled `mode`.
 fn run_udp_on(
     cfg: &YcsbConfig,
     mut client: naam_runtime::udp::UdpConfig,
     rdma: Option<RdmaDevice>,
     progress: &(dyn Fn(u64, u64) + Sync),
+    mode: &'static str,
 ) -> anyhow::Result<YcsbResult> {
     client.pin = match cfg.placement {
         PlacementChoice::Auto => None,
@@ -576,17 +669,7 @@ fn run_udp_on(
             })
         }
     };
-    run_phases(
-        cfg,
-        make,
-        Some(&setup.metrics),
-        progress,
-        if cfg.fabric == "rdma" {
-            RDMA_MODE
-        } else {
-            naam_runtime::udp::MODE
-        },
-    )
+    run_phases(cfg, make, Some(&setup.metrics), progress, mode)
 }
 
 /// What every UDP client thread of a run shares: the server's app, the handler object it runs,

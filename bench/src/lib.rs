@@ -6,6 +6,7 @@
 #![deny(missing_docs)]
 
 pub mod auth_cost;
+pub mod deployment;
 pub mod driver;
 pub mod experiments;
 pub mod memcached;

@@ -313,6 +313,9 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             let cfg = planned.config;
             let result = match cfg.server {
                 Some(addr) => run_udp(&cfg, addr, &|_, _| {})?,
+                None if cfg.fabric == "inproc-endpoints" => {
+                    naam_bench::driver::run_inproc_endpoints(&cfg, &|_, _| {})?
+                }
                 None => run_inproc(&cfg, &|_, _| {})?,
             };
             print!("{}", naam_bench::report::text(&result));

@@ -54,9 +54,11 @@ pub struct YcsbArgs {
     /// Where reads run: auto, host, nic or client.
     #[arg(long, default_value = "auto")]
     pub placement: PlacementChoice,
-    /// Fabric: inproc (one process), udp (naam-server at --server), or rdma (as udp, with
-    /// the Client placement's one-sided READs over RDMA verbs; needs the `verbs` feature and
-    /// an RDMA device).
+    /// Fabric: inproc (one process), inproc-endpoints (one process running naam-server's and
+    /// naam-nic's drivers and UDP clients over an in-memory datagram network: every message
+    /// through the protocol's endpoints, without the kernel), udp (naam-server at --server),
+    /// or rdma (as udp, with the Client placement's one-sided READs over RDMA verbs; needs the
+    /// `verbs` feature and an RDMA device).
     #[arg(long, default_value = "inproc")]
     pub fabric: String,
     /// naam-server's address (with --fabric udp or rdma).
@@ -185,10 +187,11 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
             args.phase.as_deref().unwrap_or("")
         ));
     }
-    let checked_fabric = if args.fabric == "rdma" {
-        "udp"
-    } else {
-        args.fabric.as_str()
+    let checked_fabric = match args.fabric.as_str() {
+        "rdma" => "udp",
+        // One process like inproc; its own deployment has no --server.
+        "inproc-endpoints" => "inproc",
+        other => other,
     };
     crate::experiments::Fabric::parse(checked_fabric, args.server).map_err(|e| e.to_string())?;
     let mut workload = settings.workload;

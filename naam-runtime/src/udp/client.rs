@@ -75,6 +75,9 @@ pub struct UdpConfig {
     /// Fraction of received datagrams the client's socket drops on purpose (fault injection;
     /// see [`super::socket::INJECT_LOSS_ENV`]). `None`: none.
     pub inject_loss: Option<f64>,
+    /// Send through this in-process network instead of the kernel's UDP (a deployment in one
+    /// process, see [`super::MemoryNet`]); `None`: a UDP socket.
+    pub network: Option<super::MemoryNet>,
 }
 
 impl UdpConfig {
@@ -93,6 +96,7 @@ impl UdpConfig {
             liveness: Duration::from_secs(10),
             authentication: session::Authentication::On,
             inject_loss: None,
+            network: None,
         }
     }
 }
@@ -360,7 +364,10 @@ impl UdpClient {
                 server: config.server,
                 message,
             })?;
-        let mut socket = Socket::bind(bind, config.datagram)?;
+        let mut socket = match &config.network {
+            Some(net) => Socket::bind_memory(net, bind, config.datagram)?,
+            None => Socket::bind(bind, config.datagram)?,
+        };
         socket.inject_loss(config.inject_loss);
         let clock = SystemClock::new();
         let mut endpoint_config =

@@ -4,7 +4,8 @@
 //!
 //! Its modules are private; what callers use is re-exported here:
 //! - the socket, the thin IO layer (`sendmmsg` / `recvmmsg`, fragmentation and reassembly):
-//!   [`Socket`], [`Sender`], loss injection ([`injected_loss_from_env`]);
+//!   [`Socket`], [`Sender`], loss injection ([`injected_loss_from_env`]); bound in a
+//!   [`MemoryNet`] instead, the same fabric runs inside one process with no network;
 //! - [`control`]: manifest, hello, weights, NIC load reports, forwarded requests (naam-proto's,
 //!   re-exported);
 //! - `naam-server`'s driver, the host executors behind the user-space switch: [`serve_host`];
@@ -17,6 +18,7 @@
 
 mod client;
 mod deploy;
+mod memnet;
 mod nic;
 mod server;
 mod signal;
@@ -30,6 +32,7 @@ pub use deploy::{
     cleanup, read_manifest, start_host, start_nic, DeployError, HostApp, MANIFEST_FILE,
     SERVER_EXECUTOR_POLL,
 };
+pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
 pub use nic::{serve_nic, NicCluster, NicOptions, NicStats};
 pub use server::{
     serve_host, Channel, ServerOptions, ServerStats, SwitchCounters, SwitchHandle, VerbsAcceptor,

@@ -1,5 +1,7 @@
 //! The thin IO layer of the UDP fabric: a socket that sends whole messages as fragments in one
 //! `sendmmsg` and receives datagrams in batches with `recvmmsg`, reassembling them into messages.
+//! A socket bound in a [`MemoryNet`] moves the same fragments through memory instead of the
+//! kernel; nothing above the datagram differs.
 
 use std::io;
 use std::mem::MaybeUninit;
@@ -10,6 +12,8 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use naam_proto::frame::{fragment, Fragment, Pushed, Reassembler, MAX_MESSAGE};
+
+use super::memnet::{MemoryNet, MemoryPort};
 
 /// Datagrams one `recvmmsg` call takes at most.
 pub const RECV_BATCH: usize = 32;
@@ -151,9 +155,17 @@ impl LossInjector {
     }
 }
 
+/// Where a socket's datagrams go.
+enum Link {
+    /// The kernel's UDP.
+    Kernel(UdpSocket),
+    /// A port of an in-process [`MemoryNet`].
+    Memory(MemoryPort),
+}
+
 /// A UDP socket carrying NAAM messages.
 pub struct Socket {
-    sock: UdpSocket,
+    link: Link,
     datagram: usize,
     bufs: Vec<[u8; MAX_DATAGRAM]>,
     reassembler: Reassembler<SocketAddr>,
@@ -186,8 +198,18 @@ impl Socket {
                 );
             }
         }
+        Socket::new(Link::Kernel(sock), datagram)
+    }
+
+    /// Binds `addr` in the in-process network `net` (an unspecified IP binds its family's
+    /// loopback address, port 0 a free dynamic port).
+    pub fn bind_memory(net: &MemoryNet, addr: SocketAddr, datagram: usize) -> io::Result<Socket> {
+        Ok(Socket::new(Link::Memory(net.bind(addr)?), datagram))
+    }
+
+    fn new(link: Link, datagram: usize) -> Socket {
         Socket {
-            sock,
+            link,
             datagram: datagram.clamp(naam_proto::frame::MIN_DATAGRAM, MAX_DATAGRAM),
             bufs: vec![[0u8; MAX_DATAGRAM]; RECV_BATCH],
             reassembler: Reassembler::new(4096, 16 << 20, 200_000_000),
@@ -206,13 +228,23 @@ impl Socket {
 
     /// The bound address.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.sock.local_addr()
+        match &self.link {
+            Link::Kernel(sock) => sock.local_addr(),
+            Link::Memory(port) => Ok(port.addr()),
+        }
     }
 
     /// A handle that can send from other threads (executors send their replies directly).
     pub fn sender(&self) -> io::Result<Sender> {
+        let link = match &self.link {
+            Link::Kernel(sock) => SendLink::Kernel(sock.try_clone()?),
+            Link::Memory(port) => SendLink::Memory {
+                net: port.net().clone(),
+                from: port.addr(),
+            },
+        };
         Ok(Sender {
-            sock: self.sock.try_clone()?,
+            link,
             datagram: self.datagram,
         })
     }
@@ -224,7 +256,12 @@ impl Socket {
 
     /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
     pub fn send(&mut self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
-        let r = send_message(&self.sock, self.datagram, peer, id, message);
+        let r = match &self.link {
+            Link::Kernel(sock) => send_message(sock, self.datagram, peer, id, message),
+            Link::Memory(port) => {
+                send_memory(port.net(), port.addr(), self.datagram, peer, id, message)
+            }
+        };
         match &r {
             Ok(n) => self.stats.sent += *n as u64,
             Err(_) => self.stats.send_errors += 1,
@@ -236,21 +273,30 @@ impl Socket {
     /// senders. Foreign or inconsistent datagrams are counted and dropped.
     pub fn recv(&mut self, timeout: Duration) -> io::Result<Vec<(SocketAddr, Bytes)>> {
         let timeout = timeout.max(Duration::from_micros(1));
-        // A system call per receive otherwise; drivers wait the same time on every call.
-        if self.read_timeout != Some(timeout) {
-            self.sock.set_read_timeout(Some(timeout))?;
-            self.read_timeout = Some(timeout);
-        }
+        let datagrams: Vec<(SocketAddr, Bytes)> = match &self.link {
+            Link::Kernel(sock) => {
+                // A system call per receive otherwise; drivers wait the same time on every call.
+                if self.read_timeout != Some(timeout) {
+                    sock.set_read_timeout(Some(timeout))?;
+                    self.read_timeout = Some(timeout);
+                }
+                recv_batch(sock, &mut self.bufs)?
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (peer, len))| (peer, Bytes::copy_from_slice(&self.bufs[i][..len])))
+                    .collect()
+            }
+            Link::Memory(port) => port.recv(timeout, RECV_BATCH),
+        };
         let mut out = Vec::new();
-        let got = recv_batch(&self.sock, &mut self.bufs)?;
         let now = self.epoch.elapsed().as_nanos() as u64;
-        for (i, (peer, len)) in got.into_iter().enumerate() {
+        for (peer, datagram) in datagrams {
             self.stats.received += 1;
             if self.loss.as_mut().is_some_and(LossInjector::drop_next) {
                 self.stats.injected_losses += 1;
                 continue;
             }
-            let f = match Fragment::decode(Bytes::copy_from_slice(&self.bufs[i][..len])) {
+            let f = match Fragment::decode(datagram) {
                 Ok(f) => f,
                 Err(_) => {
                     self.stats.malformed += 1;
@@ -271,17 +317,59 @@ impl Socket {
     }
 }
 
+/// Where a [`Sender`]'s datagrams go.
+enum SendLink {
+    Kernel(UdpSocket),
+    Memory { net: MemoryNet, from: SocketAddr },
+}
+
 /// A cloned socket handle that sends messages.
 pub struct Sender {
-    sock: UdpSocket,
+    link: SendLink,
     datagram: usize,
 }
 
 impl Sender {
     /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
     pub fn send(&self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
-        send_message(&self.sock, self.datagram, peer, id, message).map(|_| ())
+        match &self.link {
+            SendLink::Kernel(sock) => send_message(sock, self.datagram, peer, id, message),
+            SendLink::Memory { net, from } => {
+                send_memory(net, *from, self.datagram, peer, id, message)
+            }
+        }
+        .map(|_| ())
     }
+}
+
+/// `message` cut into the fragments one send carries.
+fn fragments(datagram: usize, id: u64, message: &[u8]) -> io::Result<Vec<Bytes>> {
+    if message.len() > MAX_MESSAGE {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("message of {} bytes over {MAX_MESSAGE}", message.len()),
+        ));
+    }
+    fragment(id, message, datagram)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+}
+
+/// Sends `message` through the in-process network; returns the fragments handed to it (a
+/// datagram nobody receives is dropped silently, as UDP drops it).
+fn send_memory(
+    net: &MemoryNet,
+    from: SocketAddr,
+    datagram: usize,
+    peer: SocketAddr,
+    id: u64,
+    message: &[u8],
+) -> io::Result<usize> {
+    let frags = fragments(datagram, id, message)?;
+    let n = frags.len();
+    for f in frags {
+        net.send(from, peer, f);
+    }
+    Ok(n)
 }
 
 /// One datagram's header for `sendmmsg` / `recvmmsg`: the peer address and one buffer. The
@@ -310,14 +398,7 @@ fn send_message(
     id: u64,
     message: &[u8],
 ) -> io::Result<usize> {
-    if message.len() > MAX_MESSAGE {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("message of {} bytes over {MAX_MESSAGE}", message.len()),
-        ));
-    }
-    let frags = fragment(id, message, datagram)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+    let frags = fragments(datagram, id, message)?;
     let (mut ss, sslen) = sockaddr(&peer);
     let mut iovs: Vec<libc::iovec> = frags
         .iter()
@@ -442,10 +523,8 @@ mod tests {
         assert_eq!(got.len(), 1);
     }
 
-    #[test]
-    fn messages_of_every_size_cross_a_socket_pair() {
-        let mut a = Socket::bind("127.0.0.1:0".parse().unwrap(), 600).unwrap();
-        let mut b = Socket::bind("127.0.0.1:0".parse().unwrap(), 600).unwrap();
+    /// Sends messages of every size from `a` to `b` and checks each arrives whole, once.
+    fn every_size_crosses(mut a: Socket, mut b: Socket) {
         let to = b.local_addr().unwrap();
         for (id, len) in [
             (1u64, 0usize),
@@ -468,6 +547,53 @@ mod tests {
             assert_eq!(&got[0].1[..], &msg[..]);
         }
         assert!(a.send(to, 9, &vec![0u8; MAX_MESSAGE + 1]).is_err());
+        // A reply from another thread through a cloned sender.
+        let sender = b.sender().unwrap();
+        let back = a.local_addr().unwrap();
+        std::thread::spawn(move || sender.send(back, 10, b"from a thread").unwrap())
+            .join()
+            .unwrap();
+        let mut got = Vec::new();
+        for _ in 0..100 {
+            got.extend(a.recv(Duration::from_millis(10)).unwrap());
+            if !got.is_empty() {
+                break;
+            }
+        }
+        assert_eq!(got, vec![(to, Bytes::from_static(b"from a thread"))]);
+    }
+
+    #[test]
+    fn messages_of_every_size_cross_a_socket_pair() {
+        every_size_crosses(
+            Socket::bind("127.0.0.1:0".parse().unwrap(), 600).unwrap(),
+            Socket::bind("127.0.0.1:0".parse().unwrap(), 600).unwrap(),
+        );
+    }
+
+    #[test]
+    fn messages_of_every_size_cross_an_in_memory_pair() {
+        let net = MemoryNet::new();
+        every_size_crosses(
+            Socket::bind_memory(&net, "0.0.0.0:0".parse().unwrap(), 600).unwrap(),
+            Socket::bind_memory(&net, "10.1.0.1:7000".parse().unwrap(), 600).unwrap(),
+        );
+    }
+
+    #[test]
+    fn in_memory_sockets_lose_what_they_are_told_to() {
+        let net = MemoryNet::new();
+        let mut a = Socket::bind_memory(&net, "0.0.0.0:0".parse().unwrap(), 1472).unwrap();
+        let mut b = Socket::bind_memory(&net, "0.0.0.0:0".parse().unwrap(), 1472).unwrap();
+        b.inject_loss(Some(1.0));
+        let to = b.local_addr().unwrap();
+        for id in 1..=5u64 {
+            a.send(to, id, b"lost").unwrap();
+        }
+        assert!(b.recv(Duration::from_millis(5)).unwrap().is_empty());
+        assert_eq!(b.stats().injected_losses, 5);
+        // A message to an address nobody bound is dropped without an error, as over UDP.
+        a.send("10.9.9.9:1".parse().unwrap(), 6, b"nobody").unwrap();
     }
 
     #[test]

@@ -1,0 +1,173 @@
+//! A whole deployment inside this process: naam-server's driver and naam-nic's driver on their
+//! own threads, regions in a scratch directory, credentials made for the run. The drivers'
+//! sockets are either the kernel's UDP on loopback or ports of an in-memory network
+//! ([`MemoryNet`]); everything above the datagram is the code the two binaries run.
+//! `auth-cost` runs on the first, `ycsb --fabric inproc-endpoints` on the second.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::bail;
+use naam_runtime::cluster::ClusterConfig;
+use naam_runtime::session::{self, Authentication, Credential};
+use naam_runtime::udp::{self, MemoryNet, Socket, UdpClient, UdpConfig};
+
+/// What to deploy.
+pub struct DeploymentPlan {
+    /// The one app served (its `credential` is the tenant's).
+    pub app: udp::HostApp,
+    /// The tenant's name (clients authenticate as it).
+    pub tenant: String,
+    /// The tenant's credential.
+    pub credential: Credential,
+    /// naam-server's cluster (host executors, controller).
+    pub host: ClusterConfig,
+    /// naam-nic's cluster (NIC executors).
+    pub nic: ClusterConfig,
+    /// Datagram authentication (off only on loopback, for `auth-cost`).
+    pub authentication: Authentication,
+    /// Whether naam-server steers under congestion (`congestion_control`).
+    pub congestion_control: bool,
+    /// The in-memory network to deploy on; `None`: kernel UDP on 127.0.0.1.
+    pub network: Option<MemoryNet>,
+}
+
+/// A running deployment; [`InProcessDeployment::stop`] drains and joins it.
+pub struct InProcessDeployment {
+    /// naam-server's address.
+    pub server: SocketAddr,
+    app: u32,
+    tenant: String,
+    credential: Credential,
+    authentication: Authentication,
+    network: Option<MemoryNet>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    shm: PathBuf,
+}
+
+fn bind(network: &Option<MemoryNet>, addr: SocketAddr) -> std::io::Result<Socket> {
+    match network {
+        Some(net) => Socket::bind_memory(net, addr, udp::DEFAULT_DATAGRAM),
+        None => Socket::bind(addr, udp::DEFAULT_DATAGRAM),
+    }
+}
+
+impl InProcessDeployment {
+    /// Starts `plan` with regions under `shm`, then waits until the NIC has paired with the
+    /// server (clients are told its agent), so every run has it from the first operation.
+    pub fn start(shm: PathBuf, plan: DeploymentPlan) -> anyhow::Result<InProcessDeployment> {
+        let app = plan.app.spec.id;
+        let pairing = Credential::generate()?;
+        let tenants = session::tenant_entries(
+            &[(app, plan.tenant.clone(), plan.credential.clone())],
+            None,
+            Some(pairing.clone()),
+        );
+        let (cluster, manifest) = udp::start_host(vec![plan.app], plan.host, &shm)?;
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
+        let socket = bind(&plan.network, loopback)?;
+        let server = socket.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut d = InProcessDeployment {
+            server,
+            app,
+            tenant: plan.tenant,
+            credential: plan.credential,
+            authentication: plan.authentication,
+            network: plan.network,
+            stop: stop.clone(),
+            threads: Vec::new(),
+            shm: shm.clone(),
+        };
+        let options = udp::ServerOptions {
+            manifest,
+            drain: Duration::from_secs(1),
+            switch: None,
+            verbs: None,
+            congestion_control: plan.congestion_control,
+            tenants,
+            authentication: plan.authentication,
+            telemetry: Default::default(),
+        };
+        let s = stop.clone();
+        d.threads.push(std::thread::spawn(move || {
+            if let Err(e) = udp::serve_host(cluster, socket, options, &s) {
+                eprintln!("naam-bench: in-process naam-server driver: {e}");
+            }
+        }));
+        let (nic_cluster, nic_manifest) = udp::start_nic(&shm, plan.nic)?;
+        let nic_socket = bind(&d.network, loopback)?;
+        let options = udp::NicOptions {
+            server,
+            advertise: nic_socket.local_addr()?,
+            report_every: Duration::from_millis(1),
+            drain: Duration::from_secs(1),
+            pairing,
+            authentication: plan.authentication,
+            telemetry: Default::default(),
+        };
+        d.threads.push(std::thread::spawn(move || {
+            let start = udp::NicCluster {
+                cluster: nic_cluster,
+                manifest: nic_manifest,
+            };
+            let mut no_remap = |_| Err("the in-process server does not restart".to_string());
+            if let Err(e) = udp::serve_nic(start, nic_socket, options, &stop, &mut no_remap) {
+                eprintln!("naam-bench: in-process naam-nic driver: {e}");
+            }
+        }));
+        d.wait_for_nic()?;
+        Ok(d)
+    }
+
+    /// Client settings for this deployment: its server, tenant, credential, authentication
+    /// and network.
+    pub fn client_config(&self) -> UdpConfig {
+        let mut c = UdpConfig::new(self.server, &self.tenant, self.credential.clone());
+        c.authentication = self.authentication;
+        c.liveness = crate::udp_client::DEFAULT_LIVENESS;
+        c.network = self.network.clone();
+        c
+    }
+
+    fn wait_for_nic(&self) -> anyhow::Result<()> {
+        use naam_runtime::udp::control::Control;
+        let mut probe = UdpClient::connect(&self.client_config())?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let q = Control::QueryWeights {
+                app: self.app,
+                client: None,
+                rtt_ns: None,
+            };
+            if let Ok(Control::Weights { agent: Some(_), .. }) = probe.control(&q) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the in-process NIC did not pair with the server within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Drains both drivers, joins them and removes the regions.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        udp::cleanup(&self.shm);
+        let _ = std::fs::remove_dir_all(&self.shm);
+    }
+}
+
+impl Drop for InProcessDeployment {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
