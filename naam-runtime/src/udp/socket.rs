@@ -208,10 +208,15 @@ impl Socket {
     }
 
     fn new(link: Link, datagram: usize) -> Socket {
+        // Only the kernel's recvmmsg writes into buffers of ours.
+        let bufs = match link {
+            Link::Kernel(_) => vec![[0u8; MAX_DATAGRAM]; RECV_BATCH],
+            Link::Memory(_) => Vec::new(),
+        };
         Socket {
             link,
             datagram: datagram.clamp(naam_proto::frame::MIN_DATAGRAM, MAX_DATAGRAM),
-            bufs: vec![[0u8; MAX_DATAGRAM]; RECV_BATCH],
+            bufs,
             reassembler: Reassembler::new(4096, 16 << 20, 200_000_000),
             stats: SocketStats::default(),
             epoch: std::time::Instant::now(),
