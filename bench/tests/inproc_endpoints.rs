@@ -3,29 +3,14 @@
 //! process, every message through the client, server and NIC endpoints. It needs no network:
 //! CI runs this file again in a namespace without one (`unshare -n`, scripts/test.sh).
 
+mod common;
+
 use naam_bench::driver::{run_inproc_endpoints, App, PlacementChoice, YcsbConfig};
-use naam_bench::ycsb::{RecordShape, Workload};
 use naam_runtime::udp::MEMORY_MODE;
 use naam_runtime::Placement;
 
 fn cfg(app: App, w: char, placement: PlacementChoice) -> YcsbConfig {
-    YcsbConfig {
-        app,
-        workload: Workload::core(w).unwrap(),
-        records: 300,
-        ops: 1500,
-        threads: 2,
-        placement,
-        shape: RecordShape {
-            field_count: 4,
-            field_length: 16,
-        },
-        seed: 7,
-        executors: (1, 1),
-        fabric: "inproc-endpoints".into(),
-        server: None,
-        run: Default::default(),
-    }
+    common::small_run(app, w, placement, "inproc-endpoints")
 }
 
 #[test]

@@ -1,30 +1,16 @@
 //! Every core workload runs end to end on the in-process cluster, with no failed operation; the
 //! CLI rejects what it cannot run with a clear message and exit code.
 
+mod common;
+
 use std::process::Command;
 
 use naam_bench::driver::{run_inproc, App, PlacementChoice, YcsbConfig};
-use naam_bench::ycsb::{Op, RecordShape, Workload};
+use naam_bench::ycsb::Op;
 use naam_runtime::Placement;
 
 fn cfg(app: App, w: char, placement: PlacementChoice) -> YcsbConfig {
-    YcsbConfig {
-        app,
-        workload: Workload::core(w).unwrap(),
-        records: 300,
-        ops: 1500,
-        threads: 2,
-        placement,
-        shape: RecordShape {
-            field_count: 4,
-            field_length: 16,
-        },
-        seed: 7,
-        executors: (1, 1),
-        fabric: "inproc".into(),
-        server: None,
-        run: Default::default(),
-    }
+    common::small_run(app, w, placement, "inproc")
 }
 
 #[test]

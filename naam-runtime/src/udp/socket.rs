@@ -261,12 +261,14 @@ impl Socket {
 
     /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
     pub fn send(&mut self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
-        let r = match &self.link {
-            Link::Kernel(sock) => send_message(sock, self.datagram, peer, id, message),
-            Link::Memory(port) => {
-                send_memory(port.net(), port.addr(), self.datagram, peer, id, message)
-            }
+        let outlet = match &self.link {
+            Link::Kernel(sock) => Outlet::Kernel(sock),
+            Link::Memory(port) => Outlet::Memory {
+                net: port.net(),
+                from: port.addr(),
+            },
         };
+        let r = outlet.send(self.datagram, peer, id, message);
         match &r {
             Ok(n) => self.stats.sent += *n as u64,
             Err(_) => self.stats.send_errors += 1,
@@ -337,44 +339,48 @@ pub struct Sender {
 impl Sender {
     /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
     pub fn send(&self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
-        match &self.link {
-            SendLink::Kernel(sock) => send_message(sock, self.datagram, peer, id, message),
-            SendLink::Memory { net, from } => {
-                send_memory(net, *from, self.datagram, peer, id, message)
+        let outlet = match &self.link {
+            SendLink::Kernel(sock) => Outlet::Kernel(sock),
+            SendLink::Memory { net, from } => Outlet::Memory { net, from: *from },
+        };
+        outlet.send(self.datagram, peer, id, message).map(|_| ())
+    }
+}
+
+/// Where one send's fragments go, borrowed from a [`Socket`] or a [`Sender`].
+#[derive(Clone, Copy)]
+enum Outlet<'a> {
+    Kernel(&'a UdpSocket),
+    Memory {
+        net: &'a MemoryNet,
+        from: SocketAddr,
+    },
+}
+
+impl Outlet<'_> {
+    /// Sends `message` (id `id`) to `peer` in fragments of at most `datagram` bytes; returns
+    /// how many went out (one in-memory datagram nobody receives is dropped silently, as UDP
+    /// drops it).
+    fn send(self, datagram: usize, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<usize> {
+        if message.len() > MAX_MESSAGE {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("message of {} bytes over {MAX_MESSAGE}", message.len()),
+            ));
+        }
+        let frags = fragment(id, message, datagram)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        match self {
+            Outlet::Kernel(sock) => send_fragments(sock, peer, &frags),
+            Outlet::Memory { net, from } => {
+                let n = frags.len();
+                for f in frags {
+                    net.send(from, peer, f);
+                }
+                Ok(n)
             }
         }
-        .map(|_| ())
     }
-}
-
-/// `message` cut into the fragments one send carries.
-fn fragments(datagram: usize, id: u64, message: &[u8]) -> io::Result<Vec<Bytes>> {
-    if message.len() > MAX_MESSAGE {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("message of {} bytes over {MAX_MESSAGE}", message.len()),
-        ));
-    }
-    fragment(id, message, datagram)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
-}
-
-/// Sends `message` through the in-process network; returns the fragments handed to it (a
-/// datagram nobody receives is dropped silently, as UDP drops it).
-fn send_memory(
-    net: &MemoryNet,
-    from: SocketAddr,
-    datagram: usize,
-    peer: SocketAddr,
-    id: u64,
-    message: &[u8],
-) -> io::Result<usize> {
-    let frags = fragments(datagram, id, message)?;
-    let n = frags.len();
-    for f in frags {
-        net.send(from, peer, f);
-    }
-    Ok(n)
 }
 
 /// One datagram's header for `sendmmsg` / `recvmmsg`: the peer address and one buffer. The
@@ -396,14 +402,8 @@ fn mmsghdr(
     }
 }
 
-fn send_message(
-    sock: &UdpSocket,
-    datagram: usize,
-    peer: SocketAddr,
-    id: u64,
-    message: &[u8],
-) -> io::Result<usize> {
-    let frags = fragments(datagram, id, message)?;
+/// Sends `frags` to `peer` in as few `sendmmsg` calls as the kernel allows.
+fn send_fragments(sock: &UdpSocket, peer: SocketAddr, frags: &[Bytes]) -> io::Result<usize> {
     let (mut ss, sslen) = sockaddr(&peer);
     let mut iovs: Vec<libc::iovec> = frags
         .iter()
