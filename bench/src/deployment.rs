@@ -70,8 +70,14 @@ impl InProcessDeployment {
         );
         let (cluster, manifest) = udp::start_host(vec![plan.app], plan.host, &shm)?;
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
-        let socket = bind(&plan.network, loopback)?;
-        let server = socket.local_addr()?;
+        let bound = bind(&plan.network, loopback).and_then(|s| Ok((s.local_addr()?, s)));
+        let (server, socket) = match bound {
+            Ok(b) => b,
+            Err(e) => {
+                udp::cleanup(&shm);
+                return Err(e.into());
+            }
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let mut d = InProcessDeployment {
             server,
@@ -82,7 +88,7 @@ impl InProcessDeployment {
             network: plan.network,
             stop: stop.clone(),
             threads: Vec::new(),
-            shm: shm.clone(),
+            shm,
         };
         let options = udp::ServerOptions {
             manifest,
@@ -100,18 +106,37 @@ impl InProcessDeployment {
                 eprintln!("naam-bench: in-process naam-server driver: {e}");
             }
         }));
-        let (nic_cluster, nic_manifest) = udp::start_nic(&shm, plan.nic)?;
-        let nic_socket = bind(&d.network, loopback)?;
+        // From here on a failure stops the server driver and removes the regions.
+        let nic = d.start_nic_driver(plan.nic, pairing, stop);
+        match nic.and_then(|()| d.wait_for_nic()) {
+            Ok(()) => Ok(d),
+            Err(e) => {
+                d.stop();
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts naam-nic's driver for the host that wrote this deployment's regions.
+    fn start_nic_driver(
+        &mut self,
+        config: ClusterConfig,
+        pairing: Credential,
+        stop: Arc<AtomicBool>,
+    ) -> anyhow::Result<()> {
+        let (nic_cluster, nic_manifest) = udp::start_nic(&self.shm, config)?;
+        let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
+        let nic_socket = bind(&self.network, loopback)?;
         let options = udp::NicOptions {
-            server,
+            server: self.server,
             advertise: nic_socket.local_addr()?,
             report_every: Duration::from_millis(1),
             drain: Duration::from_secs(1),
             pairing,
-            authentication: plan.authentication,
+            authentication: self.authentication,
             telemetry: Default::default(),
         };
-        d.threads.push(std::thread::spawn(move || {
+        self.threads.push(std::thread::spawn(move || {
             let start = udp::NicCluster {
                 cluster: nic_cluster,
                 manifest: nic_manifest,
@@ -121,8 +146,7 @@ impl InProcessDeployment {
                 eprintln!("naam-bench: in-process naam-nic driver: {e}");
             }
         }));
-        d.wait_for_nic()?;
-        Ok(d)
+        Ok(())
     }
 
     /// Client settings for this deployment: its server, tenant, credential, authentication
