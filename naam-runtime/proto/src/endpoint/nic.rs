@@ -15,7 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::server::{admit, error_reply, Channel, Inadmissible, Routed};
+use super::server::{admit, error_reply, Channel, Routed};
 use super::Transmit;
 use crate::control::{self, Control, Manifest};
 use crate::dedup::RecentAnswers;
@@ -687,13 +687,8 @@ impl<B: NicBackend> NicEndpoint<B> {
         );
         let req = match admitted {
             Ok(req) => req,
-            Err(Inadmissible::Malformed(r)) => {
-                self.stats.malformed += 1;
-                self.push(ch.reply(&r));
-                return;
-            }
-            Err(Inadmissible::Refused(r)) => {
-                self.stats.refused += 1;
+            Err(no) => {
+                let r = no.counted(&mut self.stats.malformed, &mut self.stats.refused);
                 self.push(ch.reply(&r));
                 return;
             }

@@ -71,6 +71,22 @@ pub enum Routed {
     Refused(Reply),
 }
 
+impl Inadmissible {
+    /// The reply to send, once counted into the endpoint's `malformed` or `refused` tally.
+    pub(super) fn counted(self, malformed: &mut u64, refused: &mut u64) -> Reply {
+        match self {
+            Inadmissible::Malformed(r) => {
+                *malformed += 1;
+                r
+            }
+            Inadmissible::Refused(r) => {
+                *refused += 1;
+                r
+            }
+        }
+    }
+}
+
 /// A switch ahead of the server (the XDP eSwitch) that already split server-bound messages
 /// between host and NIC: what arrives at the endpoint is for the host.
 pub trait SwitchHandle: Send + Sync {
@@ -645,13 +661,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
         );
         let req = match admitted {
             Ok(req) => req,
-            Err(Inadmissible::Malformed(r)) => {
-                self.stats.malformed += 1;
-                self.push(ch.reply(&r));
-                return;
-            }
-            Err(Inadmissible::Refused(r)) => {
-                self.stats.refused += 1;
+            Err(no) => {
+                let r = no.counted(&mut self.stats.malformed, &mut self.stats.refused);
                 self.push(ch.reply(&r));
                 return;
             }
