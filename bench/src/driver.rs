@@ -345,23 +345,38 @@ const APP_ID: u32 = 1;
 /// Makes one store per client thread.
 pub(crate) type StoreFactory = Arc<dyn Fn() -> anyhow::Result<Box<dyn Store + Send>> + Send + Sync>;
 
-fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
+/// The in-process cluster `cfg` runs on: its executors and steering policy. Both in-process
+/// fabrics use it (`--fabric inproc-endpoints` splits it into naam-server's and naam-nic's).
+fn cluster_config(cfg: &YcsbConfig) -> ClusterConfig {
     let policy = match cfg.placement {
         PlacementChoice::Auto => PolicyChoice::Auto(CostPolicyConfig::default()),
         PlacementChoice::Fixed(p) => PolicyChoice::Always(p),
     };
-    let cc = ClusterConfig {
+    ClusterConfig {
         host_executors: cfg.executors.0,
         nic_executors: cfg.executors.1,
         policy,
         ..ClusterConfig::default()
-    };
+    }
+}
+
+/// MICA's table for `cfg` (room for everything the run writes).
+fn mica_config(cfg: &YcsbConfig) -> MicaConfig {
+    MicaConfig::sized(capacity(cfg), 24, cfg.shape.len())
+}
+
+/// The B-tree for `cfg` (room for every key the run inserts).
+fn btree_config(cfg: &YcsbConfig) -> BTreeConfig {
+    BTreeConfig::for_keys(capacity(cfg))
+}
+
+fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
+    let cc = cluster_config(cfg);
     let objs = objects(cfg.app)?;
     let naming = cfg.workload.naming;
-    let capacity = capacity(cfg);
     match cfg.app {
         App::Mica => {
-            let mc = MicaConfig::sized(capacity, 24, cfg.shape.len());
+            let mc = mica_config(cfg);
             let spec =
                 naam_mica::app_spec(APP_ID, &mc, objs.mica.expect("built"), Placement::Host)?;
             let cluster = Arc::new(Cluster::builder().config(cc).app(spec).build()?);
@@ -378,7 +393,7 @@ fn setup(cfg: &YcsbConfig) -> anyhow::Result<(Arc<Cluster>, StoreFactory)> {
             Ok((cluster, make))
         }
         App::Btree => {
-            let bc = BTreeConfig::for_keys(capacity);
+            let bc = btree_config(cfg);
             let spec =
                 naam_btree::app_spec(APP_ID, &bc, objs.btree.expect("built"), Placement::Host)?;
             let cluster = Arc::new(Cluster::builder().config(cc).app(spec).build()?);
@@ -505,25 +520,14 @@ pub fn run_inproc_endpoints(
     use naam_runtime::session::{Authentication, Credential};
     use naam_runtime::udp::{HostApp, MemoryNet, MEMORY_MODE};
     check(cfg)?;
-    let policy = match cfg.placement {
-        PlacementChoice::Auto => PolicyChoice::Auto(CostPolicyConfig::default()),
-        PlacementChoice::Fixed(p) => PolicyChoice::Always(p),
-    };
-    let host = ClusterConfig {
-        host_executors: cfg.executors.0,
-        policy,
-        ..ClusterConfig::default()
-    };
-    let nic = ClusterConfig {
-        nic_executors: cfg.executors.1,
-        ..ClusterConfig::default()
-    };
+    // naam-server's part keeps the host executors and the policy, naam-nic's the NIC
+    // executors (udp::start_host and udp::start_nic take each their share).
+    let cluster = cluster_config(cfg);
     let credential = Credential::generate()?;
     let objs = objects(cfg.app)?;
-    let capacity = capacity(cfg);
     let app = match cfg.app {
         App::Mica => {
-            let mc = MicaConfig::sized(capacity, 24, cfg.shape.len());
+            let mc = mica_config(cfg);
             HostApp {
                 spec: naam_mica::app_spec(APP_ID, &mc, objs.mica.expect("built"), Placement::Host)?,
                 kind: "mica".into(),
@@ -534,7 +538,7 @@ pub fn run_inproc_endpoints(
             }
         }
         App::Btree => {
-            let bc = BTreeConfig::for_keys(capacity);
+            let bc = btree_config(cfg);
             HostApp {
                 spec: naam_btree::app_spec(
                     APP_ID,
@@ -554,8 +558,8 @@ pub fn run_inproc_endpoints(
         app,
         tenant: cfg.app.kind().into(),
         credential,
-        host,
-        nic,
+        host: cluster.clone(),
+        nic: cluster,
         authentication: Authentication::On,
         congestion_control: false,
         network: Some(MemoryNet::new()),
