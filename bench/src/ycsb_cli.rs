@@ -187,12 +187,23 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
             args.phase.as_deref().unwrap_or("")
         ));
     }
-    let checked_fabric = match args.fabric.as_str() {
-        "rdma" => "udp",
-        // One process like inproc; its own deployment has no --server.
-        "inproc-endpoints" => "inproc",
-        other => other,
-    };
+    let checked_fabric =
+        match (args.fabric.as_str(), args.server) {
+            ("rdma", _) => "udp",
+            // One process like inproc: it starts its own deployment.
+            ("inproc-endpoints", None) => "inproc",
+            ("inproc-endpoints", Some(_)) => return Err(
+                "--fabric inproc-endpoints starts its own deployment in this process; --server \
+                 is for --fabric udp or rdma"
+                    .into(),
+            ),
+            ("inproc" | "udp", _) => args.fabric.as_str(),
+            (other, _) => {
+                return Err(format!(
+                    "unknown fabric `{other}` (inproc, inproc-endpoints, udp, rdma)"
+                ))
+            }
+        };
     crate::experiments::Fabric::parse(checked_fabric, args.server).map_err(|e| e.to_string())?;
     let mut workload = settings.workload;
     workload.name = name;

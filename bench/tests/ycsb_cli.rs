@@ -238,6 +238,20 @@ fn bad_properties_and_phases_are_refused_before_any_work() {
             "B-tree stores 8-byte values",
         ),
         (&["ycsb", "-P", "workloads/workloade"], "use --app btree"),
+        (
+            &["ycsb", "--fabric", "bogus"],
+            "unknown fabric `bogus` (inproc, inproc-endpoints, udp, rdma)",
+        ),
+        (
+            &[
+                "ycsb",
+                "--fabric",
+                "inproc-endpoints",
+                "--server",
+                "127.0.0.1:7000",
+            ],
+            "starts its own deployment",
+        ),
     ] {
         let started = std::time::Instant::now();
         let out = naam_bench(args);
