@@ -6,7 +6,8 @@
 #   scripts/testbed.sh down      stop everything, delete namespaces and shared memory
 #   scripts/testbed.sh status    what exists and what runs
 #   scripts/testbed.sh client CMD...    run CMD in the client namespace
-#   scripts/testbed.sh kill-nic [SIG]   signal naam-nic (default KILL)
+#   scripts/testbed.sh kill-nic [SIG]   signal naam-nic (default KILL); waits until it has exited
+#                                       (not for STOP/CONT)
 #   scripts/testbed.sh start-nic        (re)start naam-nic
 #   scripts/testbed.sh kill-server [SIG], start-server   the same for naam-server
 #   scripts/testbed.sh keys             make (once) and print the credentials directory
@@ -57,10 +58,29 @@ binaries() {
     fi
 }
 
-wait_for() { # file pattern seconds
-    local i
+# Whether a process has exited: gone, or a zombie (whose sockets are already closed; a
+# container's init may never reap it). Waits up to the given seconds (0: just looks).
+exited() { # pid seconds
+    local i=0 st
+    while :; do
+        st=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || true
+        [ -z "$st" ] || [ "$st" = Z ] && return 0
+        ((i++ < $2 * 10)) || return 1
+        sleep 0.1
+    done
+}
+
+# Waits until the log shows the pattern. Gives up early when the process named by the pid
+# file has exited (a server that cannot bind says so at once, not after the whole wait).
+wait_for() { # file pattern seconds [pidfile]
+    local i pid
     for ((i = 0; i < $3 * 10; i++)); do
         grep -q "$2" "$1" 2>/dev/null && return 0
+        pid=$(cat "${4:-/dev/null}" 2>/dev/null) || true
+        if [ -n "$pid" ] && exited "$pid" 0; then
+            grep -q "$2" "$1" 2>/dev/null
+            return
+        fi
         sleep 0.1
     done
     return 1
@@ -77,7 +97,15 @@ keys() {
     done
 }
 
+# Refuses to start a second copy: its pid file would hide the one still running.
+not_running() { # pidfile name
+    local pid
+    pid=$(cat "$1" 2>/dev/null) || return 0
+    [ -z "$pid" ] || exited "$pid" 0 || die "$2 is already running (pid $pid); kill it first"
+}
+
 start_nic() {
+    not_running "$STATE/nic.pid" naam-nic
     rm -f "$STATE/nic.pid"
     # The log ends with how naam-nic exited (a signal shows as 128 + its number).
     (
@@ -87,7 +115,7 @@ start_nic() {
         wait $! && st=0 || st=$?
         echo "testbed: naam-nic exited with status $st"
     ) >"$STATE/nic.log" 2>&1 &
-    wait_for "$STATE/nic.log" "agent and executors on" 30 || {
+    wait_for "$STATE/nic.log" "agent and executors on" 30 "$STATE/nic.pid" || {
         cat "$STATE/nic.log" >&2
         die "naam-nic did not start"
     }
@@ -95,10 +123,11 @@ start_nic() {
 }
 
 start_server() {
+    not_running "$STATE/server.pid" naam-server
     ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" \
         >"$STATE/server.log" 2>&1 &
     echo $! >"$STATE/server.pid"
-    wait_for "$STATE/server.log" "serving" 600 || {
+    wait_for "$STATE/server.log" "serving" 600 "$STATE/server.pid" || {
         cat "$STATE/server.log" >&2
         die "naam-server did not start"
     }
@@ -156,14 +185,27 @@ CONF
     say "try: scripts/testbed.sh client $BIN/naam-bench ycsb --fabric udp --server $SERVER_ADDR"
 }
 
+# Signals naam-nic or naam-server. A signal that ends the process is waited for, so a
+# restart right after it finds the address free (a killed process holding a large table can
+# take a while to release it).
+signal_pid() { # pidfile signal
+    [ -f "$1" ] || die "$1: no such pid file (is the testbed up?)"
+    local pid
+    pid=$(cat "$1")
+    kill -"$2" "$pid" || die "cannot signal $pid with $2"
+    case "$2" in
+    STOP | SIGSTOP | 19 | CONT | SIGCONT | 18) ;;
+    *) exited "$pid" 30 || die "pid $pid still running 30 s after SIG$2" ;;
+    esac
+}
+
 stop_pid() { # pidfile
     [ -f "$1" ] || return 0
     local pid
     pid=$(cat "$1")
     if kill -0 "$pid" 2>/dev/null; then
         kill -TERM "$pid" 2>/dev/null || true
-        for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$pid" 2>/dev/null || true
+        exited "$pid" 5 || { kill -KILL "$pid" 2>/dev/null || true; exited "$pid" 30 || true; }
     fi
     rm -f "$1"
 }
@@ -223,9 +265,9 @@ up) up ;;
 down) down ;;
 status) status ;;
 client) shift; need_root; exec ip netns exec "$CLI_NS" env NAAM_KEYS="$STATE/keys" "$@" ;;
-kill-nic) need_root; kill -"${2:-KILL}" "$(cat "$STATE/nic.pid")" ;;
+kill-nic) need_root; signal_pid "$STATE/nic.pid" "${2:-KILL}" ;;
 start-nic) need_root; start_nic ;;
-kill-server) need_root; kill -"${2:-KILL}" "$(cat "$STATE/server.pid")" ;;
+kill-server) need_root; signal_pid "$STATE/server.pid" "${2:-KILL}" ;;
 start-server) need_root; start_server ;;
 keys) keys; echo "$STATE/keys" ;;
 netem) need_root; netem "${2:?netem needs a loss like 1% or off}" ;;
