@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use naam_runtime::cluster::ClusterConfig;
-use naam_runtime::placement::Placement;
-use naam_runtime::session::{Authentication, Credential};
+use naam_runtime::proto::session::{Authentication, Credential};
+use naam_runtime::proto::Placement;
 use naam_runtime::udp;
 use serde_json::json;
 
@@ -40,7 +40,7 @@ pub struct AuthCostConfig {
 fn start(
     shm: PathBuf,
     records: u64,
-    built: &(Arc<naam_runtime::LoadedObject>, Vec<u8>),
+    built: &(Arc<naam_runtime::vm::LoadedObject>, Vec<u8>),
     tenant: &Credential,
     auth: Authentication,
 ) -> anyhow::Result<InProcessDeployment> {

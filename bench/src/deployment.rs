@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use naam_runtime::cluster::ClusterConfig;
-use naam_runtime::session::{self, Authentication, Credential};
+use naam_runtime::proto::session::{self, Authentication, Credential};
 use naam_runtime::udp::{self, MemoryNet, Socket, UdpClient, UdpConfig};
 
 /// What to deploy.
@@ -160,7 +160,7 @@ impl InProcessDeployment {
     }
 
     fn wait_for_nic(&self) -> anyhow::Result<()> {
-        use naam_runtime::udp::control::Control;
+        use naam_runtime::proto::control::Control;
         let mut probe = UdpClient::connect(&self.client_config())?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

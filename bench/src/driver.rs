@@ -8,10 +8,10 @@ use anyhow::{bail, Context as _};
 use naam_btree::{BTreeClient, BTreeConfig, BTreeHandle};
 use naam_mica::{MicaClient, MicaConfig, MicaHandle};
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
-use naam_runtime::metrics::{Percentiles, Snapshot};
-use naam_runtime::steering::CostPolicyConfig;
-use naam_runtime::transport::Transport;
-use naam_runtime::Placement;
+use naam_runtime::proto::steering::CostPolicyConfig;
+use naam_runtime::proto::transport::Transport;
+use naam_runtime::proto::Placement;
+use naam_runtime::{Percentiles, Snapshot};
 use serde::Serialize;
 
 use crate::ycsb::{KeyNaming, Op, RecordShape, Workload};
@@ -221,7 +221,7 @@ pub fn overall(r: &YcsbResult) -> Percentiles {
 /// Whether `e` says the server has been silent past the client's liveness bound: the run
 /// stops at once and fails, rather than fail every remaining operation.
 pub(crate) fn server_gone(e: &anyhow::Error) -> bool {
-    use naam_runtime::cluster::ClientError;
+    use naam_runtime::proto::transport::ClientError;
     e.chain().any(|c| {
         let client = c
             .downcast_ref::<ClientError>()
@@ -318,8 +318,8 @@ impl<T: Transport> Store for BTreeStore<T> {
 
 /// Handlers built once per process.
 struct Objects {
-    mica: Option<Arc<naam_runtime::LoadedObject>>,
-    btree: Option<Arc<naam_runtime::LoadedObject>>,
+    mica: Option<Arc<naam_runtime::vm::LoadedObject>>,
+    btree: Option<Arc<naam_runtime::vm::LoadedObject>>,
 }
 
 fn objects(app: App) -> anyhow::Result<Objects> {
@@ -465,7 +465,7 @@ pub fn handler_names(app: App) -> Vec<(u32, String)> {
         .map(|o| {
             o.programs
                 .iter()
-                .map(|p| (naam_runtime::registry::handler_id(&p.name), p.name.clone()))
+                .map(|p| (naam_runtime::proto::handler_id(&p.name), p.name.clone()))
                 .collect()
         })
         .unwrap_or_default()
@@ -517,7 +517,7 @@ pub fn run_inproc_endpoints(
     cfg: &YcsbConfig,
     progress: &(dyn Fn(u64, u64) + Sync),
 ) -> anyhow::Result<YcsbResult> {
-    use naam_runtime::session::{Authentication, Credential};
+    use naam_runtime::proto::session::{Authentication, Credential};
     use naam_runtime::udp::{HostApp, MemoryNet, MEMORY_MODE};
     check(cfg)?;
     // naam-server's part keeps the host executors and the policy, naam-nic's the NIC
@@ -681,11 +681,11 @@ fn run_udp_on(
 #[derive(Clone)]
 pub struct UdpSetup {
     /// The served app used.
-    pub app: naam_runtime::udp::control::AppManifest,
+    pub app: naam_runtime::proto::control::AppManifest,
     /// Everything the server serves.
-    pub manifest: Arc<naam_runtime::udp::control::Manifest>,
+    pub manifest: Arc<naam_runtime::proto::control::Manifest>,
     /// Latency and placement of every call.
-    pub metrics: Arc<naam_runtime::metrics::Metrics>,
+    pub metrics: Arc<naam_runtime::Metrics>,
     config: naam_runtime::udp::UdpConfig,
     object: Arc<Vec<u8>>,
     /// The RDMA device clients read the server's memory through (`--fabric rdma`).
@@ -744,7 +744,7 @@ impl UdpSetup {
             App::Mica => naam_mica::HANDLERS_OBJECT,
             App::Btree => naam_btree::HANDLERS_OBJECT,
         };
-        let hash = naam_runtime::udp::control::object_hash;
+        let hash = naam_runtime::proto::control::object_hash;
         let object = if hash(carried) == served.object_hash {
             carried.to_vec()
         } else {
@@ -762,7 +762,7 @@ impl UdpSetup {
         Ok(UdpSetup {
             app: served,
             manifest: Arc::new(probe.manifest().clone()),
-            metrics: Arc::new(naam_runtime::metrics::Metrics::default()),
+            metrics: Arc::new(naam_runtime::Metrics::default()),
             config,
             object: Arc::new(object),
             rdma: None,
@@ -796,7 +796,7 @@ impl UdpSetup {
     }
 
     /// The MICA handle of served table `app`.
-    pub fn mica_of(app: &naam_runtime::udp::control::AppManifest) -> anyhow::Result<MicaHandle> {
+    pub fn mica_of(app: &naam_runtime::proto::control::AppManifest) -> anyhow::Result<MicaHandle> {
         let mc: MicaConfig = serde_json::from_value(app.params.clone())
             .with_context(|| format!("app {}: the server's MICA parameters", app.id))?;
         MicaHandle::with_keys(app.id, mc, |n| app.region_key(n))
@@ -840,7 +840,7 @@ pub const INPROC_MODE: &str = "inproc (one process; NIC cores, DMA and one-sided
 pub(crate) fn run_phases(
     cfg: &YcsbConfig,
     make: StoreFactory,
-    metrics: Option<&naam_runtime::metrics::Metrics>,
+    metrics: Option<&naam_runtime::Metrics>,
     progress: &(dyn Fn(u64, u64) + Sync),
     mode: &str,
 ) -> anyhow::Result<YcsbResult> {
@@ -896,7 +896,7 @@ pub(crate) fn run_phases(
         throughput: 0.0,
         seconds: 0.0,
         ops: Vec::new(),
-        placements: naam_runtime::metrics::Metrics::default().snapshot(),
+        placements: naam_runtime::Metrics::default().snapshot(),
         placement_fractions: [0.0; 3],
         misses: 0,
         all: Percentiles::of(&crate::phase::histogram()),
@@ -918,7 +918,7 @@ pub(crate) fn run_phases(
     }
     let placements = match metrics {
         Some(m) => m.snapshot(),
-        None => naam_runtime::metrics::Metrics::default().snapshot(),
+        None => naam_runtime::Metrics::default().snapshot(),
     };
     let fractions = [0, 1, 2].map(|i| placements.fraction(Placement::ALL[i]));
     Ok(YcsbResult {

@@ -13,15 +13,16 @@ use anyhow::{bail, Context as _};
 use hdrhistogram::Histogram;
 use naam_mica::{MicaClient, MicaConfig, MicaHandle};
 use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, PolicyChoice};
-use naam_runtime::engine::{Grant, Invocation, Vm};
 use naam_runtime::experiment::{run_shift, run_shift_on, ShiftConfig, ShiftResult, ShiftTarget};
-use naam_runtime::metrics::Percentiles;
-use naam_runtime::registry::HandlerSpec;
-use naam_runtime::steering::CostPolicyConfig;
-use naam_runtime::transport::Transport;
-use naam_runtime::udp::control::Control;
+use naam_runtime::proto::control::Control;
+use naam_runtime::proto::steering::CostPolicyConfig;
+use naam_runtime::proto::transport::Transport;
+use naam_runtime::proto::Placement;
 use naam_runtime::udp::UdpClient;
-use naam_runtime::{EngineKind, Executable, LoadedObject, Placement, VerifierConfig};
+use naam_runtime::vm::engine::{Grant, Invocation, Vm};
+use naam_runtime::vm::{EngineKind, Executable, LoadedObject, VerifierConfig};
+use naam_runtime::HandlerSpec;
+use naam_runtime::Percentiles;
 use serde::Serialize;
 use serde_json::json;
 
@@ -113,7 +114,7 @@ struct UdpCongestion {
 
 impl UdpCongestion {
     fn connect(server: SocketAddr) -> anyhow::Result<UdpCongestion> {
-        let tenant = naam_runtime::session::OPERATOR_TENANT;
+        let tenant = naam_runtime::proto::session::OPERATOR_TENANT;
         let operator = UdpClient::connect(&crate::udp_client::config(server, tenant)?)
             .with_context(|| format!("connecting to naam-server at {server}"))?;
         Ok(UdpCongestion {
@@ -148,7 +149,7 @@ impl Drop for UdpCongestion {
 /// A shift run's view of a UDP deployment: placements as the clients saw them in their
 /// replies, congestion through naam-server's control channel.
 struct UdpShift<'a> {
-    metrics: &'a naam_runtime::metrics::Metrics,
+    metrics: &'a naam_runtime::Metrics,
     congestion: &'a UdpCongestion,
     policy: String,
 }
@@ -491,7 +492,7 @@ pub fn scale(
             let setup = UdpSetup::new(App::Mica, server, None)?;
             // The largest group of like tables (the `instances` of one [[app]]), not a mix
             // of a big YCSB table with small ones.
-            let mut groups: Vec<Vec<&naam_runtime::udp::control::AppManifest>> = Vec::new();
+            let mut groups: Vec<Vec<&naam_runtime::proto::control::AppManifest>> = Vec::new();
             for a in setup.manifest.apps_of_kind("mica") {
                 match groups.iter_mut().find(|g| g[0].params == a.params) {
                     Some(g) => g.push(a),
@@ -626,7 +627,7 @@ impl ScaleOp {
 fn scale_runs(
     ops: u64,
     n: u32,
-    metrics: &naam_runtime::metrics::Metrics,
+    metrics: &naam_runtime::Metrics,
     mut call: impl FnMut(ScaleOp, usize, u64) -> anyhow::Result<()>,
 ) -> anyhow::Result<(Percentiles, serde_json::Value)> {
     for app in 0..n as usize {
@@ -711,7 +712,7 @@ fn compile_times(app: &str, obj: &LoadedObject) -> anyhow::Result<Vec<serde_json
 /// beside the same logic in native Rust where it exists, and how long every example, MICA and
 /// B-tree handler takes to verify and compile.
 pub fn engines(out: &Path, iters: u64) -> anyhow::Result<serde_json::Value> {
-    let obj = naam_runtime::load(naam_examples::HANDLERS_OBJECT)
+    let obj = naam_runtime::vm::load(naam_examples::HANDLERS_OBJECT)
         .context("loading the example handlers this binary carries")?;
     let args16: Vec<u8> = [5u64, 7].iter().flat_map(|w| w.to_le_bytes()).collect();
     let data: Vec<u8> = (0..1024u32).map(|i| (i * 31 % 251) as u8).collect();

@@ -250,10 +250,10 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             pin_nic_permille,
             unpin,
         } => {
-            use naam_runtime::udp::control::Control;
+            use naam_runtime::proto::control::Control;
             let mut c = naam_runtime::udp::UdpClient::connect(&naam_bench::udp_client::config(
                 server,
-                naam_runtime::session::OPERATOR_TENANT,
+                naam_runtime::proto::session::OPERATOR_TENANT,
             )?)?;
             let answer = c.control(&Control::QuerySwitch {
                 pin: pin_nic_permille,

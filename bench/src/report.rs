@@ -4,8 +4,8 @@
 
 use std::fmt::Write as _;
 
-use naam_runtime::metrics::Percentiles;
-use naam_runtime::Placement;
+use naam_runtime::proto::Placement;
+use naam_runtime::Percentiles;
 use serde_json::{json, Value};
 
 use crate::driver::{App, OpSummary, PhaseSummary, YcsbResult};

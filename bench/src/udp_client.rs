@@ -3,13 +3,13 @@
 //! `mica.key`, `btree.key`, `naam-operator.key`; `--keys DIR`), and how long a silent server
 //! is waited for before the run fails (`--liveness SECONDS`).
 
-use naam_runtime::session::CredentialFile as _;
+use naam_runtime::CredentialFile as _;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use naam_runtime::session::Credential;
+use naam_runtime::proto::session::Credential;
 
 static DIR: OnceLock<PathBuf> = OnceLock::new();
 static LIVENESS: OnceLock<Duration> = OnceLock::new();

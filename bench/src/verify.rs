@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use naam_btree::BTreeClient;
 use naam_mica::MicaClient;
+use naam_runtime::proto::Placement;
 use naam_runtime::udp::UdpClient;
-use naam_runtime::Placement;
 use serde::Serialize;
 
 use crate::driver::{App, UdpSetup};

@@ -6,8 +6,8 @@
 mod common;
 
 use naam_bench::driver::{run_inproc_endpoints, App, PlacementChoice, YcsbConfig};
+use naam_runtime::proto::Placement;
 use naam_runtime::udp::MEMORY_MODE;
-use naam_runtime::Placement;
 
 fn cfg(app: App, w: char, placement: PlacementChoice) -> YcsbConfig {
     common::small_run(app, w, placement, "inproc-endpoints")

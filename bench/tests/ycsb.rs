@@ -7,7 +7,7 @@ use std::process::Command;
 
 use naam_bench::driver::{run_inproc, App, PlacementChoice, YcsbConfig};
 use naam_bench::ycsb::Op;
-use naam_runtime::Placement;
+use naam_runtime::proto::Placement;
 
 fn cfg(app: App, w: char, placement: PlacementChoice) -> YcsbConfig {
     common::small_run(app, w, placement, "inproc")

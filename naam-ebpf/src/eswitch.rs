@@ -62,7 +62,7 @@ pub const FRAG_COUNT: usize = 6;
 /// Size of the NAAM fragment header.
 pub const FRAG_HEADER: usize = 24;
 /// Kind byte of a sealed message: every client datagram after the handshake travels in a
-/// session envelope (`naam_runtime::session`), with the request inside it.
+/// session envelope (`naam_proto::session`), with the request inside it.
 pub const KIND_SEALED: u8 = 7;
 /// Size of the session envelope's header (the request starts after it).
 pub const SEAL_HEADER: usize = 24;

@@ -7,10 +7,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use naam_pipeline::BuildOptions;
+use naam_proto::handler_id;
+use naam_proto::Placement;
 use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, NicModel, RegionSpec};
-use naam_runtime::pipeline::{build, BuildOptions};
-use naam_runtime::registry::{handler_id, HandlerSpec};
-use naam_runtime::{load, Placement};
+use naam_runtime::pipeline::build;
+use naam_runtime::HandlerSpec;
+use naam_vm::load;
 
 fn bench(c: &mut Criterion) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
@@ -42,7 +45,7 @@ fn bench(c: &mut Criterion) {
             owner: Placement::Host,
             regions: vec![RegionSpec {
                 name: "r".into(),
-                access: naam_runtime::region::READ_ONLY,
+                access: naam_runtime::READ_ONLY,
                 contents: vec![0; 64],
             }],
             object: Arc::new(object),

@@ -10,9 +10,10 @@ use std::path::Path;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use naam_ebpf::abi::{Context, Segment, ACCESS_READ};
 use naam_ebpf::{hash, Fault, Return};
-use naam_runtime::engine::{Grant, Invocation, Vm};
-use naam_runtime::pipeline::{build, BuildOptions};
-use naam_runtime::{EngineKind, Executable, LoadedObject, VerifierConfig};
+use naam_pipeline::BuildOptions;
+use naam_runtime::pipeline::build;
+use naam_vm::engine::{Grant, Invocation, Vm};
+use naam_vm::{EngineKind, Executable, LoadedObject, VerifierConfig};
 
 fn examples() -> LoadedObject {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();

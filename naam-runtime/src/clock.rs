@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-pub use naam_proto::Nanos;
+use naam_proto::Nanos;
 
 /// A source of monotonic time.
 pub trait Clock: Send + Sync {

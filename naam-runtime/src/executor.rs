@@ -19,17 +19,19 @@ use std::sync::Arc;
 use naam_ebpf::abi::{write_kind, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::step::Engine;
 
-pub use naam_proto::step::{
-    resolve_status, Action, DataPath, DmaModel, FetchError, Fetched, Limits, OneSided, Outcome,
-    StepMachine, StepRecord, WriteBatch, WriteError, WriteRequest, MAX_RETRY_BACKOFF_NS,
+use naam_proto::step::{
+    Action, DataPath, DmaModel, FetchError, Fetched, Limits, OneSided, Outcome, StepMachine,
+    WriteBatch, WriteError,
 };
 
-use crate::clock::{Clock, Nanos};
-use crate::engine::{Executable, Grant, Vm};
-use crate::placement::Placement;
-use crate::region::{MemError, RegionTable, ResolveError};
-use crate::registry::HandlerEntry;
-use crate::wire::Request;
+use crate::Clock;
+use crate::HandlerEntry;
+use crate::RegionTable;
+use naam_proto::step::{MemError, ResolveError};
+use naam_proto::wire::Request;
+use naam_proto::Nanos;
+use naam_proto::Placement;
+use naam_vm::engine::{Executable, Grant, Vm};
 
 /// Runs `m`'s current step of `exe` on `vm` over `grants` (which cost `fetch_ns` to fetch),
 /// timing the handler with `clock`, and returns the machine's next action.

@@ -12,7 +12,7 @@ use naam_ebpf::abi::Descriptor;
 use serde::Serialize;
 
 use crate::cluster::Cluster;
-use crate::placement::Placement;
+use naam_proto::Placement;
 
 /// Settings of a shift run.
 #[derive(Clone, Debug, Serialize)]

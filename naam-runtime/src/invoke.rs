@@ -10,11 +10,12 @@ use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use serde_json::{json, Value};
 
 use crate::cluster::{AppSpec, Cluster, ClusterConfig, PolicyChoice, RegionSpec};
-use crate::placement::Placement;
-use crate::region::RegionMemory;
-use crate::registry::{handler_id, HandlerSpec};
-use crate::wire::{Reply, Status};
-use crate::{EngineKind, LoadedObject};
+use crate::HandlerSpec;
+use crate::RegionMemory;
+use naam_proto::handler_id;
+use naam_proto::wire::{Reply, Status};
+use naam_proto::Placement;
+use naam_vm::{EngineKind, LoadedObject};
 
 /// Why a message could not be described or run.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

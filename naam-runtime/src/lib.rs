@@ -3,15 +3,13 @@
 //! The NAAM runtime: the handler build pipeline, the wire codec, regions, the step machine,
 //! steering, the in-process, UDP and verbs fabrics, and the `naam` CLI.
 //!
-//! The protocol core (wire formats, message kinds, framing, steering) is the IO-free
-//! `naam-proto` crate; its modules are re-exported here ([`wire`], [`frame`], [`steering`],
-//! [`placement`]). The engine (loader, verifier, analysis, interpreter, JIT, helpers) is the
-//! `naam-vm` crate;
-//! its modules are re-exported here under their old paths ([`engine`], [`loader`],
-//! [`verifier`], [`interp`], [`jit`], [`helpers`], [`insn`]) so users need one dependency.
+//! The protocol core (wire formats, message kinds, framing, endpoints, the step machine,
+//! steering) is the IO-free `naam-proto` crate, re-exported as [`proto`]. The engine (loader,
+//! verifier, analysis, interpreter, JIT, helpers) is the `naam-vm` crate, re-exported as
+//! [`vm`]. Users need one dependency; each item has one path.
 #![deny(missing_docs)]
 
-pub mod clock;
+mod clock;
 pub mod cluster;
 pub mod executor;
 pub mod experiment;
@@ -19,24 +17,28 @@ mod fair;
 mod intmap;
 pub mod invoke;
 pub mod logging;
-pub mod metrics;
+mod metrics;
 pub mod onesided;
 pub mod pipeline;
-pub mod region;
-pub mod registry;
-pub mod session;
+mod region;
+mod registry;
+mod session;
 pub mod sim;
-pub mod transport;
+mod transport;
 pub mod udp;
 #[cfg(feature = "verbs")]
 pub mod verbs;
 
-pub use naam_proto::{frame, placement, steering, wire, Placement};
-pub use naam_vm::{
-    analysis, conformance, cross, engine, helpers, insn, interp, jit, loader, memory, verifier,
+pub use clock::{Clock, SystemClock, VirtualClock};
+pub use metrics::{Metrics, Percentiles, Snapshot, WeightSample, MAX_LATENCY_NS};
+pub use region::{
+    Region, RegionMemory, RegionTable, Resolved, ShmError, ALL_RIGHTS, READ_ONLY, READ_WRITE,
 };
-pub use naam_vm::{load, LoadError, LoadedObject, Program};
-pub use naam_vm::{verify, Rule, VerifierConfig, Violation};
-pub use naam_vm::{
-    EngineKind, ExecOptions, Executable, Grant, Invocation, StepError, StepOutput, Vm, VmError,
-};
+pub use registry::{AppEntry, HandlerEntry, HandlerSpec, LookupError, Registry, RegistryError};
+pub use session::CredentialFile;
+pub use transport::{backoff, Direct, Pinned};
+
+/// The protocol core this runtime drives: wire formats, endpoints, the step machine, steering.
+pub use naam_proto as proto;
+/// The engine this runtime runs handlers on: loader, verifier, interpreter, JIT, helpers.
+pub use naam_vm as vm;

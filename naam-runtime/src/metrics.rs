@@ -8,10 +8,10 @@ use std::sync::Mutex;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::clock::Nanos;
-use crate::placement::Placement;
-use crate::steering::{HandlerKey, Weights};
-use crate::wire::Status;
+use naam_proto::steering::{HandlerKey, Weights};
+use naam_proto::wire::Status;
+use naam_proto::Nanos;
+use naam_proto::Placement;
 
 /// Largest latency recorded, nanoseconds (longer ones are clamped).
 pub const MAX_LATENCY_NS: u64 = 60_000_000_000;

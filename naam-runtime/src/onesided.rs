@@ -1,15 +1,15 @@
 //! The one-sided agent: executes emulated one-sided RDMA operations against a region table,
 //! checking rkey, rights and bounds as an RNIC checks a memory key. The operations' codec is
-//! naam-proto's [`naam_proto::onesided`], re-exported here.
+//! naam-proto's [`naam_proto::onesided`].
 
 use bytes::Bytes;
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 
-pub use naam_proto::onesided::*;
+use naam_proto::onesided::*;
 use naam_proto::wire::Status;
 
-use crate::executor::resolve_status;
-use crate::region::RegionTable;
+use crate::RegionTable;
+use naam_proto::step::resolve_status;
 
 /// Runs one operation against `regions` as the NIC's agent would: the rkey must name a region
 /// of `req.app` granting the right the operation needs (READ: read, WRITE: write, CAS/FAA:
@@ -92,7 +92,7 @@ pub fn execute(regions: &RegionTable, req: &Operation) -> Completion {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::region::{RegionMemory, ALL_RIGHTS, READ_ONLY};
+    use crate::{RegionMemory, ALL_RIGHTS, READ_ONLY};
     use proptest::prelude::*;
 
     fn table() -> (RegionTable, u64, u64) {

@@ -6,12 +6,9 @@
 
 use std::path::PathBuf;
 
-pub use naam_pipeline::{
-    bpf_linker_version, build_object, embed, handler_symbols, undefined_symbols, BpfCpu,
-    BuildError, BuildOptions, RawObject, BPF_LINKER_ENV,
-};
+use naam_pipeline::{build_object, BuildError, BuildOptions};
 
-use crate::loader::{self, LoadError, LoadedObject};
+use naam_vm::loader::{self, LoadError, LoadedObject};
 
 /// Why [`build`] failed.
 #[derive(Debug, thiserror::Error)]

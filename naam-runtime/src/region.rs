@@ -60,9 +60,7 @@ impl std::fmt::Debug for RegionMemory {
     }
 }
 
-/// Why a region operation or a descriptor was refused (defined with the step machine, whose
-/// replies name them).
-pub use naam_proto::step::{MemError, ResolveError};
+use naam_proto::step::{MemError, ResolveError};
 
 impl RegionMemory {
     /// `len` zero bytes.

@@ -3,17 +3,15 @@
 
 use std::sync::Arc;
 
-use crate::engine::{EngineError, EngineKind, ExecOptions, Executable, DEFAULT_BUDGET};
 use crate::intmap::IntMap;
-use crate::loader::LoadedObject;
-use crate::placement::Placement;
-use crate::verifier::VerifierConfig;
+use naam_proto::Placement;
+use naam_vm::engine::{EngineError, EngineKind, ExecOptions, Executable, DEFAULT_BUDGET};
+use naam_vm::loader::LoadedObject;
+use naam_vm::verifier::VerifierConfig;
 
-pub use naam_proto::handler_id;
+use naam_proto::handler_id;
 
-/// Whether a handler only reads or may write (defined with the step machine, which enforces
-/// it).
-pub use naam_proto::step::HandlerKind;
+use naam_proto::step::HandlerKind;
 
 /// A registered handler.
 #[derive(Debug)]
@@ -55,7 +53,7 @@ pub enum RegistryError {
     UnknownApp(u32),
     /// The object has no handler of that name.
     #[error(transparent)]
-    Load(#[from] crate::loader::LoadError),
+    Load(#[from] naam_vm::loader::LoadError),
     /// The handler does not verify or cannot use the engine.
     #[error(transparent)]
     Engine(#[from] EngineError),

@@ -1,9 +1,9 @@
-//! Sessions: the IO-free core is naam-proto's [`naam_proto::session`], re-exported here; this
+//! Sessions: the IO-free core is naam-proto's [`naam_proto::session`]; this
 //! module adds what touches the file system, credential files ([`CredentialFile`]).
 
 use std::path::Path;
 
-pub use naam_proto::session::*;
+use naam_proto::session::*;
 
 /// Reading and writing credential files: 64 hexadecimal digits, readable by the owner only.
 pub trait CredentialFile: Sized {

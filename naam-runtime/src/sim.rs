@@ -10,12 +10,12 @@ use std::collections::{BinaryHeap, VecDeque};
 
 use serde::Serialize;
 
-use crate::clock::Nanos;
-use crate::placement::Placement;
-use crate::steering::{
+use naam_proto::steering::{
     AppView, Controller, ControllerConfig, HandlerKey, HandlerView, LoadTracker, Observe, Policy,
     Selector, Weights,
 };
+use naam_proto::Nanos;
+use naam_proto::Placement;
 
 /// The simulated handler's key.
 pub const SIM_KEY: HandlerKey = (1, 1);
@@ -352,7 +352,7 @@ pub fn simulate(config: &SimConfig, policy: Box<dyn Policy>) -> SimResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::steering::{CostPolicy, CostPolicyConfig, StaticPolicy};
+    use naam_proto::steering::{CostPolicy, CostPolicyConfig, StaticPolicy};
 
     #[test]
     fn congestion_moves_reads_off_the_host_within_10ms_and_back() {

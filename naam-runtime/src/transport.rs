@@ -8,15 +8,18 @@ use std::sync::Arc;
 
 use naam_ebpf::abi::Descriptor;
 
-use crate::clock::SystemClock;
-use crate::cluster::{error_reply, install, reply_for, AppSpec, ClientError, ClusterError};
-use crate::engine::Vm;
-use crate::executor::{apply_writes, run_message, HostPath, Limits, WriteError};
-use crate::placement::Placement;
-use crate::region::RegionTable;
-use crate::registry::{HandlerKind, Registry};
-use crate::verifier::VerifierConfig;
-use crate::wire::{LoadFeedback, Reply, Request, Status};
+use crate::cluster::{error_reply, install, reply_for, AppSpec, ClusterError};
+use crate::executor::{apply_writes, run_message, HostPath};
+use crate::RegionTable;
+use crate::Registry;
+use crate::SystemClock;
+use naam_proto::step::HandlerKind;
+use naam_proto::step::{Limits, WriteError};
+use naam_proto::transport::ClientError;
+use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
+use naam_proto::Placement;
+use naam_vm::engine::Vm;
+use naam_vm::verifier::VerifierConfig;
 
 /// Waits before retry number `attempt` of a message that lost a race or met a full queue:
 /// yields for the first 15 attempts (the other writer is usually done), then sleeps
@@ -29,7 +32,7 @@ pub fn backoff(attempt: u32) {
     }
 }
 
-pub use naam_proto::transport::Transport;
+use naam_proto::transport::Transport;
 
 impl Transport for crate::cluster::Client {
     fn call(
@@ -52,7 +55,7 @@ pub struct Pinned {
     /// The client.
     pub client: crate::cluster::Client,
     /// Where reads run.
-    pub placement: crate::placement::Placement,
+    pub placement: naam_proto::Placement,
 }
 
 impl Transport for Pinned {

@@ -1,7 +1,7 @@
 //! The `verbs` fabric backend (feature `verbs`, rdma-sys): RDMA devices, protection domain,
 //! completion queue, memory registration, reliable-connected queue pairs brought up by an
-//! out-of-band exchange of [`Endpoint`]s over the control channel (no librdmacm), and the
-//! operations NAAM needs: READ, WRITE, compare-and-swap, fetch-and-add, SEND and RECV. One
+//! out-of-band exchange of endpoints ([`naam_proto::control::QpEndpoint`]) over the control
+//! channel (no librdmacm), and the operations NAAM needs: READ, WRITE, compare-and-swap, fetch-and-add, SEND and RECV. One
 //! queue pair per peer, shared by every app.
 //!
 //! This machine has no RDMA device (and its kernel has no InfiniBand, so no Soft-RoCE either):
@@ -129,7 +129,7 @@ pub fn devices() -> Result<Vec<DeviceInfo>, VerbsError> {
     Ok(out)
 }
 
-pub use crate::udp::control::QpEndpoint as Endpoint;
+use naam_proto::control::QpEndpoint as Endpoint;
 
 /// An open device with its protection domain and one completion queue.
 pub struct Device {
@@ -388,7 +388,7 @@ impl Drop for QueuePair {
     }
 }
 
-pub use crate::udp::control::RdmaRemote as Remote;
+use naam_proto::control::RdmaRemote as Remote;
 
 impl QueuePair {
     /// Creates an RC queue pair on `dev` and moves it to INIT.
@@ -645,12 +645,12 @@ impl QueuePair {
 
 /// One queue pair per peer, shared by every app, and every NAAM region registered for remote
 /// access: the server side of the out-of-band exchange
-/// ([`crate::udp::control::Control::VerbsConnect`]).
+/// ([`naam_proto::control::Control::VerbsConnect`]).
 pub struct Peers {
     dev: Arc<Device>,
     qps: std::sync::Mutex<std::collections::HashMap<std::net::SocketAddr, Arc<QueuePair>>>,
-    regions: Vec<(crate::udp::control::RdmaRegion, MemoryRegion)>,
-    _table: Arc<crate::region::RegionTable>,
+    regions: Vec<(naam_proto::control::RdmaRegion, MemoryRegion)>,
+    _table: Arc<crate::RegionTable>,
 }
 
 impl Peers {
@@ -659,7 +659,7 @@ impl Peers {
     /// one-sided writes).
     pub fn new(
         dev: Arc<Device>,
-        table: Arc<crate::region::RegionTable>,
+        table: Arc<crate::RegionTable>,
         client_access: &dyn Fn(u32, u64) -> u32,
     ) -> Result<Peers, VerbsError> {
         let mut regions = Vec::new();
@@ -673,7 +673,7 @@ impl Peers {
                 MemoryRegion::register(&dev, r.mem.addr() as *mut u8, len.max(8), remote)?
             };
             regions.push((
-                crate::udp::control::RdmaRegion {
+                naam_proto::control::RdmaRegion {
                     app: r.app,
                     naam_rkey: r.rkey,
                     remote: Remote {
@@ -695,7 +695,7 @@ impl Peers {
     }
 
     /// The registered regions, as clients address them.
-    pub fn regions(&self) -> Vec<crate::udp::control::RdmaRegion> {
+    pub fn regions(&self) -> Vec<naam_proto::control::RdmaRegion> {
         self.regions.iter().map(|(r, _)| *r).collect()
     }
 
@@ -725,12 +725,12 @@ impl Peers {
     }
 }
 
-impl crate::udp::VerbsAcceptor for Peers {
+impl naam_proto::endpoint::VerbsAcceptor for Peers {
     fn accept(
         &self,
         peer: std::net::SocketAddr,
         remote: &Endpoint,
-    ) -> Result<(Endpoint, Vec<crate::udp::control::RdmaRegion>), String> {
+    ) -> Result<(Endpoint, Vec<naam_proto::control::RdmaRegion>), String> {
         let ours = Peers::accept(self, peer, remote).map_err(|e| e.to_string())?;
         Ok((ours, self.regions()))
     }
@@ -742,8 +742,8 @@ impl crate::udp::VerbsAcceptor for Peers {
 pub fn connect(
     client: &mut crate::udp::UdpClient,
     dev: &Arc<Device>,
-) -> Result<(QueuePair, Vec<crate::udp::control::RdmaRegion>), VerbsError> {
-    use crate::udp::control::Control;
+) -> Result<(QueuePair, Vec<naam_proto::control::RdmaRegion>), VerbsError> {
+    use naam_proto::control::Control;
     let qp = QueuePair::create(dev)?;
     let answer = client
         .control(&Control::VerbsConnect {
@@ -774,13 +774,13 @@ impl crate::udp::UdpClient {
 
 /// The client's data path sees RDMA READs as one more one-sided source; the round trip is
 /// measured around the posted READs and their completions.
-impl crate::executor::OneSided for RdmaReader {
+impl naam_proto::step::OneSided for RdmaReader {
     fn read(
         &mut self,
         app: u32,
         descs: &[naam_ebpf::abi::Descriptor],
         bufs: &mut [Vec<u8>],
-    ) -> Result<u64, crate::executor::FetchError> {
+    ) -> Result<u64, naam_proto::step::FetchError> {
         let start = std::time::Instant::now();
         RdmaReader::read(self, app, descs, bufs)?;
         Ok(start.elapsed().as_nanos() as u64)
@@ -802,7 +802,7 @@ const READ_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct RdmaReader {
     dev: Arc<Device>,
     qp: QueuePair,
-    regions: std::collections::HashMap<u64, crate::udp::control::RdmaRegion>,
+    regions: std::collections::HashMap<u64, naam_proto::control::RdmaRegion>,
     mr: MemoryRegion,
     // Where completions land; registered, so it must not move while `mr` lives.
     _buf: Box<[u64]>,
@@ -814,7 +814,7 @@ impl RdmaReader {
     pub fn new(
         dev: Arc<Device>,
         qp: QueuePair,
-        regions: Vec<crate::udp::control::RdmaRegion>,
+        regions: Vec<naam_proto::control::RdmaRegion>,
     ) -> Result<RdmaReader, VerbsError> {
         let mut buf = vec![0u64; READ_BUFFER / 8].into_boxed_slice();
         // SAFETY: the boxed buffer never moves and is dropped after the registration (field
@@ -836,9 +836,9 @@ impl RdmaReader {
         app: u32,
         descs: &[naam_ebpf::abi::Descriptor],
         bufs: &mut [Vec<u8>],
-    ) -> Result<(), crate::executor::FetchError> {
-        use crate::executor::FetchError;
-        use crate::region::{MemError, ResolveError};
+    ) -> Result<(), naam_proto::step::FetchError> {
+        use naam_proto::step::FetchError;
+        use naam_proto::step::{MemError, ResolveError};
         let mut at = 0usize;
         let mut posts = Vec::with_capacity(descs.len());
         for d in descs {
@@ -865,7 +865,7 @@ impl RdmaReader {
             }
             if at + d.len as usize > READ_BUFFER {
                 return Err(FetchError::Refused {
-                    status: crate::wire::Status::Refused,
+                    status: naam_proto::wire::Status::Refused,
                     message: format!("one step reads more than {READ_BUFFER} bytes over RDMA"),
                 });
             }

@@ -4,11 +4,9 @@
 mod common;
 
 use naam_ebpf::abi::{Context, CONTEXT_SIZE};
-use naam_runtime::engine::{ExecOptions, Grant, Invocation, StepError, Vm, VmError};
-use naam_runtime::insn::{encode_all, Insn};
-use naam_runtime::{
-    load, verify, EngineKind, Executable, LoadError, Program, Rule, VerifierConfig,
-};
+use naam_vm::engine::{ExecOptions, Grant, Invocation, StepError, Vm, VmError};
+use naam_vm::insn::{encode_all, Insn};
+use naam_vm::{load, verify, EngineKind, Executable, LoadError, Program, Rule, VerifierConfig};
 use proptest::prelude::*;
 use rbpf::ebpf;
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use naam_runtime::session::CredentialFile as _;
+use naam_runtime::CredentialFile as _;
 use std::process::Command;
 
 use common::deployment::{key_a, Deployment};

@@ -215,14 +215,11 @@ fn build_writes_an_object_and_explains_a_missing_linker() {
         out.starts_with("wrote ") && out.contains("checksum"),
         "{out}"
     );
-    assert!(naam_runtime::load(&std::fs::read(&out_path).unwrap()).is_ok());
+    assert!(naam_vm::load(&std::fs::read(&out_path).unwrap()).is_ok());
 
     let out = Command::new(env!("CARGO_BIN_EXE_naam"))
         .args(["build", crate_dir.to_str().unwrap()])
-        .env(
-            naam_runtime::pipeline::BPF_LINKER_ENV,
-            "/nonexistent/bpf-linker",
-        )
+        .env(naam_pipeline::BPF_LINKER_ENV, "/nonexistent/bpf-linker")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));

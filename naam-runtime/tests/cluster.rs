@@ -9,11 +9,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::{rd, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+use naam_proto::handler_id;
+use naam_proto::wire::{flags, Descriptors, Request, Status};
+use naam_proto::Placement;
 use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, PolicyChoice, RegionSpec};
-use naam_runtime::region::ALL_RIGHTS;
-use naam_runtime::registry::{handler_id, HandlerSpec};
-use naam_runtime::wire::{flags, Descriptors, Request, Status};
-use naam_runtime::Placement;
+use naam_runtime::HandlerSpec;
+use naam_runtime::ALL_RIGHTS;
 
 const APP: u32 = 3;
 
@@ -205,7 +206,7 @@ fn full_queues_give_back_pressure_errors() {
         .filter(|r| {
             matches!(
                 r,
-                Err(naam_runtime::cluster::ClientError::Busy(Placement::Host))
+                Err(naam_proto::transport::ClientError::Busy(Placement::Host))
             )
         })
         .count();
@@ -576,7 +577,7 @@ fn a_cheap_app_is_served_past_another_apps_expensive_backlog() {
         .unwrap();
     const BACKLOG: u64 = 300;
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut sel = naam_runtime::cluster::Selector::default();
+    let mut sel = naam_proto::steering::Selector::default();
     for id in 1..=BACKLOG {
         let req = Request::for_call(HOG, handler_id("spin"), id, &[], &[]).unwrap();
         let d = done.clone();
@@ -585,7 +586,7 @@ fn a_cheap_app_is_served_past_another_apps_expensive_backlog() {
         });
         assert!(matches!(
             queued,
-            naam_runtime::cluster::Routed::Queued(Placement::Host)
+            naam_proto::endpoint::Routed::Queued(Placement::Host)
         ));
     }
     let mut client = c.client();

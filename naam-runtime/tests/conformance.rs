@@ -17,7 +17,7 @@ struct Case {
 }
 
 fn suite() -> Vec<Case> {
-    let dir = naam_runtime::conformance::suite_dir();
+    let dir = naam_vm::conformance::suite_dir();
     let path = dir.join("tests.jsonl");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
@@ -119,7 +119,7 @@ fn suite_on_x86_64_jit_code() {
 
 #[test]
 fn suite_on_aarch64_jit_code_under_qemu() {
-    if !naam_runtime::cross::available_or_skip("the aarch64 suite") {
+    if !naam_vm::cross::available_or_skip("the aarch64 suite") {
         return;
     }
     run_suite("jit", "aarch64");

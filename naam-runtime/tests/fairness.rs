@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 use common::deployment::{key_a, key_b, Deployment, A, B};
 use common::{rd, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
-use naam_runtime::registry::handler_id;
-use naam_runtime::session::Credential;
-use naam_runtime::transport::Transport;
+use naam_proto::handler_id;
+use naam_proto::session::Credential;
+use naam_proto::transport::Transport;
+use naam_proto::wire::{Reply, Request, Status};
+use naam_proto::Placement;
 use naam_runtime::udp::{UdpClient, UdpConfig};
-use naam_runtime::wire::{Reply, Request, Status};
-use naam_runtime::Placement;
 
 fn client(server: SocketAddr, tenant: &str, key: Credential) -> UdpClient {
     let mut cfg = UdpConfig::new(server, tenant, key);
@@ -79,7 +79,7 @@ fn retry_storm(d: &mut Deployment, what: &str) {
                 sent += 1;
                 let mut req =
                     Request::for_call(A, handler_id("vget"), sent, &[], &[record]).unwrap();
-                req.flags |= naam_runtime::wire::flags::PIN_HOST;
+                req.flags |= naam_proto::wire::flags::PIN_HOST;
                 a.send_sealed(server, sent, &req.to_bytes().unwrap())
                     .unwrap();
             }

@@ -4,8 +4,8 @@ mod common;
 
 use common::{examples, words, Rng};
 use naam_ebpf::abi::{abort_code, error_code, write_kind, Return, ACCESS_READ};
-use naam_runtime::engine::{ExecOptions, Grant, Invocation, StepError, Vm, VmError};
-use naam_runtime::{EngineKind, Executable, VerifierConfig};
+use naam_vm::engine::{ExecOptions, Grant, Invocation, StepError, Vm, VmError};
+use naam_vm::{EngineKind, Executable, VerifierConfig};
 
 fn exe(name: &str, engine: EngineKind) -> Executable {
     let program = examples().1.get(name).unwrap();
@@ -274,7 +274,7 @@ fn loops_over_run_time_lengths_verify_and_run() {
         assert_eq!(
             err,
             StepError::Vm(VmError::Budget {
-                limit: naam_runtime::engine::DEFAULT_BUDGET
+                limit: naam_vm::engine::DEFAULT_BUDGET
             }),
             "{}",
             e.engine()
@@ -373,7 +373,7 @@ fn objects_load_from_misaligned_bytes() {
     let bytes = std::fs::read(&examples().0).unwrap();
     let mut shifted = vec![0u8; bytes.len() + 1];
     shifted[1..].copy_from_slice(&bytes);
-    let loaded = naam_runtime::load(&shifted[1..]).unwrap();
+    let loaded = naam_vm::load(&shifted[1..]).unwrap();
     assert_eq!(loaded.programs.len(), examples().1.programs.len());
 }
 
@@ -401,7 +401,7 @@ fn a_crate_without_panic_abort_builds_and_a_large_stack_is_named_once() {
     let lib = dir.path().join("src/lib.rs");
     let text = std::fs::read_to_string(&lib).unwrap();
     std::fs::write(&lib, text.replace("#[cfg(any())]\n", "")).unwrap();
-    let mut opts = naam_runtime::pipeline::BuildOptions::new(dir.path());
+    let mut opts = naam_pipeline::BuildOptions::new(dir.path());
     opts.target_dir = Some(common::handler_target_dir().join("big-stack"));
     let out = dir.path().join("big.o");
     opts.out = Some(out.clone());
@@ -440,10 +440,10 @@ fn byte_range_reads_go_through_the_stack() {
 /// replayed as that aarch64 code under qemu-user, compute what the host computed.
 #[test]
 fn example_handlers_run_the_same_as_aarch64_code() {
-    use naam_runtime::cross::CrossCheck;
-    let bytes = naam_runtime::cross::compile_object(&examples().1).unwrap();
+    use naam_vm::cross::CrossCheck;
+    let bytes = naam_vm::cross::compile_object(&examples().1).unwrap();
     assert!(bytes > 0);
-    if !naam_runtime::cross::available_or_skip("the aarch64 replay") {
+    if !naam_vm::cross::available_or_skip("the aarch64 replay") {
         return;
     }
     let check = CrossCheck::new(1);
@@ -495,11 +495,10 @@ fn example_handlers_run_the_same_as_aarch64_code() {
 /// `bswap`, `gotol`) load and run on both engines with the v3 build's answers.
 #[test]
 fn handlers_built_for_isa_v4_load_and_run() {
-    let mut opts =
-        naam_runtime::pipeline::BuildOptions::new(common::repo().join("examples/handlers"));
+    let mut opts = naam_pipeline::BuildOptions::new(common::repo().join("examples/handlers"));
     opts.target_dir = Some(common::handler_target_dir());
     opts.out = Some(common::handler_target_dir().join("examples-v4.o"));
-    opts.cpu = naam_runtime::pipeline::BpfCpu::V4;
+    opts.cpu = naam_pipeline::BpfCpu::V4;
     let v4 = naam_runtime::pipeline::build(&opts).expect("building the examples for ISA v4");
     let mut rng = Rng(17);
     let data = words(&(0..100).map(|_| rng.next()).collect::<Vec<_>>());

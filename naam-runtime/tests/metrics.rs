@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use common::deployment::{key_a, Deployment, A};
 use common::words;
-use naam_runtime::registry::handler_id;
-use naam_runtime::transport::Transport;
+use naam_proto::handler_id;
+use naam_proto::transport::Transport;
+use naam_proto::Placement;
 use naam_runtime::udp::{UdpClient, UdpConfig};
-use naam_runtime::Placement;
 
 fn scrape(addr: SocketAddr) -> String {
     let mut s = TcpStream::connect(addr).expect("metrics endpoint");
@@ -45,11 +45,11 @@ fn server_and_nic_metrics_can_be_scraped_while_serving() {
         let mut c = UdpClient::connect(&cfg).unwrap();
         for i in 0..n {
             let r = c.call(A, handler_id("add"), &words(&[i, 1]), &[]).unwrap();
-            assert_eq!(r.status, naam_runtime::wire::Status::Ok);
+            assert_eq!(r.status, naam_proto::wire::Status::Ok);
         }
         // One handler error: `bsearch` without its segment.
         let r = c.call(A, handler_id("bsearch"), &words(&[7]), &[]).unwrap();
-        assert_eq!(r.status, naam_runtime::wire::Status::HandlerError);
+        assert_eq!(r.status, naam_proto::wire::Status::HandlerError);
     }
     // Counters are published about once a second.
     let deadline = Instant::now() + Duration::from_secs(5);

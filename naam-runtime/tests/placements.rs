@@ -8,15 +8,17 @@ use std::sync::Arc;
 use bytes::Bytes;
 use common::{examples, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ, ACCESS_WRITE};
-use naam_runtime::engine::Vm;
+use naam_proto::handler_id;
+use naam_proto::step::{DataPath, DmaModel, Limits, OneSided, Outcome, WriteError};
+use naam_proto::wire::{Descriptors, Request, Status};
+use naam_proto::Placement;
 use naam_runtime::executor::{
-    apply_writes, one_sided_read, run_message, ClientPath, DataPath, DmaModel, HostPath, Limits,
-    NicPath, OneSided, Outcome, WriteError,
+    apply_writes, one_sided_read, run_message, ClientPath, HostPath, NicPath,
 };
-use naam_runtime::region::{RegionMemory, RegionTable, READ_ONLY, READ_WRITE};
-use naam_runtime::registry::{handler_id, HandlerSpec, Registry};
-use naam_runtime::wire::{Descriptors, Request, Status};
-use naam_runtime::{Placement, VerifierConfig};
+use naam_runtime::{HandlerSpec, Registry};
+use naam_runtime::{RegionMemory, RegionTable, READ_ONLY, READ_WRITE};
+use naam_vm::engine::Vm;
+use naam_vm::VerifierConfig;
 
 /// In-process one-sided agent: READs straight from the region table.
 struct Agent(Arc<RegionTable>);
@@ -26,7 +28,7 @@ impl OneSided for Agent {
         app: u32,
         descs: &[Descriptor],
         bufs: &mut [Vec<u8>],
-    ) -> Result<u64, naam_runtime::executor::FetchError> {
+    ) -> Result<u64, naam_proto::step::FetchError> {
         one_sided_read(&self.0, app, descs, bufs)?;
         Ok(0)
     }
@@ -110,7 +112,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
     };
     let mut vm = Vm::new();
     let limits = Limits::default();
-    let owner = |batch: &naam_runtime::executor::WriteBatch| -> Result<(), WriteError> {
+    let owner = |batch: &naam_proto::step::WriteBatch| -> Result<(), WriteError> {
         if placement == Placement::Host {
             apply_writes(&w.regions, batch)
         } else {
@@ -119,13 +121,13 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
     };
     fn go<P: DataPath>(
         r: &Request,
-        h: Arc<naam_runtime::registry::HandlerEntry>,
+        h: Arc<naam_runtime::HandlerEntry>,
         p: &mut P,
         vm: &mut Vm,
         l: Limits,
-        o: impl FnMut(&naam_runtime::executor::WriteBatch) -> Result<(), WriteError>,
+        o: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
     ) -> Outcome {
-        run_message(r, h, p, vm, l, &naam_runtime::clock::SystemClock::new(), o).0
+        run_message(r, h, p, vm, l, &naam_runtime::SystemClock::new(), o).0
     }
     match placement {
         Placement::Host => go(

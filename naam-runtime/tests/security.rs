@@ -15,15 +15,15 @@ use bytes::Bytes;
 use common::deployment::{key_a, key_b, Deployment, A, B};
 use common::{rd, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
-use naam_runtime::onesided::{self, Op};
-use naam_runtime::registry::handler_id;
-use naam_runtime::session::{Credential, HELLO_PADDING};
-use naam_runtime::transport::Transport;
-use naam_runtime::udp::control::{self, Control};
+use naam_proto::control::{self, Control};
+use naam_proto::handler_id;
+use naam_proto::onesided::{self, Op};
+use naam_proto::session::{Credential, HELLO_PADDING};
+use naam_proto::transport::Transport;
+use naam_proto::wire::{Reply, Request, Status};
+use naam_proto::Placement;
 use naam_runtime::udp::Socket;
 use naam_runtime::udp::{UdpClient, UdpConfig};
-use naam_runtime::wire::{Reply, Request, Status};
-use naam_runtime::Placement;
 
 fn client(server: SocketAddr, tenant: &str, key: Credential, pin: Option<Placement>) -> UdpClient {
     let mut cfg = UdpConfig::new(server, tenant, key);
@@ -210,7 +210,7 @@ fn guessed_request_ids_poison_no_one_elses_writes(d: &mut Deployment) {
         attacker
             .send_sealed(server, seq, &req.to_bytes().unwrap())
             .unwrap();
-        let id = naam_runtime::wire::request_id(2, seq);
+        let id = naam_proto::wire::request_id(2, seq);
         let req = Request::for_call(A, handler_id("counter_add"), id, &words(&[0]), &[w]).unwrap();
         attacker
             .send_sealed(server, id, &req.to_bytes().unwrap())
@@ -304,7 +304,7 @@ fn answers_to_unproven_peers_stay_within_the_amplification_limit(d: &mut Deploym
         b.resize(b.len().max(pad), b' ');
         b
     };
-    let frame = naam_runtime::frame::HEADER;
+    let frame = naam_proto::frame::HEADER;
     for (msg, answered) in [
         (hello(HELLO_PADDING), true),
         (hello(0), true),
@@ -395,7 +395,7 @@ fn weights_after(
     c: &mut UdpClient,
     app: u32,
     handler: &str,
-    report: Option<naam_runtime::steering::RemoteLoad>,
+    report: Option<naam_proto::steering::RemoteLoad>,
     rtt_ns: Option<f64>,
 ) -> Result<[f64; 3], String> {
     let q = Control::QueryWeights {
@@ -415,10 +415,10 @@ fn weights_after(
 }
 
 /// A report claiming `handler` of `app` costs nothing at the client.
-fn free_client_runs(app: u32, handler: &str) -> naam_runtime::steering::RemoteLoad {
-    naam_runtime::steering::RemoteLoad {
+fn free_client_runs(app: u32, handler: &str) -> naam_proto::steering::RemoteLoad {
+    naam_proto::steering::RemoteLoad {
         executors: 1,
-        handlers: vec![naam_runtime::steering::RemoteHandler {
+        handlers: vec![naam_proto::steering::RemoteHandler {
             app,
             handler: handler_id(handler),
             service_ns: 1.0,

@@ -11,15 +11,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::{examples, rd, words};
+use naam_proto::control::Control;
+use naam_proto::handler_id;
+use naam_proto::onesided::{self, Op};
+use naam_proto::transport::Transport;
+use naam_proto::wire::Status;
+use naam_proto::Placement;
 use naam_runtime::cluster::ClusterConfig;
-use naam_runtime::onesided::{self, Op};
-use naam_runtime::registry::handler_id;
-use naam_runtime::transport::Transport;
-use naam_runtime::udp::control::Control;
 use naam_runtime::udp::Socket;
 use naam_runtime::udp::{UdpClient, UdpConfig, UdpError};
-use naam_runtime::wire::Status;
-use naam_runtime::Placement;
 
 const APP: u32 = 3;
 
@@ -142,17 +142,16 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     s.send(h.addr, 1, &[1, 1, 0, 0, 9, 9]).unwrap();
     assert!(s.recv(Duration::from_millis(100)).unwrap().is_empty());
-    let req =
-        naam_runtime::wire::Request::for_call(APP, handler_id("add"), 7, &words(&[1, 2]), &[])
-            .unwrap();
+    let req = naam_proto::wire::Request::for_call(APP, handler_id("add"), 7, &words(&[1, 2]), &[])
+        .unwrap();
     s.send(h.addr, 7, &req.to_bytes().unwrap()).unwrap();
-    let r = naam_runtime::wire::Reply::decode(recv_one(&mut s)).unwrap();
+    let r = naam_proto::wire::Reply::decode(recv_one(&mut s)).unwrap();
     assert_eq!(r.status, Status::NoSession);
     // Inside the session, a malformed request gets `Malformed`.
     c.send_sealed(h.addr, 1, &[1, 1, 0, 0, 9, 9]).unwrap();
     let got = recv_sealed_one(&mut c);
     assert_eq!(
-        naam_runtime::wire::Reply::decode(got).unwrap().status,
+        naam_proto::wire::Reply::decode(got).unwrap().status,
         Status::Malformed
     );
     // One-sided operations sent to the host are refused: only the NIC serves them.
@@ -197,8 +196,8 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     }
     // RDMA peers are refused clearly by a server without the verbs backend.
     let answer = c
-        .control(&naam_runtime::udp::control::Control::VerbsConnect {
-            endpoint: naam_runtime::udp::control::QpEndpoint {
+        .control(&naam_proto::control::Control::VerbsConnect {
+            endpoint: naam_proto::control::QpEndpoint {
                 lid: 1,
                 qpn: 2,
                 psn: 3,
@@ -207,7 +206,7 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
         })
         .unwrap();
     assert!(
-        matches!(&answer, naam_runtime::udp::control::Control::Error { message } if message.contains("no RDMA device")),
+        matches!(&answer, naam_proto::control::Control::Error { message } if message.contains("no RDMA device")),
         "{answer:?}"
     );
     // Still serving.
@@ -382,7 +381,7 @@ fn congestion_control_is_refused_unless_the_server_allows_it() {
     ));
     let mut c2 = operator(h2.addr);
     let too_much = Control::Congest {
-        extra_ns: Some(naam_runtime::udp::control::MAX_CONGESTION_NS + 1),
+        extra_ns: Some(naam_proto::control::MAX_CONGESTION_NS + 1),
     };
     assert!(matches!(
         c2.control(&too_much).unwrap(),
@@ -404,7 +403,7 @@ fn congestion_control_is_refused_unless_the_server_allows_it() {
 fn operator(server: SocketAddr) -> UdpClient {
     let cfg = UdpConfig::new(
         server,
-        naam_runtime::session::OPERATOR_TENANT,
+        naam_proto::session::OPERATOR_TENANT,
         common::operator_key(),
     );
     UdpClient::connect(&cfg).unwrap()
@@ -427,9 +426,9 @@ fn a_full_host_queue_answers_busy_and_keeps_serving() {
     .unwrap();
     for id in 1..=20u64 {
         let mut req =
-            naam_runtime::wire::Request::for_call(APP, handler_id("add"), id, &words(&[1, 2]), &[])
+            naam_proto::wire::Request::for_call(APP, handler_id("add"), id, &words(&[1, 2]), &[])
                 .unwrap();
-        req.flags |= naam_runtime::wire::flags::PIN_HOST;
+        req.flags |= naam_proto::wire::flags::PIN_HOST;
         c.send_sealed(h.addr, id, &req.to_bytes().unwrap()).unwrap();
     }
     let mut statuses = Vec::new();
@@ -437,7 +436,7 @@ fn a_full_host_queue_answers_busy_and_keeps_serving() {
     while statuses.len() < 20 {
         assert!(Instant::now() < deadline, "answers: {statuses:?}");
         for m in c.recv_sealed(Duration::from_millis(10)).unwrap() {
-            statuses.push(naam_runtime::wire::Reply::decode(m).unwrap().status);
+            statuses.push(naam_proto::wire::Reply::decode(m).unwrap().status);
         }
     }
     let busy = statuses.iter().filter(|&&s| s == Status::Busy).count();
@@ -458,7 +457,7 @@ fn a_server_claiming_endless_manifest_pages_is_refused() {
     let server = std::thread::spawn(move || {
         // A server that holds the tenant's credential (so the client trusts its welcome) but
         // claims a manifest of 4 billion pages.
-        use naam_runtime::session::{self, Gatekeeper, HandshakeNonces};
+        use naam_proto::session::{self, Gatekeeper, HandshakeNonces};
         let tenants = session::tenant_entries(
             &[(APP, common::TENANT.into(), common::tenant_key())],
             None,

@@ -10,8 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use naam_runtime::region::{RegionMemory, RegionTable, ALL_RIGHTS};
-use naam_runtime::verbs::{devices, Device, MemoryRegion, Peers, QueuePair, Remote, VerbsError};
+use naam_proto::control::RdmaRemote as Remote;
+use naam_runtime::verbs::{devices, Device, MemoryRegion, Peers, QueuePair, VerbsError};
+use naam_runtime::{RegionMemory, RegionTable, ALL_RIGHTS};
 
 fn device() -> Option<Arc<Device>> {
     match Device::open(None) {
@@ -106,12 +107,12 @@ fn the_server_side_registers_regions_and_connects_peers() {
 #[test]
 fn a_client_placement_reads_the_server_over_rdma() {
     use common::{examples, rd, words};
+    use naam_proto::handler_id;
+    use naam_proto::transport::Transport;
+    use naam_proto::wire::Status;
+    use naam_proto::Placement;
     use naam_runtime::cluster::ClusterConfig;
-    use naam_runtime::registry::handler_id;
-    use naam_runtime::transport::Transport;
     use naam_runtime::udp::{UdpClient, UdpConfig};
-    use naam_runtime::wire::Status;
-    use naam_runtime::Placement;
 
     let Some(dev) = device() else { return };
     const APP: u32 = 3;

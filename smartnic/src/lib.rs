@@ -7,7 +7,7 @@
 #![deny(missing_docs)]
 
 use naam_runtime::cluster::NicModel;
-use naam_runtime::executor::DmaModel;
+use naam_runtime::proto::step::DmaModel;
 
 /// The emulation model of BlueField-2 Arm A72 cores and their DMA to host memory.
 ///

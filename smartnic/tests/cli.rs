@@ -1,13 +1,13 @@
 //! naam-nic's refusals: started before (or without) a server, or against a corrupt manifest,
 //! it says what is wrong and exits 1 without serving; bad usage exits 2.
 
-use naam_runtime::session::CredentialFile as _;
+use naam_runtime::CredentialFile as _;
 use std::process::Command;
 
 fn nic(shm: &std::path::Path, extra: &[&str]) -> std::process::Output {
     let keys = tempfile::tempdir().unwrap();
     let pairing = keys.path().join("naam-nic.key");
-    naam_runtime::session::Credential::generate()
+    naam_runtime::proto::session::Credential::generate()
         .unwrap()
         .write_new(&pairing)
         .unwrap();

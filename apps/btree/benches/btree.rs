@@ -10,9 +10,9 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion};
 use naam_btree::reference::NativeBTree;
 use naam_btree::{app_spec, handlers, BTreeClient, BTreeConfig, BTreeHandle};
+use naam_proto::Placement;
 use naam_runtime::cluster::{Cluster, ClusterConfig};
-use naam_runtime::transport::{Direct, Pinned};
-use naam_runtime::Placement;
+use naam_runtime::{Direct, Pinned};
 
 const KEYS: u64 = 100_000;
 

@@ -24,11 +24,11 @@ use naam_proto::Placement;
 #[cfg(feature = "host")]
 use naam_runtime::cluster::{AppSpec, Cluster, RegionSpec};
 #[cfg(feature = "host")]
-use naam_runtime::region::ALL_RIGHTS;
+use naam_runtime::vm::{LoadError, LoadedObject};
 #[cfg(feature = "host")]
-use naam_runtime::registry::HandlerSpec;
+use naam_runtime::HandlerSpec;
 #[cfg(feature = "host")]
-use naam_runtime::{LoadError, LoadedObject};
+use naam_runtime::ALL_RIGHTS;
 
 pub use naam_btree_layout as layout;
 
@@ -196,7 +196,7 @@ pub const HANDLERS_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/btr
 /// and each handler is verified when a cluster installs it ([`app_spec`]).
 #[cfg(feature = "host")]
 pub fn handlers() -> Result<LoadedObject, BTreeError> {
-    Ok(naam_runtime::load(HANDLERS_OBJECT)?)
+    Ok(naam_runtime::vm::load(HANDLERS_OBJECT)?)
 }
 
 /// The app a cluster installs for a tree.

@@ -10,11 +10,12 @@ use std::time::Duration;
 use naam_btree::reference::NativeBTree;
 use naam_btree::{app_spec, handlers, BTreeClient, BTreeConfig, BTreeError, BTreeHandle, Written};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
+use naam_proto::handler_id;
+use naam_proto::wire::Status;
+use naam_proto::Placement;
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
-use naam_runtime::registry::handler_id;
-use naam_runtime::transport::Pinned;
-use naam_runtime::wire::Status;
-use naam_runtime::{LoadedObject, Placement};
+use naam_runtime::vm::LoadedObject;
+use naam_runtime::Pinned;
 use proptest::prelude::*;
 
 const APP: u32 = 9;
@@ -361,12 +362,12 @@ fn bad_input_is_refused_and_the_tree_stays_intact() {
 /// computed on this host.
 #[test]
 fn aarch64_code_computes_what_the_host_computes() {
-    let bytes = naam_runtime::cross::compile_object(&object()).unwrap();
+    let bytes = naam_runtime::vm::cross::compile_object(&object()).unwrap();
     assert!(bytes > 0);
-    if !naam_runtime::cross::available_or_skip("the aarch64 replay") {
+    if !naam_runtime::vm::cross::available_or_skip("the aarch64 replay") {
         return;
     }
-    let check = naam_runtime::cross::CrossCheck::new(1);
+    let check = naam_runtime::vm::cross::CrossCheck::new(1);
     let config = small();
     let c = cluster_with(
         config,

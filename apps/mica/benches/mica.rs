@@ -9,9 +9,9 @@ use std::sync::Arc;
 use criterion::{criterion_group, criterion_main, Criterion};
 use naam_mica::reference::NativeMica;
 use naam_mica::{app_spec, handlers, MicaClient, MicaConfig, MicaHandle};
+use naam_proto::Placement;
 use naam_runtime::cluster::{Cluster, ClusterConfig};
-use naam_runtime::transport::{Direct, Pinned};
-use naam_runtime::Placement;
+use naam_runtime::{Direct, Pinned};
 
 const KEYS: usize = 10_000;
 

@@ -24,11 +24,11 @@ use naam_proto::Placement;
 #[cfg(feature = "host")]
 use naam_runtime::cluster::{AppSpec, Cluster, RegionSpec};
 #[cfg(feature = "host")]
-use naam_runtime::region::{ALL_RIGHTS, READ_WRITE};
+use naam_runtime::vm::{LoadError, LoadedObject};
 #[cfg(feature = "host")]
-use naam_runtime::registry::HandlerSpec;
+use naam_runtime::HandlerSpec;
 #[cfg(feature = "host")]
-use naam_runtime::{LoadError, LoadedObject};
+use naam_runtime::{ALL_RIGHTS, READ_WRITE};
 
 pub use naam_mica_layout as layout;
 use naam_mica_layout as l;
@@ -230,7 +230,7 @@ pub const HANDLERS_OBJECT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/mic
 /// and each handler is verified when a cluster installs it ([`app_spec`]).
 #[cfg(feature = "host")]
 pub fn handlers() -> Result<LoadedObject, MicaError> {
-    Ok(naam_runtime::load(HANDLERS_OBJECT)?)
+    Ok(naam_runtime::vm::load(HANDLERS_OBJECT)?)
 }
 
 /// The app a cluster installs for a MICA table: its regions and handlers (GET read-only, the

@@ -9,11 +9,12 @@ use std::time::Duration;
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_mica::reference::NativeMica;
 use naam_mica::{app_spec, handlers, MicaClient, MicaConfig, MicaError, MicaHandle};
+use naam_proto::handler_id;
+use naam_proto::wire::Status;
+use naam_proto::Placement;
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
-use naam_runtime::registry::handler_id;
-use naam_runtime::transport::Pinned;
-use naam_runtime::wire::Status;
-use naam_runtime::{LoadedObject, Placement};
+use naam_runtime::vm::LoadedObject;
+use naam_runtime::Pinned;
 use proptest::prelude::*;
 
 const APP: u32 = 5;
@@ -475,12 +476,12 @@ fn rmw_handler_patches_a_field_atomically_at_the_owner() {
 /// what the JIT computed on this host (r0, instruction count, reply, next descriptors, writes).
 #[test]
 fn aarch64_code_computes_what_the_host_computes() {
-    let bytes = naam_runtime::cross::compile_object(&object()).unwrap();
+    let bytes = naam_runtime::vm::cross::compile_object(&object()).unwrap();
     assert!(bytes > 0);
-    if !naam_runtime::cross::available_or_skip("the aarch64 replay") {
+    if !naam_runtime::vm::cross::available_or_skip("the aarch64 replay") {
         return;
     }
-    let check = naam_runtime::cross::CrossCheck::new(1);
+    let check = naam_runtime::vm::cross::CrossCheck::new(1);
     let config = MicaConfig {
         buckets: 4,
         log_items: 16,

@@ -12,9 +12,10 @@ use aya::maps::{Array, HashMap as BpfHashMap, PerCpuArray};
 use aya::programs::{Xdp, XdpMode};
 use naam_ebpf::eswitch as abi;
 use naam_runtime::cluster::Cluster;
-use naam_runtime::registry::HandlerKind;
-use naam_runtime::udp::{SwitchCounters, SwitchHandle};
-use naam_runtime::Placement;
+use naam_runtime::proto::control::SwitchCounters;
+use naam_runtime::proto::endpoint::SwitchHandle;
+use naam_runtime::proto::step::HandlerKind;
+use naam_runtime::proto::Placement;
 
 /// Why the eSwitch could not start.
 #[derive(Debug, thiserror::Error)]

@@ -6,18 +6,18 @@
 //! ([`naam_runtime::udp`]).
 #![deny(missing_docs)]
 
-use naam_runtime::session::CredentialFile as _;
+use naam_runtime::CredentialFile as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use naam_ebpf::abi::{ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::cluster::{AppSpec, PolicyChoice, RegionSpec};
-use naam_runtime::engine::{EngineKind, DEFAULT_BUDGET, MAX_BUDGET};
-use naam_runtime::registry::HandlerSpec;
-use naam_runtime::steering::CostPolicyConfig;
+use naam_runtime::proto::steering::CostPolicyConfig;
+use naam_runtime::proto::Placement;
 use naam_runtime::udp::HostApp;
-use naam_runtime::Placement;
+use naam_runtime::vm::engine::{EngineKind, DEFAULT_BUDGET, MAX_BUDGET};
+use naam_runtime::HandlerSpec;
 use serde::Deserialize;
 
 pub mod eswitch;
@@ -307,8 +307,8 @@ impl Config {
     /// Reads every credential the config names and makes the server's tenant table: one
     /// entry per tenant name. Two tenants of one name with different credentials, or an
     /// unreadable, malformed or group-readable credential file, are config errors.
-    pub fn tenants(&self) -> Result<Vec<naam_runtime::session::TenantEntry>, ConfigError> {
-        use naam_runtime::session::{self, Credential};
+    pub fn tenants(&self) -> Result<Vec<naam_runtime::proto::session::TenantEntry>, ConfigError> {
+        use naam_runtime::proto::session::{self, Credential};
         let load = |p: &Path| {
             Credential::load(p).map_err(|e| ConfigError::Invalid(PathBuf::new(), e.to_string()))
         };
@@ -417,7 +417,7 @@ impl Config {
                 ));
             }
         }
-        let (lo, hi) = (naam_runtime::frame::MIN_DATAGRAM, MAX_DATAGRAM);
+        let (lo, hi) = (naam_runtime::proto::frame::MIN_DATAGRAM, MAX_DATAGRAM);
         if !(lo..=hi).contains(&c.datagram) {
             return bad(format!(
                 "datagram must be {lo} to {hi} bytes, not {}",
@@ -589,7 +589,7 @@ impl AppConfig {
             } => {
                 let bytes = std::fs::read(object)
                     .with_context(|| format!("reading {}", object.display()))?;
-                let loaded = naam_runtime::load(&bytes)
+                let loaded = naam_runtime::vm::load(&bytes)
                     .with_context(|| format!("loading {}", object.display()))?;
                 let mut rs = Vec::new();
                 for r in regions {

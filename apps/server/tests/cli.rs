@@ -2,14 +2,14 @@
 //! documented exit codes (2: config, handler objects or usage; 1: runtime failure), and never
 //! starts serving.
 
-use naam_runtime::session::CredentialFile as _;
+use naam_runtime::CredentialFile as _;
 use std::process::Command;
 
 fn server(config: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("naam-server.toml");
     std::fs::write(&path, config).unwrap();
-    naam_runtime::session::Credential::generate()
+    naam_runtime::proto::session::Credential::generate()
         .unwrap()
         .write_new(&dir.path().join("k.key"))
         .unwrap();
@@ -81,10 +81,13 @@ fn keygen_writes_a_private_credential_once() {
             .unwrap()
     };
     assert_eq!(run().status.code(), Some(0));
-    let c = naam_runtime::session::Credential::load(&out).unwrap();
+    let c = naam_runtime::proto::session::Credential::load(&out).unwrap();
     let again = run();
     assert_eq!(again.status.code(), Some(2), "never replaces a credential");
-    assert_eq!(naam_runtime::session::Credential::load(&out).unwrap(), c);
+    assert_eq!(
+        naam_runtime::proto::session::Credential::load(&out).unwrap(),
+        c
+    );
 }
 
 #[test]

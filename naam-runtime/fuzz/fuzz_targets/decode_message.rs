@@ -3,7 +3,7 @@
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use naam_runtime::wire::{Reply, Request};
+use naam_proto::wire::{Reply, Request};
 
 fuzz_target!(|data: &[u8]| {
     let buf = Bytes::copy_from_slice(data);

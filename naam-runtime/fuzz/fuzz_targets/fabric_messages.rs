@@ -6,9 +6,10 @@
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use naam_runtime::onesided::{execute, Completion, Operation};
-use naam_runtime::region::{RegionMemory, RegionTable, ALL_RIGHTS, READ_ONLY};
-use naam_runtime::udp::control::{unforward, Control};
+use naam_runtime::onesided::execute;
+use naam_proto::onesided::{Completion, Operation};
+use naam_runtime::{RegionMemory, RegionTable, ALL_RIGHTS, READ_ONLY};
+use naam_proto::control::{unforward, Control};
 
 fuzz_target!(|data: &[u8]| {
     let mut t = RegionTable::new();
@@ -23,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = Completion::decode(b.clone());
     let _ = Control::decode(data);
     let _ = unforward(&b);
-    let _ = naam_runtime::session::peek_sealed(data);
-    let key = naam_runtime::session::SessionKey::new(1, 1, [7; 32]);
+    let _ = naam_proto::session::peek_sealed(data);
+    let key = naam_proto::session::SessionKey::new(1, 1, [7; 32]);
     assert!(key.open(&b).is_err(), "a forgery opened");
 });

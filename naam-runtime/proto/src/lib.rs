@@ -18,7 +18,7 @@
 //! - [`frame`]: datagram framing (fragments, bounded reassembly, retransmission timers);
 //! - [`session`]: credentials, the handshake, sealed envelopes, replay windows, sessions;
 //! - [`peek`]: a message's kind and id read without decoding it (matching answers);
-//! - [`placement`]: where a message's steps run;
+//! - [`Placement`]: where a message's steps run (client, NIC, host);
 //! - [`steering`]: load signals and the policies that turn them into weights;
 //! - [`step`]: the step machine (one message's steps at one placement) and the traits its
 //!   drivers implement: the engine, the data paths, the one-sided READ transport;
@@ -34,7 +34,7 @@ pub mod kind;
 pub mod limits;
 pub mod onesided;
 pub mod peek;
-pub mod placement;
+mod placement;
 pub mod session;
 pub mod steering;
 pub mod step;
@@ -42,7 +42,6 @@ pub mod transport;
 pub mod wire;
 
 pub use engine_kind::EngineKind;
-pub use kind::MessageKind;
 pub use placement::Placement;
 
 /// Nanoseconds since some epoch chosen by whoever drives the protocol (a monotonic clock in a

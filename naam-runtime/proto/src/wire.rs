@@ -27,7 +27,7 @@ use serde::Serialize;
 
 pub use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
 pub use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
-use crate::placement::Placement;
+use crate::Placement;
 
 /// Request flags.
 pub mod flags {

@@ -4,20 +4,21 @@
 //! (`call`) the message did not succeed or the server could not be reached; 2 bad usage,
 //! unreadable input or a failed build.
 
-use naam_runtime::session::CredentialFile as _;
+use naam_runtime::CredentialFile as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use naam_ebpf::abi::{placement, write_kind, Return};
-use naam_runtime::engine::{
+use naam_pipeline::{BpfCpu, BuildOptions};
+use naam_runtime::pipeline::build;
+use naam_vm::engine::{
     time_runs, ExecOptions, Grant, Invocation, StepError, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET,
 };
-use naam_runtime::jit::Target;
-use naam_runtime::pipeline::{build, BpfCpu, BuildOptions};
-use naam_runtime::verifier::{verify, VerifierConfig, DEFAULT_MAX_INSNS};
-use naam_runtime::{load, EngineKind, Executable, Program};
+use naam_vm::jit::Target;
+use naam_vm::verifier::{verify, VerifierConfig, DEFAULT_MAX_INSNS};
+use naam_vm::{load, EngineKind, Executable, Program};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -352,7 +353,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
 /// `naam run --region`: the whole message on a local one-app cluster.
 #[allow(clippy::too_many_arguments)]
 fn run_message(
-    object: naam_runtime::LoadedObject,
+    object: naam_vm::LoadedObject,
     handler: &str,
     write: bool,
     engine: EngineKind,
@@ -394,7 +395,7 @@ fn run_message(
     // As for one step: a handler's own error is an answer; a fault or a refusal is not.
     let ok = matches!(
         reply.status,
-        naam_runtime::wire::Status::Ok | naam_runtime::wire::Status::HandlerError
+        naam_proto::wire::Status::Ok | naam_proto::wire::Status::HandlerError
     );
     Ok(if ok {
         ExitCode::SUCCESS
@@ -405,8 +406,8 @@ fn run_message(
 
 /// `naam call`: one message on a deployment.
 fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
+    use naam_proto::transport::Transport;
     use naam_runtime::invoke::{parse_descriptor, reply_json};
-    use naam_runtime::transport::Transport;
     use naam_runtime::udp::{UdpClient, UdpConfig};
     let usage = |m: String| -> anyhow::Result<ExitCode> {
         eprintln!("naam: error: {m}");
@@ -417,7 +418,7 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
     }
     let pin = match a.placement.as_str() {
         "auto" => None,
-        p => match p.parse::<naam_runtime::Placement>() {
+        p => match p.parse::<naam_proto::Placement>() {
             Ok(p) => Some(p),
             Err(e) => return usage(format!("--placement {p}: {e}, or auto")),
         },
@@ -438,7 +439,7 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
         .key
         .clone()
         .unwrap_or_else(|| PathBuf::from("keys").join(format!("{tenant}.key")));
-    let credential = match naam_runtime::session::Credential::load(&key_path) {
+    let credential = match naam_proto::session::Credential::load(&key_path) {
         Ok(c) => c,
         Err(e) => {
             return usage(format!(
@@ -498,7 +499,7 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
     }
     // The Client placement runs the handler here: it needs the server's object, which this
     // machine can read only beside the server.
-    let same = |b: &Vec<u8>| naam_runtime::udp::control::object_hash(b) == app.object_hash;
+    let same = |b: &Vec<u8>| naam_proto::control::object_hash(b) == app.object_hash;
     let object = match &a.object {
         Some(path) => match std::fs::read(path) {
             Ok(b) if same(&b) => Some(b),
@@ -517,7 +518,7 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
         (Some(bytes), _) => client
             .install_handlers(app.id, bytes)
             .context("installing the server's handlers for the Client placement")?,
-        (None, Some(naam_runtime::Placement::Client)) => {
+        (None, Some(naam_proto::Placement::Client)) => {
             return usage(format!(
                 "--placement client runs the handler here: give its object with --object FILE \
                  (the server's, {}, is not readable here)",
@@ -526,12 +527,7 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
         }
         (None, _) => {}
     }
-    let reply = match client.call(
-        app.id,
-        naam_runtime::registry::handler_id(&a.handler),
-        &args,
-        &descs,
-    ) {
+    let reply = match client.call(app.id, naam_proto::handler_id(&a.handler), &args, &descs) {
         Ok(r) => r,
         Err(e) => return failed(format!("calling {}/{}: {e}", app.name, a.handler)),
     };
@@ -539,7 +535,7 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
     v["app"] = json!(app.name);
     v["handler"] = json!(a.handler);
     println!("{v}");
-    Ok(if reply.status == naam_runtime::wire::Status::Ok {
+    Ok(if reply.status == naam_proto::wire::Status::Ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -547,11 +543,12 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    use naam_proto::handler_id;
+    use naam_proto::steering::CostPolicyConfig;
+    use naam_proto::Placement;
     use naam_runtime::cluster::{AppSpec, Cluster, ClusterConfig, PolicyChoice, RegionSpec};
     use naam_runtime::experiment::{read_call, run_shift, ShiftConfig};
-    use naam_runtime::registry::{handler_id, HandlerSpec};
-    use naam_runtime::steering::CostPolicyConfig;
-    use naam_runtime::Placement;
+    use naam_runtime::HandlerSpec;
     use std::time::Duration;
 
     if !(args.seconds > 0.0
@@ -590,7 +587,7 @@ fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
             owner: Placement::Host,
             regions: vec![RegionSpec {
                 name: "sorted".into(),
-                access: naam_runtime::region::READ_ONLY,
+                access: naam_runtime::READ_ONLY,
                 contents: sorted,
             }],
             object: std::sync::Arc::new(loaded),
@@ -708,7 +705,7 @@ fn parse_u64(s: &str) -> anyhow::Result<u64> {
 fn report(
     vm: &Vm,
     exe: &Executable,
-    result: Result<naam_runtime::StepOutput, StepError>,
+    result: Result<naam_vm::StepOutput, StepError>,
     ns: f64,
 ) -> (serde_json::Value, ExitCode) {
     let base = json!({ "handler": exe.name(), "engine": exe.engine().name(), "mode": "standalone", "ns_per_invocation": ns,
@@ -814,8 +811,8 @@ fn conformance_plugin(
     let program = Program::from_bytecode("conformance", code);
     let options = ExecOptions::conformance(engine);
     let outcome = match target {
-        Target::Host => naam_runtime::conformance::run_host(&program, &options, &memory),
-        Target::Aarch64 => naam_runtime::conformance::run_aarch64(&program, &options, &memory),
+        Target::Host => naam_vm::conformance::run_host(&program, &options, &memory),
+        Target::Aarch64 => naam_vm::conformance::run_aarch64(&program, &options, &memory),
     };
     match outcome {
         Ok(r0) => {

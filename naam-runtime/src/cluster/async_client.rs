@@ -3,7 +3,8 @@
 //! one-sided READs without blocking the runtime.
 
 use super::*;
-use crate::executor::{run_step, Action, StepMachine};
+use crate::executor::run_step;
+use naam_proto::step::{Action, StepMachine};
 
 impl Cluster {
     /// An asynchronous (tokio) client; cheap to clone and share (feature `async`).
@@ -38,7 +39,7 @@ impl AsyncClient {
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let id = crate::wire::request_id(self.id, seq);
+        let id = naam_proto::wire::request_id(self.id, seq);
         let req = Request::for_call(app, handler, id, args, descs)?;
         let key = (app, handler);
         let start = Instant::now();
@@ -136,9 +137,9 @@ impl AsyncClient {
                     match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
                         Ok(Ok(Ok(got))) => {
                             bufs = got;
-                            let grants: Vec<crate::engine::Grant> = bufs[..descs.len()]
+                            let grants: Vec<naam_vm::engine::Grant> = bufs[..descs.len()]
                                 .iter()
-                                .map(|b| crate::engine::Grant::read(b))
+                                .map(|b| naam_vm::engine::Grant::read(b))
                                 .collect();
                             run_step(
                                 &mut m,

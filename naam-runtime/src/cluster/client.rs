@@ -91,7 +91,7 @@ pub struct Client {
 impl Client {
     fn next_id(&mut self) -> u64 {
         self.seq += 1;
-        crate::wire::request_id(self.id, self.seq)
+        naam_proto::wire::request_id(self.id, self.seq)
     }
 
     /// Sends one message, placed by the steering weights; waits for the reply.
@@ -124,7 +124,7 @@ impl Client {
         placement: Option<Placement>,
         mut req: Request,
     ) -> Result<Reply, ClientError> {
-        if req.flags & crate::wire::flags::RETRY == 0 {
+        if req.flags & naam_proto::wire::flags::RETRY == 0 {
             req.request_id = self.next_id();
         }
         req.validate()?;

@@ -33,7 +33,7 @@ pub struct AppSpec {
 
 impl AppSpec {
     /// Every handler of the app on `engine` (the JIT is the default).
-    pub fn with_engine(mut self, engine: crate::engine::EngineKind) -> Self {
+    pub fn with_engine(mut self, engine: naam_vm::engine::EngineKind) -> Self {
         for h in &mut self.handlers {
             h.engine = engine;
         }
@@ -129,7 +129,7 @@ pub struct ClusterConfig {
     pub executor_poll: Duration,
     /// Replay sampled steps of every executor and client VM as aarch64 code under qemu and
     /// record differences (tests of the aarch64 JIT over real workloads; off by default).
-    pub cross_check: Option<Arc<crate::cross::CrossCheck>>,
+    pub cross_check: Option<Arc<naam_vm::cross::CrossCheck>>,
     /// What one app may spend per period before its new messages are refused `Busy`: bounds
     /// the harm one tenant's torn records or retry storms do to the others.
     pub tenant_budget: TenantBudget,
@@ -236,5 +236,3 @@ pub(super) struct Spent {
     pub(super) retries: u64,
     pub(super) steps: u64,
 }
-
-pub use naam_proto::transport::ClientError;

@@ -24,7 +24,7 @@ pub(super) fn serve<P: DataPath>(
         Ok(h) => h.clone(),
         Err(e) => {
             let status = match e {
-                crate::registry::LookupError::UnknownApp(_) => Status::UnknownApp,
+                crate::LookupError::UnknownApp(_) => Status::UnknownApp,
                 _ => Status::UnknownHandler,
             };
             return Served::Done(Outcome::error(status, 0, e.to_string(), req.steps), 0);

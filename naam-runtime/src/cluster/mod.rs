@@ -11,7 +11,7 @@
 //! Roles, as on real hardware: the client picks Client vs server for each read message from the
 //! steering weights; the switch ([`Cluster::route`]) splits server messages between Host and NIC
 //! and sends writes to the app's write owner; executors run the sans-IO
-//! [`crate::executor::StepMachine`]; the steering thread runs naam-proto's `Controller` every
+//! [`naam_proto::step::StepMachine`]; the steering thread runs naam-proto's `Controller` every
 //! period and publishes its weights.
 //!
 //! Here: the shared state, the builder, dispatch and routing. `config` holds the settings and
@@ -29,19 +29,24 @@ use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use naam_ebpf::abi::Descriptor;
 
-use crate::clock::{Clock, Nanos, SystemClock};
-use crate::engine::Vm;
 use crate::executor::{
-    self, apply_writes, one_sided_read, run_message, ClientPath, DataPath, DmaModel, Driven,
-    FetchError, HostPath, Limits, NicPath, OneSided, Outcome, ParkedRun, RunCost, WriteError,
+    self, apply_writes, one_sided_read, run_message, ClientPath, Driven, HostPath, NicPath,
+    ParkedRun, RunCost,
 };
 use crate::fair::{FairQueue, PushError};
-use crate::loader::LoadedObject;
-use crate::metrics::Metrics;
-use crate::placement::Placement;
-use crate::region::{RegionMemory, RegionTable, ResolveError};
-use crate::registry::{HandlerEntry, HandlerKind, HandlerSpec, Registry, RegistryError};
-pub use crate::steering::Selector;
+use crate::Metrics;
+use crate::{Clock, SystemClock};
+use crate::{HandlerEntry, HandlerSpec, Registry, RegistryError};
+use crate::{RegionMemory, RegionTable};
+use naam_proto::steering::Selector;
+use naam_proto::step::HandlerKind;
+use naam_proto::step::ResolveError;
+use naam_proto::step::{DataPath, DmaModel, FetchError, Limits, OneSided, Outcome, WriteError};
+use naam_proto::transport::ClientError;
+use naam_proto::Nanos;
+use naam_proto::Placement;
+use naam_vm::engine::Vm;
+use naam_vm::loader::LoadedObject;
 
 mod client;
 mod config;
@@ -56,16 +61,16 @@ use steer::*;
 
 #[cfg(feature = "async")]
 mod async_client;
-use crate::steering::{
+#[cfg(feature = "async")]
+pub use async_client::AsyncClient;
+use naam_proto::dedup::RecentAnswers;
+use naam_proto::steering::{
     AppView, ClientShare, Controller, ControllerConfig, CostPolicy, CostPolicyConfig, Ewma,
     HandlerKey, HandlerLoad, HandlerView, LoadTracker, Observe, Policy, RemoteLoad, StaticPolicy,
     SteeringInputs, Weights,
 };
-use crate::verifier::VerifierConfig;
-use crate::wire::{Descriptors, LoadFeedback, Reply, Request, Status};
-#[cfg(feature = "async")]
-pub use async_client::AsyncClient;
-use naam_proto::dedup::RecentAnswers;
+use naam_proto::wire::{Descriptors, LoadFeedback, Reply, Request, Status};
+use naam_vm::verifier::VerifierConfig;
 
 enum ReplySink {
     Sync(Sender<Reply>),
@@ -582,8 +587,7 @@ pub(crate) fn reply_for(
 }
 
 pub(crate) use naam_proto::endpoint::error_reply;
-/// What [`Cluster::dispatch`] did with a message (the server endpoint's word for it).
-pub use naam_proto::endpoint::Routed;
+use naam_proto::endpoint::Routed;
 
 impl Cluster {
     /// A new builder.
@@ -816,7 +820,7 @@ fn route(
         .registry
         .handler(req.app, req.handler)
         .map_err(|e| match e {
-            crate::registry::LookupError::UnknownApp(_) => Status::UnknownApp,
+            crate::LookupError::UnknownApp(_) => Status::UnknownApp,
             _ => Status::UnknownHandler,
         })?;
     if handler.kind == HandlerKind::Write {

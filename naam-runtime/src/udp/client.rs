@@ -21,22 +21,25 @@ use naam_proto::endpoint::{
 };
 use naam_proto::Nanos;
 
-use super::control::{object_hash, Control, Manifest};
 use super::socket::{Socket, DEFAULT_DATAGRAM};
-use crate::clock::{Clock, SystemClock};
-use crate::cluster::{run_at_client, ClientError};
-use crate::engine::Vm;
-use crate::executor::{ClientPath, FetchError, Limits, OneSided};
-use crate::metrics::Metrics;
-use crate::onesided;
-use crate::placement::Placement;
-use crate::registry::{HandlerKind, HandlerSpec, Registry};
-use crate::session::{self, Credential};
-use crate::steering::Selector;
-use crate::steering::{Ewma, HandlerKey, LoadTracker, Weights};
-use crate::transport::Transport;
-use crate::verifier::VerifierConfig;
-use crate::wire::{flags, Reply, Request, Status};
+use crate::cluster::run_at_client;
+use crate::executor::ClientPath;
+use crate::Metrics;
+use crate::{Clock, SystemClock};
+use crate::{HandlerSpec, Registry};
+use naam_proto::control::{object_hash, Control, Manifest};
+use naam_proto::onesided;
+use naam_proto::session::{self, Credential};
+use naam_proto::steering::Selector;
+use naam_proto::steering::{Ewma, HandlerKey, LoadTracker, Weights};
+use naam_proto::step::HandlerKind;
+use naam_proto::step::{FetchError, Limits, OneSided};
+use naam_proto::transport::ClientError;
+use naam_proto::transport::Transport;
+use naam_proto::wire::{flags, Reply, Request, Status};
+use naam_proto::Placement;
+use naam_vm::engine::Vm;
+use naam_vm::verifier::VerifierConfig;
 
 /// Manifest pages a client fetches at most (tens of thousands of apps).
 const MAX_MANIFEST_PAGES: u32 = 4096;
@@ -277,7 +280,7 @@ impl OneSided for Conn {
     ) -> Result<u64, FetchError> {
         if let Some(d) = descs.iter().find(|d| d.access & ACCESS_READ == 0) {
             return Err(FetchError::Resolve(
-                crate::region::ResolveError::AccessDenied {
+                naam_proto::step::ResolveError::AccessDenied {
                     need: ACCESS_READ,
                     have: d.access,
                 },
@@ -475,14 +478,14 @@ impl UdpClient {
             });
         }
         let loaded =
-            crate::loader::load(object).map_err(|e| UdpError::Handlers(app, e.to_string()))?;
+            naam_vm::loader::load(object).map_err(|e| UdpError::Handlers(app, e.to_string()))?;
         let specs: Vec<HandlerSpec> = a
             .handlers
             .iter()
             .filter(|h| !h.write)
             .map(|h| HandlerSpec::read(&h.name).engine(h.engine).budget(h.budget))
             .collect();
-        let fail = |e: crate::registry::RegistryError| UdpError::Handlers(app, e.to_string());
+        let fail = |e: crate::RegistryError| UdpError::Handlers(app, e.to_string());
         self.registry
             .add_app(app, &a.name, Placement::Host)
             .map_err(fail)?;
@@ -691,6 +694,6 @@ impl Transport for UdpClient {
     }
 
     fn backoff(&mut self, attempt: u32) {
-        crate::transport::backoff(attempt)
+        crate::backoff(attempt)
     }
 }

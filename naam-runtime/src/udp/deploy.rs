@@ -8,11 +8,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::control::{object_hash, AppManifest, HandlerManifest, Manifest, RegionManifest};
 use crate::cluster::{AppSpec, Cluster, ClusterConfig, ClusterError, PolicyChoice, RegionSpec};
-use crate::placement::Placement;
-use crate::region::RegionMemory;
-use crate::registry::{handler_id, HandlerKind, HandlerSpec};
+use crate::HandlerSpec;
+use crate::RegionMemory;
+use naam_proto::control::{object_hash, AppManifest, HandlerManifest, Manifest, RegionManifest};
+use naam_proto::handler_id;
+use naam_proto::step::HandlerKind;
+use naam_proto::Placement;
 
 /// Name of the manifest file in the shared-memory directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -63,9 +65,9 @@ pub struct HostApp {
     /// it to handlers); otherwise clients only READ them.
     pub client_writes: bool,
     /// The tenant's credential: region rkeys are derived from it
-    /// ([`crate::session::Credential::region_key`]), so they stay the same across restarts;
+    /// ([`naam_proto::session::Credential::region_key`]), so they stay the same across restarts;
     /// `None`: random rkeys.
-    pub credential: Option<crate::session::Credential>,
+    pub credential: Option<naam_proto::session::Credential>,
 }
 
 fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> DeployError + '_ {
@@ -89,7 +91,7 @@ pub fn start_host(
     let dir = shm_dir.to_path_buf();
     let region_path = move |app: u32, name: &str| dir.join(format!("app{app}-{name}.region"));
     let rp = region_path.clone();
-    let credentials: std::collections::HashMap<u32, crate::session::Credential> = apps
+    let credentials: std::collections::HashMap<u32, naam_proto::session::Credential> = apps
         .iter()
         .filter_map(|a| a.credential.clone().map(|c| (a.spec.id, c)))
         .collect();
@@ -111,7 +113,7 @@ pub fn start_host(
         apps: Vec::new(),
         mode: super::MODE.into(),
         policy: String::new(),
-        epoch: crate::session::random_u64().map_err(|e| DeployError::Manifest {
+        epoch: naam_proto::session::random_u64().map_err(|e| DeployError::Manifest {
             path: shm_dir.join(MANIFEST_FILE),
             message: e.to_string(),
         })?,
@@ -242,7 +244,7 @@ pub fn start_nic(
                 message: format!("{} changed since the host loaded it", a.object),
             });
         }
-        let object = crate::loader::load(&bytes).map_err(|e| DeployError::Manifest {
+        let object = naam_vm::loader::load(&bytes).map_err(|e| DeployError::Manifest {
             path: opath.clone(),
             message: e.to_string(),
         })?;

@@ -6,11 +6,11 @@
 //! - the socket, the thin IO layer (`sendmmsg` / `recvmmsg`, fragmentation and reassembly):
 //!   [`Socket`], [`Sender`], loss injection ([`injected_loss_from_env`]); bound in a
 //!   [`MemoryNet`] instead, the same fabric runs inside one process with no network;
-//! - [`control`]: manifest, hello, weights, NIC load reports, forwarded requests (naam-proto's,
-//!   re-exported);
+//! - the control messages it carries (manifest, hello, weights, NIC load reports, forwarded
+//!   requests) are naam-proto's [`naam_proto::control`];
 //! - `naam-server`'s driver, the host executors behind the user-space switch: [`serve_host`];
 //! - `naam-nic`'s driver, the NIC executors and the one-sided agent: [`serve_nic`];
-//! - the client, a [`crate::transport::Transport`]: [`UdpClient`];
+//! - the client, a [`naam_proto::transport::Transport`]: [`UdpClient`];
 //! - deployment helpers shared by the binaries and the tests: [`start_host`], [`start_nic`];
 //! - SIGTERM/SIGINT as a stop flag, for draining: [`stop_flag`];
 //! - live measurements in Prometheus' format and the `--metrics` endpoint: [`Telemetry`],
@@ -25,18 +25,14 @@ mod signal;
 mod socket;
 mod telemetry;
 
-pub use naam_proto::control;
-
 pub use client::{UdpClient, UdpConfig, UdpError};
 pub use deploy::{
     cleanup, read_manifest, start_host, start_nic, DeployError, HostApp, MANIFEST_FILE,
     SERVER_EXECUTOR_POLL,
 };
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
-pub use nic::{serve_nic, NicCluster, NicOptions, NicStats};
-pub use server::{
-    serve_host, Channel, ServerOptions, ServerStats, SwitchCounters, SwitchHandle, VerbsAcceptor,
-};
+pub use nic::{serve_nic, NicCluster, NicOptions};
+pub use server::{serve_host, ServerOptions};
 pub use signal::stop_flag;
 pub use socket::{
     injected_loss_from_env, parse_loss, Sender, Socket, SocketStats, DEFAULT_DATAGRAM,
@@ -55,8 +51,8 @@ mod tests {
     use bytes::Bytes;
     use naam_ebpf::eswitch as abi;
 
-    use crate::wire::{flags, Descriptors, Request};
     use naam_proto::frame::fragment;
+    use naam_proto::wire::{flags, Descriptors, Request};
 
     /// The XDP eSwitch reads NAAM packets at fixed offsets (naam-ebpf's `eswitch` ABI): they
     /// must match what the runtime's encoders write.
@@ -70,8 +66,12 @@ mod tests {
             Descriptors::default(),
         );
         req.flags = flags::PIN_NIC;
-        let key = crate::session::SessionKey::new(9, 1, [5; 32]);
-        let sealed = key.seal(crate::session::Sender::Client, 1, &req.to_bytes().unwrap());
+        let key = naam_proto::session::SessionKey::new(9, 1, [5; 32]);
+        let sealed = key.seal(
+            naam_proto::session::Sender::Client,
+            1,
+            &req.to_bytes().unwrap(),
+        );
         let frags = fragment(req.request_id, &sealed, 1472).unwrap();
         assert_eq!(frags.len(), 1);
         let mut frame = vec![0u8; abi::L4_PAYLOAD];

@@ -8,20 +8,22 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::control::Manifest;
-use super::server::{Channel, Replies};
+use super::server::Replies;
 use super::socket::Socket;
-use crate::clock::{Clock, SystemClock};
 use crate::cluster::Cluster;
-use crate::onesided::{self, Completion, Operation};
-use crate::placement::Placement;
-use crate::session::Credential;
-use crate::steering::{RemoteLoad, Selector};
-use crate::wire::Request;
+use crate::onesided;
+use crate::{Clock, SystemClock};
+use naam_proto::control::Manifest;
+use naam_proto::endpoint::Channel;
 use naam_proto::endpoint::{NicBackend, NicConfig, NicEndpoint, NicEvent, Routed};
+use naam_proto::onesided::{Completion, Operation};
+use naam_proto::session::Credential;
+use naam_proto::steering::{RemoteLoad, Selector};
+use naam_proto::wire::Request;
+use naam_proto::Placement;
 use std::sync::Arc;
 
-pub use naam_proto::endpoint::NicStats;
+use naam_proto::endpoint::NicStats;
 
 /// How the NIC driver behaves.
 #[derive(Clone, Debug)]
@@ -37,8 +39,8 @@ pub struct NicOptions {
     /// The pairing secret naam-server's config names.
     pub pairing: Credential,
     /// Datagram authentication: on, except in a loopback measurement of its cost
-    /// ([`crate::session::Authentication`]); it must match the server's.
-    pub authentication: crate::session::Authentication,
+    /// ([`naam_proto::session::Authentication`]); it must match the server's.
+    pub authentication: naam_proto::session::Authentication,
     /// Where replies and counters are recorded for `--metrics`.
     pub telemetry: std::sync::Arc<super::telemetry::Telemetry>,
 }

@@ -8,18 +8,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::control::Manifest;
 use super::socket::Socket;
-use crate::clock::{Clock, SystemClock};
 use crate::cluster::Cluster;
-use crate::placement::Placement;
-use crate::session::{self, CookieJar, TenantEntry};
-use crate::steering::{ClientShare, RemoteLoad, Selector, Weights};
-use crate::wire::{Reply, Request};
+use crate::{Clock, SystemClock};
+use naam_proto::control::Manifest;
 use naam_proto::endpoint::{HostBackend, Routed, ServerConfig, ServerEndpoint};
+use naam_proto::session::{self, CookieJar, TenantEntry};
+use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
+use naam_proto::wire::{Reply, Request};
+use naam_proto::Placement;
 
-pub use super::control::SwitchCounters;
-pub use naam_proto::endpoint::{Channel, ServerStats, SwitchHandle, VerbsAcceptor};
+use naam_proto::endpoint::{Channel, ServerStats, SwitchHandle, VerbsAcceptor};
 
 /// How the server driver behaves.
 #[derive(Clone)]
@@ -32,7 +31,7 @@ pub struct ServerOptions {
     pub switch: Option<Arc<dyn SwitchHandle>>,
     /// The RDMA verbs side, when the server has a device.
     pub verbs: Option<Arc<dyn VerbsAcceptor>>,
-    /// Whether [`super::control::Control::Congest`] may slow the host executors down
+    /// Whether [`naam_proto::control::Control::Congest`] may slow the host executors down
     /// (experiments on a testbed; only the operator's session may ask even then).
     pub congestion_control: bool,
     /// The credentials sessions are set up with ([`session::tenant_entries`]): every app's,

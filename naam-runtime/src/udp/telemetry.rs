@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 use crate::cluster::Cluster;
-use crate::placement::Placement;
-use crate::wire::Status;
+use naam_proto::wire::Status;
+use naam_proto::Placement;
 
 /// Upper bounds of the latency histogram buckets, microseconds (then `+Inf`).
 pub const LATENCY_BUCKETS_US: [u64; 14] = [
@@ -76,15 +76,14 @@ impl Telemetry {
         }
         let s = m.entry(key).or_insert_with(|| Series {
             by_status: Vec::new(),
-            latency: Histogram::new_with_bounds(1, crate::metrics::MAX_LATENCY_NS, 2)
-                .expect("valid bounds"),
+            latency: Histogram::new_with_bounds(1, crate::MAX_LATENCY_NS, 2).expect("valid bounds"),
             sum_ns: 0,
         });
         match s.by_status.iter_mut().find(|(st, _)| *st == status) {
             Some((_, n)) => *n += 1,
             None => s.by_status.push((status, 1)),
         }
-        let v = service_ns.clamp(1, crate::metrics::MAX_LATENCY_NS);
+        let v = service_ns.clamp(1, crate::MAX_LATENCY_NS);
         let _ = s.latency.record(v);
         s.sum_ns += u128::from(v);
     }

@@ -8,14 +8,14 @@
 //! one-sided (so that refusing another tenant's writes is a real test). The processes zero
 //! their regions (as `kind = "object"` apps do); the threads start them with contents.
 
-use naam_runtime::session::CredentialFile as _;
+use naam_runtime::CredentialFile as _;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use naam_proto::session::Credential;
 use naam_runtime::cluster::ClusterConfig;
-use naam_runtime::session::Credential;
 
 use super::Driver;
 

@@ -6,8 +6,9 @@ pub(crate) mod deployment;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use naam_runtime::pipeline::{build, BuildOptions};
-use naam_runtime::LoadedObject;
+use naam_pipeline::BuildOptions;
+use naam_runtime::pipeline::build;
+use naam_vm::LoadedObject;
 
 /// Repository root.
 pub(crate) fn repo() -> PathBuf {
@@ -71,12 +72,12 @@ impl Rng {
 /// the JIT.
 pub(crate) fn examples_app(id: u32) -> naam_runtime::cluster::AppSpec {
     use naam_runtime::cluster::{AppSpec, RegionSpec};
-    use naam_runtime::region::{ALL_RIGHTS, READ_ONLY};
-    use naam_runtime::registry::HandlerSpec;
+    use naam_runtime::HandlerSpec;
+    use naam_runtime::{ALL_RIGHTS, READ_ONLY};
     AppSpec {
         id,
         name: "examples".into(),
-        owner: naam_runtime::Placement::Host,
+        owner: naam_proto::Placement::Host,
         regions: vec![
             RegionSpec {
                 name: "sorted".into(),
@@ -138,18 +139,18 @@ impl Drop for Driver {
 pub(crate) const TENANT: &str = "examples";
 
 /// The test tenant's credential.
-pub(crate) fn tenant_key() -> naam_runtime::session::Credential {
-    naam_runtime::session::Credential::from_bytes([0x11; 32])
+pub(crate) fn tenant_key() -> naam_proto::session::Credential {
+    naam_proto::session::Credential::from_bytes([0x11; 32])
 }
 
 /// The test NIC's pairing secret.
-pub(crate) fn pairing_key() -> naam_runtime::session::Credential {
-    naam_runtime::session::Credential::from_bytes([0x22; 32])
+pub(crate) fn pairing_key() -> naam_proto::session::Credential {
+    naam_proto::session::Credential::from_bytes([0x22; 32])
 }
 
 /// The test operator's credential.
-pub(crate) fn operator_key() -> naam_runtime::session::Credential {
-    naam_runtime::session::Credential::from_bytes([0x33; 32])
+pub(crate) fn operator_key() -> naam_proto::session::Credential {
+    naam_proto::session::Credential::from_bytes([0x33; 32])
 }
 
 /// A naam-server driver on loopback serving the examples object as apps `ids` from `shm`,
@@ -162,7 +163,7 @@ pub(crate) fn udp_host(
     client_writes: bool,
     verbs: impl FnOnce(
         &std::sync::Arc<naam_runtime::cluster::Cluster>,
-    ) -> Option<std::sync::Arc<dyn naam_runtime::udp::VerbsAcceptor>>,
+    ) -> Option<std::sync::Arc<dyn naam_proto::endpoint::VerbsAcceptor>>,
 ) -> Driver {
     let tenants: Vec<_> = ids
         .iter()
@@ -186,13 +187,13 @@ pub(crate) fn udp_host(
 pub(crate) fn udp_host_tenants(
     shm: &Path,
     at: std::net::SocketAddr,
-    tenants: &[(u32, String, naam_runtime::session::Credential)],
+    tenants: &[(u32, String, naam_proto::session::Credential)],
     config: naam_runtime::cluster::ClusterConfig,
     congestion_control: bool,
     client_writes: bool,
     verbs: impl FnOnce(
         &std::sync::Arc<naam_runtime::cluster::Cluster>,
-    ) -> Option<std::sync::Arc<dyn naam_runtime::udp::VerbsAcceptor>>,
+    ) -> Option<std::sync::Arc<dyn naam_proto::endpoint::VerbsAcceptor>>,
 ) -> Driver {
     use naam_runtime::udp::{self, Socket};
     let bytes = std::fs::read(&examples().0).unwrap();
@@ -208,7 +209,7 @@ pub(crate) fn udp_host_tenants(
         })
         .collect();
     let tenants =
-        naam_runtime::session::tenant_entries(tenants, Some(operator_key()), Some(pairing_key()));
+        naam_proto::session::tenant_entries(tenants, Some(operator_key()), Some(pairing_key()));
     let mut seen = std::collections::HashSet::new();
     let tenants: Vec<_> = tenants
         .into_iter()
@@ -228,7 +229,7 @@ pub(crate) fn udp_host_tenants(
             verbs,
             congestion_control,
             tenants,
-            authentication: naam_runtime::session::Authentication::On,
+            authentication: naam_proto::session::Authentication::On,
             telemetry: Default::default(),
         };
         udp::serve_host(cluster, socket, opts, &s).unwrap();
@@ -260,7 +261,7 @@ pub(crate) fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
             report_every: std::time::Duration::from_millis(1),
             drain: std::time::Duration::from_secs(1),
             pairing: pairing_key(),
-            authentication: naam_runtime::session::Authentication::On,
+            authentication: naam_proto::session::Authentication::On,
             telemetry: Default::default(),
         };
         let start = NicCluster { cluster, manifest };
@@ -290,13 +291,13 @@ pub(crate) fn rd(rkey: u64, offset: u64, len: u32) -> naam_ebpf::abi::Descriptor
 
 /// Checks that `bsearch` of the examples app `app` refuses an unknown rkey and a range past its
 /// `sorted` region (whose rkey is `sorted`) with clear statuses, over any transport.
-pub(crate) fn check_descriptor_refusals<T: naam_runtime::transport::Transport>(
+pub(crate) fn check_descriptor_refusals<T: naam_proto::transport::Transport>(
     c: &mut T,
     app: u32,
     sorted: u64,
 ) {
-    use naam_runtime::registry::handler_id;
-    use naam_runtime::wire::Status;
+    use naam_proto::handler_id;
+    use naam_proto::wire::Status;
     for (desc, want) in [
         (rd(77, 0, 8), Status::BadKey),
         (rd(sorted, 4000, 4096), Status::OutOfRange),

@@ -3,13 +3,13 @@
 //!
 //! Every eBPF function becomes one native function `(ctx, fp, r1..r5) -> (r0, status)`; a
 //! small entry function `(ctx, r1, r2, fp) -> r0` calls the first. The machine state the code
-//! needs lives in the [`VmCtx`] it is given, never in constants, so the same code runs in any
+//! needs lives in the [`VmCtx`](crate::memory::VmCtx) it is given, never in constants, so the same code runs in any
 //! process that builds a context (the aarch64 harness does, in C).
 //!
 //! What the generated code guarantees, with the interpreter's exact semantics:
 //! - **Memory**: an access the analysis proved is emitted bare; any other is compared inline
 //!   with the hinted grant's limit (one subtraction, one comparison) and, on a miss, checked
-//!   against every grant by [`crate::memory::check_slow`]. A refused access records the fault
+//!   against every grant by `memory::check_slow`. A refused access records the fault
 //!   and returns; no access the grants do not allow ever executes, so a bad handler gets a
 //!   fault, never a signal. Atomics also require natural alignment.
 //! - **Budget**: fuel, as wasm engines meter it: a register starts at the budget minus what

@@ -3,7 +3,7 @@
 //! drains). Exit codes: 0 clean stop, 1 runtime failure (no or a corrupt manifest included), 2
 //! bad usage.
 
-use naam_runtime::session::CredentialFile as _;
+use naam_runtime::CredentialFile as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -155,7 +155,7 @@ fn main() -> ExitCode {
             wait,
             pairing,
             metrics,
-        } => match naam_runtime::session::Credential::load(&pairing) {
+        } => match naam_runtime::proto::session::Credential::load(&pairing) {
             Err(e) => {
                 eprintln!("naam-nic: error: {e}");
                 return ExitCode::from(2);
@@ -185,7 +185,7 @@ fn main() -> ExitCode {
 
 #[allow(clippy::too_many_arguments)]
 fn run(
-    pairing: naam_runtime::session::Credential,
+    pairing: naam_runtime::proto::session::Credential,
     server: SocketAddr,
     listen: SocketAddr,
     shm_dir: &std::path::Path,
@@ -251,7 +251,7 @@ fn run(
             report_every: Duration::from_millis(1),
             drain: Duration::from_secs(2),
             pairing,
-            authentication: naam_runtime::session::Authentication::On,
+            authentication: naam_runtime::proto::session::Authentication::On,
             telemetry,
         },
         stop,

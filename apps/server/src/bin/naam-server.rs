@@ -3,7 +3,7 @@
 //! the NIC's pairing secret, or the operator's), readable by its owner only. Exit codes: 0
 //! clean stop, 1 runtime failure, 2 bad config or usage.
 
-use naam_runtime::session::CredentialFile as _;
+use naam_runtime::CredentialFile as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -73,7 +73,9 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
-        return match naam_runtime::session::Credential::generate().and_then(|c| c.write_new(out)) {
+        return match naam_runtime::proto::session::Credential::generate()
+            .and_then(|c| c.write_new(out))
+        {
             Ok(()) => {
                 eprintln!("naam-server: wrote a new credential to {}", out.display());
                 ExitCode::SUCCESS
@@ -159,7 +161,7 @@ fn attach_eswitch(
             let sw = Arc::new(sw);
             tracing::info!(
                 "{} attached; NIC messages go to port {nic_port}",
-                udp::SwitchHandle::describe(sw.as_ref())
+                naam_runtime::proto::endpoint::SwitchHandle::describe(sw.as_ref())
             );
             let (s, c) = (sw.clone(), cluster.clone());
             std::thread::Builder::new()
@@ -182,8 +184,8 @@ fn attach_eswitch(
 #[cfg(feature = "verbs")]
 fn verbs_side(
     cluster: &Arc<naam_runtime::cluster::Cluster>,
-    manifest: &naam_runtime::udp::control::Manifest,
-) -> Option<Arc<dyn udp::VerbsAcceptor>> {
+    manifest: &naam_runtime::proto::control::Manifest,
+) -> Option<Arc<dyn naam_runtime::proto::endpoint::VerbsAcceptor>> {
     use naam_runtime::verbs::{Device, Peers};
     // Registered for the rights clients have: remote writes and atomics only where the app
     // opts into client one-sided writes.
@@ -212,15 +214,15 @@ fn verbs_side(
 #[cfg(not(feature = "verbs"))]
 fn verbs_side(
     _: &Arc<naam_runtime::cluster::Cluster>,
-    _: &naam_runtime::udp::control::Manifest,
-) -> Option<Arc<dyn udp::VerbsAcceptor>> {
+    _: &naam_runtime::proto::control::Manifest,
+) -> Option<Arc<dyn naam_runtime::proto::endpoint::VerbsAcceptor>> {
     None
 }
 
 fn run(
     config: &Config,
     apps: Vec<naam_runtime::udp::HostApp>,
-    tenants: Vec<naam_runtime::session::TenantEntry>,
+    tenants: Vec<naam_runtime::proto::session::TenantEntry>,
     metrics: Option<std::net::SocketAddr>,
     inject_loss: Option<f64>,
 ) -> anyhow::Result<()> {
@@ -260,11 +262,13 @@ fn run(
         udp::ServerOptions {
             manifest,
             drain: Duration::from_secs(2),
-            switch: switch.clone().map(|s| s as Arc<dyn udp::SwitchHandle>),
+            switch: switch
+                .clone()
+                .map(|s| s as Arc<dyn naam_runtime::proto::endpoint::SwitchHandle>),
             verbs,
             congestion_control: config.allow_congestion_control,
             tenants,
-            authentication: naam_runtime::session::Authentication::On,
+            authentication: naam_runtime::proto::session::Authentication::On,
             telemetry,
         },
         stop,

@@ -5,7 +5,7 @@
 //! for randomness (key material, nonces, session ids). Credential files are read and written by
 //! the drivers (naam-runtime's `CredentialFile`).
 //!
-//! Handshake (control messages: naam-runtime's `udp::control::Control`):
+//! Handshake (control messages: `crate::control::Control`):
 //! ```text
 //! client → server  Hello     { tenant, client nonce }                          unsealed, padded
 //! server → client  Challenge { server nonce, issued, cookie }                  unsealed, small

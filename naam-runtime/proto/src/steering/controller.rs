@@ -7,8 +7,8 @@
 use std::collections::HashSet;
 
 use super::{HandlerKey, HandlerLoad, LoadTracker, Policy, SteeringInputs, Weights};
-use crate::placement::Placement;
 use crate::Nanos;
+use crate::Placement;
 
 /// Most apps one non-full tick decides: with more active apps, ticks take them round robin, so
 /// a thousand apps are each decided every few periods instead of one core's worth of work per

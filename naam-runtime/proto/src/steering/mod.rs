@@ -15,7 +15,7 @@
 
 use serde::Serialize;
 
-use crate::placement::Placement;
+use crate::Placement;
 
 mod controller;
 mod policy;

@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::{HandlerKey, HandlerLoad, SteeringInputs, Weights};
-use crate::placement::Placement;
 use crate::Nanos;
+use crate::Placement;
 
 /// A steering policy.
 pub trait Policy: Send {

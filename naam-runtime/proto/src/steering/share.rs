@@ -4,8 +4,8 @@ use super::{
     CostPolicy, CostPolicyConfig, Ewma, HandlerKey, HandlerLoad, LoadTracker, Policy, RemoteLoad,
     SteeringInputs, Weights,
 };
-use crate::placement::Placement;
 use crate::Nanos;
+use crate::Placement;
 
 /// One remote client's own steering of the Client placement.
 ///

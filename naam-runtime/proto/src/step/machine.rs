@@ -5,8 +5,8 @@ use naam_ebpf::abi::{write_kind, Descriptor, Return, ACCESS_MASK, STATE_WORDS};
 
 use super::engine::{Grant, Invocation, StepFault, StepResult};
 use super::error::{FetchError, WriteError};
-use crate::placement::Placement;
 use crate::wire::{Descriptors, Request, Status};
+use crate::Placement;
 
 /// Whether a handler only reads, or may return `Write`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,7 +5,7 @@ use naam_ebpf::abi::Descriptor;
 
 use super::engine::Grant;
 use super::error::FetchError;
-use crate::placement::Placement;
+use crate::Placement;
 
 /// Segments fetched for one step, and what fetching them cost.
 pub struct Fetched<'a> {
