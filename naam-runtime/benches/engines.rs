@@ -11,9 +11,11 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use naam_ebpf::abi::{Context, Segment, ACCESS_READ};
 use naam_ebpf::{hash, Fault, Return};
 use naam_pipeline::BuildOptions;
+use naam_proto::step::{Grant, Invocation};
+use naam_proto::EngineKind;
 use naam_runtime::pipeline::build;
-use naam_vm::engine::{Grant, Invocation, Vm};
-use naam_vm::{EngineKind, Executable, LoadedObject, VerifierConfig};
+use naam_vm::Vm;
+use naam_vm::{Executable, LoadedObject, VerifierConfig};
 
 fn examples() -> LoadedObject {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();

@@ -27,11 +27,12 @@ use naam_proto::step::{
 use crate::Clock;
 use crate::HandlerEntry;
 use crate::RegionTable;
+use naam_proto::step::Grant;
 use naam_proto::step::{MemError, ResolveError};
 use naam_proto::wire::Request;
 use naam_proto::Nanos;
 use naam_proto::Placement;
-use naam_vm::engine::{Executable, Grant, Vm};
+use naam_vm::{Executable, Vm};
 
 /// Runs `m`'s current step of `exe` on `vm` over `grants` (which cost `fetch_ns` to fetch),
 /// timing the handler with `clock`, and returns the machine's next action.

@@ -14,8 +14,9 @@ use crate::HandlerSpec;
 use crate::RegionMemory;
 use naam_proto::handler_id;
 use naam_proto::wire::{Reply, Status};
+use naam_proto::EngineKind;
 use naam_proto::Placement;
-use naam_vm::{EngineKind, LoadedObject};
+use naam_vm::LoadedObject;
 
 /// Why a message could not be described or run.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use naam_pipeline::{build_object, BuildError, BuildOptions};
 
-use naam_vm::loader::{self, LoadError, LoadedObject};
+use naam_vm::{LoadError, LoadedObject};
 
 /// Why [`build`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +48,7 @@ impl BuildOutput {
 /// that does not load is removed: a failed build leaves nothing behind.
 pub fn build(opts: &BuildOptions) -> Result<BuildOutput, PipelineError> {
     let raw = build_object(opts)?;
-    match loader::load(&raw.bytes) {
+    match naam_vm::load(&raw.bytes) {
         Ok(loaded) => Ok(BuildOutput {
             loaded,
             object: raw.object,

@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use crate::intmap::IntMap;
+use naam_proto::EngineKind;
 use naam_proto::Placement;
-use naam_vm::engine::{EngineError, EngineKind, ExecOptions, Executable, DEFAULT_BUDGET};
-use naam_vm::loader::LoadedObject;
-use naam_vm::verifier::VerifierConfig;
+use naam_vm::LoadedObject;
+use naam_vm::VerifierConfig;
+use naam_vm::{EngineError, ExecOptions, Executable, DEFAULT_BUDGET};
 
 use naam_proto::handler_id;
 
@@ -53,7 +54,7 @@ pub enum RegistryError {
     UnknownApp(u32),
     /// The object has no handler of that name.
     #[error(transparent)]
-    Load(#[from] naam_vm::loader::LoadError),
+    Load(#[from] naam_vm::LoadError),
     /// The handler does not verify or cannot use the engine.
     #[error(transparent)]
     Engine(#[from] EngineError),

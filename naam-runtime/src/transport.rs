@@ -18,8 +18,8 @@ use naam_proto::step::{Limits, WriteError};
 use naam_proto::transport::ClientError;
 use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
 use naam_proto::Placement;
-use naam_vm::engine::Vm;
-use naam_vm::verifier::VerifierConfig;
+use naam_vm::VerifierConfig;
+use naam_vm::Vm;
 
 /// Waits before retry number `attempt` of a message that lost a race or met a full queue:
 /// yields for the first 15 attempts (the other writer is usually done), then sleeps

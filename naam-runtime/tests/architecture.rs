@@ -166,12 +166,16 @@ fn naam_proto_does_no_io_and_reads_no_clock() {
 
 /// Each public item has one path: naam-runtime re-exports its sibling crates whole
 /// (`naam_runtime::proto`, `naam_runtime::vm`), never a sibling crate's items one by one under
-/// a second name, and naam-proto re-exports nothing of its siblings (naam-ebpf).
+/// a second name, and naam-proto and naam-vm re-export nothing of their siblings.
 #[test]
 fn no_module_re_exports_another_crates_items() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let whole = ["pub use naam_proto as proto;", "pub use naam_vm as vm;"];
-    for src in [root.join("src"), root.join("proto/src")] {
+    for src in [
+        root.join("src"),
+        root.join("proto/src"),
+        root.join("vm/src"),
+    ] {
         for path in rust_files(&src) {
             let code = code_of(&path);
             for line in code.lines().map(str::trim) {

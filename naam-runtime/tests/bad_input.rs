@@ -4,9 +4,11 @@
 mod common;
 
 use naam_ebpf::abi::{Context, CONTEXT_SIZE};
-use naam_vm::engine::{ExecOptions, Grant, Invocation, StepError, Vm, VmError};
+use naam_proto::step::{Grant, Invocation};
+use naam_proto::EngineKind;
 use naam_vm::insn::{encode_all, Insn};
-use naam_vm::{load, verify, EngineKind, Executable, LoadError, Program, Rule, VerifierConfig};
+use naam_vm::{load, verify, Executable, LoadError, Program, Rule, VerifierConfig};
+use naam_vm::{ExecOptions, StepError, Vm, VmError};
 use proptest::prelude::*;
 use rbpf::ebpf;
 

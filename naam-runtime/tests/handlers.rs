@@ -4,8 +4,10 @@ mod common;
 
 use common::{examples, words, Rng};
 use naam_ebpf::abi::{abort_code, error_code, write_kind, Return, ACCESS_READ};
-use naam_vm::engine::{ExecOptions, Grant, Invocation, StepError, Vm, VmError};
-use naam_vm::{EngineKind, Executable, VerifierConfig};
+use naam_proto::step::{Grant, Invocation};
+use naam_proto::EngineKind;
+use naam_vm::{ExecOptions, StepError, Vm, VmError};
+use naam_vm::{Executable, VerifierConfig};
 
 fn exe(name: &str, engine: EngineKind) -> Executable {
     let program = examples().1.get(name).unwrap();
@@ -274,7 +276,7 @@ fn loops_over_run_time_lengths_verify_and_run() {
         assert_eq!(
             err,
             StepError::Vm(VmError::Budget {
-                limit: naam_vm::engine::DEFAULT_BUDGET
+                limit: naam_vm::DEFAULT_BUDGET
             }),
             "{}",
             e.engine()

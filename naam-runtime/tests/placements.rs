@@ -17,8 +17,8 @@ use naam_runtime::executor::{
 };
 use naam_runtime::{HandlerSpec, Registry};
 use naam_runtime::{RegionMemory, RegionTable, READ_ONLY, READ_WRITE};
-use naam_vm::engine::Vm;
 use naam_vm::VerifierConfig;
+use naam_vm::Vm;
 
 /// In-process one-sided agent: READs straight from the region table.
 struct Agent(Arc<RegionTable>);

@@ -14,9 +14,10 @@ use std::sync::Arc;
 use naam_ebpf::abi::{ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_runtime::cluster::{AppSpec, PolicyChoice, RegionSpec};
 use naam_runtime::proto::steering::CostPolicyConfig;
+use naam_runtime::proto::EngineKind;
 use naam_runtime::proto::Placement;
 use naam_runtime::udp::HostApp;
-use naam_runtime::vm::engine::{EngineKind, DEFAULT_BUDGET, MAX_BUDGET};
+use naam_runtime::vm::{DEFAULT_BUDGET, MAX_BUDGET};
 use naam_runtime::HandlerSpec;
 use serde::Deserialize;
 

@@ -2,8 +2,10 @@
 //! memory outside its grants, and both engines agree on the result.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use naam_vm::engine::{ExecOptions, Grant, Invocation, Vm};
-use naam_vm::{EngineKind, Executable, Program};
+use naam_vm::{ExecOptions, Vm};
+use naam_proto::step::{Grant, Invocation};
+use naam_proto::EngineKind;
+use naam_vm::{Executable, Program};
 
 fuzz_target!(|data: &[u8]| {
     let code = data[..data.len() - data.len() % 8].to_vec();

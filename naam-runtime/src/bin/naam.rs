@@ -12,13 +12,13 @@ use anyhow::{bail, Context as _};
 use clap::{Parser, Subcommand};
 use naam_ebpf::abi::{placement, write_kind, Return};
 use naam_pipeline::{BpfCpu, BuildOptions};
+use naam_proto::step::{Grant, Invocation};
+use naam_proto::EngineKind;
 use naam_runtime::pipeline::build;
-use naam_vm::engine::{
-    time_runs, ExecOptions, Grant, Invocation, StepError, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET,
-};
 use naam_vm::jit::Target;
-use naam_vm::verifier::{verify, VerifierConfig, DEFAULT_MAX_INSNS};
-use naam_vm::{load, EngineKind, Executable, Program};
+use naam_vm::{load, Executable, Program};
+use naam_vm::{time_runs, ExecOptions, StepError, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET};
+use naam_vm::{verify, VerifierConfig, DEFAULT_MAX_INSNS};
 use serde_json::json;
 
 #[derive(Parser)]

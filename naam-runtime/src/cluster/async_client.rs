@@ -137,9 +137,9 @@ impl AsyncClient {
                     match tokio::time::timeout(self.inner.config.client_timeout, rx).await {
                         Ok(Ok(Ok(got))) => {
                             bufs = got;
-                            let grants: Vec<naam_vm::engine::Grant> = bufs[..descs.len()]
+                            let grants: Vec<naam_proto::step::Grant> = bufs[..descs.len()]
                                 .iter()
-                                .map(|b| naam_vm::engine::Grant::read(b))
+                                .map(|b| naam_proto::step::Grant::read(b))
                                 .collect();
                             run_step(
                                 &mut m,

@@ -33,7 +33,7 @@ pub struct AppSpec {
 
 impl AppSpec {
     /// Every handler of the app on `engine` (the JIT is the default).
-    pub fn with_engine(mut self, engine: naam_vm::engine::EngineKind) -> Self {
+    pub fn with_engine(mut self, engine: naam_proto::EngineKind) -> Self {
         for h in &mut self.handlers {
             h.engine = engine;
         }

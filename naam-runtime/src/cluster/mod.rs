@@ -45,8 +45,8 @@ use naam_proto::step::{DataPath, DmaModel, FetchError, Limits, OneSided, Outcome
 use naam_proto::transport::ClientError;
 use naam_proto::Nanos;
 use naam_proto::Placement;
-use naam_vm::engine::Vm;
-use naam_vm::loader::LoadedObject;
+use naam_vm::LoadedObject;
+use naam_vm::Vm;
 
 mod client;
 mod config;
@@ -70,7 +70,7 @@ use naam_proto::steering::{
     SteeringInputs, Weights,
 };
 use naam_proto::wire::{Descriptors, LoadFeedback, Reply, Request, Status};
-use naam_vm::verifier::VerifierConfig;
+use naam_vm::VerifierConfig;
 
 enum ReplySink {
     Sync(Sender<Reply>),

@@ -38,8 +38,8 @@ use naam_proto::transport::ClientError;
 use naam_proto::transport::Transport;
 use naam_proto::wire::{flags, Reply, Request, Status};
 use naam_proto::Placement;
-use naam_vm::engine::Vm;
-use naam_vm::verifier::VerifierConfig;
+use naam_vm::VerifierConfig;
+use naam_vm::Vm;
 
 /// Manifest pages a client fetches at most (tens of thousands of apps).
 const MAX_MANIFEST_PAGES: u32 = 4096;
@@ -477,8 +477,7 @@ impl UdpClient {
                 server: a.object_hash,
             });
         }
-        let loaded =
-            naam_vm::loader::load(object).map_err(|e| UdpError::Handlers(app, e.to_string()))?;
+        let loaded = naam_vm::load(object).map_err(|e| UdpError::Handlers(app, e.to_string()))?;
         let specs: Vec<HandlerSpec> = a
             .handlers
             .iter()

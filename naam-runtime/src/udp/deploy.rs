@@ -244,7 +244,7 @@ pub fn start_nic(
                 message: format!("{} changed since the host loaded it", a.object),
             });
         }
-        let object = naam_vm::loader::load(&bytes).map_err(|e| DeployError::Manifest {
+        let object = naam_vm::load(&bytes).map_err(|e| DeployError::Manifest {
             path: opath.clone(),
             message: e.to_string(),
         })?;

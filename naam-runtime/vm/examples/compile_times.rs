@@ -2,7 +2,8 @@
 //! object: `cargo run --release -p naam-vm --example compile_times -- OBJ [ROUNDS]`.
 use std::time::Instant;
 
-use naam_vm::{EngineKind, ExecOptions, Executable};
+use naam_proto::EngineKind;
+use naam_vm::{ExecOptions, Executable};
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -37,7 +38,7 @@ fn main() {
         };
         let exe = Executable::build(p, &ExecOptions::engine(EngineKind::Interp)).expect("builds");
         let code = exe
-            .compile_for(naam_vm::Target::Host)
+            .compile_for(naam_vm::jit::Target::Host)
             .map(|c| c.code.len())
             .unwrap_or(0);
         let f = exe.facts();

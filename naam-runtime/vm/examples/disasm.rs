@@ -10,13 +10,13 @@ fn main() {
     let p = obj.get(&a[1]).expect("handler");
     let exe = naam_vm::Executable::build(
         p,
-        &naam_vm::ExecOptions::engine(naam_vm::EngineKind::Interp),
+        &naam_vm::ExecOptions::engine(naam_proto::EngineKind::Interp),
     )
     .expect("builds");
     let target = if a.get(3).map(String::as_str) == Some("aarch64") {
-        naam_vm::Target::Aarch64
+        naam_vm::jit::Target::Aarch64
     } else {
-        naam_vm::Target::Host
+        naam_vm::jit::Target::Host
     };
     let c = exe.compile_for(target).expect("compiles");
     std::fs::write(&a[2], &c.code).expect("writes");

@@ -35,14 +35,14 @@ pub fn run_host(program: &Program, options: &ExecOptions, memory: &[u8]) -> Resu
 
 /// Compiles `program` to aarch64 and runs it over a copy of `memory` under qemu-user.
 pub fn run_aarch64(program: &Program, options: &ExecOptions, memory: &[u8]) -> Result<u64, String> {
-    if options.engine != crate::EngineKind::Jit {
+    if options.engine != naam_proto::EngineKind::Jit {
         return Err(
             "the interpreter runs on the host only: use --engine jit with --target aarch64".into(),
         );
     }
     // The interpreter executable carries the verified program; only its aarch64 code runs.
     let host = ExecOptions {
-        engine: crate::EngineKind::Interp,
+        engine: naam_proto::EngineKind::Interp,
         ..options.clone()
     };
     let exe = Executable::build(program, &host).map_err(|e| e.to_string())?;

@@ -92,7 +92,7 @@ pub fn available_or_skip(what: &str) -> bool {
 pub fn compile_object(object: &crate::LoadedObject) -> Result<usize, String> {
     let mut bytes = 0;
     for p in &object.programs {
-        let exe = crate::Executable::new(p, crate::EngineKind::Interp, &Default::default())
+        let exe = crate::Executable::new(p, naam_proto::EngineKind::Interp, &Default::default())
             .map_err(|e| e.to_string())?;
         bytes += exe
             .compile_for(Target::Aarch64)

@@ -35,8 +35,7 @@ pub const DEFAULT_BUDGET: u64 = 1 << 20;
 /// most one step may hold an executor (and every other tenant queued behind it).
 pub const MAX_BUDGET: u64 = 1 << 30;
 
-/// Which engine runs a handler (defined with the protocol, whose manifests carry it).
-pub use naam_proto::EngineKind;
+use naam_proto::EngineKind;
 
 /// What `r1` points at when an executable starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -431,9 +430,7 @@ impl Executable {
     }
 }
 
-/// A segment granted to one step, and the inputs of one step: defined with the step machine
-/// (naam-proto), which builds them.
-pub use naam_proto::step::{Grant, Invocation};
+use naam_proto::step::{Grant, Invocation};
 
 /// The engine's grant for `g`: read and write rights as the descriptor asked (atomics need the
 /// write right).

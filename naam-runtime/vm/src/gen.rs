@@ -10,12 +10,13 @@
 //! stack and the trace. The cargo-fuzz target `differential`, the property tests and the
 //! aarch64 tests all use these two functions.
 
-use crate::engine::{EngineKind, Entry, ExecOptions, Executable, StepError, Vm, VmError};
+use crate::engine::{Entry, ExecOptions, Executable, StepError, Vm, VmError};
 use crate::helpers::HelperSet;
 use crate::insn::{encode_all, Insn};
 use crate::loader::Program;
 use crate::opcode::*;
 use crate::verifier::VerifierConfig;
+use naam_proto::EngineKind;
 
 /// Reads decisions from fuzzer bytes; past the end every decision is 0, so every input is a
 /// (short) program.

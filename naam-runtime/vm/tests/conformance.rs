@@ -3,8 +3,9 @@
 //! failures. (`naam-runtime`'s CLI tests run the same suite through `naam
 //! conformance-plugin`, and on aarch64 code under qemu.)
 
+use naam_proto::EngineKind;
 use naam_vm::insn::INSN_SIZE;
-use naam_vm::{conformance, EngineKind, ExecOptions, Program};
+use naam_vm::{conformance, ExecOptions, Program};
 
 struct Case {
     name: String,

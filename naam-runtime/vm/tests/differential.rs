@@ -4,10 +4,11 @@
 //! implementation we did not write). Each divergence class ever found has a regression test
 //! below. The long run is the cargo-fuzz target `differential` (see bench/RESULTS.md).
 
+use naam_proto::EngineKind;
 use naam_vm::gen::{self, Choices, GenConfig, Generated};
 use naam_vm::insn::{encode_all, Insn};
 use naam_vm::opcode::*;
-use naam_vm::{EngineKind, Program};
+use naam_vm::Program;
 
 /// Deterministic pseudo-random bytes (xorshift64*).
 fn bytes(seed: u64, n: usize) -> Vec<u8> {
@@ -118,7 +119,8 @@ fn aarch64_code_agrees_with_the_interpreter() {
 }
 
 fn aarch64_agrees(g: &Generated, what: &str) {
-    use naam_vm::{Executable, Target, Vm};
+    use naam_vm::jit::Target;
+    use naam_vm::{Executable, Vm};
     let interp = Executable::build(&g.program, &gen::options(EngineKind::Interp)).unwrap();
     let mut vm = Vm::new();
     let mut buffer = gen::Buffer::new(g.memory.len());
