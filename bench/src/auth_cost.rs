@@ -58,9 +58,10 @@ fn start(
         tenant: "mica".into(),
         credential: tenant.clone(),
         // As naam-server runs it by default.
-        host: ClusterConfig {
-            executor_poll: udp::SERVER_EXECUTOR_POLL,
-            ..ClusterConfig::default()
+        host: {
+            let mut config = ClusterConfig::default();
+            config.executor_poll = udp::SERVER_EXECUTOR_POLL;
+            config
         },
         nic: ClusterConfig::default(),
         authentication: auth,

@@ -90,16 +90,10 @@ impl InProcessDeployment {
             threads: Vec::new(),
             shm,
         };
-        let options = udp::ServerOptions {
-            manifest,
-            drain: Duration::from_secs(1),
-            switch: None,
-            verbs: None,
-            congestion_control: plan.congestion_control,
-            tenants,
-            authentication: plan.authentication,
-            telemetry: Default::default(),
-        };
+        let mut options = udp::ServerOptions::new(manifest, tenants);
+        options.drain = Duration::from_secs(1);
+        options.congestion_control = plan.congestion_control;
+        options.authentication = plan.authentication;
         let s = stop.clone();
         d.threads.push(std::thread::spawn(move || {
             if let Err(e) = udp::serve_host(cluster, socket, options, &s) {
@@ -127,15 +121,9 @@ impl InProcessDeployment {
         let (nic_cluster, nic_manifest) = udp::start_nic(&self.shm, config)?;
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
         let nic_socket = bind(&self.network, loopback)?;
-        let options = udp::NicOptions {
-            server: self.server,
-            advertise: nic_socket.local_addr()?,
-            report_every: Duration::from_millis(1),
-            drain: Duration::from_secs(1),
-            pairing,
-            authentication: self.authentication,
-            telemetry: Default::default(),
-        };
+        let mut options = udp::NicOptions::new(self.server, nic_socket.local_addr()?, pairing);
+        options.drain = Duration::from_secs(1);
+        options.authentication = self.authentication;
         self.threads.push(std::thread::spawn(move || {
             let start = udp::NicCluster {
                 cluster: nic_cluster,

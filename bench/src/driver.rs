@@ -352,12 +352,11 @@ fn cluster_config(cfg: &YcsbConfig) -> ClusterConfig {
         PlacementChoice::Auto => PolicyChoice::Auto(CostPolicyConfig::default()),
         PlacementChoice::Fixed(p) => PolicyChoice::Always(p),
     };
-    ClusterConfig {
-        host_executors: cfg.executors.0,
-        nic_executors: cfg.executors.1,
-        policy,
-        ..ClusterConfig::default()
-    }
+    let mut config = ClusterConfig::default();
+    config.host_executors = cfg.executors.0;
+    config.nic_executors = cfg.executors.1;
+    config.policy = policy;
+    config
 }
 
 /// MICA's table for `cfg` (room for everything the run writes).

@@ -253,16 +253,15 @@ pub fn shift(
     let records = 4096;
     let lat: Latencies = Arc::new(Mutex::new(Vec::with_capacity(1 << 20)));
     let counter = Arc::new(AtomicU64::new(0));
-    let cfg = ShiftConfig {
-        duration: Duration::from_secs_f64(seconds),
-        congestion: (
-            Duration::from_secs_f64(seconds / 3.0),
-            Duration::from_secs_f64(2.0 * seconds / 3.0),
-        ),
-        host_extra_ns: extra_us * 1000,
-        clients: 1,
-        sample: Duration::from_millis(1),
-    };
+    let mut cfg = ShiftConfig::default();
+    cfg.duration = Duration::from_secs_f64(seconds);
+    cfg.congestion = (
+        Duration::from_secs_f64(seconds / 3.0),
+        Duration::from_secs_f64(2.0 * seconds / 3.0),
+    );
+    cfg.host_extra_ns = extra_us * 1000;
+    cfg.clients = 1;
+    cfg.sample = Duration::from_millis(1);
     let result: ShiftResult = match fabric {
         Fabric::Inproc => {
             let object = mica_object()?;
@@ -918,10 +917,8 @@ pub fn placements(
                     Some(p) => PolicyChoice::Always(p),
                     None => PolicyChoice::Auto(CostPolicyConfig::default()),
                 };
-                let config = ClusterConfig {
-                    policy,
-                    ..ClusterConfig::default()
-                };
+                let mut config = ClusterConfig::default();
+                config.policy = policy;
                 let (cluster, handle) = mica_cluster(records, config, object.clone())?;
                 if let Some(us) = extra_us {
                     cluster.congestion().limit_host(us * 1000);

@@ -30,12 +30,11 @@ fn bench(c: &mut Criterion) {
         .unwrap(),
     )
     .unwrap();
-    let config = ClusterConfig {
-        nic: NicModel {
-            emulate_costs: true,
-            ..NicModel::default()
-        },
-        ..ClusterConfig::default()
+    let mut config = ClusterConfig::default();
+    config.nic = {
+        let mut nic = NicModel::default();
+        nic.emulate_costs = true;
+        nic
     };
     let cluster = Cluster::builder()
         .config(config)

@@ -16,6 +16,7 @@ use naam_proto::Placement;
 
 /// Settings of a shift run.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct ShiftConfig {
     /// Whole run.
     pub duration: Duration,

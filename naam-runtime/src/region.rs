@@ -46,6 +46,7 @@ impl Drop for Storage {
 /// Why shared region memory could not be created or mapped.
 #[derive(Debug, thiserror::Error)]
 #[error("shared region memory {path}: {source}")]
+#[non_exhaustive]
 pub struct ShmError {
     /// The file.
     pub path: std::path::PathBuf,

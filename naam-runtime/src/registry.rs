@@ -45,6 +45,7 @@ pub struct AppEntry {
 
 /// Why a registration failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RegistryError {
     /// The app id is taken.
     #[error("app {0} is already registered")]
@@ -165,15 +166,9 @@ impl Registry {
         let mut ids = Vec::new();
         for spec in specs {
             let program = object.get(&spec.name)?;
-            let exe = Executable::build(
-                program,
-                &ExecOptions {
-                    engine: spec.engine,
-                    budget: spec.budget,
-                    verifier: config.clone(),
-                    ..ExecOptions::default()
-                },
-            )?;
+            let mut options = ExecOptions::new(spec.engine, spec.budget);
+            options.verifier = config.clone();
+            let exe = Executable::build(program, &options)?;
             let id = handler_id(&spec.name);
             if let Some(other) = entry.handlers.get(&id) {
                 return Err(RegistryError::Collision {
@@ -218,6 +213,7 @@ impl Registry {
 
 /// Why a message's app or handler does not exist.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LookupError {
     /// No such app.
     #[error("no app {0}")]

@@ -22,6 +22,7 @@ pub const SIM_KEY: HandlerKey = (1, 1);
 
 /// What to simulate.
 #[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
 pub struct SimConfig {
     /// Virtual run time.
     pub duration_ns: Nanos,

@@ -16,6 +16,7 @@ use serde::Serialize;
 
 /// Why a verbs operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum VerbsError {
     /// No device at all.
     #[error("no RDMA device: ibv_get_device_list found none (no RDMA NIC here, and no Soft-RoCE without kernel InfiniBand support); use the udp fabric")]

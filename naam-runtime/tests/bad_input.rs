@@ -199,15 +199,7 @@ fn invocation_limits_are_checked() {
 }
 
 fn with_budget(p: &Program, engine: EngineKind, budget: u64) -> Executable {
-    Executable::build(
-        p,
-        &ExecOptions {
-            engine,
-            budget,
-            ..ExecOptions::default()
-        },
-    )
-    .unwrap()
+    Executable::build(p, &ExecOptions::new(engine, budget)).unwrap()
 }
 
 #[test]

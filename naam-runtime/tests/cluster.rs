@@ -172,10 +172,8 @@ fn bad_input_gets_error_replies_and_the_cluster_keeps_serving() {
 #[test]
 #[cfg(feature = "async")] // floods through the tokio client (scripts/test.sh runs it)
 fn full_queues_give_back_pressure_errors() {
-    let config = ClusterConfig {
-        queue_capacity: 2,
-        ..ClusterConfig::functional()
-    };
+    let mut config = ClusterConfig::functional();
+    config.queue_capacity = 2;
     let c = cluster(config);
     // Make the host slow, then flood it from an async client.
     c.congestion().limit_host(2_000_000);
@@ -299,11 +297,9 @@ fn retried_writes_apply_once() {
 #[test]
 fn owner_handoff_loses_and_duplicates_nothing() {
     // The handoff mechanism alone: a static policy never moves the owner by itself.
-    let config = ClusterConfig {
-        policy: PolicyChoice::Always(Placement::Host),
-        nic_executors: 1,
-        ..ClusterConfig::functional()
-    };
+    let mut config = ClusterConfig::functional();
+    config.policy = PolicyChoice::Always(Placement::Host);
+    config.nic_executors = 1;
     let c = Arc::new(cluster(config));
     let data = c.region_key(APP, "data").unwrap();
     let w = Descriptor {
@@ -390,10 +386,8 @@ fn async_client_many_in_flight() {
 #[test]
 fn static_policies_pin_reads() {
     for p in Placement::ALL {
-        let config = ClusterConfig {
-            policy: PolicyChoice::Always(p),
-            ..ClusterConfig::functional()
-        };
+        let mut config = ClusterConfig::functional();
+        config.policy = PolicyChoice::Always(p);
         let c = cluster(config);
         std::thread::sleep(Duration::from_millis(5));
         let mut client = c.client();
@@ -551,11 +545,10 @@ fn steering_moves_the_write_owner_off_a_congested_host() {
 fn writes_stay_at_the_host_when_the_nic_is_another_process() {
     // Behind the UDP fabric naam-nic takes reads and one-sided operations, never writes: a
     // congested host must not hand write ownership to it (every write would be refused).
-    let c = cluster(ClusterConfig {
-        remote_nic: true,
-        nic_executors: 0,
-        ..ClusterConfig::functional()
-    });
+    let mut config = ClusterConfig::functional();
+    config.remote_nic = true;
+    config.nic_executors = 0;
+    let c = cluster(config);
     let e = c
         .move_owner(APP, Placement::Nic, Duration::from_secs(1))
         .unwrap_err();

@@ -333,15 +333,7 @@ fn hostile_handlers_get_clean_faults_on_both_engines() {
     let program = examples().1.get("sum_words").unwrap();
     let data = words(&[1; 1000]);
     for engine in [EngineKind::Interp, EngineKind::Jit] {
-        let small = Executable::build(
-            program,
-            &ExecOptions {
-                engine,
-                budget: 500,
-                ..ExecOptions::default()
-            },
-        )
-        .unwrap();
+        let small = Executable::build(program, &ExecOptions::new(engine, 500)).unwrap();
         let err = run(&small, &[], &[&data]).unwrap_err();
         assert_eq!(
             err,

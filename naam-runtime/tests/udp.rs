@@ -412,10 +412,8 @@ fn operator(server: SocketAddr) -> UdpClient {
 #[test]
 fn a_full_host_queue_answers_busy_and_keeps_serving() {
     let shm = tempfile::tempdir().unwrap();
-    let config = ClusterConfig {
-        queue_capacity: 2,
-        ..ClusterConfig::functional()
-    };
+    let mut config = ClusterConfig::functional();
+    config.queue_capacity = 2;
     let h = host_with(shm.path(), &[APP], config, true);
     let mut c = client(h.addr, Some(Placement::Host));
     let mut op = operator(h.addr);

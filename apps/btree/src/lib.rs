@@ -59,6 +59,7 @@ pub mod regions {
 
 /// Errors of the B-tree library.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BTreeError {
     /// `NO_KEY` is not a key.
     #[error("key {0:#x} is reserved")]

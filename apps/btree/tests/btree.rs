@@ -230,10 +230,8 @@ fn readers_race_a_splitting_writer_at_every_placement() {
 #[test]
 fn steering_moves_readers_mid_run_and_loses_nothing() {
     let config = BTreeConfig::for_keys(20_000);
-    let cc = ClusterConfig {
-        policy: PolicyChoice::Auto(Default::default()),
-        ..ClusterConfig::default()
-    };
+    let mut cc = ClusterConfig::default();
+    cc.policy = PolicyChoice::Auto(Default::default());
     let c = Arc::new(cluster_with(config, cc));
     let h = BTreeHandle::from_cluster(&c, APP, config).unwrap();
     let mut w = BTreeClient::new(c.client(), h);
@@ -369,13 +367,11 @@ fn aarch64_code_computes_what_the_host_computes() {
     }
     let check = naam_runtime::vm::cross::CrossCheck::new(1);
     let config = small();
-    let c = cluster_with(
-        config,
-        ClusterConfig {
-            cross_check: Some(check.clone()),
-            ..ClusterConfig::functional()
-        },
-    );
+    let c = cluster_with(config, {
+        let mut config = ClusterConfig::functional();
+        config.cross_check = Some(check.clone());
+        config
+    });
     let mut native = NativeBTree::new(config);
     let mut t = pinned(&c, config, Placement::Host);
     for i in 0..40u64 {

@@ -51,6 +51,7 @@ pub mod handlers {
 
 /// Errors of the MICA library.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum MicaError {
     /// A key or value over the table's capacity, or an empty key.
     #[error("key of {key} bytes or value of {value} bytes does not fit (capacities {key_cap} and {value_cap}; keys must not be empty)")]

@@ -237,10 +237,8 @@ fn readers_at_every_placement_never_see_torn_values() {
 #[test]
 fn steering_moves_readers_mid_run_and_loses_nothing() {
     let config = MicaConfig::preset_16_64(4096);
-    let cc = ClusterConfig {
-        policy: PolicyChoice::Auto(Default::default()),
-        ..ClusterConfig::default()
-    };
+    let mut cc = ClusterConfig::default();
+    cc.policy = PolicyChoice::Auto(Default::default());
     let c = Arc::new(cluster_with(config, cc));
     let handle = MicaHandle::from_cluster(&c, APP, config).unwrap();
     let keys: Vec<Vec<u8>> = (0..200)
@@ -488,13 +486,11 @@ fn aarch64_code_computes_what_the_host_computes() {
         key_cap: 8,
         value_cap: 8,
     };
-    let c = cluster_with(
-        config,
-        ClusterConfig {
-            cross_check: Some(check.clone()),
-            ..ClusterConfig::functional()
-        },
-    );
+    let c = cluster_with(config, {
+        let mut config = ClusterConfig::functional();
+        config.cross_check = Some(check.clone());
+        config
+    });
     let mut native = NativeMica::new(config);
     let mut clients: Vec<_> = Placement::ALL
         .iter()

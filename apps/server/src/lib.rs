@@ -252,6 +252,7 @@ pub struct ObjectRegion {
 
 /// Why a config is not usable.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// The config file itself could not be read: its path and the I/O error.
     #[error("reading {0}: {1}")]

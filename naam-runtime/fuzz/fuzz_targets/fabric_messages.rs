@@ -6,10 +6,10 @@
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use naam_runtime::onesided::execute;
-use naam_proto::onesided::{Completion, Operation};
-use naam_runtime::{RegionMemory, RegionTable, ALL_RIGHTS, READ_ONLY};
 use naam_proto::control::{unforward, Control};
+use naam_proto::onesided::{Completion, Operation};
+use naam_runtime::onesided::execute;
+use naam_runtime::{RegionMemory, RegionTable, ALL_RIGHTS, READ_ONLY};
 
 fuzz_target!(|data: &[u8]| {
     let mut t = RegionTable::new();

@@ -2,24 +2,15 @@
 //! memory outside its grants, and both engines agree on the result.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use naam_vm::{ExecOptions, Vm};
 use naam_proto::step::{Grant, Invocation};
 use naam_proto::EngineKind;
+use naam_vm::{ExecOptions, Vm};
 use naam_vm::{Executable, Program};
 
 fuzz_target!(|data: &[u8]| {
     let code = data[..data.len() - data.len() % 8].to_vec();
     let p = Program::from_bytecode("fuzz", code);
-    let build = |engine| {
-        Executable::build(
-            &p,
-            &ExecOptions {
-                engine,
-                budget: 100_000,
-                ..ExecOptions::default()
-            },
-        )
-    };
+    let build = |engine| Executable::build(&p, &ExecOptions::new(engine, 100_000));
     let (Ok(interp), Ok(jit)) = (build(EngineKind::Interp), build(EngineKind::Jit)) else {
         return;
     };

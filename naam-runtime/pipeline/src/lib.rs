@@ -28,8 +28,9 @@ pub mod embed;
 /// Environment variable naming the bpf-linker binary to use.
 pub const BPF_LINKER_ENV: &str = "NAAM_BPF_LINKER";
 
-/// Options for [`build`].
+/// Options for [`build_object`].
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct BuildOptions {
     /// Directory of the handler crate (holding its `Cargo.toml`).
     pub crate_dir: PathBuf,

@@ -247,10 +247,8 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
             let bytes =
                 std::fs::read(&object).with_context(|| format!("reading {}", object.display()))?;
             let loaded = load(&bytes).with_context(|| format!("loading {}", object.display()))?;
-            let config = VerifierConfig {
-                max_insns,
-                ..VerifierConfig::default()
-            };
+            let mut config = VerifierConfig::default();
+            config.max_insns = max_insns;
             let mut all_ok = true;
             for p in &loaded.programs {
                 match verify(p, &config) {
@@ -299,15 +297,8 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     &descs,
                 );
             }
-            let options = ExecOptions {
-                engine,
-                budget,
-                verifier: VerifierConfig {
-                    max_insns,
-                    ..VerifierConfig::default()
-                },
-                ..ExecOptions::default()
-            };
+            let mut options = ExecOptions::new(engine, budget);
+            options.verifier.max_insns = max_insns;
             let exe = match Executable::build(program, &options) {
                 Ok(exe) => exe,
                 Err(e) => {
@@ -573,12 +564,10 @@ fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     const APP: u32 = 1;
     const N: u64 = 4_096;
     let sorted: Vec<u8> = (0..N).flat_map(|i| (i * 2).to_le_bytes()).collect();
-    let config = ClusterConfig {
-        host_executors: args.host_executors,
-        nic_executors: args.nic_executors,
-        policy,
-        ..ClusterConfig::default()
-    };
+    let mut config = ClusterConfig::default();
+    config.host_executors = args.host_executors;
+    config.nic_executors = args.nic_executors;
+    config.policy = policy;
     let cluster = Cluster::builder()
         .config(config)
         .app(AppSpec {
@@ -601,16 +590,15 @@ fn demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         len: (N * 8) as u32,
         access: naam_ebpf::abi::ACCESS_READ,
     };
-    let shift = ShiftConfig {
-        duration: Duration::from_secs_f64(args.seconds),
-        congestion: (
-            Duration::from_secs_f64(args.congestion_start),
-            Duration::from_secs_f64(args.congestion_end),
-        ),
-        host_extra_ns: args.extra_us * 1000,
-        clients: args.clients,
-        sample: Duration::from_millis(1),
-    };
+    let mut shift = ShiftConfig::default();
+    shift.duration = Duration::from_secs_f64(args.seconds);
+    shift.congestion = (
+        Duration::from_secs_f64(args.congestion_start),
+        Duration::from_secs_f64(args.congestion_end),
+    );
+    shift.host_extra_ns = args.extra_us * 1000;
+    shift.clients = args.clients;
+    shift.sample = Duration::from_millis(1);
     println!(
         "mode: inproc (one process; NIC cores, DMA and one-sided RDMA are emulated, not hardware)\n\
          policy: {}; host congested +{} us/message from {:.1}s to {:.1}s; {} client thread(s); bsearch over {N} keys",

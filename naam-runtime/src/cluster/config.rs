@@ -69,6 +69,7 @@ impl PolicyChoice {
 
 /// How NIC cores are emulated.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct NicModel {
     /// DMA cost per access.
     pub dma: DmaModel,
@@ -91,6 +92,7 @@ impl Default for NicModel {
 
 /// Cluster settings.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ClusterConfig {
     /// Host executor threads.
     pub host_executors: usize,
@@ -176,6 +178,7 @@ impl ClusterConfig {
 
 /// Why a cluster could not be built or an operation failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClusterError {
     /// Registering an app or handler failed.
     #[error(transparent)]

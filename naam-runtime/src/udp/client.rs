@@ -49,6 +49,7 @@ const QUERIES_PER_REFRESH: usize = 16;
 
 /// Client settings.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct UdpConfig {
     /// `naam-server`'s address.
     pub server: SocketAddr,
@@ -106,6 +107,7 @@ impl UdpConfig {
 
 /// Why a UDP client could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum UdpError {
     /// A socket operation failed.
     #[error("socket: {0}")]

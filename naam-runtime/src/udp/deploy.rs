@@ -27,6 +27,7 @@ pub const SERVER_EXECUTOR_POLL: std::time::Duration = std::time::Duration::from_
 
 /// Why a deployment could not start.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DeployError {
     /// The cluster refused the apps or configuration.
     #[error(transparent)]

@@ -27,6 +27,7 @@ use naam_proto::endpoint::NicStats;
 
 /// How the NIC driver behaves.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct NicOptions {
     /// The server's address (pairing and load reports go there).
     pub server: SocketAddr,
@@ -44,6 +45,23 @@ pub struct NicOptions {
     /// Where replies and counters are recorded for `--metrics`.
     pub telemetry: std::sync::Arc<super::telemetry::Telemetry>,
 }
+impl NicOptions {
+    /// A NIC that pairs with the server at `server` using `pairing` and advertises
+    /// `advertise`, with authentication on, a load report every millisecond, a 2 s drain and
+    /// fresh telemetry; set the other fields to change those.
+    pub fn new(server: SocketAddr, advertise: SocketAddr, pairing: Credential) -> NicOptions {
+        NicOptions {
+            server,
+            advertise,
+            report_every: Duration::from_millis(1),
+            drain: Duration::from_secs(2),
+            pairing,
+            authentication: naam_proto::session::Authentication::On,
+            telemetry: Default::default(),
+        }
+    }
+}
+
 /// The NIC's executors and the manifest they were built from.
 pub struct NicCluster {
     /// The executors, with the server's regions mapped.

@@ -22,6 +22,7 @@ use naam_proto::endpoint::{Channel, ServerStats, SwitchHandle, VerbsAcceptor};
 
 /// How the server driver behaves.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ServerOptions {
     /// The manifest handed to clients.
     pub manifest: Manifest,
@@ -42,6 +43,24 @@ pub struct ServerOptions {
     pub authentication: session::Authentication,
     /// Where replies and counters are recorded for `--metrics`.
     pub telemetry: Arc<super::telemetry::Telemetry>,
+}
+
+impl ServerOptions {
+    /// A server that hands clients `manifest` and admits `tenants`, with authentication on,
+    /// no switch in front of it, no verbs side, no congestion control, a 2 s drain and fresh
+    /// telemetry; set the other fields to change those.
+    pub fn new(manifest: Manifest, tenants: Vec<TenantEntry>) -> ServerOptions {
+        ServerOptions {
+            manifest,
+            drain: Duration::from_secs(2),
+            switch: None,
+            verbs: None,
+            congestion_control: false,
+            tenants,
+            authentication: session::Authentication::On,
+            telemetry: Default::default(),
+        }
+    }
 }
 
 /// How a driver's executors answer: a queued request's reply goes out on `sender` from the

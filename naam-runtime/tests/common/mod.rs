@@ -222,16 +222,10 @@ pub(crate) fn udp_host_tenants(
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
     let thread = std::thread::spawn(move || {
-        let opts = udp::ServerOptions {
-            manifest,
-            drain: std::time::Duration::from_secs(1),
-            switch: None,
-            verbs,
-            congestion_control,
-            tenants,
-            authentication: naam_proto::session::Authentication::On,
-            telemetry: Default::default(),
-        };
+        let mut opts = udp::ServerOptions::new(manifest, tenants);
+        opts.drain = std::time::Duration::from_secs(1);
+        opts.verbs = verbs;
+        opts.congestion_control = congestion_control;
         udp::serve_host(cluster, socket, opts, &s).unwrap();
     });
     Driver {
@@ -255,15 +249,8 @@ pub(crate) fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
     let thread = std::thread::spawn(move || {
-        let opts = NicOptions {
-            server,
-            advertise: addr,
-            report_every: std::time::Duration::from_millis(1),
-            drain: std::time::Duration::from_secs(1),
-            pairing: pairing_key(),
-            authentication: naam_proto::session::Authentication::On,
-            telemetry: Default::default(),
-        };
+        let mut opts = NicOptions::new(server, addr, pairing_key());
+        opts.drain = std::time::Duration::from_secs(1);
         let start = NicCluster { cluster, manifest };
         serve_nic(start, socket, opts, &s, &mut |_| {
             start_nic(&shm, ClusterConfig::functional())

@@ -59,6 +59,7 @@ impl Entry {
 
 /// How to build an executable.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ExecOptions {
     /// Interpreter or memory-checked JIT (the default); both give the same results and faults.
     pub engine: EngineKind,
@@ -70,6 +71,18 @@ pub struct ExecOptions {
     pub helpers: HelperSet,
     /// What `r1` points at.
     pub entry: Entry,
+}
+
+impl ExecOptions {
+    /// `engine` with an instruction budget of `budget`, the default verifier settings, NAAM's
+    /// helpers and the message context as `r1`.
+    pub fn new(engine: EngineKind, budget: u64) -> ExecOptions {
+        ExecOptions {
+            engine,
+            budget,
+            ..ExecOptions::default()
+        }
+    }
 }
 
 impl Default for ExecOptions {

@@ -71,6 +71,7 @@ impl<'a> Choices<'a> {
 
 /// What generated programs may contain.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct GenConfig {
     /// Statements per function (each becomes one to a dozen instructions).
     pub statements: usize,

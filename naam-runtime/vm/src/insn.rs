@@ -419,6 +419,7 @@ pub enum DecodeRule {
 
 /// Why a slot does not decode.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DecodeError {
     /// The rule broken.
     pub rule: DecodeRule,

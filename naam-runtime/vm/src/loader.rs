@@ -23,6 +23,7 @@ use object::{
 
 /// Errors while loading an object file. Each names the problem and where it is.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LoadError {
     /// Not a parsable ELF file.
     #[error("malformed ELF: {0}")]

@@ -96,6 +96,7 @@ impl fmt::Display for Violation {
 
 /// Verifier settings.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct VerifierConfig {
     /// Maximum number of instruction slots.
     pub max_insns: usize,

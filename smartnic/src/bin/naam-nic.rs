@@ -208,11 +208,9 @@ fn run(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let cc = ClusterConfig {
-        nic_executors: cores.max(1),
-        nic: model,
-        ..ClusterConfig::default()
-    };
+    let mut cc = ClusterConfig::default();
+    cc.nic_executors = cores.max(1);
+    cc.nic = model;
     let (cluster, manifest) = udp::start_nic(shm_dir, cc.clone())
         .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
     let mut socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
@@ -242,18 +240,12 @@ fn run(
             ", costs not emulated"
         }
     );
+    let mut options = udp::NicOptions::new(server, advertise, pairing);
+    options.telemetry = telemetry;
     let stats = udp::serve_nic(
         udp::NicCluster { cluster, manifest },
         socket,
-        udp::NicOptions {
-            server,
-            advertise,
-            report_every: Duration::from_millis(1),
-            drain: Duration::from_secs(2),
-            pairing,
-            authentication: naam_runtime::proto::session::Authentication::On,
-            telemetry,
-        },
+        options,
         stop,
         &mut |_epoch| {
             udp::start_nic(shm_dir, cc.clone())

@@ -227,13 +227,11 @@ fn run(
     inject_loss: Option<f64>,
 ) -> anyhow::Result<()> {
     let stop = udp::stop_flag();
-    let cc = ClusterConfig {
-        host_executors: config.host_executors,
-        queue_capacity: config.queue_capacity,
-        policy: config.policy()?,
-        executor_poll: Duration::from_micros(config.executor_poll_us),
-        ..ClusterConfig::default()
-    };
+    let mut cc = ClusterConfig::default();
+    cc.host_executors = config.host_executors;
+    cc.queue_capacity = config.queue_capacity;
+    cc.policy = config.policy()?;
+    cc.executor_poll = Duration::from_micros(config.executor_poll_us);
     let mut socket = Socket::bind(config.listen, config.datagram)
         .with_context(|| format!("binding {}", config.listen))?;
     socket.inject_loss(inject_loss);
@@ -256,23 +254,14 @@ fn run(
         config.shm_dir.display(),
         cluster.policy_name()
     );
-    let stats = udp::serve_host(
-        cluster,
-        socket,
-        udp::ServerOptions {
-            manifest,
-            drain: Duration::from_secs(2),
-            switch: switch
-                .clone()
-                .map(|s| s as Arc<dyn naam_runtime::proto::endpoint::SwitchHandle>),
-            verbs,
-            congestion_control: config.allow_congestion_control,
-            tenants,
-            authentication: naam_runtime::proto::session::Authentication::On,
-            telemetry,
-        },
-        stop,
-    )?;
+    let mut options = udp::ServerOptions::new(manifest, tenants);
+    options.switch = switch
+        .clone()
+        .map(|s| s as Arc<dyn naam_runtime::proto::endpoint::SwitchHandle>);
+    options.verbs = verbs;
+    options.congestion_control = config.allow_congestion_control;
+    options.telemetry = telemetry;
+    let stats = udp::serve_host(cluster, socket, options, stop)?;
     udp::cleanup(&config.shm_dir);
     tracing::info!(
         "stopped; {}",

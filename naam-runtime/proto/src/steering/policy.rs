@@ -62,6 +62,7 @@ impl Policy for StaticPolicy {
 
 /// Settings of the cost policy.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct CostPolicyConfig {
     /// A challenger must be cheaper than the incumbent by this fraction.
     pub margin: f64,
