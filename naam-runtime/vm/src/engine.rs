@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use naam_ebpf::abi::{
-    placement, Context, Descriptor, Return, WriteOp, ABI_VERSION, ARGS_CAP, CONTEXT_INPUT_SIZE,
-    CONTEXT_SIZE, MAX_NEXT, MAX_SEGMENTS, MAX_WRITES, REPLY_CAP, STATE_WORDS, WRITE_DATA_CAP,
+    Context, Descriptor, Return, WriteOp, ABI_VERSION, ARGS_CAP, CONTEXT_INPUT_SIZE, CONTEXT_SIZE,
+    MAX_NEXT, MAX_SEGMENTS, MAX_WRITES, REPLY_CAP, STATE_WORDS, WRITE_DATA_CAP,
 };
 
 use crate::analysis::{analyze, EntryAssumptions, Facts};
@@ -1110,9 +1110,6 @@ fn expect_entry(exe: &Executable, entry: Entry) -> Result<(), StepError> {
         exe.name
     )))
 }
-
-/// Placement used by standalone invocations.
-pub const STANDALONE: u32 = placement::STANDALONE;
 
 /// Time one step `repeat` times; returns (last output, mean nanoseconds per invocation).
 pub fn time_runs(

@@ -38,7 +38,7 @@ pub enum HelperSet {
 }
 
 /// The conformance suite's helper id.
-pub const CONFORMANCE_UNWIND: u32 = 5;
+pub(crate) const CONFORMANCE_UNWIND: u32 = 5;
 
 const NAAM: [Helper; 6] = [
     Helper {

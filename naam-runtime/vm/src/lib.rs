@@ -38,10 +38,10 @@ mod verifier;
 
 pub use engine::{
     time_runs, EngineError, Entry, ExecOptions, Executable, Fixup, Image, ImageRegion, RawOutput,
-    StepError, StepOutput, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET, STANDALONE,
+    StepError, StepOutput, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET,
 };
-pub use helpers::{Helper, HelperSet, CONFORMANCE_UNWIND};
-pub use loader::{load, seal_aborts, LoadError, LoadedObject, Program, Rodata, RodataRef};
+pub use helpers::{Helper, HelperSet};
+pub use loader::{load, LoadError, LoadedObject, Program, Rodata, RodataRef};
 pub use verifier::{
     check, verify, Checked, Rule, Verdict, VerifierConfig, Violation, DEFAULT_MAX_INSNS,
 };

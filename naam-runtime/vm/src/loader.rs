@@ -469,7 +469,10 @@ impl Linker<'_, '_> {
 /// Inserts `exit` after every call that cannot return (the abort helper, and local calls to
 /// functions without any `exit`), then re-targets jumps and calls. Returns the new instructions,
 /// the new function starts, and the new index of every old slot (plus one past the end).
-pub fn seal_aborts(insns: Vec<Insn>, functions: Vec<usize>) -> (Vec<Insn>, Vec<usize>, Vec<usize>) {
+pub(crate) fn seal_aborts(
+    insns: Vec<Insn>,
+    functions: Vec<usize>,
+) -> (Vec<Insn>, Vec<usize>, Vec<usize>) {
     let n = insns.len();
     // A function "returns" if its body holds an exit. Bodies run to the next function start.
     let mut bounds = functions.clone();
