@@ -8,15 +8,27 @@
 //! deployment over it runs exactly what a deployment over UDP runs, without a network (it works
 //! in a namespace with no interface at all) and without the kernel's cost. Figures measured
 //! over it are labelled [`MEMORY_MODE`].
+//!
+//! A port is either a queue, which a socket's owner reads as it would read a UDP socket, or a
+//! [`Service`], which takes each datagram in the sending thread, run to completion, as a
+//! kernel-bypass stack would. The server's and the NIC's endpoints are bound as services
+//! ([`super::serve_host_inline`], [`super::serve_nic_inline`]), so a request costs no hand-off
+//! to a driver thread: the client's thread opens it in the server endpoint and queues it at an
+//! executor, and the executor's reply goes to the client's queue. What a service sends while it
+//! is delivering is delivered after it returns (one thread never holds two services at once,
+//! and a chain of answers is a loop, not a recursion).
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
 
 /// Mode label of everything measured over a [`MemoryNet`].
 pub const MEMORY_MODE: &str = "inproc-endpoints (one process; the UDP fabric's endpoints, \
@@ -30,23 +42,45 @@ pub const PORT_QUEUE: usize = 4096;
 /// First port given to a socket bound to port 0 (the IANA dynamic range).
 const EPHEMERAL_FIRST: u16 = 49152;
 
+/// How long a reader polls its queue before it blocks: a parked thread takes microseconds to
+/// wake, longer than a whole exchange through an in-process server (the in-process cluster's
+/// clients poll as long, for the same reason).
+const POLL_BEFORE_BLOCKING: Duration = Duration::from_micros(20);
+
+/// The longest a service's timer thread sleeps, so that it notices it was stopped.
+const MAX_TIMER_SLEEP: Duration = Duration::from_millis(1);
+
 type Datagram = (SocketAddr, Bytes);
+
+/// What serves a port in the sending thread (see the module documentation).
+pub(crate) trait Service: Send + Sync {
+    /// Takes one datagram from `from`, in the sender's thread.
+    fn deliver(&self, net: &MemoryNet, from: SocketAddr, datagram: Bytes);
+    /// Fires the timers that are due and says how long until the next one (`None`: none
+    /// armed). Called from the port's timer thread.
+    fn tick(&self, net: &MemoryNet) -> Option<Duration>;
+}
+
+enum Port {
+    Queue(Sender<Datagram>),
+    Service(Arc<dyn Service>),
+}
 
 #[derive(Default)]
 struct Ports {
-    bound: HashMap<SocketAddr, Sender<Datagram>>,
+    bound: HashMap<SocketAddr, Port>,
     next_ephemeral: u16,
 }
 
 /// An in-process datagram network (see the module documentation). Clones share the network.
 #[derive(Clone, Default)]
 pub struct MemoryNet {
-    ports: Arc<Mutex<Ports>>,
+    ports: Arc<RwLock<Ports>>,
 }
 
 impl std::fmt::Debug for MemoryNet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let bound = self.lock().bound.len();
+        let bound = self.read().bound.len();
         f.debug_struct("MemoryNet").field("bound", &bound).finish()
     }
 }
@@ -58,26 +92,64 @@ pub(crate) struct MemoryPort {
     net: MemoryNet,
 }
 
+/// A port bound to a [`Service`], with the thread that fires its timers. Dropping it closes the
+/// port and stops the thread.
+pub(crate) struct ServedPort {
+    addr: SocketAddr,
+    net: MemoryNet,
+    stop: Arc<AtomicBool>,
+    timers: Option<JoinHandle<()>>,
+}
+
+/// Datagrams for services, sent while this thread was delivering to one.
+type Pending = VecDeque<(Arc<dyn Service>, SocketAddr, Bytes)>;
+
+thread_local! {
+    /// `Some` while this thread is inside a service's `deliver`.
+    static DELIVERING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+}
+
+/// Ends this thread's delivery, even when a service panicked.
+struct DeliveryGuard;
+
+impl Drop for DeliveryGuard {
+    fn drop(&mut self) {
+        DELIVERING.with(|d| d.borrow_mut().take());
+    }
+}
+
 impl MemoryNet {
     /// An empty network.
     pub fn new() -> MemoryNet {
         MemoryNet::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Ports> {
-        // The map stays consistent under any panic (every change is one insert or remove).
-        self.ports.lock().unwrap_or_else(PoisonError::into_inner)
+    // The map stays consistent under any panic (every change is one insert or remove).
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Ports> {
+        self.ports.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Binds `addr`. An unspecified IP (`0.0.0.0`, `::`) binds the loopback address of its
-    /// family, port 0 the next free port of the dynamic range; a bound address is refused.
-    pub(crate) fn bind(&self, addr: SocketAddr) -> io::Result<MemoryPort> {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Ports> {
+        self.ports.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Claims `addr` for `port`. An unspecified IP (`0.0.0.0`, `::`) binds the loopback
+    /// address of its family, port 0 the next free port of the dynamic range; a bound address
+    /// is refused.
+    fn claim(&self, addr: SocketAddr, port: Port) -> io::Result<SocketAddr> {
+        let mut ports = self.write();
+        let addr = Self::free(&mut ports, addr)?;
+        ports.bound.insert(addr, port);
+        Ok(addr)
+    }
+
+    /// The address `addr` binds, if it is free (see [`MemoryNet::claim`]).
+    fn free(ports: &mut Ports, addr: SocketAddr) -> io::Result<SocketAddr> {
         let ip = match addr.ip() {
             IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
             ip => ip,
         };
-        let mut ports = self.lock();
         let addr = if addr.port() != 0 {
             SocketAddr::new(ip, addr.port())
         } else {
@@ -102,8 +174,13 @@ impl MemoryNet {
                 format!("{addr} is already bound"),
             ));
         }
+        Ok(addr)
+    }
+
+    /// Binds `addr` to a queue (see [`MemoryNet::claim`] for unspecified addresses).
+    pub(crate) fn bind(&self, addr: SocketAddr) -> io::Result<MemoryPort> {
         let (tx, rx) = bounded(PORT_QUEUE);
-        ports.bound.insert(addr, tx);
+        let addr = self.claim(addr, Port::Queue(tx))?;
         Ok(MemoryPort {
             addr,
             queue: rx,
@@ -111,16 +188,84 @@ impl MemoryNet {
         })
     }
 
-    /// Delivers `datagram` from `from` to `to`'s queue; false when nobody has bound `to` or
-    /// its queue is full (the datagram is dropped, as UDP drops it).
-    pub(crate) fn send(&self, from: SocketAddr, to: SocketAddr, datagram: Bytes) -> bool {
-        let Some(port) = self.lock().bound.get(&to).cloned() else {
-            return false;
+    /// Binds `addr` to the service `make` builds for the address bound, and starts the thread
+    /// that fires its timers.
+    pub(crate) fn serve<S: Service + 'static>(
+        &self,
+        addr: SocketAddr,
+        make: impl FnOnce(SocketAddr) -> io::Result<Arc<S>>,
+    ) -> io::Result<(ServedPort, Arc<S>)> {
+        let (addr, made) = {
+            let mut ports = self.write();
+            let addr = Self::free(&mut ports, addr)?;
+            let made = make(addr)?;
+            ports.bound.insert(addr, Port::Service(made.clone()));
+            (addr, made)
         };
-        match port.try_send((from, datagram)) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+        let service: Arc<dyn Service> = made.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (net, halt) = (self.clone(), stop.clone());
+        let timers = std::thread::Builder::new()
+            .name(format!("naam-timers-{addr}"))
+            .spawn(move || {
+                while !halt.load(Ordering::Acquire) {
+                    let wait = service.tick(&net).unwrap_or(MAX_TIMER_SLEEP);
+                    std::thread::sleep(wait.min(MAX_TIMER_SLEEP));
+                }
+            });
+        match timers {
+            Ok(t) => Ok((
+                ServedPort {
+                    addr,
+                    net: self.clone(),
+                    stop,
+                    timers: Some(t),
+                },
+                made,
+            )),
+            Err(e) => {
+                self.write().bound.remove(&addr);
+                Err(e)
+            }
         }
+    }
+
+    /// Delivers `datagram` from `from` to `to`; false when nobody has bound `to` or its queue is
+    /// full (the datagram is dropped, as UDP drops it). A service takes it in this thread, or
+    /// after the service this thread is delivering to returns.
+    pub(crate) fn send(&self, from: SocketAddr, to: SocketAddr, datagram: Bytes) -> bool {
+        let service = {
+            let ports = self.read();
+            match ports.bound.get(&to) {
+                None => return false,
+                Some(Port::Queue(q)) => {
+                    return match q.try_send((from, datagram)) {
+                        Ok(()) => true,
+                        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+                    }
+                }
+                Some(Port::Service(s)) => s.clone(),
+            }
+        };
+        let nested = DELIVERING.with(|d| match d.borrow_mut().as_mut() {
+            Some(pending) => {
+                pending.push_back((service.clone(), from, datagram.clone()));
+                true
+            }
+            None => false,
+        });
+        if nested {
+            return true;
+        }
+        DELIVERING.with(|d| *d.borrow_mut() = Some(VecDeque::new()));
+        let _guard = DeliveryGuard;
+        service.deliver(self, from, datagram);
+        while let Some((s, from, d)) =
+            DELIVERING.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
+        {
+            s.deliver(self, from, d);
+        }
+        true
     }
 }
 
@@ -135,13 +280,30 @@ impl MemoryPort {
         &self.net
     }
 
-    /// Waits up to `timeout` for a datagram, then takes up to `max` in all without waiting.
+    /// Waits up to `timeout` for a datagram (polling for [`POLL_BEFORE_BLOCKING`] before it
+    /// blocks), then takes up to `max` in all without waiting.
     pub(crate) fn recv(&self, timeout: Duration, max: usize) -> Vec<Datagram> {
         let mut out = Vec::new();
-        match self.queue.recv_timeout(timeout) {
-            Ok(d) => out.push(d),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return out,
-        }
+        let start = Instant::now();
+        let first = loop {
+            match self.queue.try_recv() {
+                Ok(d) => break Some(d),
+                Err(TryRecvError::Disconnected) => break None,
+                Err(TryRecvError::Empty) => {}
+            }
+            let waited = start.elapsed();
+            if waited >= timeout {
+                break None;
+            }
+            if waited >= POLL_BEFORE_BLOCKING {
+                break self.queue.recv_timeout(timeout - waited).ok();
+            }
+            std::hint::spin_loop();
+        };
+        let Some(d) = first else {
+            return out;
+        };
+        out.push(d);
         while out.len() < max {
             match self.queue.try_recv() {
                 Ok(d) => out.push(d),
@@ -154,13 +316,32 @@ impl MemoryPort {
 
 impl Drop for MemoryPort {
     fn drop(&mut self) {
-        self.net.lock().bound.remove(&self.addr);
+        self.net.write().bound.remove(&self.addr);
+    }
+}
+
+impl ServedPort {
+    /// The bound address.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for ServedPort {
+    fn drop(&mut self) {
+        self.net.write().bound.remove(&self.addr);
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.timers.take() {
+            let _ = t.join();
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Mutex;
 
     fn a(s: &str) -> SocketAddr {
         s.parse().expect("literal address")
@@ -186,6 +367,138 @@ mod tests {
         assert!(!net.send(c1.addr(), a("10.0.0.1:7000"), Bytes::from_static(b"x")));
         let again = net.bind(a("10.0.0.1:7000")).unwrap();
         assert!(again.recv(Duration::from_millis(1), 8).is_empty());
+    }
+
+    /// Records what it was given; answers each datagram to `answer_to`, if set, until
+    /// `budget` answers are spent; counts its timer ticks.
+    #[derive(Default)]
+    struct Echo {
+        got: Mutex<Vec<(SocketAddr, Bytes, std::thread::ThreadId)>>,
+        answer_to: Mutex<Option<SocketAddr>>,
+        me: Mutex<Option<SocketAddr>>,
+        budget: AtomicUsize,
+        inside: AtomicUsize,
+        deepest: AtomicUsize,
+        ticks: AtomicUsize,
+        panic_on: Mutex<Option<Bytes>>,
+    }
+
+    impl Service for Echo {
+        fn deliver(&self, net: &MemoryNet, from: SocketAddr, datagram: Bytes) {
+            let depth = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+            self.deepest.fetch_max(depth, Ordering::SeqCst);
+            if self.panic_on.lock().unwrap().as_ref() == Some(&datagram) {
+                self.inside.fetch_sub(1, Ordering::SeqCst);
+                panic!("asked to");
+            }
+            self.got
+                .lock()
+                .unwrap()
+                .push((from, datagram.clone(), std::thread::current().id()));
+            let to = *self.answer_to.lock().unwrap();
+            let me = self.me.lock().unwrap().expect("bound");
+            if let Some(to) = to {
+                let left = self.budget.load(Ordering::SeqCst);
+                if left > 0 {
+                    self.budget.store(left - 1, Ordering::SeqCst);
+                    assert!(net.send(me, to, datagram));
+                }
+            }
+            self.inside.fetch_sub(1, Ordering::SeqCst);
+        }
+
+        fn tick(&self, _net: &MemoryNet) -> Option<Duration> {
+            self.ticks.fetch_add(1, Ordering::SeqCst);
+            Some(Duration::from_micros(100))
+        }
+    }
+
+    fn echo(net: &MemoryNet, addr: &str) -> (ServedPort, Arc<Echo>) {
+        net.serve(a(addr), |local| {
+            let e = Echo::default();
+            *e.me.lock().unwrap() = Some(local);
+            Ok(Arc::new(e))
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_service_takes_each_datagram_in_the_sending_thread() {
+        let net = MemoryNet::new();
+        let (port, svc) = echo(&net, "10.0.0.1:0");
+        assert!(port.addr().port() >= EPHEMERAL_FIRST);
+        assert!(net.bind(port.addr()).is_err(), "a served address is bound");
+        let from = a("10.0.0.2:5");
+        assert!(net.send(from, port.addr(), Bytes::from_static(b"hi")));
+        let got = svc.got.lock().unwrap().clone();
+        assert_eq!(
+            got,
+            vec![(from, Bytes::from_static(b"hi"), std::thread::current().id())]
+        );
+        // From another thread, in that thread.
+        let (net2, to) = (net.clone(), port.addr());
+        let t = std::thread::spawn(move || {
+            assert!(net2.send(from, to, Bytes::from_static(b"there")));
+            std::thread::current().id()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(svc.got.lock().unwrap()[1].2, t);
+    }
+
+    #[test]
+    fn what_a_service_sends_while_delivering_waits_until_it_returns() {
+        // Two services answering each other 100 times: a loop on the first sender's thread,
+        // never one service inside another, and never a deeper stack.
+        let net = MemoryNet::new();
+        let (pa, a_svc) = echo(&net, "10.0.0.1:1");
+        let (pb, b_svc) = echo(&net, "10.0.0.1:2");
+        *a_svc.answer_to.lock().unwrap() = Some(pb.addr());
+        *b_svc.answer_to.lock().unwrap() = Some(pa.addr());
+        a_svc.budget.store(50, Ordering::SeqCst);
+        b_svc.budget.store(50, Ordering::SeqCst);
+        assert!(net.send(a("10.0.0.9:9"), pa.addr(), Bytes::from_static(b"ping")));
+        assert_eq!(a_svc.got.lock().unwrap().len(), 51);
+        assert_eq!(b_svc.got.lock().unwrap().len(), 50);
+        assert_eq!(a_svc.deepest.load(Ordering::SeqCst), 1);
+        assert_eq!(b_svc.deepest.load(Ordering::SeqCst), 1);
+        // Nothing is left pending on this thread: the next send is delivered at once.
+        assert!(net.send(a("10.0.0.9:9"), pb.addr(), Bytes::from_static(b"x")));
+        assert_eq!(b_svc.got.lock().unwrap().len(), 51);
+    }
+
+    #[test]
+    fn a_service_that_panics_leaves_the_thread_able_to_deliver() {
+        let net = MemoryNet::new();
+        let (port, svc) = echo(&net, "10.0.0.1:1");
+        *svc.panic_on.lock().unwrap() = Some(Bytes::from_static(b"boom"));
+        let to = port.addr();
+        let n = net.clone();
+        let r = std::panic::catch_unwind(move || {
+            n.send(a("10.0.0.9:9"), to, Bytes::from_static(b"boom"))
+        });
+        assert!(r.is_err());
+        assert!(net.send(a("10.0.0.9:9"), to, Bytes::from_static(b"fine")));
+        assert_eq!(svc.got.lock().unwrap().len(), 1, "delivered at once");
+    }
+
+    #[test]
+    fn a_served_port_ticks_until_dropped_then_frees_its_address() {
+        let net = MemoryNet::new();
+        let (port, svc) = echo(&net, "10.0.0.1:7000");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while svc.ticks.load(Ordering::SeqCst) < 3 {
+            assert!(Instant::now() < deadline, "the timer thread never ticked");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let addr = port.addr();
+        drop(port);
+        let after = svc.ticks.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(svc.ticks.load(Ordering::SeqCst), after, "ticks after drop");
+        assert!(!net.send(a("10.0.0.9:9"), addr, Bytes::from_static(b"x")));
+        let again = net.bind(addr).unwrap();
+        assert_eq!(again.addr(), addr);
     }
 
     #[test]

@@ -31,8 +31,8 @@ pub use deploy::{
     SERVER_EXECUTOR_POLL,
 };
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
-pub use nic::{serve_nic, NicCluster, NicOptions};
-pub use server::{serve_host, ServerOptions};
+pub use nic::{serve_nic, serve_nic_inline, InlineNic, NicCluster, NicOptions, Remap};
+pub use server::{serve_host, serve_host_inline, InlineServer, ServerOptions};
 pub use signal::stop_flag;
 pub use socket::{
     injected_loss_from_env, parse_loss, Sender, Socket, SocketStats, DEFAULT_DATAGRAM,

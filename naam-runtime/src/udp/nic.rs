@@ -6,10 +6,14 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
+use super::memnet::{MemoryNet, ServedPort, Service};
 use super::server::Replies;
-use super::socket::Socket;
+use super::socket::{Inbound, Sender, Socket, DEFAULT_DATAGRAM};
 use crate::cluster::Cluster;
 use crate::onesided;
 use crate::{Clock, SystemClock};
@@ -23,7 +27,8 @@ use naam_proto::wire::Request;
 use naam_proto::Placement;
 use std::sync::Arc;
 
-use naam_proto::endpoint::NicStats;
+use naam_proto::endpoint::{NicStats, Transmit};
+use naam_proto::Nanos;
 
 /// How the NIC driver behaves.
 #[derive(Clone, Debug)]
@@ -70,14 +75,15 @@ pub struct NicCluster {
     pub manifest: Manifest,
 }
 
-/// The NIC endpoint's executors: the current server start's, and how to map a new one's.
-struct NicHost<'r> {
+/// The NIC endpoint's executors: the current server start's, and how to map a new one's
+/// (`remap`, given the new start's epoch).
+struct NicHost<R> {
     current: NicCluster,
     replies: Replies,
-    remap: &'r mut dyn FnMut(u64) -> Result<NicCluster, String>,
+    remap: R,
 }
 
-impl NicBackend for NicHost<'_> {
+impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
     fn dispatch(
         &mut self,
         req: Request,
@@ -129,6 +135,32 @@ fn log(event: NicEvent, server: SocketAddr) {
     }
 }
 
+/// naam-nic's endpoint over `start`, whose executors send replies with `replies`, for a driver
+/// bound at `local`.
+fn nic_endpoint<R: FnMut(u64) -> Result<NicCluster, String>>(
+    start: NicCluster,
+    replies: Sender,
+    options: &NicOptions,
+    local: SocketAddr,
+    now: Nanos,
+    remap: R,
+) -> std::io::Result<NicEndpoint<NicHost<R>>> {
+    options
+        .authentication
+        .check_scope(local)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let mut config = NicConfig::new(options.server, options.advertise, options.pairing.clone());
+    config.authentication = options.authentication;
+    config.report_every = options.report_every.as_nanos() as u64;
+    let manifest = start.manifest.clone();
+    let host = NicHost {
+        current: start,
+        replies: Replies::new(replies, options.telemetry.clone()),
+        remap,
+    };
+    Ok(NicEndpoint::new(config, host, &manifest, now))
+}
+
 /// Runs the NIC driver until `stop` is set; then says goodbye to the server (which stops
 /// forwarding) and drains queued work. `remap` maps the regions of a restarted server's
 /// manifest for epoch `epoch`.
@@ -139,22 +171,10 @@ pub fn serve_nic(
     stop: &AtomicBool,
     remap: &mut dyn FnMut(u64) -> Result<NicCluster, String>,
 ) -> std::io::Result<NicStats> {
-    options
-        .authentication
-        .check_scope(socket.local_addr()?)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let clock = SystemClock::new();
     let sender = socket.sender()?;
-    let mut config = NicConfig::new(options.server, options.advertise, options.pairing.clone());
-    config.authentication = options.authentication;
-    config.report_every = options.report_every.as_nanos() as u64;
-    let manifest = start.manifest.clone();
-    let host = NicHost {
-        current: start,
-        replies: Replies::new(socket.sender()?, options.telemetry.clone()),
-        remap,
-    };
-    let mut nic = NicEndpoint::new(config, host, &manifest, clock.now());
+    let local = socket.local_addr()?;
+    let mut nic = nic_endpoint(start, socket.sender()?, &options, local, clock.now(), remap)?;
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
     loop {
@@ -191,5 +211,153 @@ pub fn serve_nic(
                 let _ = sender.send(t.to, t.id, &t.bytes);
             }
         }
+    }
+}
+
+/// How an inline NIC maps a restarted server's regions (see [`serve_nic`]'s `remap`).
+pub type Remap = Box<dyn FnMut(u64) -> Result<NicCluster, String> + Send>;
+
+/// naam-nic's endpoint bound as a service of a [`MemoryNet`] ([`serve_nic_inline`]): a
+/// datagram to it (a forwarded request, a one-sided operation) is handled in the sending
+/// thread. Dropping it closes the port at once; [`InlineNic::stop`] says goodbye to the
+/// server and drains first.
+pub struct InlineNic {
+    port: ServedPort,
+    service: Arc<InlineNicHost>,
+    drain: Duration,
+}
+
+/// The state behind an [`InlineNic`]'s port.
+struct InlineNicHost {
+    state: Mutex<InlineNicState>,
+    clock: SystemClock,
+    sender: Sender,
+    server: SocketAddr,
+    telemetry: Arc<super::telemetry::Telemetry>,
+    report_every: Nanos,
+}
+
+struct InlineNicState {
+    endpoint: NicEndpoint<NicHost<Remap>>,
+    inbound: Inbound,
+    next_publish: Nanos,
+}
+
+/// What the endpoint asked for while it was held: datagrams to send and events to log.
+type Pending = (Vec<Transmit>, Vec<NicEvent>);
+
+impl InlineNicHost {
+    fn lock(&self) -> std::sync::MutexGuard<'_, InlineNicState> {
+        // As the inline server's: a panic inside one call must not take the NIC down.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the endpoint, then sends and logs what it asked for, with the lock released
+    /// (a datagram to another service must not be delivered while this one is held).
+    fn with<T>(&self, f: impl FnOnce(&mut InlineNicState) -> T) -> T {
+        let (t, (out, events)): (T, Pending) = {
+            let mut s = self.lock();
+            let t = f(&mut s);
+            let out = std::iter::from_fn(|| s.endpoint.poll_transmit()).collect();
+            let events = std::iter::from_fn(|| s.endpoint.poll_event()).collect();
+            (t, (out, events))
+        };
+        for t in out {
+            let _ = self.sender.send(t.to, t.id, &t.bytes);
+        }
+        for e in events {
+            log(e, self.server);
+        }
+        t
+    }
+}
+
+impl Service for InlineNicHost {
+    fn deliver(&self, _net: &MemoryNet, from: SocketAddr, datagram: Bytes) {
+        let now = self.clock.now();
+        self.with(|s| {
+            if let Some(msg) = s.inbound.take(from, datagram) {
+                s.endpoint.handle(now, from, msg);
+            }
+        });
+    }
+
+    fn tick(&self, _net: &MemoryNet) -> Option<Duration> {
+        let now = self.clock.now();
+        let next = self.with(|s| {
+            s.endpoint.handle_timeout(now);
+            s.inbound.expire();
+            if now >= s.next_publish {
+                s.next_publish = now + self.report_every;
+                self.telemetry
+                    .publish_counters(s.endpoint.stats().counters());
+            }
+            s.endpoint.poll_timeout()
+        });
+        next.map(|t| Duration::from_nanos(t.saturating_sub(now)))
+    }
+}
+
+/// Binds naam-nic's endpoint over `start` at `addr` in `net` as an inline service (see
+/// [`InlineNic`]); it advertises the address it is bound at (`options.advertise` is not
+/// used: an in-memory network has no address translation) and starts pairing with
+/// `options.server` at once.
+pub fn serve_nic_inline(
+    start: NicCluster,
+    net: &MemoryNet,
+    addr: SocketAddr,
+    mut options: NicOptions,
+    remap: Remap,
+) -> std::io::Result<InlineNic> {
+    let clock = SystemClock::new();
+    let (port, service) = net.serve(addr, |local| {
+        options.advertise = local;
+        let replies = Sender::memory(net, local, DEFAULT_DATAGRAM);
+        let endpoint = nic_endpoint(start, replies, &options, local, clock.now(), remap)?;
+        Ok(Arc::new(InlineNicHost {
+            state: Mutex::new(InlineNicState {
+                endpoint,
+                inbound: Inbound::new(),
+                next_publish: 0,
+            }),
+            clock,
+            sender: Sender::memory(net, local, DEFAULT_DATAGRAM),
+            server: options.server,
+            telemetry: options.telemetry.clone(),
+            report_every: options.report_every.as_nanos() as Nanos,
+        }))
+    })?;
+    Ok(InlineNic {
+        port,
+        service,
+        drain: options.drain,
+    })
+}
+
+impl InlineNic {
+    /// The address forwarded requests and one-sided operations come to.
+    pub fn addr(&self) -> SocketAddr {
+        self.port.addr()
+    }
+
+    /// Whether the NIC is paired with the server.
+    pub fn is_paired(&self) -> bool {
+        self.service.lock().endpoint.is_paired()
+    }
+
+    /// The endpoint's counters so far.
+    pub fn stats(&self) -> NicStats {
+        self.service.lock().endpoint.stats()
+    }
+
+    /// Says goodbye to the server, refuses new work, waits (at most the drain time of its
+    /// [`NicOptions`]) until queued work is answered, then closes the port.
+    pub fn stop(self) -> NicStats {
+        self.service.with(|s| s.endpoint.start_drain());
+        let deadline = Instant::now() + self.drain;
+        while !self.service.lock().endpoint.backend().replies.idle() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.stats()
     }
 }

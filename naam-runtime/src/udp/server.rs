@@ -4,11 +4,15 @@
 //! [`HostBackend`] over the in-process [`Cluster`], whose executor threads send their replies
 //! themselves, sealed on the request's channel.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::socket::Socket;
+use bytes::Bytes;
+
+use super::memnet::{MemoryNet, ServedPort, Service};
+use super::socket::{Inbound, Sender, Socket, DEFAULT_DATAGRAM};
 use crate::cluster::Cluster;
 use crate::{Clock, SystemClock};
 use naam_proto::control::Manifest;
@@ -18,7 +22,8 @@ use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_proto::wire::{Reply, Request};
 use naam_proto::Placement;
 
-use naam_proto::endpoint::{Channel, ServerStats, SwitchHandle, VerbsAcceptor};
+use naam_proto::endpoint::{Channel, ServerStats, SwitchHandle, Transmit, VerbsAcceptor};
+use naam_proto::Nanos;
 
 /// How the server driver behaves.
 #[derive(Clone)]
@@ -66,16 +71,13 @@ impl ServerOptions {
 /// How a driver's executors answer: a queued request's reply goes out on `sender` from the
 /// executor's thread, and counts as in flight until then (SIGTERM drains until none is).
 pub(crate) struct Replies {
-    sender: Arc<super::socket::Sender>,
+    sender: Arc<Sender>,
     inflight: Arc<AtomicU64>,
     telemetry: Arc<super::telemetry::Telemetry>,
 }
 
 impl Replies {
-    pub(crate) fn new(
-        sender: super::socket::Sender,
-        telemetry: Arc<super::telemetry::Telemetry>,
-    ) -> Replies {
+    pub(crate) fn new(sender: Sender, telemetry: Arc<super::telemetry::Telemetry>) -> Replies {
         Replies {
             sender: Arc::new(sender),
             inflight: Arc::new(AtomicU64::new(0)),
@@ -193,6 +195,30 @@ impl HostBackend for ClusterHost {
     }
 }
 
+/// naam-server's endpoint over `cluster`, whose executors send replies with `replies`, for a
+/// driver bound at `local`.
+fn host_endpoint(
+    cluster: Arc<Cluster>,
+    replies: Sender,
+    options: &ServerOptions,
+    local: SocketAddr,
+    now: Nanos,
+) -> std::io::Result<ServerEndpoint<ClusterHost>> {
+    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+    options.authentication.check_scope(local).map_err(invalid)?;
+    let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
+    let host = ClusterHost {
+        cluster,
+        replies: Replies::new(replies, options.telemetry.clone()),
+        switch: options.switch.clone(),
+        verbs: options.verbs.clone(),
+    };
+    let mut config = ServerConfig::new(options.manifest.clone(), options.tenants.clone());
+    config.authentication = options.authentication;
+    config.congestion_control = options.congestion_control;
+    ServerEndpoint::new(config, host, cookies, now).map_err(|e| invalid(e.to_string()))
+}
+
 /// Runs the host driver on `socket` until `stop` is set, then drains: new requests get
 /// `Unavailable` while queued ones finish (at most `options.drain`). Only sessions set up
 /// with one of `options.tenants`' credentials are served.
@@ -202,25 +228,10 @@ pub fn serve_host(
     options: ServerOptions,
     stop: &AtomicBool,
 ) -> std::io::Result<ServerStats> {
-    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
-    options
-        .authentication
-        .check_scope(socket.local_addr()?)
-        .map_err(invalid)?;
-    let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
     let clock = SystemClock::new();
     let sender = socket.sender()?;
-    let host = ClusterHost {
-        cluster,
-        replies: Replies::new(socket.sender()?, options.telemetry.clone()),
-        switch: options.switch.clone(),
-        verbs: options.verbs.clone(),
-    };
-    let mut config = ServerConfig::new(options.manifest.clone(), options.tenants.clone());
-    config.authentication = options.authentication;
-    config.congestion_control = options.congestion_control;
-    let mut endpoint = ServerEndpoint::new(config, host, cookies, clock.now())
-        .map_err(|e| invalid(e.to_string()))?;
+    let local = socket.local_addr()?;
+    let mut endpoint = host_endpoint(cluster, socket.sender()?, &options, local, clock.now())?;
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
     loop {
@@ -246,5 +257,139 @@ pub fn serve_host(
             }
         }
         endpoint.handle_timeout(clock.now());
+    }
+}
+
+/// naam-server's endpoint bound as a service of a [`MemoryNet`] ([`serve_host_inline`]): a
+/// datagram to it is handled in the sending thread, so a client's request reaches the host
+/// executors with no hand-off to a driver thread. Dropping it closes the port at once;
+/// [`InlineServer::stop`] drains first.
+pub struct InlineServer {
+    port: ServedPort,
+    service: Arc<InlineHost>,
+    drain: Duration,
+}
+
+/// The state behind an [`InlineServer`]'s port.
+struct InlineHost {
+    state: Mutex<InlineHostState>,
+    clock: SystemClock,
+    sender: Sender,
+    telemetry: Arc<super::telemetry::Telemetry>,
+}
+
+struct InlineHostState {
+    endpoint: ServerEndpoint<ClusterHost>,
+    inbound: Inbound,
+    next_publish: Nanos,
+}
+
+impl InlineHost {
+    fn lock(&self) -> std::sync::MutexGuard<'_, InlineHostState> {
+        // The endpoint's state is consistent between calls; a panic inside one (a bug) must
+        // not take every later client down with it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn send_all(&self, out: Vec<Transmit>) {
+        for t in out {
+            let _ = self.sender.send(t.to, t.id, &t.bytes);
+        }
+    }
+}
+
+fn drain_transmits(endpoint: &mut ServerEndpoint<ClusterHost>) -> Vec<Transmit> {
+    std::iter::from_fn(|| endpoint.poll_transmit()).collect()
+}
+
+impl Service for InlineHost {
+    fn deliver(&self, _net: &MemoryNet, from: SocketAddr, datagram: Bytes) {
+        // What the endpoint answers is sent after the lock is released: a datagram to another
+        // service must not be delivered while this one is held.
+        let out = {
+            let mut s = self.lock();
+            let Some(msg) = s.inbound.take(from, datagram) else {
+                return;
+            };
+            s.endpoint.handle(self.clock.now(), from, msg);
+            drain_transmits(&mut s.endpoint)
+        };
+        self.send_all(out);
+    }
+
+    fn tick(&self, _net: &MemoryNet) -> Option<Duration> {
+        let now = self.clock.now();
+        let (out, next) = {
+            let mut s = self.lock();
+            s.endpoint.handle_timeout(now);
+            s.inbound.expire();
+            if now >= s.next_publish {
+                s.next_publish = now + 1_000_000_000;
+                self.telemetry
+                    .publish_counters(s.endpoint.stats().counters());
+            }
+            let next = s.endpoint.poll_timeout();
+            (drain_transmits(&mut s.endpoint), next)
+        };
+        self.send_all(out);
+        next.map(|t| Duration::from_nanos(t.saturating_sub(now)))
+    }
+}
+
+/// Binds naam-server's endpoint over `cluster` at `addr` in `net` as an inline service (see
+/// [`InlineServer`]); `addr` with port 0 takes a free port.
+pub fn serve_host_inline(
+    cluster: Arc<Cluster>,
+    net: &MemoryNet,
+    addr: SocketAddr,
+    options: ServerOptions,
+) -> std::io::Result<InlineServer> {
+    let clock = SystemClock::new();
+    let (port, service) = net.serve(addr, |local| {
+        let endpoint = host_endpoint(
+            cluster,
+            Sender::memory(net, local, DEFAULT_DATAGRAM),
+            &options,
+            local,
+            clock.now(),
+        )?;
+        Ok(Arc::new(InlineHost {
+            state: Mutex::new(InlineHostState {
+                endpoint,
+                inbound: Inbound::new(),
+                next_publish: 0,
+            }),
+            clock,
+            sender: Sender::memory(net, local, DEFAULT_DATAGRAM),
+            telemetry: options.telemetry.clone(),
+        }))
+    })?;
+    Ok(InlineServer {
+        port,
+        service,
+        drain: options.drain,
+    })
+}
+
+impl InlineServer {
+    /// The address clients send to.
+    pub fn addr(&self) -> SocketAddr {
+        self.port.addr()
+    }
+
+    /// The endpoint's counters so far.
+    pub fn stats(&self) -> ServerStats {
+        self.service.lock().endpoint.stats()
+    }
+
+    /// Refuses new requests with `Unavailable`, waits (at most the drain time of its
+    /// [`ServerOptions`]) until the queued ones are answered, then closes the port.
+    pub fn stop(self) -> ServerStats {
+        self.service.lock().endpoint.start_drain();
+        let deadline = Instant::now() + self.drain;
+        while !self.service.lock().endpoint.backend().replies.idle() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.stats()
     }
 }

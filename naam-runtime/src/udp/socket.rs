@@ -155,6 +155,11 @@ impl LossInjector {
     }
 }
 
+/// A datagram size within what the framing needs and what a jumbo frame carries.
+fn clamp_datagram(datagram: usize) -> usize {
+    datagram.clamp(naam_proto::frame::MIN_DATAGRAM, MAX_DATAGRAM)
+}
+
 /// Where a socket's datagrams go.
 enum Link {
     /// The kernel's UDP.
@@ -168,11 +173,66 @@ pub struct Socket {
     link: Link,
     datagram: usize,
     bufs: Vec<[u8; MAX_DATAGRAM]>,
+    inbound: Inbound,
+    read_timeout: Option<Duration>,
+}
+
+/// What a receiver does with each datagram: loss injection, fragment decoding, reassembly, and
+/// the counters of all three. A [`Socket`] has one, and so does a service bound in a
+/// [`MemoryNet`], which takes its datagrams without a socket.
+pub(crate) struct Inbound {
     reassembler: Reassembler<SocketAddr>,
     stats: SocketStats,
     epoch: std::time::Instant,
     loss: Option<LossInjector>,
-    read_timeout: Option<Duration>,
+}
+
+impl Inbound {
+    pub(crate) fn new() -> Inbound {
+        Inbound {
+            reassembler: Reassembler::new(4096, 16 << 20, 200_000_000),
+            stats: SocketStats::default(),
+            epoch: std::time::Instant::now(),
+            loss: None,
+        }
+    }
+
+    /// The message `datagram` from `peer` completes, if it completes one.
+    pub(crate) fn take(&mut self, peer: SocketAddr, datagram: Bytes) -> Option<Bytes> {
+        self.stats.received += 1;
+        if self.loss.as_mut().is_some_and(LossInjector::drop_next) {
+            self.stats.injected_losses += 1;
+            return None;
+        }
+        let f = match Fragment::decode(datagram) {
+            Ok(f) => f,
+            Err(_) => {
+                self.stats.malformed += 1;
+                return None;
+            }
+        };
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        match self.reassembler.push(peer, f, now) {
+            Pushed::Complete(m) => Some(m),
+            Pushed::Pending | Pushed::Duplicate => None,
+            Pushed::Conflict => {
+                self.stats.malformed += 1;
+                None
+            }
+            Pushed::Full => {
+                self.stats.dropped += 1;
+                None
+            }
+        }
+    }
+
+    /// Forgets messages whose fragments stopped coming.
+    pub(crate) fn expire(&mut self) {
+        if self.reassembler.pending() > 0 {
+            self.reassembler
+                .expire(self.epoch.elapsed().as_nanos() as u64);
+        }
+    }
 }
 
 impl Socket {
@@ -215,12 +275,9 @@ impl Socket {
         };
         Socket {
             link,
-            datagram: datagram.clamp(naam_proto::frame::MIN_DATAGRAM, MAX_DATAGRAM),
+            datagram: clamp_datagram(datagram),
             bufs,
-            reassembler: Reassembler::new(4096, 16 << 20, 200_000_000),
-            stats: SocketStats::default(),
-            epoch: std::time::Instant::now(),
-            loss: None,
+            inbound: Inbound::new(),
             read_timeout: None,
         }
     }
@@ -228,7 +285,7 @@ impl Socket {
     /// Drops this fraction of received datagrams from now on (`None`: none), for fault
     /// injection where the kernel has no `netem`; counted in `injected_losses`.
     pub fn inject_loss(&mut self, fraction: Option<f64>) {
-        self.loss = fraction.filter(|&p| p > 0.0).map(LossInjector::new);
+        self.inbound.loss = fraction.filter(|&p| p > 0.0).map(LossInjector::new);
     }
 
     /// The bound address.
@@ -256,7 +313,7 @@ impl Socket {
 
     /// A copy of this socket's datagram counters, counted since it was created.
     pub fn stats(&self) -> SocketStats {
-        self.stats
+        self.inbound.stats
     }
 
     /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
@@ -270,8 +327,8 @@ impl Socket {
         };
         let r = outlet.send(self.datagram, peer, id, message);
         match &r {
-            Ok(n) => self.stats.sent += *n as u64,
-            Err(_) => self.stats.send_errors += 1,
+            Ok(n) => self.inbound.stats.sent += *n as u64,
+            Err(_) => self.inbound.stats.send_errors += 1,
         }
         r.map(|_| ())
     }
@@ -295,31 +352,11 @@ impl Socket {
             }
             Link::Memory(port) => port.recv(timeout, RECV_BATCH),
         };
-        let mut out = Vec::new();
-        let now = self.epoch.elapsed().as_nanos() as u64;
-        for (peer, datagram) in datagrams {
-            self.stats.received += 1;
-            if self.loss.as_mut().is_some_and(LossInjector::drop_next) {
-                self.stats.injected_losses += 1;
-                continue;
-            }
-            let f = match Fragment::decode(datagram) {
-                Ok(f) => f,
-                Err(_) => {
-                    self.stats.malformed += 1;
-                    continue;
-                }
-            };
-            match self.reassembler.push(peer, f, now) {
-                Pushed::Complete(m) => out.push((peer, m)),
-                Pushed::Pending | Pushed::Duplicate => {}
-                Pushed::Conflict => self.stats.malformed += 1,
-                Pushed::Full => self.stats.dropped += 1,
-            }
-        }
-        if self.reassembler.pending() > 0 {
-            self.reassembler.expire(now);
-        }
+        let out = datagrams
+            .into_iter()
+            .filter_map(|(peer, d)| Some((peer, self.inbound.take(peer, d)?)))
+            .collect();
+        self.inbound.expire();
         Ok(out)
     }
 }
@@ -337,6 +374,18 @@ pub struct Sender {
 }
 
 impl Sender {
+    /// A sender from `from` in `net` (a service bound there sends with one), in datagrams of at
+    /// most `datagram` bytes.
+    pub(crate) fn memory(net: &MemoryNet, from: SocketAddr, datagram: usize) -> Sender {
+        Sender {
+            link: SendLink::Memory {
+                net: net.clone(),
+                from,
+            },
+            datagram: clamp_datagram(datagram),
+        }
+    }
+
     /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
     pub fn send(&self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
         let outlet = match &self.link {
