@@ -1,8 +1,10 @@
-//! A whole deployment inside this process: naam-server's driver and naam-nic's driver on their
-//! own threads, regions in a scratch directory, credentials made for the run. The drivers'
-//! sockets are either the kernel's UDP on loopback or ports of an in-memory network
-//! ([`MemoryNet`]); everything above the datagram is the code the two binaries run.
-//! `auth-cost` runs on the first, `ycsb --fabric inproc-endpoints` on the second.
+//! A whole deployment inside this process: naam-server's and naam-nic's endpoints over their
+//! executors, regions in a scratch directory, credentials made for the run. Over the kernel's
+//! UDP on loopback, the two drivers run their socket loops on threads of their own, as the
+//! binaries do (`auth-cost`). Over an in-memory network ([`MemoryNet`], `ycsb --fabric
+//! inproc-endpoints`), the two endpoints are bound as inline services: a client's datagram is
+//! handled in the client's thread, so a request reaches an executor with one hand-off, as in
+//! the in-process cluster. Everything above the datagram is the code the two binaries run.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use naam_runtime::cluster::ClusterConfig;
 use naam_runtime::proto::session::{self, Authentication, Credential};
-use naam_runtime::udp::{self, MemoryNet, Socket, UdpClient, UdpConfig};
+use naam_runtime::udp::{self, InlineNic, InlineServer, MemoryNet, Socket, UdpClient, UdpConfig};
 
 /// What to deploy.
 pub struct DeploymentPlan {
@@ -46,15 +48,12 @@ pub struct InProcessDeployment {
     authentication: Authentication,
     network: Option<MemoryNet>,
     stop: Arc<AtomicBool>,
+    /// The socket drivers' threads (kernel UDP).
     threads: Vec<JoinHandle<()>>,
+    /// The endpoints bound inline (in-memory network).
+    inline: Option<InlineServer>,
+    inline_nic: Option<InlineNic>,
     shm: PathBuf,
-}
-
-fn bind(network: &Option<MemoryNet>, addr: SocketAddr) -> std::io::Result<Socket> {
-    match network {
-        Some(net) => Socket::bind_memory(net, addr, udp::DEFAULT_DATAGRAM),
-        None => Socket::bind(addr, udp::DEFAULT_DATAGRAM),
-    }
 }
 
 impl InProcessDeployment {
@@ -69,16 +68,39 @@ impl InProcessDeployment {
             Some(pairing.clone()),
         );
         let (cluster, manifest) = udp::start_host(vec![plan.app], plan.host, &shm)?;
+        let mut options = udp::ServerOptions::new(manifest, tenants);
+        options.drain = Duration::from_secs(1);
+        options.congestion_control = plan.congestion_control;
+        options.authentication = plan.authentication;
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
-        let bound = bind(&plan.network, loopback).and_then(|s| Ok((s.local_addr()?, s)));
-        let (server, socket) = match bound {
-            Ok(b) => b,
-            Err(e) => {
-                udp::cleanup(&shm);
-                return Err(e.into());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (server, threads, inline) = match &plan.network {
+            Some(net) => match udp::serve_host_inline(cluster, net, loopback, options) {
+                Ok(s) => (s.addr(), Vec::new(), Some(s)),
+                Err(e) => {
+                    udp::cleanup(&shm);
+                    return Err(e.into());
+                }
+            },
+            None => {
+                let bound = Socket::bind(loopback, udp::DEFAULT_DATAGRAM)
+                    .and_then(|s| Ok((s.local_addr()?, s)));
+                let (server, socket) = match bound {
+                    Ok(b) => b,
+                    Err(e) => {
+                        udp::cleanup(&shm);
+                        return Err(e.into());
+                    }
+                };
+                let s = stop.clone();
+                let t = std::thread::spawn(move || {
+                    if let Err(e) = udp::serve_host(cluster, socket, options, &s) {
+                        eprintln!("naam-bench: in-process naam-server driver: {e}");
+                    }
+                });
+                (server, vec![t], None)
             }
         };
-        let stop = Arc::new(AtomicBool::new(false));
         let mut d = InProcessDeployment {
             server,
             app,
@@ -87,20 +109,12 @@ impl InProcessDeployment {
             authentication: plan.authentication,
             network: plan.network,
             stop: stop.clone(),
-            threads: Vec::new(),
+            threads,
+            inline,
+            inline_nic: None,
             shm,
         };
-        let mut options = udp::ServerOptions::new(manifest, tenants);
-        options.drain = Duration::from_secs(1);
-        options.congestion_control = plan.congestion_control;
-        options.authentication = plan.authentication;
-        let s = stop.clone();
-        d.threads.push(std::thread::spawn(move || {
-            if let Err(e) = udp::serve_host(cluster, socket, options, &s) {
-                eprintln!("naam-bench: in-process naam-server driver: {e}");
-            }
-        }));
-        // From here on a failure stops the server driver and removes the regions.
+        // From here on a failure stops the server and removes the regions.
         let nic = d.start_nic_driver(plan.nic, pairing, stop);
         match nic.and_then(|()| d.wait_for_nic()) {
             Ok(()) => Ok(d),
@@ -119,17 +133,31 @@ impl InProcessDeployment {
         stop: Arc<AtomicBool>,
     ) -> anyhow::Result<()> {
         let (nic_cluster, nic_manifest) = udp::start_nic(&self.shm, config)?;
+        let start = udp::NicCluster {
+            cluster: nic_cluster,
+            manifest: nic_manifest,
+        };
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
-        let nic_socket = bind(&self.network, loopback)?;
+        let no_remap = |_| Err("the in-process server does not restart".to_string());
+        if let Some(net) = &self.network {
+            let mut options = udp::NicOptions::new(self.server, loopback, pairing);
+            options.drain = Duration::from_secs(1);
+            options.authentication = self.authentication;
+            self.inline_nic = Some(udp::serve_nic_inline(
+                start,
+                net,
+                loopback,
+                options,
+                Box::new(no_remap),
+            )?);
+            return Ok(());
+        }
+        let nic_socket = Socket::bind(loopback, udp::DEFAULT_DATAGRAM)?;
         let mut options = udp::NicOptions::new(self.server, nic_socket.local_addr()?, pairing);
         options.drain = Duration::from_secs(1);
         options.authentication = self.authentication;
         self.threads.push(std::thread::spawn(move || {
-            let start = udp::NicCluster {
-                cluster: nic_cluster,
-                manifest: nic_manifest,
-            };
-            let mut no_remap = |_| Err("the in-process server does not restart".to_string());
+            let mut no_remap = no_remap;
             if let Err(e) = udp::serve_nic(start, nic_socket, options, &stop, &mut no_remap) {
                 eprintln!("naam-bench: in-process naam-nic driver: {e}");
             }
@@ -169,6 +197,12 @@ impl InProcessDeployment {
 
     /// Drains both drivers, joins them and removes the regions.
     pub fn stop(mut self) {
+        if let Some(nic) = self.inline_nic.take() {
+            nic.stop();
+        }
+        if let Some(server) = self.inline.take() {
+            server.stop();
+        }
         self.stop.store(true, Ordering::SeqCst);
         for t in self.threads.drain(..) {
             let _ = t.join();

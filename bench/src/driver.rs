@@ -507,11 +507,12 @@ pub fn run_inproc(
 }
 
 /// Runs `cfg` on a deployment inside this process over an in-memory datagram network
-/// (`--fabric inproc-endpoints`): naam-server's and naam-nic's drivers on threads, each client
-/// thread a `UdpClient`. Every message crosses the client, server and NIC endpoints, the
-/// framing and the drivers as it does over UDP, with neither a network nor the kernel: set
-/// against [`run_inproc`] (whose clients submit to the executors directly), it measures what
-/// the protocol costs. The cluster is sized, steered and staffed as `run_inproc`'s.
+/// (`--fabric inproc-endpoints`): naam-server's and naam-nic's endpoints bound inline in the
+/// network, each client thread a `UdpClient`. Every message crosses the client, server and NIC
+/// endpoints and the framing as it does over UDP, with neither a network nor the kernel, and
+/// with no more thread hand-offs than [`run_inproc`]'s (whose clients submit to the executors
+/// directly): set against it, it measures what the protocol costs. The cluster is sized,
+/// steered and staffed as `run_inproc`'s.
 pub fn run_inproc_endpoints(
     cfg: &YcsbConfig,
     progress: &(dyn Fn(u64, u64) + Sync),

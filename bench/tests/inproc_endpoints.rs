@@ -1,6 +1,7 @@
 //! YCSB over an in-process deployment on an in-memory datagram network
-//! (`--fabric inproc-endpoints`): naam-server's and naam-nic's drivers and `UdpClient`s in one
-//! process, every message through the client, server and NIC endpoints. It needs no network:
+//! (`--fabric inproc-endpoints`): naam-server's and naam-nic's endpoints bound inline in the
+//! network and `UdpClient`s in one process, every message through the client, server and NIC
+//! endpoints. It needs no network:
 //! CI runs this file again in a namespace without one (`unshare -n`, scripts/test.sh).
 
 mod common;

@@ -2,14 +2,17 @@
 //! executor: a YCSB-style GET (16-byte key, one descriptor, 100-byte value) from
 //! `ClientEndpoint` to `ServerEndpoint` and back, the host answering at once.
 //!
-//! Two figures, measured in the same run:
+//! Three figures, measured in the same run:
 //! - `codec`: encode and decode the request and the reply only (what any fabric pays);
 //! - `endpoints`: the whole exchange as the UDP fabric runs it minus the kernel: request id,
 //!   session seal (HMAC-SHA-256) and replay window, the server's admission and switch, the
-//!   reply's seal, the client's open and matching.
+//!   reply's seal, the client's open and matching;
+//! - `endpoints_unsealed`: the same with [`Authentication::OffForMeasurement`] (tags neither
+//!   computed nor checked; loopback addresses, where the drivers allow it), so that the
+//!   difference from `endpoints` is what the four seals and opens cost.
 //!
-//! Their difference is what routing in-process messages through the endpoints would add to
-//! each one (docs/ARCHITECTURE.md, "the in-process cluster runs no endpoint").
+//! What `endpoints` adds to `codec` is what routing in-process messages through the endpoints
+//! adds to each one (docs/ARCHITECTURE.md, "the main job's direct path").
 //!
 //! Run: `cargo bench -p naam-proto --bench exchange`.
 
@@ -24,7 +27,7 @@ use naam_proto::endpoint::{
     Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, Routed, ServerConfig,
     ServerEndpoint, SwitchHandle, Transmit, VerbsAcceptor,
 };
-use naam_proto::session::{tenant_entries, CookieJar, Credential};
+use naam_proto::session::{tenant_entries, Authentication, CookieJar, Credential};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
 use naam_proto::{Nanos, Placement};
@@ -34,11 +37,11 @@ const GET: u32 = 2;
 const VALUE: [u8; 100] = [0x5a; 100];
 
 fn client_addr() -> SocketAddr {
-    SocketAddr::from(([10, 0, 0, 2], 5000))
+    SocketAddr::from(([127, 0, 0, 1], 5000))
 }
 
 fn server_addr() -> SocketAddr {
-    SocketAddr::from(([10, 0, 0, 1], 7000))
+    SocketAddr::from(([127, 0, 0, 1], 7000))
 }
 
 fn reply_to(req: &Request) -> Reply {
@@ -109,7 +112,7 @@ struct Pair {
 }
 
 impl Pair {
-    fn connected() -> Pair {
+    fn connected(authentication: Authentication) -> Pair {
         let credential = Credential::generate().expect("randomness");
         let manifest = Manifest {
             apps: vec![AppManifest {
@@ -127,14 +130,18 @@ impl Pair {
             epoch: 1,
         };
         let tenants = tenant_entries(&[(APP, "kv".into(), credential.clone())], None, None);
+        let mut config = ServerConfig::new(manifest, tenants);
+        config.authentication = authentication;
         let server = ServerEndpoint::new(
-            ServerConfig::new(manifest, tenants),
+            config,
             AnsweringHost::default(),
             CookieJar::with_key([7; 32]),
             0,
         )
         .expect("a one-page manifest");
-        let client = ClientEndpoint::new(ClientConfig::new(server_addr(), "kv", credential), 0);
+        let mut config = ClientConfig::new(server_addr(), "kv", credential);
+        config.authentication = authentication;
+        let client = ClientEndpoint::new(config, 0);
         let mut pair = Pair {
             now: 0,
             client,
@@ -211,7 +218,11 @@ fn exchange(c: &mut Criterion) {
         })
     });
     g.bench_function("endpoints", |b| {
-        let mut pair = Pair::connected();
+        let mut pair = Pair::connected(Authentication::On);
+        b.iter(|| black_box(pair.exchange(get_request(0))))
+    });
+    g.bench_function("endpoints_unsealed", |b| {
+        let mut pair = Pair::connected(Authentication::OffForMeasurement);
         b.iter(|| black_box(pair.exchange(get_request(0))))
     });
     g.finish();
