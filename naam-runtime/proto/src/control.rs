@@ -15,11 +15,12 @@ use std::net::SocketAddr;
 use bytes::{BufMut, Bytes, BytesMut};
 use serde::{Deserialize, Serialize};
 
+use crate::kind::VERSION;
 use crate::session::{COOKIE_LEN, NONCE_LEN, RESET_TOKEN_LEN};
 use crate::steering::RemoteLoad;
-use crate::wire::{header, WireError, VERSION};
+use crate::wire::{header, WireError};
 
-pub use crate::kind::{CONTROL as KIND_CONTROL, FORWARD as KIND_FORWARD};
+use crate::kind::{CONTROL as KIND_CONTROL, FORWARD as KIND_FORWARD};
 /// Control header size.
 pub const CONTROL_HEADER: usize = 16;
 /// Forward header size.
@@ -187,7 +188,7 @@ pub const MAX_CONGESTION_NS: u64 = 10_000_000;
 
 /// Bytes of app entries one manifest page carries: a control message's limit less its header
 /// and room for the envelope (client id, agent address, mode, page numbers).
-pub const MANIFEST_PAGE_BUDGET: usize = crate::frame::MAX_MESSAGE - CONTROL_HEADER - 512;
+pub const MANIFEST_PAGE_BUDGET: usize = crate::limits::MAX_MESSAGE - CONTROL_HEADER - 512;
 
 /// Why a manifest cannot be published.
 #[derive(Debug, thiserror::Error)]
@@ -634,7 +635,7 @@ mod tests {
                 pages: pages.len() as u32,
                 apps: p.clone(),
             };
-            assert!(c.to_bytes(1).len() <= crate::frame::MAX_MESSAGE);
+            assert!(c.to_bytes(1).len() <= crate::limits::MAX_MESSAGE);
             let w = Control::Welcome {
                 session: u64::MAX,
                 epoch: u64::MAX,
@@ -646,7 +647,7 @@ mod tests {
                 pages: u32::MAX,
                 agent: Some("[fe80::1:2:3:4]:65535".parse().unwrap()),
             };
-            assert!(w.to_bytes(1).len() <= crate::frame::MAX_MESSAGE);
+            assert!(w.to_bytes(1).len() <= crate::limits::MAX_MESSAGE);
         }
         assert_eq!(Manifest::default().pages().unwrap(), vec![vec![]]);
         let huge = Manifest {

@@ -16,7 +16,7 @@ use std::hash::Hash;
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-pub use crate::limits::MAX_MESSAGE;
+use crate::limits::MAX_MESSAGE;
 use crate::Nanos;
 
 /// Magic number opening every fragment ("NAAM" in little-endian byte order).

@@ -22,9 +22,9 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE, MAX_NEXT};
 
-pub use crate::kind::{ONE_SIDED_COMPLETION as KIND_COMPLETION, ONE_SIDED_OP as KIND_OP};
-pub use crate::limits::MAX_TRANSFER;
-use crate::wire::{check_exact, header, Status, WireError, VERSION};
+use crate::kind::{ONE_SIDED_COMPLETION as KIND_COMPLETION, ONE_SIDED_OP as KIND_OP, VERSION};
+use crate::limits::MAX_TRANSFER;
+use crate::wire::{check_exact, header, Status, WireError};
 /// Header size of both.
 pub const HEADER: usize = 16;
 /// Completion header size.
@@ -41,7 +41,7 @@ pub enum Op {
         rkey: u64,
         /// Byte offset in the region where `data` starts.
         offset: u64,
-        /// The bytes to store, at most [`MAX_TRANSFER`].
+        /// The bytes to store, at most [`crate::limits::MAX_TRANSFER`].
         data: Bytes,
     },
     /// 64-bit compare-and-swap.

@@ -25,8 +25,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use naam_ebpf::abi::{Descriptor, ACCESS_MASK, ARGS_CAP, MAX_NEXT, REPLY_CAP, STATE_WORDS};
 use serde::Serialize;
 
-pub use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
-pub use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
+use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
+use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
 use crate::Placement;
 
 /// Request flags.
@@ -633,11 +633,6 @@ pub const REQUEST_SEQ_BITS: u32 = 40;
 /// client, which is what write deduplication and reply matching key on.
 pub fn request_id(client: u32, seq: u64) -> u64 {
     ((client as u64) << REQUEST_SEQ_BITS) | (seq & ((1 << REQUEST_SEQ_BITS) - 1))
-}
-
-/// The kind byte of an encoded message, if it has one.
-pub fn peek_kind(buf: &[u8]) -> Option<u8> {
-    buf.get(1).copied()
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use naam_proto::frame::{fragment, Fragment, Pushed, Reassembler, MAX_MESSAGE};
+use naam_proto::frame::{fragment, Fragment, Pushed, Reassembler};
+use naam_proto::limits::MAX_MESSAGE;
 
 use super::memnet::{MemoryNet, MemoryPort};
 

@@ -8,8 +8,6 @@ use std::fmt;
 
 use crate::opcode::*;
 
-pub use crate::opcode::INSN_SIZE;
-
 /// One raw instruction slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Insn {

@@ -13,8 +13,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::insn::{decode_all, encode_all, Insn, INSN_SIZE};
+use crate::insn::{decode_all, encode_all, Insn};
 use crate::memory::slot;
+use crate::opcode::INSN_SIZE;
 use naam_ebpf::abi::{helper, SECTION_PREFIX};
 use object::{
     Architecture, Endianness, Object, ObjectSection, ObjectSymbol, RelocationTarget, SectionIndex,

@@ -23,8 +23,9 @@ use naam_ebpf::abi::STACK_SIZE;
 use serde::Serialize;
 
 use crate::helpers::HelperSet;
-use crate::insn::{decode_all, DecodeRule, Insn, Op, FRAME_POINTER, INSN_SIZE};
+use crate::insn::{decode_all, DecodeRule, Insn, Op, FRAME_POINTER};
 use crate::loader::Program;
+use crate::opcode::INSN_SIZE;
 
 /// Default instruction cap.
 pub const DEFAULT_MAX_INSNS: usize = 16 * 1024;

@@ -4,7 +4,7 @@
 //! conformance-plugin`, and on aarch64 code under qemu.)
 
 use naam_proto::EngineKind;
-use naam_vm::insn::INSN_SIZE;
+use naam_vm::opcode::INSN_SIZE;
 use naam_vm::{conformance, ExecOptions, Program};
 
 struct Case {

@@ -19,7 +19,7 @@
 //! session key is derived from the same inputs and the session id, so both nonces are fresh
 //! for every session and nothing secret crosses the network.
 //!
-//! Sealed envelope (kind [`KIND_SEALED`], little-endian):
+//! Sealed envelope (kind [`crate::kind::SEALED`], little-endian):
 //! ```text
 //!  0 u8 version (1)   1 u8 kind (7)   2 u8 sender (0 client, 1 server, 2 NIC)   3 u8 0
 //!  4 u32 tenant tag (names the credential without revealing it)
@@ -66,8 +66,8 @@ fn hmac_with(key: &[u8]) -> HmacSha256 {
     <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC takes any key length")
 }
 
-pub use crate::kind::SEALED as KIND_SEALED;
-pub use crate::limits::{SEAL_OVERHEAD, SEAL_TAG as TAG_LEN};
+use crate::kind::SEALED as KIND_SEALED;
+use crate::limits::{SEAL_OVERHEAD, SEAL_TAG as TAG_LEN};
 /// Bytes of the sealed envelope before the inner message (the XDP eSwitch reads it).
 pub const SEAL_HEADER: usize = naam_ebpf::eswitch::SEAL_HEADER;
 /// Bytes of a credential (a 256-bit secret).
