@@ -74,8 +74,10 @@ pub enum RegistryError {
     ClientOwner,
 }
 
-/// How to register one handler.
+/// How to register one handler ([`HandlerSpec::read`] or [`HandlerSpec::write`], then
+/// [`HandlerSpec::engine`] and [`HandlerSpec::budget`]).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct HandlerSpec {
     /// Name in the object.
     pub name: String,

@@ -20,10 +20,7 @@ use naam_runtime::proto::step::DmaModel;
 /// These are published-figure models, not measurements: nothing here ran on a BlueField-2.
 pub fn bluefield2_model(core_slowdown: f64, dma_access_ns: u64, emulate: bool) -> NicModel {
     let mut model = NicModel::default();
-    model.dma = DmaModel {
-        access_ns: dma_access_ns,
-        ps_per_byte: 100,
-    };
+    model.dma = DmaModel::new(dma_access_ns, 100);
     model.core_slowdown = core_slowdown;
     model.emulate_costs = emulate;
     model

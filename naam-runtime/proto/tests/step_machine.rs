@@ -206,10 +206,7 @@ fn continue_carries_state_reply_and_next_descriptors() {
 fn hop_limit_ends_a_message_that_keeps_continuing() {
     let mut step = ScriptedStep::returning(Return::Continue);
     step.next = vec![desc(1, 8, ACCESS_READ)];
-    let limits = Limits {
-        max_steps: 4,
-        max_retries: 1,
-    };
+    let limits = Limits::new(4, 1);
     let mut e = script(std::iter::repeat_n(step, 4));
     let (o, _) = drive(
         &request(&[desc(1, 8, ACCESS_READ)]),
@@ -261,10 +258,7 @@ fn retries_discard_the_torn_step_and_back_off_up_to_the_budget() {
         .all(|s| s.0 == 0 && s.2 == 0 && s.3.is_empty()));
 
     // Backoff doubles from 1 µs and is capped.
-    let limits = Limits {
-        max_steps: 32,
-        max_retries: 40,
-    };
+    let limits = Limits::new(32, 40);
     let (mut m, _) = StepMachine::start(
         &request(&[desc(1, 8, ACCESS_READ)]),
         7,
@@ -490,7 +484,7 @@ proptest! {
         steps in proptest::collection::vec(any_step(), 1..80),
         kind in prop_oneof![Just(HandlerKind::Read), Just(HandlerKind::Write)],
     ) {
-        let limits = Limits { max_steps: 8, max_retries: 4 };
+        let limits = Limits::new(8, 4);
         let mut script_steps = steps.clone();
         // Past the random steps the handler finishes, so every run ends.
         script_steps.extend(std::iter::repeat_n(ScriptedStep::returning(Return::Done), 16));

@@ -51,6 +51,7 @@ impl AppSpec {
 
 /// Which steering policy the cluster runs.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub enum PolicyChoice {
     /// The cost policy.
     Auto(CostPolicyConfig),

@@ -74,6 +74,7 @@ impl Rule {
 
 /// A rejection: the instruction, the rule and a human-readable reason.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, thiserror::Error)]
+#[non_exhaustive]
 pub struct Violation {
     /// Instruction index (slot) in the linked program.
     pub index: usize,

@@ -187,6 +187,7 @@ pub enum HandshakeError {
 
 /// Limits of a [`Gatekeeper`].
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct SessionLimits {
     /// Sessions per tenant at most (the oldest idle one is evicted first).
     pub per_tenant: usize,

@@ -19,6 +19,7 @@ pub enum HandlerKind {
 
 /// Bounds on one message's execution.
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct Limits {
     /// Most steps a message may take over its whole life (hop limit).
     pub max_steps: u16,
@@ -28,9 +29,17 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
+        Limits::new(32, 64)
+    }
+}
+
+impl Limits {
+    /// At most `max_steps` steps per message and `max_retries` torn-read retries at one
+    /// placement.
+    pub fn new(max_steps: u16, max_retries: u16) -> Limits {
         Limits {
-            max_steps: 32,
-            max_retries: 64,
+            max_steps,
+            max_retries,
         }
     }
 }

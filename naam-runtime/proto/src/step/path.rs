@@ -42,6 +42,7 @@ pub trait OneSided {
 /// small DMA read across PCIe Gen4, about 10 GB/s sustained per engine); they are a model, not a
 /// measurement on this machine.
 #[derive(Clone, Copy, Debug, PartialEq)]
+#[non_exhaustive]
 pub struct DmaModel {
     /// Fixed cost of one access, nanoseconds.
     pub access_ns: u64,
@@ -51,14 +52,19 @@ pub struct DmaModel {
 
 impl Default for DmaModel {
     fn default() -> Self {
-        DmaModel {
-            access_ns: 1_000,
-            ps_per_byte: 100,
-        }
+        DmaModel::new(1_000, 100)
     }
 }
 
 impl DmaModel {
+    /// `access_ns` per access plus `ps_per_byte` picoseconds per byte moved.
+    pub fn new(access_ns: u64, ps_per_byte: u64) -> DmaModel {
+        DmaModel {
+            access_ns,
+            ps_per_byte,
+        }
+    }
+
     /// Modelled cost of reading `bytes` in one access.
     pub fn cost_ns(&self, bytes: u64) -> u64 {
         self.access_ns + bytes * self.ps_per_byte / 1000
