@@ -18,7 +18,7 @@ pub trait Clock: Send + Sync {
     fn wait_until(&self, deadline: Nanos);
 }
 
-/// The OS monotonic clock.
+/// The OS monotonic clock ([`Instant`]): nanoseconds since the clock was made.
 #[derive(Debug)]
 pub struct SystemClock {
     epoch: Instant,

@@ -212,7 +212,7 @@ impl<T: OneSided> ClientPath<T> {
         }
     }
 
-    /// The transport.
+    /// The one-sided READ transport the path fetches through.
     pub fn transport(&mut self) -> &mut T {
         &mut self.transport
     }
@@ -302,7 +302,7 @@ impl std::fmt::Debug for ParkedRun {
 /// What [`start`] or [`resume`] left.
 #[derive(Debug)]
 pub enum Driven {
-    /// The message finished.
+    /// The message finished: its outcome, and what fetching its data cost here.
     Done(Outcome, RunCost),
     /// A torn read must be retried after a backoff: resume with [`resume`].
     Parked(Box<ParkedRun>),

@@ -18,7 +18,7 @@ use naam_proto::Placement;
 #[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct ShiftConfig {
-    /// Whole run.
+    /// Length of the whole run, on the wall clock.
     pub duration: Duration,
     /// Congestion window `(start, end)` from the run's start.
     pub congestion: (Duration, Duration),
@@ -64,7 +64,7 @@ impl ShiftSample {
 pub struct ShiftResult {
     /// Mode: where it ran and what was emulated.
     pub mode: String,
-    /// Policy name.
+    /// The steering policy's name ([`ShiftTarget::policy`]).
     pub policy: String,
     /// A copy of the settings the run used.
     pub config: ShiftConfig,
@@ -74,7 +74,7 @@ pub struct ShiftResult {
     pub moved_ms: Option<f64>,
     /// Time from congestion end until at least 90% of traffic is back on the host, ms.
     pub back_ms: Option<f64>,
-    /// Total operations.
+    /// Operations counted over all samples, every placement.
     pub ops: u64,
 }
 

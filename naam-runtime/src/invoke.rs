@@ -160,19 +160,19 @@ pub fn parse_region(spec: &str) -> Result<RegionFile, InvokeError> {
 
 /// Settings of a local whole-message run.
 pub struct LocalMessage<'a> {
-    /// The handler object.
+    /// The loaded object holding the handler.
     pub object: Arc<LoadedObject>,
-    /// Handler name.
+    /// Name of the handler in the object (its section name without `naam/`).
     pub handler: &'a str,
     /// Whether the handler writes (its `Write` steps are applied).
     pub write: bool,
-    /// Engine and budget.
+    /// The engine that runs every step.
     pub engine: EngineKind,
     /// Instructions per step.
     pub budget: u64,
     /// Regions and their contents.
     pub regions: Vec<(RegionFile, Vec<u8>)>,
-    /// Inline args.
+    /// Inline args, handed to every step.
     pub args: &'a [u8],
     /// First step's descriptors (`REGION:OFFSET:LEN[:ACCESS]`).
     pub descriptors: &'a [String],

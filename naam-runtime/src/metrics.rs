@@ -33,9 +33,9 @@ pub struct WeightSample {
     pub at_ns: Nanos,
     /// The app of the handler the weights are for (the first half of its `HandlerKey`).
     pub app: u32,
-    /// Handler id.
+    /// Handler id (the second half of its `HandlerKey`).
     pub handler: u32,
-    /// Weights decided.
+    /// Weights the controller decided for the handler at `at_ns`.
     pub weights: Weights,
 }
 
@@ -46,9 +46,9 @@ pub struct Percentiles {
     pub count: u64,
     /// 50th percentile (median), rounded up to the histogram's precision.
     pub p50: u64,
-    /// 99th percentile.
+    /// 99th percentile, rounded up to the histogram's precision.
     pub p99: u64,
-    /// 99.9th percentile.
+    /// 99.9th percentile, rounded up to the histogram's precision.
     pub p999: u64,
     /// Largest latency recorded, rounded up to the histogram's precision.
     pub max: u64,
@@ -166,7 +166,8 @@ impl Metrics {
         }
     }
 
-    /// The weights timeline.
+    /// A copy of the weights timeline, oldest first; samples past the cap given to
+    /// [`Metrics::new`] were dropped.
     pub fn timeline(&self) -> Vec<WeightSample> {
         self.timeline.lock().map(|t| t.clone()).unwrap_or_default()
     }
@@ -176,7 +177,8 @@ impl Metrics {
         [0, 1, 2].map(|i| self.ops[i].load(Ordering::Relaxed))
     }
 
-    /// A snapshot.
+    /// A copy of the metrics now: percentiles, counts and error tallies (locks taken one at a
+    /// time, so not an atomic cut).
     pub fn snapshot(&self) -> Snapshot {
         let placement = [0, 1, 2].map(|i| {
             self.placement[i]

@@ -48,7 +48,7 @@ impl Drop for Storage {
 #[error("shared region memory {path}: {source}")]
 #[non_exhaustive]
 pub struct ShmError {
-    /// The file.
+    /// The shared file being created or mapped (normally under `/dev/shm`).
     pub path: std::path::PathBuf,
     /// What failed.
     #[source]
@@ -176,7 +176,7 @@ impl RegionMemory {
         }
     }
 
-    /// A copy of `bytes`.
+    /// Heap memory holding a copy of `bytes`.
     pub fn from_bytes(bytes: &[u8]) -> RegionMemory {
         let m = RegionMemory::zeroed(bytes.len());
         m.write(0, bytes).expect("fits by construction");
@@ -303,25 +303,26 @@ impl RegionMemory {
     }
 }
 
-/// A registered region.
+/// A registered region: memory that one app's descriptors and one-sided operations name by
+/// rkey.
 #[derive(Debug)]
 pub struct Region {
-    /// The capability naming it.
+    /// The capability naming it: never 0 and unique in its table (random unless given).
     pub rkey: u64,
-    /// Owning app.
+    /// Owning app: only its descriptors resolve to this region.
     pub app: u32,
-    /// Human-readable name.
+    /// Name from the app's spec (`mica-log`), by which clients look the rkey up.
     pub name: String,
     /// `ACCESS_*` rights it grants.
     pub access: u32,
-    /// The memory.
+    /// The memory: heap, or a shared file mapping that a NIC process maps too.
     pub mem: RegionMemory,
 }
 
 /// A descriptor checked against its region.
 #[derive(Clone, Debug)]
 pub struct Resolved {
-    /// The region.
+    /// The region the descriptor's rkey names, kept alive for the access.
     pub region: Arc<Region>,
     /// Offset inside it.
     pub offset: u64,
@@ -415,7 +416,7 @@ impl RegionTable {
         self.by_key.get(&rkey).filter(|r| r.app == app)
     }
 
-    /// Every region.
+    /// Every app's regions, in no particular order.
     pub fn regions(&self) -> impl Iterator<Item = &Arc<Region>> {
         self.by_key.values()
     }
@@ -446,7 +447,7 @@ impl RegionTable {
 pub const READ_ONLY: u32 = ACCESS_READ;
 /// Rights of a region that readers read and the owner writes.
 pub const READ_WRITE: u32 = ACCESS_READ | ACCESS_WRITE;
-/// Every right.
+/// Every right: read, write and atomic.
 pub const ALL_RIGHTS: u32 = ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC;
 
 #[cfg(test)]

@@ -14,14 +14,14 @@ use naam_proto::handler_id;
 
 use naam_proto::step::HandlerKind;
 
-/// A registered handler.
+/// A registered handler: verified and built for its engine, shared by every executor.
 #[derive(Debug)]
 pub struct HandlerEntry {
     /// Name in the object (section `naam/<name>`); unique within its app.
     pub name: String,
     /// [`handler_id`] of the name (FNV-1a): the id messages carry.
     pub id: u32,
-    /// App id.
+    /// Id of the app it was registered for.
     pub app: u32,
     /// Read or write.
     pub kind: HandlerKind,
@@ -29,10 +29,10 @@ pub struct HandlerEntry {
     pub exe: Executable,
 }
 
-/// A registered app.
+/// A registered app: its handlers by wire id, and where its writes are applied.
 #[derive(Debug)]
 pub struct AppEntry {
-    /// App id.
+    /// App id requests carry; unique in the registry.
     pub id: u32,
     /// Name from its spec (`mica`, `btree`, an object app's configured name); not unique:
     /// instances of one app share it.
@@ -62,11 +62,11 @@ pub enum RegistryError {
     /// Two names hash to the same id, or a name is registered twice.
     #[error("handler `{name}` collides with `{other}` (id {id:#010x})")]
     Collision {
-        /// New name.
+        /// The name being registered.
         name: String,
-        /// Registered name.
+        /// The name already registered under `id`.
         other: String,
-        /// The id.
+        /// The [`handler_id`] both names map to.
         id: u32,
     },
     /// A write owner that cannot write.
@@ -194,12 +194,12 @@ impl Registry {
         Ok(ids)
     }
 
-    /// The app.
+    /// The app with id `app`, if registered.
     pub fn app(&self, app: u32) -> Option<&AppEntry> {
         self.apps.get(&app)
     }
 
-    /// Every app.
+    /// Every registered app, in no particular order.
     pub fn apps(&self) -> impl Iterator<Item = &AppEntry> {
         self.apps.values()
     }

@@ -17,7 +17,7 @@ use naam_proto::steering::{
 use naam_proto::Nanos;
 use naam_proto::Placement;
 
-/// The simulated handler's key.
+/// Key of the one handler simulated: app 1, handler 1.
 pub const SIM_KEY: HandlerKey = (1, 1);
 
 /// What to simulate.
@@ -38,7 +38,7 @@ pub struct SimConfig {
     pub steps: u16,
     /// One-sided READ round trip, nanoseconds.
     pub client_rtt_ns: Nanos,
-    /// Steering period.
+    /// Virtual time between two controller ticks, nanoseconds.
     pub period_ns: Nanos,
     /// Host congestion: `(start, end, slowdown)`: host service time × slowdown inside the window.
     pub congestion: Option<(Nanos, Nanos, f64)>,
@@ -66,7 +66,7 @@ impl Default for SimConfig {
 /// Messages started per placement within one bucket.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Bucket {
-    /// Bucket start.
+    /// Bucket start, virtual nanoseconds since the run began.
     pub start_ns: Nanos,
     /// Messages per placement (index [`Placement::index`]).
     pub placed: [u64; 3],
@@ -89,9 +89,9 @@ impl Bucket {
 /// The outcome of a run.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimResult {
-    /// The configuration.
+    /// The configuration the run used, copied into its result.
     pub config: SimConfig,
-    /// Policy name.
+    /// [`Policy::name`] of the policy that steered.
     pub policy: String,
     /// Per-bucket placement counts.
     pub buckets: Vec<Bucket>,

@@ -52,7 +52,8 @@ impl Transport for crate::cluster::Client {
 
 /// A transport pinned to one placement (tests, placement baselines).
 pub struct Pinned {
-    /// The client.
+    /// The in-process cluster client every call goes through: reads run at `placement`, writes
+    /// at their owner.
     pub client: crate::cluster::Client,
     /// Where reads run.
     pub placement: naam_proto::Placement,

@@ -27,16 +27,16 @@ pub enum VerbsError {
     /// A verbs call failed.
     #[error("{call} failed: {source}")]
     Call {
-        /// The call.
+        /// The libibverbs function that failed.
         call: &'static str,
-        /// errno.
+        /// The errno it set, or the error code it returned.
         #[source]
         source: std::io::Error,
     },
     /// A work request completed with an error status.
     #[error("work request {wr_id} completed with status {status} ({text})")]
     WorkCompletion {
-        /// Its id.
+        /// The `wr_id` it was posted with.
         wr_id: u64,
         /// `ibv_wc_status`.
         status: u32,
@@ -56,7 +56,7 @@ pub enum VerbsError {
         offset: usize,
         /// Length of the range in bytes.
         len: usize,
-        /// Registered size.
+        /// Size of the registration in bytes.
         size: usize,
     },
 }
@@ -345,7 +345,7 @@ impl MemoryRegion {
         unsafe { (*self.mr).rkey }
     }
 
-    /// The local key.
+    /// The key local work requests name this memory by (in their scatter/gather entries).
     pub fn lkey(&self) -> u32 {
         unsafe { (*self.mr).lkey }
     }

@@ -21,9 +21,9 @@ use crate::steering::RemoteLoad;
 use crate::wire::{header, WireError};
 
 use crate::kind::{CONTROL as KIND_CONTROL, FORWARD as KIND_FORWARD};
-/// Control header size.
+/// Bytes before a control message's JSON body (version, kind, reserved zeros, id).
 pub const CONTROL_HEADER: usize = 16;
-/// Forward header size.
+/// Bytes before the client's sealed request in a forwarded message (version, kind, zeros).
 pub const FORWARD_HEADER: usize = 8;
 
 /// A handler as the manifest lists it.
@@ -62,7 +62,8 @@ pub struct RegionManifest {
     pub path: Option<String>,
 }
 
-/// An installed app.
+/// One app a server serves, as the manifest lists it: its id, handlers, regions and the
+/// hash of its handler object.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AppManifest {
     /// App id requests carry; unique among the server's apps.
@@ -101,7 +102,7 @@ pub struct Manifest {
     pub apps: Vec<AppManifest>,
     /// The mode label (`udp`: NIC cores, DMA and one-sided RDMA emulated).
     pub mode: String,
-    /// The server's steering policy.
+    /// Name of the server's steering policy (empty when the field is absent).
     #[serde(default)]
     pub policy: String,
     /// The server start this manifest belongs to (random per start): a NIC holding an older
@@ -111,7 +112,7 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// The app `id`.
+    /// The app with id `id`; `None` also when a session's scoped copy leaves it out.
     pub fn app(&self, id: u32) -> Option<&AppManifest> {
         self.apps.iter().find(|a| a.id == id)
     }
@@ -199,9 +200,9 @@ pub enum ManifestError {
     AppTooLarge {
         /// The app whose entry does not fit.
         app: u32,
-        /// Its entry's size.
+        /// Bytes of its JSON entry, plus one.
         size: usize,
-        /// The page budget.
+        /// [`MANIFEST_PAGE_BUDGET`], in bytes.
         budget: usize,
     },
 }
@@ -209,7 +210,7 @@ pub enum ManifestError {
 /// One handler's weights.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HandlerWeights {
-    /// Handler id.
+    /// Handler id ([`crate::handler_id`] of its name).
     pub handler: u32,
     /// Fractions per placement (Client, Nic, Host).
     pub weights: [f64; 3],
@@ -232,7 +233,8 @@ pub struct QpEndpoint {
 /// Remote memory as RDMA names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RdmaRemote {
-    /// Remote address.
+    /// Address of the region's first byte in the server's registration: RDMA work requests
+    /// add offsets to it.
     pub addr: u64,
     /// Remote key of the RDMA registration.
     pub rkey: u32,
@@ -254,7 +256,8 @@ pub struct RdmaRegion {
     pub access: u32,
 }
 
-/// A control message.
+/// A control message: a JSON body after [`CONTROL_HEADER`] bytes. Only `Hello`, `Challenge`,
+/// `Auth` and `Stale` travel unsealed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "kebab-case")]
 pub enum Control {
@@ -285,15 +288,16 @@ pub enum Control {
     Auth {
         /// The tenant named in the hello.
         tenant: String,
-        /// The client's nonce.
+        /// The client's nonce, as the hello carried it.
         #[serde(with = "crate::session::hex_bytes")]
         client_nonce: [u8; NONCE_LEN],
-        /// The server's nonce.
+        /// The server's nonce, from the challenge.
         #[serde(with = "crate::session::hex_bytes")]
         server_nonce: [u8; NONCE_LEN],
-        /// The challenge's issue time.
+        /// The challenge's `issued`, echoed: the cookie is checked against it and expires after
+        /// [`crate::session::COOKIE_LIFETIME`].
         issued: u64,
-        /// The challenge's cookie.
+        /// The challenge's cookie, echoed unchanged (it proves the client's address).
         #[serde(with = "crate::session::hex_bytes")]
         cookie: [u8; COOKIE_LEN],
         /// MAC under the credential of the tenant, both nonces and the cookie.
@@ -303,9 +307,9 @@ pub enum Control {
     /// Server → client, unsealed: the session this datagram named is not known here (the
     /// server restarted, or forgot an idle session): handshake again.
     Stale {
-        /// The session.
+        /// Id of the session the datagram named.
         session: u64,
-        /// The server's current epoch.
+        /// The server's current epoch (random per start; see [`Manifest::epoch`]).
         epoch: u64,
         /// The credential's reset token for the session, so the notice cannot be forged.
         #[serde(with = "crate::session::hex_bytes")]
@@ -314,7 +318,7 @@ pub enum Control {
     /// Server → client, sealed in the new session: the manifest's first page (this session's
     /// apps only), a client id, and where the one-sided agent listens.
     Welcome {
-        /// The session set up.
+        /// Id of the session just set up; every later sealed datagram names it.
         session: u64,
         /// The server start it belongs to.
         epoch: u64,
@@ -335,11 +339,11 @@ pub enum Control {
     },
     /// Server → client: one page of the manifest.
     ManifestPage {
-        /// Page number.
+        /// The page's number, as [`Control::QueryManifest`] asked for it.
         page: u32,
         /// Pages in all.
         pages: u32,
-        /// Its apps.
+        /// The apps on this page, out of those the session's tenant may use.
         apps: Vec<AppManifest>,
     },
     /// Client → server: current weights of `app`'s handlers; carries what the client measured
@@ -366,16 +370,16 @@ pub enum Control {
     NicLoad {
         /// Where the NIC takes forwarded requests and one-sided operations.
         agent: SocketAddr,
-        /// The report.
+        /// Queue, busy time and per-handler service times the NIC measured since its last report.
         load: RemoteLoad,
     },
     /// NIC → server: draining, stop forwarding.
     NicBye,
     /// Server → NIC: a client session the NIC must check and answer by itself.
     SessionOpen {
-        /// The session.
+        /// Id of the client session.
         session: u64,
-        /// Its tenant tag.
+        /// Its tenant tag ([`crate::session::Credential::tag`]), for the NIC's copy of the key.
         tenant_tag: u32,
         /// The client's address (answers go there only).
         peer: SocketAddr,
@@ -387,12 +391,12 @@ pub enum Control {
     },
     /// NIC → server: a client used session `session`, which the NIC does not know.
     QuerySession {
-        /// The session.
+        /// The session id the client's datagram named.
         session: u64,
     },
     /// Server → NIC: session `session` is gone (or never was).
     SessionClosed {
-        /// The session.
+        /// Id of the session the NIC should forget.
         session: u64,
     },
     /// Operator → server: the switch's counters, after pinning the NIC share of every read
@@ -407,7 +411,7 @@ pub enum Control {
     Switch {
         /// Which switch steers (XDP or user-space).
         switch: String,
-        /// Its packet counters.
+        /// The steering switch's counters (the XDP eSwitch's own, else the same as `userspace`).
         counters: SwitchCounters,
         /// What the user-space switch queued at the host or forwarded to the NIC.
         userspace: SwitchCounters,
@@ -426,7 +430,7 @@ pub enum Control {
     },
     /// Client → server: connect my queue pair (one per peer, shared by all apps).
     VerbsConnect {
-        /// The client's queue pair.
+        /// The client's queue pair, for the server to connect one of its own to.
         endpoint: QpEndpoint,
     },
     /// Server → client: the server's queue pair and its regions.

@@ -58,7 +58,7 @@ impl<K: Eq + Hash + Copy, V> RecentAnswers<K, V> {
         self.order.clear();
     }
 
-    /// Answers remembered.
+    /// Answers remembered, never more than the capacity it was made with.
     pub fn len(&self) -> usize {
         self.answers.len()
     }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum EngineKind {
-    /// The reference interpreter.
+    /// The reference interpreter (the engine that counts the instructions it executes).
     Interp,
     /// The memory-checked Cranelift JIT (the default).
     #[default]

@@ -23,7 +23,7 @@ use crate::Nanos;
 pub const MAGIC: u32 = u32::from_le_bytes(*b"NAAM");
 /// Framing version (of the fragment header; messages inside carry [`crate::kind::VERSION`]).
 pub const VERSION: u8 = 1;
-/// Fragment header size.
+/// Bytes of the header before each fragment's data.
 pub const HEADER: usize = 24;
 /// Most fragments one message may have.
 pub const MAX_FRAGMENTS: usize = 64;
@@ -72,7 +72,7 @@ pub struct Fragment {
     pub total: u16,
     /// Where `data` starts in the message.
     pub offset: u16,
-    /// The fragment's bytes.
+    /// This fragment's part of the message: bytes `offset..offset + data.len()`.
     pub data: Bytes,
 }
 
@@ -197,7 +197,7 @@ struct Partial {
 /// What [`Reassembler::push`] did with a fragment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pushed {
-    /// The message is complete.
+    /// The last missing fragment arrived: the whole message, reassembled.
     Complete(Bytes),
     /// Stored; more fragments are needed.
     Pending,
@@ -371,7 +371,7 @@ impl Retransmit {
         self.outstanding.remove(&id).is_some()
     }
 
-    /// Requests outstanding.
+    /// Requests with a timer: sent, and neither answered nor given up on.
     pub fn len(&self) -> usize {
         self.outstanding.len()
     }

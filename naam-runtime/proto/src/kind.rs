@@ -26,19 +26,23 @@ pub const SEALED: u8 = naam_ebpf::eswitch::KIND_SEALED;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MessageKind {
-    /// An active-message request.
+    /// An active-message request ([`REQUEST`], [`crate::wire::Request`]).
     Request,
-    /// A reply.
+    /// A reply to a request ([`REPLY`], [`crate::wire::Reply`]).
     Reply,
-    /// A one-sided operation.
+    /// An emulated one-sided RDMA operation, client → NIC agent
+    /// ([`crate::onesided::Operation`]).
     OneSidedOp,
-    /// A one-sided completion.
+    /// A one-sided operation's completion, NIC agent → client
+    /// ([`crate::onesided::Completion`]).
     OneSidedCompletion,
-    /// A control message.
+    /// A control message ([`crate::control::Control`]): handshake, manifest, weights, pairing.
     Control,
-    /// A forwarded message.
+    /// A client's sealed request that the server forwards to its paired NIC
+    /// ([`crate::control::forward`]).
     Forward,
-    /// A sealed envelope.
+    /// An authenticated envelope around a message of any other kind
+    /// ([`crate::session::SessionKey::seal`]).
     Sealed,
 }
 

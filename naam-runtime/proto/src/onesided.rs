@@ -25,9 +25,9 @@ use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE, MAX_N
 use crate::kind::{ONE_SIDED_COMPLETION as KIND_COMPLETION, ONE_SIDED_OP as KIND_OP, VERSION};
 use crate::limits::MAX_TRANSFER;
 use crate::wire::{check_exact, header, Status, WireError};
-/// Header size of both.
+/// Bytes of an operation's fixed header (version, kind, op, count, app, id); ranges follow.
 pub const HEADER: usize = 16;
-/// Completion header size.
+/// Bytes of a completion's fixed header, through its reserved word; the data follows.
 pub const COMPLETION_HEADER: usize = 24;
 
 /// One one-sided operation.
@@ -50,9 +50,9 @@ pub enum Op {
         rkey: u64,
         /// Offset (8-byte aligned).
         offset: u64,
-        /// Expected value.
+        /// Value the little-endian `u64` at `offset` must hold for the swap to happen.
         expected: u64,
-        /// New value.
+        /// Stored in its place on a match; the completion carries the old value either way.
         new: u64,
     },
     /// 64-bit fetch-and-add.
@@ -99,7 +99,7 @@ pub struct Operation {
     pub app: u32,
     /// Operation id (matches the completion; retransmissions reuse it).
     pub id: u64,
-    /// The operation.
+    /// What to do, and on which ranges of the app's regions.
     pub op: Op,
 }
 

@@ -50,7 +50,7 @@ impl Placement {
         }
     }
 
-    /// Lower-case name.
+    /// Lower-case name: `client`, `nic` or `host`.
     pub const fn name(self) -> &'static str {
         match self {
             Placement::Client => "client",

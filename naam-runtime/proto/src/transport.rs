@@ -32,7 +32,7 @@ pub enum ClientError {
     ServerGone {
         /// How long it has been silent.
         silent: Duration,
-        /// The bound.
+        /// The client's liveness bound, which `silent` is over.
         bound: Duration,
     },
     /// The session could not be set up again (after the server restarted or forgot it).

@@ -29,7 +29,7 @@ use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
 use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
 use crate::Placement;
 
-/// Request flags.
+/// Bits of [`Request::flags`]; a request with a bit outside [`flags::ALL`] does not decode.
 pub mod flags {
     /// The handler may return `Write`: the message goes to the app's write owner.
     pub const WRITE: u16 = 1;
@@ -64,7 +64,7 @@ pub enum WireError {
         /// Actual length.
         actual: usize,
     },
-    /// Unknown version.
+    /// A version byte other than [`VERSION`].
     #[error("unsupported wire version {0} (expected {VERSION})")]
     Version(u8),
     /// Unknown or unexpected kind.
@@ -77,7 +77,7 @@ pub enum WireError {
         field: &'static str,
         /// Value found.
         value: usize,
-        /// The cap.
+        /// The limit it is over (a wire constant such as `ARGS_CAP` or `MAX_NEXT`).
         limit: usize,
     },
     /// Unknown flag bits, reserved bits set, or an invalid enumeration value.
@@ -137,7 +137,7 @@ impl Descriptors {
         }
     }
 
-    /// The descriptors.
+    /// The descriptors held, in push order (at most [`MAX_NEXT`]).
     pub fn as_slice(&self) -> &[Descriptor] {
         &self.items[..self.len as usize]
     }
@@ -153,10 +153,11 @@ impl Descriptors {
     }
 }
 
-/// An active message.
+/// An active message: a handler of an app to run over the descriptors' ranges; a
+/// continuation also carries the state words and reply bytes of the steps run so far.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
-    /// Application id.
+    /// App whose handler runs; the descriptors' rkeys must name this app's regions.
     pub app: u32,
     /// Handler id (see [`crate::handler_id`]).
     pub handler: u32,
@@ -166,7 +167,7 @@ pub struct Request {
     pub flags: u16,
     /// Steps already run (a continuation resumes after them).
     pub steps: u16,
-    /// Inline args.
+    /// Inline args (at most `ARGS_CAP` bytes), handed unchanged to every step.
     pub args: Bytes,
     /// State words (trailing zero words are not sent).
     pub state: [u64; STATE_WORDS],
@@ -435,7 +436,7 @@ pub fn check_exact(have: usize, expected: usize) -> Result<(), WireError> {
     Ok(())
 }
 
-/// Reply status.
+/// How a request ended, as its reply (or a one-sided completion) says; a `u16` on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "kebab-case")]
 #[repr(u16)]
@@ -519,10 +520,11 @@ pub struct LoadFeedback {
     pub service_ns: u64,
 }
 
-/// A reply.
+/// The answer to one request, from the placement that finished it, with that placement's
+/// load.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reply {
-    /// Application id.
+    /// App of the request it answers, echoed back.
     pub app: u32,
     /// Request id it answers.
     pub request_id: u64,
@@ -531,7 +533,7 @@ pub struct Reply {
     pub status: Status,
     /// Handler error code or detail.
     pub code: u32,
-    /// Steps run.
+    /// Steps run over the message's life, at every placement it visited.
     pub steps: u16,
     /// Where it ran.
     pub placement: Placement,

@@ -3,7 +3,7 @@
 use super::*;
 
 impl Cluster {
-    /// A synchronous client.
+    /// A new synchronous client of this cluster, with its own id and reply channel.
     pub fn client(&self) -> Client {
         let id = self.inner.next_client.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = bounded(64);

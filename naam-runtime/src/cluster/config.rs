@@ -8,13 +8,14 @@ use super::*;
 pub struct RegionSpec {
     /// Name (clients look the rkey up by it).
     pub name: String,
-    /// `ACCESS_*` rights.
+    /// `ACCESS_*` rights handlers get on it (bits outside `ACCESS_MASK` are dropped).
     pub access: u32,
     /// Initial contents (its length is the region size).
     pub contents: Vec<u8>,
 }
 
-/// An app to install.
+/// An app to install: its id, write owner, regions, and the handlers to verify from its
+/// object.
 #[derive(Clone, Debug)]
 pub struct AppSpec {
     /// Id messages name the app by; unique within the cluster (a repeat is refused).
@@ -23,7 +24,7 @@ pub struct AppSpec {
     pub name: String,
     /// Placement applying its writes (Host or Nic).
     pub owner: Placement,
-    /// Its regions.
+    /// Its regions, each under a fresh random rkey unless the region backing gives one.
     pub regions: Vec<RegionSpec>,
     /// The object holding its handlers.
     pub object: Arc<LoadedObject>,
@@ -53,7 +54,7 @@ impl AppSpec {
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub enum PolicyChoice {
-    /// The cost policy.
+    /// The cost policy (expected completion time, with hysteresis and probes).
     Auto(CostPolicyConfig),
     /// Always one placement (reads); writes at their owner.
     Always(Placement),
@@ -91,7 +92,8 @@ impl Default for NicModel {
     }
 }
 
-/// Cluster settings.
+/// Cluster settings; the defaults are one host and one NIC executor, the cost policy and a
+/// 1 ms steering period.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ClusterConfig {
@@ -101,11 +103,11 @@ pub struct ClusterConfig {
     pub nic_executors: usize,
     /// Capacity of each executor queue (back-pressure beyond it).
     pub queue_capacity: usize,
-    /// Steering policy.
+    /// Steering policy the controller runs every `steering_period`.
     pub policy: PolicyChoice,
-    /// NIC emulation.
+    /// How NIC cores are emulated: DMA cost model, core slowdown, busy-waiting.
     pub nic: NicModel,
-    /// Per-message bounds.
+    /// Per-message bounds: the hop limit and torn-read retries.
     pub limits: Limits,
     /// Steering decision period.
     pub steering_period: Duration,
@@ -187,13 +189,14 @@ pub enum ClusterError {
     /// A thread could not be started.
     #[error("starting thread {0}: {1}")]
     Thread(String, std::io::Error),
-    /// Unknown app.
+    /// An owner move named an app this cluster does not have.
     #[error("no app {0}")]
     UnknownApp(u32),
     /// The owner handoff did not drain in time.
     #[error("write owner handoff of app {0} did not drain in-flight writes within {1:?}")]
     HandoffTimeout(u32, Duration),
-    /// Bad configuration.
+    /// Settings that cannot work together (a zero queue capacity, a client write owner, a NIC
+    /// write owner with a remote NIC).
     #[error("invalid configuration: {0}")]
     Config(String),
     /// Region memory could not be provided.

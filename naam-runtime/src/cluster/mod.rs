@@ -323,7 +323,8 @@ pub struct Cluster {
 pub type RegionBackingFn =
     dyn FnMut(u32, &RegionSpec) -> Result<(RegionMemory, Option<u64>), ClusterError>;
 
-/// A boxed [`RegionBackingFn`].
+/// A boxed [`RegionBackingFn`]; without one, a builder backs each region with heap memory
+/// holding its `contents`.
 pub type RegionBacking = Box<RegionBackingFn>;
 
 /// Builds a [`Cluster`].
@@ -365,7 +366,7 @@ impl ClusterBuilder {
         self
     }
 
-    /// Steering policy.
+    /// Sets [`ClusterConfig::policy`].
     pub fn policy(mut self, p: PolicyChoice) -> Self {
         self.config.policy = p;
         self
@@ -518,7 +519,7 @@ impl ClusterBuilder {
 
 /// Apps installed on a server: their regions, handlers, and rkeys by (app, region name).
 pub struct Installed {
-    /// Every region.
+    /// Every registered region, by rkey.
     pub regions: RegionTable,
     /// Every app and handler.
     pub registry: Registry,
@@ -615,7 +616,7 @@ impl Cluster {
         &self.inner.metrics
     }
 
-    /// The congestion injector.
+    /// Takes host executor capacity away for experiments, and gives it back.
     pub fn congestion(&self) -> &CongestionInjector {
         &self.inner.congestion
     }
@@ -744,12 +745,12 @@ impl Cluster {
         &self.inner.registry
     }
 
-    /// Every region.
+    /// The table of every app's regions, by rkey.
     pub fn regions(&self) -> &Arc<RegionTable> {
         &self.inner.regions
     }
 
-    /// The configuration.
+    /// The configuration the cluster was built with.
     pub fn config(&self) -> &ClusterConfig {
         &self.inner.config
     }

@@ -83,12 +83,13 @@ impl EntryAssumptions {
     }
 }
 
-/// The analysis result.
+/// What the pointer analysis decided for every memory access: proven, hinted at a grant
+/// slot, or left to a scan of every grant.
 #[derive(Clone, Debug, Default)]
 pub struct Facts {
     /// Per slot: how to check the access there (`Scan` for slots without one).
     pub checks: Vec<Check>,
-    /// Accesses proven.
+    /// Accesses proven inside their grant, which run with no check.
     pub proven: usize,
     /// Accesses with a hint.
     pub hinted: usize,

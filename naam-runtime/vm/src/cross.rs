@@ -34,7 +34,7 @@ pub enum CrossError {
     /// qemu-aarch64 is missing.
     #[error("cannot start {program}: {reason}; scripts/setup.sh installs qemu-user (or set NAAM_QEMU_AARCH64)")]
     NoQemu {
-        /// The command tried.
+        /// The command tried: `NAAM_QEMU_AARCH64`, else `qemu-aarch64`.
         program: String,
         /// Why it failed.
         reason: String,
@@ -45,7 +45,7 @@ pub enum CrossError {
     /// The harness refused its input or crashed.
     #[error("the aarch64 harness failed ({status}): {stderr}")]
     Harness {
-        /// Exit status.
+        /// Its exit status, as the OS reported it.
         status: String,
         /// What it printed.
         stderr: String,

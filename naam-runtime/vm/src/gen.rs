@@ -137,7 +137,7 @@ impl GenConfig {
 pub struct Generated {
     /// The program (raw memory entry: `r1` = memory, `r2` = its length).
     pub program: Program,
-    /// Initial memory.
+    /// Initial contents of the run's memory (what `r1` points at).
     pub memory: Vec<u8>,
 }
 
@@ -718,7 +718,7 @@ pub struct Outcome {
     pub memory: Vec<u8>,
     /// The eBPF stack afterwards.
     pub stack: Vec<u8>,
-    /// The trace.
+    /// Values the trace helper recorded, in order (at most `TRACE_CAP`).
     pub trace: Vec<u64>,
 }
 
@@ -739,7 +739,7 @@ impl Buffer {
         }
     }
 
-    /// The bytes.
+    /// The buffer's `len` bytes, 8-byte aligned, at the same address on every call.
     pub fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: the u64 storage holds at least `len` bytes.
         unsafe { std::slice::from_raw_parts_mut(self.words.as_mut_ptr().cast::<u8>(), self.len) }

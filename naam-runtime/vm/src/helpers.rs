@@ -21,7 +21,7 @@ pub struct Helper {
     pub id: u32,
     /// Name, for reports.
     pub name: &'static str,
-    /// Entry point.
+    /// Entry point, called with the context, then `r1` to `r5` ([`HelperFn`]).
     pub func: HelperFn,
     /// It may store into memory the handler passed it (stack contents are then unknown).
     pub writes_memory: bool,

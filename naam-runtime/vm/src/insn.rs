@@ -11,7 +11,7 @@ use crate::opcode::*;
 /// One raw instruction slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Insn {
-    /// Opcode byte.
+    /// Opcode byte: the class in bits 0-2, the rest as the class defines (see `opcode`).
     pub op: u8,
     /// Destination register (low nibble of byte 1).
     pub dst: u8,
@@ -142,7 +142,7 @@ pub enum Width {
 /// Second operand of an ALU operation, a comparison or a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Operand {
-    /// A register.
+    /// A register, r0 to r10.
     Reg(u8),
     /// The immediate (sign-extended to 64 bits for 64-bit operations).
     Imm(i32),
@@ -305,7 +305,7 @@ pub enum Op {
         width: Width,
         /// Destination register (r0 to r9).
         dst: u8,
-        /// Source register.
+        /// Register whose low `bits` are sign-extended.
         src: u8,
         /// 8, 16 or 32.
         bits: u8,
@@ -362,30 +362,30 @@ pub enum Op {
         op: AtomicOp,
         /// The old value is written back into `src` (into `r0` for `Cmpxchg`).
         fetch: bool,
-        /// Operand register.
+        /// Register holding the operand: `src` in the [`AtomicOp`] formulas.
         src: u8,
     },
-    /// Unconditional jump.
+    /// Unconditional jump (`ja`, or `ja32` with its displacement in `imm`).
     Ja {
-        /// Target slot.
+        /// Absolute slot index jumped to.
         target: i64,
     },
     /// Conditional jump.
     Jump {
-        /// Comparison width.
+        /// Comparison width (`W32`: `jmp32`, which compares the low halves).
         width: Width,
         /// How `dst` is compared with `src`; the jump is taken when it holds.
         cond: Cond,
-        /// First operand.
+        /// Register on the left of `cond`.
         dst: u8,
-        /// Second operand.
+        /// Register or immediate on the right of `cond`.
         src: Operand,
         /// Target slot when the condition holds.
         target: i64,
     },
     /// Call a helper by static id.
     CallHelper {
-        /// Helper id.
+        /// Helper id; the verifier accepts only ids on its whitelist.
         id: u32,
     },
     /// Call the helper whose id is in a register (`callx`).

@@ -338,7 +338,7 @@ impl InterpCode {
         InterpCode { slots }
     }
 
-    /// Instruction slots.
+    /// Slots, one per slot of the verified program (`lddw`'s second included).
     pub fn len(&self) -> usize {
         self.slots.len()
     }

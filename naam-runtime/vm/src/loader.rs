@@ -70,7 +70,7 @@ pub enum LoadError {
 /// lives in a stable heap allocation for as long as any program refers to it.
 #[derive(Debug)]
 pub struct Rodata {
-    /// Section name.
+    /// Name of the ELF section the data was copied from.
     pub name: String,
     bytes: Box<[u64]>,
     len: usize,
@@ -168,7 +168,7 @@ pub struct LoadedObject {
 }
 
 impl LoadedObject {
-    /// The handler named `name`.
+    /// The handler named `name`; [`LoadError::UnknownHandler`] lists the names present.
     pub fn get(&self, name: &str) -> Result<&Program, LoadError> {
         self.programs
             .iter()

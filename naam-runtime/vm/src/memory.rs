@@ -55,7 +55,7 @@ pub const fn size_index(size: u64) -> usize {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GrantSlot {
-    /// First address.
+    /// Address of the first granted byte (kept even when the slot is empty).
     pub start: u64,
     /// Length in bytes (0: the slot is empty).
     pub len: u64,
@@ -162,21 +162,21 @@ pub mod fault {
 pub struct FaultRecord {
     /// One of [`fault`].
     pub kind: u64,
-    /// Instruction index.
+    /// Slot index of the faulting instruction (0 for an abort).
     pub pc: u64,
     /// Address accessed, helper id or abort code.
     pub addr: u64,
-    /// Access size.
+    /// Access size in bytes (0 for faults that are not memory accesses).
     pub len: u64,
 }
 
 /// Access kinds passed to the slow-path check.
 pub mod access {
-    /// A load.
+    /// A load: needs the read right.
     pub const LOAD: u64 = 0;
-    /// A store.
+    /// A store: needs the write right.
     pub const STORE: u64 = 1;
-    /// An atomic read-modify-write.
+    /// An atomic read-modify-write: needs the write right, like a store.
     pub const ATOMIC: u64 = 2;
 }
 
@@ -197,7 +197,7 @@ pub struct VmCtx {
     pub grants: [GrantSlot; MAX_GRANTS],
     /// Helper entry points by id ([`HelperFn`] addresses; 0 = not installed).
     pub helpers: [u64; HELPER_SLOTS],
-    /// The [`CheckFn`] address.
+    /// Address of the [`CheckFn`] compiled code calls when its inline check misses.
     pub check: u64,
     /// Instructions allowed per invocation.
     pub budget: u64,

@@ -19,11 +19,11 @@ pub const CLASS_LDX: u8 = 0x01;
 pub const CLASS_ST: u8 = 0x02;
 /// Stores of a register, and atomic operations.
 pub const CLASS_STX: u8 = 0x03;
-/// 32-bit arithmetic.
+/// 32-bit arithmetic: results are zero-extended into the 64-bit register.
 pub const CLASS_ALU: u8 = 0x04;
 /// 64-bit jumps, calls and exit.
 pub const CLASS_JMP: u8 = 0x05;
-/// 32-bit jumps.
+/// 32-bit jumps: conditions compare the operands' low 32 bits.
 pub const CLASS_JMP32: u8 = 0x06;
 /// 64-bit arithmetic.
 pub const CLASS_ALU64: u8 = 0x07;
@@ -149,9 +149,9 @@ pub const ATOMIC_XCHG: i32 = 0xe0 | ATOMIC_FETCH;
 /// Atomic compare-and-exchange against `r0` (always fetches into `r0`).
 pub const ATOMIC_CMPXCHG: i32 = 0xf0 | ATOMIC_FETCH;
 
-/// `lddw`.
+/// `lddw`: a 64-bit immediate load over two slots.
 pub const LDDW: u8 = CLASS_LD | SIZE_DW | MODE_IMM;
-/// `exit`.
+/// `exit`: return from the current function with `r0`.
 pub const EXIT: u8 = CLASS_JMP | JMP_EXIT;
 /// `call` (helper or local).
 pub const CALL: u8 = CLASS_JMP | JMP_CALL;

@@ -96,7 +96,7 @@ impl fmt::Display for Violation {
     }
 }
 
-/// Verifier settings.
+/// What the verifier accepts: at most `max_insns` slots, calling only `helpers`.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct VerifierConfig {
@@ -125,7 +125,7 @@ impl VerifierConfig {
 /// What a passing program looks like, for reports.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Verdict {
-    /// Instruction slots.
+    /// Slots in the linked program (`lddw` counts two).
     pub insns: usize,
     /// Function count (entry included).
     pub functions: usize,
@@ -140,13 +140,13 @@ pub struct Verdict {
 /// The verified structure engines compile from.
 #[derive(Clone, Debug)]
 pub struct Checked {
-    /// Raw slots.
+    /// The linked program's raw slots, indexed like `ops`.
     pub insns: Vec<Insn>,
     /// Decoded instruction at each slot (`None` for the second slot of `lddw`).
     pub ops: Vec<Option<Op>>,
     /// Function bodies `[start, end)`, sorted; the entry is the first.
     pub functions: Vec<(usize, usize)>,
-    /// The report.
+    /// The summary of the passing program (size, functions, helpers, loops), for reports.
     pub verdict: Verdict,
 }
 

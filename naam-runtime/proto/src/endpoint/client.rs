@@ -44,7 +44,7 @@ pub struct ClientConfig {
     pub server: SocketAddr,
     /// The tenant the client authenticates as: an app's name, the operator, or the NIC.
     pub tenant: String,
-    /// The tenant's credential.
+    /// The tenant's secret: it makes the handshake proof and the session key, and is never sent.
     pub credential: Credential,
     /// First retransmission timeout of an exchange; it doubles on every resend.
     pub rto: Nanos,
@@ -91,7 +91,7 @@ pub enum ConnectError {
     /// The server refused, or the handshake could not start.
     #[error("naam-server at {server} refused: {message}")]
     Refused {
-        /// The address.
+        /// The server's address ([`ClientConfig::server`]).
         server: SocketAddr,
         /// The server's refusal text, or the local reason: authentication turned off for a
         /// server not on loopback, a handshake that could not be set up, or an unexpected answer.
@@ -140,14 +140,14 @@ pub enum ClientEvent {
     /// Exchange `id` was answered with `message` (a reply, a completion or a control
     /// message, unsealed).
     Answered {
-        /// The exchange.
+        /// The id that [`ClientEndpoint::request`], `read` or `query` returned.
         id: u64,
-        /// The answer.
+        /// The answer's inner message, unsealed but not decoded.
         message: Bytes,
     },
     /// Exchange `id` ended without an answer.
     Failed {
-        /// The exchange.
+        /// The id that [`ClientEndpoint::request`], `read` or `query` returned.
         id: u64,
         /// Why it ended. The exchange is forgotten: a late reply or completion for `id` is
         /// dropped.
@@ -445,7 +445,7 @@ impl ClientEndpoint {
         self.transmits.pop_front()
     }
 
-    /// The next event.
+    /// The oldest event not yet taken, if any.
     pub fn poll_event(&mut self) -> Option<ClientEvent> {
         self.events.pop_front()
     }

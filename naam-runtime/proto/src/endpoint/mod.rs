@@ -32,7 +32,8 @@ use bytes::Bytes;
 /// A datagram an endpoint wants sent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transmit {
-    /// Where to.
+    /// Destination: the server, the NIC's one-sided agent, a session's client, or a peer in the
+    /// middle of a handshake.
     pub to: SocketAddr,
     /// The id of the message inside, so that a driver which fragments can name the fragments
     /// (0 when none applies).

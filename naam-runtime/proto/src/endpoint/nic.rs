@@ -66,7 +66,8 @@ pub struct NicConfig {
     /// Where this NIC takes forwarded requests and one-sided operations (an unspecified IP:
     /// as the server sees it).
     pub advertise: SocketAddr,
-    /// The pairing secret.
+    /// The credential naam-nic pairs with, as tenant [`crate::session::NIC_TENANT`]; the
+    /// server must be configured with the same one.
     pub pairing: Credential,
     /// Datagram authentication (must match the server's).
     pub authentication: Authentication,
@@ -144,7 +145,7 @@ impl NicStats {
 pub enum NicEvent {
     /// Paired with the server start `epoch`.
     Paired {
-        /// The server start.
+        /// The server start's epoch, as its welcome gave it.
         epoch: u64,
     },
     /// A pairing could not start (no randomness); retried.
@@ -155,7 +156,7 @@ pub enum NicEvent {
     Unpaired,
     /// The server restarted: its regions are mapped anew.
     Remapped {
-        /// The new server start.
+        /// The restarted server's epoch, whose regions are now mapped.
         epoch: u64,
     },
     /// Mapping the restarted server's regions failed (retried).
@@ -254,7 +255,7 @@ impl<B: NicBackend> NicEndpoint<B> {
         nic
     }
 
-    /// The NIC side.
+    /// The NIC backend: its executors and mapped memory.
     pub fn backend(&self) -> &B {
         &self.backend
     }
@@ -296,7 +297,7 @@ impl<B: NicBackend> NicEndpoint<B> {
         self.transmits.pop_front()
     }
 
-    /// The next event.
+    /// The oldest event not yet taken, if any.
     pub fn poll_event(&mut self) -> Option<NicEvent> {
         self.events.pop_front()
     }

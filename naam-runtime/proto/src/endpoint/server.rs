@@ -36,7 +36,7 @@ const EXPIRY_PERIOD: Nanos = 1_000_000_000;
 /// Where the answers of one session go: its address, sealed with its key.
 #[derive(Clone, Debug)]
 pub struct Channel {
-    /// The session's peer.
+    /// The address the session was set up from; nothing of the session goes elsewhere.
     pub to: SocketAddr,
     /// Seals in the session, as the server (or as the NIC, on the NIC's copy).
     pub sealer: Arc<Sealer>,
@@ -92,7 +92,7 @@ impl Inadmissible {
 pub trait SwitchHandle: Send + Sync {
     /// What it is, for logs and answers.
     fn describe(&self) -> String;
-    /// Its counters.
+    /// Messages it left for the host or steered to the NIC so far, or why they cannot be read.
     fn counters(&self) -> Result<SwitchCounters, String>;
     /// Pins the NIC share of every read handler (per mille), or returns to the weights.
     fn pin_nic_share(&self, permille: Option<u32>);
@@ -379,7 +379,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         })
     }
 
-    /// The host side.
+    /// The host backend: executors, registry and steering state.
     pub fn backend(&self) -> &B {
         &self.backend
     }

@@ -30,7 +30,7 @@ pub enum CredentialError {
     Permissions {
         /// The file.
         path: PathBuf,
-        /// Its mode bits.
+        /// Its permission bits (`mode & 0o777`); any of `0o077` set is refused.
         mode: u32,
     },
     /// The system's random source failed.

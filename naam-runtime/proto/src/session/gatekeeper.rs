@@ -102,9 +102,9 @@ impl Role {
 pub struct TenantEntry {
     /// The name a hello gives.
     pub name: String,
-    /// The credential.
+    /// The secret a handshake's proof must be made with to get this entry's role.
     pub credential: Credential,
-    /// The role.
+    /// What a session proving this credential may do.
     pub role: Role,
 }
 
@@ -151,7 +151,7 @@ pub fn tenant_entries(
 /// A session the server knows.
 #[derive(Debug)]
 pub struct Session {
-    /// Its id.
+    /// Its id: random and never 0, drawn when its `Auth` checked.
     pub id: u64,
     /// What it may do.
     pub role: Arc<Role>,
@@ -219,9 +219,9 @@ pub struct Gatekeeper {
 /// What [`Gatekeeper::open`] found in a sealed message.
 #[derive(Debug)]
 pub struct Opened<'a> {
-    /// The session.
+    /// The session the envelope named; its tag, sender, peer and packet number checked.
     pub session: &'a Session,
-    /// The inner message.
+    /// The inner message, unsealed but not decoded.
     pub inner: Bytes,
 }
 
@@ -256,7 +256,7 @@ impl Gatekeeper {
         self.epoch
     }
 
-    /// Sessions held.
+    /// Sessions held, every tenant's (idle ones until [`Gatekeeper::expire`] runs).
     pub fn len(&self) -> usize {
         self.sessions.len()
     }
@@ -266,12 +266,12 @@ impl Gatekeeper {
         self.sessions.is_empty()
     }
 
-    /// The session `id`.
+    /// The session with id `id`, unless it expired, was evicted or never was.
     pub fn session(&self, id: u64) -> Option<&Session> {
         self.sessions.get(&id)
     }
 
-    /// Every session.
+    /// Every session held, in no particular order.
     pub fn sessions(&self) -> impl Iterator<Item = &Session> {
         self.sessions.values()
     }

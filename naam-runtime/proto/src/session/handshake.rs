@@ -23,17 +23,17 @@ impl ClientHandshake {
         })
     }
 
-    /// The tenant name.
+    /// The tenant name the hello and the `Auth` carry.
     pub fn tenant(&self) -> &str {
         &self.tenant
     }
 
-    /// The client nonce.
+    /// The client nonce, fresh for this handshake (the hello carries it).
     pub fn nonce(&self) -> [u8; NONCE_LEN] {
         self.nonce
     }
 
-    /// The credential.
+    /// The credential the proof and the session key are derived from.
     pub fn credential(&self) -> &Credential {
         &self.credential
     }

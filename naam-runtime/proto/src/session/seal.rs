@@ -7,9 +7,9 @@ use super::*;
 /// The two fresh nonces of one handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HandshakeNonces {
-    /// The client's.
+    /// The client's, sent in its hello.
     pub client: [u8; NONCE_LEN],
-    /// The server's.
+    /// The server's, sent in its challenge.
     pub server: [u8; NONCE_LEN],
 }
 
@@ -36,7 +36,7 @@ pub enum SealError {
     Replay {
         /// The session id the replayed message names.
         session: u64,
-        /// Packet number.
+        /// The packet number, already accepted or too far behind the newest.
         packet: u64,
     },
     /// The session belongs to another address.
@@ -44,7 +44,7 @@ pub enum SealError {
     WrongPeer {
         /// The session id the message names.
         session: u64,
-        /// Its address.
+        /// The address the session was set up from.
         owner: SocketAddr,
         /// Where the message came from.
         from: SocketAddr,
@@ -59,11 +59,11 @@ pub enum SealError {
 pub struct SealedHeader {
     /// Who sealed it.
     pub sender: Sender,
-    /// The tenant tag.
+    /// [`Credential::tag`] of the session's credential, as the sender claims it.
     pub tenant_tag: u32,
-    /// The session.
+    /// The session id the sender names.
     pub session: u64,
-    /// The packet number.
+    /// The sender's packet number (from 1, never reused), for the receiver's replay window.
     pub packet: u64,
 }
 
@@ -150,12 +150,12 @@ impl SessionKey {
         self
     }
 
-    /// The session id.
+    /// The session id (random and never 0, chosen by the server's gatekeeper).
     pub fn session(&self) -> u64 {
         self.id
     }
 
-    /// The tenant tag.
+    /// [`Credential::tag`] of the session's credential; every envelope it seals carries it.
     pub fn tenant_tag(&self) -> u32 {
         self.tenant_tag
     }
@@ -286,7 +286,7 @@ impl Sealer {
         self.key.seal(self.sender, n, inner)
     }
 
-    /// The key.
+    /// The key of the session it seals for.
     pub fn key(&self) -> &Arc<SessionKey> {
         &self.key
     }

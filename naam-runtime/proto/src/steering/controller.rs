@@ -27,11 +27,11 @@ pub struct HandlerView {
 /// One app as the controller needs to know it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppView {
-    /// Its id.
+    /// App id: the first half of every [`HandlerKey`] decided for it.
     pub id: u32,
     /// Where its writes are applied now (`None`: it has no write owner).
     pub owner: Option<Placement>,
-    /// Its handlers.
+    /// Every handler of the app: each gets weights, and the owner is decided from all of them.
     pub handlers: Vec<HandlerView>,
 }
 

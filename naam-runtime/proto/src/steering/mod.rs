@@ -78,7 +78,7 @@ impl Ewma {
         (self.samples > 0).then_some(self.value)
     }
 
-    /// Samples seen.
+    /// Samples added so far, clipped ones included ([`Ewma::set`] makes it at least 1).
     pub fn samples(&self) -> u64 {
         self.samples
     }
@@ -99,7 +99,7 @@ pub struct RemoteHandler {
     pub handler: u32,
     /// Service-time average, nanoseconds.
     pub service_ns: f64,
-    /// Steps average.
+    /// Steps-per-message average at the reporting placement (1.0 when never measured).
     pub steps: f64,
     /// Messages completed since the last report.
     pub completions: u64,
@@ -129,7 +129,8 @@ pub type HandlerKey = (u32, u32);
 /// Load of one placement as the controller sees it after a period.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct PlacementLoad {
-    /// Messages waiting.
+    /// Messages queued: the driver's live count when it holds the queue, else the last one seen
+    /// or reported.
     pub queue_depth: u32,
     /// Queueing-delay EWMA, nanoseconds.
     pub queue_delay_ns: f64,
@@ -142,7 +143,7 @@ pub struct PlacementLoad {
     pub mean_service_ns: Option<f64>,
 }
 
-/// Per-handler signals.
+/// One (app, handler)'s signals over every placement, as a policy decides from them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct HandlerLoad {
     /// Service-time EWMA per placement (index [`Placement::index`]), nanoseconds.
@@ -178,7 +179,7 @@ impl Weights {
         Weights(w)
     }
 
-    /// The weight of `p`.
+    /// The fraction of the handler's messages sent to `p`, in 0..=1.
     pub fn of(&self, p: Placement) -> f64 {
         self.0[p.index()]
     }

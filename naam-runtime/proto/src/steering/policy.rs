@@ -9,7 +9,8 @@ use super::{HandlerKey, HandlerLoad, SteeringInputs, Weights};
 use crate::Nanos;
 use crate::Placement;
 
-/// A steering policy.
+/// How load signals become weights: [`crate::steering::Controller::tick`] asks it for every
+/// decided handler's weights, and for the write owner of every app that has one.
 pub trait Policy: Send {
     /// Name, for reports.
     fn name(&self) -> String;

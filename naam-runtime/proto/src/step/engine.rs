@@ -73,9 +73,10 @@ impl<'a> Grant<'a> {
 /// The inputs of one step.
 #[derive(Clone, Debug, Default)]
 pub struct Invocation<'a> {
-    /// Application id.
+    /// App of the message, copied into the handler's context (naam-vm wipes context and stack
+    /// when it changes).
     pub app: u32,
-    /// Request id.
+    /// Id of the request being run, copied into the handler's context.
     pub request_id: u64,
     /// Step index, counted from 0 over the whole message (across placements).
     pub step: u32,
@@ -94,7 +95,7 @@ pub struct Invocation<'a> {
 /// What a finished step left in the engine, borrowed from it until it runs again.
 #[derive(Clone, Copy, Debug)]
 pub struct StepResult<'a> {
-    /// Raw r0.
+    /// r0 as the handler left it at `exit`, before decoding into a [`Return`].
     pub return_code: u64,
     /// Decoded r0, if it is a valid [`Return`].
     pub ret: Option<Return>,

@@ -46,7 +46,7 @@ pub enum ResolveError {
     AccessDenied {
         /// Rights asked for.
         need: u32,
-        /// Rights granted.
+        /// `ACCESS_*` rights the region grants.
         have: u32,
     },
 }
@@ -115,7 +115,7 @@ pub enum FetchError {
     /// A remote agent refused the access (its status and message).
     #[error("the one-sided agent refused the access ({status:?}): {message}")]
     Refused {
-        /// The agent's status.
+        /// The status of the agent's completion.
         status: Status,
         /// The agent's error text, or why its answer was unusable (malformed, wrong length).
         message: String,

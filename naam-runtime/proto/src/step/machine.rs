@@ -52,7 +52,7 @@ pub const MAX_RETRY_BACKOFF_NS: u64 = 1_000_000;
 pub struct WriteRequest {
     /// Descriptor of the target segment (as the message granted it).
     pub target: Descriptor,
-    /// `write_kind::*`.
+    /// One of `write_kind::STORE`, `CAS` or `FAA`.
     pub kind: u32,
     /// Offset inside the target segment.
     pub offset: u32,
@@ -93,7 +93,7 @@ pub enum Action {
 /// How a message ended, at whichever placement ran it (the reply is built from it).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Outcome {
-    /// Its status.
+    /// How it ended: `Ok`, or the error that `code` and `payload` detail.
     pub status: Status,
     /// The handler's error code (`HandlerError`), abort code (`Aborted`), or 0.
     pub code: u32,
@@ -199,7 +199,7 @@ impl StepMachine {
         self.app
     }
 
-    /// The request id.
+    /// Id of the request being run, as it arrived (also its write batches' dedup key).
     pub fn request_id(&self) -> u64 {
         self.request_id
     }

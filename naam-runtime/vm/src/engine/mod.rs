@@ -131,15 +131,15 @@ pub enum EngineError {
     /// The verifier rejected the program.
     #[error("handler `{name}` rejected by the verifier: {violation}")]
     Rejected {
-        /// Handler name.
+        /// [`Program::name`]: the handler's section name without `naam/`.
         name: String,
-        /// The violation.
+        /// The rule broken, with the slot and the reason.
         violation: Violation,
     },
     /// The JIT could not compile it.
     #[error("the jit cannot compile `{name}`: {source}")]
     Jit {
-        /// Handler name.
+        /// [`Program::name`]: the handler's section name without `naam/`.
         name: String,
         /// The compiler's error. The target ISA is set up once per process, so an ISA error
         /// repeats for every handler.
@@ -158,19 +158,19 @@ pub enum VmError {
         out_of_bounds_reason(kind)
     )]
     OutOfBounds {
-        /// Instruction index.
+        /// Slot index of the faulting instruction.
         pc: usize,
         /// "load", "store" or "atomic".
         kind: &'static str,
-        /// Address accessed.
+        /// First byte the access would touch (base register plus offset).
         addr: u64,
-        /// Access size.
+        /// Access size in bytes: 1, 2, 4 or 8.
         len: u64,
     },
     /// An atomic operation at an address that is not a multiple of its size.
     #[error("insn {pc}: atomic operation of {len} bytes at misaligned address {addr:#x}")]
     Misaligned {
-        /// Instruction index.
+        /// Slot index of the atomic instruction.
         pc: usize,
         /// The address the atomic targeted (base register plus offset): not a multiple of `len`.
         addr: u64,
@@ -180,27 +180,27 @@ pub enum VmError {
     /// The handler called the abort helper (a panic, or an explicit abort).
     #[error("handler aborted with code {code}{}", if *.code == naam_ebpf::abi::abort_code::PANIC { " (panic)" } else { "" })]
     Aborted {
-        /// The abort code.
+        /// The code the handler passed to abort (`abort_code::PANIC` for a panic).
         code: u64,
     },
     /// The instruction budget ran out.
     #[error("budget exhausted: the step ran more than {limit} instructions (a loop that does not end, or a budget too small for the app)")]
     Budget {
-        /// The budget.
+        /// The instruction budget per invocation ([`Executable::budget`]).
         limit: u64,
     },
     /// Local calls nested deeper than the stack has frames.
     #[error("insn {pc}: calls nested deeper than {MAX_CALL_DEPTH} frames")]
     CallDepth {
-        /// Instruction index.
+        /// Slot index of the call that would nest too deep.
         pc: usize,
     },
     /// A call to a helper id nobody implements.
     #[error("insn {pc}: unknown helper {id}")]
     UnknownHelper {
-        /// Instruction index.
+        /// Slot index of the call.
         pc: usize,
-        /// Helper id.
+        /// The helper id called (static, or read from `callx`'s register).
         id: u64,
     },
     /// The engine itself failed (an aarch64 run could not start, for example).
@@ -397,7 +397,7 @@ impl Executable {
         })
     }
 
-    /// Handler name.
+    /// Handler name: its section name without `naam/`.
     pub fn name(&self) -> &str {
         &self.name
     }
@@ -407,7 +407,7 @@ impl Executable {
         self.engine
     }
 
-    /// The verifier's verdict.
+    /// The verifier's summary of the program (size, functions, helpers, loops).
     pub fn verdict(&self) -> &Verdict {
         &self.checked.verdict
     }
@@ -480,7 +480,7 @@ pub enum StepError {
 /// What one step produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StepOutput {
-    /// Raw r0.
+    /// r0 as the handler left it at `exit`, before decoding.
     pub return_code: u64,
     /// Decoded r0, if it is a valid [`Return`].
     pub ret: Option<Return>,
@@ -493,9 +493,9 @@ pub struct StepOutput {
 /// What a raw run produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RawOutput {
-    /// Final r0.
+    /// r0 at the entry function's `exit`.
     pub r0: u64,
-    /// Instructions executed.
+    /// Instructions executed (both engines count identically).
     pub insns: u64,
 }
 
@@ -524,7 +524,7 @@ impl Default for Vm {
 }
 
 impl Vm {
-    /// A fresh VM.
+    /// A VM with a zeroed stack and a fresh context, bound to no app yet.
     pub fn new() -> Vm {
         let mut vm = Vm {
             cross_check: None,

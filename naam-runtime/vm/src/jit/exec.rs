@@ -81,7 +81,7 @@ pub struct HostCode {
     entry: usize,
     /// What was compiled.
     pub compiled_len: usize,
-    /// Compile time.
+    /// Time spent in translation and code generation ([`Compiled::compile_time`]).
     pub compile_time: Duration,
 }
 
@@ -105,7 +105,7 @@ impl HostCode {
         })
     }
 
-    /// The entry function.
+    /// The entry function; its code is unmapped when `self` drops.
     pub fn entry(&self) -> EntryFn {
         let _ = &self.mem;
         // SAFETY: `entry` is the address of the entry function Cranelift compiled with the

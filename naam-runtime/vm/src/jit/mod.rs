@@ -83,9 +83,9 @@ pub enum JitError {
     /// Cranelift refused the generated function (a bug in the translation).
     #[error("function {function} (at insn {start}): code generation failed: {reason}")]
     Codegen {
-        /// Function index.
+        /// Index of the eBPF function (0 is the entry).
         function: usize,
-        /// Its first instruction.
+        /// Slot of its first instruction.
         start: usize,
         /// Cranelift's message.
         reason: String,
