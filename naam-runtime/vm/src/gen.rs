@@ -709,7 +709,7 @@ pub fn options(engine: EngineKind) -> ExecOptions {
 
 /// Everything observable about one run.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outcome {
+pub struct Observed {
     /// `r0`, or the fault.
     pub result: Result<u64, VmError>,
     /// Instructions executed (runs that ended normally).
@@ -747,7 +747,7 @@ impl Buffer {
 }
 
 /// Runs `exe` on `vm` over `buffer` filled with `memory` (the stack is cleared first).
-pub fn run(vm: &mut Vm, exe: &Executable, memory: &[u8], buffer: &mut Buffer) -> Outcome {
+pub fn run(vm: &mut Vm, exe: &Executable, memory: &[u8], buffer: &mut Buffer) -> Observed {
     let mem = buffer.bytes();
     mem.copy_from_slice(memory);
     vm.clear_stack();
@@ -756,7 +756,7 @@ pub fn run(vm: &mut Vm, exe: &Executable, memory: &[u8], buffer: &mut Buffer) ->
         Err(StepError::Vm(e)) => (Err(e), None),
         Err(e) => (Err(VmError::Engine(e.to_string())), None),
     };
-    Outcome {
+    Observed {
         result,
         insns,
         memory: mem.to_vec(),
@@ -766,7 +766,7 @@ pub fn run(vm: &mut Vm, exe: &Executable, memory: &[u8], buffer: &mut Buffer) ->
 }
 
 /// What differs between two outcomes, if anything.
-pub fn compare(a: &Outcome, b: &Outcome) -> Result<(), String> {
+pub fn compare(a: &Observed, b: &Observed) -> Result<(), String> {
     let mut diffs = Vec::new();
     if a.result != b.result {
         diffs.push(format!("result {:?} vs {:?}", a.result, b.result));
@@ -795,7 +795,7 @@ pub fn compare(a: &Outcome, b: &Outcome) -> Result<(), String> {
 /// memory have the same addresses) and compares everything observable. `Ok(None)` when the
 /// verifier refuses the program (a generator bug, reported by the tests), `Ok(Some(outcome))`
 /// when both engines agree.
-pub fn check(g: &Generated) -> Result<Option<Outcome>, String> {
+pub fn check(g: &Generated) -> Result<Option<Observed>, String> {
     let Ok(interp) = Executable::build(&g.program, &options(EngineKind::Interp)) else {
         return Ok(None);
     };

@@ -140,7 +140,7 @@ fn aarch64_agrees(g: &Generated, what: &str) {
     let stack_after = out.regions[image.slot_region[naam_vm::memory::slot::STACK].unwrap()]
         .clone()
         .unwrap();
-    let arm = gen::Outcome {
+    let arm = gen::Observed {
         insns: result.is_ok().then_some(out.state.executed),
         result,
         memory: memory_after,
