@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::memnet::{MemoryNet, ServedPort, Service};
-use super::server::Replies;
+use super::server::{wait_until_idle, Replies};
 use super::socket::{Inbound, Sender, Socket, DEFAULT_DATAGRAM};
 use crate::cluster::Cluster;
 use crate::onesided;
@@ -354,10 +354,9 @@ impl InlineNic {
     /// [`NicOptions`]) until queued work is answered, then closes the port.
     pub fn stop(self) -> NicStats {
         self.service.with(|s| s.endpoint.start_drain());
-        let deadline = Instant::now() + self.drain;
-        while !self.service.lock().endpoint.backend().replies.idle() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until_idle(self.drain, || {
+            self.service.lock().endpoint.backend().replies.idle()
+        });
         self.stats()
     }
 }

@@ -386,10 +386,18 @@ impl InlineServer {
     /// [`ServerOptions`]) until the queued ones are answered, then closes the port.
     pub fn stop(self) -> ServerStats {
         self.service.lock().endpoint.start_drain();
-        let deadline = Instant::now() + self.drain;
-        while !self.service.lock().endpoint.backend().replies.idle() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_until_idle(self.drain, || {
+            self.service.lock().endpoint.backend().replies.idle()
+        });
         self.stats()
+    }
+}
+
+/// Waits, at most `drain`, until `idle` says every queued request has been answered (an
+/// inline endpoint's stop: no loop of its own to do it in).
+pub(crate) fn wait_until_idle(drain: Duration, mut idle: impl FnMut() -> bool) {
+    let deadline = Instant::now() + drain;
+    while !idle() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
