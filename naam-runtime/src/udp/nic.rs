@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::memnet::{MemoryNet, ServedPort, Service};
-use super::server::{wait_until_idle, Replies};
-use super::socket::{Inbound, Sender, Socket, DEFAULT_DATAGRAM};
+use super::server::{wait_until_idle, InlineState, Replies};
+use super::socket::{Sender, Socket, DEFAULT_DATAGRAM};
 use crate::cluster::Cluster;
 use crate::onesided;
 use crate::{Clock, SystemClock};
@@ -237,11 +237,7 @@ struct InlineNicHost {
     report_every: Nanos,
 }
 
-struct InlineNicState {
-    endpoint: NicEndpoint<NicHost<Remap>>,
-    inbound: Inbound,
-    next_publish: Nanos,
-}
+type InlineNicState = InlineState<NicEndpoint<NicHost<Remap>>>;
 
 /// What the endpoint asked for while it was held: datagrams to send and events to log.
 type Pending = (Vec<Transmit>, Vec<NicEvent>);
@@ -315,11 +311,7 @@ pub fn serve_nic_inline(
         let replies = Sender::memory(net, local, DEFAULT_DATAGRAM);
         let endpoint = nic_endpoint(start, replies, &options, local, clock.now(), remap)?;
         Ok(Arc::new(InlineNicHost {
-            state: Mutex::new(InlineNicState {
-                endpoint,
-                inbound: Inbound::new(),
-                next_publish: 0,
-            }),
+            state: InlineState::new(endpoint),
             clock,
             sender: Sender::memory(net, local, DEFAULT_DATAGRAM),
             server: options.server,

@@ -278,10 +278,24 @@ struct InlineHost {
     telemetry: Arc<super::telemetry::Telemetry>,
 }
 
-struct InlineHostState {
-    endpoint: ServerEndpoint<ClusterHost>,
-    inbound: Inbound,
-    next_publish: Nanos,
+type InlineHostState = InlineState<ServerEndpoint<ClusterHost>>;
+
+/// What an inline service holds under its lock: the endpoint, its receive step (fragments,
+/// reassembly) and when its counters are next published for `--metrics`.
+pub(crate) struct InlineState<E> {
+    pub(crate) endpoint: E,
+    pub(crate) inbound: Inbound,
+    pub(crate) next_publish: Nanos,
+}
+
+impl<E> InlineState<E> {
+    pub(crate) fn new(endpoint: E) -> Mutex<InlineState<E>> {
+        Mutex::new(InlineState {
+            endpoint,
+            inbound: Inbound::new(),
+            next_publish: 0,
+        })
+    }
 }
 
 impl InlineHost {
@@ -354,11 +368,7 @@ pub fn serve_host_inline(
             clock.now(),
         )?;
         Ok(Arc::new(InlineHost {
-            state: Mutex::new(InlineHostState {
-                endpoint,
-                inbound: Inbound::new(),
-                next_publish: 0,
-            }),
+            state: InlineState::new(endpoint),
             clock,
             sender: Sender::memory(net, local, DEFAULT_DATAGRAM),
             telemetry: options.telemetry.clone(),
