@@ -180,7 +180,8 @@ pub struct Socket {
 
 /// What a receiver does with each datagram: loss injection, fragment decoding, reassembly, and
 /// the counters of all three. A [`Socket`] has one, and so does a service bound in a
-/// [`MemoryNet`], which takes its datagrams without a socket.
+/// [`MemoryNet`], which takes its datagrams without a socket. A socket keeps its send counters
+/// in the same [`SocketStats`], so that one copy describes the whole socket.
 pub(crate) struct Inbound {
     reassembler: Reassembler<SocketAddr>,
     stats: SocketStats,
