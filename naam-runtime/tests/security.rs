@@ -311,7 +311,12 @@ fn answers_to_unproven_peers_stay_within_the_amplification_limit(d: &mut Deploym
         (b"{}".to_vec(), false),
         // A malformed control message gets a short error, within the limit.
         (
-            vec![1, 5, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, b'x'],
+            {
+                use naam_proto::kind::{CONTROL, VERSION};
+                vec![
+                    VERSION, CONTROL, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, b'x',
+                ]
+            },
             true,
         ),
         (
