@@ -51,7 +51,7 @@ pub struct InProcessDeployment {
     /// The socket drivers' threads (kernel UDP).
     threads: Vec<JoinHandle<()>>,
     /// The endpoints bound inline (in-memory network).
-    inline: Option<InlineServer>,
+    inline_server: Option<InlineServer>,
     inline_nic: Option<InlineNic>,
     shm: PathBuf,
 }
@@ -74,7 +74,7 @@ impl InProcessDeployment {
         options.authentication = plan.authentication;
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
         let stop = Arc::new(AtomicBool::new(false));
-        let (server, threads, inline) = match &plan.network {
+        let (server, threads, inline_server) = match &plan.network {
             Some(net) => match udp::serve_host_inline(cluster, net, loopback, options) {
                 Ok(s) => (s.addr(), Vec::new(), Some(s)),
                 Err(e) => {
@@ -110,7 +110,7 @@ impl InProcessDeployment {
             network: plan.network,
             stop: stop.clone(),
             threads,
-            inline,
+            inline_server,
             inline_nic: None,
             shm,
         };
@@ -200,7 +200,7 @@ impl InProcessDeployment {
         if let Some(nic) = self.inline_nic.take() {
             nic.stop();
         }
-        if let Some(server) = self.inline.take() {
+        if let Some(server) = self.inline_server.take() {
             server.stop();
         }
         self.stop.store(true, Ordering::SeqCst);
