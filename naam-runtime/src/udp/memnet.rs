@@ -52,13 +52,14 @@ const MAX_TIMER_SLEEP: Duration = Duration::from_millis(1);
 
 type Datagram = (SocketAddr, Bytes);
 
-/// What serves a port in the sending thread (see the module documentation).
+/// What serves a port in the sending thread (see the module documentation). A service that
+/// answers holds its own [`super::Sender`] into the network.
 pub(crate) trait Service: Send + Sync {
     /// Takes one datagram from `from`, in the sender's thread.
-    fn deliver(&self, net: &MemoryNet, from: SocketAddr, datagram: Bytes);
+    fn deliver(&self, from: SocketAddr, datagram: Bytes);
     /// Fires the timers that are due and says how long until the next one (`None`: none
     /// armed). Called from the port's timer thread.
-    fn tick(&self, net: &MemoryNet) -> Option<Duration>;
+    fn tick(&self) -> Option<Duration>;
 }
 
 enum Port {
@@ -204,12 +205,12 @@ impl MemoryNet {
         };
         let service: Arc<dyn Service> = made.clone();
         let stop = Arc::new(AtomicBool::new(false));
-        let (net, halt) = (self.clone(), stop.clone());
+        let halt = stop.clone();
         let timers = std::thread::Builder::new()
             .name(format!("naam-timers-{addr}"))
             .spawn(move || {
                 while !halt.load(Ordering::Acquire) {
-                    let wait = service.tick(&net).unwrap_or(MAX_TIMER_SLEEP);
+                    let wait = service.tick().unwrap_or(MAX_TIMER_SLEEP);
                     std::thread::sleep(wait.min(MAX_TIMER_SLEEP));
                 }
             });
@@ -247,23 +248,30 @@ impl MemoryNet {
                 Some(Port::Service(s)) => s.clone(),
             }
         };
-        let nested = DELIVERING.with(|d| match d.borrow_mut().as_mut() {
-            Some(pending) => {
-                pending.push_back((service.clone(), from, datagram.clone()));
-                true
+        // Inside another delivery: queue it for that delivery's loop. Otherwise this thread
+        // starts one.
+        let outermost = DELIVERING.with(|d| {
+            let mut d = d.borrow_mut();
+            match d.as_mut() {
+                Some(pending) => {
+                    pending.push_back((service, from, datagram));
+                    None
+                }
+                None => {
+                    *d = Some(VecDeque::new());
+                    Some((service, datagram))
+                }
             }
-            None => false,
         });
-        if nested {
+        let Some((service, datagram)) = outermost else {
             return true;
-        }
-        DELIVERING.with(|d| *d.borrow_mut() = Some(VecDeque::new()));
+        };
         let _guard = DeliveryGuard;
-        service.deliver(self, from, datagram);
+        service.deliver(from, datagram);
         while let Some((s, from, d)) =
             DELIVERING.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
         {
-            s.deliver(self, from, d);
+            s.deliver(from, d);
         }
         true
     }
@@ -381,10 +389,11 @@ mod tests {
         deepest: AtomicUsize,
         ticks: AtomicUsize,
         panic_on: Mutex<Option<Bytes>>,
+        net: MemoryNet,
     }
 
     impl Service for Echo {
-        fn deliver(&self, net: &MemoryNet, from: SocketAddr, datagram: Bytes) {
+        fn deliver(&self, from: SocketAddr, datagram: Bytes) {
             let depth = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
             self.deepest.fetch_max(depth, Ordering::SeqCst);
             if self.panic_on.lock().unwrap().as_ref() == Some(&datagram) {
@@ -401,13 +410,13 @@ mod tests {
                 let left = self.budget.load(Ordering::SeqCst);
                 if left > 0 {
                     self.budget.store(left - 1, Ordering::SeqCst);
-                    assert!(net.send(me, to, datagram));
+                    assert!(self.net.send(me, to, datagram));
                 }
             }
             self.inside.fetch_sub(1, Ordering::SeqCst);
         }
 
-        fn tick(&self, _net: &MemoryNet) -> Option<Duration> {
+        fn tick(&self) -> Option<Duration> {
             self.ticks.fetch_add(1, Ordering::SeqCst);
             Some(Duration::from_micros(100))
         }
@@ -415,7 +424,10 @@ mod tests {
 
     fn echo(net: &MemoryNet, addr: &str) -> (ServedPort, Arc<Echo>) {
         net.serve(a(addr), |local| {
-            let e = Echo::default();
+            let e = Echo {
+                net: net.clone(),
+                ..Echo::default()
+            };
             *e.me.lock().unwrap() = Some(local);
             Ok(Arc::new(e))
         })

@@ -18,6 +18,7 @@
 
 mod client;
 mod deploy;
+mod inline;
 mod memnet;
 mod nic;
 mod server;

@@ -6,14 +6,14 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::memnet::{MemoryNet, ServedPort, Service};
-use super::server::{wait_until_idle, InlineState, Replies};
-use super::socket::{Sender, Socket, DEFAULT_DATAGRAM};
+use super::inline::{Inline, InlineEndpoint};
+use super::memnet::{MemoryNet, ServedPort};
+use super::server::Replies;
+use super::socket::{Sender, Socket};
 use crate::cluster::Cluster;
 use crate::onesided;
 use crate::{Clock, SystemClock};
@@ -223,74 +223,43 @@ pub type Remap = Box<dyn FnMut(u64) -> Result<NicCluster, String> + Send>;
 /// server and drains first.
 pub struct InlineNic {
     port: ServedPort,
-    service: Arc<InlineNicHost>,
+    service: Arc<Inline<NicInline>>,
     drain: Duration,
 }
 
-/// The state behind an [`InlineNic`]'s port.
-struct InlineNicHost {
-    state: Mutex<InlineNicState>,
-    clock: SystemClock,
-    sender: Sender,
+/// The NIC endpoint as an inline service drives it, with the server's address its events are
+/// logged with.
+struct NicInline {
+    endpoint: NicEndpoint<NicHost<Remap>>,
     server: SocketAddr,
-    telemetry: Arc<super::telemetry::Telemetry>,
-    report_every: Nanos,
 }
 
-type InlineNicState = InlineState<NicEndpoint<NicHost<Remap>>>;
-
-/// What the endpoint asked for while it was held: datagrams to send and events to log.
-type Pending = (Vec<Transmit>, Vec<NicEvent>);
-
-impl InlineNicHost {
-    fn lock(&self) -> std::sync::MutexGuard<'_, InlineNicState> {
-        // As the inline server's: a panic inside one call must not take the NIC down.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+impl InlineEndpoint for NicInline {
+    fn handle(&mut self, now: Nanos, from: SocketAddr, msg: Bytes) {
+        self.endpoint.handle(now, from, msg)
     }
-
-    /// Runs `f` on the endpoint, then sends and logs what it asked for, with the lock released
-    /// (a datagram to another service must not be delivered while this one is held).
-    fn with<T>(&self, f: impl FnOnce(&mut InlineNicState) -> T) -> T {
-        let (t, (out, events)): (T, Pending) = {
-            let mut s = self.lock();
-            let t = f(&mut s);
-            let out = std::iter::from_fn(|| s.endpoint.poll_transmit()).collect();
-            let events = std::iter::from_fn(|| s.endpoint.poll_event()).collect();
-            (t, (out, events))
-        };
-        for t in out {
-            let _ = self.sender.send(t.to, t.id, &t.bytes);
-        }
-        for e in events {
+    fn handle_timeout(&mut self, now: Nanos) {
+        self.endpoint.handle_timeout(now)
+    }
+    fn poll_timeout(&self) -> Option<Nanos> {
+        self.endpoint.poll_timeout()
+    }
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.endpoint.poll_transmit()
+    }
+    fn report_events(&mut self) {
+        while let Some(e) = self.endpoint.poll_event() {
             log(e, self.server);
         }
-        t
     }
-}
-
-impl Service for InlineNicHost {
-    fn deliver(&self, _net: &MemoryNet, from: SocketAddr, datagram: Bytes) {
-        let now = self.clock.now();
-        self.with(|s| {
-            if let Some(msg) = s.inbound.take(from, datagram) {
-                s.endpoint.handle(now, from, msg);
-            }
-        });
+    fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.endpoint.stats().counters()
     }
-
-    fn tick(&self, _net: &MemoryNet) -> Option<Duration> {
-        let now = self.clock.now();
-        let next = self.with(|s| {
-            s.endpoint.handle_timeout(now);
-            s.inbound.expire();
-            if now >= s.next_publish {
-                s.next_publish = now + self.report_every;
-                self.telemetry
-                    .publish_counters(s.endpoint.stats().counters());
-            }
-            s.endpoint.poll_timeout()
-        });
-        next.map(|t| Duration::from_nanos(t.saturating_sub(now)))
+    fn start_drain(&mut self) {
+        self.endpoint.start_drain()
+    }
+    fn idle(&self) -> bool {
+        self.endpoint.backend().replies.idle()
     }
 }
 
@@ -305,20 +274,15 @@ pub fn serve_nic_inline(
     mut options: NicOptions,
     remap: Remap,
 ) -> std::io::Result<InlineNic> {
-    let clock = SystemClock::new();
-    let (port, service) = net.serve(addr, |local| {
-        options.advertise = local;
-        let replies = Sender::memory(net, local, DEFAULT_DATAGRAM);
-        let endpoint = nic_endpoint(start, replies, &options, local, clock.now(), remap)?;
-        Ok(Arc::new(InlineNicHost {
-            state: InlineState::new(endpoint),
-            clock,
-            sender: Sender::memory(net, local, DEFAULT_DATAGRAM),
-            server: options.server,
-            telemetry: options.telemetry.clone(),
-            report_every: options.report_every.as_nanos() as Nanos,
-        }))
-    })?;
+    let (telemetry, report_every) = (options.telemetry.clone(), options.report_every);
+    let (port, service) =
+        Inline::bind(net, addr, telemetry, report_every, |local, replies, now| {
+            options.advertise = local;
+            Ok(NicInline {
+                endpoint: nic_endpoint(start, replies, &options, local, now, remap)?,
+                server: options.server,
+            })
+        })?;
     Ok(InlineNic {
         port,
         service,
@@ -334,21 +298,18 @@ impl InlineNic {
 
     /// Whether the NIC is paired with the server.
     pub fn is_paired(&self) -> bool {
-        self.service.lock().endpoint.is_paired()
+        self.service.read(|n| n.endpoint.is_paired())
     }
 
     /// The endpoint's counters so far.
     pub fn stats(&self) -> NicStats {
-        self.service.lock().endpoint.stats()
+        self.service.read(|n| n.endpoint.stats())
     }
 
     /// Says goodbye to the server, refuses new work, waits (at most the drain time of its
     /// [`NicOptions`]) until queued work is answered, then closes the port.
     pub fn stop(self) -> NicStats {
-        self.service.with(|s| s.endpoint.start_drain());
-        wait_until_idle(self.drain, || {
-            self.service.lock().endpoint.backend().replies.idle()
-        });
+        self.service.drain(self.drain);
         self.stats()
     }
 }

@@ -6,13 +6,14 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::memnet::{MemoryNet, ServedPort, Service};
-use super::socket::{Inbound, Sender, Socket, DEFAULT_DATAGRAM};
+use super::inline::{Inline, InlineEndpoint};
+use super::memnet::{MemoryNet, ServedPort};
+use super::socket::{Sender, Socket};
 use crate::cluster::Cluster;
 use crate::{Clock, SystemClock};
 use naam_proto::control::Manifest;
@@ -266,87 +267,31 @@ pub fn serve_host(
 /// [`InlineServer::stop`] drains first.
 pub struct InlineServer {
     port: ServedPort,
-    service: Arc<InlineHost>,
+    service: Arc<Inline<ServerEndpoint<ClusterHost>>>,
     drain: Duration,
 }
 
-/// The state behind an [`InlineServer`]'s port.
-struct InlineHost {
-    state: Mutex<InlineHostState>,
-    clock: SystemClock,
-    sender: Sender,
-    telemetry: Arc<super::telemetry::Telemetry>,
-}
-
-type InlineHostState = InlineState<ServerEndpoint<ClusterHost>>;
-
-/// What an inline service holds under its lock: the endpoint, its receive step (fragments,
-/// reassembly) and when its counters are next published for `--metrics`.
-pub(crate) struct InlineState<E> {
-    pub(crate) endpoint: E,
-    pub(crate) inbound: Inbound,
-    pub(crate) next_publish: Nanos,
-}
-
-impl<E> InlineState<E> {
-    pub(crate) fn new(endpoint: E) -> Mutex<InlineState<E>> {
-        Mutex::new(InlineState {
-            endpoint,
-            inbound: Inbound::new(),
-            next_publish: 0,
-        })
+impl InlineEndpoint for ServerEndpoint<ClusterHost> {
+    fn handle(&mut self, now: Nanos, from: SocketAddr, msg: Bytes) {
+        ServerEndpoint::handle(self, now, from, msg)
     }
-}
-
-impl InlineHost {
-    fn lock(&self) -> std::sync::MutexGuard<'_, InlineHostState> {
-        // The endpoint's state is consistent between calls; a panic inside one (a bug) must
-        // not take every later client down with it.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn handle_timeout(&mut self, now: Nanos) {
+        ServerEndpoint::handle_timeout(self, now)
     }
-
-    fn send_all(&self, out: Vec<Transmit>) {
-        for t in out {
-            let _ = self.sender.send(t.to, t.id, &t.bytes);
-        }
+    fn poll_timeout(&self) -> Option<Nanos> {
+        ServerEndpoint::poll_timeout(self)
     }
-}
-
-fn drain_transmits(endpoint: &mut ServerEndpoint<ClusterHost>) -> Vec<Transmit> {
-    std::iter::from_fn(|| endpoint.poll_transmit()).collect()
-}
-
-impl Service for InlineHost {
-    fn deliver(&self, _net: &MemoryNet, from: SocketAddr, datagram: Bytes) {
-        // What the endpoint answers is sent after the lock is released: a datagram to another
-        // service must not be delivered while this one is held.
-        let out = {
-            let mut s = self.lock();
-            let Some(msg) = s.inbound.take(from, datagram) else {
-                return;
-            };
-            s.endpoint.handle(self.clock.now(), from, msg);
-            drain_transmits(&mut s.endpoint)
-        };
-        self.send_all(out);
+    fn poll_transmit(&mut self) -> Option<Transmit> {
+        ServerEndpoint::poll_transmit(self)
     }
-
-    fn tick(&self, _net: &MemoryNet) -> Option<Duration> {
-        let now = self.clock.now();
-        let (out, next) = {
-            let mut s = self.lock();
-            s.endpoint.handle_timeout(now);
-            s.inbound.expire();
-            if now >= s.next_publish {
-                s.next_publish = now + 1_000_000_000;
-                self.telemetry
-                    .publish_counters(s.endpoint.stats().counters());
-            }
-            let next = s.endpoint.poll_timeout();
-            (drain_transmits(&mut s.endpoint), next)
-        };
-        self.send_all(out);
-        next.map(|t| Duration::from_nanos(t.saturating_sub(now)))
+    fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        self.stats().counters()
+    }
+    fn start_drain(&mut self) {
+        ServerEndpoint::start_drain(self)
+    }
+    fn idle(&self) -> bool {
+        self.backend().replies.idle()
     }
 }
 
@@ -358,22 +303,14 @@ pub fn serve_host_inline(
     addr: SocketAddr,
     options: ServerOptions,
 ) -> std::io::Result<InlineServer> {
-    let clock = SystemClock::new();
-    let (port, service) = net.serve(addr, |local| {
-        let endpoint = host_endpoint(
-            cluster,
-            Sender::memory(net, local, DEFAULT_DATAGRAM),
-            &options,
-            local,
-            clock.now(),
-        )?;
-        Ok(Arc::new(InlineHost {
-            state: InlineState::new(endpoint),
-            clock,
-            sender: Sender::memory(net, local, DEFAULT_DATAGRAM),
-            telemetry: options.telemetry.clone(),
-        }))
-    })?;
+    let publish_every = Duration::from_secs(1);
+    let (port, service) = Inline::bind(
+        net,
+        addr,
+        options.telemetry.clone(),
+        publish_every,
+        |local, replies, now| host_endpoint(cluster, replies, &options, local, now),
+    )?;
     Ok(InlineServer {
         port,
         service,
@@ -389,25 +326,13 @@ impl InlineServer {
 
     /// The endpoint's counters so far.
     pub fn stats(&self) -> ServerStats {
-        self.service.lock().endpoint.stats()
+        self.service.read(ServerEndpoint::stats)
     }
 
     /// Refuses new requests with `Unavailable`, waits (at most the drain time of its
     /// [`ServerOptions`]) until the queued ones are answered, then closes the port.
     pub fn stop(self) -> ServerStats {
-        self.service.lock().endpoint.start_drain();
-        wait_until_idle(self.drain, || {
-            self.service.lock().endpoint.backend().replies.idle()
-        });
+        self.service.drain(self.drain);
         self.stats()
-    }
-}
-
-/// Waits, at most `drain`, until `idle` says every queued request has been answered (an
-/// inline endpoint's stop: no loop of its own to do it in).
-pub(crate) fn wait_until_idle(drain: Duration, mut idle: impl FnMut() -> bool) {
-    let deadline = Instant::now() + drain;
-    while !idle() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
     }
 }
