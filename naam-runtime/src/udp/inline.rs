@@ -146,3 +146,84 @@ impl<E: InlineEndpoint> Service for Inline<E> {
         next.map(|t| Duration::from_nanos(t.saturating_sub(now)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use super::*;
+    use crate::udp::Socket;
+    use naam_proto::frame::fragment;
+
+    /// Records every message it is handed and echoes it to its sender.
+    #[derive(Default)]
+    struct Echo {
+        got: Vec<(SocketAddr, Bytes)>,
+        out: VecDeque<Transmit>,
+    }
+
+    impl InlineEndpoint for Echo {
+        fn handle(&mut self, _now: Nanos, from: SocketAddr, msg: Bytes) {
+            self.got.push((from, msg.clone()));
+            self.out.push_back(Transmit {
+                to: from,
+                id: 1,
+                bytes: msg,
+            });
+        }
+        fn handle_timeout(&mut self, _now: Nanos) {}
+        fn poll_timeout(&self) -> Option<Nanos> {
+            None
+        }
+        fn poll_transmit(&mut self) -> Option<Transmit> {
+            self.out.pop_front()
+        }
+        fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+            Vec::new()
+        }
+        fn start_drain(&mut self) {}
+        fn idle(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn hostile_datagrams_never_reach_the_endpoint_and_the_service_keeps_serving() {
+        let net = MemoryNet::new();
+        let at: SocketAddr = "10.0.0.1:7000".parse().unwrap();
+        let (port, svc) = Inline::bind(
+            &net,
+            at,
+            Arc::default(),
+            Duration::from_secs(1),
+            |_, _, _| Ok(Echo::default()),
+        )
+        .unwrap();
+        let mut client =
+            Socket::bind_memory(&net, "10.0.0.2:0".parse().unwrap(), DEFAULT_DATAGRAM).unwrap();
+        let me = client.local_addr().unwrap();
+        let first_of_two = fragment(9, &[7u8; 3000], DEFAULT_DATAGRAM).unwrap()[0].clone();
+        let real = fragment(3, b"hi", DEFAULT_DATAGRAM).unwrap()[0].clone();
+        for garbage in [
+            Bytes::from_static(b"not a NAAM datagram"),
+            Bytes::new(),
+            real.slice(..10), // a truncated fragment header
+            first_of_two,     // half a message: never completes
+            Bytes::from(vec![0xff; 9000]),
+        ] {
+            assert!(net.send(me, port.addr(), garbage), "the port takes it");
+        }
+        assert!(
+            svc.read(|e| e.got.is_empty()),
+            "garbage reached the endpoint"
+        );
+        // The service still serves: a whole message is handled and answered.
+        client.send(port.addr(), 5, b"hello").unwrap();
+        assert_eq!(
+            svc.read(|e| e.got.clone()),
+            vec![(me, Bytes::from_static(b"hello"))]
+        );
+        let back = client.recv(Duration::from_secs(1)).unwrap();
+        assert_eq!(back, vec![(port.addr(), Bytes::from_static(b"hello"))]);
+    }
+}
