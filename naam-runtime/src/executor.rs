@@ -20,34 +20,51 @@ use naam_ebpf::abi::{write_kind, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_
 use naam_proto::step::Engine;
 
 use naam_proto::step::{
-    Action, DataPath, DmaModel, FetchError, Fetched, Limits, OneSided, Outcome, StepMachine,
-    WriteBatch, WriteError,
+    Action, DataPath, DmaModel, FetchError, Fetched, Limits, MessageStart, OneSided, Outcome,
+    StepMachine, WriteBatch, WriteError,
 };
 
 use crate::Clock;
 use crate::HandlerEntry;
 use crate::RegionTable;
-use naam_proto::step::Grant;
+use naam_proto::step::{Grant, Invocation};
 use naam_proto::step::{MemError, ResolveError};
 use naam_proto::wire::Request;
 use naam_proto::Nanos;
 use naam_proto::Placement;
 use naam_vm::{Executable, Vm};
 
-/// Runs `m`'s current step of `exe` on `vm` over `grants` (which cost `fetch_ns` to fetch),
-/// timing the handler with `clock`, and returns the machine's next action.
+/// Runs `m`'s current step of `exe` on `vm` over `grants` (which cost `fetch_ns` to fetch)
+/// with the message's `args`, and returns the machine's next action. No clock is read: the
+/// driver times the whole message once.
 pub fn run_step(
     m: &mut StepMachine,
     vm: &mut Vm,
     exe: &Executable,
+    args: &[u8],
     grants: &[Grant<'_>],
-    clock: &dyn Clock,
     fetch_ns: u64,
 ) -> Action {
-    let started = clock.now();
-    let result = vm.run_step(exe, &m.invocation(grants));
-    let exec_ns = clock.now().saturating_sub(started);
-    m.stepped(result, fetch_ns, exec_ns)
+    let result = vm.run_step(exe, &m.invocation(args, grants));
+    m.stepped(result, fetch_ns)
+}
+
+/// [`run_step`] for a step that follows the previous step of the same message on the same
+/// `vm` with nothing in between: the engine finds the args, state and reply in place.
+fn run_next_step(
+    m: &mut StepMachine,
+    vm: &mut Vm,
+    exe: &Executable,
+    args: &[u8],
+    grants: &[Grant<'_>],
+    fetch_ns: u64,
+) -> Action {
+    let inv = Invocation {
+        resident: true,
+        ..m.invocation(args, grants)
+    };
+    let result = vm.run_step(exe, &inv);
+    m.stepped(result, fetch_ns)
 }
 
 /// Applies `batch` to `regions` in order, each operation visible before the next (release
@@ -67,15 +84,15 @@ pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), Wri
                 ),
             });
         }
-        let resolved = regions.resolve(batch.app, &op.target)?;
-        let at = resolved.offset + op.offset as u64;
-        let mem = &resolved.region.mem;
+        let (region, _) = regions.resolve_in(batch.app, &op.target)?;
+        let at = op.target.offset + op.offset as u64;
+        let mem = &region.mem;
         let invalid = |e: MemError| WriteError::Invalid {
             index,
             reason: e.to_string(),
         };
         match op.kind {
-            write_kind::STORE => mem.write(at, &op.data).map_err(invalid)?,
+            write_kind::STORE => mem.write(at, batch.bytes(op)).map_err(invalid)?,
             write_kind::CAS => {
                 let found = mem.cas(at, op.expected, op.operand).map_err(invalid)?;
                 if found != op.expected {
@@ -105,6 +122,34 @@ pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), Wri
 pub struct HostPath {
     regions: Arc<RegionTable>,
     grants: Vec<Grant<'static>>,
+    /// The regions resolved last, most recent first: a step names the same few regions
+    /// message after message (MICA's index and log, the B-tree's nodes), so most descriptors
+    /// resolve here without a lookup in the table.
+    recent: [CachedRegion; RECENT_REGIONS],
+}
+
+/// How many resolved regions a [`HostPath`] remembers.
+const RECENT_REGIONS: usize = 4;
+
+/// One region as a [`HostPath`] resolved it: what a descriptor is checked against.
+#[derive(Clone, Copy, Default)]
+struct CachedRegion {
+    app: u32,
+    /// 0: an empty entry (no region has rkey 0).
+    rkey: u64,
+    base: u64,
+    size: u64,
+    access: u32,
+}
+
+impl CachedRegion {
+    /// The start of `d`'s range if it lies inside this region with rights it has.
+    #[inline]
+    fn check(&self, d: &Descriptor) -> Option<u64> {
+        let end = d.offset.checked_add(d.len as u64)?;
+        (d.access != 0 && d.access & !self.access == 0 && end <= self.size)
+            .then_some(self.base + d.offset)
+    }
 }
 
 impl HostPath {
@@ -112,8 +157,37 @@ impl HostPath {
     pub fn new(regions: Arc<RegionTable>) -> Self {
         HostPath {
             regions,
-            grants: Vec::new(),
+            grants: Vec::with_capacity(naam_ebpf::abi::MAX_SEGMENTS),
+            recent: [CachedRegion::default(); RECENT_REGIONS],
         }
+    }
+
+    /// The start address of `d`'s range for `app`: from a recently resolved region when it
+    /// is one (the same checks), from the table otherwise.
+    #[inline]
+    fn resolve(&mut self, app: u32, d: &Descriptor) -> Result<u64, ResolveError> {
+        if let Some(c) = self
+            .recent
+            .iter()
+            .find(|c| c.rkey == d.rkey && c.app == app && c.rkey != 0)
+        {
+            if let Some(addr) = c.check(d) {
+                return Ok(addr);
+            }
+        }
+        let (region, addr) = self.regions.resolve_in(app, d)?;
+        let entry = CachedRegion {
+            app,
+            rkey: region.rkey,
+            base: region.mem.addr(),
+            size: region.mem.len() as u64,
+            access: region.access,
+        };
+        if !self.recent.iter().any(|c| c.rkey == entry.rkey) {
+            self.recent.rotate_right(1);
+            self.recent[0] = entry;
+        }
+        Ok(addr)
     }
 }
 
@@ -138,11 +212,11 @@ impl DataPath for HostPath {
     fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError> {
         self.grants.clear();
         for d in descs {
-            let r = self.regions.resolve(app, d)?;
+            let addr = self.resolve(app, d)?;
             // SAFETY: the resolved range lies inside a region that `self.regions` keeps alive for
             // the whole step; it is granted read-only.
             self.grants
-                .push(unsafe { Grant::raw(r.addr(), r.len as usize, ACCESS_READ) });
+                .push(unsafe { Grant::raw(addr, d.len as usize, ACCESS_READ) });
         }
         Ok(Fetched {
             grants: &self.grants,
@@ -308,40 +382,55 @@ pub enum Driven {
     Parked(Box<ParkedRun>),
 }
 
+/// How [`drive`] stopped.
+enum Stopped {
+    /// The message finished.
+    Done(Outcome),
+    /// A torn read must wait until this clock time before the step is fetched again.
+    Backoff(Nanos),
+}
+
 /// Runs a machine from `action` until it completes or a torn-read retry must wait. Never
 /// sleeps: the wait is the caller's (a parked message on an executor, a sleep on a client's
-/// own thread). `waited`: the pending retry's backoff has already been served.
+/// own thread). `waited`: the pending retry's backoff has already been served. Every step
+/// runs back to back in this one loop on the machine in place, the message's args lent from
+/// the caller, so a message whose data is local costs no allocation, no copy of its args and
+/// no clock read between steps.
 #[allow(clippy::too_many_arguments)]
 fn drive<P: DataPath>(
-    mut m: StepMachine,
-    handler: Arc<HandlerEntry>,
+    m: &mut StepMachine,
+    exe: &Executable,
+    args: &[u8],
     mut action: Action,
-    mut cost: RunCost,
+    cost: &mut RunCost,
     mut waited: bool,
     path: &mut P,
     vm: &mut Vm,
     clock: &dyn Clock,
     apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
-) -> Driven {
+) -> Stopped {
     let app = m.app();
+    // Whether the engine's last run was this message's previous step.
+    let mut continuing = false;
     loop {
         action = match action {
-            Action::Complete(c) => return Driven::Done(c, cost),
+            Action::Complete(c) => return Stopped::Done(c),
             Action::Fetch => {
                 if let Some(ns) = m.retry_backoff_ns().filter(|_| !waited) {
-                    return Driven::Parked(Box::new(ParkedRun {
-                        machine: m,
-                        handler,
-                        cost,
-                        resume_at: clock.now().saturating_add(ns),
-                    }));
+                    return Stopped::Backoff(clock.now().saturating_add(ns));
                 }
                 waited = false;
                 match path.fetch(app, m.current().as_slice()) {
                     Ok(f) => {
                         cost.fetch_ns += f.cost_ns;
                         cost.fetches += 1;
-                        run_step(&mut m, vm, &handler.exe, f.grants, clock, f.cost_ns)
+                        let next = if continuing {
+                            run_next_step(m, vm, exe, args, f.grants, f.cost_ns)
+                        } else {
+                            run_step(m, vm, exe, args, f.grants, f.cost_ns)
+                        };
+                        continuing = matches!(next, Action::Fetch) && m.retries() == 0;
+                        next
                     }
                     Err(e) => m.fetch_failed(&e),
                 }
@@ -357,46 +446,120 @@ fn drive<P: DataPath>(
 /// Starts `req` on `path` and drives it until it completes or parks for a torn-read retry.
 pub fn start<P: DataPath>(
     req: &Request,
-    handler: Arc<HandlerEntry>,
+    handler: &Arc<HandlerEntry>,
     path: &mut P,
     vm: &mut Vm,
     limits: Limits,
     clock: &dyn Clock,
     apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
 ) -> Driven {
-    let (m, action) = StepMachine::start(req, handler.app, handler.kind, path.placement(), limits);
-    drive(
-        m,
+    start_message(
+        MessageStart::from(req),
+        &req.args,
         handler,
-        action,
-        RunCost::default(),
-        false,
-        path,
-        vm,
-        clock,
+        Place {
+            path,
+            vm,
+            limits,
+            clock,
+        },
         apply,
     )
 }
 
-/// Resumes a parked message (its backoff served) until it completes or parks again.
+/// Where a message runs: its data path, the engine, the limits and the clock (read only to
+/// schedule a torn-read retry).
+pub struct Place<'a, P: DataPath> {
+    /// How the placement reaches the message's data.
+    pub path: &'a mut P,
+    /// The engine state of this thread.
+    pub vm: &'a mut Vm,
+    /// Hop and retry limits.
+    pub limits: Limits,
+    /// When a parked retry may resume is this clock's time.
+    pub clock: &'a dyn Clock,
+}
+
+/// Starts the message `msg` (args `args`, borrowed for its whole run) and drives it until it
+/// completes or parks for a torn-read retry: [`start`] without a [`Request`], for callers that
+/// run their own messages where the data is.
+pub fn start_message<P: DataPath>(
+    msg: MessageStart<'_>,
+    args: &[u8],
+    handler: &Arc<HandlerEntry>,
+    at: Place<'_, P>,
+    apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
+) -> Driven {
+    let (mut m, action) = StepMachine::start(
+        msg,
+        handler.app,
+        handler.kind,
+        at.path.placement(),
+        at.limits,
+    );
+    let mut cost = RunCost::default();
+    let stopped = drive(
+        &mut m,
+        &handler.exe,
+        args,
+        action,
+        &mut cost,
+        false,
+        at.path,
+        at.vm,
+        at.clock,
+        apply,
+    );
+    finish(stopped, m, handler, cost)
+}
+
+/// What a drive that stopped leaves its caller: the outcome, or the machine parked.
+fn finish(
+    stopped: Stopped,
+    machine: StepMachine,
+    handler: &Arc<HandlerEntry>,
+    cost: RunCost,
+) -> Driven {
+    match stopped {
+        Stopped::Done(c) => Driven::Done(c, cost),
+        Stopped::Backoff(resume_at) => Driven::Parked(Box::new(ParkedRun {
+            machine,
+            handler: handler.clone(),
+            cost,
+            resume_at,
+        })),
+    }
+}
+
+/// Resumes a parked message (its backoff served) until it completes or parks again; `args`
+/// are the message's, as it started with them.
 pub fn resume<P: DataPath>(
     parked: Box<ParkedRun>,
+    args: &[u8],
     path: &mut P,
     vm: &mut Vm,
     clock: &dyn Clock,
     apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
 ) -> Driven {
-    drive(
-        parked.machine,
-        parked.handler,
+    let ParkedRun {
+        mut machine,
+        handler,
+        mut cost,
+        ..
+    } = *parked;
+    let stopped = drive(
+        &mut machine,
+        &handler.exe,
+        args,
         Action::Fetch,
-        parked.cost,
+        &mut cost,
         true,
         path,
         vm,
         clock,
         apply,
-    )
+    );
+    finish(stopped, machine, &handler, cost)
 }
 
 /// Drives `req` to completion on `path`, waiting out torn-read backoffs on this thread (the
@@ -404,20 +567,59 @@ pub fn resume<P: DataPath>(
 /// `apply` applies write batches when this placement owns the app's writes.
 pub fn run_message<P: DataPath>(
     req: &Request,
-    handler: Arc<HandlerEntry>,
+    handler: &Arc<HandlerEntry>,
     path: &mut P,
     vm: &mut Vm,
     limits: Limits,
     clock: &dyn Clock,
+    apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
+) -> (Outcome, RunCost) {
+    run_message_parts(
+        MessageStart::from(req),
+        &req.args,
+        handler,
+        Place {
+            path,
+            vm,
+            limits,
+            clock,
+        },
+        apply,
+    )
+}
+
+/// [`run_message`] without a [`Request`]: the message `msg` with args `args`.
+pub fn run_message_parts<P: DataPath>(
+    msg: MessageStart<'_>,
+    args: &[u8],
+    handler: &Arc<HandlerEntry>,
+    at: Place<'_, P>,
     mut apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
 ) -> (Outcome, RunCost) {
-    let mut driven = start(req, handler, path, vm, limits, clock, &mut apply);
+    let Place {
+        path,
+        vm,
+        limits,
+        clock,
+    } = at;
+    let mut driven = start_message(
+        msg,
+        args,
+        handler,
+        Place {
+            path: &mut *path,
+            vm: &mut *vm,
+            limits,
+            clock,
+        },
+        &mut apply,
+    );
     loop {
         match driven {
             Driven::Done(c, cost) => return (c, cost),
             Driven::Parked(p) => {
                 clock.wait_until(p.resume_at);
-                driven = resume(p, path, vm, clock, &mut apply);
+                driven = resume(p, args, path, vm, clock, &mut apply);
             }
         }
     }

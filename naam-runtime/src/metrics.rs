@@ -2,8 +2,7 @@
 //! placement and status, and the timeline of placement weights that benchmarks read.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -71,14 +70,110 @@ impl Percentiles {
     }
 }
 
-/// Cluster metrics, shared by every thread.
+/// Cluster metrics, shared by every thread. Recording goes to a shard: a caller on a hot
+/// path records into its own [`MetricsShard`] (no lock another thread takes, no shared
+/// counter), others into the shared one; readers merge every shard.
 pub struct Metrics {
-    placement: [Mutex<Histogram<u64>>; 3],
-    handler: Mutex<HashMap<HandlerKey, Histogram<u32>>>,
-    ops: [AtomicU64; 3],
-    errors: Mutex<HashMap<Status, u64>>,
+    shared: Arc<Mutex<Shard>>,
+    shards: Arc<Mutex<Vec<Arc<Mutex<Shard>>>>>,
     timeline: Mutex<Vec<WeightSample>>,
     timeline_cap: usize,
+}
+
+/// One shard's histograms and counts.
+struct Shard {
+    placement: [Histogram<u64>; 3],
+    handler: HashMap<HandlerKey, Histogram<u32>>,
+    ops: [u64; 3],
+    errors: HashMap<Status, u64>,
+}
+
+impl Shard {
+    fn new() -> Shard {
+        Shard {
+            placement: [histogram(), histogram(), histogram()],
+            handler: HashMap::new(),
+            ops: [0; 3],
+            errors: HashMap::new(),
+        }
+    }
+
+    #[inline]
+    fn record(&mut self, placement: Placement, key: HandlerKey, latency_ns: u64, status: Status) {
+        let v = latency_ns.clamp(1, MAX_LATENCY_NS);
+        self.ops[placement.index()] += 1;
+        let _ = self.placement[placement.index()].record(v);
+        let _ = self
+            .handler
+            .entry(key)
+            .or_insert_with(handler_histogram)
+            .record(v);
+        if status != Status::Ok {
+            *self.errors.entry(status).or_default() += 1;
+        }
+    }
+
+    /// Adds `other`'s histograms and counts into this one.
+    fn absorb(&mut self, other: &Shard) {
+        for i in 0..3 {
+            let _ = self.placement[i].add(&other.placement[i]);
+            self.ops[i] += other.ops[i];
+        }
+        for (k, h) in &other.handler {
+            let _ = self
+                .handler
+                .entry(*k)
+                .or_insert_with(handler_histogram)
+                .add(h);
+        }
+        for (s, n) in &other.errors {
+            *self.errors.entry(*s).or_default() += n;
+        }
+    }
+
+    fn reset(&mut self) {
+        for h in &mut self.placement {
+            h.reset();
+        }
+        self.ops = [0; 3];
+        self.handler.clear();
+        self.errors.clear();
+    }
+}
+
+fn lock(s: &Mutex<Shard>) -> std::sync::MutexGuard<'_, Shard> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A recorder of its own into a [`Metrics`]: what it records shows in the metrics' readings
+/// at once, but its lock is taken by nobody else on the hot path. Made by
+/// [`Metrics::shard`]; dropping it folds what it holds into the shared shard.
+pub struct MetricsShard {
+    shard: Arc<Mutex<Shard>>,
+    shared: Arc<Mutex<Shard>>,
+    shards: Arc<Mutex<Vec<Arc<Mutex<Shard>>>>>,
+}
+
+impl MetricsShard {
+    /// Records one completed operation.
+    #[inline]
+    pub fn record(&self, placement: Placement, key: HandlerKey, latency_ns: u64, status: Status) {
+        lock(&self.shard).record(placement, key, latency_ns, status);
+    }
+}
+
+impl Drop for MetricsShard {
+    fn drop(&mut self) {
+        let mut shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        shards.retain(|s| !Arc::ptr_eq(s, &self.shard));
+        lock(&self.shared).absorb(&lock(&self.shard));
+    }
+}
+
+impl std::fmt::Debug for MetricsShard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsShard").finish_non_exhaustive()
+    }
 }
 
 impl Default for Metrics {
@@ -89,7 +184,7 @@ impl Default for Metrics {
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Metrics").field("ops", &self.ops).finish()
+        f.debug_struct("Metrics").field("ops", &self.ops()).finish()
     }
 }
 
@@ -121,35 +216,43 @@ impl Snapshot {
 impl Metrics {
     /// Metrics keeping at most `timeline_cap` weight samples.
     pub fn new(timeline_cap: usize) -> Self {
+        let shared = Arc::new(Mutex::new(Shard::new()));
         Metrics {
-            placement: [
-                Mutex::new(histogram()),
-                Mutex::new(histogram()),
-                Mutex::new(histogram()),
-            ],
-            handler: Mutex::new(HashMap::new()),
-            ops: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
-            errors: Mutex::new(HashMap::new()),
+            shards: Arc::new(Mutex::new(vec![shared.clone()])),
+            shared,
             timeline: Mutex::new(Vec::new()),
             timeline_cap,
         }
     }
 
-    /// Records one completed operation.
+    /// A recorder of its own (one per client thread).
+    pub fn shard(&self) -> MetricsShard {
+        let shard = Arc::new(Mutex::new(Shard::new()));
+        self.shards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(shard.clone());
+        MetricsShard {
+            shard,
+            shared: self.shared.clone(),
+            shards: self.shards.clone(),
+        }
+    }
+
+    /// Records one completed operation (into the shared shard; a hot path uses
+    /// [`Metrics::shard`]).
     pub fn record(&self, placement: Placement, key: HandlerKey, latency_ns: u64, status: Status) {
-        let v = latency_ns.clamp(1, MAX_LATENCY_NS);
-        self.ops[placement.index()].fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut h) = self.placement[placement.index()].lock() {
-            let _ = h.record(v);
+        lock(&self.shared).record(placement, key, latency_ns, status);
+    }
+
+    /// Every shard merged into one.
+    fn merged(&self) -> Shard {
+        let shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        let mut all = Shard::new();
+        for s in shards.iter() {
+            all.absorb(&lock(s));
         }
-        if let Ok(mut m) = self.handler.lock() {
-            let _ = m.entry(key).or_insert_with(handler_histogram).record(v);
-        }
-        if status != Status::Ok {
-            if let Ok(mut e) = self.errors.lock() {
-                *e.entry(status).or_default() += 1;
-            }
-        }
+        all
     }
 
     /// Records a steering decision.
@@ -174,33 +277,33 @@ impl Metrics {
 
     /// Operations per placement so far.
     pub fn ops(&self) -> [u64; 3] {
-        [0, 1, 2].map(|i| self.ops[i].load(Ordering::Relaxed))
+        let shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ops = [0; 3];
+        for s in shards.iter() {
+            let s = lock(s);
+            for (sum, n) in ops.iter_mut().zip(s.ops) {
+                *sum += n;
+            }
+        }
+        ops
     }
 
-    /// A copy of the metrics now: percentiles, counts and error tallies (locks taken one at a
+    /// A copy of the metrics now: percentiles, counts and error tallies (shards read one at a
     /// time, so not an atomic cut).
     pub fn snapshot(&self) -> Snapshot {
-        let placement = [0, 1, 2].map(|i| {
-            self.placement[i]
-                .lock()
-                .map(|h| Percentiles::of(&h))
-                .unwrap_or_default()
-        });
-        let mut handlers: Vec<_> = self
+        let all = self.merged();
+        let placement = [0, 1, 2].map(|i| Percentiles::of(&all.placement[i]));
+        let mut handlers: Vec<_> = all
             .handler
-            .lock()
-            .map(|m| m.iter().map(|(k, h)| (*k, Percentiles::of(h))).collect())
-            .unwrap_or_default();
+            .iter()
+            .map(|(k, h)| (*k, Percentiles::of(h)))
+            .collect();
         handlers.sort_by_key(|(k, _)| *k);
-        let mut errors: Vec<_> = self
-            .errors
-            .lock()
-            .map(|e| e.iter().map(|(s, n)| (*s, *n)).collect())
-            .unwrap_or_default();
+        let mut errors: Vec<_> = all.errors.iter().map(|(s, n)| (*s, *n)).collect();
         errors.sort_by_key(|(s, _)| *s as u16);
         Snapshot {
             placement,
-            ops: self.ops(),
+            ops: all.ops,
             handlers,
             errors,
         }
@@ -208,17 +311,10 @@ impl Metrics {
 
     /// Clears histograms and counts (not the timeline).
     pub fn reset(&self) {
-        for i in 0..3 {
-            self.ops[i].store(0, Ordering::Relaxed);
-            if let Ok(mut h) = self.placement[i].lock() {
-                h.reset();
-            }
-        }
-        if let Ok(mut m) = self.handler.lock() {
-            m.clear();
-        }
-        if let Ok(mut e) = self.errors.lock() {
-            e.clear();
+        let shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
+        for s in shards.iter() {
+            lock(s).reset();
         }
     }
 }
+

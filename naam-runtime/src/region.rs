@@ -421,6 +421,24 @@ impl RegionTable {
         self.by_key.values()
     }
 
+    /// The region `d` names for `app` and the start address of its range, checked as
+    /// [`RegionTable::resolve`] checks it, without taking a reference on the region: the
+    /// address stays valid as long as this table does.
+    pub fn resolve_in(&self, app: u32, d: &Descriptor) -> Result<(&Region, u64), ResolveError> {
+        let region = self.get(app, d.rkey).ok_or(ResolveError::BadKey(d.rkey))?;
+        if d.access == 0 || d.access & !region.access != 0 {
+            return Err(ResolveError::AccessDenied {
+                need: d.access,
+                have: region.access,
+            });
+        }
+        let addr = region
+            .mem
+            .range(d.offset, d.len as u64)
+            .map_err(ResolveError::OutOfRange)?;
+        Ok((region, addr))
+    }
+
     /// Checks `d` for `app`: key, app, rights, bounds.
     pub fn resolve(&self, app: u32, d: &Descriptor) -> Result<Resolved, ResolveError> {
         let region = self.get(app, d.rkey).ok_or(ResolveError::BadKey(d.rkey))?;

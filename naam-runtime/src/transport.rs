@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use naam_ebpf::abi::Descriptor;
 
-use crate::cluster::{error_reply, install, reply_for, AppSpec, ClusterError};
-use crate::executor::{apply_writes, run_message, HostPath};
+use crate::cluster::{error_reply, install, AppSpec, ClusterError};
+use crate::executor::{apply_writes, run_message_parts, HostPath, Place};
 use crate::RegionTable;
 use crate::Registry;
 use crate::SystemClock;
 use naam_proto::step::HandlerKind;
-use naam_proto::step::{Limits, WriteError};
+use naam_proto::step::{Limits, MessageStart, WriteError};
 use naam_proto::transport::ClientError;
 use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
 use naam_proto::Placement;
@@ -122,41 +122,53 @@ impl Transport for Direct {
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
         self.next_id += 1;
-        let req = Request::for_call(app, handler, self.next_id, args, descs)?;
+        let request_id = self.next_id;
+        // The message runs here, from the caller's own buffers: no request is built.
+        Request::check_call(args, descs)?;
         let entry = match self.registry.handler(app, handler) {
-            Ok(h) => h.clone(),
+            Ok(h) => h,
             Err(e) => {
+                let req = Request::for_call(app, handler, request_id, args, descs)?;
                 return Ok(error_reply(
                     &req,
                     Status::UnknownHandler,
                     Placement::Host,
                     e.to_string(),
-                ))
+                ));
             }
         };
         let regions = &self.regions;
         let writes = entry.kind == HandlerKind::Write;
-        let (c, _) = run_message(
-            &req,
-            entry,
-            &mut self.path,
-            &mut self.vm,
-            self.limits,
-            &self.clock,
-            |batch| {
-                if writes {
-                    apply_writes(regions, batch)
-                } else {
-                    Err(WriteError::NotOwner)
-                }
-            },
-        );
-        Ok(reply_for(
-            &req,
-            &c,
-            Placement::Host,
-            LoadFeedback::default(),
-        ))
+        let msg = MessageStart {
+            request_id,
+            steps: 0,
+            state: [0; naam_ebpf::abi::STATE_WORDS],
+            partial_reply: &[],
+            descriptors: descs,
+        };
+        let at = Place {
+            path: &mut self.path,
+            vm: &mut self.vm,
+            limits: self.limits,
+            clock: &self.clock,
+        };
+        let (c, _) = run_message_parts(msg, args, entry, at, |batch| {
+            if writes {
+                apply_writes(regions, batch)
+            } else {
+                Err(WriteError::NotOwner)
+            }
+        });
+        Ok(Reply {
+            app,
+            request_id,
+            status: c.status,
+            code: c.code,
+            steps: c.steps,
+            placement: Placement::Host,
+            load: LoadFeedback::default(),
+            payload: c.payload,
+        })
     }
 
     fn backoff(&mut self, attempt: u32) {

@@ -127,7 +127,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
         l: Limits,
         o: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
     ) -> Outcome {
-        run_message(r, h, p, vm, l, &naam_runtime::SystemClock::new(), o).0
+        run_message(r, &h, p, vm, l, &naam_runtime::SystemClock::new(), o).0
     }
     match placement {
         Placement::Host => go(

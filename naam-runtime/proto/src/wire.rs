@@ -126,6 +126,21 @@ impl Descriptors {
         Ok(d)
     }
 
+    /// Replaces the list with `ds` in place (only `ds` is copied); [`WireError::TooLarge`],
+    /// and the list unchanged, when it holds more than [`MAX_NEXT`].
+    pub fn assign(&mut self, ds: &[Descriptor]) -> Result<(), WireError> {
+        if ds.len() > MAX_NEXT {
+            return Err(WireError::TooLarge {
+                field: "descriptor count",
+                value: ds.len(),
+                limit: MAX_NEXT,
+            });
+        }
+        self.items[..ds.len()].copy_from_slice(ds);
+        self.len = ds.len() as u8;
+        Ok(())
+    }
+
     /// Appends; `false` when full.
     pub fn push(&mut self, d: Descriptor) -> bool {
         if (self.len as usize) < MAX_NEXT {
@@ -220,15 +235,26 @@ impl Request {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Request, WireError> {
-        let req = Request::new(
+        Request::check_call(args, descs)?;
+        Ok(Request::new(
             app,
             handler,
             id,
             Bytes::copy_from_slice(args),
             Descriptors::from_slice(descs)?,
-        );
-        req.validate()?;
-        Ok(req)
+        ))
+    }
+
+    /// Checks what a fresh call would carry, as [`Request::validate`] would, without building
+    /// the request (callers that run the message where they are): the args fit, the
+    /// descriptors fit and ask for known rights.
+    pub fn check_call(args: &[u8], descs: &[Descriptor]) -> Result<(), WireError> {
+        check_len("args length", args.len(), ARGS_CAP)?;
+        check_len("descriptor count", descs.len(), MAX_NEXT)?;
+        for d in descs {
+            check_access(d.access)?;
+        }
+        Ok(())
     }
 
     /// The placement a `PIN_*` flag asks for (host wins if both are set).

@@ -42,6 +42,7 @@ impl ScriptedStep {
 struct ScriptedEngine {
     script: VecDeque<ScriptedStep>,
     current: ScriptedStep,
+    state: [u64; naam_ebpf::abi::STATE_WORDS],
     seen: Vec<(u32, u32, u64, Vec<u8>, usize)>,
 }
 
@@ -64,14 +65,14 @@ impl Engine for ScriptedEngine {
         if let Some(f) = self.current.fault.clone() {
             return Err(f);
         }
-        let mut state = [0u64; naam_ebpf::abi::STATE_WORDS];
-        state[0] = self.current.state0;
+        self.state = [0u64; naam_ebpf::abi::STATE_WORDS];
+        self.state[0] = self.current.state0;
         Ok(StepResult {
             return_code: self.current.return_code,
             ret: self.current.ret,
             insns: Some(10),
             reply: &self.current.reply,
-            state,
+            state: &self.state,
             next: &self.current.next,
             writes: &self.current.writes,
             write_data: &self.current.write_data,
@@ -99,7 +100,7 @@ fn request(descs: &[Descriptor]) -> Request {
 }
 
 /// Drives the machine as a driver would (fetch = one zero-length grant per descriptor, fetch
-/// cost 5 ns, exec 3 ns), applying writes with `apply`; returns the outcome and every batch.
+/// cost 5 ns), applying writes with `apply`; returns the outcome and every batch.
 fn drive(
     req: &Request,
     kind: HandlerKind,
@@ -108,7 +109,7 @@ fn drive(
     engine: &mut ScriptedEngine,
     mut apply: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
 ) -> (Outcome, Vec<naam_proto::step::WriteBatch>) {
-    let (mut m, mut action) = StepMachine::start(req, 7, kind, placement, limits);
+    let (mut m, mut action) = StepMachine::start(req.into(), 7, kind, placement, limits);
     let mut batches = Vec::new();
     let buf = [0u8; 0];
     loop {
@@ -121,8 +122,8 @@ fn drive(
                     .iter()
                     .map(|_| Grant::read(&buf))
                     .collect();
-                let r = engine.run_step(&(), &m.invocation(&grants));
-                m.stepped(r, 5, 3)
+                let r = engine.run_step(&(), &m.invocation(&req.args, &grants));
+                m.stepped(r, 5)
             }
             Action::Write(b) => {
                 let r = apply(&b);
@@ -192,8 +193,7 @@ fn continue_carries_state_reply_and_next_descriptors() {
     assert_eq!(&o.payload[..], b"whole");
     assert_eq!(o.steps, 2);
     assert_eq!(o.insns, 20);
-    assert_eq!(o.records.len(), 2);
-    assert!(o.records.iter().all(|r| r.fetch_ns == 5 && r.exec_ns == 3));
+    assert_eq!((o.runs, o.fetch_ns), (2, 10));
     // Step 1 saw step 0's state, reply and two segments, at the NIC's placement code.
     assert_eq!(e.seen[0], (0, Placement::Nic.abi(), 0, Vec::new(), 1));
     assert_eq!(
@@ -221,7 +221,7 @@ fn hop_limit_ends_a_message_that_keeps_continuing() {
     // A continuation that arrives with its budget spent does not run at all.
     let mut spent = request(&[desc(1, 8, ACCESS_READ)]);
     spent.steps = 4;
-    let (_, action) = StepMachine::start(&spent, 7, HandlerKind::Read, Placement::Host, limits);
+    let (_, action) = StepMachine::start((&spent).into(), 7, HandlerKind::Read, Placement::Host, limits);
     assert!(matches!(action, Action::Complete(o) if o.status == Status::HopLimit));
 }
 
@@ -259,8 +259,9 @@ fn retries_discard_the_torn_step_and_back_off_up_to_the_budget() {
 
     // Backoff doubles from 1 µs and is capped.
     let limits = Limits::new(32, 40);
+    let retried = request(&[desc(1, 8, ACCESS_READ)]);
     let (mut m, _) = StepMachine::start(
-        &request(&[desc(1, 8, ACCESS_READ)]),
+        (&retried).into(),
         7,
         HandlerKind::Read,
         Placement::Host,
@@ -275,8 +276,8 @@ fn retries_discard_the_torn_step_and_back_off_up_to_the_budget() {
     let buf = [0u8; 8];
     let outcome = loop {
         let grants = [Grant::read(&buf)];
-        let r = e.run_step(&(), &m.invocation(&grants));
-        match m.stepped(r, 0, 0) {
+        let r = e.run_step(&(), &m.invocation(&retried.args, &grants));
+        match m.stepped(r, 0) {
             Action::Fetch => waits.push(m.retry_backoff_ns().expect("a retry waits")),
             Action::Complete(o) => break o,
             Action::Write(_) => unreachable!(),
@@ -325,7 +326,7 @@ fn writes_are_checked_against_their_segments_and_applied_at_the_owner() {
     let b = &batches[0];
     assert_eq!((b.app, b.request_id, b.ops.len()), (7, 42, 2));
     assert_eq!(b.ops[0].target, target);
-    assert_eq!(b.ops[0].data, b"abcd");
+    assert_eq!(b.bytes(&b.ops[0]), b"abcd");
     assert_eq!((b.ops[1].operand, b.ops[1].expected), (5, 4));
 
     // The owner's refusal becomes the reply.
@@ -372,7 +373,7 @@ fn malformed_writes_are_refused_before_reaching_the_owner() {
 fn placement_and_kind_rules() {
     // A write handler never starts at the client.
     let (_, action) = StepMachine::start(
-        &request(&[desc(1, 8, ACCESS_READ)]),
+        (&request(&[desc(1, 8, ACCESS_READ)])).into(),
         7,
         HandlerKind::Write,
         Placement::Client,
@@ -433,7 +434,7 @@ fn faults_and_bad_returns_map_to_their_statuses() {
         let mut e = script([step.clone()]);
         let o = run_read(&request(&[desc(1, 8, ACCESS_READ)]), &mut e);
         assert_eq!((o.status, o.code), (status, code), "{step:?}");
-        assert_eq!(o.records.len(), 1, "a faulted step is still accounted");
+        assert_eq!(o.runs, 1, "a faulted step is still accounted");
     }
 }
 
@@ -493,12 +494,12 @@ proptest! {
         let (o, batches) = drive(&req, kind, Placement::Host, limits, &mut e, |_| Ok(()));
         prop_assert!(o.steps <= limits.max_steps);
         prop_assert!(o.retries <= limits.max_retries + 1);
-        prop_assert_eq!(o.records.len(), e.seen.len());
+        prop_assert_eq!(o.runs as usize, e.seen.len());
         prop_assert!(batches.len() <= 1);
         for b in &batches {
             prop_assert_eq!(kind, HandlerKind::Write);
             for op in &b.ops {
-                let len = if op.kind == write_kind::STORE { op.data.len() as u64 } else { 8 };
+                let len = if op.kind == write_kind::STORE { b.bytes(op).len() as u64 } else { 8 };
                 prop_assert!(op.offset as u64 + len <= op.target.len as u64, "{:?}", op);
             }
         }

@@ -87,8 +87,8 @@ impl AsyncClient {
     }
 
     async fn run_locally(&self, req: &Request) -> Reply {
-        let handler: Arc<HandlerEntry> = match self.inner.registry.handler(req.app, req.handler) {
-            Ok(h) => h.clone(),
+        let handler: &Arc<HandlerEntry> = match self.inner.registry.handler(req.app, req.handler) {
+            Ok(h) => h,
             Err(e) => {
                 return error_reply(
                     req,
@@ -101,7 +101,7 @@ impl AsyncClient {
         let mut vm = Vm::new();
         vm.set_cross_check(self.inner.config.cross_check.clone());
         let (mut m, mut action) = StepMachine::start(
-            req,
+            req.into(),
             handler.app,
             handler.kind,
             Placement::Client,
@@ -145,8 +145,8 @@ impl AsyncClient {
                                 &mut m,
                                 &mut vm,
                                 &handler.exe,
+                                &req.args,
                                 &grants,
-                                self.inner.clock.as_ref(),
                                 0,
                             )
                         }

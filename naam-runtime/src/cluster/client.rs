@@ -220,8 +220,8 @@ pub(crate) fn run_at_client<T: OneSided>(
     limits: Limits,
     clock: &dyn Clock,
 ) -> (Reply, Option<(u64, u16)>) {
-    let handler: Arc<HandlerEntry> = match registry.handler(req.app, req.handler) {
-        Ok(h) => h.clone(),
+    let handler: &Arc<HandlerEntry> = match registry.handler(req.app, req.handler) {
+        Ok(h) => h,
         Err(e) => {
             let r = error_reply(
                 req,

@@ -21,7 +21,7 @@ pub(super) fn serve<P: DataPath>(
 ) -> Served {
     let placement = path.placement();
     let handler = match inner.registry.handler(req.app, req.handler) {
-        Ok(h) => h.clone(),
+        Ok(h) => h,
         Err(e) => {
             let status = match e {
                 crate::LookupError::UnknownApp(_) => Status::UnknownApp,
@@ -100,11 +100,13 @@ pub(super) fn resume_served<P: DataPath>(
     let clock = inner.clock.as_ref();
     let driven = if write {
         let regions = inner.regions.clone();
-        executor::resume(run, path, vm, clock, &mut |batch| {
+        executor::resume(run, &req.args, path, vm, clock, &mut |batch| {
             apply_writes(&regions, batch)
         })
     } else {
-        executor::resume(run, path, vm, clock, &mut |_| Err(WriteError::NotOwner))
+        executor::resume(run, &req.args, path, vm, clock, &mut |_| {
+            Err(WriteError::NotOwner)
+        })
     };
     served(inner, req, driven, write)
 }

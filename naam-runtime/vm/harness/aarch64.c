@@ -89,9 +89,16 @@ static void set_fault(naam_vmctx *c, uint64_t kind, uint64_t pc, uint64_t addr, 
 }
 
 static uint64_t check_slow(naam_vmctx *c, uint64_t addr, uint64_t size, uint64_t kind, uint64_t pc) {
+    uint64_t site = kind >> NAAM_SITE_SHIFT;
+    kind &= (1ULL << NAAM_SITE_SHIFT) - 1;
     int write = kind != NAAM_ACCESS_LOAD;
     for (unsigned i = 0; i < NAAM_MAX_GRANTS; i++)
-        if (allows_small(&c->grants[i], addr, size, write)) return 1;
+        if (allows_small(&c->grants[i], addr, size, write)) {
+            /* Remembered for the site, as naam_vm::memory::check_slow does. */
+            if (site >= 1 && site <= NAAM_SITE_HINTS)
+                c->sites[site - 1] = (uint8_t)i;
+            return 1;
+        }
     set_fault(c, kind == NAAM_ACCESS_LOAD ? NAAM_FAULT_LOAD
                  : kind == NAAM_ACCESS_STORE ? NAAM_FAULT_STORE : NAAM_FAULT_ATOMIC,
               pc, addr, size);

@@ -11,8 +11,9 @@ use std::fmt::Write as _;
 
 use naam_ebpf::abi::MAX_SEGMENTS;
 
-/// Slots in the grant table.
+/// Slots in the grant table (a power of two: compiled code masks slot indices with it).
 pub const MAX_GRANTS: usize = 32;
+const _: () = assert!(MAX_GRANTS.is_power_of_two() && MAX_GRANTS <= 256);
 
 /// Fixed meanings of grant-table slots.
 pub mod slot {
@@ -39,6 +40,14 @@ pub const HELPER_SLOTS: usize = 64;
 
 /// Values the trace helper keeps per invocation.
 pub const TRACE_CAP: usize = 64;
+
+/// Entries of [`VmCtx::sites`]: an access at slot `pc` remembers its grant in entry
+/// `pc % SITE_HINTS` (two sites that share an entry only cost each other hits).
+pub const SITE_HINTS: usize = 512;
+
+/// Bits of the slow-path check's `kind` argument below the site: the access kind
+/// ([`access`]). Above them, `site + 1` of the access (0: none).
+pub const SITE_SHIFT: u64 = 8;
 
 /// Index of an access size in [`GrantSlot::read_lim`] and [`GrantSlot::write_lim`].
 #[inline(always)]
@@ -212,6 +221,13 @@ pub struct VmCtx {
     pub trace_len: u64,
     /// Values recorded by the trace helper.
     pub trace: [u64; TRACE_CAP],
+    /// Per access site whose grant the analysis could not prove: the grant slot that last
+    /// allowed it (written by [`check_slow`]). Compiled code tries that slot inline before it
+    /// calls the slow path, so a handler that walks a run-time number of segments finds each
+    /// in one comparison instead of a scan of every grant. Compiled code masks the value to
+    /// a slot index ([`MAX_GRANTS`] is a power of two): whatever it holds, the check reads a
+    /// real slot.
+    pub sites: [u8; SITE_HINTS],
 }
 
 impl Default for VmCtx {
@@ -226,6 +242,7 @@ impl Default for VmCtx {
             fault: FaultRecord::default(),
             trace_len: 0,
             trace: [0; TRACE_CAP],
+            sites: [slot::ENTRY as u8; SITE_HINTS],
         }
     }
 }
@@ -309,8 +326,17 @@ pub(crate) extern "C" fn check_slow(
 ) -> u64 {
     // SAFETY: compiled code passes the context it was entered with, alive for the call.
     let ctx = unsafe { &mut *ctx };
+    let site = (kind >> SITE_SHIFT) as usize;
+    let kind = kind & ((1 << SITE_SHIFT) - 1);
     let write = kind != access::LOAD;
-    if ctx.grants.iter().any(|g| g.allows_small(addr, size, write)) {
+    if let Some(i) = ctx
+        .grants
+        .iter()
+        .position(|g| g.allows_small(addr, size, write))
+    {
+        if let Some(cell) = site.checked_sub(1).and_then(|s| ctx.sites.get_mut(s)) {
+            *cell = i as u8;
+        }
         return 1;
     }
     let fault_kind = match kind {
@@ -355,6 +381,8 @@ pub mod layout {
     pub const TRACE_LEN: usize = offset_of!(VmCtx, trace_len);
     /// Offset of the trace.
     pub const TRACE: usize = offset_of!(VmCtx, trace);
+    /// Offset of the per-site grant memory.
+    pub const SITES: usize = offset_of!(VmCtx, sites);
     /// Size of the whole context.
     pub const SIZE: usize = std::mem::size_of::<VmCtx>();
 
@@ -389,8 +417,12 @@ pub fn c_header() -> String {
     );
     let _ = writeln!(h, "#include <stdint.h>");
     use naam_ebpf::abi::helper as h;
-    let consts: [(&str, u64); 33] = [
+    let consts: [(&str, u64); 37] = [
         ("NAAM_MAX_GRANTS", MAX_GRANTS as u64),
+        ("NAAM_SITE_HINTS", SITE_HINTS as u64),
+        ("NAAM_SITE_SHIFT", SITE_SHIFT),
+        ("NAAM_SLOT_MASK", (MAX_GRANTS - 1) as u64),
+        ("NAAM_GRANT_SIZE", layout::GRANT_SIZE as u64),
         ("NAAM_HELPER_SLOTS", HELPER_SLOTS as u64),
         ("NAAM_TRACE_CAP", TRACE_CAP as u64),
         ("NAAM_SLOT_ENTRY", slot::ENTRY as u64),
@@ -443,7 +475,7 @@ pub fn c_header() -> String {
     let _ = writeln!(h, "  uint64_t helpers[NAAM_HELPER_SLOTS];");
     let _ = writeln!(
         h,
-        "  uint64_t check, budget, executed, stack_limit;\n  naam_fault fault;\n  uint64_t trace_len;\n  uint64_t trace[NAAM_TRACE_CAP];"
+        "  uint64_t check, budget, executed, stack_limit;\n  naam_fault fault;\n  uint64_t trace_len;\n  uint64_t trace[NAAM_TRACE_CAP];\n  uint8_t sites[NAAM_SITE_HINTS];"
     );
     let _ = writeln!(h, "}} naam_vmctx;");
     for (field, off) in [
@@ -455,6 +487,7 @@ pub fn c_header() -> String {
         ("fault", layout::FAULT),
         ("trace_len", layout::TRACE_LEN),
         ("trace", layout::TRACE),
+        ("sites", layout::SITES),
     ] {
         let _ = writeln!(
             h,

@@ -90,6 +90,11 @@ pub struct Invocation<'a> {
     pub reply: &'a [u8],
     /// Segments fetched for this step, in the order of its descriptors.
     pub segments: &'a [Grant<'a>],
+    /// The engine ran this message's previous step last and nothing ran since, so the
+    /// message's args, state words and reply are still where that step left them, and equal
+    /// `args`, `state` and `reply`: an engine may skip copying them in. A hint only; an
+    /// engine that cannot tell for itself that it is true ignores it.
+    pub resident: bool,
 }
 
 /// What a finished step left in the engine, borrowed from it until it runs again.
@@ -104,7 +109,7 @@ pub struct StepResult<'a> {
     /// The reply as the step left it (earlier steps' bytes included).
     pub reply: &'a [u8],
     /// State words for the next step.
-    pub state: [u64; STATE_WORDS],
+    pub state: &'a [u64; STATE_WORDS],
     /// Descriptors of the next step (`Continue`).
     pub next: &'a [Descriptor],
     /// Write operations (`Write`), whose `data_offset` index [`StepResult::write_data`].

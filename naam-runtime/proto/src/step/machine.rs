@@ -56,8 +56,11 @@ pub struct WriteRequest {
     pub kind: u32,
     /// Offset inside the target segment.
     pub offset: u32,
-    /// Bytes to store (`STORE`).
-    pub data: Vec<u8>,
+    /// Bytes written: a `STORE`'s data length, 8 for the atomics.
+    pub len: u32,
+    /// Where a `STORE`'s bytes start in [`WriteBatch::data`] ([`WriteBatch::bytes`] gives
+    /// them).
+    pub data_at: u32,
     /// New value (`CAS`) or addend (`FAA`).
     pub operand: u64,
     /// Expected value (`CAS`).
@@ -74,6 +77,21 @@ pub struct WriteBatch {
     pub request_id: u64,
     /// Operations in order.
     pub ops: Vec<WriteRequest>,
+    /// The step's staged bytes, which the `STORE`s name ranges of (one buffer for the whole
+    /// batch, not one per operation).
+    pub data: Vec<u8>,
+}
+
+impl WriteBatch {
+    /// The bytes a `STORE` writes (empty for an atomic, or an operation of another batch
+    /// whose range does not fit this one).
+    pub fn bytes(&self, op: &WriteRequest) -> &[u8] {
+        if op.kind != write_kind::STORE {
+            return &[];
+        }
+        let at = op.data_at as usize;
+        self.data.get(at..at + op.len as usize).unwrap_or(&[])
+    }
 }
 
 /// What the driver must do next.
@@ -105,18 +123,10 @@ pub struct Outcome {
     pub insns: u64,
     /// Optimistic-read retries taken here.
     pub retries: u16,
-    /// Accounting of every step run here (retries included), in order.
-    pub records: Vec<StepRecord>,
-}
-
-/// Accounting of one step.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-pub struct StepRecord {
-    /// Instructions the interpreter executed (`None` under the JIT, which does not count).
-    pub insns: Option<u64>,
-    /// Handler run time, nanoseconds, as the driver measured it with its clock.
-    pub exec_ns: u64,
-    /// Cost of fetching the step's segments, nanoseconds (modelled DMA, measured READ, 0).
+    /// Engine runs here: steps, retried steps and a faulted step included.
+    pub runs: u16,
+    /// What fetching the data of every run here cost, nanoseconds (modelled DMA, measured
+    /// READs, 0 at the host), as the driver reported it.
     pub fetch_ns: u64,
 }
 
@@ -130,19 +140,49 @@ impl Outcome {
             steps,
             insns: 0,
             retries: 0,
-            records: Vec::new(),
+            runs: 0,
+            fetch_ns: 0,
         }
     }
 }
 
-/// One message in flight at one placement.
+/// Where a message starts at a placement, borrowed from whatever carries it (a decoded
+/// [`Request`], or a local caller's own buffers: nothing is copied but the reply so far).
+#[derive(Clone, Copy, Debug)]
+pub struct MessageStart<'a> {
+    /// The request id (the write owner's deduplication key, with the session).
+    pub request_id: u64,
+    /// Steps already run by earlier placements.
+    pub steps: u16,
+    /// State words as earlier steps left them.
+    pub state: [u64; STATE_WORDS],
+    /// Reply bytes built by earlier steps.
+    pub partial_reply: &'a [u8],
+    /// Descriptors of the first step here (at most `MAX_NEXT`; more are refused).
+    pub descriptors: &'a [Descriptor],
+}
+
+impl<'a> From<&'a Request> for MessageStart<'a> {
+    fn from(req: &'a Request) -> Self {
+        MessageStart {
+            request_id: req.request_id,
+            steps: req.steps,
+            state: req.state,
+            partial_reply: &req.partial_reply,
+            descriptors: req.descriptors.as_slice(),
+        }
+    }
+}
+
+/// One message in flight at one placement. It holds no copy of the message's args: the
+/// driver keeps them (in the request, or the caller's buffer) and lends them to every
+/// [`StepMachine::invocation`].
 #[derive(Debug)]
 pub struct StepMachine {
     app: u32,
     kind: HandlerKind,
     placement: Placement,
     request_id: u64,
-    args: Bytes,
     state: [u64; STATE_WORDS],
     reply: Vec<u8>,
     current: Descriptors,
@@ -150,14 +190,16 @@ pub struct StepMachine {
     retries: u16,
     insns: u64,
     limits: Limits,
-    records: Vec<StepRecord>,
+    runs: u16,
+    fetch_ns: u64,
 }
 
 impl StepMachine {
-    /// Starts `req`, whose handler belongs to `app` and is of `kind`, at `placement`. The first
-    /// action fetches the request's descriptors, unless the message cannot run here at all.
+    /// Starts the message `start` describes, whose handler belongs to `app` and is of `kind`,
+    /// at `placement`. The first action fetches its descriptors, unless the message cannot run
+    /// here at all.
     pub fn start(
-        req: &Request,
+        start: MessageStart<'_>,
         app: u32,
         kind: HandlerKind,
         placement: Placement,
@@ -167,18 +209,20 @@ impl StepMachine {
             app,
             kind,
             placement,
-            request_id: req.request_id,
-            args: req.args.clone(),
-            state: req.state,
-            reply: req.partial_reply.to_vec(),
-            current: req.descriptors,
-            steps: req.steps,
+            request_id: start.request_id,
+            state: start.state,
+            reply: start.partial_reply.to_vec(),
+            current: Descriptors::new(),
+            steps: start.steps,
             retries: 0,
             insns: 0,
             limits,
-            records: Vec::new(),
+            runs: 0,
+            fetch_ns: 0,
         };
-        let action = if placement == Placement::Client && kind == HandlerKind::Write {
+        let action = if m.current.assign(start.descriptors).is_err() {
+            m.fail(Status::Refused, "more descriptors than a step may fetch")
+        } else if placement == Placement::Client && kind == HandlerKind::Write {
             m.fail(
                 Status::PlacementRefused,
                 "write handlers run at the write owner, not at the client",
@@ -229,17 +273,18 @@ impl StepMachine {
     }
 
     /// The engine's input for the current step over `segments` (fetched in the order of
-    /// [`StepMachine::current`]).
-    pub fn invocation<'a>(&'a self, segments: &'a [Grant<'a>]) -> Invocation<'a> {
+    /// [`StepMachine::current`]), with the message's `args` (the same bytes every step).
+    pub fn invocation<'a>(&'a self, args: &'a [u8], segments: &'a [Grant<'a>]) -> Invocation<'a> {
         Invocation {
             app: self.app,
             request_id: self.request_id,
             step: self.steps as u32,
             placement: self.placement.abi(),
-            args: &self.args,
+            args,
             state: self.state,
             reply: &self.reply,
             segments,
+            resident: false,
         }
     }
 
@@ -251,11 +296,12 @@ impl StepMachine {
         let mut c = Outcome::error(status, code, message, self.steps);
         c.insns = self.insns;
         c.retries = self.retries;
-        c.records = std::mem::take(&mut self.records);
+        c.runs = self.runs;
+        c.fetch_ns = self.fetch_ns;
         Action::Complete(c)
     }
 
-    /// The message ends: the reply and the records move into the completion.
+    /// The message ends: the reply moves into the completion.
     fn complete(&mut self, status: Status, code: u32) -> Action {
         Action::Complete(Outcome {
             status,
@@ -264,7 +310,8 @@ impl StepMachine {
             steps: self.steps,
             insns: self.insns,
             retries: self.retries,
-            records: std::mem::take(&mut self.records),
+            runs: self.runs,
+            fetch_ns: self.fetch_ns,
         })
     }
 
@@ -273,21 +320,13 @@ impl StepMachine {
         self.fail(e.status(), e.to_string())
     }
 
-    /// The engine ran the current step (its segments cost `fetch_ns` to fetch, the run took
-    /// `exec_ns` by the driver's clock): the machine takes the step's output and says what
-    /// comes next. A step that faulted ends the message; one that asked to be retried (a torn
-    /// optimistic read) leaves the reply and state as they were.
-    pub fn stepped(
-        &mut self,
-        result: Result<StepResult<'_>, StepFault>,
-        fetch_ns: u64,
-        exec_ns: u64,
-    ) -> Action {
-        self.records.push(StepRecord {
-            insns: result.as_ref().ok().and_then(|o| o.insns),
-            exec_ns,
-            fetch_ns,
-        });
+    /// The engine ran the current step (its segments cost `fetch_ns` to fetch): the machine
+    /// takes the step's output and says what comes next. A step that faulted ends the message;
+    /// one that asked to be retried (a torn optimistic read) leaves the reply and state as they
+    /// were. Nothing here reads a clock: a driver times the whole message, once.
+    pub fn stepped(&mut self, result: Result<StepResult<'_>, StepFault>, fetch_ns: u64) -> Action {
+        self.runs = self.runs.saturating_add(1);
+        self.fetch_ns = self.fetch_ns.saturating_add(fetch_ns);
         let out = match result {
             Ok(out) => out,
             Err(e @ StepFault::Aborted { code }) => {
@@ -303,7 +342,7 @@ impl StepMachine {
         if out.ret != Some(Return::Retry) {
             self.reply.clear();
             self.reply.extend_from_slice(out.reply);
-            self.state = out.state;
+            self.state = *out.state;
         }
         match out.ret {
             Some(Return::Done) => self.complete(Status::Ok, 0),
@@ -315,17 +354,14 @@ impl StepMachine {
                         format!("hop limit of {} steps reached", self.limits.max_steps),
                     );
                 }
-                match Descriptors::from_slice(out.next) {
-                    Ok(next)
-                        if next
-                            .as_slice()
-                            .iter()
-                            .all(|d| d.access != 0 && d.access & !ACCESS_MASK == 0) =>
-                    {
-                        self.current = next;
-                        Action::Fetch
-                    }
-                    _ => self.fail(Status::Refused, "Continue with invalid next descriptors"),
+                let valid = out
+                    .next
+                    .iter()
+                    .all(|d| d.access != 0 && d.access & !ACCESS_MASK == 0);
+                if valid && self.current.assign(out.next).is_ok() {
+                    Action::Fetch
+                } else {
+                    self.fail(Status::Refused, "Continue with invalid next descriptors")
                 }
             }
             Some(Return::Retry) => {
@@ -383,15 +419,16 @@ impl StepMachine {
             }
             let op = match w.kind {
                 write_kind::STORE => {
-                    let bytes = out
-                        .write_data
-                        .get(w.data_offset as usize..w.data_offset as usize + w.len as usize)
-                        .ok_or_else(|| format!("write {i}: data outside the staging buffer"))?;
+                    let end = w.data_offset as usize + w.len as usize;
+                    if end > out.write_data.len() {
+                        return Err(format!("write {i}: data outside the staging buffer"));
+                    }
                     WriteRequest {
                         target,
                         kind: w.kind,
                         offset: w.offset,
-                        data: bytes.to_vec(),
+                        len: w.len,
+                        data_at: w.data_offset,
                         operand: 0,
                         expected: 0,
                     }
@@ -404,7 +441,8 @@ impl StepMachine {
                         target,
                         kind: w.kind,
                         offset: w.offset,
-                        data: Vec::new(),
+                        len: 8,
+                        data_at: 0,
                         operand: w.operand,
                         expected: w.expected,
                     }
@@ -417,6 +455,7 @@ impl StepMachine {
             app: self.app,
             request_id: self.request_id,
             ops,
+            data: out.write_data.to_vec(),
         })
     }
 

@@ -16,7 +16,7 @@ use naam_ebpf::abi::STACK_SIZE;
 use crate::analysis::{Check, Facts};
 use crate::insn::{AluOp, AtomicOp, Cond, Op, Operand, Width};
 use crate::loader::Program;
-use crate::memory::{access, fault, layout, slot, HELPER_SLOTS};
+use crate::memory::{access, fault, layout, slot, HELPER_SLOTS, SITE_HINTS, SITE_SHIFT};
 use crate::semantics::imm64;
 use crate::verifier::Checked;
 
@@ -293,29 +293,62 @@ impl<'a, 'b> Translator<'a, 'b> {
             .store(mutable(), executed, self.ctx, layout::EXECUTED as i32);
     }
 
-    /// Checks an access of `size` bytes at `addr` as the analysis decided.
+    /// Checks an access of `size` bytes at `addr` as the analysis decided: nothing for a
+    /// proven access; else the hinted slot inline (a hint), then the slot this site last
+    /// passed in ([`crate::memory::VmCtx::sites`]), then the slow path, which scans every
+    /// grant and remembers the slot for the site.
     fn check_access(&mut self, pc: usize, addr: Value, size: u64, kind: u64) {
         let write = kind != access::LOAD;
         let hint = match self.facts.check(pc) {
             Check::Proven => return,
-            Check::Hint(h) => h as usize,
-            Check::Scan => slot::ENTRY,
+            Check::Hint(h) => Some(h as usize),
+            Check::Scan => None,
         };
+        let cont = self.b.create_block();
+        if let Some(hint) = hint {
+            let start = self
+                .b
+                .ins()
+                .load(types::I64, fixed(), self.ctx, layout::start(hint) as i32);
+            let lim = self.b.ins().load(
+                types::I64,
+                fixed(),
+                self.ctx,
+                layout::limit(hint, size, write) as i32,
+            );
+            let off = self.b.ins().isub(addr, start);
+            let inside = self.b.ins().icmp(IntCC::UnsignedLessThan, off, lim);
+            let site = self.b.create_block();
+            self.b.set_cold_block(site);
+            self.b.ins().brif(inside, cont, &[], site, &[]);
+            self.enter(site);
+        }
+        // The slot this site passed in last: a byte of the context, masked to a slot index.
+        let site = pc % SITE_HINTS;
+        let remembered = self.b.ins().uload8(
+            types::I64,
+            mutable(),
+            self.ctx,
+            (layout::SITES + site) as i32,
+        );
+        let index = self
+            .b
+            .ins()
+            .band_imm_s(remembered, (crate::memory::MAX_GRANTS - 1) as i64);
+        let scaled = self.b.ins().imul_imm_s(index, layout::GRANT_SIZE as i64);
+        let grant = self.b.ins().iadd(self.ctx, scaled);
         let start = self
             .b
             .ins()
-            .load(types::I64, fixed(), self.ctx, layout::start(hint) as i32);
-        let lim = self.b.ins().load(
-            types::I64,
-            fixed(),
-            self.ctx,
-            layout::limit(hint, size, write) as i32,
-        );
+            .load(types::I64, mutable(), grant, layout::start(0) as i32);
+        let lim = self
+            .b
+            .ins()
+            .load(types::I64, mutable(), grant, layout::limit(0, size, write) as i32);
         let off = self.b.ins().isub(addr, start);
         let inside = self.b.ins().icmp(IntCC::UnsignedLessThan, off, lim);
         let slow = self.b.create_block();
         self.b.set_cold_block(slow);
-        let cont = self.b.create_block();
         self.b.ins().brif(inside, cont, &[], slow, &[]);
         self.enter(slow);
         let sig = match self.check_sig {
@@ -331,7 +364,7 @@ impl<'a, 'b> Translator<'a, 'b> {
             .ins()
             .load(types::I64, fixed(), self.ctx, layout::CHECK as i32);
         let size_v = self.iconst(size);
-        let kind_v = self.iconst(kind);
+        let kind_v = self.iconst(kind | ((site as u64 + 1) << SITE_SHIFT));
         let pc_v = self.iconst(pc as u64);
         let call = self
             .b
