@@ -243,7 +243,22 @@ impl KeyNaming {
 
     /// The key name: `user` and the (padded) number, as YCSB's CoreWorkload builds it.
     pub fn name(&self, n: u64) -> String {
-        format!("user{:0width$}", self.number(n), width = self.zero_padding)
+        let mut s = String::new();
+        self.name_into(n, &mut s);
+        s
+    }
+
+    /// [`KeyNaming::name`] written into `out` (cleared first): no allocation once `out` has
+    /// grown to a key's length.
+    pub fn name_into(&self, n: u64, out: &mut String) {
+        use std::fmt::Write;
+        out.clear();
+        let _ = write!(
+            out,
+            "user{:0width$}",
+            self.number(n),
+            width = self.zero_padding
+        );
     }
 }
 

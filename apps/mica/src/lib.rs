@@ -455,9 +455,27 @@ impl<T: Transport> MicaClient<T> {
 
     /// The value of `key`, if the table holds it.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, MicaError> {
+        Ok(self.get_bytes(key)?.map(|v| v.to_vec()))
+    }
+
+    /// The value of `key`, if the table holds it, as a view of the reply (no copy).
+    pub fn get_bytes(&mut self, key: &[u8]) -> Result<Option<bytes::Bytes>, MicaError> {
         let r = self.send("get", self.ids[0], key, &[], false)?;
         Ok(match r.payload.first() {
-            Some(&l::reply::HIT) => Some(r.payload[1..].to_vec()),
+            Some(&l::reply::HIT) => Some(r.payload.slice(1..)),
+            _ => None,
+        })
+    }
+
+    /// `f` of the value of `key` if the table holds it, read in place in the reply.
+    pub fn get_with<R>(
+        &mut self,
+        key: &[u8],
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<Option<R>, MicaError> {
+        let r = self.send("get", self.ids[0], key, &[], false)?;
+        Ok(match r.payload.split_first() {
+            Some((&l::reply::HIT, value)) => Some(f(value)),
             _ => None,
         })
     }

@@ -221,7 +221,13 @@ fn hop_limit_ends_a_message_that_keeps_continuing() {
     // A continuation that arrives with its budget spent does not run at all.
     let mut spent = request(&[desc(1, 8, ACCESS_READ)]);
     spent.steps = 4;
-    let (_, action) = StepMachine::start((&spent).into(), 7, HandlerKind::Read, Placement::Host, limits);
+    let (_, action) = StepMachine::start(
+        (&spent).into(),
+        7,
+        HandlerKind::Read,
+        Placement::Host,
+        limits,
+    );
     assert!(matches!(action, Action::Complete(o) if o.status == Status::HopLimit));
 }
 

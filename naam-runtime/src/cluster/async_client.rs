@@ -141,14 +141,7 @@ impl AsyncClient {
                                 .iter()
                                 .map(|b| naam_proto::step::Grant::read(b))
                                 .collect();
-                            run_step(
-                                &mut m,
-                                &mut vm,
-                                &handler.exe,
-                                &req.args,
-                                &grants,
-                                0,
-                            )
+                            run_step(&mut m, &mut vm, &handler.exe, &req.args, &grants, 0)
                         }
                         Ok(Ok(Err(e))) => m.fetch_failed(&e.into()),
                         _ => {

@@ -19,8 +19,92 @@ impl Cluster {
                 vm.set_cross_check(self.inner.config.cross_check.clone());
                 vm
             },
-            selectors: HashMap::new(),
+            selectors: IntMap::default(),
+            host: HostPath::new(self.inner.regions.clone()),
+            metrics: self.inner.metrics.shard(),
+            local: LocalLoad::new(self.inner.clock.now()),
+            weights: IntMap::default(),
+            weights_seen: u64::MAX,
         }
+    }
+}
+
+/// How often a client hands the host load it measured to the cluster's tracker: well inside
+/// one steering period, so the controller always decides on fresh figures.
+const LOCAL_LOAD_FLUSH_NS: Nanos = 250_000;
+
+/// Host messages a client ran to completion itself, kept apart from the cluster's shared
+/// tracker (whose lock every client would otherwise take per message) and handed over in
+/// one report every [`LOCAL_LOAD_FLUSH_NS`]; the apps' budget spending likewise.
+struct LocalLoad {
+    /// Per handler since the last flush: completions, service time and steps summed.
+    handlers: Vec<(HandlerKey, u64, u64, u64)>,
+    busy_ns: u64,
+    flushed_at: Nanos,
+}
+
+impl LocalLoad {
+    fn new(now: Nanos) -> LocalLoad {
+        LocalLoad {
+            handlers: Vec::new(),
+            busy_ns: 0,
+            flushed_at: now,
+        }
+    }
+
+    /// Records a finished host message and hands everything over when a flush is due.
+    #[inline]
+    fn completed(
+        &mut self,
+        inner: &Inner,
+        key: HandlerKey,
+        service: Nanos,
+        steps: u16,
+        now: Nanos,
+    ) {
+        self.busy_ns += service;
+        match self.handlers.iter_mut().find(|h| h.0 == key) {
+            Some(h) => {
+                h.1 += 1;
+                h.2 += service;
+                h.3 += steps as u64;
+            }
+            None => self.handlers.push((key, 1, service, steps as u64)),
+        }
+        if now.saturating_sub(self.flushed_at) >= LOCAL_LOAD_FLUSH_NS {
+            self.flush(inner, now);
+        }
+    }
+
+    /// Hands the period's figures to the cluster: the mean service time and steps of each
+    /// handler, the busy time, and every app's steps against its budget.
+    fn flush(&mut self, inner: &Inner, now: Nanos) {
+        self.flushed_at = now;
+        if self.handlers.is_empty() {
+            return;
+        }
+        let report = RemoteLoad {
+            busy_ns: std::mem::take(&mut self.busy_ns),
+            handlers: self
+                .handlers
+                .iter()
+                .map(|&((app, handler), n, service, steps)| RemoteHandler {
+                    app,
+                    handler,
+                    service_ns: service as f64 / n as f64,
+                    steps: steps as f64 / n as f64,
+                    completions: n,
+                })
+                .collect(),
+            ..RemoteLoad::default()
+        };
+        inner
+            .lock_tracker(Placement::Host)
+            .absorb_completions(&report);
+        for &((app, _), _, _, steps) in &self.handlers {
+            inner.spend(app, 0, steps);
+        }
+        self.handlers.clear();
     }
 }
 
@@ -85,7 +169,22 @@ pub struct Client {
     rx: Receiver<Reply>,
     vm: Vm,
     transport: ClientPath<AgentTransport>,
-    selectors: HashMap<HandlerKey, Selector>,
+    selectors: IntMap<HandlerKey, Selector>,
+    /// Host memory, for the messages this client runs to completion itself.
+    host: HostPath,
+    metrics: MetricsShard,
+    local: LocalLoad,
+    /// The weights this client last read, valid while the cluster's weights version is
+    /// `weights_seen`.
+    weights: IntMap<HandlerKey, Weights>,
+    weights_seen: u64,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let now = self.inner.clock.now();
+        self.local.flush(&self.inner, now);
+    }
 }
 
 impl Client {
@@ -118,6 +217,41 @@ impl Client {
         self.call_with(Some(placement), app, handler, args, descs)
     }
 
+    /// The weights of `key`, from this client's copy while the cluster publishes nothing new.
+    fn weights_of(&mut self, key: HandlerKey) -> Weights {
+        let version = self.inner.weights_version.load(Ordering::Acquire);
+        if version != self.weights_seen {
+            self.weights.clear();
+            self.weights_seen = version;
+        }
+        let inner = &self.inner;
+        *self
+            .weights
+            .entry(key)
+            .or_insert_with(|| inner.weights(key))
+    }
+
+    /// Where a message goes: a read's weighted pick (or `placement`), a write's owner.
+    fn choose(
+        &mut self,
+        placement: Option<Placement>,
+        key: HandlerKey,
+        is_read: bool,
+    ) -> Option<Placement> {
+        match placement {
+            Some(p) => Some(p),
+            None if is_read => {
+                let weights = self.weights_of(key);
+                let inner = &self.inner;
+                self.selectors.entry(key).or_default().pick(&weights, |p| {
+                    (p == Placement::Client && inner.agent_available())
+                        || inner.queues[p.index()].is_some()
+                })
+            }
+            None => None,
+        }
+    }
+
     /// Sends a prepared request (its request id is replaced by a fresh one unless it is a retry).
     pub fn send(
         &mut self,
@@ -129,53 +263,115 @@ impl Client {
         }
         req.validate()?;
         let key = (req.app, req.handler);
-        let is_read = self
+        let kind = self
             .inner
             .registry
             .handler(req.app, req.handler)
-            .is_ok_and(|h| h.kind == HandlerKind::Read);
+            .ok()
+            .map(|h| h.kind);
+        let is_read = kind == Some(HandlerKind::Read);
         let start = Instant::now();
-        let weights = self.inner.weights(key);
-        let sel = self.selectors.entry(key).or_default();
-        // The client decides Client vs server for reads, with one weighted pick; a server pick is
-        // passed on to the switch as the placement. Writes always go to the owner.
-        let choice = match placement {
-            Some(p) => Some(p),
-            None if is_read => sel.pick(&weights, |p| {
-                (p == Placement::Client && self.inner.agent_available())
-                    || self.inner.queues[p.index()].is_some()
-            }),
-            None => None,
-        };
+        let choice = self.choose(placement, key, is_read);
         let reply = if is_read && choice == Some(Placement::Client) {
             self.run_locally(&req)
+        } else if kind == Some(HandlerKind::Write) && self.owned_here(req.app) {
+            self.write_here(&req)
         } else {
-            let sink = ReplySink::Sync(self.tx.clone());
-            match submit(&self.inner, req.clone(), sel, choice, sink) {
-                Err(Refusal::Client(e)) => return Err(e),
-                Err(refusal) => refusal.reply(&req),
-                Ok(_) => {
-                    let deadline = Instant::now() + self.inner.config.client_timeout;
-                    loop {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        match recv_polling(&self.rx, left) {
-                            Ok(r) if r.request_id == req.request_id => break r,
-                            Ok(_) => continue, // a late reply to an earlier, timed-out call
-                            Err(_) => {
-                                return Err(ClientError::Timeout(self.inner.config.client_timeout))
-                            }
-                        }
-                    }
-                }
-            }
+            self.submit_and_wait(req, choice)?
         };
-        self.inner.metrics.record(
+        self.metrics.record(
             reply.placement,
             key,
             start.elapsed().as_nanos() as u64,
             reply.status,
         );
         Ok(reply)
+    }
+
+    /// Whether this client runs `app`'s writes itself: the host owns them and the cluster has
+    /// host cores (in one process, the calling thread is one of them).
+    fn owned_here(&self, app: u32) -> bool {
+        self.inner.owner_of(app) == Some(Placement::Host)
+            && self.inner.queues[Placement::Host.index()].is_some()
+    }
+
+    /// Queues `req` at an executor and waits for its reply.
+    fn submit_and_wait(
+        &mut self,
+        req: Request,
+        choice: Option<Placement>,
+    ) -> Result<Reply, ClientError> {
+        let key = (req.app, req.handler);
+        let sink = ReplySink::Sync(self.tx.clone());
+        let sel = self.selectors.entry(key).or_default();
+        match submit(&self.inner, req.clone(), sel, choice, sink) {
+            Err(Refusal::Client(e)) => Err(e),
+            Err(refusal) => Ok(refusal.reply(&req)),
+            Ok(_) => {
+                let deadline = Instant::now() + self.inner.config.client_timeout;
+                loop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match recv_polling(&self.rx, left) {
+                        Ok(r) if r.request_id == req.request_id => return Ok(r),
+                        Ok(_) => continue, // a late reply to an earlier, timed-out call
+                        Err(_) => {
+                            return Err(ClientError::Timeout(self.inner.config.client_timeout))
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs write `req` at the host in this thread, as an executor would (owner, dedup and
+    /// budget rules included): run to completion, no hand-off. Writers on several threads are
+    /// safe because every handler's writes are guarded by compare-and-swap, as with several
+    /// host executors.
+    fn write_here(&mut self, req: &Request) -> Reply {
+        let inner = &*self.inner;
+        if let Some(what) = inner.over_budget(req.app) {
+            return Refusal::Budget(what).reply(req);
+        }
+        let o = match inner.owners.get(&req.app) {
+            Some(o) => o,
+            None => return Refusal::Status(Status::UnknownApp).reply(req),
+        };
+        if o.draining.load(Ordering::SeqCst) {
+            return Refusal::Status(Status::Busy).reply(req);
+        }
+        o.inflight.fetch_add(1, Ordering::SeqCst);
+        if o.draining.load(Ordering::SeqCst) || inner.owner_of(req.app) != Some(Placement::Host) {
+            o.inflight.fetch_sub(1, Ordering::SeqCst);
+            return Refusal::Status(Status::Busy).reply(req);
+        }
+        let start = inner.clock.now();
+        let extra = inner.congestion.host_extra_ns();
+        spin_for(extra);
+        // `serve` leaves the owner's in-flight count when the write completes.
+        let mut served = serve(inner, req, &mut self.host, &mut self.vm);
+        // A torn read waits here, on the writer's own thread.
+        let c = loop {
+            match served {
+                Served::Done(c, _) => break c,
+                Served::Parked { run, write } => {
+                    inner.clock.wait_until(run.resume_at);
+                    served = resume_served(inner, req, run, write, &mut self.host, &mut self.vm);
+                }
+            }
+        };
+        let end = inner.clock.now();
+        let service = end.saturating_sub(start);
+        self.local
+            .completed(inner, (req.app, req.handler), service, c.steps, end);
+        reply_for(
+            req,
+            &c,
+            Placement::Host,
+            LoadFeedback {
+                service_ns: service,
+                ..LoadFeedback::default()
+            },
+        )
     }
 
     fn call_with(
@@ -186,7 +382,49 @@ impl Client {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        self.send(placement, Request::for_call(app, handler, 0, args, descs)?)
+        Request::check_call(args, descs)?;
+        let key = (app, handler);
+        let is_read = self
+            .inner
+            .registry
+            .handler(app, handler)
+            .is_ok_and(|h| h.kind == HandlerKind::Read);
+        if !is_read {
+            return self.send(placement, Request::for_call(app, handler, 0, args, descs)?);
+        }
+        let choice = self.choose(placement, key, true);
+        if choice != Some(Placement::Host) || self.inner.queues[Placement::Host.index()].is_none() {
+            return self.send(choice, Request::for_call(app, handler, 0, args, descs)?);
+        }
+        let request_id = self.next_id();
+        // The fields are borrowed apart: no reference count of the shared cluster state is
+        // touched per message (two client threads would bounce its cache line).
+        let Client {
+            inner,
+            vm,
+            host,
+            local,
+            metrics,
+            ..
+        } = self;
+        let inner = &**inner;
+        let start = inner.clock.now();
+        let (reply, end) = read_here(
+            inner,
+            HostRun { vm, host, local },
+            key,
+            request_id,
+            args,
+            descs,
+            start,
+        );
+        metrics.record(
+            reply.placement,
+            key,
+            end.saturating_sub(start),
+            reply.status,
+        );
+        Ok(reply)
     }
 
     fn run_locally(&mut self, req: &Request) -> Reply {
@@ -250,4 +488,85 @@ pub(crate) fn run_at_client<T: OneSided>(
         },
     );
     (reply, Some((service, c.steps)))
+}
+
+/// What a client runs host messages with: its engine state, its view of host memory, and
+/// where it counts the load.
+struct HostRun<'a> {
+    vm: &'a mut Vm,
+    host: &'a mut HostPath,
+    local: &'a mut LocalLoad,
+}
+
+/// Runs read `key` at the host in the calling thread, from the caller's own buffers: no
+/// request is built, nothing is queued, the handler's steps run back to back (eRPC's and
+/// MICA's run to completion). The message counts against its app's budget and into the
+/// host's load like an executor's. `start` is the clock's time now; returns the reply and the
+/// clock's time at its end.
+fn read_here(
+    inner: &Inner,
+    run: HostRun<'_>,
+    key: HandlerKey,
+    request_id: u64,
+    args: &[u8],
+    descs: &[Descriptor],
+    start: Nanos,
+) -> (Reply, Nanos) {
+    let (app, handler) = key;
+    let refuse = |status: Status, why: String| Reply {
+        app,
+        request_id,
+        status,
+        code: 0,
+        steps: 0,
+        placement: Placement::Host,
+        load: LoadFeedback::default(),
+        payload: Bytes::from(why.into_bytes()),
+    };
+    let entry = match inner.registry.handler(app, handler) {
+        Ok(h) => h,
+        Err(e) => return (refuse(Status::UnknownHandler, e.to_string()), start),
+    };
+    if let Some(what) = inner.over_budget_at(app, start) {
+        let why = format!("app {app} spent its {what} budget for this period: retry later");
+        return (refuse(Status::Busy, why), start);
+    }
+    let extra = inner.congestion.host_extra_ns();
+    if extra > 0 {
+        spin_for(extra);
+    }
+    let msg = MessageStart {
+        request_id,
+        steps: 0,
+        state: [0; naam_ebpf::abi::STATE_WORDS],
+        partial_reply: &[],
+        descriptors: descs,
+    };
+    let at = executor::Place {
+        path: run.host,
+        vm: run.vm,
+        limits: inner.config.limits,
+        clock: inner.clock.as_ref(),
+    };
+    let (c, _) = executor::run_message_parts(msg, args, entry, at, |_| Err(WriteError::NotOwner));
+    if c.retries > 0 {
+        inner.spend(app, c.retries as u64, 0);
+    }
+    let end = inner.clock.now();
+    let service = end.saturating_sub(start);
+    run.local.completed(inner, key, service, c.steps, end);
+    let reply = Reply {
+        app,
+        request_id,
+        status: c.status,
+        code: c.code,
+        steps: c.steps,
+        placement: Placement::Host,
+        load: LoadFeedback {
+            service_ns: service,
+            ..LoadFeedback::default()
+        },
+        payload: c.payload,
+    };
+    (reply, end)
 }

@@ -34,14 +34,17 @@ use crate::executor::{
     ParkedRun, RunCost,
 };
 use crate::fair::{FairQueue, PushError};
-use crate::Metrics;
+use crate::intmap::IntMap;
 use crate::{Clock, SystemClock};
 use crate::{HandlerEntry, HandlerSpec, Registry, RegistryError};
+use crate::{Metrics, MetricsShard};
 use crate::{RegionMemory, RegionTable};
 use naam_proto::steering::Selector;
 use naam_proto::step::HandlerKind;
 use naam_proto::step::ResolveError;
-use naam_proto::step::{DataPath, DmaModel, FetchError, Limits, OneSided, Outcome, WriteError};
+use naam_proto::step::{
+    DataPath, DmaModel, FetchError, Limits, MessageStart, OneSided, Outcome, WriteError,
+};
 use naam_proto::transport::ClientError;
 use naam_proto::Nanos;
 use naam_proto::Placement;
@@ -66,8 +69,8 @@ pub use async_client::AsyncClient;
 use naam_proto::dedup::RecentAnswers;
 use naam_proto::steering::{
     AppView, ClientShare, Controller, ControllerConfig, CostPolicy, CostPolicyConfig, Ewma,
-    HandlerKey, HandlerLoad, HandlerView, LoadTracker, Observe, Policy, RemoteLoad, StaticPolicy,
-    SteeringInputs, Weights,
+    HandlerKey, HandlerLoad, HandlerView, LoadTracker, Observe, Policy, RemoteHandler, RemoteLoad,
+    StaticPolicy, SteeringInputs, Weights,
 };
 use naam_proto::wire::{Descriptors, LoadFeedback, Reply, Request, Status};
 use naam_vm::VerifierConfig;
@@ -230,10 +233,13 @@ struct Inner {
     /// With remote clients: the signals of each handler's latest decision, and the inputs it
     /// was decided with, from which each client's own Client share is decided.
     signals: RwLock<(SteeringInputs, HashMap<HandlerKey, HandlerLoad>)>,
-    owners: HashMap<u32, Owner>,
-    dedup: HashMap<u32, Mutex<DedupTable>>,
+    owners: IntMap<u32, Owner>,
+    dedup: IntMap<u32, Mutex<DedupTable>>,
     /// Per app: what it spent of [`ClusterConfig::tenant_budget`] this period.
-    spent: HashMap<u32, Mutex<Spent>>,
+    spent: IntMap<u32, AppBudget>,
+    /// Bumped whenever the steering publishes new weights: clients keep a copy of the weights
+    /// they use and read the table again only when this moves.
+    weights_version: AtomicU64,
     client_rtt: Mutex<Ewma>,
     metrics: Metrics,
     congestion: CongestionInjector,
@@ -244,13 +250,27 @@ struct Inner {
     remote_nic_seen: AtomicU64,
 }
 
+/// One app's spending of its [`TenantBudget`] in the current period. Spending is added
+/// under the lock (callers on a hot path add in batches); whether the app is refused is one
+/// atomic read.
+#[derive(Default)]
+struct AppBudget {
+    spent: Mutex<Spent>,
+    /// Until when (clock time) the app is refused, and for which budget: 0 none, 1 retries,
+    /// 2 steps.
+    refused_until: AtomicU64,
+    refused_for: AtomicU8,
+}
+
 impl Inner {
     /// Adds to `app`'s spending in the current period (a new period starts afresh).
     fn spend(&self, app: u32, retries: u64, steps: u64) {
-        if let Some(m) = self.spent.get(&app) {
+        if let Some(b) = self.spent.get(&app) {
             let now = self.clock.now();
-            let mut s = m.lock().unwrap_or_else(|e| e.into_inner());
-            if now.saturating_sub(s.since) >= self.config.tenant_budget.period.as_nanos() as u64 {
+            let budget = self.config.tenant_budget;
+            let period = budget.period.as_nanos() as u64;
+            let mut s = b.spent.lock().unwrap_or_else(|e| e.into_inner());
+            if now.saturating_sub(s.since) >= period {
                 *s = Spent {
                     since: now,
                     ..Spent::default()
@@ -258,23 +278,36 @@ impl Inner {
             }
             s.retries += retries;
             s.steps += steps;
+            let refused = if s.retries >= budget.retries {
+                1
+            } else if s.steps >= budget.steps {
+                2
+            } else {
+                0
+            };
+            if refused != 0 {
+                b.refused_for.store(refused, Ordering::Relaxed);
+                b.refused_until
+                    .store(s.since.saturating_add(period), Ordering::Release);
+            }
         }
     }
 
     /// Which of `app`'s budgets is spent for the rest of the period, if one is.
     fn over_budget(&self, app: u32) -> Option<&'static str> {
-        let m = self.spent.get(&app)?;
-        let s = m.lock().unwrap_or_else(|e| e.into_inner());
-        let b = self.config.tenant_budget;
-        if self.clock.now().saturating_sub(s.since) >= b.period.as_nanos() as u64 {
+        self.over_budget_at(app, self.clock.now())
+    }
+
+    /// [`Inner::over_budget`] at clock time `now` (one atomic read when nothing is spent).
+    fn over_budget_at(&self, app: u32, now: Nanos) -> Option<&'static str> {
+        let b = self.spent.get(&app)?;
+        if now >= b.refused_until.load(Ordering::Acquire) {
             return None;
         }
-        if s.retries >= b.retries {
-            Some("torn-read retries")
-        } else if s.steps >= b.steps {
-            Some("steps")
-        } else {
-            None
+        match b.refused_for.load(Ordering::Relaxed) {
+            1 => Some("torn-read retries"),
+            2 => Some("steps"),
+            _ => None,
         }
     }
 
@@ -418,9 +451,9 @@ impl ClusterBuilder {
                 "with a remote NIC, writes are owned by the host (owner = host)".into(),
             ));
         }
-        let mut owners = HashMap::new();
-        let mut dedup = HashMap::new();
-        let mut spent = HashMap::new();
+        let mut owners = IntMap::default();
+        let mut dedup = IntMap::default();
+        let mut spent = IntMap::default();
         for app in &self.apps {
             owners.insert(
                 app.id,
@@ -432,7 +465,7 @@ impl ClusterBuilder {
                 },
             );
             dedup.insert(app.id, Mutex::new(DedupTable::default()));
-            spent.insert(app.id, Mutex::new(Spent::default()));
+            spent.insert(app.id, AppBudget::default());
         }
         let now = clock.now();
         let host_q = Arc::new(FairQueue::new(config.queue_capacity));
@@ -462,6 +495,7 @@ impl ClusterBuilder {
             owners,
             dedup,
             spent,
+            weights_version: AtomicU64::new(0),
             client_rtt: Mutex::new(Ewma::default()),
             metrics: Metrics::default(),
             congestion: CongestionInjector::default(),

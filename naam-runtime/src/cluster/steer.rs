@@ -80,6 +80,7 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
             inner.metrics.record_weights(now, key, w);
             table.insert(key, w);
         }
+        inner.weights_version.fetch_add(1, Ordering::Release);
     }
     if let Some((client_inputs, handlers)) = decisions.client_signals {
         let mut signals = inner.signals.write().unwrap_or_else(|e| e.into_inner());

@@ -162,15 +162,15 @@ impl LoadTracker {
         r
     }
 
-    /// Takes in a remote placement's report as if its executors had run here.
-    pub fn absorb(&mut self, r: &RemoteLoad) {
-        self.executors = r.executors.max(1);
-        self.depth = r.queue_depth;
-        if r.dequeues > 0 || self.queue_delay.get().is_none() {
-            self.queue_delay.set(r.queue_delay_ns);
-        }
+    /// Takes in what `r` reports of completed messages (busy time, per-handler service and
+    /// steps, completions) and nothing of its queue: the report of messages run to completion
+    /// by the threads that received them, for this placement whose queue is its executors'.
+    pub fn absorb_completions(&mut self, r: &RemoteLoad) {
         self.busy_ns += r.busy_ns;
-        self.dequeues += r.dequeues;
+        self.absorb_handlers(r);
+    }
+
+    fn absorb_handlers(&mut self, r: &RemoteLoad) {
         for h in &r.handlers {
             let key = (h.app, h.handler);
             if !h.service_ns.is_finite() || !h.steps.is_finite() {
@@ -181,5 +181,17 @@ impl LoadTracker {
             self.overall.add_clipped(h.service_ns);
             *self.completions.entry(key).or_default() += h.completions;
         }
+    }
+
+    /// Takes in a remote placement's report as if its executors had run here.
+    pub fn absorb(&mut self, r: &RemoteLoad) {
+        self.executors = r.executors.max(1);
+        self.depth = r.queue_depth;
+        if r.dequeues > 0 || self.queue_delay.get().is_none() {
+            self.queue_delay.set(r.queue_delay_ns);
+        }
+        self.busy_ns += r.busy_ns;
+        self.dequeues += r.dequeues;
+        self.absorb_handlers(r);
     }
 }

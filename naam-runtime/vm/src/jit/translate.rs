@@ -306,10 +306,10 @@ impl<'a, 'b> Translator<'a, 'b> {
         };
         let cont = self.b.create_block();
         if let Some(hint) = hint {
-            let start = self
-                .b
-                .ins()
-                .load(types::I64, fixed(), self.ctx, layout::start(hint) as i32);
+            let start =
+                self.b
+                    .ins()
+                    .load(types::I64, fixed(), self.ctx, layout::start(hint) as i32);
             let lim = self.b.ins().load(
                 types::I64,
                 fixed(),
@@ -341,10 +341,12 @@ impl<'a, 'b> Translator<'a, 'b> {
             .b
             .ins()
             .load(types::I64, mutable(), grant, layout::start(0) as i32);
-        let lim = self
-            .b
-            .ins()
-            .load(types::I64, mutable(), grant, layout::limit(0, size, write) as i32);
+        let lim = self.b.ins().load(
+            types::I64,
+            mutable(),
+            grant,
+            layout::limit(0, size, write) as i32,
+        );
         let off = self.b.ins().isub(addr, start);
         let inside = self.b.ins().icmp(IntCC::UnsignedLessThan, off, lim);
         let slow = self.b.create_block();
