@@ -125,7 +125,10 @@ fuzz_target!(|data: &[u8]| {
         let now = i as u64 * 1_000_000;
         let d = Bytes::copy_from_slice(bytes);
         match who % 3 {
-            0 => s.handle(now, from, d),
+            0 => {
+                s.handle(now, from, d);
+                s.run(usize::MAX);
+            }
             1 => n.handle(now, from, d),
             _ => c.handle(now, from, d),
         }

@@ -149,38 +149,63 @@ impl Fragment {
     }
 }
 
-/// Splits `message` into datagrams of at most `datagram` bytes each.
-pub fn fragment(message: u64, bytes: &[u8], datagram: usize) -> Result<Vec<Bytes>, FrameError> {
-    if bytes.len() > MAX_MESSAGE {
-        return Err(FrameError::TooLarge(bytes.len()));
+/// Where one fragment of a message lies: its header and the range of the message it carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The fragment's header, to send before `range` of the message.
+    pub header: [u8; HEADER],
+    /// The bytes of the message it carries.
+    pub range: std::ops::Range<usize>,
+}
+
+/// The fragments of a `len`-byte message with id `message` in datagrams of at most
+/// `datagram` bytes, as headers and ranges (a driver sends each header and range with one
+/// scatter-gather entry each, copying nothing).
+pub fn pieces(
+    message: u64,
+    len: usize,
+    datagram: usize,
+) -> Result<impl Iterator<Item = Piece>, FrameError> {
+    if len > MAX_MESSAGE {
+        return Err(FrameError::TooLarge(len));
     }
     if datagram < MIN_DATAGRAM {
         return Err(FrameError::DatagramTooSmall(datagram));
     }
     let chunk = datagram - HEADER;
-    let count = bytes.len().div_ceil(chunk).max(1);
+    let count = len.div_ceil(chunk).max(1);
     if count > MAX_FRAGMENTS {
-        return Err(FrameError::TooLarge(bytes.len()));
+        return Err(FrameError::TooLarge(len));
     }
-    let mut out = Vec::with_capacity(count);
-    for index in 0..count {
+    Ok((0..count).map(move |index| {
         let start = index * chunk;
-        let part = &bytes[start..(start + chunk).min(bytes.len())];
-        let mut b = BytesMut::with_capacity(HEADER + part.len());
-        b.put_u32_le(MAGIC);
-        b.put_u8(VERSION);
-        b.put_u8(index as u8);
-        b.put_u8(count as u8);
-        b.put_u8(0);
-        b.put_u64_le(message);
-        b.put_u16_le(bytes.len() as u16);
-        b.put_u16_le(start as u16);
-        b.put_u16_le(part.len() as u16);
-        b.put_u16_le(0);
-        b.put_slice(part);
-        out.push(b.freeze());
-    }
-    Ok(out)
+        let end = (start + chunk).min(len);
+        let mut h = [0u8; HEADER];
+        h[..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4] = VERSION;
+        h[5] = index as u8;
+        h[6] = count as u8;
+        h[8..16].copy_from_slice(&message.to_le_bytes());
+        h[16..18].copy_from_slice(&(len as u16).to_le_bytes());
+        h[18..20].copy_from_slice(&(start as u16).to_le_bytes());
+        h[20..22].copy_from_slice(&((end - start) as u16).to_le_bytes());
+        Piece {
+            header: h,
+            range: start..end,
+        }
+    }))
+}
+
+/// Splits `message` into datagrams of at most `datagram` bytes each.
+pub fn fragment(message: u64, bytes: &[u8], datagram: usize) -> Result<Vec<Bytes>, FrameError> {
+    Ok(pieces(message, bytes.len(), datagram)?
+        .map(|p| {
+            let mut b = BytesMut::with_capacity(HEADER + p.range.len());
+            b.put_slice(&p.header);
+            b.put_slice(&bytes[p.range]);
+            b.freeze()
+        })
+        .collect())
 }
 
 /// A message being reassembled.

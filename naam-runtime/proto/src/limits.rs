@@ -28,3 +28,11 @@ pub const SEAL_TAG: usize = 16;
 const _: () = assert!(MAX_REQUEST + SEAL_OVERHEAD <= MAX_MESSAGE);
 const _: () = assert!(MAX_REPLY + SEAL_OVERHEAD <= MAX_MESSAGE);
 const _: () = assert!(MAX_TRANSFER + 64 + SEAL_OVERHEAD <= MAX_MESSAGE);
+
+/// Requests a session may have waiting at the server by default (its in-flight credit, the
+/// window its client keeps): deep enough for a client pipelining 32 requests with room for a
+/// burst of retransmissions.
+pub const SESSION_CREDIT: u32 = 64;
+
+/// Requests all sessions of one tenant may have waiting at the server together by default.
+pub const TENANT_CREDIT: u32 = 256;

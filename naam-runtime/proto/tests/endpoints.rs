@@ -410,6 +410,7 @@ impl World {
             for (from, to, bytes) in self.net.take_due(self.now) {
                 if to == server_addr() {
                     self.server.handle(self.now, from, bytes);
+                    self.server.run(usize::MAX);
                 } else if to == client_addr() {
                     self.client.handle(self.now, from, bytes);
                 } else if let Some(nic) = self.nic.as_mut().filter(|_| to == nic_addr()) {
@@ -783,7 +784,10 @@ mod hostile {
             for (to, from, bytes) in hits {
                 let bytes = Bytes::from(bytes);
                 match to {
-                    0 => w.server.handle(w.now, from, bytes),
+                    0 => {
+                        w.server.handle(w.now, from, bytes);
+                        w.server.run(usize::MAX);
+                    }
                     1 => w.client.handle(w.now, from, bytes),
                     _ => {
                         if let Some(nic) = w.nic.as_mut() {

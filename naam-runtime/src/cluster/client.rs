@@ -22,89 +22,10 @@ impl Cluster {
             selectors: IntMap::default(),
             host: HostPath::new(self.inner.regions.clone()),
             metrics: self.inner.metrics.shard(),
-            local: LocalLoad::new(self.inner.clock.now()),
+            local: LocalLoad::new(Placement::Host, self.inner.clock.now()),
             weights: IntMap::default(),
             weights_seen: u64::MAX,
         }
-    }
-}
-
-/// How often a client hands the host load it measured to the cluster's tracker: well inside
-/// one steering period, so the controller always decides on fresh figures.
-const LOCAL_LOAD_FLUSH_NS: Nanos = 250_000;
-
-/// Host messages a client ran to completion itself, kept apart from the cluster's shared
-/// tracker (whose lock every client would otherwise take per message) and handed over in
-/// one report every [`LOCAL_LOAD_FLUSH_NS`]; the apps' budget spending likewise.
-struct LocalLoad {
-    /// Per handler since the last flush: completions, service time and steps summed.
-    handlers: Vec<(HandlerKey, u64, u64, u64)>,
-    busy_ns: u64,
-    flushed_at: Nanos,
-}
-
-impl LocalLoad {
-    fn new(now: Nanos) -> LocalLoad {
-        LocalLoad {
-            handlers: Vec::new(),
-            busy_ns: 0,
-            flushed_at: now,
-        }
-    }
-
-    /// Records a finished host message and hands everything over when a flush is due.
-    #[inline]
-    fn completed(
-        &mut self,
-        inner: &Inner,
-        key: HandlerKey,
-        service: Nanos,
-        steps: u16,
-        now: Nanos,
-    ) {
-        self.busy_ns += service;
-        match self.handlers.iter_mut().find(|h| h.0 == key) {
-            Some(h) => {
-                h.1 += 1;
-                h.2 += service;
-                h.3 += steps as u64;
-            }
-            None => self.handlers.push((key, 1, service, steps as u64)),
-        }
-        if now.saturating_sub(self.flushed_at) >= LOCAL_LOAD_FLUSH_NS {
-            self.flush(inner, now);
-        }
-    }
-
-    /// Hands the period's figures to the cluster: the mean service time and steps of each
-    /// handler, the busy time, and every app's steps against its budget.
-    fn flush(&mut self, inner: &Inner, now: Nanos) {
-        self.flushed_at = now;
-        if self.handlers.is_empty() {
-            return;
-        }
-        let report = RemoteLoad {
-            busy_ns: std::mem::take(&mut self.busy_ns),
-            handlers: self
-                .handlers
-                .iter()
-                .map(|&((app, handler), n, service, steps)| RemoteHandler {
-                    app,
-                    handler,
-                    service_ns: service as f64 / n as f64,
-                    steps: steps as f64 / n as f64,
-                    completions: n,
-                })
-                .collect(),
-            ..RemoteLoad::default()
-        };
-        inner
-            .lock_tracker(Placement::Host)
-            .absorb_completions(&report);
-        for &((app, _), _, _, steps) in &self.handlers {
-            inner.spend(app, 0, steps);
-        }
-        self.handlers.clear();
     }
 }
 

@@ -186,7 +186,22 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
                 });
                 let poll = inner.config.executor_poll.min(wait);
                 match rx.pop_timeout(wait, poll) {
-                    Some((_, j)) => (j, None),
+                    Some((_, mut j)) => match j.parked.take() {
+                        // Started on the thread that took it in, waiting out a torn read:
+                        // parked here until due.
+                        Some((run, write)) => {
+                            let fetch_ns = run.fetch_ns();
+                            parked.push(ParkedJob {
+                                job: j,
+                                run,
+                                write,
+                                busy: 0,
+                                fetch_ns,
+                            });
+                            continue;
+                        }
+                        None => (j, None),
+                    },
                     None => {
                         if inner.shutdown.load(Ordering::SeqCst) {
                             rx.close();

@@ -54,12 +54,15 @@ use naam_vm::Vm;
 mod client;
 mod config;
 mod executors;
+mod here;
 mod steer;
 
 pub(crate) use client::run_at_client;
 pub use client::{AgentTransport, Client};
 pub use config::*;
 use executors::*;
+pub use here::HereRunner;
+use here::{LocalLoad, Ran};
 use steer::*;
 
 #[cfg(feature = "async")]
@@ -103,6 +106,9 @@ struct Job {
     req: Request,
     enqueued: Nanos,
     sink: ReplySink,
+    /// A message a thread started itself and that must wait out a torn-read backoff: the
+    /// executor parks it (never the thread that took it in) and resumes it when due.
+    parked: Option<(Box<ParkedRun>, bool)>,
 }
 
 type AgentResult = Result<Vec<Vec<u8>>, ResolveError>;
@@ -768,6 +774,59 @@ impl Cluster {
         }
     }
 
+    /// [`Cluster::dispatch`] for a thread that is itself one of `runner`'s placement's cores
+    /// (naam-server's receive loop for the host, naam-nic's for the NIC): a message routed
+    /// there runs at once on this thread, to completion, and its reply comes back as
+    /// [`Routed::Answered`] with no hand-off; a message routed elsewhere is queued or handed
+    /// back for forwarding as `dispatch` does, its reply going to `on_reply`.
+    pub fn dispatch_here(
+        &self,
+        runner: &mut HereRunner,
+        req: Request,
+        sel: &mut Selector,
+        forced: Option<Placement>,
+        on_reply: impl FnOnce(Reply) + Send + 'static,
+    ) -> Routed {
+        let inner = &*self.inner;
+        let keep = req.clone();
+        match admit_here(inner, req, sel, forced, Some(runner.placement)) {
+            Ok(Admitted::Here(p, req, _)) => match runner.run(inner, &req) {
+                Ran::Answered(r) => Routed::Answered(r),
+                Ran::Parked(run, write) => {
+                    // A torn read waits at an executor, not on the thread that serves
+                    // everyone's datagrams.
+                    let job = Job {
+                        req,
+                        enqueued: inner.clock.now(),
+                        sink: ReplySink::Func(Box::new(on_reply)),
+                        parked: Some((run, write)),
+                    };
+                    park_at(inner, p, job)
+                }
+            },
+            Ok(Admitted::Queue(p, req, write)) => {
+                let app = req.app;
+                match enqueue(inner, p, req, ReplySink::Func(Box::new(on_reply))) {
+                    Ok(()) => Routed::Queued(p),
+                    Err(e) => {
+                        if write {
+                            release_owner(inner, app);
+                        }
+                        Routed::Refused(Refusal::Client(e).reply(&keep))
+                    }
+                }
+            }
+            Err(Refusal::Remote(r)) => Routed::Remote(r),
+            Err(refusal) => Routed::Refused(refusal.reply(&keep)),
+        }
+    }
+
+    /// A runner for a thread that serves this cluster's `placement` itself
+    /// ([`Cluster::dispatch_here`]).
+    pub fn here_runner(&self, placement: Placement) -> HereRunner {
+        HereRunner::new(&self.inner, placement)
+    }
+
     /// A fresh client id (the top 24 bits of the request ids a client makes, so that ids of
     /// different clients never collide in write deduplication).
     pub fn next_client_id(&self) -> u32 {
@@ -922,6 +981,39 @@ fn submit(
     forced: Option<Placement>,
     sink: ReplySink,
 ) -> Result<Placement, Refusal> {
+    match admit_here(inner, req, sel, forced, None)? {
+        // Without a placement of its own, the caller runs nothing: "here" is a queue.
+        Admitted::Here(p, req, write) | Admitted::Queue(p, req, write) => {
+            let app = req.app;
+            let result = enqueue(inner, p, req, sink);
+            if result.is_err() && write {
+                release_owner(inner, app);
+            }
+            result.map(|()| p).map_err(Refusal::Client)
+        }
+    }
+}
+
+/// Where an admitted message runs.
+enum Admitted {
+    /// Here, at placement `.0`, the caller's; `.2`: a write, counted in flight at its owner
+    /// (its run releases it).
+    Here(Placement, Request, bool),
+    /// Queued at placement `.0`'s executors; `.2`: a write, counted in flight at its owner.
+    Queue(Placement, Request, bool),
+}
+
+/// Routes `req` and admits it: the app's budget, a write's owner (counted in flight from here
+/// until its run finishes; an owner handoff waits for the count to drain), a read steered to
+/// a NIC in another process. It runs here when it is routed to `here`, whose executors are
+/// the caller; otherwise it is for a queue.
+fn admit_here(
+    inner: &Inner,
+    req: Request,
+    sel: &mut Selector,
+    forced: Option<Placement>,
+    here: Option<Placement>,
+) -> Result<Admitted, Refusal> {
     let (routed, kind) = route(inner, &req, sel).map_err(Refusal::Status)?;
     let p = match (kind, forced) {
         (HandlerKind::Read, Some(p)) => p,
@@ -954,45 +1046,85 @@ fn submit(
             return Err(Refusal::Status(Status::Busy));
         }
     }
-    let result = enqueue(inner, p, req, sink);
-    if result.is_err() && write {
-        release_owner(inner, app);
+    if here == Some(p) && inner.queues[p.index()].is_some() {
+        Ok(Admitted::Here(p, req, write))
+    } else {
+        Ok(Admitted::Queue(p, req, write))
     }
-    result.map(|()| p).map_err(Refusal::Client)
+}
+
+/// Hands a message parked for a torn-read retry to `p`'s executors, which resume it when due;
+/// a queue that cannot take it answers it `Busy` at once.
+fn park_at(inner: &Inner, p: Placement, job: Job) -> Routed {
+    match enqueue_job(inner, p, job) {
+        Ok(()) => Routed::Queued(p),
+        Err(refused) => {
+            let (e, job) = *refused;
+            refuse_queued(inner, job, p, e.to_string());
+            Routed::Queued(p)
+        }
+    }
 }
 
 fn enqueue(inner: &Inner, p: Placement, req: Request, sink: ReplySink) -> Result<(), ClientError> {
-    let Some(q) = &inner.queues[p.index()] else {
-        return Err(ClientError::Shutdown);
-    };
-    if inner.shutdown.load(Ordering::SeqCst) {
-        return Err(ClientError::Shutdown);
-    }
-    let app = req.app;
     let job = Job {
         req,
         enqueued: inner.clock.now(),
         sink,
+        parked: None,
     };
-    match q.push(app, job) {
+    enqueue_job(inner, p, job).map_err(|refused| refused.0)
+}
+
+/// Puts `job` in `p`'s fair queue; a full queue may make room by refusing the newest message
+/// of the app with the longest backlog. Hands the job back with the reason when it cannot
+/// wait there.
+fn enqueue_job(inner: &Inner, p: Placement, job: Job) -> Result<(), Box<(ClientError, Job)>> {
+    let Some(q) = &inner.queues[p.index()] else {
+        return Err(Box::new((ClientError::Shutdown, job)));
+    };
+    if inner.shutdown.load(Ordering::SeqCst) {
+        return Err(Box::new((ClientError::Shutdown, job)));
+    }
+    match q.push(job.req.app, job) {
         Ok(None) => Ok(()),
         Ok(Some((_, out))) => {
             // A longer backlog of another app made room: its newest message is refused.
-            if inner
-                .registry
-                .handler(out.req.app, out.req.handler)
-                .is_ok_and(|h| h.kind == HandlerKind::Write)
-            {
-                release_owner(inner, out.req.app);
-            }
             let why = format!(
                 "the {p} queue is full and app {} holds the longest backlog: retry later",
                 out.req.app
             );
-            out.sink.send(error_reply(&out.req, Status::Busy, p, why));
+            refuse_queued(inner, out, p, why);
             Ok(())
         }
-        Err(PushError::Full(_)) => Err(ClientError::Busy(p)),
-        Err(PushError::Closed(_)) => Err(ClientError::Shutdown),
+        Err(PushError::Full(job)) => Err(Box::new((ClientError::Busy(p), job))),
+        Err(PushError::Closed(job)) => Err(Box::new((ClientError::Shutdown, job))),
     }
+}
+
+/// Answers a queued message that will not run with `Busy`: a write leaves its owner, and a
+/// write parked mid-run also records the answer for its request id.
+fn refuse_queued(inner: &Inner, job: Job, p: Placement, why: String) {
+    let reply = error_reply(&job.req, Status::Busy, p, why);
+    match job.parked {
+        Some((_, write)) => {
+            let c = Outcome::error(
+                Status::Busy,
+                0,
+                String::from_utf8_lossy(&reply.payload),
+                job.req.steps,
+            );
+            let _ = served(inner, &job.req, Driven::Done(c, RunCost::default()), write);
+        }
+        None => {
+            if inner
+                .registry
+                .handler(job.req.app, job.req.handler)
+                .is_ok_and(|h| h.kind == HandlerKind::Write)
+            {
+                release_owner(inner, job.req.app);
+            }
+        }
+    }
+    job.sink.send(reply);
 }

@@ -151,6 +151,9 @@ pub enum UdpError {
 /// The longest the driver blocks in one receive, so that it notices due timers promptly.
 const MAX_WAIT: Duration = Duration::from_millis(1);
 
+/// How long a waiting client polls its socket before it sleeps.
+const CLIENT_SPIN: Duration = Duration::from_micros(100);
+
 /// The UDP driver of a [`ClientEndpoint`]: its socket, its clock, and what the client does
 /// with the endpoint's events. Every protocol decision (sessions, ids, retransmission,
 /// matching answers) is the endpoint's.
@@ -199,7 +202,9 @@ impl Conn {
                 .poll_timeout()
                 .map_or(MAX_WAIT, |d| Duration::from_nanos(d.saturating_sub(now)))
                 .min(MAX_WAIT);
-            for (from, m) in self.socket.recv(wait)? {
+            // Poll a moment before sleeping: the answer to a request just sent comes within a
+            // round trip, and the server need not wake this thread to deliver it.
+            for (from, m) in self.socket.recv_polling(CLIENT_SPIN.min(wait), wait)? {
                 self.endpoint.handle(self.clock.now(), from, m);
             }
             self.endpoint.handle_timeout(self.clock.now());

@@ -92,7 +92,7 @@ impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
         reply_to: Channel,
     ) -> Routed {
         self.replies
-            .dispatch(&self.current.cluster, req, sel, forced, reply_to)
+            .dispatch(&self.current.cluster, None, req, sel, forced, reply_to)
     }
 
     fn one_sided(&mut self, op: &Operation) -> Completion {

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use super::inline::{Inline, InlineEndpoint};
 use super::memnet::{MemoryNet, ServedPort};
 use super::socket::{Sender, Socket};
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, HereRunner};
 use crate::{Clock, SystemClock};
 use naam_proto::control::Manifest;
 use naam_proto::endpoint::{HostBackend, Routed, ServerConfig, ServerEndpoint};
@@ -86,11 +86,13 @@ impl Replies {
         }
     }
 
-    /// Dispatches `req` on `cluster`; a queued request's reply goes out sealed on `ch` from
-    /// the executor.
+    /// Dispatches `req` on `cluster`: a request for `runner`'s placement runs here, on the
+    /// calling thread (its reply is the endpoint's to send); a queued request's reply goes
+    /// out sealed on `ch` from the executor.
     pub(crate) fn dispatch(
         &self,
         cluster: &Cluster,
+        runner: Option<&mut HereRunner>,
         req: Request,
         sel: &mut Selector,
         forced: Option<Placement>,
@@ -103,14 +105,23 @@ impl Replies {
         );
         n.fetch_add(1, Ordering::SeqCst);
         let (app, handler, arrived) = (req.app, req.handler, Instant::now());
-        let d = cluster.dispatch(req, sel, forced, move |r: Reply| {
+        let on_reply = move |r: Reply| {
             if let Ok(b) = r.to_bytes() {
                 let _ = s.send(ch.to, r.request_id, &ch.sealer.seal(&b));
             }
             let service = arrived.elapsed().as_nanos() as u64;
             t.record(app, handler, r.placement, r.status, service);
             n.fetch_sub(1, Ordering::SeqCst);
-        });
+        };
+        let d = match runner {
+            Some(runner) => cluster.dispatch_here(runner, req, sel, forced, on_reply),
+            None => cluster.dispatch(req, sel, forced, on_reply),
+        };
+        if let Routed::Answered(r) = &d {
+            let service = arrived.elapsed().as_nanos() as u64;
+            self.telemetry
+                .record(app, handler, r.placement, r.status, service);
+        }
         if !matches!(d, Routed::Queued(_)) {
             self.inflight.fetch_sub(1, Ordering::SeqCst);
         }
@@ -127,9 +138,21 @@ impl Replies {
 /// the switch and RDMA side `naam-server` attached.
 struct ClusterHost {
     cluster: Arc<Cluster>,
+    /// Runs host requests on the driver's own thread (run to completion); `None`: every
+    /// request is queued at the host executors.
+    runner: Option<HereRunner>,
     replies: Replies,
     switch: Option<Arc<dyn SwitchHandle>>,
     verbs: Option<Arc<dyn VerbsAcceptor>>,
+}
+
+impl ClusterHost {
+    /// Hands what the driver's own runs measured to the steering now.
+    fn flush_load(&mut self) {
+        if let Some(r) = &mut self.runner {
+            r.flush(&self.cluster);
+        }
+    }
 }
 
 impl HostBackend for ClusterHost {
@@ -140,8 +163,14 @@ impl HostBackend for ClusterHost {
         forced: Option<Placement>,
         reply_to: Channel,
     ) -> Routed {
-        self.replies
-            .dispatch(&self.cluster, req, sel, forced, reply_to)
+        self.replies.dispatch(
+            &self.cluster,
+            self.runner.as_mut(),
+            req,
+            sel,
+            forced,
+            reply_to,
+        )
     }
 
     fn next_client_id(&mut self) -> u32 {
@@ -209,6 +238,7 @@ fn host_endpoint(
     options.authentication.check_scope(local).map_err(invalid)?;
     let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
     let host = ClusterHost {
+        runner: Some(cluster.here_runner(Placement::Host)),
         cluster,
         replies: Replies::new(replies, options.telemetry.clone()),
         switch: options.switch.clone(),
@@ -217,6 +247,11 @@ fn host_endpoint(
     let mut config = ServerConfig::new(options.manifest.clone(), options.tenants.clone());
     config.authentication = options.authentication;
     config.congestion_control = options.congestion_control;
+    // The requests waiting for their turn are the host's queue: its capacity bounds the
+    // credits.
+    let capacity = host.cluster.config().queue_capacity.min(u32::MAX as usize) as u32;
+    config.session_credit = config.session_credit.min(capacity).max(1);
+    config.tenant_credit = config.tenant_credit.min(capacity).max(1);
     ServerEndpoint::new(config, host, cookies, now).map_err(|e| invalid(e.to_string()))
 }
 
@@ -230,11 +265,12 @@ pub fn serve_host(
     stop: &AtomicBool,
 ) -> std::io::Result<ServerStats> {
     let clock = SystemClock::new();
-    let sender = socket.sender()?;
     let local = socket.local_addr()?;
     let mut endpoint = host_endpoint(cluster, socket.sender()?, &options, local, clock.now())?;
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
+    let mut out: Vec<(SocketAddr, u64, Bytes)> = Vec::new();
+    let mut poller = Poller::default();
     loop {
         if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
             drain_deadline = Some(Instant::now() + options.drain);
@@ -242,6 +278,7 @@ pub fn serve_host(
         }
         if let Some(d) = drain_deadline {
             if endpoint.backend().replies.idle() || Instant::now() >= d {
+                endpoint.backend_mut().flush_load();
                 return Ok(endpoint.stats());
             }
         }
@@ -251,13 +288,94 @@ pub fn serve_host(
                 .telemetry
                 .publish_counters(endpoint.stats().counters());
         }
-        for (peer, msg) in socket.recv(Duration::from_millis(1))? {
-            endpoint.handle(clock.now(), peer, msg);
-            while let Some(t) = endpoint.poll_transmit() {
-                let _ = sender.send(t.to, t.id, &t.bytes);
-            }
+        // Block until a datagram or the next timer: an idle server wakes a few times a
+        // second, not a thousand. With requests waiting, only look for new datagrams.
+        let now = clock.now();
+        let wait = endpoint
+            .poll_timeout()
+            .map_or(IDLE_WAIT, |t| Duration::from_nanos(t.saturating_sub(now)))
+            .clamp(Duration::from_micros(1), IDLE_WAIT);
+        let batch = if endpoint.has_waiting() {
+            socket.try_recv()?
+        } else {
+            socket.recv_polling(poller.spin(), wait)?
+        };
+        poller.arrived(!batch.is_empty());
+        if batch.is_empty() {
+            // Nothing came: what the loop ran reaches the steering now, not at the next busy
+            // moment.
+            endpoint.backend_mut().flush_load();
         }
+        // A whole batch is taken in (each request run to completion as it comes), then every
+        // answer goes out together.
+        for (peer, msg) in batch {
+            endpoint.handle(clock.now(), peer, msg);
+        }
+        // The admitted requests run, tenants taking turns; what is left (a flood) waits for the
+        // next round, after the datagrams that came meanwhile had their say.
+        endpoint.run(RUN_QUANTUM);
         endpoint.handle_timeout(clock.now());
+        while let Some(t) = endpoint.poll_transmit() {
+            out.push((t.to, t.id, t.bytes));
+        }
+        if !out.is_empty() {
+            socket.send_batch(&out);
+            out.clear();
+        }
+        poller.served();
+    }
+}
+
+/// Requests a driver loop runs between two looks at its socket: a round of tenants' turns
+/// short enough that new arrivals (another tenant's next request) join the turns soon.
+const RUN_QUANTUM: usize = 32;
+
+/// The longest an idle driver loop blocks before it looks at its stop flag, timers and
+/// counters again.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
+/// Adaptive polling for a driver loop: after serving, it polls its socket for a little while
+/// before it sleeps, when datagrams have been coming back that soon (clients at depth 1 send
+/// again within a round trip, and then neither side pays the kernel's wake-up); at lower rates
+/// it sleeps at once, so an idle loop costs nothing.
+#[derive(Debug, Default)]
+pub(crate) struct Poller {
+    /// When the loop last finished serving.
+    served_at: Option<Instant>,
+    /// Smoothed time from finishing to the next datagram, nanoseconds.
+    gap_ns: f64,
+}
+
+impl Poller {
+    /// The most a loop polls before it sleeps.
+    pub(crate) const MAX_SPIN: Duration = Duration::from_micros(50);
+
+    /// How long to poll before sleeping now: twice the usual gap, when that is short.
+    pub(crate) fn spin(&self) -> Duration {
+        if self.served_at.is_none() || self.gap_ns >= Self::MAX_SPIN.as_nanos() as f64 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos((2.0 * self.gap_ns) as u64 + 2_000).min(Self::MAX_SPIN)
+    }
+
+    /// A receive returned; `got`: with datagrams.
+    pub(crate) fn arrived(&mut self, got: bool) {
+        let Some(at) = self.served_at.take() else {
+            return;
+        };
+        // A receive that came back empty waited the whole time: the gap is at least that.
+        let gap = at.elapsed().as_nanos() as f64;
+        let gap = if got {
+            gap
+        } else {
+            gap.max(2.0 * Self::MAX_SPIN.as_nanos() as f64)
+        };
+        self.gap_ns = 0.75 * self.gap_ns + 0.25 * gap;
+    }
+
+    /// The loop finished serving what it received.
+    pub(crate) fn served(&mut self) {
+        self.served_at = Some(Instant::now());
     }
 }
 
@@ -273,7 +391,9 @@ pub struct InlineServer {
 
 impl InlineEndpoint for ServerEndpoint<ClusterHost> {
     fn handle(&mut self, now: Nanos, from: SocketAddr, msg: Bytes) {
-        ServerEndpoint::handle(self, now, from, msg)
+        ServerEndpoint::handle(self, now, from, msg);
+        // One datagram at a time in a MemoryNet: its request, if admitted, runs at once.
+        self.run(usize::MAX);
     }
     fn handle_timeout(&mut self, now: Nanos) {
         ServerEndpoint::handle_timeout(self, now)

@@ -335,19 +335,94 @@ impl Socket {
         r.map(|_| ())
     }
 
+    /// Sends every message of `batch` (`(peer, id, bytes)`), fragmented, in as few system
+    /// calls as the kernel allows (one `sendmmsg` for a whole loop's answers); returns how
+    /// many messages could not be sent (each is counted in `send_errors`).
+    pub fn send_batch(&mut self, batch: &[(SocketAddr, u64, Bytes)]) -> usize {
+        let failed = match &self.link {
+            Link::Kernel(sock) => {
+                let (sent, failed) = send_messages(sock, self.datagram, batch);
+                self.inbound.stats.sent += sent as u64;
+                failed
+            }
+            Link::Memory(port) => {
+                let outlet = Outlet::Memory {
+                    net: port.net(),
+                    from: port.addr(),
+                };
+                let mut failed = 0;
+                for (peer, id, bytes) in batch {
+                    match outlet.send(self.datagram, *peer, *id, bytes) {
+                        Ok(n) => self.inbound.stats.sent += n as u64,
+                        Err(_) => failed += 1,
+                    }
+                }
+                failed
+            }
+        };
+        self.inbound.stats.send_errors += failed as u64;
+        failed
+    }
+
     /// Waits up to `timeout` for datagrams and returns the messages they complete, with their
     /// senders. Foreign or inconsistent datagrams are counted and dropped.
     pub fn recv(&mut self, timeout: Duration) -> io::Result<Vec<(SocketAddr, Bytes)>> {
+        self.recv_polling(Duration::ZERO, timeout)
+    }
+
+    /// The datagrams already waiting, without blocking (the messages they complete).
+    pub fn try_recv(&mut self) -> io::Result<Vec<(SocketAddr, Bytes)>> {
+        let datagrams: Vec<(SocketAddr, Bytes)> = match &self.link {
+            Link::Kernel(sock) => recv_batch(sock, &mut self.bufs, libc::MSG_DONTWAIT)?
+                .into_iter()
+                .enumerate()
+                .map(|(i, (peer, len))| (peer, Bytes::copy_from_slice(&self.bufs[i][..len])))
+                .collect(),
+            Link::Memory(port) => port.recv(Duration::ZERO, RECV_BATCH),
+        };
+        let out = datagrams
+            .into_iter()
+            .filter_map(|(peer, d)| Some((peer, self.inbound.take(peer, d)?)))
+            .collect();
+        self.inbound.expire();
+        Ok(out)
+    }
+
+    /// [`Socket::recv`], polling the socket without sleeping for up to `spin` first: a peer
+    /// that answers within `spin` finds this thread awake, so neither side pays the kernel's
+    /// wake-up (in a VM, the dearest part of a loopback round trip). Then it blocks for the
+    /// rest of `timeout`.
+    pub fn recv_polling(
+        &mut self,
+        spin: Duration,
+        timeout: Duration,
+    ) -> io::Result<Vec<(SocketAddr, Bytes)>> {
         let timeout = timeout.max(Duration::from_micros(1));
         let datagrams: Vec<(SocketAddr, Bytes)> = match &self.link {
             Link::Kernel(sock) => {
-                // A system call per receive otherwise; drivers wait the same time on every call.
-                if self.read_timeout != Some(timeout) {
-                    sock.set_read_timeout(Some(timeout))?;
-                    self.read_timeout = Some(timeout);
+                let mut got = Vec::new();
+                if !spin.is_zero() {
+                    let start = std::time::Instant::now();
+                    loop {
+                        got = recv_batch(sock, &mut self.bufs, libc::MSG_DONTWAIT)?;
+                        if !got.is_empty() || start.elapsed() >= spin {
+                            break;
+                        }
+                        // Another thread that can run (a client, an executor, on a machine
+                        // with fewer cores than busy threads) gets the core meanwhile.
+                        std::thread::yield_now();
+                    }
                 }
-                recv_batch(sock, &mut self.bufs)?
-                    .into_iter()
+                if got.is_empty() {
+                    // A system call per receive otherwise; drivers wait the same time on every
+                    // call.
+                    if self.read_timeout != Some(timeout) {
+                        sock.set_read_timeout(Some(timeout))?;
+                        self.read_timeout = Some(timeout);
+                    }
+                    got = recv_batch(sock, &mut self.bufs, libc::MSG_WAITFORONE)?;
+                }
+                got.into_iter()
                     .enumerate()
                     .map(|(i, (peer, len))| (peer, Bytes::copy_from_slice(&self.bufs[i][..len])))
                     .collect()
@@ -490,9 +565,87 @@ fn send_fragments(sock: &UdpSocket, peer: SocketAddr, frags: &[Bytes]) -> io::Re
     Ok(sent)
 }
 
+/// Sends `batch` (`(peer, id, bytes)`) in datagrams of at most `datagram` bytes: each
+/// fragment is its header and a slice of its message, gathered by the kernel (nothing is
+/// copied), and every fragment of the batch goes out in as few `sendmmsg` calls as it takes.
+/// Returns the datagrams sent and the messages that could not be (too large, or refused by
+/// the kernel).
+fn send_messages(
+    sock: &UdpSocket,
+    datagram: usize,
+    batch: &[(SocketAddr, u64, Bytes)],
+) -> (usize, usize) {
+    let mut failed = 0;
+    let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> = Vec::new();
+    // Per fragment: its message's index in `batch`, its header and its range.
+    let mut frags: Vec<(usize, naam_proto::frame::Piece)> = Vec::new();
+    for (m, (peer, id, bytes)) in batch.iter().enumerate() {
+        match naam_proto::frame::pieces(*id, bytes.len(), datagram) {
+            Ok(pieces) => frags.extend(pieces.map(|p| (m, p))),
+            Err(_) => failed += 1,
+        }
+        addrs.push(sockaddr(peer));
+    }
+    let mut iovs: Vec<[libc::iovec; 2]> = frags
+        .iter()
+        .map(|(m, p)| {
+            let bytes = &batch[*m].2;
+            [
+                libc::iovec {
+                    iov_base: p.header.as_ptr() as *mut libc::c_void,
+                    iov_len: p.header.len(),
+                },
+                libc::iovec {
+                    iov_base: bytes[p.range.clone()].as_ptr() as *mut libc::c_void,
+                    iov_len: p.range.len(),
+                },
+            ]
+        })
+        .collect();
+    let mut msgs: Vec<libc::mmsghdr> = iovs
+        .iter_mut()
+        .zip(&frags)
+        .map(|(iov, (m, _))| {
+            let (ss, len) = &mut addrs[*m];
+            let mut h = mmsghdr(ss, *len, &mut iov[0]);
+            h.msg_hdr.msg_iovlen = 2;
+            h
+        })
+        .collect();
+    let mut sent = 0;
+    while sent < msgs.len() {
+        // SAFETY: `msgs[sent..]` are valid headers pointing at live iovecs, headers, message
+        // bytes and addresses, all borrowed for the call.
+        let n = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                msgs[sent..].as_mut_ptr(),
+                (msgs.len() - sent).min(1024) as libc::c_uint,
+                0,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            // This datagram is refused (a peer unreachable, a full buffer): count its
+            // message as failed and go on with the rest.
+            failed += 1;
+            sent += 1;
+            continue;
+        }
+        sent += n as usize;
+    }
+    (sent.saturating_sub(failed), failed)
+}
+
+/// One `recvmmsg` into `bufs` with `flags`: `MSG_WAITFORONE` blocks (up to the socket's read
+/// timeout) for the first datagram only, `MSG_DONTWAIT` does not block at all.
 fn recv_batch(
     sock: &UdpSocket,
     bufs: &mut [[u8; MAX_DATAGRAM]],
+    flags: libc::c_int,
 ) -> io::Result<Vec<(SocketAddr, usize)>> {
     let n = bufs.len();
     let mut addrs: Vec<MaybeUninit<libc::sockaddr_storage>> = vec![MaybeUninit::zeroed(); n];
@@ -511,14 +664,13 @@ fn recv_batch(
             mmsghdr(a.as_mut_ptr(), len, iov)
         })
         .collect();
-    // MSG_WAITFORONE: block (up to the socket's read timeout) for the first datagram only.
     // SAFETY: `msgs` are valid headers pointing at live buffers and address storage.
     let got = unsafe {
         libc::recvmmsg(
             sock.as_raw_fd(),
             msgs.as_mut_ptr(),
             n as libc::c_uint,
-            libc::MSG_WAITFORONE,
+            flags,
             std::ptr::null_mut(),
         )
     };

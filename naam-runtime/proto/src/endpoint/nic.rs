@@ -698,6 +698,10 @@ impl<B: NicBackend> NicEndpoint<B> {
             .backend
             .dispatch(req, &mut self.sel, Some(Placement::Nic), ch.clone())
         {
+            Routed::Answered(r) => {
+                self.stats.executed += 1;
+                self.push(ch.reply(&r));
+            }
             Routed::Queued(_) => self.stats.executed += 1,
             Routed::Remote(req) => {
                 self.stats.refused += 1;

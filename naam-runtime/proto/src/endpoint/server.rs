@@ -28,7 +28,7 @@ use crate::session::{
 };
 use crate::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use crate::wire::{LoadFeedback, Reply, Request, Status};
-use crate::{frame, Nanos, Placement};
+use crate::{frame, limits, Nanos, Placement};
 
 /// How often sessions and per-session views are expired.
 const EXPIRY_PERIOD: Nanos = 1_000_000_000;
@@ -63,6 +63,9 @@ impl Channel {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Routed {
+    /// Run already, to completion, by the thread that took it in (no hand-off): the
+    /// endpoint sends this reply.
+    Answered(Reply),
     /// Queued at an executor of this placement; its reply goes out on the channel.
     Queued(Placement),
     /// Steered to the NIC in another process: the endpoint forwards it.
@@ -158,17 +161,88 @@ pub struct ServerConfig {
     pub authentication: crate::session::Authentication,
     /// Whether [`Control::Congest`] may slow the host down (experiments; operator only).
     pub congestion_control: bool,
+    /// Requests one session may have waiting to run: its in-flight credit (the window its
+    /// client keeps). More are answered `Busy` at once.
+    pub session_credit: u32,
+    /// Requests all sessions of one tenant may have waiting together: its sessions share one
+    /// fair share however many it opens. More are answered `Busy` at once.
+    pub tenant_credit: u32,
 }
 
 impl ServerConfig {
-    /// Serves `manifest` to sessions of `tenants`, authenticated, without congestion control.
+    /// Serves `manifest` to sessions of `tenants`, authenticated, without congestion control,
+    /// with the default credits ([`limits::SESSION_CREDIT`], [`limits::TENANT_CREDIT`]).
     pub fn new(manifest: Manifest, tenants: Vec<TenantEntry>) -> ServerConfig {
         ServerConfig {
             manifest,
             tenants,
             authentication: crate::session::Authentication::On,
             congestion_control: false,
+            session_credit: limits::SESSION_CREDIT,
+            tenant_credit: limits::TENANT_CREDIT,
         }
+    }
+}
+
+/// A request admitted and waiting for its turn.
+struct Waiting {
+    sid: u64,
+    req: Request,
+    ch: Channel,
+    /// The datagram it arrived in, should it be forwarded to the NIC.
+    sealed: Bytes,
+}
+
+/// Admitted requests waiting to run, per tenant, served round robin: a tenant's turn runs one
+/// of its requests (its sessions in arrival order), so a tenant that floods waits behind every
+/// other tenant's next request, and the credits bound what any of them holds.
+#[derive(Default)]
+struct Turns {
+    /// Per tenant (its credential's tag): its waiting requests.
+    queues: HashMap<u32, VecDeque<Waiting>>,
+    /// Tenants with requests waiting, in turn order.
+    ring: VecDeque<u32>,
+    /// Per session: its requests waiting.
+    per_session: HashMap<u64, u32>,
+}
+
+impl Turns {
+    fn waiting(&self, tenant: u32, sid: u64) -> (u32, u32) {
+        (
+            self.queues.get(&tenant).map_or(0, |q| q.len() as u32),
+            self.per_session.get(&sid).copied().unwrap_or(0),
+        )
+    }
+
+    fn push(&mut self, tenant: u32, w: Waiting) {
+        *self.per_session.entry(w.sid).or_default() += 1;
+        let q = self.queues.entry(tenant).or_default();
+        if q.is_empty() {
+            self.ring.push_back(tenant);
+        }
+        q.push_back(w);
+    }
+
+    fn pop(&mut self) -> Option<Waiting> {
+        let tenant = self.ring.pop_front()?;
+        let q = self.queues.get_mut(&tenant)?;
+        let w = q.pop_front()?;
+        if q.is_empty() {
+            self.queues.remove(&tenant);
+        } else {
+            self.ring.push_back(tenant);
+        }
+        if let Some(n) = self.per_session.get_mut(&w.sid) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_session.remove(&w.sid);
+            }
+        }
+        Some(w)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ring.is_empty()
     }
 }
 
@@ -176,7 +250,7 @@ impl ServerConfig {
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 #[non_exhaustive]
 pub struct ServerStats {
-    /// Requests queued at host executors.
+    /// Requests run at the host (inline, or queued at its executors).
     pub host: u64,
     /// Requests forwarded to the NIC.
     pub forwarded: u64,
@@ -194,6 +268,9 @@ pub struct ServerStats {
     /// Answers to peers that had not proved their address left unsent because they were over
     /// the amplification limit.
     pub amplification_drops: u64,
+    /// Requests answered `Busy` because their session or tenant was over its credit (also
+    /// counted in `refused`).
+    pub over_credit: u64,
 }
 
 impl ServerStats {
@@ -202,7 +279,7 @@ impl ServerStats {
         vec![
             (
                 "host_queued",
-                "Requests queued at host executors.",
+                "Requests run at the host (inline or queued at its executors).",
                 self.host,
             ),
             (
@@ -227,6 +304,11 @@ impl ServerStats {
                 "amplification_drops",
                 "Answers to unproven peers left unsent.",
                 self.amplification_drops,
+            ),
+            (
+                "over_credit",
+                "Requests answered Busy over their session's or tenant's credit.",
+                self.over_credit,
             ),
         ]
     }
@@ -342,6 +424,8 @@ pub struct ServerEndpoint<B> {
     shares: HashMap<u64, ClientShare>,
     next_expiry: Nanos,
     transmits: VecDeque<Transmit>,
+    /// Admitted requests waiting for [`ServerEndpoint::run`].
+    turns: Turns,
 }
 
 impl<B: HostBackend> ServerEndpoint<B> {
@@ -376,7 +460,26 @@ impl<B: HostBackend> ServerEndpoint<B> {
             shares: HashMap::new(),
             next_expiry: now + EXPIRY_PERIOD,
             transmits: VecDeque::new(),
+            turns: Turns::default(),
         })
+    }
+
+    /// Runs (or queues, or forwards) up to `max` admitted requests, tenants taking turns;
+    /// returns how many. A driver calls it after taking in a batch of datagrams, and again
+    /// while [`ServerEndpoint::has_waiting`].
+    pub fn run(&mut self, max: usize) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Some(w) = self.turns.pop() else { break };
+            self.dispatch(w);
+            n += 1;
+        }
+        n
+    }
+
+    /// Whether admitted requests wait for [`ServerEndpoint::run`].
+    pub fn has_waiting(&self) -> bool {
+        !self.turns.is_empty()
     }
 
     /// The host backend: executors, registry and steering state.
@@ -650,6 +753,9 @@ impl<B: HostBackend> ServerEndpoint<B> {
         }
     }
 
+    /// Admits request `inner` of session `sid` and queues it for its tenant's turn: beyond
+    /// the session's or the tenant's credit it is answered `Busy` at once (admission), so a
+    /// flood costs the server a refusal per datagram, never a run.
     fn request(&mut self, sid: u64, role: &Role, ch: Channel, inner: Bytes, sealed: &Bytes) {
         let admitted = admit(
             inner,
@@ -667,6 +773,37 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 return;
             }
         };
+        let tenant = ch.sealer.key().tenant_tag();
+        let (by_tenant, by_session) = self.turns.waiting(tenant, sid);
+        if by_session >= self.config.session_credit || by_tenant >= self.config.tenant_credit {
+            self.stats.refused += 1;
+            self.stats.over_credit += 1;
+            let why = if by_session >= self.config.session_credit {
+                format!("the session has {by_session} requests waiting, its credit: retry later")
+            } else {
+                format!("the tenant has {by_tenant} requests waiting, its credit: retry later")
+            };
+            let r = error_reply(&req, Status::Busy, Placement::Host, why);
+            self.push(ch.reply(&r));
+            return;
+        }
+        self.turns.push(
+            tenant,
+            Waiting {
+                sid,
+                req,
+                ch,
+                sealed: sealed.clone(),
+            },
+        );
+    }
+
+    /// Runs a request whose turn came: the switch places it at the host (run or queued by the
+    /// backend) or forwards it to the NIC.
+    fn dispatch(&mut self, w: Waiting) {
+        let Waiting {
+            req, ch, sealed, ..
+        } = w;
         // Behind an eSwitch, what reaches the host's port was steered here.
         let pinned = req
             .pinned()
@@ -676,13 +813,17 @@ impl<B: HostBackend> ServerEndpoint<B> {
             .backend
             .dispatch(req, &mut self.switch, pinned, ch.clone())
         {
+            Routed::Answered(r) => {
+                self.stats.host += 1;
+                self.push(ch.reply(&r));
+            }
             Routed::Queued(_) => self.stats.host += 1,
             Routed::Remote(req) => match self.nic_channel().zip(self.agent()) {
                 Some((nic, agent)) => {
                     self.stats.forwarded += 1;
                     let t = Transmit {
                         to: agent,
-                        ..nic.transmit(id, &control::forward(sealed))
+                        ..nic.transmit(id, &control::forward(&sealed))
                     };
                     self.push(t);
                 }

@@ -1,0 +1,173 @@
+//! Messages run to completion by the thread that took them in: a client's own thread in
+//! process, naam-server's and naam-nic's receive loops over UDP. No queue, no hand-off; the
+//! load they put on their placement reaches the steering in periodic reports.
+
+use super::*;
+
+/// How often a thread that runs messages itself hands the load it measured to the cluster's
+/// tracker: well inside one steering period, so the controller always decides on fresh
+/// figures.
+const LOCAL_LOAD_FLUSH_NS: Nanos = 250_000;
+
+/// Messages a thread ran to completion itself at one placement, kept apart from the
+/// cluster's shared tracker (whose lock every such thread would otherwise take per message)
+/// and handed over in one report every [`LOCAL_LOAD_FLUSH_NS`]; the apps' budget spending
+/// likewise.
+pub(super) struct LocalLoad {
+    placement: Placement,
+    /// Per handler since the last flush: completions, service time and steps summed.
+    handlers: Vec<(HandlerKey, u64, u64, u64)>,
+    busy_ns: u64,
+    flushed_at: Nanos,
+}
+
+impl LocalLoad {
+    pub(super) fn new(placement: Placement, now: Nanos) -> LocalLoad {
+        LocalLoad {
+            placement,
+            handlers: Vec::new(),
+            busy_ns: 0,
+            flushed_at: now,
+        }
+    }
+
+    /// Records a finished host message and hands everything over when a flush is due.
+    #[inline]
+    pub(super) fn completed(
+        &mut self,
+        inner: &Inner,
+        key: HandlerKey,
+        service: Nanos,
+        steps: u16,
+        now: Nanos,
+    ) {
+        self.busy_ns += service;
+        match self.handlers.iter_mut().find(|h| h.0 == key) {
+            Some(h) => {
+                h.1 += 1;
+                h.2 += service;
+                h.3 += steps as u64;
+            }
+            None => self.handlers.push((key, 1, service, steps as u64)),
+        }
+        if now.saturating_sub(self.flushed_at) >= LOCAL_LOAD_FLUSH_NS {
+            self.flush(inner, now);
+        }
+    }
+
+    /// Hands the period's figures to the cluster: the mean service time and steps of each
+    /// handler, the busy time, and every app's steps against its budget.
+    pub(super) fn flush(&mut self, inner: &Inner, now: Nanos) {
+        self.flushed_at = now;
+        if self.handlers.is_empty() {
+            return;
+        }
+        let report = RemoteLoad {
+            busy_ns: std::mem::take(&mut self.busy_ns),
+            handlers: self
+                .handlers
+                .iter()
+                .map(|&((app, handler), n, service, steps)| RemoteHandler {
+                    app,
+                    handler,
+                    service_ns: service as f64 / n as f64,
+                    steps: steps as f64 / n as f64,
+                    completions: n,
+                })
+                .collect(),
+            ..RemoteLoad::default()
+        };
+        inner
+            .lock_tracker(self.placement)
+            .absorb_completions(&report);
+        for &((app, _), _, _, steps) in &self.handlers {
+            inner.spend(app, 0, steps);
+        }
+        self.handlers.clear();
+    }
+}
+
+/// What running a message here left.
+pub(super) enum Ran {
+    /// It finished: the reply.
+    Answered(Reply),
+    /// A torn read must wait out a backoff: the run and whether it is a write (holding its
+    /// dedup entry and owner count), for an executor to park.
+    Parked(Box<ParkedRun>, bool),
+}
+
+/// A thread's means to run its placement's messages itself: its engine state, its data path
+/// for the placement, and where it counts the load. Made by [`Cluster::here_runner`], used
+/// with [`Cluster::dispatch_here`]; one per thread.
+pub struct HereRunner {
+    pub(super) placement: Placement,
+    vm: Vm,
+    host: HostPath,
+    nic: NicPath,
+    local: LocalLoad,
+}
+
+impl HereRunner {
+    pub(super) fn new(inner: &Arc<Inner>, placement: Placement) -> HereRunner {
+        let mut vm = Vm::new();
+        vm.set_cross_check(inner.config.cross_check.clone());
+        HereRunner {
+            placement,
+            vm,
+            host: HostPath::new(inner.regions.clone()),
+            nic: NicPath::new(inner.regions.clone(), inner.config.nic.dma),
+            local: LocalLoad::new(placement, inner.clock.now()),
+        }
+    }
+
+    /// The placement this runner's thread serves.
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// Runs admitted `req` here (a write counted in flight at its owner: `serve` releases
+    /// it), as an executor of the placement would: the host's congestion, the NIC's modelled
+    /// DMA time and core slowdown included. A torn read that must wait is handed back, never
+    /// waited for on this thread (it serves everyone's datagrams).
+    pub(super) fn run(&mut self, inner: &Inner, req: &Request) -> Ran {
+        let start = inner.clock.now();
+        if self.placement == Placement::Host {
+            let extra = inner.congestion.host_extra_ns();
+            if extra > 0 {
+                spin_for(extra);
+            }
+        }
+        let served = match self.placement {
+            Placement::Nic => serve(inner, req, &mut self.nic, &mut self.vm),
+            _ => serve(inner, req, &mut self.host, &mut self.vm),
+        };
+        let c = match served {
+            Served::Done(c, _) => c,
+            Served::Parked { run, write } => return Ran::Parked(run, write),
+        };
+        if self.placement == Placement::Nic && inner.config.nic.emulate_costs {
+            let ran = inner.clock.now().saturating_sub(start);
+            let slower = (ran as f64 * (inner.config.nic.core_slowdown - 1.0).max(0.0)) as u64;
+            spin_for(c.fetch_ns + slower);
+        }
+        let end = inner.clock.now();
+        let service = end.saturating_sub(start);
+        self.local
+            .completed(inner, (req.app, req.handler), service, c.steps, end);
+        Ran::Answered(reply_for(
+            req,
+            &c,
+            self.placement,
+            LoadFeedback {
+                service_ns: service,
+                ..LoadFeedback::default()
+            },
+        ))
+    }
+
+    /// Hands what this runner measured to the cluster now (its loop goes idle, or stops).
+    pub fn flush(&mut self, cluster: &Cluster) {
+        let now = cluster.inner.clock.now();
+        self.local.flush(&cluster.inner, now);
+    }
+}
