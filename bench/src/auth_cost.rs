@@ -117,6 +117,7 @@ pub fn auth_cost(out: &Path, c: &AuthCostConfig) -> anyhow::Result<serde_json::V
                     records: c.records,
                     ops: c.ops,
                     threads: c.threads,
+                    pipeline: 1,
                     placement: PlacementChoice::Auto,
                     shape: RecordShape::default(),
                     seed: 42 + round as u64,

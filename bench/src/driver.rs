@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use naam_btree::{BTreeClient, BTreeConfig, BTreeHandle};
-use naam_mica::{MicaClient, MicaConfig, MicaHandle};
+use naam_mica::{MicaClient, MicaConfig, MicaDone, MicaHandle, MicaPipeline};
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::proto::steering::CostPolicyConfig;
-use naam_runtime::proto::transport::Transport;
+use naam_runtime::proto::transport::{Pipeline, Transport};
 use naam_runtime::proto::Placement;
 use naam_runtime::{Percentiles, Snapshot};
 use serde::Serialize;
@@ -84,6 +84,9 @@ pub struct YcsbConfig {
     pub ops: u64,
     /// Client threads.
     pub threads: usize,
+    /// Operations each client thread keeps in flight (memtier's `--pipeline`; 1: one at a
+    /// time, YCSB's closed loop).
+    pub pipeline: usize,
     /// Placement of reads.
     pub placement: PlacementChoice,
     /// Record shape (MICA).
@@ -243,6 +246,161 @@ pub(crate) trait Store {
     fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()>;
     fn scan(&mut self, n: u64, len: usize) -> anyhow::Result<usize>;
     fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
+
+    /// Runs `op` now; `Ok(false)`: a read (or read-modify-write) that found no record.
+    fn run(&mut self, op: StoreOp) -> anyhow::Result<bool> {
+        match op {
+            StoreOp::Read(n) => self.read(n),
+            StoreOp::Update(n, field, bytes) => self.update(n, field, &bytes).map(|()| true),
+            StoreOp::Rmw(n, field, bytes) => self.rmw(n, field, &bytes).map(|()| true),
+            StoreOp::Insert(n, record) => self.insert(n, &record).map(|()| true),
+            StoreOp::Scan(n, len) => self.scan(n, len).map(|_| true),
+        }
+    }
+
+    /// The store's pipelined side, when it keeps several operations in flight.
+    fn piped(&mut self) -> Option<&mut dyn PipedStore> {
+        None
+    }
+}
+
+/// One YCSB operation as the driver drew it.
+#[derive(Clone, Debug)]
+pub(crate) enum StoreOp {
+    /// Read the record of key number `.0`.
+    Read(u64),
+    /// Write `.2` over field `.1` (or the whole record) of key `.0`.
+    Update(u64, usize, Vec<u8>),
+    /// Read, then write `.2` over field `.1` of key `.0` (YCSB's read-modify-write).
+    Rmw(u64, usize, Vec<u8>),
+    /// Insert record `.1` as key `.0`.
+    Insert(u64, Vec<u8>),
+    /// Scan `.1` records from key `.0`.
+    Scan(u64, usize),
+}
+
+/// A store that keeps operations in flight (`--pipeline`): each started with a tag, handed
+/// back by tag when it finishes.
+pub(crate) trait PipedStore {
+    /// Starts `op`, tagged `tag`.
+    fn start(&mut self, tag: u64, op: StoreOp) -> anyhow::Result<()>;
+    /// Operations that finished, by tag (`Ok(false)`: found no record); with `block`, waits
+    /// a while for one when any is in flight.
+    fn finished(&mut self, block: bool) -> Vec<(u64, anyhow::Result<bool>)>;
+    /// Operations started and not yet handed back.
+    fn in_flight(&self) -> usize;
+}
+
+/// MICA with operations in flight together over a [`Pipeline`] transport.
+struct MicaPipeStore<T: Pipeline> {
+    m: MicaPipeline<T>,
+    field_length: usize,
+    naming: KeyNaming,
+    key: String,
+    /// Read-modify-writes whose read is in flight: the write to start when it finishes.
+    rmw: std::collections::HashMap<u64, (u64, usize, Vec<u8>)>,
+    /// Operations that failed to start again (their second half), to hand back.
+    failed: Vec<(u64, anyhow::Result<bool>)>,
+}
+
+impl<T: Pipeline> MicaPipeStore<T> {
+    fn new(m: MicaPipeline<T>, field_length: usize, naming: KeyNaming) -> Self {
+        MicaPipeStore {
+            m,
+            field_length,
+            naming,
+            key: String::new(),
+            rmw: std::collections::HashMap::new(),
+            failed: Vec::new(),
+        }
+    }
+}
+
+impl<T: Pipeline> Store for MicaPipeStore<T> {
+    fn read(&mut self, _: u64) -> anyhow::Result<bool> {
+        bail!("the pipelined MICA store runs operations through `start`")
+    }
+    fn update(&mut self, _: u64, _: usize, _: &[u8]) -> anyhow::Result<()> {
+        bail!("the pipelined MICA store runs operations through `start`")
+    }
+    fn insert(&mut self, _: u64, _: &[u8]) -> anyhow::Result<()> {
+        bail!("the pipelined MICA store runs operations through `start`")
+    }
+    fn scan(&mut self, _: u64, _: usize) -> anyhow::Result<usize> {
+        bail!("MICA is a hash table and has no scans: run workload E with --app btree")
+    }
+    fn rmw(&mut self, _: u64, _: usize, _: &[u8]) -> anyhow::Result<()> {
+        bail!("the pipelined MICA store runs operations through `start`")
+    }
+    fn run(&mut self, op: StoreOp) -> anyhow::Result<bool> {
+        // One operation alone: start it and wait for it.
+        self.start(u64::MAX, op)?;
+        loop {
+            for (tag, r) in self.finished(true) {
+                if tag == u64::MAX {
+                    return r;
+                }
+            }
+        }
+    }
+    fn piped(&mut self) -> Option<&mut dyn PipedStore> {
+        Some(self)
+    }
+}
+
+impl<T: Pipeline> PipedStore for MicaPipeStore<T> {
+    fn start(&mut self, tag: u64, op: StoreOp) -> anyhow::Result<()> {
+        let fl = self.field_length;
+        match op {
+            StoreOp::Read(n) => {
+                self.naming.name_into(n, &mut self.key);
+                self.m.get(tag, self.key.as_bytes())?;
+            }
+            StoreOp::Update(n, field, bytes) => {
+                self.naming.name_into(n, &mut self.key);
+                self.m
+                    .rmw_field(tag, self.key.as_bytes(), (field * fl) as u32, &bytes)?;
+            }
+            StoreOp::Rmw(n, field, bytes) => {
+                self.naming.name_into(n, &mut self.key);
+                self.m.get(tag, self.key.as_bytes())?;
+                self.rmw.insert(tag, (n, field, bytes));
+            }
+            StoreOp::Insert(n, record) => {
+                self.naming.name_into(n, &mut self.key);
+                self.m.put(tag, self.key.as_bytes(), &record)?;
+            }
+            StoreOp::Scan(..) => {
+                bail!("MICA is a hash table and has no scans: run workload E with --app btree")
+            }
+        }
+        Ok(())
+    }
+
+    fn finished(&mut self, block: bool) -> Vec<(u64, anyhow::Result<bool>)> {
+        let mut out = std::mem::take(&mut self.failed);
+        for (tag, r) in self.m.poll(block && out.is_empty()) {
+            match (self.rmw.remove(&tag), r) {
+                // The read half of a read-modify-write: now the write.
+                (Some((n, field, bytes)), Ok(_)) => {
+                    self.naming.name_into(n, &mut self.key);
+                    let off = (field * self.field_length) as u32;
+                    if let Err(e) = self.m.rmw_field(tag, self.key.as_bytes(), off, &bytes) {
+                        out.push((tag, Err(e.into())));
+                    }
+                }
+                (_, Ok(MicaDone::Got(v))) => out.push((tag, Ok(v.is_some()))),
+                (_, Ok(MicaDone::Patched(v))) => out.push((tag, Ok(v.is_some()))),
+                (_, Ok(_)) => out.push((tag, Ok(true))),
+                (_, Err(e)) => out.push((tag, Err(e.into()))),
+            }
+        }
+        out
+    }
+
+    fn in_flight(&self) -> usize {
+        self.m.in_flight() + self.failed.len()
+    }
 }
 
 struct MicaStore<T: Transport> {
@@ -669,7 +827,19 @@ fn run_udp_on(
             }
         );
     }
+    let pipeline = cfg.pipeline;
     let make: StoreFactory = match cfg.app {
+        App::Mica if pipeline > 1 => {
+            let handle = setup.mica()?;
+            let fl = cfg.shape.field_length;
+            Arc::new(move || {
+                Ok(Box::new(MicaPipeStore::new(
+                    MicaPipeline::new(connect()?, handle),
+                    fl,
+                    naming,
+                )) as Box<dyn Store + Send>)
+            })
+        }
         App::Mica => {
             let handle = setup.mica()?;
             let fl = cfg.shape.field_length;
@@ -879,6 +1049,7 @@ pub(crate) fn run_phases(
         max_execution_time: cfg.run.max_execution_time_s.map(Duration::from_secs_f64),
         status_interval: cfg.run.status_interval,
         hdr_log: cfg.run.hdr_log.as_deref(),
+        pipeline: cfg.pipeline,
     };
     let summaries = |ops: &[(Op, crate::phase::OpStats)]| -> Vec<OpSummary> {
         ops.iter()

@@ -424,6 +424,7 @@ pub fn capacity(
                 ops,
                 threads,
                 placement: PlacementChoice::Fixed(Placement::Nic),
+                pipeline: 1,
                 shape: RecordShape::default(),
                 seed: 5,
                 executors: (1, nic_executors),

@@ -89,6 +89,11 @@ enum Cmd {
         /// Client threads.
         #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         threads: usize,
+        /// Operations each client thread keeps in flight, on every system compared (NAAM over
+        /// UDP pipelines messages in its session; memcached pipelines commands on its
+        /// connection).
+        #[arg(long, default_value_t = 1, value_parser = positive_usize())]
+        pipeline: usize,
         /// memcached worker threads.
         #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         memcached_threads: usize,
@@ -419,6 +424,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             records,
             ops,
             threads,
+            pipeline,
             memcached_threads,
             server,
             seed,
@@ -447,6 +453,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     records,
                     ops,
                     threads,
+                    pipeline,
                     placement: PlacementChoice::Auto,
                     shape: RecordShape::default(),
                     seed,

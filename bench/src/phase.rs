@@ -10,7 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context as _;
 use hdrhistogram::Histogram;
 
-use crate::driver::{server_gone, StoreFactory};
+use crate::driver::{server_gone, StoreFactory, StoreOp};
 use crate::ycsb::{KeyChooser, Op, RecordShape, Rng, Workload};
 use naam_runtime::{Clock, SystemClock};
 
@@ -64,6 +64,8 @@ pub struct PhasePlan<'a> {
     pub status_interval: Option<Duration>,
     /// Write HdrHistogram interval logs into this directory.
     pub hdr_log: Option<&'a Path>,
+    /// Operations each client thread keeps in flight (1: one at a time).
+    pub pipeline: usize,
 }
 
 /// One operation type's histogram and outcome counts over a phase.
@@ -188,8 +190,47 @@ pub(crate) fn run_phase(
                     // Operations not yet added to the shared count (one shared write per
                     // batch, not per operation: the count is only read for progress).
                     let mut unreported = 0u64;
+                    // With a pipeline, up to `depth` operations are in flight: tag -> (its
+                    // type's slot, when it started).
+                    let depth = plan.pipeline.max(1);
+                    let piped = depth > 1 && store.piped().is_some();
+                    let mut flying: std::collections::HashMap<u64, (usize, u64)> =
+                        std::collections::HashMap::new();
+                    let mut stop = false;
+                    let finish = |slot: usize,
+                                  r: anyhow::Result<bool>,
+                                  ns: u64,
+                                  stats: &mut PerOp|
+                     -> bool {
+                        let mut shared = interval.lock().unwrap_or_else(|p| p.into_inner());
+                        match r {
+                            Ok(found) => {
+                                let _ = stats[slot].1.latency.record(ns);
+                                let _ = shared[slot].1.latency.record(ns);
+                                if !found {
+                                    stats[slot].1.not_found += 1;
+                                    shared[slot].1.not_found += 1;
+                                }
+                                false
+                            }
+                            Err(e) => {
+                                stats[slot].1.errors += 1;
+                                shared[slot].1.errors += 1;
+                                if server_gone(&e) {
+                                    *gone.lock().unwrap_or_else(|p| p.into_inner()) =
+                                        Some(format!("{e:#}"));
+                                    failed.store(true, Ordering::Relaxed);
+                                    return true;
+                                }
+                                if stats[slot].1.errors == 1 {
+                                    eprintln!("naam-bench: {} failed: {e:#}", Op::ALL[slot].name());
+                                }
+                                false
+                            }
+                        }
+                    };
                     for i in 0..count {
-                        if failed.load(Ordering::Relaxed) {
+                        if stop || failed.load(Ordering::Relaxed) {
                             break;
                         }
                         if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -201,15 +242,13 @@ pub(crate) fn run_phase(
                             PhaseKind::Load { .. } => Op::Insert,
                             PhaseKind::Run => wl.next_op(&mut rng),
                         };
-                        let began = clock.now();
-                        let mut missed = false;
-                        let r = match (plan.kind, op) {
+                        let sop = match (plan.kind, op) {
                             (PhaseKind::Load { start, .. }, _) => {
-                                store.insert(start + first + i, &shape.record(&mut rng))
+                                StoreOp::Insert(start + first + i, shape.record(&mut rng))
                             }
                             (_, Op::Read) => {
                                 keys.set_records(next_insert.load(Ordering::Relaxed));
-                                store.read(keys.next(&mut rng)).map(|found| missed = !found)
+                                StoreOp::Read(keys.next(&mut rng))
                             }
                             (_, Op::Update) | (_, Op::Rmw) => {
                                 keys.set_records(next_insert.load(Ordering::Relaxed));
@@ -221,52 +260,69 @@ pub(crate) fn run_phase(
                                     (f, shape.bytes(&mut rng, shape.field_length))
                                 };
                                 if op == Op::Update {
-                                    store.update(n, field, &bytes)
+                                    StoreOp::Update(n, field, bytes)
                                 } else {
-                                    store.rmw(n, field, &bytes)
+                                    StoreOp::Rmw(n, field, bytes)
                                 }
                             }
                             (_, Op::Insert) => {
                                 let n = next_insert.fetch_add(1, Ordering::Relaxed);
-                                store.insert(n, &shape.record(&mut rng))
+                                StoreOp::Insert(n, shape.record(&mut rng))
                             }
                             (_, Op::Scan) => {
                                 keys.set_records(next_insert.load(Ordering::Relaxed));
                                 let len = wl.scan_length(&mut rng, &mut scan_zipf) as usize;
-                                store.scan(keys.next(&mut rng), len).map(|_| ())
+                                StoreOp::Scan(keys.next(&mut rng), len)
                             }
                         };
-                        let ns = clock.now().saturating_sub(began).max(1);
                         let slot = Op::ALL.iter().position(|&o| o == op).expect("known op");
-                        let mut shared = interval.lock().unwrap_or_else(|p| p.into_inner());
-                        match r {
-                            Ok(()) => {
-                                let _ = stats[slot].1.latency.record(ns);
-                                let _ = shared[slot].1.latency.record(ns);
-                                if missed {
-                                    stats[slot].1.not_found += 1;
-                                    shared[slot].1.not_found += 1;
+                        let began = clock.now();
+                        match store.piped().filter(|_| piped) {
+                            Some(p) => {
+                                // Wait for room in the window, then keep it full.
+                                while p.in_flight() >= depth && !stop {
+                                    for (tag, r) in p.finished(true) {
+                                        if let Some((slot, began)) = flying.remove(&tag) {
+                                            let ns = clock.now().saturating_sub(began).max(1);
+                                            stop |= finish(slot, r, ns, &mut stats);
+                                        }
+                                    }
+                                }
+                                match p.start(i, sop) {
+                                    Ok(()) => {
+                                        flying.insert(i, (slot, began));
+                                    }
+                                    Err(e) => stop |= finish(slot, Err(e), 1, &mut stats),
+                                }
+                                for (tag, r) in p.finished(false) {
+                                    if let Some((slot, began)) = flying.remove(&tag) {
+                                        let ns = clock.now().saturating_sub(began).max(1);
+                                        stop |= finish(slot, r, ns, &mut stats);
+                                    }
                                 }
                             }
-                            Err(e) => {
-                                stats[slot].1.errors += 1;
-                                shared[slot].1.errors += 1;
-                                if server_gone(&e) {
-                                    *gone.lock().unwrap_or_else(|p| p.into_inner()) =
-                                        Some(format!("{e:#}"));
-                                    failed.store(true, Ordering::Relaxed);
-                                    break;
-                                }
-                                if stats[slot].1.errors == 1 {
-                                    eprintln!("naam-bench: {} failed: {e:#}", op.name());
-                                }
+                            None => {
+                                let r = store.run(sop);
+                                let ns = clock.now().saturating_sub(began).max(1);
+                                stop |= finish(slot, r, ns, &mut stats);
                             }
                         }
-                        drop(shared);
                         unreported += 1;
                         if unreported == 64 {
                             done.fetch_add(unreported, Ordering::Relaxed);
                             unreported = 0;
+                        }
+                    }
+                    // What is still in flight finishes (or fails) before the thread ends.
+                    if let Some(p) = store.piped() {
+                        let give_up = Instant::now() + Duration::from_secs(30);
+                        while !flying.is_empty() && Instant::now() < give_up {
+                            for (tag, r) in p.finished(true) {
+                                if let Some((slot, began)) = flying.remove(&tag) {
+                                    let ns = clock.now().saturating_sub(began).max(1);
+                                    finish(slot, r, ns, &mut stats);
+                                }
+                            }
                         }
                     }
                     done.fetch_add(unreported, Ordering::Relaxed);

@@ -159,8 +159,8 @@ pub const KNOWN_KEYS: [&str; 24] = [
 ];
 
 /// Keys besides [`KNOWN_KEYS`] that NAAM reads: `status.interval` (seconds between status
-/// lines, YCSB's name).
-pub const NAAM_KEYS: [&str; 1] = ["status.interval"];
+/// lines, YCSB's name) and `naam.pipeline` (operations each client thread keeps in flight).
+pub const NAAM_KEYS: [&str; 2] = ["status.interval", "naam.pipeline"];
 
 /// A YCSB run as its properties describe it.
 #[derive(Clone, Debug)]
@@ -175,6 +175,8 @@ pub struct Settings {
     pub shape: RecordShape,
     /// Client threads.
     pub threads: usize,
+    /// Operations each client thread keeps in flight (`naam.pipeline`, default 1).
+    pub pipeline: usize,
     /// Operations per second over all threads (`target`); `None`: as fast as possible.
     pub target_ops_per_sec: Option<f64>,
     /// The run (and load) phase stops after this long (`maxexecutiontime`).
@@ -338,6 +340,10 @@ impl Settings {
         if threads > 4096 {
             return Err(bad("threadcount", &threads.to_string(), "at most 4096"));
         }
+        let pipeline = int("naam.pipeline", 1, 1)?;
+        if pipeline > 1024 {
+            return Err(bad("naam.pipeline", &pipeline.to_string(), "at most 1024"));
+        }
         let target_ops_per_sec = match p.get("target") {
             None | Some("0") => None,
             Some(v) => match v.parse::<f64>() {
@@ -395,6 +401,7 @@ impl Settings {
                 field_length,
             },
             threads: threads as usize,
+            pipeline: pipeline as usize,
             target_ops_per_sec,
             max_execution_time,
             insert_start,

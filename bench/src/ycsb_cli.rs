@@ -38,6 +38,10 @@ pub struct YcsbArgs {
     /// Client threads (`threadcount`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub threads: Option<u64>,
+    /// Operations each client thread keeps in flight (`naam.pipeline`; memtier's name; 1:
+    /// one at a time, YCSB's closed loop).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub pipeline: Option<u64>,
     /// Run for this many seconds (`maxexecutiontime`); without --ops the operation count is
     /// then unlimited.
     #[arg(long)]
@@ -139,6 +143,7 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
     flag("recordcount", args.records.map(|n| n.to_string()));
     flag("operationcount", args.ops.map(|n| n.to_string()));
     flag("threadcount", args.threads.map(|n| n.to_string()));
+    flag("naam.pipeline", args.pipeline.map(|n| n.to_string()));
     flag("fieldcount", args.field_count.map(|n| n.to_string()));
     flag("fieldlength", args.field_length.map(|n| n.to_string()));
     flag("target", args.target.map(|t| t.to_string()));
@@ -213,6 +218,7 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
         records: settings.record_count,
         ops: settings.operation_count.unwrap_or(u64::MAX),
         threads: settings.threads,
+        pipeline: settings.pipeline,
         placement: args.placement,
         shape: settings.shape,
         seed: args.seed,

@@ -290,6 +290,11 @@ impl<T: OneSided> ClientPath<T> {
     pub fn transport(&mut self) -> &mut T {
         &mut self.transport
     }
+
+    /// The one-sided READ transport, to look at.
+    pub fn transport_ref(&self) -> &T {
+        &self.transport
+    }
 }
 
 impl<T: OneSided> DataPath for ClientPath<T> {

@@ -498,6 +498,7 @@ fn a_server_claiming_endless_manifest_pages_is_refused() {
                             manifest: Default::default(),
                             pages: u32::MAX,
                             agent: None,
+                            window: 0,
                         };
                         fake.send(peer, id, &s.sealer.seal(&w.to_bytes(id)))
                             .unwrap();

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::handler_id;
-use naam_proto::transport::{ClientError, Transport};
+use naam_proto::transport::{ClientError, Pipeline, Transport};
 use naam_proto::wire::Status;
 #[cfg(feature = "host")]
 use naam_proto::Placement;
@@ -387,14 +387,15 @@ impl<T: Transport> MicaClient<T> {
         bucket
     }
 
-    fn send(
+    /// Builds the args of handler `id` on `key` and `value` into `self.args` and returns the
+    /// descriptors it names (writes: meta and bucket, writable; reads: the bucket).
+    fn prepare(
         &mut self,
-        op: &'static str,
         id: u32,
         key: &[u8],
         value: &[u8],
         write: bool,
-    ) -> Result<naam_proto::wire::Reply, MicaError> {
+    ) -> Result<([Descriptor; 2], usize), MicaError> {
         let extra = if id == self.ids[4] {
             l::RMW_OFFSET_SIZE
         } else {
@@ -404,28 +405,46 @@ impl<T: Transport> MicaClient<T> {
         let bucket = self.fill_args(key, value);
         let h = self.handle;
         let rwa = ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC;
-        let all = [
-            Descriptor {
-                rkey: h.rkey_meta,
-                offset: 0,
-                len: l::META_SIZE as u32,
-                access: rwa,
-            },
-            Descriptor {
-                rkey: h.rkey_index,
-                offset: bucket,
-                len: l::BUCKET_SIZE as u32,
-                access: rwa,
-            },
-            Descriptor {
-                rkey: h.rkey_index,
-                offset: bucket,
-                len: l::BUCKET_SIZE as u32,
-                access: ACCESS_READ,
-            },
-        ];
-        // Writes name meta and bucket (writable); reads only the bucket.
-        let descs = if write { &all[..2] } else { &all[2..] };
+        let bucket_read = Descriptor {
+            rkey: h.rkey_index,
+            offset: bucket,
+            len: l::BUCKET_SIZE as u32,
+            access: ACCESS_READ,
+        };
+        Ok(if write {
+            (
+                [
+                    Descriptor {
+                        rkey: h.rkey_meta,
+                        offset: 0,
+                        len: l::META_SIZE as u32,
+                        access: rwa,
+                    },
+                    Descriptor {
+                        rkey: h.rkey_index,
+                        offset: bucket,
+                        len: l::BUCKET_SIZE as u32,
+                        access: rwa,
+                    },
+                ],
+                2,
+            )
+        } else {
+            ([bucket_read, bucket_read], 1)
+        })
+    }
+
+    fn send(
+        &mut self,
+        op: &'static str,
+        id: u32,
+        key: &[u8],
+        value: &[u8],
+        write: bool,
+    ) -> Result<naam_proto::wire::Reply, MicaError> {
+        let (all, n) = self.prepare(id, key, value, write)?;
+        let descs = &all[..n];
+        let h = self.handle;
         for attempt in 1..=MAX_ATTEMPTS {
             let reply = match self.transport.call(h.app, id, &self.args, descs) {
                 Ok(r) => r,
@@ -540,6 +559,218 @@ impl<T: Transport> MicaClient<T> {
         let new = f(&old);
         self.put(key, &new)?;
         Ok(Some(new))
+    }
+}
+
+/// What a pipelined MICA operation came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MicaDone {
+    /// A get: the value (a view of the reply), or `None` when the table does not hold the key.
+    Got(Option<bytes::Bytes>),
+    /// A put: whether the key existed.
+    Put(bool),
+    /// An `rmw_field`: the old value, or `None` when the key is absent.
+    Patched(Option<bytes::Bytes>),
+}
+
+/// One operation in flight.
+struct InFlight {
+    tag: u64,
+    op: &'static str,
+    handler: u32,
+    args: Vec<u8>,
+    descs: [Descriptor; 2],
+    n_descs: usize,
+    attempt: u32,
+}
+
+/// MICA operations in flight together over a [`Pipeline`]: a client thread keeps many
+/// requests outstanding (YCSB's `--pipeline`, a multi-get) instead of one. Each operation is
+/// submitted at once, carries the caller's tag, and is resubmitted on its own when the server
+/// answers `Busy` or `Conflict`.
+pub struct MicaPipeline<T: Pipeline> {
+    client: MicaClient<T>,
+    flying: std::collections::HashMap<u64, InFlight>,
+}
+
+impl<T: Pipeline> MicaPipeline<T> {
+    /// A pipeline of the table `handle` over `transport`.
+    pub fn new(transport: T, handle: MicaHandle) -> Self {
+        MicaPipeline {
+            client: MicaClient::new(transport, handle),
+            flying: std::collections::HashMap::new(),
+        }
+    }
+
+    /// The transport.
+    pub fn transport(&mut self) -> &mut T {
+        &mut self.client.transport
+    }
+
+    /// Operations submitted and not yet handed back.
+    pub fn in_flight(&self) -> usize {
+        self.flying.len()
+    }
+
+    /// The most operations the transport keeps outstanding.
+    pub fn window(&self) -> usize {
+        self.client.transport.window()
+    }
+
+    /// Starts a get of `key`; its answer will carry `tag`.
+    pub fn get(&mut self, tag: u64, key: &[u8]) -> Result<(), MicaError> {
+        let id = self.client.ids[0];
+        self.start(tag, "get", id, key, &[], false)
+    }
+
+    /// Starts a put of `key` = `value`.
+    pub fn put(&mut self, tag: u64, key: &[u8], value: &[u8]) -> Result<(), MicaError> {
+        let id = self.client.ids[1];
+        self.start(tag, "put", id, key, value, true)
+    }
+
+    /// Starts a read-modify-write of `key` (YCSB's update of one field): `patch` over the
+    /// value's bytes from `field`.
+    pub fn rmw_field(
+        &mut self,
+        tag: u64,
+        key: &[u8],
+        field: u32,
+        patch: &[u8],
+    ) -> Result<(), MicaError> {
+        let mut value = Vec::with_capacity(l::RMW_OFFSET_SIZE + patch.len());
+        value.extend_from_slice(&field.to_le_bytes());
+        value.extend_from_slice(patch);
+        let id = self.client.ids[4];
+        self.start(tag, "rmw", id, key, &value, true)
+    }
+
+    fn start(
+        &mut self,
+        tag: u64,
+        op: &'static str,
+        handler: u32,
+        key: &[u8],
+        value: &[u8],
+        write: bool,
+    ) -> Result<(), MicaError> {
+        let (descs, n_descs) = self.client.prepare(handler, key, value, write)?;
+        let f = InFlight {
+            tag,
+            op,
+            handler,
+            args: self.client.args.clone(),
+            descs,
+            n_descs,
+            attempt: 1,
+        };
+        self.submit(f)
+    }
+
+    fn submit(&mut self, f: InFlight) -> Result<(), MicaError> {
+        let app = self.client.handle.app;
+        let token = self
+            .client
+            .transport
+            .submit(app, f.handler, &f.args, &f.descs[..f.n_descs])?;
+        self.flying.insert(token, f);
+        Ok(())
+    }
+
+    /// The operations that finished since the last poll, by tag; with `block`, waits a while
+    /// for one when any is in flight. Operations the server answered `Busy` or `Conflict` are
+    /// resubmitted (up to [`MAX_ATTEMPTS`]) and show up later.
+    pub fn poll(&mut self, block: bool) -> Vec<(u64, Result<MicaDone, MicaError>)> {
+        let mut out = Vec::new();
+        let mut block = block;
+        loop {
+            let answers = self.client.transport.poll(block);
+            for (token, result) in answers {
+                let Some(f) = self.flying.remove(&token) else {
+                    continue;
+                };
+                match result {
+                    Ok(r) if r.status == Status::Ok => out.push((f.tag, Ok(done(f.op, r.payload)))),
+                    Ok(r) if matches!(r.status, Status::Conflict | Status::Busy) => {
+                        if f.attempt >= MAX_ATTEMPTS {
+                            out.push((f.tag, Err(MicaError::Contended(f.op, MAX_ATTEMPTS))));
+                            continue;
+                        }
+                        let tag = f.tag;
+                        let again = InFlight {
+                            attempt: f.attempt + 1,
+                            ..f
+                        };
+                        if let Err(e) = self.submit(again) {
+                            out.push((tag, Err(e)));
+                        }
+                    }
+                    Ok(r)
+                        if r.status == Status::HandlerError
+                            && r.code
+                                == naam_ebpf::abi::error_code::APP_BASE + l::error::NOT_FOUND
+                            && f.op == "rmw" =>
+                    {
+                        out.push((f.tag, Ok(MicaDone::Patched(None))))
+                    }
+                    Ok(r) => out.push((
+                        f.tag,
+                        Err(MicaError::Server {
+                            op: f.op,
+                            status: r.status,
+                            code: r.code,
+                            message: String::from_utf8_lossy(&r.payload).into_owned(),
+                        }),
+                    )),
+                    Err(ClientError::Busy(_)) => {
+                        // The window was full when it was resubmitted: try on the next poll.
+                        let tag = f.tag;
+                        if let Err(e) = self.submit(f) {
+                            out.push((tag, Err(e)));
+                        }
+                    }
+                    Err(e) => out.push((f.tag, Err(e.into()))),
+                }
+            }
+            if !out.is_empty() || !block || self.flying.is_empty() {
+                return out;
+            }
+            block = true;
+        }
+    }
+
+    /// The values of `keys` (a multi-get): every get in flight together, within the
+    /// transport's window.
+    pub fn multi_get(&mut self, keys: &[&[u8]]) -> Result<Vec<Option<bytes::Bytes>>, MicaError> {
+        let mut values = vec![None; keys.len()];
+        let mut next = 0;
+        let mut left = keys.len();
+        while left > 0 {
+            while next < keys.len() && self.in_flight() < self.window() {
+                self.get(next as u64, keys[next])?;
+                next += 1;
+            }
+            for (tag, r) in self.poll(true) {
+                left -= 1;
+                if let MicaDone::Got(v) = r? {
+                    values[tag as usize] = v;
+                }
+            }
+        }
+        Ok(values)
+    }
+}
+
+/// What a successful reply to operation `op` says.
+fn done(op: &str, payload: bytes::Bytes) -> MicaDone {
+    match op {
+        "get" => MicaDone::Got(match payload.first() {
+            Some(&l::reply::HIT) => Some(payload.slice(1..)),
+            _ => None,
+        }),
+        "put" => MicaDone::Put(payload.first() == Some(&1)),
+        _ => MicaDone::Patched(Some(payload)),
     }
 }
 

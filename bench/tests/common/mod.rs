@@ -12,6 +12,7 @@ pub(crate) fn small_run(app: App, w: char, placement: PlacementChoice, fabric: &
         records: 300,
         ops: 1500,
         threads: 2,
+        pipeline: 1,
         placement,
         shape: RecordShape {
             field_count: 4,

@@ -331,6 +331,10 @@ pub enum Control {
         pages: u32,
         /// The NIC's one-sided agent, when a NIC is up.
         agent: Option<SocketAddr>,
+        /// The session's in-flight credit: requests it may have outstanding at once (more
+        /// are answered `Busy`). 0 from a server that grants none in particular.
+        #[serde(default)]
+        window: u32,
     },
     /// Client → server: page `page` of the manifest.
     QueryManifest {
@@ -649,6 +653,7 @@ mod tests {
                     ..m.clone()
                 },
                 pages: u32::MAX,
+                window: u32::MAX,
                 agent: Some("[fe80::1:2:3:4]:65535".parse().unwrap()),
             };
             assert!(w.to_bytes(1).len() <= crate::limits::MAX_MESSAGE);

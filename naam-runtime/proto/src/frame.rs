@@ -366,34 +366,145 @@ pub enum Timeout {
     GiveUp,
 }
 
-/// Retransmission timers for a client's outstanding requests: exponential backoff from an
-/// initial timeout, a fixed number of attempts. Writes are safe to resend because the server
-/// suppresses duplicates by request id.
+/// Round-trip time of one path, smoothed as RFC 6298 (and QUIC, RFC 9002) estimate it: the
+/// first sample sets the mean and half of it as the variation; later ones move them by 1/8
+/// and 1/4. The retransmission timeout is the mean plus four variations, within bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct RttEstimator {
+    srtt: Option<f64>,
+    rttvar: f64,
+    initial: Nanos,
+    min: Nanos,
+    max: Nanos,
+}
+
+impl RttEstimator {
+    /// An estimator whose timeout is `initial` until the first sample, and never leaves
+    /// `min..=max` after.
+    pub fn new(initial: Nanos, min: Nanos, max: Nanos) -> RttEstimator {
+        let max = max.max(1);
+        RttEstimator {
+            srtt: None,
+            rttvar: 0.0,
+            initial: initial.clamp(1, max),
+            min: min.clamp(1, max),
+            max,
+        }
+    }
+
+    /// Takes in one round trip's time (of an exchange sent once: Karn's rule, a resent one
+    /// says nothing about which send was answered).
+    pub fn sample(&mut self, rtt: Nanos) {
+        let r = rtt as f64;
+        match self.srtt {
+            None => {
+                self.srtt = Some(r);
+                self.rttvar = r / 2.0;
+            }
+            Some(srtt) => {
+                self.rttvar = 0.75 * self.rttvar + 0.25 * (srtt - r).abs();
+                self.srtt = Some(0.875 * srtt + 0.125 * r);
+            }
+        }
+    }
+
+    /// The smoothed round trip, once sampled.
+    pub fn smoothed(&self) -> Option<Nanos> {
+        self.srtt.map(|s| s as Nanos)
+    }
+
+    /// The retransmission timeout now.
+    pub fn rto(&self) -> Nanos {
+        match self.srtt {
+            None => self.initial,
+            Some(srtt) => ((srtt + 4.0 * self.rttvar) as Nanos).clamp(self.min, self.max),
+        }
+    }
+}
+
+/// One outstanding exchange's timer.
+#[derive(Clone, Copy, Debug)]
+struct Timer {
+    /// When it fires next.
+    deadline: Nanos,
+    /// Sends so far.
+    attempt: u32,
+    /// When it was first sent.
+    sent_at: Nanos,
+    /// The timeout of the first send; each resend doubles it (exponential backoff).
+    rto: Nanos,
+}
+
+/// Retransmission timers for a client's outstanding requests: each starts at the timeout its
+/// path's [`RttEstimator`] gives when it is sent and doubles per resend, for a fixed number of
+/// attempts. Writes are safe to resend because the server suppresses duplicates by request id.
 #[derive(Debug)]
 pub struct Retransmit {
     initial: Nanos,
     max_attempts: u32,
-    outstanding: HashMap<u64, (Nanos, u32)>,
+    /// No exchange is given up on sooner than this after its first send, however many
+    /// attempts it took (short estimated timeouts must not shorten the patience).
+    patience: Nanos,
+    /// The longest wait between two sends.
+    max_backoff: Nanos,
+    outstanding: HashMap<u64, Timer>,
 }
 
 impl Retransmit {
-    /// Timers starting at `initial` nanoseconds, doubling per attempt, `max_attempts` sends in all.
+    /// Timers starting at `initial` nanoseconds (unless a send says otherwise), doubling per
+    /// attempt, `max_attempts` sends in all.
     pub fn new(initial: Nanos, max_attempts: u32) -> Self {
         Retransmit {
             initial: initial.max(1),
             max_attempts: max_attempts.max(1),
+            patience: 0,
+            max_backoff: Nanos::MAX,
             outstanding: HashMap::new(),
         }
     }
 
-    /// Request `id` was sent for the first time at `now`.
+    /// Gives up on an exchange only once `patience` has passed since its first send (it is
+    /// resent meanwhile, past its attempts if need be).
+    pub fn with_patience(mut self, patience: Nanos) -> Self {
+        self.patience = patience;
+        self
+    }
+
+    /// Waits at most `max` between two sends.
+    pub fn with_max_backoff(mut self, max: Nanos) -> Self {
+        self.max_backoff = max.max(1);
+        self
+    }
+
+    /// Request `id` was sent for the first time at `now`, with the initial timeout.
     pub fn sent(&mut self, id: u64, now: Nanos) {
-        self.outstanding.insert(id, (now + self.initial, 1));
+        self.sent_with(id, now, self.initial);
+    }
+
+    /// Request `id` was sent for the first time at `now`; its first timeout is `rto`.
+    pub fn sent_with(&mut self, id: u64, now: Nanos, rto: Nanos) {
+        let rto = rto.max(1);
+        self.outstanding.insert(
+            id,
+            Timer {
+                deadline: now.saturating_add(rto),
+                attempt: 1,
+                sent_at: now,
+                rto,
+            },
+        );
     }
 
     /// The reply to `id` arrived; returns whether it was outstanding (false: a late duplicate).
     pub fn answered(&mut self, id: u64) -> bool {
         self.outstanding.remove(&id).is_some()
+    }
+
+    /// The reply to `id` arrived at `now`: `None` for a late duplicate, else `Some` of its
+    /// round trip when it was sent only once (a sample for the path's estimator).
+    pub fn answered_at(&mut self, id: u64, now: Nanos) -> Option<Option<Nanos>> {
+        let t = self.outstanding.remove(&id)?;
+        Some((t.attempt == 1).then(|| now.saturating_sub(t.sent_at)))
     }
 
     /// Requests with a timer: sent, and neither answered nor given up on.
@@ -408,25 +519,35 @@ impl Retransmit {
 
     /// The earliest deadline, for the driver's poll timeout.
     pub fn next_deadline(&self) -> Option<Nanos> {
-        self.outstanding.values().map(|(d, _)| *d).min()
+        self.outstanding.values().map(|t| t.deadline).min()
     }
 
     /// Timers that fired by `now`: each is rearmed (resend) or removed (give up).
     pub fn poll(&mut self, now: Nanos) -> Vec<(u64, Timeout)> {
         let mut out = Vec::new();
         let mut done = Vec::new();
-        for (&id, (deadline, attempt)) in self.outstanding.iter_mut() {
-            if *deadline > now {
+        for (&id, t) in self.outstanding.iter_mut() {
+            if t.deadline > now {
                 continue;
             }
-            if *attempt >= self.max_attempts {
+            if t.attempt >= self.max_attempts && now.saturating_sub(t.sent_at) >= self.patience {
                 done.push(id);
                 out.push((id, Timeout::GiveUp));
             } else {
-                *attempt += 1;
-                let backoff = self.initial.saturating_mul(1 << (*attempt - 1).min(20));
-                *deadline = now + backoff;
-                out.push((id, Timeout::Resend(*attempt)));
+                t.attempt += 1;
+                let backoff = t
+                    .rto
+                    .saturating_mul(1 << (t.attempt - 1).min(20))
+                    .min(self.max_backoff);
+                let left = (t.sent_at.saturating_add(self.patience)).saturating_sub(now);
+                let backoff = if t.attempt >= self.max_attempts && left > 0 {
+                    // Out of attempts before the patience is spent: one last wait to its end.
+                    backoff.max(left)
+                } else {
+                    backoff
+                };
+                t.deadline = now.saturating_add(backoff);
+                out.push((id, Timeout::Resend(t.attempt)));
             }
         }
         for id in done {

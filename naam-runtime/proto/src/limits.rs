@@ -22,8 +22,13 @@ pub const MAX_MESSAGE: usize = 8 * 1024;
 pub const MAX_TRANSFER: usize = 7 * 1024;
 /// Bytes sealing adds to a message: the envelope header and the authentication tag.
 pub const SEAL_OVERHEAD: usize = naam_ebpf::eswitch::SEAL_HEADER + SEAL_TAG;
-/// Length of a sealed envelope's authentication tag (truncated HMAC-SHA-256).
+/// Length of a sealed envelope's authentication tag (AES-256-GCM's).
 pub const SEAL_TAG: usize = 16;
+/// Bytes at the start of a sealed message left in the clear (authenticated, not encrypted):
+/// a request's kind, flags, app, handler and id, which a switch in front of the server (the
+/// XDP eSwitch) steers by. The rest is encrypted.
+pub const SEAL_CLEAR: usize = 24;
+const _: () = assert!(naam_ebpf::eswitch::REQ_ID + 8 <= SEAL_CLEAR);
 
 const _: () = assert!(MAX_REQUEST + SEAL_OVERHEAD <= MAX_MESSAGE);
 const _: () = assert!(MAX_REPLY + SEAL_OVERHEAD <= MAX_MESSAGE);

@@ -57,6 +57,101 @@ pub trait Transport {
     fn backoff(&mut self, attempt: u32);
 }
 
+/// A [`Transport`] that keeps several messages in flight: [`Pipeline::submit`] sends and
+/// returns at once with a token, [`Pipeline::poll`] hands back the replies that have come, in
+/// whatever order they came. A fabric that runs messages where they are (in process) answers
+/// each at once; one over the network keeps up to [`Pipeline::window`] outstanding.
+pub trait Pipeline: Transport {
+    /// Sends `handler` of `app` with `args` and `descs` without waiting; returns the token its
+    /// answer will carry. [`ClientError::Busy`] when [`Pipeline::window`] are outstanding.
+    fn submit(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<u64, ClientError>;
+
+    /// The answers that have come since the last poll, each with its token: a reply, or why
+    /// there is none. With `block`, waits (a while, not forever) for at least one when any is
+    /// outstanding and none has come.
+    fn poll(&mut self, block: bool) -> Vec<(u64, Result<Reply, ClientError>)>;
+
+    /// Messages submitted and not yet handed back by [`Pipeline::poll`].
+    fn in_flight(&self) -> usize;
+
+    /// The most messages this transport keeps outstanding at once.
+    fn window(&self) -> usize;
+}
+
+/// A [`Transport`] whose every call completes before it returns, as a [`Pipeline`]: each
+/// submission runs at once and its answer waits for the next poll.
+#[derive(Debug)]
+pub struct Immediate<T> {
+    inner: T,
+    next: u64,
+    done: Vec<(u64, Result<Reply, ClientError>)>,
+}
+
+impl<T: Transport> Immediate<T> {
+    /// Pipelines over `inner`.
+    pub fn new(inner: T) -> Self {
+        Immediate {
+            inner,
+            next: 0,
+            done: Vec::new(),
+        }
+    }
+
+    /// The transport underneath.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+}
+
+impl<T: Transport> Transport for Immediate<T> {
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        self.inner.call(app, handler, args, descs)
+    }
+
+    fn backoff(&mut self, attempt: u32) {
+        self.inner.backoff(attempt)
+    }
+}
+
+impl<T: Transport> Pipeline for Immediate<T> {
+    fn submit(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<u64, ClientError> {
+        self.next += 1;
+        let r = self.inner.call(app, handler, args, descs);
+        self.done.push((self.next, r));
+        Ok(self.next)
+    }
+
+    fn poll(&mut self, _block: bool) -> Vec<(u64, Result<Reply, ClientError>)> {
+        std::mem::take(&mut self.done)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+
+    fn window(&self) -> usize {
+        usize::MAX
+    }
+}
+
 impl<T: Transport + ?Sized> Transport for &mut T {
     fn call(
         &mut self,

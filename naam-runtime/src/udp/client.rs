@@ -55,8 +55,13 @@ pub struct UdpConfig {
     pub server: SocketAddr,
     /// Datagram size (1472 fits a 1500-byte MTU; up to 8972 with jumbo frames).
     pub datagram: usize,
-    /// First retransmission timeout; it doubles on every retry.
+    /// Retransmission timeout until a round trip is measured; then each path's estimate
+    /// (RFC 6298) within `min_rto` and `max_rto`. It doubles on every retry.
     pub rto: Duration,
+    /// The least retransmission timeout.
+    pub min_rto: Duration,
+    /// The largest retransmission timeout.
+    pub max_rto: Duration,
     /// Sends per request before giving up (the first one included).
     pub attempts: u32,
     /// How often the steering weights are refreshed.
@@ -91,6 +96,8 @@ impl UdpConfig {
             server,
             datagram: DEFAULT_DATAGRAM,
             rto: Duration::from_millis(20),
+            min_rto: Duration::from_micros(50),
+            max_rto: Duration::from_secs(1),
             attempts: 8,
             refresh: Duration::from_millis(5),
             connect_timeout: Duration::from_secs(2),
@@ -163,6 +170,8 @@ pub(crate) struct Conn {
     clock: SystemClock,
     /// Control messages that answered no exchange (weights after a refresh).
     inbox: Vec<Control>,
+    /// Answers and failures of exchanges no one was waiting for by name.
+    answers: Vec<ClientEvent>,
     rtt: Ewma,
     /// One-sided READs over a direct path (RDMA verbs: `use_rdma`) instead of the agent.
     direct_reads: Option<Box<dyn OneSided + Send>>,
@@ -183,40 +192,60 @@ impl Conn {
     }
 
     /// The driver loop: sends, receives and fires timers until `until` takes an event.
-    fn drive<T>(&mut self, mut until: impl FnMut(ClientEvent) -> Option<T>) -> std::io::Result<T> {
+    /// Answers it does not take (other exchanges of a pipelined client) are kept for
+    /// [`Conn::take_answers`].
+    fn drive<T>(&mut self, mut until: impl FnMut(&ClientEvent) -> Option<T>) -> std::io::Result<T> {
         loop {
             self.flush()?;
             while let Some(event) = self.endpoint.poll_event() {
                 match event {
                     ClientEvent::Control(c) => self.inbox.push(c),
-                    event => {
-                        if let Some(t) = until(event) {
-                            return Ok(t);
-                        }
-                    }
+                    event => match until(&event) {
+                        Some(t) => return Ok(t),
+                        None => self.answers.push(event),
+                    },
                 }
             }
-            let now = self.clock.now();
-            let wait = self
-                .endpoint
-                .poll_timeout()
-                .map_or(MAX_WAIT, |d| Duration::from_nanos(d.saturating_sub(now)))
-                .min(MAX_WAIT);
-            // Poll a moment before sleeping: the answer to a request just sent comes within a
-            // round trip, and the server need not wake this thread to deliver it.
-            for (from, m) in self.socket.recv_polling(CLIENT_SPIN.min(wait), wait)? {
-                self.endpoint.handle(self.clock.now(), from, m);
-            }
-            self.endpoint.handle_timeout(self.clock.now());
+            self.turn(MAX_WAIT)?;
         }
+    }
+
+    /// One round of the driver: receives for up to `wait` (less when a timer is due sooner),
+    /// then fires the timers that are due.
+    fn turn(&mut self, wait: Duration) -> std::io::Result<()> {
+        let now = self.clock.now();
+        let wait = self
+            .endpoint
+            .poll_timeout()
+            .map_or(wait, |d| Duration::from_nanos(d.saturating_sub(now)))
+            .min(wait);
+        // Poll a moment before sleeping: the answer to a request just sent comes within a
+        // round trip, and the server need not wake this thread to deliver it.
+        for (from, m) in self.socket.recv_polling(CLIENT_SPIN.min(wait), wait)? {
+            self.endpoint.handle(self.clock.now(), from, m);
+        }
+        self.endpoint.handle_timeout(self.clock.now());
+        Ok(())
+    }
+
+    /// Answers and failures that arrived for exchanges nobody waits for by name, and those
+    /// the endpoint has ready now; control messages go to the inbox.
+    fn take_answers(&mut self) -> Vec<ClientEvent> {
+        while let Some(event) = self.endpoint.poll_event() {
+            match event {
+                ClientEvent::Control(c) => self.inbox.push(c),
+                event => self.answers.push(event),
+            }
+        }
+        std::mem::take(&mut self.answers)
     }
 
     /// Sets up a session and returns the server's welcome.
     fn connect(&mut self) -> Result<Control, UdpError> {
         self.endpoint.connect(self.clock.now());
         let r = self.drive(|event| match event {
-            ClientEvent::Connected(welcome) => Some(Ok(welcome)),
-            ClientEvent::ConnectFailed(e) => Some(Err(e)),
+            ClientEvent::Connected(welcome) => Some(Ok(welcome.clone())),
+            ClientEvent::ConnectFailed(e) => Some(Err(e.clone())),
             _ => None,
         })?;
         r.map_err(|e| match e {
@@ -237,8 +266,8 @@ impl Conn {
         let id = id.map_err(|e| self.client_error(e))?;
         let r = self
             .drive(|event| match event {
-                ClientEvent::Answered { id: i, message } if i == id => Some(Ok(message)),
-                ClientEvent::Failed { id: i, error } if i == id => Some(Err(error)),
+                ClientEvent::Answered { id: i, message } if *i == id => Some(Ok(message.clone())),
+                ClientEvent::Failed { id: i, error } if *i == id => Some(Err(error.clone())),
                 _ => None,
             })
             .map_err(|_| ClientError::Shutdown)?;
@@ -357,6 +386,10 @@ pub struct UdpClient {
     tracker: LoadTracker,
     metrics: Option<Arc<Metrics>>,
     pin: Option<Placement>,
+    /// Submitted messages not yet answered: their handler and when they were sent.
+    pending: HashMap<u64, (HandlerKey, Instant)>,
+    /// Answers ready for the next poll (messages the client ran itself, failures).
+    ready: Vec<(u64, Result<Reply, ClientError>)>,
 }
 
 impl UdpClient {
@@ -383,6 +416,8 @@ impl UdpClient {
         let mut endpoint_config =
             ClientConfig::new(config.server, &config.tenant, config.credential.clone());
         endpoint_config.rto = config.rto.as_nanos() as Nanos;
+        endpoint_config.min_rto = config.min_rto.as_nanos() as Nanos;
+        endpoint_config.max_rto = config.max_rto.as_nanos() as Nanos;
         endpoint_config.attempts = config.attempts.max(1);
         endpoint_config.connect_timeout = config.connect_timeout.as_nanos() as Nanos;
         endpoint_config.liveness = config.liveness.as_nanos() as Nanos;
@@ -392,6 +427,7 @@ impl UdpClient {
             endpoint: ClientEndpoint::new(endpoint_config, clock.now()),
             clock,
             inbox: Vec::new(),
+            answers: Vec::new(),
             rtt: Ewma::default(),
             direct_reads: None,
         };
@@ -458,6 +494,8 @@ impl UdpClient {
             tracker: LoadTracker::new(1, 0),
             metrics: None,
             pin: config.pin,
+            pending: HashMap::new(),
+            ready: Vec::new(),
         })
     }
 
@@ -627,16 +665,19 @@ impl UdpClient {
     }
 }
 
-impl Transport for UdpClient {
-    fn call(
-        &mut self,
-        app: u32,
-        handler: u32,
-        args: &[u8],
-        descs: &[Descriptor],
-    ) -> Result<Reply, ClientError> {
-        let mut req = Request::for_call(app, handler, 0, args, descs)?;
-        let key = (app, handler);
+/// Where [`UdpClient::place`] put a message.
+enum Placed {
+    /// The client ran it (one-sided reads): its reply.
+    Here(Reply),
+    /// For the server, with the pin flags set.
+    Server(Box<Request>),
+}
+
+impl UdpClient {
+    /// Steers `req` (of handler `key`): runs a read here when the weights say Client and the
+    /// agent is up, else marks where the server should run it.
+    fn place(&mut self, mut req: Request, key: HandlerKey) -> Placed {
+        let (app, _) = key;
         if self.apps_used.insert(app) {
             // Ask for the new app's weights first, at once.
             let at = self.refresh_cursor.min(self.refresh_order.len());
@@ -645,7 +686,6 @@ impl Transport for UdpClient {
         }
         self.refresh_weights();
         self.take_inbox();
-        let start = Instant::now();
         let read = self.kinds.get(&key) == Some(&HandlerKind::Read);
         let client_ok = read && self.client_ok(key);
         let agent_up = self.path.transport().one_sided_up();
@@ -666,7 +706,6 @@ impl Transport for UdpClient {
             }
             None => None,
         };
-        let mut reply = None;
         if choice == Some(Placement::Client) && client_ok {
             req.request_id = self.path.transport().endpoint.next_id();
             let r = self.run_locally(&req);
@@ -674,20 +713,18 @@ impl Transport for UdpClient {
                 // The agent is gone: stop using it for a while and let the server answer.
                 self.agent_down_until = Some(Instant::now() + Duration::from_millis(200));
             } else {
-                reply = Some(r);
+                return Placed::Here(r);
             }
         }
-        let reply = match reply {
-            Some(r) => r,
-            None => {
-                match choice {
-                    Some(Placement::Host) => req.flags |= flags::PIN_HOST,
-                    Some(Placement::Nic) => req.flags |= flags::PIN_NIC,
-                    _ => {}
-                }
-                self.call_server(req)?
-            }
-        };
+        match choice {
+            Some(Placement::Host) => req.flags |= flags::PIN_HOST,
+            Some(Placement::Nic) => req.flags |= flags::PIN_NIC,
+            _ => {}
+        }
+        Placed::Server(Box::new(req))
+    }
+
+    fn record(&self, key: HandlerKey, start: Instant, reply: &Reply) {
         if let Some(m) = &self.metrics {
             m.record(
                 reply.placement,
@@ -696,10 +733,127 @@ impl Transport for UdpClient {
                 reply.status,
             );
         }
+    }
+
+    /// The answers the endpoint has for submitted messages, into `ready`.
+    fn collect(&mut self) {
+        let conn = self.path.transport();
+        let events = conn.take_answers();
+        for event in events {
+            let (id, result) = match event {
+                ClientEvent::Answered { id, message } => {
+                    (id, Reply::decode(message).map_err(ClientError::Wire))
+                }
+                ClientEvent::Failed { id, error } => {
+                    (id, Err(self.path.transport().client_error(error)))
+                }
+                _ => continue,
+            };
+            if let Some((key, start)) = self.pending.remove(&id) {
+                if let Ok(r) = &result {
+                    self.record(key, start, r);
+                }
+                self.ready.push((id, result));
+            }
+        }
+    }
+}
+
+impl Transport for UdpClient {
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        let req = Request::for_call(app, handler, 0, args, descs)?;
+        let key = (app, handler);
+        let start = Instant::now();
+        let reply = match self.place(req, key) {
+            Placed::Here(r) => r,
+            Placed::Server(req) => self.call_server(*req)?,
+        };
+        self.record(key, start, &reply);
         Ok(reply)
     }
 
     fn backoff(&mut self, attempt: u32) {
         crate::backoff(attempt)
+    }
+}
+
+impl naam_proto::transport::Pipeline for UdpClient {
+    fn submit(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<u64, ClientError> {
+        if self.pending.len() >= self.window() {
+            return Err(ClientError::Busy(Placement::Host));
+        }
+        let req = Request::for_call(app, handler, 0, args, descs)?;
+        let key = (app, handler);
+        let start = Instant::now();
+        match self.place(req, key) {
+            Placed::Here(r) => {
+                self.record(key, start, &r);
+                let id = r.request_id;
+                self.ready.push((id, Ok(r)));
+                Ok(id)
+            }
+            Placed::Server(req) => {
+                let conn = self.path.transport();
+                let id = conn
+                    .endpoint
+                    .request(conn.clock.now(), *req)
+                    .map_err(|e| conn.client_error(e))?;
+                // Sent now, not at the next poll: the server starts on it at once.
+                conn.flush().map_err(|_| ClientError::Shutdown)?;
+                self.pending.insert(id, (key, start));
+                Ok(id)
+            }
+        }
+    }
+
+    fn poll(&mut self, block: bool) -> Vec<(u64, Result<Reply, ClientError>)> {
+        self.collect();
+        if block && self.ready.is_empty() && !self.pending.is_empty() {
+            let deadline = Instant::now() + MAX_WAIT;
+            while self.ready.is_empty() && !self.pending.is_empty() {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                let conn = self.path.transport();
+                if conn.flush().and_then(|_| conn.turn(left)).is_err() {
+                    let failed: Vec<u64> = self.pending.keys().copied().collect();
+                    for id in failed {
+                        self.pending.remove(&id);
+                        self.ready.push((id, Err(ClientError::Shutdown)));
+                    }
+                    break;
+                }
+                self.collect();
+            }
+        }
+        std::mem::take(&mut self.ready)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.pending.len() + self.ready.len()
+    }
+
+    fn window(&self) -> usize {
+        self.path_window()
+    }
+}
+
+impl UdpClient {
+    /// Requests the server lets this session have outstanding (its welcome's grant).
+    fn path_window(&self) -> usize {
+        self.path.transport_ref().endpoint.window() as usize
     }
 }

@@ -24,7 +24,7 @@ use naam_ebpf::abi::Descriptor;
 
 use super::Transmit;
 use crate::control::Control;
-use crate::frame::{Retransmit, Timeout};
+use crate::frame::{Retransmit, RttEstimator, Timeout};
 use crate::kind::MessageKind;
 use crate::onesided::{Op, Operation};
 use crate::session::{
@@ -46,8 +46,14 @@ pub struct ClientConfig {
     pub tenant: String,
     /// The tenant's secret: it makes the handshake proof and the session key, and is never sent.
     pub credential: Credential,
-    /// First retransmission timeout of an exchange; it doubles on every resend.
+    /// Retransmission timeout before the first round trip is measured; after, each path's
+    /// timeout is its smoothed round trip plus four variations (RFC 6298), within `min_rto`
+    /// and `max_rto`. It doubles on every resend.
     pub rto: Nanos,
+    /// The least retransmission timeout (the estimate never goes below it).
+    pub min_rto: Nanos,
+    /// The largest retransmission timeout, and the longest wait between two resends.
+    pub max_rto: Nanos,
     /// Sends per exchange before giving up (the first one included).
     pub attempts: u32,
     /// How long a handshake may take (three tries within it).
@@ -60,14 +66,18 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// Defaults for `server`, authenticating as `tenant` with `credential`: 20 ms first
-    /// timeout, 8 attempts, 2 s to connect, 10 s of silence tolerated.
+    /// Defaults for `server`, authenticating as `tenant` with `credential`: 20 ms timeout
+    /// until a round trip is measured, then the estimate within 50 µs to 1 s, 8 attempts (and
+    /// never giving up sooner than 20 ms doubling 8 times would), 2 s to connect, 10 s of
+    /// silence tolerated.
     pub fn new(server: SocketAddr, tenant: &str, credential: Credential) -> ClientConfig {
         ClientConfig {
             server,
             tenant: tenant.to_string(),
             credential,
             rto: 20 * MS,
+            min_rto: 50_000,
+            max_rto: 1_000 * MS,
             attempts: 8,
             connect_timeout: 2_000 * MS,
             liveness: 10_000 * MS,
@@ -223,6 +233,24 @@ pub struct ClientEndpoint {
     last_heard: Nanos,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ClientEvent>,
+    /// Round trips per destination (the server, the NIC's agent).
+    paths: HashMap<SocketAddr, RttEstimator>,
+    /// Requests the server may have outstanding from this session (its welcome's grant).
+    window: u32,
+    stats: ClientStats,
+}
+
+/// Counters of a client endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientStats {
+    /// Exchanges sent (first sends).
+    pub sent: u64,
+    /// Resends after a timeout.
+    pub resends: u64,
+    /// Answers to exchanges already answered or given up on: a resend that was not needed
+    /// (its first send had been answered) shows here.
+    pub duplicates: u64,
 }
 
 /// The id a message of kind `kind` carries.
@@ -237,7 +265,13 @@ impl ClientEndpoint {
     pub fn new(config: ClientConfig, now: Nanos) -> ClientEndpoint {
         let handshake_rto = (config.connect_timeout / 4).max(MS);
         ClientEndpoint {
-            timers: Retransmit::new(config.rto, config.attempts.max(1)),
+            timers: Retransmit::new(config.rto, config.attempts.max(1))
+                .with_patience(
+                    config
+                        .rto
+                        .saturating_mul((1u64 << config.attempts.clamp(1, 20)) - 1),
+                )
+                .with_max_backoff(config.max_rto),
             handshake_timer: Retransmit::new(handshake_rto, 3),
             config,
             session: None,
@@ -250,7 +284,36 @@ impl ClientEndpoint {
             last_heard: now,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
+            paths: HashMap::new(),
+            window: crate::limits::SESSION_CREDIT,
+            stats: ClientStats::default(),
         }
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> ClientStats {
+        self.stats
+    }
+
+    /// Requests this session may have outstanding at once: what the server granted in its
+    /// welcome (the default credit until then, or from a server that grants none).
+    pub fn window(&self) -> u32 {
+        self.window
+    }
+
+    /// The smoothed round trip to the server, once measured.
+    pub fn rtt(&self) -> Option<Nanos> {
+        self.paths
+            .get(&self.config.server)
+            .and_then(RttEstimator::smoothed)
+    }
+
+    /// The path to `to`'s estimator.
+    fn path(&mut self, to: SocketAddr) -> &mut RttEstimator {
+        let (rto, min, max) = (self.config.rto, self.config.min_rto, self.config.max_rto);
+        self.paths
+            .entry(to)
+            .or_insert_with(|| RttEstimator::new(rto, min, max))
     }
 
     /// Starts a handshake (dropping any session): hello now, the rest as answers arrive. Its
@@ -418,7 +481,7 @@ impl ClientEndpoint {
             Some(MessageKind::Sealed) if self.session.is_some() => {
                 if let Some(inner) = self.open(&datagram) {
                     self.last_heard = now;
-                    self.sealed(inner);
+                    self.sealed(now, inner);
                 }
             }
             Some(MessageKind::Sealed) => self.welcome(now, &datagram),
@@ -491,6 +554,7 @@ impl ClientEndpoint {
             };
             match t {
                 Timeout::Resend(_) => {
+                    self.stats.resends += 1;
                     let again = x.resend.as_ref().and_then(|r| r.to_bytes().ok());
                     let (to, m) = (x.to, again.unwrap_or_else(|| x.first.clone()));
                     let sealed = self.seal(&m);
@@ -552,21 +616,29 @@ impl ClientEndpoint {
         };
         let (to, sealed) = (x.to, self.seal(&x.first));
         self.push(to, id, sealed);
-        self.timers.sent(id, now);
+        let rto = self.path(to).rto();
+        self.timers.sent_with(id, now, rto);
+        self.stats.sent += 1;
     }
 
     /// A message sealed in the session: an answer, a control message, or a late duplicate.
-    fn sealed(&mut self, inner: Bytes) {
+    fn sealed(&mut self, now: Nanos, inner: Bytes) {
         let Some(kind) = MessageKind::peek(&inner) else {
             return;
         };
         if let Some(id) = answered_id(kind, &inner) {
             if self.exchanges.get(&id).is_some_and(|x| x.want == kind) {
-                self.exchanges.remove(&id);
-                self.timers.answered(id);
+                if let Some(x) = self.exchanges.remove(&id) {
+                    if let Some(Some(rtt)) = self.timers.answered_at(id, now) {
+                        self.path(x.to).sample(rtt);
+                    }
+                }
                 self.events
                     .push_back(ClientEvent::Answered { id, message: inner });
                 return;
+            }
+            if kind != MessageKind::Control {
+                self.stats.duplicates += 1;
             }
         }
         if kind == MessageKind::Control {
@@ -677,11 +749,17 @@ impl ClientEndpoint {
         });
         self.last_heard = now;
         if let Control::Welcome {
-            client_id, agent, ..
+            client_id,
+            agent,
+            window,
+            ..
         } = &welcome
         {
             self.client_id = *client_id;
             self.agent = *agent;
+            if *window > 0 {
+                self.window = *window;
+            }
         }
         self.events.push_back(ClientEvent::Connected(welcome));
         for id in std::mem::take(&mut self.parked) {

@@ -595,10 +595,17 @@ impl<B: NicBackend> NicEndpoint<B> {
                         }
                     }
                     let k = Arc::new(k);
+                    // This NIC may have sealed under this very key before it restarted: its
+                    // packet numbers start at random in [2^61, 2^62), where two starts come
+                    // within reach of each other with negligible probability.
+                    let Ok(first) = crate::session::random_u64() else {
+                        return;
+                    };
+                    let first = (first >> 2) | (1 << 61);
                     self.sessions.entry(session).or_insert(ClientSession {
                         ch: Channel {
                             to: peer,
-                            sealer: Arc::new(Sealer::new(k.clone(), Sender::Nic)),
+                            sealer: Arc::new(Sealer::numbering_from(k.clone(), Sender::Nic, first)),
                         },
                         key: k,
                         apps,

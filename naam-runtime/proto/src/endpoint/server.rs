@@ -661,6 +661,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             },
             pages,
             agent: self.agent(),
+            window: self.config.session_credit,
         };
         let t = ch.transmit(id, &w.to_bytes(id));
         self.push(t);

@@ -24,8 +24,11 @@
 //!  0 u8 version (1)   1 u8 kind (7)   2 u8 sender (0 client, 1 server, 2 NIC)   3 u8 0
 //!  4 u32 tenant tag (names the credential without revealing it)
 //!  8 u64 session id  16 u64 packet number (per sender, never reused)
-//! 24 the inner message (request, reply, control, one-sided operation or completion)
-//! end-16 HMAC-SHA-256 of everything before it under the session key, first 16 bytes
+//! 24 the inner message (request, reply, control, one-sided operation or completion): its
+//!    first 24 bytes in the clear, the rest encrypted
+//! end-16 AES-256-GCM tag over everything before it (the header and the clear bytes as
+//!    associated data), under a key derived from the session's secret, with the sender and
+//!    packet number as the nonce
 //! ```
 //! A receiver drops datagrams whose tag does not verify, whose packet number it has seen
 //! (a [`ReplayWindow`] per session), or that come from another address than the session's.
@@ -67,7 +70,7 @@ fn hmac_with(key: &[u8]) -> HmacSha256 {
 }
 
 use crate::kind::SEALED as KIND_SEALED;
-use crate::limits::{SEAL_OVERHEAD, SEAL_TAG as TAG_LEN};
+use crate::limits::{SEAL_CLEAR, SEAL_OVERHEAD, SEAL_TAG as TAG_LEN};
 /// Bytes of the sealed envelope before the inner message (the XDP eSwitch reads it).
 pub const SEAL_HEADER: usize = naam_ebpf::eswitch::SEAL_HEADER;
 /// Bytes of a credential (a 256-bit secret).
@@ -312,6 +315,35 @@ mod tests {
                 .unwrap_err(),
             SealError::BadTag(id)
         );
+    }
+
+    #[test]
+    fn sealing_encrypts_past_the_clear_prefix_and_binds_every_byte() {
+        let k = SessionKey::new(7, 1, [9; 32]);
+        let inner: Vec<u8> = (0..200u8).collect();
+        let sealed = k.seal(Sender::Server, 3, &inner);
+        assert_eq!(sealed.len(), SEAL_OVERHEAD + inner.len());
+        // The prefix a switch steers by is in the clear; the rest is not.
+        let body = &sealed[SEAL_HEADER..sealed.len() - TAG_LEN];
+        assert_eq!(&body[..SEAL_CLEAR], &inner[..SEAL_CLEAR]);
+        assert_ne!(&body[SEAL_CLEAR..], &inner[SEAL_CLEAR..]);
+        assert_eq!(&k.open(&sealed).unwrap().1[..], &inner[..]);
+        // A change anywhere (header, clear prefix, ciphertext, tag) is refused.
+        for at in [
+            2,
+            20,
+            SEAL_HEADER + 3,
+            SEAL_HEADER + SEAL_CLEAR + 5,
+            sealed.len() - 1,
+        ] {
+            let mut bad = sealed.to_vec();
+            bad[at] ^= 0x40;
+            assert!(k.open(&Bytes::from(bad)).is_err(), "byte {at} changed");
+        }
+        // Another sender's or another packet's nonce does not open it.
+        let mut other = sealed.to_vec();
+        other[16] ^= 1;
+        assert!(k.open(&Bytes::from(other)).is_err());
     }
 
     #[test]

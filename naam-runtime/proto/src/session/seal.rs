@@ -117,13 +117,35 @@ impl Authentication {
     }
 }
 
-/// The keyed MAC of one session, with its id and tenant tag: seals and opens its messages.
+/// The key of one session, with its id and tenant tag: seals and opens its messages.
+///
+/// A message is sealed with AES-256-GCM under a key derived from the session's secret (an
+/// HMAC of it, so the secret serves no two algorithms): the envelope header and the first
+/// [`SEAL_CLEAR`] bytes of the message are authenticated in the clear, the rest is encrypted,
+/// and the 16-byte tag ends the datagram. The nonce is the sender and its packet number, which
+/// a sender never reuses under one key (a sealer numbers its packets once; the NIC, which may
+/// learn a session's key again after it restarts, starts its numbers at random).
 pub struct SessionKey {
     pub(super) id: u64,
     pub(super) tenant_tag: u32,
     pub(super) raw: [u8; 32],
     pub(super) mac: HmacSha256,
+    pub(super) aead: ring::aead::LessSafeKey,
     pub(super) authentication: Authentication,
+}
+
+/// The nonce of packet `packet` from `sender`: unique under a session's key, since each
+/// sender numbers its packets without repeating.
+fn nonce(sender: Sender, packet: u64) -> ring::aead::Nonce {
+    let mut n = [0u8; 12];
+    n[0] = sender as u8;
+    n[4..].copy_from_slice(&packet.to_le_bytes());
+    ring::aead::Nonce::assume_unique_for_key(n)
+}
+
+/// Where the encrypted part of a sealed message of `len` bytes (tag excluded) starts.
+fn clear_end(len: usize) -> usize {
+    len.min(SEAL_HEADER + SEAL_CLEAR)
 }
 
 impl std::fmt::Debug for SessionKey {
@@ -135,11 +157,20 @@ impl std::fmt::Debug for SessionKey {
 impl SessionKey {
     /// The key of session `id` from its 32 raw bytes.
     pub fn new(id: u64, tenant_tag: u32, raw: [u8; 32]) -> SessionKey {
+        let mac = hmac_with(&raw);
+        let mut m = mac.clone();
+        m.update(b"naam datagram sealing v2: aes-256-gcm");
+        let sealing = m.finalize().into_bytes();
+        let aead = ring::aead::LessSafeKey::new(
+            ring::aead::UnboundKey::new(&ring::aead::AES_256_GCM, &sealing)
+                .expect("AES-256-GCM takes a 32-byte key"),
+        );
         SessionKey {
             id,
             tenant_tag,
             raw,
-            mac: hmac_with(&raw),
+            mac,
+            aead,
             authentication: Authentication::On,
         }
     }
@@ -175,15 +206,21 @@ impl SessionKey {
             b.put_slice(&[0; TAG_LEN]);
             return b.freeze();
         }
-        let mut m = self.mac.clone();
-        m.update(&b);
-        let tag = m.finalize().into_bytes();
-        b.put_slice(&tag[..TAG_LEN]);
+        let (clear, secret) = b.split_at_mut(clear_end(SEAL_HEADER + inner.len()));
+        let tag = self
+            .aead
+            .seal_in_place_separate_tag(
+                nonce(sender, packet),
+                ring::aead::Aad::from(&*clear),
+                secret,
+            )
+            .expect("AES-GCM seals any message the framing carries");
+        b.put_slice(tag.as_ref());
         b.freeze()
     }
 
-    /// Checks the tag of a sealed message of this session and returns its header and inner
-    /// message (a slice of `sealed`). Replays are the caller's [`ReplayWindow`]'s to catch.
+    /// Checks the tag of a sealed message of this session, decrypts it and returns its header
+    /// and inner message. Replays are the caller's [`ReplayWindow`]'s to catch.
     pub fn open(&self, sealed: &Bytes) -> Result<(SealedHeader, Bytes), SealError> {
         let h = peek_sealed(sealed)?;
         if h.session != self.id {
@@ -193,13 +230,24 @@ impl SessionKey {
             });
         }
         let end = sealed.len() - TAG_LEN;
-        if self.authentication == Authentication::On {
-            let mut m = self.mac.clone();
-            m.update(&sealed[..end]);
-            m.verify_truncated_left(&sealed[end..])
-                .map_err(|_| SealError::BadTag(h.session))?;
+        if self.authentication == Authentication::OffForMeasurement {
+            return Ok((h, sealed.slice(SEAL_HEADER..end)));
         }
-        Ok((h, sealed.slice(SEAL_HEADER..end)))
+        let tag =
+            ring::aead::Tag::try_from(&sealed[end..]).map_err(|_| SealError::BadTag(h.session))?;
+        let mut buf = BytesMut::from(&sealed[..end]);
+        let clear = clear_end(end);
+        let (aad, secret) = buf.split_at_mut(clear);
+        self.aead
+            .open_in_place_separate_tag(
+                nonce(h.sender, h.packet),
+                ring::aead::Aad::from(&*aad),
+                tag,
+                secret,
+                0..,
+            )
+            .map_err(|_| SealError::BadTag(h.session))?;
+        Ok((h, buf.freeze().slice(SEAL_HEADER..)))
     }
 
     /// Encrypts this key for the paired NIC under `pairing` (the NIC's own session key):
@@ -271,18 +319,33 @@ pub struct Sealer {
 }
 
 impl Sealer {
-    /// Seals for `key` as `sender`, numbering packets from 1.
+    /// Seals for `key` as `sender`, numbering packets from 1: for a key this sealer is the
+    /// first and only one of `sender` to use (a fresh session's).
     pub fn new(key: Arc<SessionKey>, sender: Sender) -> Sealer {
+        Sealer::numbering_from(key, sender, 1)
+    }
+
+    /// Seals for `key` as `sender`, numbering packets from `first` (at least 1). A sender
+    /// that may seal under the same key again after a restart (the NIC, which the server
+    /// tells every session's key when they pair) starts at a random number, so that no
+    /// nonce repeats.
+    pub fn numbering_from(key: Arc<SessionKey>, sender: Sender, first: u64) -> Sealer {
         Sealer {
             key,
             sender,
-            next: AtomicU64::new(1),
+            next: AtomicU64::new(first.max(1)),
         }
     }
 
     /// Seals `inner` as the next packet.
     pub fn seal(&self, inner: &[u8]) -> Bytes {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
+        // A packet number is never reused: past the last one, nothing is sealed (an empty
+        // answer, which the peer drops).
+        if n == u64::MAX {
+            self.next.store(u64::MAX, Ordering::Relaxed);
+            return Bytes::new();
+        }
         self.key.seal(self.sender, n, inner)
     }
 
