@@ -110,7 +110,7 @@ enum Cmd {
     },
     /// Run one of the paper's experiments; writes NAME.json and SVG charts into --out.
     Experiment {
-        /// shift, capacity, scale, engines, placements, placements-congested or auth-cost.
+        /// shift, capacity, scale, engines, placements, placements-congested, auth-cost or udp-ceiling.
         name: String,
         /// Output directory.
         #[arg(long, default_value = "bench/out")]
@@ -380,6 +380,19 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     x::engines(&out, ops.max(1000))?
                 }
                 "placements" => x::placements(&out, f, &rates, (seconds / 6.0).max(0.2), None)?,
+                "udp-ceiling" => {
+                    if f != x::Fabric::Inproc {
+                        eprintln!(
+                            "naam-bench: note: udp-ceiling measures a raw UDP echo on loopback \
+                             (no NAAM code), so --fabric and --server do not apply"
+                        );
+                    }
+                    let c = naam_bench::udp_ceiling::CeilingConfig {
+                        seconds: seconds.clamp(0.2, 60.0),
+                        ..Default::default()
+                    };
+                    naam_bench::udp_ceiling::udp_ceiling(&out, &c)?
+                }
                 "auth-cost" => {
                     if f != x::Fabric::Inproc {
                         eprintln!(
@@ -400,7 +413,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     x::placements(&out, f, &rates, (seconds / 6.0).max(0.2), Some(extra_us))?
                 }
                 other => {
-                    eprintln!("naam-bench: error: unknown experiment `{other}` (shift, capacity, scale, engines, placements, placements-congested, auth-cost)");
+                    eprintln!("naam-bench: error: unknown experiment `{other}` (shift, capacity, scale, engines, placements, placements-congested, auth-cost, udp-ceiling)");
                     return Ok(ExitCode::from(2));
                 }
             };

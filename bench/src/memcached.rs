@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
-use crate::driver::{run_phases, Store, StoreFactory, YcsbConfig, YcsbResult};
+use crate::driver::{run_phases, Store, StoreFactory, StoreOp, YcsbConfig, YcsbResult};
 use crate::ycsb::key_name;
 
 /// A memcached server on loopback, killed on drop.
@@ -121,6 +121,11 @@ impl MemcachedClient {
     /// `get`: the value, if present.
     pub fn get(&mut self, key: &str) -> anyhow::Result<Option<Vec<u8>>> {
         write!(self.writer, "get {key}\r\n")?;
+        self.read_value()
+    }
+
+    /// The answer to one `get`: the value, or `None` for a miss.
+    fn read_value(&mut self) -> anyhow::Result<Option<Vec<u8>>> {
         let header = self.read_line()?.to_string();
         if header == "END" {
             return Ok(None);
@@ -157,6 +162,151 @@ struct MemcachedStore {
     c: MemcachedClient,
     field_length: usize,
     record_len: usize,
+    /// With `--pipeline`: commands written and not yet answered, in order (memcached answers
+    /// a connection's commands in the order they came).
+    piped: std::collections::VecDeque<Piped>,
+    /// Commands not yet written: they go out together, in one write.
+    out: Vec<u8>,
+    /// Operations finished while another's answer was read, to hand back.
+    ready: Vec<(u64, anyhow::Result<bool>)>,
+}
+
+/// A pipelined command waiting for its answer.
+enum Piped {
+    /// A read (`get`): tagged; a read-modify-write's read carries the write to make after it.
+    Get(u64, Option<(String, usize, Vec<u8>)>),
+    /// A write (`set`), tagged.
+    Set(u64),
+}
+
+impl MemcachedStore {
+    fn new(c: MemcachedClient, field_length: usize, record_len: usize) -> Self {
+        MemcachedStore {
+            c,
+            field_length,
+            record_len,
+            piped: std::collections::VecDeque::new(),
+            out: Vec::new(),
+            ready: Vec::new(),
+        }
+    }
+
+    /// The whole record with `bytes` over field `field` of `record` (or of a blank record).
+    fn patched(&self, record: Option<&[u8]>, field: usize, bytes: &[u8]) -> Vec<u8> {
+        let mut r = record.map_or_else(|| vec![b'x'; self.record_len], <[u8]>::to_vec);
+        let at = (field * self.field_length).min(r.len());
+        let end = (at + bytes.len()).min(r.len());
+        r[at..end].copy_from_slice(&bytes[..end - at]);
+        r
+    }
+
+    fn queue_get(&mut self, key: &str) {
+        self.out.extend_from_slice(b"get ");
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+    }
+
+    fn queue_set(&mut self, key: &str, value: &[u8]) {
+        self.out
+            .extend_from_slice(format!("set {key} 0 0 {}\r\n", value.len()).as_bytes());
+        self.out.extend_from_slice(value);
+        self.out.extend_from_slice(b"\r\n");
+    }
+
+    /// Reads one answer (blocking) and finishes its command.
+    fn read_one(&mut self) -> anyhow::Result<()> {
+        let Some(cmd) = self.piped.pop_front() else {
+            return Ok(());
+        };
+        match cmd {
+            Piped::Set(tag) => {
+                let r = self.c.read_line()?.to_string();
+                let ok = if r == "STORED" {
+                    Ok(true)
+                } else {
+                    Err(anyhow::anyhow!("memcached refused a set: `{r}`"))
+                };
+                self.ready.push((tag, ok));
+            }
+            Piped::Get(tag, rmw) => {
+                let value = self.c.read_value()?;
+                match rmw {
+                    Some((key, field, bytes)) => {
+                        let record = self.patched(value.as_deref(), field, &bytes);
+                        self.queue_set(&key, &record);
+                        self.piped.push_back(Piped::Set(tag));
+                    }
+                    None => self.ready.push((tag, Ok(value.is_some()))),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl crate::driver::PipedStore for MemcachedStore {
+    fn start(&mut self, tag: u64, op: StoreOp) -> anyhow::Result<()> {
+        match op {
+            StoreOp::Read(n) => {
+                self.queue_get(&key_name(n));
+                self.piped.push_back(Piped::Get(tag, None));
+            }
+            StoreOp::Update(n, field, bytes) => {
+                let record = self.patched(None, field, &bytes);
+                self.queue_set(&key_name(n), &record);
+                self.piped.push_back(Piped::Set(tag));
+            }
+            StoreOp::Insert(n, record) => {
+                self.queue_set(&key_name(n), &record);
+                self.piped.push_back(Piped::Set(tag));
+            }
+            StoreOp::Rmw(n, field, bytes) => {
+                let key = key_name(n);
+                self.queue_get(&key);
+                self.piped
+                    .push_back(Piped::Get(tag, Some((key, field, bytes))));
+            }
+            StoreOp::Scan(..) => bail!("memcached has no scans"),
+        }
+        Ok(())
+    }
+
+    fn finished(&mut self, block: bool) -> Vec<(u64, anyhow::Result<bool>)> {
+        let mut step = || -> anyhow::Result<()> {
+            if !self.out.is_empty() {
+                self.c.writer.write_all(&self.out)?;
+                self.out.clear();
+            }
+            // Answers already buffered are taken without blocking; with `block`, at least one
+            // is waited for.
+            let mut first = block && self.ready.is_empty();
+            while !self.piped.is_empty() && (first || !self.c.reader.buffer().is_empty()) {
+                self.read_one()?;
+                first = false;
+                if !self.out.is_empty() {
+                    // A read-modify-write's set: out at once.
+                    self.c.writer.write_all(&self.out)?;
+                    self.out.clear();
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = step() {
+            // The connection is broken: every command in flight fails with it.
+            let why = format!("{e:#}");
+            for cmd in std::mem::take(&mut self.piped) {
+                let tag = match cmd {
+                    Piped::Get(t, _) | Piped::Set(t) => t,
+                };
+                self.ready.push((tag, Err(anyhow::anyhow!("{why}"))));
+            }
+        }
+        std::mem::take(&mut self.ready)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.piped.len() + self.ready.len()
+    }
 }
 
 impl Store for MemcachedStore {
@@ -178,14 +328,12 @@ impl Store for MemcachedStore {
     }
     fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()> {
         let key = key_name(n);
-        let mut record = self
-            .c
-            .get(&key)?
-            .unwrap_or_else(|| vec![b'x'; self.record_len]);
-        let at = (field * self.field_length).min(record.len());
-        let end = (at + bytes.len()).min(record.len());
-        record[at..end].copy_from_slice(&bytes[..end - at]);
+        let old = self.c.get(&key)?;
+        let record = self.patched(old.as_deref(), field, bytes);
         self.c.set(&key, &record)
+    }
+    fn piped(&mut self) -> Option<&mut dyn crate::driver::PipedStore> {
+        Some(self)
     }
 }
 
@@ -209,11 +357,10 @@ pub fn run_memcached(
     let port = server.port;
     let (fl, rl) = (cfg.shape.field_length, cfg.shape.len());
     let make: StoreFactory = Arc::new(move || {
-        Ok(Box::new(MemcachedStore {
-            c: MemcachedClient::connect(port)?,
-            field_length: fl,
-            record_len: rl,
-        }) as Box<dyn Store + Send>)
+        Ok(
+            Box::new(MemcachedStore::new(MemcachedClient::connect(port)?, fl, rl))
+                as Box<dyn Store + Send>,
+        )
     });
     let result = run_phases(cfg, make, None, progress, MEMCACHED_MODE);
     drop(server);

@@ -294,10 +294,14 @@ pub(crate) fn run_phase(
                                     }
                                     Err(e) => stop |= finish(slot, Err(e), 1, &mut stats),
                                 }
-                                for (tag, r) in p.finished(false) {
-                                    if let Some((slot, began)) = flying.remove(&tag) {
-                                        let ns = clock.now().saturating_sub(began).max(1);
-                                        stop |= finish(slot, r, ns, &mut stats);
+                                // Paced, each operation goes out at once; otherwise they go
+                                // out together when the window is full (coalesced).
+                                if per_op.is_some() {
+                                    for (tag, r) in p.finished(false) {
+                                        if let Some((slot, began)) = flying.remove(&tag) {
+                                            let ns = clock.now().saturating_sub(began).max(1);
+                                            stop |= finish(slot, r, ns, &mut stats);
+                                        }
                                     }
                                 }
                             }

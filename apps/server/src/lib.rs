@@ -38,9 +38,11 @@ pub struct Config {
     /// Steering: `auto`, or `host` / `nic` / `client` for a static baseline.
     #[serde(default = "auto")]
     pub policy: String,
-    /// Datagram size (1472 for a 1500-byte MTU, up to 8972 with jumbo frames).
-    #[serde(default = "datagram")]
-    pub datagram: usize,
+    /// Datagram size (1472 for a 1500-byte MTU, up to 8972 with jumbo frames); unset, the
+    /// listen address's path decides ([`naam_runtime::udp::datagram_for`]: 8972 on loopback,
+    /// 1472 elsewhere).
+    #[serde(default)]
+    pub datagram: Option<usize>,
     /// Executor queue capacity (back-pressure beyond it).
     #[serde(default = "queue")]
     pub queue_capacity: usize,
@@ -81,9 +83,6 @@ fn one() -> usize {
 }
 fn auto() -> String {
     "auto".into()
-}
-fn datagram() -> usize {
-    naam_runtime::udp::DEFAULT_DATAGRAM
 }
 fn queue() -> usize {
     4096
@@ -266,6 +265,13 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The datagram size the server sends: the configured one, else the listen address's
+    /// path's.
+    pub fn datagram_size(&self) -> usize {
+        self.datagram
+            .unwrap_or_else(|| naam_runtime::udp::datagram_for(self.listen))
+    }
+
     /// Reads and checks `path`; credential, object and region file paths are relative to its
     /// directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -420,11 +426,8 @@ impl Config {
             }
         }
         let (lo, hi) = (naam_runtime::proto::frame::MIN_DATAGRAM, MAX_DATAGRAM);
-        if !(lo..=hi).contains(&c.datagram) {
-            return bad(format!(
-                "datagram must be {lo} to {hi} bytes, not {}",
-                c.datagram
-            ));
+        if let Some(d) = c.datagram.filter(|d| !(lo..=hi).contains(d)) {
+            return bad(format!("datagram must be {lo} to {hi} bytes, not {d}"));
         }
         if c.host_executors == 0 {
             return bad("host_executors must be at least 1".into());

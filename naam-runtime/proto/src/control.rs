@@ -522,16 +522,77 @@ pub fn forward(sealed_request: &[u8]) -> Bytes {
     b.freeze()
 }
 
+/// The form byte of a forward of one request that arrived in a client's batch.
+const FORWARD_MEMBER: u8 = 1;
+
+/// Wraps one request of session `session` that arrived in a batch (already opened and
+/// admitted by the server) for the NIC: the batch's other messages are not the NIC's, so the
+/// server vouches for this one inside their pairing session.
+pub fn forward_member(session: u64, request: &[u8]) -> Bytes {
+    let mut b = BytesMut::with_capacity(FORWARD_HEADER + 8 + request.len());
+    b.put_u8(VERSION);
+    b.put_u8(KIND_FORWARD);
+    b.put_u8(FORWARD_MEMBER);
+    b.put_u8(0);
+    b.put_u32_le(0);
+    b.put_u64_le(session);
+    b.put_slice(request);
+    b.freeze()
+}
+
+/// What a forward carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Forwarded {
+    /// The client's sealed datagram, for the NIC to open itself ([`forward`]).
+    Sealed(Bytes),
+    /// One request of session `session`, opened by the server ([`forward_member`]).
+    Member {
+        /// The session the request arrived in.
+        session: u64,
+        /// The request's bytes.
+        request: Bytes,
+    },
+}
+
 /// Unwraps a forwarded request: the client's sealed request.
 pub fn unforward(buf: &Bytes) -> Result<Bytes, WireError> {
+    match unforward_any(buf)? {
+        Forwarded::Sealed(b) => Ok(b),
+        Forwarded::Member { .. } => Err(WireError::Invalid {
+            field: "forward form",
+            value: FORWARD_MEMBER as u64,
+        }),
+    }
+}
+
+/// Unwraps a forward of either form.
+pub fn unforward_any(buf: &Bytes) -> Result<Forwarded, WireError> {
     header(buf, FORWARD_HEADER, KIND_FORWARD)?;
-    if buf[2..8].iter().any(|&b| b != 0) {
+    if buf[3..8].iter().any(|&b| b != 0) {
         return Err(WireError::Invalid {
             field: "reserved",
             value: 0,
         });
     }
-    Ok(buf.slice(FORWARD_HEADER..))
+    match buf[2] {
+        0 => Ok(Forwarded::Sealed(buf.slice(FORWARD_HEADER..))),
+        FORWARD_MEMBER => {
+            let Some(id) = buf.get(FORWARD_HEADER..FORWARD_HEADER + 8) else {
+                return Err(WireError::Truncated {
+                    need: FORWARD_HEADER + 8,
+                    have: buf.len(),
+                });
+            };
+            Ok(Forwarded::Member {
+                session: u64::from_le_bytes(id.try_into().expect("8 bytes")),
+                request: buf.slice(FORWARD_HEADER + 8..),
+            })
+        }
+        form => Err(WireError::Invalid {
+            field: "forward form",
+            value: form as u64,
+        }),
+    }
 }
 
 /// The manifest's hash of an object's bytes (the handlers' own `hash64`, seed 0).
@@ -578,6 +639,18 @@ mod tests {
         let f = forward(b"sealed request bytes");
         assert_eq!(&unforward(&f).unwrap()[..], b"sealed request bytes");
         assert!(unforward(&Bytes::from_static(b"short")).is_err());
+        let m = forward_member(0x77, b"request");
+        assert_eq!(
+            unforward_any(&m).unwrap(),
+            Forwarded::Member {
+                session: 0x77,
+                request: Bytes::from_static(b"request")
+            }
+        );
+        assert!(unforward(&m).is_err(), "a member is not a sealed forward");
+        let mut bad = m.to_vec();
+        bad[2] = 9;
+        assert!(unforward_any(&Bytes::from(bad)).is_err());
     }
 
     #[test]
@@ -673,6 +746,7 @@ mod tests {
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
             let _ = Control::decode(&bytes);
+            let _ = unforward_any(&Bytes::from(bytes.clone()));
             let _ = unforward(&Bytes::from(bytes));
         }
     }

@@ -21,6 +21,8 @@ pub const CONTROL: u8 = 5;
 pub const FORWARD: u8 = 6;
 /// Kind byte of a sealed (authenticated) envelope around any other message.
 pub const SEALED: u8 = naam_ebpf::eswitch::KIND_SEALED;
+/// Kind byte of several messages of one session travelling together in one sealed envelope.
+pub const BATCH: u8 = 8;
 
 /// A message kind, decoded from its byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,11 +46,13 @@ pub enum MessageKind {
     /// An authenticated envelope around a message of any other kind
     /// ([`crate::session::SessionKey::seal`]).
     Sealed,
+    /// Several messages of one session coalesced in one envelope ([`crate::batch`]).
+    Batch,
 }
 
 impl MessageKind {
     /// Every kind, in byte order.
-    pub const ALL: [MessageKind; 7] = [
+    pub const ALL: [MessageKind; 8] = [
         MessageKind::Request,
         MessageKind::Reply,
         MessageKind::OneSidedOp,
@@ -56,6 +60,7 @@ impl MessageKind {
         MessageKind::Control,
         MessageKind::Forward,
         MessageKind::Sealed,
+        MessageKind::Batch,
     ];
 
     /// The kind's byte on the wire.
@@ -68,6 +73,7 @@ impl MessageKind {
             MessageKind::Control => CONTROL,
             MessageKind::Forward => FORWARD,
             MessageKind::Sealed => SEALED,
+            MessageKind::Batch => BATCH,
         }
     }
 
@@ -91,6 +97,7 @@ impl MessageKind {
             MessageKind::Control => "control",
             MessageKind::Forward => "forward",
             MessageKind::Sealed => "sealed",
+            MessageKind::Batch => "batch",
         }
     }
 }

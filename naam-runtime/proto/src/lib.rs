@@ -25,6 +25,7 @@
 //! - [`transport`]: what application client libraries call through ([`transport::Transport`]).
 #![deny(missing_docs)]
 
+pub mod batch;
 pub mod control;
 pub mod dedup;
 pub mod endpoint;

@@ -21,7 +21,7 @@ use naam_proto::endpoint::{
 };
 use naam_proto::Nanos;
 
-use super::socket::{Socket, DEFAULT_DATAGRAM};
+use super::socket::Socket;
 use crate::cluster::run_at_client;
 use crate::executor::ClientPath;
 use crate::Metrics;
@@ -53,7 +53,8 @@ const QUERIES_PER_REFRESH: usize = 16;
 pub struct UdpConfig {
     /// `naam-server`'s address.
     pub server: SocketAddr,
-    /// Datagram size (1472 fits a 1500-byte MTU; up to 8972 with jumbo frames).
+    /// Datagram size (1472 fits a 1500-byte MTU; up to 8972 with jumbo frames; the default
+    /// is [`super::datagram_for`] the server's address).
     pub datagram: usize,
     /// Retransmission timeout until a round trip is measured; then each path's estimate
     /// (RFC 6298) within `min_rto` and `max_rto`. It doubles on every retry.
@@ -94,7 +95,7 @@ impl UdpConfig {
     pub fn new(server: SocketAddr, tenant: &str, credential: Credential) -> UdpConfig {
         UdpConfig {
             server,
-            datagram: DEFAULT_DATAGRAM,
+            datagram: super::datagram_for(server),
             rto: Duration::from_millis(20),
             min_rto: Duration::from_micros(50),
             max_rto: Duration::from_secs(1),
@@ -422,9 +423,11 @@ impl UdpClient {
         endpoint_config.connect_timeout = config.connect_timeout.as_nanos() as Nanos;
         endpoint_config.liveness = config.liveness.as_nanos() as Nanos;
         endpoint_config.authentication = config.authentication;
+        let mut endpoint = ClientEndpoint::new(endpoint_config, clock.now());
+        endpoint.set_datagram_payload(socket.datagram() - naam_proto::frame::HEADER);
         let mut conn = Conn {
             socket,
-            endpoint: ClientEndpoint::new(endpoint_config, clock.now()),
+            endpoint,
             clock,
             inbox: Vec::new(),
             answers: Vec::new(),
@@ -572,13 +575,23 @@ impl UdpClient {
     }
 
     /// The inner messages of the sealed datagrams that arrive within `timeout` and open in
-    /// this client's session (anything else is dropped).
+    /// this client's session, a batch's one by one (anything else is dropped).
     pub fn recv_sealed(&mut self, timeout: Duration) -> std::io::Result<Vec<Bytes>> {
         let conn = self.path.transport();
         let got = conn.socket.recv(timeout)?;
+        // A batch's messages count one by one.
         Ok(got
             .into_iter()
             .filter_map(|(_, m)| conn.endpoint.open(&m))
+            .flat_map(|inner| {
+                if naam_proto::kind::MessageKind::peek(&inner)
+                    == Some(naam_proto::kind::MessageKind::Batch)
+                {
+                    naam_proto::batch::split(&inner).unwrap_or_default()
+                } else {
+                    vec![inner]
+                }
+            })
             .collect())
     }
 
@@ -810,8 +823,8 @@ impl naam_proto::transport::Pipeline for UdpClient {
                     .endpoint
                     .request(conn.clock.now(), *req)
                     .map_err(|e| conn.client_error(e))?;
-                // Sent now, not at the next poll: the server starts on it at once.
-                conn.flush().map_err(|_| ClientError::Shutdown)?;
+                // It goes out at the next poll, coalesced with whatever else is submitted
+                // before it (a window refilled after a batch of answers travels together).
                 self.pending.insert(id, (key, start));
                 Ok(id)
             }
@@ -819,6 +832,13 @@ impl naam_proto::transport::Pipeline for UdpClient {
     }
 
     fn poll(&mut self, block: bool) -> Vec<(u64, Result<Reply, ClientError>)> {
+        if self.path.transport().flush().is_err() {
+            let failed: Vec<u64> = self.pending.keys().copied().collect();
+            for id in failed {
+                self.pending.remove(&id);
+                self.ready.push((id, Err(ClientError::Shutdown)));
+            }
+        }
         self.collect();
         if block && self.ready.is_empty() && !self.pending.is_empty() {
             let deadline = Instant::now() + MAX_WAIT;

@@ -36,8 +36,8 @@ pub use nic::{serve_nic, serve_nic_inline, InlineNic, NicCluster, NicOptions, Re
 pub use server::{serve_host, serve_host_inline, InlineServer, ServerOptions};
 pub use signal::stop_flag;
 pub use socket::{
-    injected_loss_from_env, parse_loss, Sender, Socket, SocketStats, DEFAULT_DATAGRAM,
-    INJECT_LOSS_ENV, MAX_DATAGRAM, RECV_BATCH,
+    datagram_for, injected_loss_from_env, parse_loss, Sender, Socket, SocketStats,
+    DEFAULT_DATAGRAM, INJECT_LOSS_ENV, LOOPBACK_DATAGRAM, MAX_DATAGRAM, RECV_BATCH,
 };
 pub use telemetry::{
     route, serve_metrics, spawn_metrics, Route, Telemetry, LATENCY_BUCKETS_US, MAX_SERIES,

@@ -267,6 +267,7 @@ pub fn serve_host(
     let clock = SystemClock::new();
     let local = socket.local_addr()?;
     let mut endpoint = host_endpoint(cluster, socket.sender()?, &options, local, clock.now())?;
+    endpoint.set_datagram_payload(socket.datagram() - naam_proto::frame::HEADER);
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
     let mut out: Vec<(SocketAddr, u64, Bytes)> = Vec::new();
@@ -284,9 +285,9 @@ pub fn serve_host(
         }
         if Instant::now() >= next_publish {
             next_publish = Instant::now() + Duration::from_secs(1);
-            options
-                .telemetry
-                .publish_counters(endpoint.stats().counters());
+            let mut counters = endpoint.stats().counters();
+            counters.extend(socket.stats().counters());
+            options.telemetry.publish_counters(counters);
         }
         // Block until a datagram or the next timer: an idle server wakes a few times a
         // second, not a thousand. With requests waiting, only look for new datagrams.

@@ -22,6 +22,19 @@ pub const RECV_BATCH: usize = 32;
 pub const MAX_DATAGRAM: usize = 9000;
 /// Default datagram size: fits a 1500-byte Ethernet MTU with IPv4 and UDP headers.
 pub const DEFAULT_DATAGRAM: usize = 1472;
+/// Datagram size on loopback, whose MTU is 64 KiB: a jumbo frame's payload, so that a
+/// session's coalesced messages travel several to a datagram.
+pub const LOOPBACK_DATAGRAM: usize = 8972;
+
+/// The datagram size for a path to or from `addr` when none is configured: loopback's, or
+/// one that fits Ethernet.
+pub fn datagram_for(addr: SocketAddr) -> usize {
+    if addr.ip().is_loopback() {
+        LOOPBACK_DATAGRAM
+    } else {
+        DEFAULT_DATAGRAM
+    }
+}
 
 fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
@@ -95,6 +108,32 @@ pub struct SocketStats {
     pub send_errors: u64,
     /// Datagrams dropped on purpose by the loss injector.
     pub injected_losses: u64,
+}
+
+impl SocketStats {
+    /// The counters as `(name, help, value)`, for metrics.
+    pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        vec![
+            ("datagrams_sent", "Datagrams sent.", self.sent),
+            ("datagrams_received", "Datagrams received.", self.received),
+            (
+                "datagrams_malformed",
+                "Datagrams that were not NAAM fragments or were inconsistent.",
+                self.malformed,
+            ),
+            (
+                "fragments_dropped",
+                "Fragments dropped because reassembly memory was full.",
+                self.dropped,
+            ),
+            ("send_errors", "Sends the kernel refused.", self.send_errors),
+            (
+                "injected_losses",
+                "Datagrams dropped on purpose by the loss injector.",
+                self.injected_losses,
+            ),
+        ]
+    }
 }
 
 /// Environment variable with a fraction of received datagrams to drop (`0.01` = 1%): loss
@@ -311,6 +350,11 @@ impl Socket {
             link,
             datagram: self.datagram,
         })
+    }
+
+    /// The largest datagram it sends.
+    pub fn datagram(&self) -> usize {
+        self.datagram
     }
 
     /// A copy of this socket's datagram counters, counted since it was created.

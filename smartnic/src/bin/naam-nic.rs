@@ -49,9 +49,9 @@ enum Command {
         /// Do not busy-wait the modelled costs (functional runs only).
         #[arg(long)]
         no_cost_model: bool,
-        /// Datagram size.
-        #[arg(long, default_value_t = naam_runtime::udp::DEFAULT_DATAGRAM)]
-        datagram: usize,
+        /// Datagram size (default: 8972 when listening on loopback, 1472 elsewhere).
+        #[arg(long)]
+        datagram: Option<usize>,
         /// How long to wait for the server's manifest to appear, seconds.
         #[arg(long, default_value_t = 30)]
         wait: u64,
@@ -191,7 +191,7 @@ fn run(
     shm_dir: &std::path::Path,
     cores: usize,
     model: naam_runtime::cluster::NicModel,
-    datagram: usize,
+    datagram: Option<usize>,
     wait: Duration,
     metrics: Option<SocketAddr>,
     inject_loss: Option<f64>,
@@ -213,6 +213,7 @@ fn run(
     cc.nic = model;
     let (cluster, manifest) = udp::start_nic(shm_dir, cc.clone())
         .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
+    let datagram = datagram.unwrap_or_else(|| naam_runtime::udp::datagram_for(listen));
     let mut socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
     socket.inject_loss(inject_loss);
     let advertise = socket.local_addr()?;

@@ -232,7 +232,7 @@ fn run(
     cc.queue_capacity = config.queue_capacity;
     cc.policy = config.policy()?;
     cc.executor_poll = Duration::from_micros(config.executor_poll_us);
-    let mut socket = Socket::bind(config.listen, config.datagram)
+    let mut socket = Socket::bind(config.listen, config.datagram_size())
         .with_context(|| format!("binding {}", config.listen))?;
     socket.inject_loss(inject_loss);
     let (cluster, manifest) = udp::start_host(apps, cc, &config.shm_dir)?;

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use naam_ebpf::abi::Descriptor;
 
+use super::server::{coalesce, Outgoing};
 use super::Transmit;
 use crate::control::Control;
 use crate::frame::{Retransmit, RttEstimator, Timeout};
@@ -212,7 +213,7 @@ impl Handshake {
 #[derive(Debug)]
 struct Session {
     key: Arc<SessionKey>,
-    sealer: Sealer,
+    sealer: Arc<Sealer>,
 }
 
 /// A client's endpoint. See the module documentation.
@@ -238,6 +239,11 @@ pub struct ClientEndpoint {
     /// Requests the server may have outstanding from this session (its welcome's grant).
     window: u32,
     stats: ClientStats,
+    /// Messages of the session not yet sealed: those for the same peer that are ready
+    /// together are coalesced into one envelope when transmitted.
+    outbox: Vec<Outgoing>,
+    /// The most bytes one sealed datagram may carry (the driver's datagram, less framing).
+    datagram_payload: usize,
 }
 
 /// Counters of a client endpoint.
@@ -287,6 +293,27 @@ impl ClientEndpoint {
             paths: HashMap::new(),
             window: crate::limits::SESSION_CREDIT,
             stats: ClientStats::default(),
+            outbox: Vec::new(),
+            datagram_payload: crate::frame::MIN_DATAGRAM - crate::frame::HEADER,
+        }
+    }
+
+    /// Sets how many bytes one datagram's payload may hold (the driver's datagram size less
+    /// its framing): messages of the session that are ready together are coalesced up to it.
+    pub fn set_datagram_payload(&mut self, bytes: usize) {
+        self.datagram_payload = bytes;
+    }
+
+    /// Queues `inner` for `to`, to be sealed in the session (and coalesced) when transmitted;
+    /// nothing goes without a session.
+    fn send_sealed(&mut self, to: SocketAddr, id: u64, inner: Bytes) {
+        if let Some(s) = &self.session {
+            self.outbox.push(Outgoing {
+                to,
+                sealer: s.sealer.clone(),
+                id,
+                inner,
+            });
         }
     }
 
@@ -451,8 +478,7 @@ impl ClientEndpoint {
         }
         let id = self.next_id();
         let server = self.config.server;
-        let sealed = self.seal(&message.to_bytes(id));
-        self.push(server, id, sealed);
+        self.send_sealed(server, id, message.to_bytes(id));
     }
 
     /// Seals `inner` in the session (unchanged without one). For tools and tests that send
@@ -503,8 +529,13 @@ impl ClientEndpoint {
         }
     }
 
-    /// The next datagram to send.
+    /// The next datagram to send. Messages of the session waiting for the same peer are
+    /// coalesced into one envelope as far as a datagram holds them.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        if !self.outbox.is_empty() {
+            let out = std::mem::take(&mut self.outbox);
+            coalesce(out, self.datagram_payload, &mut self.transmits);
+        }
         self.transmits.pop_front()
     }
 
@@ -557,8 +588,7 @@ impl ClientEndpoint {
                     self.stats.resends += 1;
                     let again = x.resend.as_ref().and_then(|r| r.to_bytes().ok());
                     let (to, m) = (x.to, again.unwrap_or_else(|| x.first.clone()));
-                    let sealed = self.seal(&m);
-                    self.push(to, id, sealed);
+                    self.send_sealed(to, id, m);
                 }
                 Timeout::GiveUp => {
                     let waited_ns = now.saturating_sub(x.started);
@@ -614,18 +644,30 @@ impl ClientEndpoint {
         let Some(x) = self.exchanges.get(&id) else {
             return;
         };
-        let (to, sealed) = (x.to, self.seal(&x.first));
-        self.push(to, id, sealed);
+        let (to, first) = (x.to, x.first.clone());
+        self.send_sealed(to, id, first);
         let rto = self.path(to).rto();
         self.timers.sent_with(id, now, rto);
         self.stats.sent += 1;
     }
 
-    /// A message sealed in the session: an answer, a control message, or a late duplicate.
+    /// A message sealed in the session: an answer, a control message, a late duplicate, or
+    /// a batch of those.
     fn sealed(&mut self, now: Nanos, inner: Bytes) {
         let Some(kind) = MessageKind::peek(&inner) else {
             return;
         };
+        if kind == MessageKind::Batch {
+            if let Ok(members) = crate::batch::split(&inner) {
+                for m in members {
+                    // Batches do not nest.
+                    if MessageKind::peek(&m) != Some(MessageKind::Batch) {
+                        self.sealed(now, m);
+                    }
+                }
+            }
+            return;
+        }
         if let Some(id) = answered_id(kind, &inner) {
             if self.exchanges.get(&id).is_some_and(|x| x.want == kind) {
                 if let Some(x) = self.exchanges.remove(&id) {
@@ -744,7 +786,7 @@ impl ClientEndpoint {
         self.handshake = None;
         let key = Arc::new(key);
         self.session = Some(Session {
-            sealer: Sealer::new(key.clone(), Sender::Client),
+            sealer: Arc::new(Sealer::new(key.clone(), Sender::Client)),
             key,
         });
         self.last_heard = now;

@@ -565,8 +565,27 @@ impl<B: NicBackend> NicEndpoint<B> {
         };
         let pairing_key = key.clone();
         match MessageKind::peek(&inner) {
-            Some(MessageKind::Forward) => match control::unforward(&inner) {
-                Ok(client) => self.client_message_checked(now, client, true),
+            Some(MessageKind::Forward) => match control::unforward_any(&inner) {
+                Ok(control::Forwarded::Sealed(client)) => {
+                    self.client_message_checked(now, client, true)
+                }
+                // One request of a client's batch, opened and admitted by the server.
+                Ok(control::Forwarded::Member { session, request }) => {
+                    match self.sessions.get(&session) {
+                        Some(s) => {
+                            let (ch, apps) = (s.ch.clone(), s.apps.clone());
+                            if MessageKind::peek(&request) == Some(MessageKind::Request) {
+                                self.request(session, &ch, &apps, request);
+                            } else {
+                                self.stats.malformed += 1;
+                            }
+                        }
+                        None => {
+                            self.stats.unauthenticated += 1;
+                            self.ask_about(now, session);
+                        }
+                    }
+                }
                 Err(_) => self.stats.malformed += 1,
             },
             Some(MessageKind::Control) => match Control::decode(&inner) {
@@ -657,10 +676,22 @@ impl<B: NicBackend> NicEndpoint<B> {
             }
         };
         let (sid, ch, apps) = (h.session, s.ch.clone(), s.apps.clone());
-        match MessageKind::peek(&inner) {
-            Some(MessageKind::Request) => self.request(sid, &ch, &apps, inner),
-            Some(MessageKind::OneSidedOp) if !forwarded => self.one_sided(sid, &ch, &apps, inner),
-            _ => self.stats.malformed += 1,
+        let members = match MessageKind::peek(&inner) {
+            Some(MessageKind::Batch) => match crate::batch::split(&inner) {
+                Ok(m) => m,
+                Err(_) => {
+                    self.stats.malformed += 1;
+                    return;
+                }
+            },
+            _ => vec![inner],
+        };
+        for m in members {
+            match MessageKind::peek(&m) {
+                Some(MessageKind::Request) => self.request(sid, &ch, &apps, m),
+                Some(MessageKind::OneSidedOp) if !forwarded => self.one_sided(sid, &ch, &apps, m),
+                _ => self.stats.malformed += 1,
+            }
         }
     }
 

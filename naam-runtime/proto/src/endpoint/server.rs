@@ -59,6 +59,75 @@ impl Channel {
     }
 }
 
+/// A message for a session's peer, not yet sealed: messages for the same peer and session
+/// that are ready together are coalesced into one envelope ([`crate::batch`]).
+#[derive(Clone, Debug)]
+pub(super) struct Outgoing {
+    pub(super) to: SocketAddr,
+    pub(super) sealer: Arc<Sealer>,
+    pub(super) id: u64,
+    pub(super) inner: Bytes,
+}
+
+/// Seals `out` into transmits: every message for the same peer and sealer is
+/// coalesced, in order, into batches whose sealed size stays within `limit` bytes (a message
+/// over it goes alone, to be fragmented); the first message's id names each batch. Returns
+/// how many batches of several messages were made.
+pub(super) fn coalesce(out: Vec<Outgoing>, limit: usize, into: &mut VecDeque<Transmit>) -> u64 {
+    let mut batches = 0;
+    use crate::limits::{MAX_MESSAGE, SEAL_OVERHEAD};
+    let budget = limit.min(MAX_MESSAGE).saturating_sub(SEAL_OVERHEAD);
+    // Groups in order of first appearance; within a group, arrival order.
+    let mut groups: Vec<Vec<Outgoing>> = Vec::new();
+    for o in out {
+        match groups
+            .iter_mut()
+            .find(|g| g[0].to == o.to && Arc::ptr_eq(&g[0].sealer, &o.sealer))
+        {
+            Some(g) => g.push(o),
+            None => groups.push(vec![o]),
+        }
+    }
+    for g in groups {
+        let mut i = 0;
+        while i < g.len() {
+            // As many as fit from i (an empty message, which a batch cannot hold, goes alone).
+            let mut j = i + 1;
+            let mut size = crate::batch::encoded_len([g[i].inner.len()]);
+            while !g[i].inner.is_empty()
+                && j < g.len()
+                && j - i < crate::batch::MAX_COUNT
+                && !g[j].inner.is_empty()
+                && size + crate::batch::PER_MESSAGE + g[j].inner.len() <= budget
+            {
+                size += crate::batch::PER_MESSAGE + g[j].inner.len();
+                j += 1;
+            }
+            let first = &g[i];
+            let batched = (j - i > 1)
+                .then(|| {
+                    let parts: Vec<&[u8]> = g[i..j].iter().map(|o| &o.inner[..]).collect();
+                    crate::batch::encode(&parts).ok()
+                })
+                .flatten();
+            let (inner, next) = match batched {
+                Some(b) => {
+                    batches += 1;
+                    (b, j)
+                }
+                None => (first.inner.clone(), i + 1),
+            };
+            into.push_back(Transmit {
+                to: first.to,
+                id: first.id,
+                bytes: first.sealer.seal(&inner),
+            });
+            i = next;
+        }
+    }
+    batches
+}
+
 /// What a [`HostBackend`] did with a request.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -184,13 +253,21 @@ impl ServerConfig {
     }
 }
 
+/// How a waiting request reaches the NIC, should the switch send it there.
+enum ForwardAs {
+    /// The client's sealed datagram, which the NIC opens itself.
+    Sealed(Bytes),
+    /// Its own bytes, vouched for by the server: it came in a batch, the rest of which is not
+    /// the NIC's.
+    Member(Bytes),
+}
+
 /// A request admitted and waiting for its turn.
 struct Waiting {
     sid: u64,
     req: Request,
     ch: Channel,
-    /// The datagram it arrived in, should it be forwarded to the NIC.
-    sealed: Bytes,
+    forward: ForwardAs,
 }
 
 /// Admitted requests waiting to run, per tenant, served round robin: a tenant's turn runs one
@@ -271,6 +348,8 @@ pub struct ServerStats {
     /// Requests answered `Busy` because their session or tenant was over its credit (also
     /// counted in `refused`).
     pub over_credit: u64,
+    /// Datagrams sent that carried a batch of several messages.
+    pub batches: u64,
 }
 
 impl ServerStats {
@@ -309,6 +388,11 @@ impl ServerStats {
                 "over_credit",
                 "Requests answered Busy over their session's or tenant's credit.",
                 self.over_credit,
+            ),
+            (
+                "batches_sent",
+                "Sealed datagrams that carried several messages of one session.",
+                self.batches,
             ),
         ]
     }
@@ -426,6 +510,10 @@ pub struct ServerEndpoint<B> {
     transmits: VecDeque<Transmit>,
     /// Admitted requests waiting for [`ServerEndpoint::run`].
     turns: Turns,
+    /// Messages for sessions' peers, sealed (and coalesced) when transmitted.
+    outbox: Vec<Outgoing>,
+    /// The most bytes one sealed datagram may carry (the driver's datagram, less framing).
+    datagram_payload: usize,
 }
 
 impl<B: HostBackend> ServerEndpoint<B> {
@@ -461,7 +549,15 @@ impl<B: HostBackend> ServerEndpoint<B> {
             next_expiry: now + EXPIRY_PERIOD,
             transmits: VecDeque::new(),
             turns: Turns::default(),
+            outbox: Vec::new(),
+            datagram_payload: frame::MIN_DATAGRAM - frame::HEADER,
         })
+    }
+
+    /// Sets how many bytes one datagram's payload may hold (the driver's datagram size less
+    /// its framing): answers that are ready together for one session are coalesced up to it.
+    pub fn set_datagram_payload(&mut self, bytes: usize) {
+        self.datagram_payload = bytes;
     }
 
     /// Runs (or queues, or forwards) up to `max` admitted requests, tenants taking turns;
@@ -507,9 +603,31 @@ impl<B: HostBackend> ServerEndpoint<B> {
         self.draining = true;
     }
 
-    /// The next datagram to send.
+    /// The next datagram to send. Answers waiting for the same session are coalesced into
+    /// one envelope as far as a datagram holds them.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        if !self.outbox.is_empty() {
+            let out = std::mem::take(&mut self.outbox);
+            self.stats.batches += coalesce(out, self.datagram_payload, &mut self.transmits);
+        }
         self.transmits.pop_front()
+    }
+
+    /// Queues `inner` for `ch`'s peer, to be sealed in its session (and coalesced).
+    fn send_on(&mut self, ch: &Channel, id: u64, inner: Bytes) {
+        self.outbox.push(Outgoing {
+            to: ch.to,
+            sealer: ch.sealer.clone(),
+            id,
+            inner,
+        });
+    }
+
+    /// Queues reply `r` for `ch`'s peer (a reply that does not encode goes out empty: the
+    /// client's retransmission repairs it).
+    fn reply_on(&mut self, ch: &Channel, r: &Reply) {
+        let bytes = r.to_bytes().unwrap_or_default();
+        self.send_on(ch, r.request_id, bytes);
     }
 
     /// When [`ServerEndpoint::handle_timeout`] is next due.
@@ -663,8 +781,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             agent: self.agent(),
             window: self.config.session_credit,
         };
-        let t = ch.transmit(id, &w.to_bytes(id));
-        self.push(t);
+        self.send_on(&ch, id, w.to_bytes(id));
     }
 
     /// The NIC's one-sided agent, while the NIC is up.
@@ -733,9 +850,34 @@ impl<B: HostBackend> ServerEndpoint<B> {
             }
         };
         let ch = Channel { to: peer, sealer };
+        if MessageKind::peek(&inner) == Some(MessageKind::Batch) {
+            // Several messages in one envelope: each is taken as if it came alone.
+            match crate::batch::split(&inner) {
+                Ok(members) => {
+                    for m in members {
+                        let forward = ForwardAs::Member(m.clone());
+                        self.session_message(sid, &role, ch.clone(), m, forward);
+                    }
+                }
+                Err(_) => self.stats.malformed += 1,
+            }
+            return;
+        }
+        self.session_message(sid, &role, ch, inner, ForwardAs::Sealed(msg.clone()));
+    }
+
+    /// One message of session `sid` (alone in its envelope, or one of a batch).
+    fn session_message(
+        &mut self,
+        sid: u64,
+        role: &Role,
+        ch: Channel,
+        inner: Bytes,
+        forward: ForwardAs,
+    ) {
         match MessageKind::peek(&inner) {
-            Some(MessageKind::Request) => self.request(sid, &role, ch, inner, msg),
-            Some(MessageKind::Control) => self.control(sid, &role, ch, &inner),
+            Some(MessageKind::Request) => self.request(sid, role, ch, inner, forward),
+            Some(MessageKind::Control) => self.control(sid, role, ch, &inner),
             Some(MessageKind::OneSidedOp) => {
                 // One-sided operations are the NIC's job, never the host cores'.
                 self.stats.refused += 1;
@@ -747,7 +889,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         "one-sided operations are served by the NIC's agent (naam-nic), \
                          not by the host",
                     );
-                    self.push(ch.transmit(op.id, &c.to_bytes()));
+                    self.send_on(&ch, op.id, c.to_bytes());
                 }
             }
             _ => self.stats.malformed += 1,
@@ -757,7 +899,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// Admits request `inner` of session `sid` and queues it for its tenant's turn: beyond
     /// the session's or the tenant's credit it is answered `Busy` at once (admission), so a
     /// flood costs the server a refusal per datagram, never a run.
-    fn request(&mut self, sid: u64, role: &Role, ch: Channel, inner: Bytes, sealed: &Bytes) {
+    fn request(&mut self, sid: u64, role: &Role, ch: Channel, inner: Bytes, forward: ForwardAs) {
         let admitted = admit(
             inner,
             sid,
@@ -770,7 +912,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             Ok(req) => req,
             Err(no) => {
                 let r = no.counted(&mut self.stats.malformed, &mut self.stats.refused);
-                self.push(ch.reply(&r));
+                self.reply_on(&ch, &r);
                 return;
             }
         };
@@ -785,7 +927,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 format!("the tenant has {by_tenant} requests waiting, its credit: retry later")
             };
             let r = error_reply(&req, Status::Busy, Placement::Host, why);
-            self.push(ch.reply(&r));
+            self.reply_on(&ch, &r);
             return;
         }
         self.turns.push(
@@ -794,7 +936,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 sid,
                 req,
                 ch,
-                sealed: sealed.clone(),
+                forward,
             },
         );
     }
@@ -803,7 +945,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// backend) or forwards it to the NIC.
     fn dispatch(&mut self, w: Waiting) {
         let Waiting {
-            req, ch, sealed, ..
+            sid,
+            req,
+            ch,
+            forward,
         } = w;
         // Behind an eSwitch, what reaches the host's port was steered here.
         let pinned = req
@@ -816,28 +961,33 @@ impl<B: HostBackend> ServerEndpoint<B> {
         {
             Routed::Answered(r) => {
                 self.stats.host += 1;
-                self.push(ch.reply(&r));
+                self.reply_on(&ch, &r);
             }
             Routed::Queued(_) => self.stats.host += 1,
             Routed::Remote(req) => match self.nic_channel().zip(self.agent()) {
                 Some((nic, agent)) => {
                     self.stats.forwarded += 1;
-                    let t = Transmit {
-                        to: agent,
-                        ..nic.transmit(id, &control::forward(&sealed))
+                    let f = match &forward {
+                        ForwardAs::Sealed(sealed) => control::forward(sealed),
+                        ForwardAs::Member(bytes) => control::forward_member(sid, bytes),
                     };
-                    self.push(t);
+                    self.outbox.push(Outgoing {
+                        to: agent,
+                        sealer: nic.sealer.clone(),
+                        id,
+                        inner: f,
+                    });
                 }
                 None => {
                     self.stats.refused += 1;
                     let why = "the NIC is down".to_string();
                     let r = error_reply(&req, Status::Unavailable, Placement::Nic, why);
-                    self.push(ch.reply(&r));
+                    self.reply_on(&ch, &r);
                 }
             },
             Routed::Refused(r) => {
                 self.stats.refused += 1;
-                self.push(ch.reply(&r));
+                self.reply_on(&ch, &r);
             }
         }
     }
@@ -851,7 +1001,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 let m = Control::Error {
                     message: format!("malformed control message: {e}"),
                 };
-                self.push(ch.transmit(0, &m.to_bytes(0)));
+                self.send_on(&ch, 0, m.to_bytes(0));
                 return;
             }
         };
@@ -952,7 +1102,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             }),
         };
         if let Some(a) = answer {
-            self.push(ch.transmit(id, &a.to_bytes(id)));
+            self.send_on(&ch, id, a.to_bytes(id));
         }
     }
 
@@ -1072,5 +1222,49 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 userspace,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod coalescing_tests {
+    use super::*;
+    use crate::session::{Sender, SessionKey};
+
+    #[test]
+    fn answers_for_one_session_share_datagrams_up_to_the_limit() {
+        let key = Arc::new(SessionKey::new(5, 1, [3; 32]));
+        let sealer = Arc::new(Sealer::new(key.clone(), Sender::Server));
+        let other = Arc::new(Sealer::new(key.clone(), Sender::Server));
+        let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let out: Vec<Outgoing> = (0..10u64)
+            .map(|i| Outgoing {
+                to,
+                sealer: if i == 4 {
+                    other.clone()
+                } else {
+                    sealer.clone()
+                },
+                id: i,
+                inner: Bytes::from(vec![i as u8 + 1; 1000]),
+            })
+            .collect();
+        let mut t = VecDeque::new();
+        coalesce(out, 8948, &mut t);
+        // Nine for one sealer: eight in the first datagram (4 + 8 x 1,002 bytes fit in
+        // 8,152; nine do not), one in the next; the other sealer's one alone.
+        assert_eq!(
+            t.len(),
+            3,
+            "{:?}",
+            t.iter().map(|t| t.bytes.len()).collect::<Vec<_>>()
+        );
+        let opened = key.open(&t[0].bytes).unwrap().1;
+        let parts = crate::batch::split(&opened).unwrap();
+        assert_eq!(parts.len(), 8);
+        assert_eq!(
+            parts[4][0], 6,
+            "arrival order kept, the other sealer's skipped"
+        );
+        assert_eq!(key.open(&t[1].bytes).unwrap().1.len(), 1000);
     }
 }
