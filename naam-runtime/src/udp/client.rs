@@ -173,6 +173,8 @@ pub(crate) struct Conn {
     inbox: Vec<Control>,
     /// Answers and failures of exchanges no one was waiting for by name.
     answers: Vec<ClientEvent>,
+    /// When to poll before sleeping (after a send, while answers come back soon).
+    poller: super::socket::Poller,
     rtt: Ewma,
     /// One-sided READs over a direct path (RDMA verbs: `use_rdma`) instead of the agent.
     direct_reads: Option<Box<dyn OneSided + Send>>,
@@ -186,8 +188,13 @@ impl Conn {
 
     /// Sends what the endpoint asks for.
     fn flush(&mut self) -> std::io::Result<()> {
+        let mut sent = false;
         while let Some(t) = self.endpoint.poll_transmit() {
             self.socket.send(t.to, t.id, &t.bytes)?;
+            sent = true;
+        }
+        if sent {
+            self.poller.served();
         }
         Ok(())
     }
@@ -220,9 +227,14 @@ impl Conn {
             .poll_timeout()
             .map_or(wait, |d| Duration::from_nanos(d.saturating_sub(now)))
             .min(wait);
-        // Poll a moment before sleeping: the answer to a request just sent comes within a
-        // round trip, and the server need not wake this thread to deliver it.
-        for (from, m) in self.socket.recv_polling(CLIENT_SPIN.min(wait), wait)? {
+        // Poll a moment before sleeping when answers have been coming back that soon: the
+        // answer to a request just sent comes within a round trip, and the server need not
+        // wake this thread to deliver it. When they come later (a busy server, many clients),
+        // sleep at once and leave the cores to the server.
+        let spin = self.poller.spin();
+        let got = self.socket.recv_polling(spin.min(wait), wait)?;
+        self.poller.arrived(!got.is_empty());
+        for (from, m) in got {
             self.endpoint.handle(self.clock.now(), from, m);
         }
         self.endpoint.handle_timeout(self.clock.now());
@@ -431,6 +443,7 @@ impl UdpClient {
             clock,
             inbox: Vec::new(),
             answers: Vec::new(),
+            poller: super::socket::Poller::new(CLIENT_SPIN),
             rtt: Ewma::default(),
             direct_reads: None,
         };

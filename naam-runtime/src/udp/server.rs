@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::inline::{Inline, InlineEndpoint};
 use super::memnet::{MemoryNet, ServedPort};
-use super::socket::{Sender, Socket};
+use super::socket::{Poller, Sender, Socket};
 use crate::cluster::{Cluster, HereRunner};
 use crate::{Clock, SystemClock};
 use naam_proto::control::Manifest;
@@ -271,7 +271,7 @@ pub fn serve_host(
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
     let mut out: Vec<(SocketAddr, u64, Bytes)> = Vec::new();
-    let mut poller = Poller::default();
+    let mut poller = Poller::new(SERVER_SPIN);
     loop {
         if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
             drain_deadline = Some(Instant::now() + options.drain);
@@ -331,54 +331,12 @@ pub fn serve_host(
 /// short enough that new arrivals (another tenant's next request) join the turns soon.
 const RUN_QUANTUM: usize = 32;
 
+/// The most a busy server loop polls before it sleeps.
+const SERVER_SPIN: Duration = Duration::from_micros(50);
+
 /// The longest an idle driver loop blocks before it looks at its stop flag, timers and
 /// counters again.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
-
-/// Adaptive polling for a driver loop: after serving, it polls its socket for a little while
-/// before it sleeps, when datagrams have been coming back that soon (clients at depth 1 send
-/// again within a round trip, and then neither side pays the kernel's wake-up); at lower rates
-/// it sleeps at once, so an idle loop costs nothing.
-#[derive(Debug, Default)]
-pub(crate) struct Poller {
-    /// When the loop last finished serving.
-    served_at: Option<Instant>,
-    /// Smoothed time from finishing to the next datagram, nanoseconds.
-    gap_ns: f64,
-}
-
-impl Poller {
-    /// The most a loop polls before it sleeps.
-    pub(crate) const MAX_SPIN: Duration = Duration::from_micros(50);
-
-    /// How long to poll before sleeping now: twice the usual gap, when that is short.
-    pub(crate) fn spin(&self) -> Duration {
-        if self.served_at.is_none() || self.gap_ns >= Self::MAX_SPIN.as_nanos() as f64 {
-            return Duration::ZERO;
-        }
-        Duration::from_nanos((2.0 * self.gap_ns) as u64 + 2_000).min(Self::MAX_SPIN)
-    }
-
-    /// A receive returned; `got`: with datagrams.
-    pub(crate) fn arrived(&mut self, got: bool) {
-        let Some(at) = self.served_at.take() else {
-            return;
-        };
-        // A receive that came back empty waited the whole time: the gap is at least that.
-        let gap = at.elapsed().as_nanos() as f64;
-        let gap = if got {
-            gap
-        } else {
-            gap.max(2.0 * Self::MAX_SPIN.as_nanos() as f64)
-        };
-        self.gap_ns = 0.75 * self.gap_ns + 0.25 * gap;
-    }
-
-    /// The loop finished serving what it received.
-    pub(crate) fn served(&mut self) {
-        self.served_at = Some(Instant::now());
-    }
-}
 
 /// naam-server's endpoint bound as a service of a [`MemoryNet`] ([`serve_host_inline`]): a
 /// datagram to it is handled in the sending thread, so a client's request reaches the host

@@ -7,7 +7,7 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -212,7 +212,7 @@ enum Link {
 pub struct Socket {
     link: Link,
     datagram: usize,
-    bufs: Vec<[u8; MAX_DATAGRAM]>,
+    bufs: Option<Box<RecvBuffers>>,
     inbound: Inbound,
     read_timeout: Option<Duration>,
 }
@@ -311,8 +311,8 @@ impl Socket {
     fn new(link: Link, datagram: usize) -> Socket {
         // Only the kernel's recvmmsg writes into buffers of ours.
         let bufs = match link {
-            Link::Kernel(_) => vec![[0u8; MAX_DATAGRAM]; RECV_BATCH],
-            Link::Memory(_) => Vec::new(),
+            Link::Kernel(_) => Some(Box::new(RecvBuffers::new())),
+            Link::Memory(_) => None,
         };
         Socket {
             link,
@@ -416,13 +416,15 @@ impl Socket {
 
     /// The datagrams already waiting, without blocking (the messages they complete).
     pub fn try_recv(&mut self) -> io::Result<Vec<(SocketAddr, Bytes)>> {
-        let datagrams: Vec<(SocketAddr, Bytes)> = match &self.link {
-            Link::Kernel(sock) => recv_batch(sock, &mut self.bufs, libc::MSG_DONTWAIT)?
+        let datagrams: Vec<(SocketAddr, Bytes)> = match (&self.link, &mut self.bufs) {
+            (Link::Kernel(sock), Some(b)) => b
+                .recv(sock, libc::MSG_DONTWAIT)?
                 .into_iter()
                 .enumerate()
-                .map(|(i, (peer, len))| (peer, Bytes::copy_from_slice(&self.bufs[i][..len])))
+                .map(|(i, (peer, len))| (peer, Bytes::copy_from_slice(b.datagram(i, len))))
                 .collect(),
-            Link::Memory(port) => port.recv(Duration::ZERO, RECV_BATCH),
+            (Link::Memory(port), _) => port.recv(Duration::ZERO, RECV_BATCH),
+            (Link::Kernel(_), None) => Vec::new(),
         };
         let out = datagrams
             .into_iter()
@@ -442,13 +444,13 @@ impl Socket {
         timeout: Duration,
     ) -> io::Result<Vec<(SocketAddr, Bytes)>> {
         let timeout = timeout.max(Duration::from_micros(1));
-        let datagrams: Vec<(SocketAddr, Bytes)> = match &self.link {
-            Link::Kernel(sock) => {
+        let datagrams: Vec<(SocketAddr, Bytes)> = match (&self.link, &mut self.bufs) {
+            (Link::Kernel(sock), Some(b)) => {
                 let mut got = Vec::new();
                 if !spin.is_zero() {
                     let start = std::time::Instant::now();
                     loop {
-                        got = recv_batch(sock, &mut self.bufs, libc::MSG_DONTWAIT)?;
+                        got = b.recv(sock, libc::MSG_DONTWAIT)?;
                         if !got.is_empty() || start.elapsed() >= spin {
                             break;
                         }
@@ -464,14 +466,15 @@ impl Socket {
                         sock.set_read_timeout(Some(timeout))?;
                         self.read_timeout = Some(timeout);
                     }
-                    got = recv_batch(sock, &mut self.bufs, libc::MSG_WAITFORONE)?;
+                    got = b.recv(sock, libc::MSG_WAITFORONE)?;
                 }
                 got.into_iter()
                     .enumerate()
-                    .map(|(i, (peer, len))| (peer, Bytes::copy_from_slice(&self.bufs[i][..len])))
+                    .map(|(i, (peer, len))| (peer, Bytes::copy_from_slice(b.datagram(i, len))))
                     .collect()
             }
-            Link::Memory(port) => port.recv(timeout, RECV_BATCH),
+            (Link::Memory(port), _) => port.recv(timeout, RECV_BATCH),
+            (Link::Kernel(_), None) => Vec::new(),
         };
         let out = datagrams
             .into_iter()
@@ -479,6 +482,60 @@ impl Socket {
             .collect();
         self.inbound.expire();
         Ok(out)
+    }
+}
+
+/// Adaptive polling for a driver loop: after serving, it polls its socket for a little while
+/// before it sleeps, when datagrams have been coming back that soon (clients at depth 1 send
+/// again within a round trip, and then neither side pays the kernel's wake-up); at lower rates
+/// it sleeps at once, so an idle loop costs nothing.
+#[derive(Debug)]
+pub(crate) struct Poller {
+    /// When the loop last finished serving (or sending).
+    served_at: Option<Instant>,
+    /// Smoothed time from finishing to the next datagram, nanoseconds.
+    gap_ns: f64,
+    /// The most it polls before it sleeps.
+    max_spin: Duration,
+}
+
+impl Poller {
+    /// A poller that polls at most `max_spin` at a time.
+    pub(crate) fn new(max_spin: Duration) -> Poller {
+        Poller {
+            served_at: None,
+            gap_ns: 0.0,
+            max_spin,
+        }
+    }
+
+    /// How long to poll before sleeping now: three times the usual gap, when that is short.
+    pub(crate) fn spin(&self) -> Duration {
+        let max = self.max_spin.as_nanos() as f64;
+        if self.served_at.is_none() || self.gap_ns >= max {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos((3.0 * self.gap_ns) as u64 + 5_000).min(self.max_spin)
+    }
+
+    /// A receive returned; `got`: with datagrams.
+    pub(crate) fn arrived(&mut self, got: bool) {
+        let Some(at) = self.served_at.take() else {
+            return;
+        };
+        // A receive that came back empty waited the whole time: the gap is at least that.
+        let gap = at.elapsed().as_nanos() as f64;
+        let gap = if got {
+            gap
+        } else {
+            gap.max(2.0 * self.max_spin.as_nanos() as f64)
+        };
+        self.gap_ns = 0.75 * self.gap_ns + 0.25 * gap;
+    }
+
+    /// The loop finished serving what it received.
+    pub(crate) fn served(&mut self) {
+        self.served_at = Some(Instant::now());
     }
 }
 
@@ -684,60 +741,90 @@ fn send_messages(
     (sent.saturating_sub(failed), failed)
 }
 
-/// One `recvmmsg` into `bufs` with `flags`: `MSG_WAITFORONE` blocks (up to the socket's read
-/// timeout) for the first datagram only, `MSG_DONTWAIT` does not block at all.
-fn recv_batch(
-    sock: &UdpSocket,
-    bufs: &mut [[u8; MAX_DATAGRAM]],
-    flags: libc::c_int,
-) -> io::Result<Vec<(SocketAddr, usize)>> {
-    let n = bufs.len();
-    let mut addrs: Vec<MaybeUninit<libc::sockaddr_storage>> = vec![MaybeUninit::zeroed(); n];
-    let mut iovs: Vec<libc::iovec> = bufs
-        .iter_mut()
-        .map(|b| libc::iovec {
-            iov_base: b.as_mut_ptr().cast(),
-            iov_len: MAX_DATAGRAM,
-        })
-        .collect();
-    let mut msgs: Vec<libc::mmsghdr> = iovs
-        .iter_mut()
-        .zip(addrs.iter_mut())
-        .map(|(iov, a)| {
-            let len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            mmsghdr(a.as_mut_ptr(), len, iov)
-        })
-        .collect();
-    // SAFETY: `msgs` are valid headers pointing at live buffers and address storage.
-    let got = unsafe {
-        libc::recvmmsg(
-            sock.as_raw_fd(),
-            msgs.as_mut_ptr(),
-            n as libc::c_uint,
-            flags,
-            std::ptr::null_mut(),
-        )
-    };
-    if got < 0 {
-        let e = io::Error::last_os_error();
-        return match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted => {
-                Ok(Vec::new())
-            }
-            // An ICMP error from an earlier send surfaces here on Linux; not this socket's fault.
-            io::ErrorKind::ConnectionRefused => Ok(Vec::new()),
-            _ => Err(e),
+/// What one `recvmmsg` fills: [`RECV_BATCH`] datagram buffers with their address storage,
+/// scatter entries and message headers, allocated once per socket and reused by every
+/// receive (a polling loop receives thousands of times a second).
+pub(crate) struct RecvBuffers {
+    bufs: Vec<[u8; MAX_DATAGRAM]>,
+    addrs: Vec<MaybeUninit<libc::sockaddr_storage>>,
+    iovs: Vec<libc::iovec>,
+    msgs: Vec<libc::mmsghdr>,
+}
+
+// SAFETY: the raw pointers in `iovs` and `msgs` only ever point into the same struct's own
+// buffers, and are rebuilt before every use.
+unsafe impl Send for RecvBuffers {}
+
+impl RecvBuffers {
+    fn new() -> RecvBuffers {
+        let iov = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
         };
-    }
-    let mut out = Vec::with_capacity(got as usize);
-    for (m, a) in msgs.iter().zip(addrs.iter()).take(got as usize) {
-        // SAFETY: the kernel filled the address of every returned message.
-        let ss = unsafe { a.assume_init_ref() };
-        if let Some(peer) = from_sockaddr(ss) {
-            out.push((peer, (m.msg_len as usize).min(MAX_DATAGRAM)));
+        RecvBuffers {
+            bufs: vec![[0u8; MAX_DATAGRAM]; RECV_BATCH],
+            addrs: vec![MaybeUninit::zeroed(); RECV_BATCH],
+            iovs: vec![iov; RECV_BATCH],
+            // SAFETY: all-zero is a valid mmsghdr.
+            msgs: vec![unsafe { std::mem::zeroed() }; RECV_BATCH],
         }
     }
-    Ok(out)
+
+    /// Datagram `i` of the last receive, `len` bytes long.
+    fn datagram(&self, i: usize, len: usize) -> &[u8] {
+        &self.bufs[i][..len]
+    }
+
+    /// One `recvmmsg` with `flags`: `MSG_WAITFORONE` blocks (up to the socket's read timeout)
+    /// for the first datagram only, `MSG_DONTWAIT` does not block at all. Returns the sender
+    /// and length of each datagram received.
+    fn recv(
+        &mut self,
+        sock: &UdpSocket,
+        flags: libc::c_int,
+    ) -> io::Result<Vec<(SocketAddr, usize)>> {
+        let n = self.bufs.len();
+        for i in 0..n {
+            self.iovs[i] = libc::iovec {
+                iov_base: self.bufs[i].as_mut_ptr().cast(),
+                iov_len: MAX_DATAGRAM,
+            };
+            let len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            self.msgs[i] = mmsghdr(self.addrs[i].as_mut_ptr(), len, &mut self.iovs[i]);
+        }
+        // SAFETY: `msgs` are valid headers pointing at this struct's live buffers and address
+        // storage, which nothing else touches during the call.
+        let got = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                self.msgs.as_mut_ptr(),
+                n as libc::c_uint,
+                flags,
+                std::ptr::null_mut(),
+            )
+        };
+        if got < 0 {
+            let e = io::Error::last_os_error();
+            return match e.kind() {
+                io::ErrorKind::WouldBlock
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::Interrupted => Ok(Vec::new()),
+                // An ICMP error from an earlier send surfaces here on Linux; not this socket's
+                // fault.
+                io::ErrorKind::ConnectionRefused => Ok(Vec::new()),
+                _ => Err(e),
+            };
+        }
+        let mut out = Vec::with_capacity(got as usize);
+        for (m, a) in self.msgs.iter().zip(self.addrs.iter()).take(got as usize) {
+            // SAFETY: the kernel filled the address of every returned message.
+            let ss = unsafe { a.assume_init_ref() };
+            if let Some(peer) = from_sockaddr(ss) {
+                out.push((peer, (m.msg_len as usize).min(MAX_DATAGRAM)));
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]
