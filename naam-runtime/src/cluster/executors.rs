@@ -163,6 +163,9 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
     // Due retries and queued messages take turns: retries never hold up the queue by more
     // than one step each, and a full queue never starves the retries.
     let mut retry_turn = false;
+    // When it last served something: an executor polls before it parks only while it has
+    // been busy lately (adaptive polling); idle, it sleeps, and longer the longer it idles.
+    let mut last_busy = Instant::now();
     loop {
         let now = inner.clock.now();
         retry_turn = !retry_turn;
@@ -180,11 +183,17 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
             }
             None => {
                 // Sleep no longer than until the next parked message is due.
+                let idle = last_busy.elapsed();
+                let (longest, poll) = if idle < IDLE_AFTER {
+                    (Duration::from_millis(20), inner.config.executor_poll)
+                } else {
+                    (IDLE_SLEEP, Duration::ZERO)
+                };
                 let next = parked.iter().map(|p| p.run.resume_at).min();
-                let wait = next.map_or(Duration::from_millis(20), |t| {
-                    Duration::from_nanos(t.saturating_sub(now)).min(Duration::from_millis(20))
+                let wait = next.map_or(longest, |t| {
+                    Duration::from_nanos(t.saturating_sub(now)).min(longest)
                 });
-                let poll = inner.config.executor_poll.min(wait);
+                let poll = poll.min(wait);
                 match rx.pop_timeout(wait, poll) {
                     Some((_, mut j)) => match j.parked.take() {
                         // Started on the thread that took it in, waiting out a torn read:
@@ -221,6 +230,7 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
                 }
             }
         };
+        last_busy = Instant::now();
         if inner.shutdown.load(Ordering::SeqCst) {
             job.sink.send(error_reply(
                 &job.req,
@@ -302,10 +312,25 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
     }
 }
 
+/// How long an executor or agent goes without work before it stops polling.
+const IDLE_AFTER: Duration = Duration::from_millis(10);
+
+/// How long an idle executor or agent sleeps at a time (it looks at the shutdown flag between).
+const IDLE_SLEEP: Duration = Duration::from_millis(100);
+
 pub(super) fn agent_loop(inner: Arc<Inner>, rx: Receiver<AgentJob>) {
+    let mut last_busy = Instant::now();
     loop {
-        let mut job = match recv_polling(&rx, Duration::from_millis(20)) {
-            Ok(j) => j,
+        let got = if last_busy.elapsed() < IDLE_AFTER {
+            recv_polling(&rx, Duration::from_millis(20))
+        } else {
+            rx.recv_timeout(IDLE_SLEEP)
+        };
+        let mut job = match got {
+            Ok(j) => {
+                last_busy = Instant::now();
+                j
+            }
             Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
                 if inner.shutdown.load(Ordering::SeqCst) {
                     return;

@@ -55,7 +55,8 @@ impl Observe for Observed<'_> {
 }
 
 /// One steering period: the controller decides, this publishes what changed and moves owners.
-pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool) {
+/// Returns whether anything ran or waited anywhere during the period.
+pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool) -> bool {
     let now = inner.clock.now();
     if inner.config.remote_nic
         && inner.remote_nic_up.load(Ordering::SeqCst)
@@ -65,6 +66,12 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
         inner.remote_nic_up.store(false, Ordering::SeqCst);
     }
     let decisions = controller.tick(now, &mut Observed(inner), full);
+    let active = decisions.inputs.total_rate > 0.0
+        || decisions
+            .inputs
+            .placements
+            .iter()
+            .any(|p| p.queue_depth > 0);
     // Clients read the weights on every message: take the write lock only for real changes.
     let changed: Vec<_> = {
         let table = inner.weights.read().unwrap_or_else(|e| e.into_inner());
@@ -91,6 +98,7 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
         // A handoff that cannot drain in time is abandoned; a later decision may try again.
         let _ = move_owner(inner, app, to, OWNER_DRAIN_TIMEOUT);
     }
+    active
 }
 
 /// How long the controller waits for an owner handoff to drain.
@@ -132,9 +140,29 @@ pub(super) fn move_owner(
     Ok(epoch)
 }
 
+/// Steering periods without any message before the controller slows down.
+const IDLE_TICKS: u32 = 50;
+
+/// The longest the controller sleeps while nothing runs (it ticks every period again as soon
+/// as a tick sees a message).
+const IDLE_PERIOD: Duration = Duration::from_millis(50);
+
 pub(super) fn controller_loop(inner: Arc<Inner>, mut controller: Controller) {
+    let mut idle_ticks = 0u32;
     while !inner.shutdown.load(Ordering::SeqCst) {
-        std::thread::sleep(inner.config.steering_period);
-        decide_all(&inner, &mut controller, false);
+        // Nothing to steer while nothing runs: an idle server ticks twenty times a second,
+        // not a thousand.
+        let period = if idle_ticks < IDLE_TICKS {
+            inner.config.steering_period
+        } else {
+            IDLE_PERIOD.max(inner.config.steering_period)
+        };
+        std::thread::sleep(period);
+        let active = decide_all(&inner, &mut controller, false);
+        idle_ticks = if active {
+            0
+        } else {
+            idle_ticks.saturating_add(1)
+        };
     }
 }
