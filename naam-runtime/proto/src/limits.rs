@@ -41,3 +41,24 @@ pub const SESSION_CREDIT: u32 = 64;
 
 /// Requests all sessions of one tenant may have waiting at the server together by default.
 pub const TENANT_CREDIT: u32 = 256;
+
+/// How long a session's refusals over its credit are counted together, nanoseconds.
+pub const FLOOD_WINDOW: crate::Nanos = 100_000_000;
+/// A session refused more than this many times its credit within [`FLOOD_WINDOW`] ignores
+/// `Busy` (a client that honours it is refused about a window's worth at most, then backs off).
+pub const FLOOD_FACTOR: u32 = 4;
+/// How long a session that ignores `Busy` goes unheard: its datagrams are dropped before they
+/// are opened. Nanoseconds.
+pub const FLOOD_MUTE: crate::Nanos = 20_000_000;
+
+/// Datagrams without a session (hellos, auths, strays) the server looks at per second, from
+/// everyone together; beyond it they are dropped before any work.
+pub const STRANGER_RATE: f64 = 5_000.0;
+/// How many of [`STRANGER_RATE`] may come at once.
+pub const STRANGER_BURST: f64 = 512.0;
+/// Datagrams without a session the server looks at per second from one IP address.
+pub const STRANGER_RATE_PER_IP: f64 = 500.0;
+/// How many of [`STRANGER_RATE_PER_IP`] may come at once.
+pub const STRANGER_BURST_PER_IP: f64 = 128.0;
+/// IP addresses whose stranger budget is tracked at once (the table starts afresh when full).
+pub const STRANGER_IPS: usize = 4096;

@@ -307,14 +307,28 @@ pub fn serve_host(
             // moment.
             endpoint.backend_mut().flush_load();
         }
-        // A whole batch is taken in (each request run to completion as it comes), then every
-        // answer goes out together.
+        // A whole batch is taken in, then every answer goes out together. A full batch means a
+        // backlog: the socket is drained (within bounds) before anything runs, so that
+        // admission sees every tenant's datagrams, refuses what is over credit at once, and a
+        // flood cannot hide another tenant's request behind it in the kernel's queue.
+        let mut full = batch.len() >= super::socket::RECV_BATCH;
         for (peer, msg) in batch {
             endpoint.handle(clock.now(), peer, msg);
         }
-        // The admitted requests run, tenants taking turns; what is left (a flood) waits for the
-        // next round, after the datagrams that came meanwhile had their say.
-        endpoint.run(RUN_QUANTUM);
+        let mut drained = 0;
+        while full && drained < MAX_DRAIN {
+            let more = socket.try_recv()?;
+            full = more.len() >= super::socket::RECV_BATCH;
+            drained += 1;
+            for (peer, msg) in more {
+                endpoint.handle(clock.now(), peer, msg);
+            }
+        }
+        // The admitted requests run, tenants taking turns, for a short while; what is left (a
+        // flood) waits for the next round, after the datagrams that came meanwhile had their
+        // say: another tenant's request waits one round at most, not a flood's worth.
+        let round = Instant::now();
+        while endpoint.run(RUN_STEP) > 0 && round.elapsed() < RUN_ROUND {}
         endpoint.handle_timeout(clock.now());
         while let Some(t) = endpoint.poll_transmit() {
             out.push((t.to, t.id, t.bytes));
@@ -327,9 +341,16 @@ pub fn serve_host(
     }
 }
 
-/// Requests a driver loop runs between two looks at its socket: a round of tenants' turns
-/// short enough that new arrivals (another tenant's next request) join the turns soon.
-const RUN_QUANTUM: usize = 32;
+/// Requests a driver loop runs between two looks at the clock.
+const RUN_STEP: usize = 4;
+
+/// How long a driver loop runs admitted requests before it looks at its socket again: short,
+/// so that new arrivals (another tenant's next request) join the turns soon.
+const RUN_ROUND: Duration = Duration::from_micros(20);
+
+/// Extra receive batches a loop takes in before it runs anything, when its socket has a
+/// backlog.
+const MAX_DRAIN: usize = 16;
 
 /// The most a busy server loop polls before it sleeps.
 const SERVER_SPIN: Duration = Duration::from_micros(50);

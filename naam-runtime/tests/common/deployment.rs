@@ -85,7 +85,28 @@ impl Deployment {
     /// The real binaries, or `None` (with the reason on stderr) when they have not been built
     /// and this is not CI (`scripts/test.sh` builds them before testing; CI must run these).
     pub(crate) fn processes(test: &str) -> Option<Deployment> {
-        let bin = match binaries() {
+        Deployment::processes_from(test, binaries())
+    }
+
+    /// [`Deployment::processes`] with the release binaries when they are built (as deployed:
+    /// a measurement of the server's scheduling, not of an unoptimised build), else those of
+    /// the test's own profile.
+    pub(crate) fn processes_as_deployed(test: &str) -> Option<Deployment> {
+        let release = binaries().ok().and_then(|dir| {
+            let target = dir.parent()?.join("release");
+            ["naam-server", "naam-nic"]
+                .iter()
+                .all(|b| target.join(b).is_file())
+                .then_some(target)
+        });
+        match release {
+            Some(dir) => Deployment::processes_from(test, Ok(dir)),
+            None => Deployment::processes(test),
+        }
+    }
+
+    fn processes_from(test: &str, bin: Result<PathBuf, String>) -> Option<Deployment> {
+        let bin = match bin {
             Ok(bin) => bin,
             Err(why) => {
                 assert!(

@@ -262,6 +262,78 @@ enum ForwardAs {
     Member(Bytes),
 }
 
+use crate::limits::{
+    FLOOD_FACTOR, FLOOD_MUTE, FLOOD_WINDOW, STRANGER_BURST, STRANGER_BURST_PER_IP, STRANGER_IPS,
+    STRANGER_RATE, STRANGER_RATE_PER_IP,
+};
+
+/// A session answered `Busy` beyond its credit: how many refusals in the current window, and
+/// until when its datagrams are dropped unopened.
+#[derive(Clone, Copy, Debug, Default)]
+struct Flood {
+    since: Nanos,
+    refusals: u32,
+    muted_until: Nanos,
+}
+
+/// A token bucket: `rate` tokens a second, at most `burst` saved.
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Nanos,
+}
+
+impl Bucket {
+    fn full(burst: f64, now: Nanos) -> Bucket {
+        Bucket {
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    /// Takes a token if there is one.
+    fn take(&mut self, now: Nanos, rate: f64, burst: f64) -> bool {
+        let dt = now.saturating_sub(self.at) as f64 / 1e9;
+        self.tokens = (self.tokens + dt * rate).min(burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Rate limits on what strangers make the server do before any authentication.
+#[derive(Debug)]
+struct Strangers {
+    all: Bucket,
+    by_ip: HashMap<std::net::IpAddr, Bucket>,
+}
+
+impl Strangers {
+    fn new(now: Nanos) -> Strangers {
+        Strangers {
+            all: Bucket::full(STRANGER_BURST, now),
+            by_ip: HashMap::new(),
+        }
+    }
+
+    /// Whether a datagram from `peer` without a session may be looked at now.
+    fn admit(&mut self, peer: SocketAddr, now: Nanos) -> bool {
+        if self.by_ip.len() >= STRANGER_IPS && !self.by_ip.contains_key(&peer.ip()) {
+            self.by_ip.clear();
+        }
+        let ip = self
+            .by_ip
+            .entry(peer.ip())
+            .or_insert_with(|| Bucket::full(STRANGER_BURST_PER_IP, now));
+        ip.take(now, STRANGER_RATE_PER_IP, STRANGER_BURST_PER_IP)
+            && self.all.take(now, STRANGER_RATE, STRANGER_BURST)
+    }
+}
+
 /// A request admitted and waiting for its turn.
 struct Waiting {
     sid: u64,
@@ -350,6 +422,11 @@ pub struct ServerStats {
     pub over_credit: u64,
     /// Datagrams sent that carried a batch of several messages.
     pub batches: u64,
+    /// Datagrams dropped unopened because their session kept sending far past its credit
+    /// after being answered `Busy` (it is muted for a while).
+    pub flood_drops: u64,
+    /// Datagrams from peers without a session dropped over the strangers' rate limit.
+    pub stranger_drops: u64,
 }
 
 impl ServerStats {
@@ -393,6 +470,16 @@ impl ServerStats {
                 "batches_sent",
                 "Sealed datagrams that carried several messages of one session.",
                 self.batches,
+            ),
+            (
+                "flood_drops",
+                "Datagrams of sessions ignoring Busy, dropped unopened.",
+                self.flood_drops,
+            ),
+            (
+                "stranger_drops",
+                "Datagrams without a session dropped over the strangers' rate limit.",
+                self.stranger_drops,
             ),
         ]
     }
@@ -512,6 +599,10 @@ pub struct ServerEndpoint<B> {
     turns: Turns,
     /// Messages for sessions' peers, sealed (and coalesced) when transmitted.
     outbox: Vec<Outgoing>,
+    /// Sessions refused beyond their credit lately (flooders are muted for a while).
+    floods: HashMap<u64, Flood>,
+    /// What strangers may still make the server do.
+    strangers: Strangers,
     /// The most bytes one sealed datagram may carry (the driver's datagram, less framing).
     datagram_payload: usize,
 }
@@ -550,6 +641,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
             transmits: VecDeque::new(),
             turns: Turns::default(),
             outbox: Vec::new(),
+            floods: HashMap::new(),
+            strangers: Strangers::new(now),
             datagram_payload: frame::MIN_DATAGRAM - frame::HEADER,
         })
     }
@@ -644,11 +737,19 @@ impl<B: HostBackend> ServerEndpoint<B> {
         self.gate.expire(now);
         let gate = &self.gate;
         self.shares.retain(|sid, _| gate.session(*sid).is_some());
+        self.floods
+            .retain(|_, f| now < f.muted_until || now.saturating_sub(f.since) <= FLOOD_WINDOW);
     }
 
     /// Takes in a datagram from `peer`.
     pub fn handle(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
-        match MessageKind::peek(&msg) {
+        let kind = MessageKind::peek(&msg);
+        if kind != Some(MessageKind::Sealed) && !self.strangers.admit(peer, now) {
+            // Handshakes and strays beyond the strangers' rate: dropped before any work.
+            self.stats.stranger_drops += 1;
+            return;
+        }
+        match kind {
             Some(MessageKind::Sealed) => self.sealed(now, peer, &msg),
             Some(MessageKind::Control) => self.unsealed_control(now, peer, &msg),
             Some(MessageKind::Request) => {
@@ -822,6 +923,18 @@ impl<B: HostBackend> ServerEndpoint<B> {
     }
 
     fn sealed(&mut self, now: Nanos, peer: SocketAddr, msg: &Bytes) {
+        // A session that ignores Busy is not heard for a while: its datagrams are dropped
+        // before they cost an opening (only an authenticated flood mutes a session).
+        if let Ok(h) = crate::session::peek_sealed(msg) {
+            if self
+                .floods
+                .get(&h.session)
+                .is_some_and(|f| now < f.muted_until)
+            {
+                self.stats.flood_drops += 1;
+                return;
+            }
+        }
         let (sid, role, sealer, inner) = match self.gate.open(now, peer, msg) {
             Ok(o) => (
                 o.session.id,
@@ -856,19 +969,20 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 Ok(members) => {
                     for m in members {
                         let forward = ForwardAs::Member(m.clone());
-                        self.session_message(sid, &role, ch.clone(), m, forward);
+                        self.session_message(now, sid, &role, ch.clone(), m, forward);
                     }
                 }
                 Err(_) => self.stats.malformed += 1,
             }
             return;
         }
-        self.session_message(sid, &role, ch, inner, ForwardAs::Sealed(msg.clone()));
+        self.session_message(now, sid, &role, ch, inner, ForwardAs::Sealed(msg.clone()));
     }
 
     /// One message of session `sid` (alone in its envelope, or one of a batch).
     fn session_message(
         &mut self,
+        now: Nanos,
         sid: u64,
         role: &Role,
         ch: Channel,
@@ -876,7 +990,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         forward: ForwardAs,
     ) {
         match MessageKind::peek(&inner) {
-            Some(MessageKind::Request) => self.request(sid, role, ch, inner, forward),
+            Some(MessageKind::Request) => self.request(now, sid, role, ch, inner, forward),
             Some(MessageKind::Control) => self.control(sid, role, ch, &inner),
             Some(MessageKind::OneSidedOp) => {
                 // One-sided operations are the NIC's job, never the host cores'.
@@ -899,7 +1013,15 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// Admits request `inner` of session `sid` and queues it for its tenant's turn: beyond
     /// the session's or the tenant's credit it is answered `Busy` at once (admission), so a
     /// flood costs the server a refusal per datagram, never a run.
-    fn request(&mut self, sid: u64, role: &Role, ch: Channel, inner: Bytes, forward: ForwardAs) {
+    fn request(
+        &mut self,
+        now: Nanos,
+        sid: u64,
+        role: &Role,
+        ch: Channel,
+        inner: Bytes,
+        forward: ForwardAs,
+    ) {
         let admitted = admit(
             inner,
             sid,
@@ -921,6 +1043,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         if by_session >= self.config.session_credit || by_tenant >= self.config.tenant_credit {
             self.stats.refused += 1;
             self.stats.over_credit += 1;
+            self.refused_over_credit(sid, now);
             let why = if by_session >= self.config.session_credit {
                 format!("the session has {by_session} requests waiting, its credit: retry later")
             } else {
@@ -939,6 +1062,22 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 forward,
             },
         );
+    }
+
+    /// Counts a refusal of session `sid` over its credit; one that keeps sending long past it
+    /// (more than [`FLOOD_FACTOR`] times its credit refused within [`FLOOD_WINDOW`], so it
+    /// ignores `Busy`) is muted for [`FLOOD_MUTE`].
+    fn refused_over_credit(&mut self, sid: u64, now: Nanos) {
+        let f = self.floods.entry(sid).or_default();
+        if now.saturating_sub(f.since) > FLOOD_WINDOW {
+            f.since = now;
+            f.refusals = 0;
+        }
+        f.refusals += 1;
+        if f.refusals > FLOOD_FACTOR.saturating_mul(self.config.session_credit) {
+            f.muted_until = now + FLOOD_MUTE;
+            f.refusals = 0;
+        }
     }
 
     /// Runs a request whose turn came: the switch places it at the host (run or queued by the
