@@ -44,9 +44,13 @@ pub const TENANT_CREDIT: u32 = 256;
 
 /// How long a session's refusals over its credit are counted together, nanoseconds.
 pub const FLOOD_WINDOW: crate::Nanos = 100_000_000;
-/// A session refused more than this many times its credit within [`FLOOD_WINDOW`] ignores
-/// `Busy` (a client that honours it is refused about a window's worth at most, then backs off).
+/// A session refused more than this many times its credit (and more than
+/// [`FLOOD_MIN_REFUSALS`]) within [`FLOOD_WINDOW`] ignores `Busy` (a client that honours it is
+/// refused about a window's worth at most, then backs off).
 pub const FLOOD_FACTOR: u32 = 4;
+/// The fewest refusals within [`FLOOD_WINDOW`] that make a session a flooder, whatever its
+/// credit.
+pub const FLOOD_MIN_REFUSALS: u32 = 256;
 /// How long a session that ignores `Busy` goes unheard: its datagrams are dropped before they
 /// are opened. Nanoseconds.
 pub const FLOOD_MUTE: crate::Nanos = 20_000_000;

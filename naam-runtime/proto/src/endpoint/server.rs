@@ -263,8 +263,8 @@ enum ForwardAs {
 }
 
 use crate::limits::{
-    FLOOD_FACTOR, FLOOD_MUTE, FLOOD_WINDOW, STRANGER_BURST, STRANGER_BURST_PER_IP, STRANGER_IPS,
-    STRANGER_RATE, STRANGER_RATE_PER_IP,
+    FLOOD_FACTOR, FLOOD_MIN_REFUSALS, FLOOD_MUTE, FLOOD_WINDOW, STRANGER_BURST,
+    STRANGER_BURST_PER_IP, STRANGER_IPS, STRANGER_RATE, STRANGER_RATE_PER_IP,
 };
 
 /// A session answered `Busy` beyond its credit: how many refusals in the current window, and
@@ -1065,8 +1065,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
     }
 
     /// Counts a refusal of session `sid` over its credit; one that keeps sending long past it
-    /// (more than [`FLOOD_FACTOR`] times its credit refused within [`FLOOD_WINDOW`], so it
-    /// ignores `Busy`) is muted for [`FLOOD_MUTE`].
+    /// (more than [`FLOOD_FACTOR`] times its credit, and [`FLOOD_MIN_REFUSALS`], refused
+    /// within [`FLOOD_WINDOW`], so it ignores `Busy`) is muted for [`FLOOD_MUTE`].
     fn refused_over_credit(&mut self, sid: u64, now: Nanos) {
         let f = self.floods.entry(sid).or_default();
         if now.saturating_sub(f.since) > FLOOD_WINDOW {
@@ -1074,7 +1074,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
             f.refusals = 0;
         }
         f.refusals += 1;
-        if f.refusals > FLOOD_FACTOR.saturating_mul(self.config.session_credit) {
+        let limit = FLOOD_FACTOR
+            .saturating_mul(self.config.session_credit)
+            .max(FLOOD_MIN_REFUSALS);
+        if f.refusals > limit {
             f.muted_until = now + FLOOD_MUTE;
             f.refusals = 0;
         }
