@@ -213,6 +213,9 @@ pub struct YcsbResult {
     pub misses: u64,
     /// Latency of every operation of the run phase together.
     pub all: Percentiles,
+    /// Over a network fabric: exchanges the clients sent, resent, and were answered twice,
+    /// over the run phase.
+    pub transport: naam_runtime::TransportCounts,
 }
 
 /// Latency of every operation of `r`'s run phase together.
@@ -1089,6 +1092,7 @@ pub(crate) fn run_phases(
         placement_fractions: [0.0; 3],
         misses: 0,
         all: Percentiles::of(&crate::phase::histogram()),
+        transport: Default::default(),
     };
     if cfg.run.phases == Phases::Load {
         return Ok(empty(load));
@@ -1109,9 +1113,11 @@ pub(crate) fn run_phases(
         Some(m) => m.snapshot(),
         None => naam_runtime::Metrics::default().snapshot(),
     };
+    let transport = metrics.map(|m| m.transport()).unwrap_or_default();
     let fractions = [0, 1, 2].map(|i| placements.fraction(Placement::ALL[i]));
     Ok(YcsbResult {
         ran: true,
+        transport,
         timed_out: outcome.timed_out,
         throughput: succeeded(&outcome.ops) as f64 / outcome.seconds,
         seconds: outcome.seconds,

@@ -113,6 +113,12 @@ pub fn text(r: &YcsbResult) -> String {
         for (status, n) in &r.placements.errors {
             let _ = writeln!(out, "[NAAM-ERRORS], {status:?}, {n}");
         }
+        let t = r.transport;
+        if t.sent > 0 {
+            let _ = writeln!(out, "[NAAM-UDP], Exchanges, {}", t.sent);
+            let _ = writeln!(out, "[NAAM-UDP], Resends, {}", t.resends);
+            let _ = writeln!(out, "[NAAM-UDP], DuplicateAnswers, {}", t.duplicates);
+        }
     }
     out
 }

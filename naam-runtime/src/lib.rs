@@ -30,7 +30,9 @@ pub mod udp;
 pub mod verbs;
 
 pub use clock::{Clock, SystemClock, VirtualClock};
-pub use metrics::{Metrics, MetricsShard, Percentiles, Snapshot, WeightSample, MAX_LATENCY_NS};
+pub use metrics::{
+    Metrics, MetricsShard, Percentiles, Snapshot, TransportCounts, WeightSample, MAX_LATENCY_NS,
+};
 pub use region::{
     Region, RegionMemory, RegionTable, Resolved, ShmError, ALL_RIGHTS, READ_ONLY, READ_WRITE,
 };

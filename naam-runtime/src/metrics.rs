@@ -76,8 +76,22 @@ impl Percentiles {
 pub struct Metrics {
     shared: Arc<Mutex<Shard>>,
     shards: Arc<Mutex<Vec<Arc<Mutex<Shard>>>>>,
+    /// What clients over a fabric sent: exchanges, resends, duplicate answers (added when
+    /// each client ends).
+    transport: Mutex<TransportCounts>,
     timeline: Mutex<Vec<WeightSample>>,
     timeline_cap: usize,
+}
+
+/// Exchanges that clients over a network fabric sent, resent and were answered twice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TransportCounts {
+    /// Exchanges sent (first sends).
+    pub sent: u64,
+    /// Resends (after a timeout, or a loss found by later answers).
+    pub resends: u64,
+    /// Answers to exchanges already answered: resends that were not needed.
+    pub duplicates: u64,
 }
 
 /// One shard's histograms and counts.
@@ -220,6 +234,7 @@ impl Metrics {
         Metrics {
             shards: Arc::new(Mutex::new(vec![shared.clone()])),
             shared,
+            transport: Mutex::new(TransportCounts::default()),
             timeline: Mutex::new(Vec::new()),
             timeline_cap,
         }
@@ -253,6 +268,19 @@ impl Metrics {
             all.absorb(&lock(s));
         }
         all
+    }
+
+    /// Adds what one client sent, resent and got twice.
+    pub fn add_transport(&self, c: TransportCounts) {
+        let mut t = self.transport.lock().unwrap_or_else(|p| p.into_inner());
+        t.sent += c.sent;
+        t.resends += c.resends;
+        t.duplicates += c.duplicates;
+    }
+
+    /// What the clients that ended sent, resent and got twice.
+    pub fn transport(&self) -> TransportCounts {
+        *self.transport.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Records a steering decision.
@@ -311,6 +339,7 @@ impl Metrics {
 
     /// Clears histograms and counts (not the timeline).
     pub fn reset(&self) {
+        *self.transport.lock().unwrap_or_else(|p| p.into_inner()) = TransportCounts::default();
         let shards = self.shards.lock().unwrap_or_else(|p| p.into_inner());
         for s in shards.iter() {
             lock(s).reset();

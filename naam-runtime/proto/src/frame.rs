@@ -464,7 +464,7 @@ impl Retransmit {
     }
 
     /// Gives up on an exchange only once `patience` has passed since its first send (it is
-    /// resent meanwhile, past its attempts if need be).
+    /// resent meanwhile, past its attempts if need be, at most every longest backoff).
     pub fn with_patience(mut self, patience: Nanos) -> Self {
         self.patience = patience;
         self
@@ -507,6 +507,25 @@ impl Retransmit {
         Some((t.attempt == 1).then(|| now.saturating_sub(t.sent_at)))
     }
 
+    /// Exchange `id`, found lost before its timeout, is sent again now: counted as an attempt
+    /// and its timer rearmed as a timeout would have. False (nothing to do) for one that is not
+    /// outstanding, or out of attempts (its timer decides then).
+    pub fn resent_early(&mut self, id: u64, now: Nanos) -> bool {
+        let Some(t) = self.outstanding.get_mut(&id) else {
+            return false;
+        };
+        if t.attempt >= self.max_attempts {
+            return false;
+        }
+        t.attempt += 1;
+        let backoff = t
+            .rto
+            .saturating_mul(1 << (t.attempt - 1).min(20))
+            .min(self.max_backoff);
+        t.deadline = now.saturating_add(backoff);
+        true
+    }
+
     /// Requests with a timer: sent, and neither answered nor given up on.
     pub fn len(&self) -> usize {
         self.outstanding.len()
@@ -535,17 +554,12 @@ impl Retransmit {
                 out.push((id, Timeout::GiveUp));
             } else {
                 t.attempt += 1;
+                // Resent until the attempts are used and the patience is spent, each wait
+                // twice the last, at most the longest backoff.
                 let backoff = t
                     .rto
                     .saturating_mul(1 << (t.attempt - 1).min(20))
                     .min(self.max_backoff);
-                let left = (t.sent_at.saturating_add(self.patience)).saturating_sub(now);
-                let backoff = if t.attempt >= self.max_attempts && left > 0 {
-                    // Out of attempts before the patience is spent: one last wait to its end.
-                    backoff.max(left)
-                } else {
-                    backoff
-                };
                 t.deadline = now.saturating_add(backoff);
                 out.push((id, Timeout::Resend(t.attempt)));
             }

@@ -884,7 +884,30 @@ impl naam_proto::transport::Pipeline for UdpClient {
     }
 }
 
+impl Drop for UdpClient {
+    fn drop(&mut self) {
+        if let Some(m) = &self.metrics {
+            let s = self.path.transport_ref().endpoint.stats();
+            m.add_transport(crate::TransportCounts {
+                sent: s.sent,
+                resends: s.resends,
+                duplicates: s.duplicates,
+            });
+        }
+    }
+}
+
 impl UdpClient {
+    /// What this client's endpoint sent, resent and was answered twice so far.
+    pub fn transport_counts(&self) -> crate::TransportCounts {
+        let s = self.path.transport_ref().endpoint.stats();
+        crate::TransportCounts {
+            sent: s.sent,
+            resends: s.resends,
+            duplicates: s.duplicates,
+        }
+    }
+
     /// Requests the server lets this session have outstanding (its welcome's grant).
     fn path_window(&self) -> usize {
         self.path.transport_ref().endpoint.window() as usize

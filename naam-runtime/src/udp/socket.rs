@@ -214,7 +214,6 @@ pub struct Socket {
     datagram: usize,
     bufs: Option<Box<RecvBuffers>>,
     inbound: Inbound,
-    read_timeout: Option<Duration>,
 }
 
 /// What a receiver does with each datagram: loss injection, fragment decoding, reassembly, and
@@ -319,7 +318,6 @@ impl Socket {
             datagram: clamp_datagram(datagram),
             bufs,
             inbound: Inbound::new(),
-            read_timeout: None,
         }
     }
 
@@ -459,14 +457,8 @@ impl Socket {
                         std::thread::yield_now();
                     }
                 }
-                if got.is_empty() {
-                    // A system call per receive otherwise; drivers wait the same time on every
-                    // call.
-                    if self.read_timeout != Some(timeout) {
-                        sock.set_read_timeout(Some(timeout))?;
-                        self.read_timeout = Some(timeout);
-                    }
-                    got = b.recv(sock, libc::MSG_WAITFORONE)?;
+                if got.is_empty() && wait_readable(sock, timeout.saturating_sub(spin))? {
+                    got = b.recv(sock, libc::MSG_DONTWAIT)?;
                 }
                 got.into_iter()
                     .enumerate()
@@ -739,6 +731,44 @@ fn send_messages(
         sent += n as usize;
     }
     (sent.saturating_sub(failed), failed)
+}
+
+/// Waits until `sock` has a datagram or `timeout` passes; `true` when it has one. `ppoll`'s
+/// timer has the kernel's high resolution, where a socket's receive timeout is rounded up to
+/// scheduler ticks (milliseconds): a retransmission due in 80 us must not wait 4 ms.
+fn wait_readable(sock: &UdpSocket, timeout: Duration) -> io::Result<bool> {
+    // The default timer slack lets a wake-up come 50 us late; a driver thread asks for 1 us,
+    // once.
+    thread_local! {
+        static SLACK_SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    SLACK_SET.with(|set| {
+        if !set.get() {
+            // SAFETY: PR_SET_TIMERSLACK takes a nanosecond count; it changes only this thread.
+            unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong) };
+            set.set(true);
+        }
+    });
+    let mut pfd = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: one valid pollfd and a valid timespec, both live for the call; no signal mask.
+    let n = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(n > 0)
 }
 
 /// What one `recvmmsg` fills: [`RECV_BATCH`] datagram buffers with their address storage,

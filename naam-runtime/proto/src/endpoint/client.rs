@@ -37,6 +37,9 @@ use crate::Nanos;
 
 const MS: Nanos = 1_000_000;
 
+/// Sends to the same peer after an unanswered exchange whose answers make it count as lost.
+const LOSS_THRESHOLD: u64 = 3;
+
 /// A client endpoint's settings.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -181,6 +184,10 @@ struct Exchange {
     started: Nanos,
     /// Whether this exchange already lived through a session renewal.
     renewed: bool,
+    /// The endpoint's send counter at this exchange's latest send.
+    sent_seq: u64,
+    /// When it was last sent.
+    sent_at: Nanos,
 }
 
 #[derive(Debug)]
@@ -242,6 +249,8 @@ pub struct ClientEndpoint {
     /// Messages of the session not yet sealed: those for the same peer that are ready
     /// together are coalesced into one envelope when transmitted.
     outbox: Vec<Outgoing>,
+    /// Exchange sends so far (first sends and resends), numbering them.
+    send_seq: u64,
     /// The most bytes one sealed datagram may carry (the driver's datagram, less framing).
     datagram_payload: usize,
 }
@@ -294,6 +303,7 @@ impl ClientEndpoint {
             window: crate::limits::SESSION_CREDIT,
             stats: ClientStats::default(),
             outbox: Vec::new(),
+            send_seq: 0,
             datagram_payload: crate::frame::MIN_DATAGRAM - crate::frame::HEADER,
         }
     }
@@ -585,15 +595,56 @@ impl ClientEndpoint {
             };
             match t {
                 Timeout::Resend(_) => {
-                    self.stats.resends += 1;
-                    let again = x.resend.as_ref().and_then(|r| r.to_bytes().ok());
-                    let (to, m) = (x.to, again.unwrap_or_else(|| x.first.clone()));
-                    self.send_sealed(to, id, m);
+                    self.resend(now, id);
                 }
                 Timeout::GiveUp => {
                     let waited_ns = now.saturating_sub(x.started);
                     self.fail(id, ExchangeError::TimedOut { waited_ns });
                 }
+            }
+        }
+    }
+
+    /// Sends exchange `id` again at `now` (its timer was rearmed by whoever decided to).
+    fn resend(&mut self, now: Nanos, id: u64) {
+        let Some(x) = self.exchanges.get(&id) else {
+            return;
+        };
+        self.stats.resends += 1;
+        let again = x.resend.as_ref().and_then(|r| r.to_bytes().ok());
+        let (to, m) = (x.to, again.unwrap_or_else(|| x.first.clone()));
+        self.send_sealed(to, id, m);
+        self.send_seq += 1;
+        let seq = self.send_seq;
+        if let Some(x) = self.exchanges.get_mut(&id) {
+            x.sent_seq = seq;
+            x.sent_at = now;
+        }
+    }
+
+    /// An answer came for a send numbered `answered_seq` on the path to `to`: an exchange to
+    /// the same peer sent [`LOSS_THRESHOLD`] or more sends before it, unanswered for longer
+    /// than a round trip and a bit (9/8, QUIC's time threshold), was most likely lost, so it
+    /// is sent again now rather than at its timeout (QUIC's packet threshold).
+    fn detect_losses(&mut self, now: Nanos, to: SocketAddr, answered_seq: u64) {
+        let Some(srtt) = self.paths.get(&to).and_then(RttEstimator::smoothed) else {
+            return;
+        };
+        let late = srtt.saturating_mul(9) / 8;
+        let lost: Vec<u64> = self
+            .exchanges
+            .iter()
+            .filter(|(_, x)| {
+                x.to == to
+                    && x.sent_seq != 0
+                    && x.sent_seq + LOSS_THRESHOLD <= answered_seq
+                    && now.saturating_sub(x.sent_at) > late
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in lost {
+            if self.timers.resent_early(id, now) {
+                self.resend(now, id);
             }
         }
     }
@@ -627,6 +678,8 @@ impl ClientEndpoint {
                 resend,
                 started: now,
                 renewed: false,
+                sent_seq: 0,
+                sent_at: now,
             },
         );
         if self.session.is_some() {
@@ -646,6 +699,12 @@ impl ClientEndpoint {
         };
         let (to, first) = (x.to, x.first.clone());
         self.send_sealed(to, id, first);
+        self.send_seq += 1;
+        let seq = self.send_seq;
+        if let Some(x) = self.exchanges.get_mut(&id) {
+            x.sent_seq = seq;
+            x.sent_at = now;
+        }
         let rto = self.path(to).rto();
         self.timers.sent_with(id, now, rto);
         self.stats.sent += 1;
@@ -673,6 +732,9 @@ impl ClientEndpoint {
                 if let Some(x) = self.exchanges.remove(&id) {
                     if let Some(Some(rtt)) = self.timers.answered_at(id, now) {
                         self.path(x.to).sample(rtt);
+                    }
+                    if !self.exchanges.is_empty() {
+                        self.detect_losses(now, x.to, x.sent_seq);
                     }
                 }
                 self.events
