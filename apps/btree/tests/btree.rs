@@ -159,6 +159,42 @@ fn check(key: u64, v: u64) -> u64 {
     seq
 }
 
+/// Writers in several threads (more than there are cores) insert into one tree at once: each
+/// write is optimistic (a CAS on the tree's write version), so every one of them lands, and
+/// none gives up.
+#[test]
+fn concurrent_writers_all_land() {
+    let config = BTreeConfig {
+        node_size: 256,
+        max_nodes: 16_384,
+    };
+    let c = Arc::new(cluster_with(config, ClusterConfig::functional()));
+    const WRITERS: u64 = 6;
+    const EACH: u64 = 1_500;
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let mut w = pinned(&c, config, Placement::Host);
+                for i in 0..EACH {
+                    let k = (i * WRITERS + t) * 7 + 1;
+                    w.insert(k, value_for(k, t)).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let mut r = pinned(&c, config, Placement::Host);
+    for t in 0..WRITERS {
+        for i in 0..EACH {
+            let k = (i * WRITERS + t) * 7 + 1;
+            assert_eq!(r.get(k).unwrap(), Some(value_for(k, t)), "key {k}");
+        }
+    }
+}
+
 #[test]
 fn readers_race_a_splitting_writer_at_every_placement() {
     let config = BTreeConfig {

@@ -69,9 +69,12 @@ pub(super) fn serve<P: DataPath>(
         }
     }
     let regions = inner.regions.clone();
-    let driven = executor::start(req, handler, path, vm, limits, clock, &mut |batch| {
-        apply_writes(&regions, batch)
-    });
+    let driven = {
+        let _one_writer = inner.owners.get(&req.app).map(|o| o.writer.lock());
+        executor::start(req, handler, path, vm, limits, clock, &mut |batch| {
+            apply_writes(&regions, batch)
+        })
+    };
     served(inner, req, driven, true)
 }
 
@@ -100,6 +103,9 @@ pub(super) fn resume_served<P: DataPath>(
     let clock = inner.clock.as_ref();
     let driven = if write {
         let regions = inner.regions.clone();
+        // A parked write left the lock while it waited: what it read before may be stale, and
+        // its batch's CAS on the layout's version then fails (a conflict), as it must.
+        let _one_writer = inner.owners.get(&req.app).map(|o| o.writer.lock());
         executor::resume(run, &req.args, path, vm, clock, &mut |batch| {
             apply_writes(&regions, batch)
         })

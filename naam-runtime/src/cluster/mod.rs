@@ -132,6 +132,46 @@ struct Owner {
     draining: AtomicBool,
     inflight: AtomicU32,
     epoch: AtomicU64,
+    /// Held while one of the app's writes runs a step and applies its batch. The layouts'
+    /// writes are optimistic against each other's *finished* batches (a CAS on a version,
+    /// then stores), not against a batch still being applied: one writer at a time per app,
+    /// whichever thread runs it (a client's own thread, any executor of the owner).
+    writer: WriterLock,
+}
+
+/// A spin lock for one app's writes: held for one write step and its batch (a microsecond or
+/// so), never across a torn-read backoff.
+#[derive(Default)]
+pub(super) struct WriterLock(AtomicBool);
+
+impl WriterLock {
+    /// Takes the lock, spinning briefly, then yielding the core to a holder that was
+    /// preempted.
+    pub(super) fn lock(&self) -> WriterGuard<'_> {
+        let mut spins = 0u32;
+        while self
+            .0
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        WriterGuard(&self.0)
+    }
+}
+
+/// Releases a [`WriterLock`] when dropped.
+pub(super) struct WriterGuard<'a>(&'a AtomicBool);
+
+impl Drop for WriterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 enum Dedup {
@@ -468,6 +508,7 @@ impl ClusterBuilder {
                     draining: AtomicBool::new(false),
                     inflight: AtomicU32::new(0),
                     epoch: AtomicU64::new(0),
+                    writer: WriterLock::default(),
                 },
             );
             dedup.insert(app.id, Mutex::new(DedupTable::default()));
