@@ -604,3 +604,46 @@ fn hostile_handlers_fault_cleanly_while_another_app_is_served() {
     assert!(ok > 10, "the other app was served only {ok} times");
     assert_eq!(victim, [0u8; 16], "the server's memory was not written");
 }
+
+/// A pipelined client keeps many requests in flight in one session: every one is answered
+/// with its own result, within the window the server granted; one more is refused at the
+/// client, not sent.
+#[test]
+fn a_pipelined_session_keeps_its_window_in_flight_and_gets_every_answer() {
+    use naam_proto::transport::Pipeline;
+    let shm = tempfile::tempdir().unwrap();
+    let h = host(shm.path());
+    let mut c = client(h.addr, Some(Placement::Host));
+    let window = c.window();
+    assert_eq!(window, naam_proto::limits::SESSION_CREDIT as usize);
+    let mut expected = std::collections::HashMap::new();
+    for n in 0..window as u64 {
+        let id = c
+            .submit(APP, handler_id("add"), &words(&[n, 1000]), &[])
+            .unwrap();
+        expected.insert(id, n + 1000);
+    }
+    assert!(
+        matches!(
+            c.submit(APP, handler_id("add"), &words(&[1, 1]), &[]),
+            Err(naam_proto::transport::ClientError::Busy(_))
+        ),
+        "past the window"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !expected.is_empty() {
+        assert!(Instant::now() < deadline, "{} unanswered", expected.len());
+        for (id, r) in c.poll(true) {
+            let r = r.unwrap();
+            let want = expected
+                .remove(&id)
+                .expect("an answer to a submitted request");
+            assert_eq!(
+                (r.status, &r.payload[..]),
+                (Status::Ok, &words(&[want])[..])
+            );
+        }
+    }
+    assert_eq!(c.in_flight(), 0);
+    assert!(c.transport_counts().sent >= window as u64);
+}

@@ -175,6 +175,56 @@ fn check_value(key: &[u8], v: &[u8], len: usize) -> u64 {
     seq
 }
 
+/// Writers in more threads than there are cores rewrite their own keys at once, in an index of
+/// 16 buckets (so their writes meet in buckets all the time) over a log that never wraps: the
+/// owner runs one write of the app at a time, whichever thread brings it, so every key ends
+/// with its last value.
+#[test]
+fn concurrent_writers_lose_nothing() {
+    let config = MicaConfig {
+        buckets: 16,
+        log_items: 16_384,
+        ..MicaConfig::preset_16_64(64)
+    };
+    let c = Arc::new(cluster_with(config, ClusterConfig::functional()));
+    const WRITERS: usize = 6;
+    const KEYS: usize = 8;
+    const ROUNDS: u64 = 300;
+    let name = |t: usize, i: usize| format!("w{t}-{i}").into_bytes();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|t| {
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let mut w = pinned(&c, config, Placement::Host);
+                for seq in 1..=ROUNDS {
+                    for i in 0..KEYS {
+                        let k = name(t, i);
+                        w.put(&k, &value_for(&k, seq, 24)).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let mut r = pinned(&c, config, Placement::Host);
+    for t in 0..WRITERS {
+        for i in 0..KEYS {
+            let k = name(t, i);
+            let v = r.get(&k).unwrap().unwrap_or_else(|| {
+                panic!("{} was acknowledged and lost", String::from_utf8_lossy(&k))
+            });
+            assert_eq!(
+                check_value(&k, &v, 24),
+                ROUNDS,
+                "{}",
+                String::from_utf8_lossy(&k)
+            );
+        }
+    }
+}
+
 #[test]
 fn readers_at_every_placement_never_see_torn_values() {
     let config = MicaConfig::preset_16_64(64 * 1024);
@@ -525,4 +575,46 @@ fn error_codes_have_names() {
     assert_eq!(naam_mica::error_name(APP_BASE + 2), "mica:not-found");
     assert_eq!(naam_mica::error_name(APP_BASE + 9), "app(9)");
     assert_eq!(naam_mica::error_name(OUT_OF_BOUNDS), "out-of-bounds");
+}
+
+/// The pipelined client: puts, a multi-get of present and absent keys, and field patches, all
+/// in flight together; the same answers as one at a time.
+#[test]
+fn a_pipeline_and_a_multi_get_answer_as_single_calls_do() {
+    use naam_mica::{MicaDone, MicaPipeline};
+    use naam_proto::transport::Immediate;
+    let config = MicaConfig::preset_16_64(1_000);
+    let c = cluster_with(config, ClusterConfig::functional());
+    let handle = MicaHandle::from_cluster(&c, APP, config).unwrap();
+    let mut p = MicaPipeline::new(Immediate::new(c.client()), handle);
+    for k in 0..40u8 {
+        p.put(k as u64, &key(k), &value_for(&key(k), 1, 32))
+            .unwrap();
+    }
+    let mut done = 0;
+    while done < 40 {
+        for (tag, r) in p.poll(true) {
+            assert_eq!(r.unwrap(), MicaDone::Put(false), "key {tag} is new");
+            done += 1;
+        }
+    }
+    let keys: Vec<Vec<u8>> = (0..50u8).map(key).collect();
+    let refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+    let values = p.multi_get(&refs).unwrap();
+    for (i, (k, v)) in keys.iter().zip(&values).enumerate() {
+        if i < 40 {
+            assert_eq!(v.as_deref(), Some(&value_for(k, 1, 32)[..]));
+        } else {
+            assert_eq!(*v, None, "absent key");
+        }
+    }
+    p.rmw_field(7, &key(3), 0, b"PATCH").unwrap();
+    let got = p.poll(true);
+    assert!(
+        matches!(&got[..], [(7, Ok(MicaDone::Patched(Some(_))))]),
+        "{got:?}"
+    );
+    let values = p.multi_get(&[&key(3)]).unwrap();
+    assert_eq!(&values[0].as_deref().unwrap()[..5], b"PATCH");
+    assert_eq!(p.in_flight(), 0);
 }

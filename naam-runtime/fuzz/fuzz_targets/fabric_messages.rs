@@ -1,12 +1,13 @@
 //! Arbitrary bytes as every message the UDP fabric's processes accept from the network: a
 //! one-sided operation (decoded, then executed by the agent against real regions), a one-sided
-//! completion, a control message, a forwarded request, a sealed envelope. Nothing may panic;
+//! completion, a control message, a forwarded request (either form), a batch of coalesced
+//! messages, a sealed envelope. Nothing may panic;
 //! the agent's answer must always encode, and no input opens under a key it was not sealed
 //! with.
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use naam_proto::control::{unforward, Control};
+use naam_proto::control::{unforward, unforward_any, Control};
 use naam_proto::onesided::{Completion, Operation};
 use naam_runtime::onesided::execute;
 use naam_runtime::{RegionMemory, RegionTable, ALL_RIGHTS, READ_ONLY};
@@ -24,6 +25,10 @@ fuzz_target!(|data: &[u8]| {
     let _ = Completion::decode(b.clone());
     let _ = Control::decode(data);
     let _ = unforward(&b);
+    let _ = unforward_any(&b);
+    if let Ok(parts) = naam_proto::batch::split(&b) {
+        assert!(parts.iter().all(|p| !p.is_empty()), "a batch of empty messages");
+    }
     let _ = naam_proto::session::peek_sealed(data);
     let key = naam_proto::session::SessionKey::new(1, 1, [7; 32]);
     assert!(key.open(&b).is_err(), "a forgery opened");

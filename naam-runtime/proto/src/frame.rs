@@ -577,6 +577,61 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn the_timeout_follows_the_round_trips_within_its_bounds() {
+        let mut e = RttEstimator::new(20_000_000, 50_000, 1_000_000_000);
+        assert_eq!(
+            e.rto(),
+            20_000_000,
+            "before any sample: the initial timeout"
+        );
+        e.sample(100_000);
+        // First sample: srtt = r, rttvar = r / 2: rto = r + 4 r / 2.
+        assert_eq!((e.smoothed(), e.rto()), (Some(100_000), 300_000));
+        for _ in 0..200 {
+            e.sample(100_000);
+        }
+        assert_eq!(
+            e.rto(),
+            100_000,
+            "steady round trips: the variation dies out"
+        );
+        for _ in 0..200 {
+            e.sample(10_000);
+        }
+        assert_eq!(e.rto(), 50_000, "never below the floor");
+        e.sample(10_000_000_000);
+        assert_eq!(e.rto(), 1_000_000_000, "never above the ceiling");
+    }
+
+    #[test]
+    fn an_exchange_is_resent_until_its_patience_is_spent() {
+        let mut r = Retransmit::new(1_000, 3)
+            .with_patience(100_000)
+            .with_max_backoff(8_000);
+        r.sent_with(7, 0, 1_000);
+        let mut resends = 0;
+        let now = loop {
+            let now = r.next_deadline().expect("armed");
+            match r.poll(now).first() {
+                Some((7, Timeout::Resend(_))) => resends += 1,
+                Some((7, Timeout::GiveUp)) => break now,
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(now >= 100_000, "given up only after its patience: {now}");
+        assert!(resends > 3, "resent past its attempts meanwhile: {resends}");
+        // Found lost early: one more attempt, rearmed; not for one that is not outstanding.
+        r.sent_with(8, now, 1_000);
+        assert!(r.resent_early(8, now + 10));
+        assert!(!r.resent_early(9, now + 10));
+        assert_eq!(
+            r.answered_at(8, now + 20),
+            Some(None),
+            "a resent exchange gives no sample"
+        );
+    }
+
     fn reassemble(frags: Vec<Bytes>) -> Option<Bytes> {
         let mut r = Reassembler::<u8>::new(8, 1 << 20, 1_000);
         let mut out = None;

@@ -16,6 +16,7 @@ use naam_proto::endpoint::{
     NicConfig, NicEndpoint, NicEvent, Routed, ServerConfig, ServerEndpoint, SwitchHandle, Transmit,
     VerbsAcceptor,
 };
+use naam_proto::limits;
 use naam_proto::onesided::{Completion, Operation};
 use naam_proto::session::{tenant_entries, CookieJar, Credential};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
@@ -59,6 +60,9 @@ struct ModelHost {
     retried: u64,
     /// Reads go to the NIC (the host is congested).
     congested: bool,
+    /// Requests are run where they arrive and answered through the endpoint (naam-server's
+    /// run to completion), not on the channel by "executors".
+    inline: bool,
     nic_up: bool,
     next_client: u32,
 }
@@ -110,6 +114,9 @@ impl HostBackend for ModelHost {
         } else {
             self.reply(&req)
         };
+        if self.inline {
+            return Routed::Answered(r);
+        }
         self.outbox.push(reply_to.reply(&r));
         Routed::Queued(Placement::Host)
     }
@@ -542,6 +549,138 @@ fn under_heavy_loss_every_write_is_answered_and_applied_once() {
             "resends carry RETRY"
         );
     }
+}
+
+/// Datagrams delivered to `to` so far.
+fn delivered(w: &World, to: SocketAddr) -> u64 {
+    w.net.delivered.get(&to).copied().unwrap_or(0)
+}
+
+#[test]
+fn a_pipelined_sessions_requests_and_answers_share_datagrams() {
+    let mut w = World::new(21);
+    w.server.backend_mut().inline = true;
+    w.client.set_datagram_payload(8948);
+    w.server.set_datagram_payload(8948);
+    w.connected();
+    let (to_server, to_client) = (delivered(&w, server_addr()), delivered(&w, client_addr()));
+    // Ten requests submitted together: one datagram there, one back.
+    let ids: Vec<u64> = (0..10).map(|_| w.call(INCREMENT)).collect();
+    w.run_until(60_000 * MS, |w| {
+        ids.iter().all(|id| w.outcome(*id).is_some())
+    });
+    let counters: Vec<u64> = ids
+        .iter()
+        .map(|id| counter(&Reply::decode(w.outcome(*id).unwrap().unwrap()).unwrap()))
+        .collect();
+    assert_eq!(
+        counters,
+        (1..=10).collect::<Vec<_>>(),
+        "answered in order, once each"
+    );
+    assert_eq!(
+        delivered(&w, server_addr()) - to_server,
+        1,
+        "requests coalesced"
+    );
+    assert_eq!(
+        delivered(&w, client_addr()) - to_client,
+        1,
+        "answers coalesced"
+    );
+    assert_eq!(w.server.stats().batches, 1);
+    // A datagram too small for two answers sends them one by one, still answered.
+    w.server.set_datagram_payload(64);
+    let more: Vec<u64> = (0..3).map(|_| w.call(READ)).collect();
+    w.run_until(60_000 * MS, |w| {
+        more.iter().all(|id| w.outcome(*id).is_some())
+    });
+    assert!(more.iter().all(|id| w.outcome(*id).unwrap().is_ok()));
+}
+
+#[test]
+fn a_pipelined_window_under_loss_applies_every_write_once_and_resends_early() {
+    for seed in [31, 32, 33] {
+        let mut w = World::new(seed);
+        w.server.backend_mut().inline = true;
+        // One message a datagram, so that each loss is one exchange's.
+        w.client.set_datagram_payload(64);
+        w.server.set_datagram_payload(64);
+        w.connected();
+        // Round trips measured first: the timeout is then the estimate, not the initial 20 ms.
+        for _ in 0..20 {
+            w.roundtrip(READ).expect("answered");
+        }
+        let rto_floor = w.client.rtt().expect("measured");
+        w.net.loss = 0.2;
+        let start = w.now;
+        let ids: Vec<u64> = (0..60).map(|_| w.call(INCREMENT)).collect();
+        w.run_until(60_000 * MS, |w| {
+            ids.iter().all(|id| w.outcome(*id).is_some())
+        });
+        assert!(
+            ids.iter().all(|id| w.outcome(*id).unwrap().is_ok()),
+            "seed {seed}"
+        );
+        let host = w.server.backend();
+        assert_eq!(host.counter, 60, "seed {seed}");
+        assert!(
+            host.applied.values().all(|&n| n == 1),
+            "seed {seed}: once each"
+        );
+        assert!(
+            w.client.stats().resends > 0,
+            "seed {seed}: losses were repaired"
+        );
+        // Repaired within a few estimated round trips, not the initial 20 ms timeout.
+        assert!(
+            w.now - start < 20 * MS,
+            "seed {seed}: {} ns (srtt {rto_floor} ns)",
+            w.now - start
+        );
+    }
+}
+
+#[test]
+fn a_session_flooding_past_busy_is_muted_and_others_are_heard() {
+    let mut w = World::new(41);
+    w.connected();
+    // Sealed requests straight to the server, none run in between: past the session's
+    // credit they are refused, and far past it the session goes unheard for a while.
+    let req = Request::for_call(APP, READ, 0, b"", &[]).expect("small");
+    for i in 0..(limits::SESSION_CREDIT as u64 + limits::FLOOD_MIN_REFUSALS as u64 + 50) {
+        let mut r = req.clone();
+        r.request_id = 1_000 + i;
+        let sealed = w.client.seal(&r.to_bytes().expect("encodes"));
+        w.server.handle(w.now, client_addr(), sealed);
+    }
+    let s = w.server.stats();
+    assert_eq!(s.over_credit, limits::FLOOD_MIN_REFUSALS as u64 + 1);
+    assert!(s.flood_drops > 0, "{s:?}");
+    // The admitted ones run; after the mute the session is heard again.
+    w.server.run(usize::MAX);
+    w.now += limits::FLOOD_MUTE + MS;
+    w.server.handle_timeout(w.now);
+    while w.server.poll_transmit().is_some() {}
+    assert_eq!(counter(&w.roundtrip(READ).expect("heard again")), 0);
+}
+
+#[test]
+fn strangers_are_rate_limited_before_any_work() {
+    let mut w = World::new(43);
+    let stranger = addr("10.9.9.9:1");
+    let hello = Control::Hello {
+        tenant: "counter".into(),
+        nonce: [7; 32],
+    }
+    .to_bytes(1);
+    for _ in 0..1_000 {
+        w.server.handle(w.now, stranger, hello.clone());
+    }
+    assert!(w.server.stats().stranger_drops >= 1_000 - limits::STRANGER_BURST_PER_IP as u64);
+    // Another address still gets its session.
+    w.connected();
+    assert_eq!(counter(&w.roundtrip(READ).expect("answered")), 0);
 }
 
 #[test]
