@@ -945,3 +945,25 @@ mod hostile {
         }
     }
 }
+
+/// Reads a pipelined session sends together are forwarded together: the server coalesces
+/// the forwards into one datagram in the NIC's session, and the NIC takes each of them.
+#[test]
+fn forwards_that_share_a_datagram_all_reach_the_nic() {
+    let mut w = World::new(41);
+    w.connected();
+    w.start_nic();
+    w.server.backend_mut().congested = true;
+    let before = w.server.stats().batches;
+    let ids: Vec<u64> = (0..6).map(|_| w.call(READ)).collect();
+    for id in ids {
+        let r = w.reply(id).expect("answered");
+        assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
+    }
+    assert_eq!(w.server.stats().forwarded, 6);
+    assert!(
+        w.server.stats().batches > before,
+        "the forwards were coalesced"
+    );
+    assert_eq!(w.nic.as_ref().map(|n| n.stats().malformed), Some(0));
+}

@@ -564,6 +564,28 @@ impl<B: NicBackend> NicEndpoint<B> {
             }
         };
         let pairing_key = key.clone();
+        if MessageKind::peek(&inner) == Some(MessageKind::Batch) {
+            // Several forwards (or announcements) the server had ready together.
+            match crate::batch::split(&inner) {
+                Ok(members) => {
+                    for m in members {
+                        // Batches do not nest.
+                        if MessageKind::peek(&m) == Some(MessageKind::Batch) {
+                            self.stats.malformed += 1;
+                        } else {
+                            self.server_member(now, &pairing_key, m);
+                        }
+                    }
+                }
+                Err(_) => self.stats.malformed += 1,
+            }
+            return;
+        }
+        self.server_member(now, &pairing_key, inner);
+    }
+
+    /// One message of the server's, opened (alone in its envelope, or one of a batch).
+    fn server_member(&mut self, now: Nanos, pairing_key: &Arc<SessionKey>, inner: Bytes) {
         match MessageKind::peek(&inner) {
             Some(MessageKind::Forward) => match control::unforward_any(&inner) {
                 Ok(control::Forwarded::Sealed(client)) => {
@@ -600,7 +622,7 @@ impl<B: NicBackend> NicEndpoint<B> {
                     },
                 )) => {
                     self.asked.remove(&session);
-                    let Some(k) = SessionKey::unwrap(&pairing_key, session, tenant_tag, &key)
+                    let Some(k) = SessionKey::unwrap(pairing_key, session, tenant_tag, &key)
                         .map(|k| k.with_authentication(self.config.authentication))
                     else {
                         self.stats.unauthenticated += 1;
