@@ -32,9 +32,16 @@ pub struct Config {
     /// Directory for shared-memory regions and the manifest (default `/dev/shm/naam`).
     #[serde(default = "default_shm")]
     pub shm_dir: PathBuf,
-    /// Host executor threads.
+    /// Host executor threads (they run what the receive loops queue: writes at their owner's
+    /// turn, and overload).
     #[serde(default = "one")]
     pub host_executors: usize,
+    /// Receive loops: sockets on the listen address in one `SO_REUSEPORT` group, each with a
+    /// run-to-completion loop of its own and its shard of the sessions, routed to it by the
+    /// kernel (at most [`naam_runtime::proto::limits::MAX_LOOPS`]); unset, one per core the
+    /// process may run on ([`Config::loops`]).
+    #[serde(default)]
+    pub receive_loops: Option<usize>,
     /// Steering: `auto`, or `host` / `nic` / `client` for a static baseline.
     #[serde(default = "auto")]
     pub policy: String,
@@ -265,6 +272,16 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The receive loops the server runs: the configured number, else one per core it may
+    /// run on (at most [`naam_runtime::proto::limits::MAX_LOOPS`]).
+    pub fn loops(&self) -> usize {
+        self.receive_loops.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(naam_runtime::proto::limits::MAX_LOOPS)
+        })
+    }
+
     /// The datagram size the server sends: the configured one, else the listen address's
     /// path's.
     pub fn datagram_size(&self) -> usize {
@@ -431,6 +448,10 @@ impl Config {
         }
         if c.host_executors == 0 {
             return bad("host_executors must be at least 1".into());
+        }
+        let max_loops = naam_runtime::proto::limits::MAX_LOOPS;
+        if let Some(n) = c.receive_loops.filter(|n| !(1..=max_loops).contains(n)) {
+            return bad(format!("receive_loops must be 1 to {max_loops}, not {n}"));
         }
         if c.queue_capacity == 0 {
             return bad("queue_capacity must be at least 1".into());
@@ -811,6 +832,14 @@ mod tests {
                 "past the last app id",
             ),
             ("listen = \"127.0.0.1:1\"\ncolour = 1\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"", "colour"),
+            (
+                "listen = \"127.0.0.1:1\"\nreceive_loops = 0\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"",
+                "receive_loops must be 1 to 64, not 0",
+            ),
+            (
+                "listen = \"127.0.0.1:1\"\nreceive_loops = 65\n[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"",
+                "receive_loops must be 1 to 64, not 65",
+            ),
         ] {
             let e = Config::parse(text).unwrap_err().to_string();
             assert!(e.contains(needle), "{text}: {e}");

@@ -6,10 +6,14 @@
 //! Fragment header (little-endian):
 //! ```text
 //!  0 u32 magic "NAAM"        4 u8 version (1)       5 u8 fragment index   6 u8 fragment count
-//!  7 u8  reserved (0)        8 u64 message id      16 u16 message length  18 u16 fragment offset
+//!  7 u8  route               8 u64 message id      16 u16 message length  18 u16 fragment offset
 //! 20 u16 fragment length    22 u16 reserved (0)
 //! 24 fragment bytes
 //! ```
+//!
+//! The route ([`ROUTE`]) names the receive loop of a sharded server that takes every
+//! fragment of the message ([`crate::shard`]): its session's, or 0 for none. It is a hint for
+//! delivery only; nothing is trusted on it.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -29,6 +33,8 @@ pub const HEADER: usize = 24;
 pub const MAX_FRAGMENTS: usize = 64;
 /// Smallest datagram payload the framing accepts (IPv4's minimum reassembly size less headers).
 pub const MIN_DATAGRAM: usize = 512;
+/// Offset of the route byte in the fragment header (a kernel filter reads it there).
+pub const ROUTE: usize = 7;
 
 /// Why a datagram or a message was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,6 +78,8 @@ pub struct Fragment {
     pub total: u16,
     /// Where `data` starts in the message.
     pub offset: u16,
+    /// The receive loop it was routed to ([`crate::shard`]); 0: none.
+    pub route: u8,
     /// This fragment's part of the message: bytes `offset..offset + data.len()`.
     pub data: Bytes,
 }
@@ -98,7 +106,7 @@ impl Fragment {
         let mut id = [0u8; 8];
         id.copy_from_slice(&d[8..16]);
         let (total, offset, len) = (u16_at(16), u16_at(18), u16_at(20));
-        if d[7] != 0 || u16_at(22) != 0 {
+        if u16_at(22) != 0 {
             return Err(FrameError::Header("reserved bytes are not zero"));
         }
         if count == 0 || count as usize > MAX_FRAGMENTS || index >= count {
@@ -144,6 +152,7 @@ impl Fragment {
             count,
             total,
             offset,
+            route: d[ROUTE],
             data: datagram.slice(HEADER..),
         })
     }
@@ -159,12 +168,14 @@ pub struct Piece {
 }
 
 /// The fragments of a `len`-byte message with id `message` in datagrams of at most
-/// `datagram` bytes, as headers and ranges (a driver sends each header and range with one
-/// scatter-gather entry each, copying nothing).
+/// `datagram` bytes, each routed to `route` ([`crate::shard::route_of`]), as headers and
+/// ranges (a driver sends each header and range with one scatter-gather entry each, copying
+/// nothing).
 pub fn pieces(
     message: u64,
     len: usize,
     datagram: usize,
+    route: u8,
 ) -> Result<impl Iterator<Item = Piece>, FrameError> {
     if len > MAX_MESSAGE {
         return Err(FrameError::TooLarge(len));
@@ -185,6 +196,7 @@ pub fn pieces(
         h[4] = VERSION;
         h[5] = index as u8;
         h[6] = count as u8;
+        h[ROUTE] = route;
         h[8..16].copy_from_slice(&message.to_le_bytes());
         h[16..18].copy_from_slice(&(len as u16).to_le_bytes());
         h[18..20].copy_from_slice(&(start as u16).to_le_bytes());
@@ -196,9 +208,11 @@ pub fn pieces(
     }))
 }
 
-/// Splits `message` into datagrams of at most `datagram` bytes each.
+/// Splits `message` into datagrams of at most `datagram` bytes each, routed to its session's
+/// receive loop ([`crate::shard::route_of`]).
 pub fn fragment(message: u64, bytes: &[u8], datagram: usize) -> Result<Vec<Bytes>, FrameError> {
-    Ok(pieces(message, bytes.len(), datagram)?
+    let route = crate::shard::route_of(bytes);
+    Ok(pieces(message, bytes.len(), datagram, route)?
         .map(|p| {
             let mut b = BytesMut::with_capacity(HEADER + p.range.len());
             b.put_slice(&p.header);
@@ -681,7 +695,11 @@ mod tests {
         assert!(matches!(bad(&|v| v[0] = b'X'), FrameError::Magic(_)));
         assert_eq!(bad(&|v| v[4] = 9), FrameError::Version(9));
         assert!(matches!(bad(&|v| v[5] = 1), FrameError::Header(_)));
-        assert!(matches!(bad(&|v| v[7] = 1), FrameError::Header(_)));
+        assert!(matches!(bad(&|v| v[22] = 1), FrameError::Header(_)));
+        // Any route is a valid route: it only picks a receive loop.
+        let mut routed = good.to_vec();
+        routed[ROUTE] = 0xa5;
+        assert_eq!(Fragment::decode(Bytes::from(routed)).unwrap().route, 0xa5);
         assert!(matches!(
             bad(&|v| v.truncate(HEADER + 2)),
             FrameError::Truncated { .. }

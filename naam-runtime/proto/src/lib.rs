@@ -17,6 +17,8 @@
 //! - [`dedup`]: answers to recent mutations, so retransmissions are not applied twice;
 //! - [`frame`]: datagram framing (fragments, bounded reassembly, retransmission timers);
 //! - [`session`]: credentials, the handshake, sealed envelopes, replay windows, sessions;
+//! - [`shard`]: sessions sharded over a server's receive loops, and the route that takes a
+//!   datagram to its session's loop;
 //! - [`peek`]: a message's kind and id read without decoding it (matching answers);
 //! - [`Placement`]: where a message's steps run (client, NIC, host);
 //! - [`steering`]: load signals and the policies that turn them into weights;
@@ -37,6 +39,7 @@ pub mod onesided;
 pub mod peek;
 mod placement;
 pub mod session;
+pub mod shard;
 pub mod steering;
 pub mod step;
 pub mod transport;

@@ -66,3 +66,7 @@ pub const STRANGER_RATE_PER_IP: f64 = 500.0;
 pub const STRANGER_BURST_PER_IP: f64 = 128.0;
 /// IP addresses whose stranger budget is tracked at once (the table starts afresh when full).
 pub const STRANGER_IPS: usize = 4096;
+
+/// Receive loops one server may run (one socket each in an `SO_REUSEPORT` group, sessions
+/// sharded over them by the low byte of their ids: [`crate::shard`]).
+pub const MAX_LOOPS: usize = 64;

@@ -6,6 +6,8 @@
 //! - the socket, the thin IO layer (`sendmmsg` / `recvmmsg`, fragmentation and reassembly):
 //!   [`Socket`], [`Sender`], loss injection ([`injected_loss_from_env`]); bound in a
 //!   [`MemoryNet`] instead, the same fabric runs inside one process with no network;
+//! - one socket per receive loop on one address, sessions routed by the kernel
+//!   ([`bind_group`]);
 //! - the control messages it carries (manifest, hello, weights, NIC load reports, forwarded
 //!   requests) are naam-proto's [`naam_proto::control`];
 //! - `naam-server`'s driver, the host executors behind the user-space switch: [`serve_host`];
@@ -21,6 +23,7 @@ mod deploy;
 mod inline;
 mod memnet;
 mod nic;
+mod reuseport;
 mod server;
 mod signal;
 mod socket;
@@ -33,7 +36,8 @@ pub use deploy::{
 };
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
 pub use nic::{serve_nic, serve_nic_inline, InlineNic, NicCluster, NicOptions, Remap};
-pub use server::{serve_host, serve_host_inline, InlineServer, ServerOptions};
+pub use reuseport::bind_group;
+pub use server::{serve_host, serve_host_inline, serve_host_loops, InlineServer, ServerOptions};
 pub use signal::stop_flag;
 pub use socket::{
     datagram_for, injected_loss_from_env, parse_loss, Sender, Socket, SocketStats,

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,8 +17,9 @@ use super::socket::{Poller, Sender, Socket};
 use crate::cluster::{Cluster, HereRunner};
 use crate::{Clock, SystemClock};
 use naam_proto::control::Manifest;
-use naam_proto::endpoint::{HostBackend, Routed, ServerConfig, ServerEndpoint};
+use naam_proto::endpoint::{HostBackend, Routed, ServerConfig, ServerEndpoint, SessionDirectory};
 use naam_proto::session::{self, CookieJar, TenantEntry};
+use naam_proto::shard::Shard;
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_proto::wire::{Reply, Request};
 use naam_proto::Placement;
@@ -225,18 +226,40 @@ impl HostBackend for ClusterHost {
     }
 }
 
+/// What one receive loop of naam-server is, among its loops: its shard of the sessions, and
+/// what all of them share (the session directory, the cookie key).
+struct LoopPlace {
+    shard: Shard,
+    directory: Arc<SessionDirectory>,
+    cookies: CookieJar,
+}
+
+impl LoopPlace {
+    /// The only loop of a server.
+    fn sole() -> std::io::Result<LoopPlace> {
+        Ok(LoopPlace {
+            shard: Shard::SOLE,
+            directory: SessionDirectory::new(),
+            cookies: CookieJar::new().map_err(|e| invalid(e.to_string()))?,
+        })
+    }
+}
+
+fn invalid(e: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, e)
+}
+
 /// naam-server's endpoint over `cluster`, whose executors send replies with `replies`, for a
-/// driver bound at `local`.
+/// driver bound at `local`, as receive loop `place`.
 fn host_endpoint(
     cluster: Arc<Cluster>,
     replies: Sender,
     options: &ServerOptions,
     local: SocketAddr,
     now: Nanos,
+    place: LoopPlace,
 ) -> std::io::Result<ServerEndpoint<ClusterHost>> {
-    let invalid = |e: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
     options.authentication.check_scope(local).map_err(invalid)?;
-    let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
     let host = ClusterHost {
         runner: Some(cluster.here_runner(Placement::Host)),
         cluster,
@@ -247,12 +270,14 @@ fn host_endpoint(
     let mut config = ServerConfig::new(options.manifest.clone(), options.tenants.clone());
     config.authentication = options.authentication;
     config.congestion_control = options.congestion_control;
+    config.shard = place.shard;
+    config.directory = place.directory;
     // The requests waiting for their turn are the host's queue: its capacity bounds the
     // credits.
     let capacity = host.cluster.config().queue_capacity.min(u32::MAX as usize) as u32;
     config.session_credit = config.session_credit.min(capacity).max(1);
     config.tenant_credit = config.tenant_credit.min(capacity).max(1);
-    ServerEndpoint::new(config, host, cookies, now).map_err(|e| invalid(e.to_string()))
+    ServerEndpoint::new(config, host, place.cookies, now).map_err(|e| invalid(e.to_string()))
 }
 
 /// Runs the host driver on `socket` until `stop` is set, then drains: new requests get
@@ -260,13 +285,111 @@ fn host_endpoint(
 /// with one of `options.tenants`' credentials are served.
 pub fn serve_host(
     cluster: Arc<Cluster>,
-    mut socket: Socket,
+    socket: Socket,
     options: ServerOptions,
     stop: &AtomicBool,
 ) -> std::io::Result<ServerStats> {
+    serve_host_loops(cluster, vec![socket], options, stop)
+}
+
+/// Runs one host driver loop per socket of `sockets`, each on a thread of its own (the first
+/// on the caller's), until `stop` is set, then drains them (see [`serve_host`]). The sockets
+/// are a [`super::bind_group`] on one address: loop `i` sets up and serves the sessions of
+/// shard `i`, which the kernel routes to socket `i`; the loops share the cluster, the paired
+/// NIC and the cookie key, and nothing else on a request's path. Returns every loop's
+/// counters, summed.
+pub fn serve_host_loops(
+    cluster: Arc<Cluster>,
+    sockets: Vec<Socket>,
+    options: ServerOptions,
+    stop: &AtomicBool,
+) -> std::io::Result<ServerStats> {
+    let shards = Shard::all(sockets.len()).map_err(|e| invalid(e.to_string()))?;
+    let directory = SessionDirectory::new();
+    let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
+    let published = Arc::new(Mutex::new(vec![Vec::new(); sockets.len()]));
+    let run = |(socket, shard): (Socket, Shard)| {
+        let place = LoopPlace {
+            shard,
+            directory: directory.clone(),
+            cookies: cookies.clone(),
+        };
+        let counters = LoopCounters {
+            index: shard.index(),
+            all: published.clone(),
+        };
+        run_host_loop(cluster.clone(), socket, &options, stop, place, counters)
+    };
+    let mut work = sockets.into_iter().zip(shards);
+    let first = work
+        .next()
+        .ok_or_else(|| invalid("no socket to serve on".into()))?;
+    std::thread::scope(|scope| {
+        let others: Vec<_> = work
+            .map(|w| {
+                let name = format!("naam-loop-{}", w.1.index());
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn_scoped(scope, || run(w))
+            })
+            .collect::<std::io::Result<_>>()?;
+        let mut total = run(first)?;
+        for t in others {
+            let stats = t
+                .join()
+                .map_err(|_| std::io::Error::other("a receive loop panicked"))??;
+            total += stats;
+        }
+        Ok(total)
+    })
+}
+
+/// Counters as `(name, help, value)`.
+type Counters = Vec<(&'static str, &'static str, u64)>;
+
+/// Where the receive loops publish their counters: each its own slot; the published series
+/// are the sums.
+struct LoopCounters {
+    index: usize,
+    all: Arc<Mutex<Vec<Counters>>>,
+}
+
+impl LoopCounters {
+    /// Records this loop's counters and publishes every loop's, summed by name.
+    fn publish(&self, telemetry: &super::telemetry::Telemetry, mine: Counters) {
+        let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
+        all[self.index] = mine;
+        let mut sum: Counters = Vec::new();
+        for (name, help, value) in all.iter().flatten() {
+            match sum.iter_mut().find(|(n, _, _)| n == name) {
+                Some(s) => s.2 += value,
+                None => sum.push((name, help, *value)),
+            }
+        }
+        drop(all);
+        telemetry.publish_counters(sum);
+    }
+}
+
+/// One receive loop of naam-server (see [`serve_host_loops`]).
+fn run_host_loop(
+    cluster: Arc<Cluster>,
+    mut socket: Socket,
+    options: &ServerOptions,
+    stop: &AtomicBool,
+    place: LoopPlace,
+    counters: LoopCounters,
+) -> std::io::Result<ServerStats> {
     let clock = SystemClock::new();
     let local = socket.local_addr()?;
-    let mut endpoint = host_endpoint(cluster, socket.sender()?, &options, local, clock.now())?;
+    let mut endpoint = host_endpoint(
+        cluster,
+        socket.sender()?,
+        options,
+        local,
+        clock.now(),
+        place,
+    )?;
     endpoint.set_datagram_payload(socket.datagram() - naam_proto::frame::HEADER);
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
@@ -285,9 +408,9 @@ pub fn serve_host(
         }
         if Instant::now() >= next_publish {
             next_publish = Instant::now() + Duration::from_secs(1);
-            let mut counters = endpoint.stats().counters();
-            counters.extend(socket.stats().counters());
-            options.telemetry.publish_counters(counters);
+            let mut mine = endpoint.stats().counters();
+            mine.extend(socket.stats().counters());
+            counters.publish(&options.telemetry, mine);
         }
         // Block until a datagram or the next timer: an idle server wakes a few times a
         // second, not a thousand. With requests waiting, only look for new datagrams.
@@ -409,7 +532,9 @@ pub fn serve_host_inline(
         addr,
         options.telemetry.clone(),
         publish_every,
-        |local, replies, now| host_endpoint(cluster, replies, &options, local, now),
+        |local, replies, now| {
+            host_endpoint(cluster, replies, &options, local, now, LoopPlace::sole()?)
+        },
     )?;
     Ok(InlineServer {
         port,

@@ -36,7 +36,7 @@ pub fn datagram_for(addr: SocketAddr) -> usize {
     }
 }
 
-fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+pub(super) fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match addr {
@@ -673,7 +673,8 @@ fn send_messages(
     // Per fragment: its message's index in `batch`, its header and its range.
     let mut frags: Vec<(usize, naam_proto::frame::Piece)> = Vec::new();
     for (m, (peer, id, bytes)) in batch.iter().enumerate() {
-        match naam_proto::frame::pieces(*id, bytes.len(), datagram) {
+        let route = naam_proto::shard::route_of(bytes);
+        match naam_proto::frame::pieces(*id, bytes.len(), datagram, route) {
             Ok(pieces) => frags.extend(pieces.map(|p| (m, p))),
             Err(_) => failed += 1,
         }

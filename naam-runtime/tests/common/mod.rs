@@ -153,6 +153,9 @@ pub(crate) fn operator_key() -> naam_proto::session::Credential {
     naam_proto::session::Credential::from_bytes([0x33; 32])
 }
 
+/// Receive loops of the test hosts.
+pub(crate) const HOST_LOOPS: usize = 2;
+
 /// A naam-server driver on loopback serving the examples object as apps `ids` from `shm`,
 /// all of tenant [`TENANT`]; `verbs` gives it an RDMA side once its cluster exists.
 pub(crate) fn udp_host(
@@ -195,7 +198,7 @@ pub(crate) fn udp_host_tenants(
         &std::sync::Arc<naam_runtime::cluster::Cluster>,
     ) -> Option<std::sync::Arc<dyn naam_proto::endpoint::VerbsAcceptor>>,
 ) -> Driver {
-    use naam_runtime::udp::{self, Socket};
+    use naam_runtime::udp;
     let bytes = std::fs::read(&examples().0).unwrap();
     let apps = tenants
         .iter()
@@ -217,8 +220,10 @@ pub(crate) fn udp_host_tenants(
         .collect();
     let (cluster, manifest) = udp::start_host(apps, config, shm).unwrap();
     let verbs = verbs(&cluster);
-    let socket = Socket::bind(at, 1472).unwrap();
-    let addr = socket.local_addr().unwrap();
+    // Two receive loops, as a deployment on two cores runs: every test over this host goes
+    // through the kernel's routing of sessions to loops and the loops' shared directory.
+    let sockets = udp::bind_group(at, 1472, HOST_LOOPS).unwrap();
+    let addr = sockets[0].local_addr().unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
     let thread = std::thread::spawn(move || {
@@ -226,7 +231,7 @@ pub(crate) fn udp_host_tenants(
         opts.drain = std::time::Duration::from_secs(1);
         opts.verbs = verbs;
         opts.congestion_control = congestion_control;
-        udp::serve_host(cluster, socket, opts, &s).unwrap();
+        udp::serve_host_loops(cluster, sockets, opts, &s).unwrap();
     });
     Driver {
         stop,

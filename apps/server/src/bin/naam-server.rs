@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser;
 use naam_runtime::cluster::ClusterConfig;
-use naam_runtime::udp::{self, Socket};
+use naam_runtime::udp;
 use naam_server::eswitch::{self, Eswitch};
 use naam_server::Config;
 use std::sync::Arc;
@@ -232,9 +232,12 @@ fn run(
     cc.queue_capacity = config.queue_capacity;
     cc.policy = config.policy()?;
     cc.executor_poll = Duration::from_micros(config.executor_poll_us);
-    let mut socket = Socket::bind(config.listen, config.datagram_size())
+    let mut sockets = udp::bind_group(config.listen, config.datagram_size(), config.loops())
         .with_context(|| format!("binding {}", config.listen))?;
-    socket.inject_loss(inject_loss);
+    for s in &mut sockets {
+        s.inject_loss(inject_loss);
+    }
+    let listening = sockets[0].local_addr()?;
     let (cluster, manifest) = udp::start_host(apps, cc, &config.shm_dir)?;
     let switch = attach_eswitch(config, &cluster, stop);
     let verbs = verbs_side(&cluster, &manifest);
@@ -247,9 +250,10 @@ fn run(
         tracing::info!("metrics at http://{bound}/metrics");
     }
     tracing::info!(
-        "serving {} app(s) on udp://{} ({}); regions and manifest in {}; policy {}",
+        "serving {} app(s) on udp://{} with {} receive loop(s) ({}); regions and manifest in {}; policy {}",
         manifest.apps.len(),
-        socket.local_addr()?,
+        listening,
+        sockets.len(),
         naam_runtime::udp::MODE,
         config.shm_dir.display(),
         cluster.policy_name()
@@ -261,7 +265,7 @@ fn run(
     options.verbs = verbs;
     options.congestion_control = config.allow_congestion_control;
     options.telemetry = telemetry;
-    let stats = udp::serve_host(cluster, socket, options, stop)?;
+    let stats = udp::serve_host_loops(cluster, sockets, options, stop)?;
     udp::cleanup(&config.shm_dir);
     tracing::info!(
         "stopped; {}",

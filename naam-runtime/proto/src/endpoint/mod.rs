@@ -10,15 +10,19 @@
 //!   a server restart, liveness), its request ids, and retransmission of every exchange
 //!   (requests, one-sided operations, control queries).
 //! - [`ServerEndpoint`]: the server's gatekeeper, its control plane and the user-space
-//!   switch, over a [`HostBackend`] that owns the executors.
+//!   switch, over a [`HostBackend`] that owns the executors; one per receive loop of a
+//!   server, its loops sharing a [`SessionDirectory`] (the paired NIC, every loop's tenant
+//!   sessions).
 //! - [`NicEndpoint`]: `naam-nic`'s pairing with the server, the client sessions it is told
 //!   about, one-sided operations, and requests for the NIC executors ([`NicBackend`]).
 
 mod client;
+mod directory;
 mod nic;
 mod server;
 
 pub use client::{ClientConfig, ClientEndpoint, ClientEvent, ConnectError, ExchangeError};
+pub use directory::SessionDirectory;
 pub use nic::{NicBackend, NicConfig, NicEndpoint, NicEvent, NicStats};
 pub use server::{
     error_reply, malformed, plausible_load, Channel, HostBackend, Routed, ServerConfig,

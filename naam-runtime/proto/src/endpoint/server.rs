@@ -15,6 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Serialize;
 
+use super::directory::{PairedNic, SessionDirectory, TenantSession};
 use super::Transmit;
 use crate::control::{
     self, AppManifest, Control, HandlerWeights, Manifest, ManifestError, QpEndpoint, RdmaRegion,
@@ -26,6 +27,7 @@ use crate::session::{
     within_amplification, CookieJar, Gatekeeper, HandshakeNonces, Role, SealError, Sealer,
     TenantEntry,
 };
+use crate::shard::Shard;
 use crate::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use crate::wire::{LoadFeedback, Reply, Request, Status};
 use crate::{frame, limits, Nanos, Placement};
@@ -234,8 +236,15 @@ pub struct ServerConfig {
     /// client keeps). More are answered `Busy` at once.
     pub session_credit: u32,
     /// Requests all sessions of one tenant may have waiting together: its sessions share one
-    /// fair share however many it opens. More are answered `Busy` at once.
+    /// fair share however many it opens. More are answered `Busy` at once. (Per receive loop:
+    /// each loop admits its own sessions.)
     pub tenant_credit: u32,
+    /// The receive loop this endpoint is ([`crate::shard`]): the sessions it sets up route
+    /// to it.
+    pub shard: Shard,
+    /// What it shares with the server's other receive loops; every loop's config holds the
+    /// same one.
+    pub directory: Arc<SessionDirectory>,
 }
 
 impl ServerConfig {
@@ -249,6 +258,8 @@ impl ServerConfig {
             congestion_control: false,
             session_credit: limits::SESSION_CREDIT,
             tenant_credit: limits::TENANT_CREDIT,
+            shard: Shard::SOLE,
+            directory: SessionDirectory::new(),
         }
     }
 }
@@ -429,6 +440,38 @@ pub struct ServerStats {
     pub stranger_drops: u64,
 }
 
+impl std::ops::AddAssign for ServerStats {
+    /// Adds another receive loop's counters.
+    fn add_assign(&mut self, o: ServerStats) {
+        let ServerStats {
+            host,
+            forwarded,
+            refused,
+            malformed,
+            control,
+            sessions,
+            unauthenticated,
+            amplification_drops,
+            over_credit,
+            batches,
+            flood_drops,
+            stranger_drops,
+        } = o;
+        self.host += host;
+        self.forwarded += forwarded;
+        self.refused += refused;
+        self.malformed += malformed;
+        self.control += control;
+        self.sessions += sessions;
+        self.unauthenticated += unauthenticated;
+        self.amplification_drops += amplification_drops;
+        self.over_credit += over_credit;
+        self.batches += batches;
+        self.flood_drops += flood_drops;
+        self.stranger_drops += stranger_drops;
+    }
+}
+
 impl ServerStats {
     /// The counters as `(name, help, value)`, for metrics.
     pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
@@ -587,8 +630,6 @@ pub struct ServerEndpoint<B> {
     pages: HashMap<String, Vec<Vec<AppManifest>>>,
     head: Manifest,
     stats: ServerStats,
-    /// The paired NIC: its session and where it takes forwarded requests.
-    nic: Option<(u64, SocketAddr)>,
     switch: Selector,
     draining: bool,
     /// Per session: its own view of the Client placement, fed by its own load reports.
@@ -622,7 +663,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
             }
         }
         let gate = Gatekeeper::new(config.manifest.epoch, config.tenants.clone(), cookies)
-            .with_authentication(config.authentication);
+            .with_authentication(config.authentication)
+            .with_shard(config.shard);
         Ok(ServerEndpoint {
             backend,
             gate,
@@ -633,7 +675,6 @@ impl<B: HostBackend> ServerEndpoint<B> {
             },
             config,
             stats: ServerStats::default(),
-            nic: None,
             switch: Selector::default(),
             draining: false,
             shares: HashMap::new(),
@@ -663,7 +704,16 @@ impl<B: HostBackend> ServerEndpoint<B> {
             self.dispatch(w);
             n += 1;
         }
+        if n > 0 {
+            self.publish_switched();
+        }
         n
+    }
+
+    /// Tells the other receive loops what this one's switch did.
+    fn publish_switched(&self) {
+        let (index, s) = (self.config.shard.index(), &self.stats);
+        self.config.directory.publish(index, s.host, s.forwarded);
     }
 
     /// Whether admitted requests wait for [`ServerEndpoint::run`].
@@ -735,8 +785,15 @@ impl<B: HostBackend> ServerEndpoint<B> {
         }
         self.next_expiry = now + EXPIRY_PERIOD;
         self.gate.expire(now);
-        let gate = &self.gate;
+        let (gate, shard, directory) = (&self.gate, self.config.shard, &self.config.directory);
         self.shares.retain(|sid, _| gate.session(*sid).is_some());
+        // This loop's sessions that are gone (expired, evicted) leave the directory.
+        directory.retain_tenants(|id| shard.owns(id), |id| gate.session(id).is_some());
+        if let Some(nic) = directory.nic() {
+            if shard.owns(nic.session) && gate.session(nic.session).is_none() {
+                directory.unpair(nic.session);
+            }
+        }
         self.floods
             .retain(|_, f| now < f.muted_until || now.saturating_sub(f.since) <= FLOOD_WINDOW);
     }
@@ -841,6 +898,14 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         let (sid, role, sealer) = (s.id, s.role.clone(), s.sealer.clone());
                         if self.gate.len() > before {
                             self.stats.sessions += 1;
+                            if let Role::Tenant { apps, .. } = &*role {
+                                let t = TenantSession {
+                                    peer,
+                                    apps: apps.clone(),
+                                    key: sealer.key().clone(),
+                                };
+                                self.config.directory.open(sid, t);
+                            }
                             self.announce(sid);
                         }
                         self.welcome(id, sid, &role, Channel { to: peer, sealer });
@@ -885,36 +950,37 @@ impl<B: HostBackend> ServerEndpoint<B> {
         self.send_on(&ch, id, w.to_bytes(id));
     }
 
+    /// The paired NIC, while it is up.
+    fn live_nic(&self) -> Option<PairedNic> {
+        self.config
+            .directory
+            .nic()
+            .filter(|_| self.backend.nic_up())
+    }
+
     /// The NIC's one-sided agent, while the NIC is up.
     fn agent(&self) -> Option<SocketAddr> {
-        self.nic.filter(|_| self.backend.nic_up()).map(|(_, a)| a)
+        self.live_nic().map(|n| n.agent)
     }
 
-    /// The NIC's channel, when one is paired.
+    /// The NIC's channel, when one is paired (its session may be another loop's).
     fn nic_channel(&self) -> Option<Channel> {
-        let (sid, _) = self.nic?;
-        let s = self.gate.session(sid)?;
-        Some(Channel {
-            to: s.peer,
-            sealer: s.sealer.clone(),
-        })
+        self.config.directory.nic().map(|n| n.channel)
     }
 
-    /// Tells the paired NIC about tenant session `sid` (or that it is gone).
+    /// Tells the paired NIC about tenant session `sid`, whichever loop holds it (or that it
+    /// is gone, or never was a tenant's).
     fn announce(&mut self, sid: u64) {
         let Some(nic) = self.nic_channel() else {
             return;
         };
-        let m = match self.gate.session(sid) {
-            Some(s) => match &*s.role {
-                Role::Tenant { apps, .. } => Control::SessionOpen {
-                    session: sid,
-                    tenant_tag: s.sealer.key().tenant_tag(),
-                    peer: s.peer,
-                    apps: apps.clone(),
-                    key: s.sealer.key().wrap(nic.sealer.key()),
-                },
-                _ => Control::SessionClosed { session: sid },
+        let m = match self.config.directory.tenant(sid) {
+            Some(t) => Control::SessionOpen {
+                session: sid,
+                tenant_tag: t.key.tenant_tag(),
+                peer: t.peer,
+                apps: t.apps,
+                key: t.key.wrap(nic.sealer.key()),
             },
             None => Control::SessionClosed { session: sid },
         };
@@ -1106,8 +1172,12 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 self.reply_on(&ch, &r);
             }
             Routed::Queued(_) => self.stats.host += 1,
-            Routed::Remote(req) => match self.nic_channel().zip(self.agent()) {
-                Some((nic, agent)) => {
+            Routed::Remote(req) => match self.live_nic() {
+                Some(PairedNic {
+                    channel: nic,
+                    agent,
+                    ..
+                }) => {
                     self.stats.forwarded += 1;
                     let f = match &forward {
                         ForwardAs::Sealed(sealed) => control::forward(sealed),
@@ -1179,25 +1249,22 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 if at.ip().is_unspecified() {
                     at.set_ip(ch.to.ip());
                 }
-                let fresh = self.nic.map(|(s, _)| s) != Some(sid);
-                self.nic = Some((sid, at));
+                let fresh = self.config.directory.pair(PairedNic {
+                    session: sid,
+                    agent: at,
+                    channel: ch.clone(),
+                });
                 self.backend.nic_load(&load);
                 if fresh {
-                    // A newly paired NIC learns every tenant session at once.
-                    let ids: Vec<u64> = self
-                        .gate
-                        .sessions()
-                        .filter(|s| matches!(*s.role, Role::Tenant { .. }))
-                        .map(|s| s.id)
-                        .collect();
-                    for s in ids {
+                    // A newly paired NIC learns every tenant session at once, every loop's.
+                    for s in self.config.directory.tenant_ids() {
                         self.announce(s);
                     }
                 }
                 None
             }
             (Control::NicBye, Role::Nic) => {
-                if self.nic.map(|(s, _)| s) == Some(sid) {
+                if self.config.directory.is_nic(sid) {
                     self.backend.nic_gone();
                 }
                 None
@@ -1332,9 +1399,11 @@ impl<B: HostBackend> ServerEndpoint<B> {
             (None, true) => Some(None),
             (None, false) => None,
         };
+        self.publish_switched();
+        let (host, nic) = self.config.directory.switched();
         let userspace = SwitchCounters {
-            host: self.stats.host,
-            nic: self.stats.forwarded,
+            host,
+            nic,
             fragmented: 0,
         };
         match self.backend.switch() {

@@ -5,7 +5,8 @@
 use super::*;
 
 /// Issues and checks address-validation cookies (stateless: a MAC under a key of this
-/// server process).
+/// server process; the receive loops of one server share it, cloned).
+#[derive(Clone)]
 pub struct CookieJar {
     pub(super) key: HmacSha256,
 }
@@ -189,7 +190,7 @@ pub enum HandshakeError {
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct SessionLimits {
-    /// Sessions per tenant at most (the oldest idle one is evicted first).
+    /// Sessions per tenant at most in one receive loop (the oldest idle one is evicted first).
     pub per_tenant: usize,
     /// Sessions idle this long are forgotten, nanoseconds.
     pub idle: Nanos,
@@ -214,6 +215,8 @@ pub struct Gatekeeper {
     pub(super) by_nonce: HashMap<[u8; NONCE_LEN], u64>,
     pub(super) limits: SessionLimits,
     pub(super) authentication: Authentication,
+    /// The receive loop it keeps sessions for: the ids it draws route to it.
+    pub(super) shard: crate::shard::Shard,
 }
 
 /// What [`Gatekeeper::open`] found in a sealed message.
@@ -236,7 +239,15 @@ impl Gatekeeper {
             by_nonce: HashMap::new(),
             limits: SessionLimits::default(),
             authentication: Authentication::On,
+            shard: crate::shard::Shard::SOLE,
         }
+    }
+
+    /// Keeps the sessions of receive loop `shard`: every id it draws routes there
+    /// ([`crate::shard`]).
+    pub fn with_shard(mut self, shard: crate::shard::Shard) -> Gatekeeper {
+        self.shard = shard;
+        self
     }
 
     /// Seals and opens the sessions it sets up with `authentication` (see [`Authentication`]).
@@ -323,7 +334,8 @@ impl Gatekeeper {
         let (role, credential) = (Arc::new(entry.role.clone()), entry.credential.clone());
         self.make_room(&role, now)?;
         let id = loop {
-            let id = random_u64().map_err(|e| HandshakeError::Random(e.to_string()))?;
+            let draw = random_u64().map_err(|e| HandshakeError::Random(e.to_string()))?;
+            let id = self.shard.session_id(draw);
             if !self.sessions.contains_key(&id) {
                 break id;
             }

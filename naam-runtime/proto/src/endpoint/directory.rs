@@ -1,0 +1,157 @@
+//! What the receive loops of one server share ([`crate::shard`]): the paired NIC (its
+//! session lives in one loop, and every loop forwards to it), the tenant sessions of every
+//! loop (the NIC is told about them, and asks about them, through the NIC's loop), and each
+//! loop's switch counters (an operator's query sums them).
+//!
+//! Everything here changes rarely (a session set up or forgotten, a NIC pairing) or is a
+//! counter one loop writes and others read; a request's path reads the NIC's channel under a
+//! short lock, and only when it forwards.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::server::Channel;
+use crate::limits::MAX_LOOPS;
+use crate::session::SessionKey;
+
+/// The NIC a server is paired with.
+#[derive(Clone, Debug)]
+pub(super) struct PairedNic {
+    /// Its session with the server.
+    pub(super) session: u64,
+    /// Where it takes forwarded requests and one-sided operations.
+    pub(super) agent: SocketAddr,
+    /// Its session's address and sealer (shared by every loop: one packet-number space).
+    pub(super) channel: Channel,
+}
+
+/// A tenant session, as the NIC is told about it.
+#[derive(Clone, Debug)]
+pub(super) struct TenantSession {
+    pub(super) peer: SocketAddr,
+    pub(super) apps: Vec<u32>,
+    pub(super) key: Arc<SessionKey>,
+}
+
+#[derive(Default)]
+struct Shared {
+    nic: Option<PairedNic>,
+    tenants: HashMap<u64, TenantSession>,
+}
+
+/// One loop's switch counters.
+#[derive(Default)]
+struct LoopCounters {
+    host: AtomicU64,
+    forwarded: AtomicU64,
+}
+
+/// What the receive loops of one server share. A single-loop server has one of its own; a
+/// driver with several loops gives each loop's [`super::ServerConfig`] the same one.
+pub struct SessionDirectory {
+    shared: Mutex<Shared>,
+    counters: Box<[LoopCounters]>,
+}
+
+impl Default for SessionDirectory {
+    fn default() -> Self {
+        SessionDirectory {
+            shared: Mutex::default(),
+            counters: (0..MAX_LOOPS).map(|_| LoopCounters::default()).collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SessionDirectory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("SessionDirectory")
+            .field("nic", &s.nic.as_ref().map(|n| (n.session, n.agent)))
+            .field("tenant_sessions", &s.tenants.len())
+            .finish()
+    }
+}
+
+impl SessionDirectory {
+    /// An empty directory, to share.
+    pub fn new() -> Arc<SessionDirectory> {
+        Arc::new(SessionDirectory::default())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Shared> {
+        // A loop that panicked holding it left nothing half-done worth refusing over.
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The paired NIC.
+    pub(super) fn nic(&self) -> Option<PairedNic> {
+        self.lock().nic.clone()
+    }
+
+    /// Pairs the NIC of session `session`; returns whether it is a new pairing.
+    pub(super) fn pair(&self, nic: PairedNic) -> bool {
+        let mut s = self.lock();
+        let fresh = s.nic.as_ref().map(|n| n.session) != Some(nic.session);
+        s.nic = Some(nic);
+        fresh
+    }
+
+    /// Whether `session` is the paired NIC's.
+    pub(super) fn is_nic(&self, session: u64) -> bool {
+        self.lock()
+            .nic
+            .as_ref()
+            .is_some_and(|n| n.session == session)
+    }
+
+    /// Forgets the NIC of `session` (its session is gone).
+    pub(super) fn unpair(&self, session: u64) {
+        let mut s = self.lock();
+        if s.nic.as_ref().is_some_and(|n| n.session == session) {
+            s.nic = None;
+        }
+    }
+
+    /// Records tenant session `id`.
+    pub(super) fn open(&self, id: u64, t: TenantSession) {
+        self.lock().tenants.insert(id, t);
+    }
+
+    /// Tenant session `id`, if some loop holds it.
+    pub(super) fn tenant(&self, id: u64) -> Option<TenantSession> {
+        self.lock().tenants.get(&id).cloned()
+    }
+
+    /// Every tenant session's id.
+    pub(super) fn tenant_ids(&self) -> Vec<u64> {
+        self.lock().tenants.keys().copied().collect()
+    }
+
+    /// Forgets the tenant sessions `owned` says are one loop's, unless `alive` still holds
+    /// them.
+    pub(super) fn retain_tenants(&self, owned: impl Fn(u64) -> bool, alive: impl Fn(u64) -> bool) {
+        self.lock()
+            .tenants
+            .retain(|id, _| !owned(*id) || alive(*id));
+    }
+
+    /// Publishes loop `index`'s switch counters.
+    pub(super) fn publish(&self, index: usize, host: u64, forwarded: u64) {
+        if let Some(c) = self.counters.get(index) {
+            c.host.store(host, Ordering::Relaxed);
+            c.forwarded.store(forwarded, Ordering::Relaxed);
+        }
+    }
+
+    /// Requests run at the host and forwarded to the NIC, over every loop.
+    pub(super) fn switched(&self) -> (u64, u64) {
+        self.counters.iter().fold((0, 0), |(h, f), c| {
+            (
+                h + c.host.load(Ordering::Relaxed),
+                f + c.forwarded.load(Ordering::Relaxed),
+            )
+        })
+    }
+}

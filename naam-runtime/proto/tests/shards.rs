@@ -1,0 +1,439 @@
+//! A server of two receive loops (two server endpoints sharing a session directory, one
+//! address), several clients and a NIC, in virtual time. The network delivers a datagram to
+//! the loop its route names, as the kernel's reuseport filter does, and by a hash of the
+//! sender's address when it has none (handshakes). Every session routes back to the loop that
+//! set it up; the NIC, paired through one loop, learns every loop's sessions and takes
+//! requests forwarded by either.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use naam_proto::control::{AppManifest, Control, Manifest};
+use naam_proto::endpoint::{
+    Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, NicBackend, NicConfig,
+    NicEndpoint, Routed, ServerConfig, ServerEndpoint, SessionDirectory, SwitchHandle, Transmit,
+    VerbsAcceptor,
+};
+use naam_proto::onesided::{Completion, Operation};
+use naam_proto::session::{tenant_entries, CookieJar, Credential};
+use naam_proto::shard::{loop_of_route, route_of, route_of_session, Shard};
+use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
+use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
+use naam_proto::{Nanos, Placement};
+
+const MS: Nanos = 1_000_000;
+const APP: u32 = 1;
+const INCREMENT: u32 = 1;
+const READ: u32 = 2;
+const LOOPS: usize = 2;
+const CLIENTS: u16 = 6;
+
+fn server_addr() -> SocketAddr {
+    "10.0.0.1:7000".parse().expect("literal")
+}
+
+fn nic_addr() -> SocketAddr {
+    "10.0.0.3:7001".parse().expect("literal")
+}
+
+fn client_addr(i: u16) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, 2], 5000 + i))
+}
+
+/// What the host's loops share, as the cluster behind naam-server's loops is one.
+#[derive(Default)]
+struct HostState {
+    counter: u64,
+    congested: bool,
+    nic_up: bool,
+    next_client: u32,
+}
+
+/// One loop's view of the shared host: runs requests at once, answered through the endpoint.
+struct LoopHost(Arc<Mutex<HostState>>);
+
+impl HostBackend for LoopHost {
+    fn dispatch(
+        &mut self,
+        req: Request,
+        _sel: &mut Selector,
+        _forced: Option<Placement>,
+        _reply_to: Channel,
+    ) -> Routed {
+        let mut h = self.0.lock().unwrap();
+        if req.handler == READ && h.congested {
+            return Routed::Remote(Box::new(req));
+        }
+        if req.handler == INCREMENT {
+            h.counter += 1;
+        }
+        Routed::Answered(Reply {
+            app: req.app,
+            request_id: req.request_id,
+            status: Status::Ok,
+            code: 0,
+            steps: 1,
+            placement: Placement::Host,
+            load: LoadFeedback::default(),
+            payload: Bytes::copy_from_slice(&h.counter.to_le_bytes()),
+        })
+    }
+    fn next_client_id(&mut self) -> u32 {
+        let mut h = self.0.lock().unwrap();
+        h.next_client += 1;
+        h.next_client
+    }
+    fn nic_up(&self) -> bool {
+        self.0.lock().unwrap().nic_up
+    }
+    fn nic_load(&mut self, _load: &RemoteLoad) {
+        self.0.lock().unwrap().nic_up = true;
+    }
+    fn nic_gone(&mut self) {
+        self.0.lock().unwrap().nic_up = false;
+    }
+    fn handlers(&self, app: u32) -> Option<Vec<u32>> {
+        (app == APP).then(|| vec![INCREMENT, READ])
+    }
+    fn has_handler(&self, app: u32, handler: u32) -> bool {
+        app == APP && (handler == INCREMENT || handler == READ)
+    }
+    fn client_share(&self) -> Option<ClientShare> {
+        None
+    }
+    fn weights(&self, _app: u32, _handler: u32, _share: Option<&mut ClientShare>) -> Weights {
+        Weights::all(Placement::Host)
+    }
+    fn congest(&mut self, _extra_ns: Option<u64>) {}
+    fn switch(&self) -> Option<&dyn SwitchHandle> {
+        None
+    }
+    fn verbs(&self) -> Option<&dyn VerbsAcceptor> {
+        None
+    }
+}
+
+/// The NIC's executors: a read answers `nic` straight to the client.
+#[derive(Default)]
+struct ModelNic {
+    outbox: Vec<Transmit>,
+}
+
+impl NicBackend for ModelNic {
+    fn dispatch(
+        &mut self,
+        req: Request,
+        _sel: &mut Selector,
+        _forced: Option<Placement>,
+        reply_to: Channel,
+    ) -> Routed {
+        let r = Reply {
+            app: req.app,
+            request_id: req.request_id,
+            status: Status::Ok,
+            code: 0,
+            steps: 1,
+            placement: Placement::Nic,
+            load: LoadFeedback::default(),
+            payload: Bytes::from_static(b"nic"),
+        };
+        self.outbox.push(reply_to.reply(&r));
+        Routed::Queued(Placement::Nic)
+    }
+    fn one_sided(&mut self, op: &Operation) -> Completion {
+        Completion::error(op.app, op.id, Status::Unavailable, "no regions here")
+    }
+    fn load_report(&mut self) -> RemoteLoad {
+        RemoteLoad::default()
+    }
+    fn remap(&mut self, epoch: u64) -> Result<Manifest, String> {
+        Ok(manifest(epoch))
+    }
+}
+
+fn manifest(epoch: u64) -> Manifest {
+    Manifest {
+        apps: vec![AppManifest {
+            id: APP,
+            name: "counter".into(),
+            kind: "object".into(),
+            params: serde_json::Value::Null,
+            object: String::new(),
+            object_hash: 0,
+            handlers: Vec::new(),
+            regions: Vec::new(),
+        }],
+        mode: "virtual".into(),
+        policy: "model".into(),
+        epoch,
+    }
+}
+
+struct World {
+    now: Nanos,
+    /// Datagrams in flight: (due, from, to, bytes), delivered in order after a fixed delay.
+    wire: Vec<(Nanos, SocketAddr, SocketAddr, Bytes)>,
+    host: Arc<Mutex<HostState>>,
+    loops: Vec<ServerEndpoint<LoopHost>>,
+    /// Datagrams each loop took in.
+    taken: Vec<u64>,
+    clients: Vec<ClientEndpoint>,
+    events: Vec<Vec<ClientEvent>>,
+    pairing: Credential,
+    nic: Option<NicEndpoint<ModelNic>>,
+}
+
+impl World {
+    fn new() -> World {
+        let credential = Credential::generate().expect("randomness");
+        let pairing = Credential::generate().expect("randomness");
+        let tenants = tenant_entries(
+            &[(APP, "counter".into(), credential.clone())],
+            None,
+            Some(pairing.clone()),
+        );
+        let host = Arc::new(Mutex::new(HostState::default()));
+        let directory = SessionDirectory::new();
+        let loops = Shard::all(LOOPS)
+            .expect("two loops")
+            .into_iter()
+            .map(|shard| {
+                let mut config = ServerConfig::new(manifest(1), tenants.clone());
+                config.shard = shard;
+                config.directory = directory.clone();
+                ServerEndpoint::new(
+                    config,
+                    LoopHost(host.clone()),
+                    CookieJar::with_key([7; 32]),
+                    0,
+                )
+                .expect("a one-page manifest")
+            })
+            .collect();
+        let clients = (0..CLIENTS)
+            .map(|_| {
+                ClientEndpoint::new(
+                    ClientConfig::new(server_addr(), "counter", credential.clone()),
+                    0,
+                )
+            })
+            .collect();
+        World {
+            now: 0,
+            wire: Vec::new(),
+            host,
+            loops,
+            taken: vec![0; LOOPS],
+            clients,
+            events: (0..CLIENTS).map(|_| Vec::new()).collect(),
+            pairing,
+            nic: None,
+        }
+    }
+
+    fn send(&mut self, from: SocketAddr, t: Transmit) {
+        self.wire.push((self.now + 50_000, from, t.to, t.bytes));
+    }
+
+    fn flush(&mut self) {
+        let mut out = Vec::new();
+        for (i, c) in self.clients.iter_mut().enumerate() {
+            while let Some(t) = c.poll_transmit() {
+                out.push((client_addr(i as u16), t));
+            }
+            while let Some(e) = c.poll_event() {
+                self.events[i].push(e);
+            }
+        }
+        for l in &mut self.loops {
+            while let Some(t) = l.poll_transmit() {
+                out.push((server_addr(), t));
+            }
+        }
+        if let Some(nic) = &mut self.nic {
+            while let Some(t) = nic.poll_transmit() {
+                out.push((nic_addr(), t));
+            }
+            for t in std::mem::take(&mut nic.backend_mut().outbox) {
+                out.push((nic_addr(), t));
+            }
+            while nic.poll_event().is_some() {}
+        }
+        for (from, t) in out {
+            self.send(from, t);
+        }
+    }
+
+    /// The loop a datagram from `from` reaches: its route's, else a hash of the sender.
+    fn loop_for(from: SocketAddr, bytes: &[u8]) -> usize {
+        loop_of_route(route_of(bytes), LOOPS).unwrap_or(from.port() as usize % LOOPS)
+    }
+
+    fn run_until(&mut self, limit: Nanos, done: impl Fn(&World) -> bool) -> bool {
+        let end = self.now + limit;
+        loop {
+            self.flush();
+            if done(self) {
+                return true;
+            }
+            let timers = self
+                .clients
+                .iter()
+                .filter_map(|c| c.poll_timeout())
+                .chain(self.loops.iter().filter_map(|l| l.poll_timeout()))
+                .chain(self.nic.as_ref().and_then(|n| n.poll_timeout()));
+            let next = self.wire.iter().map(|d| d.0).chain(timers).min();
+            let Some(next) = next.filter(|n| *n <= end) else {
+                self.now = end;
+                return done(self);
+            };
+            self.now = self.now.max(next);
+            let now = self.now;
+            let due: Vec<_> = self.wire.iter().filter(|d| d.0 <= now).cloned().collect();
+            self.wire.retain(|d| d.0 > now);
+            for (_, from, to, bytes) in due {
+                if to == server_addr() {
+                    let i = Self::loop_for(from, &bytes);
+                    self.taken[i] += 1;
+                    self.loops[i].handle(now, from, bytes);
+                    self.loops[i].run(usize::MAX);
+                } else if to == nic_addr() {
+                    if let Some(nic) = &mut self.nic {
+                        nic.handle(now, from, bytes);
+                    }
+                } else if let Some(i) = (0..CLIENTS).find(|i| client_addr(*i) == to) {
+                    self.clients[i as usize].handle(now, from, bytes);
+                }
+            }
+            for c in &mut self.clients {
+                c.handle_timeout(now);
+            }
+            for l in &mut self.loops {
+                l.handle_timeout(now);
+            }
+            if let Some(nic) = &mut self.nic {
+                nic.handle_timeout(now);
+            }
+        }
+    }
+
+    fn answer(&self, client: usize, id: u64) -> Option<Reply> {
+        self.events[client].iter().find_map(|e| match e {
+            ClientEvent::Answered { id: i, message } if *i == id => {
+                Some(Reply::decode(message.clone()).expect("a reply"))
+            }
+            _ => None,
+        })
+    }
+
+    /// Every client calls `handler` once; their replies.
+    fn everyone_calls(&mut self, handler: u32) -> Vec<Reply> {
+        let ids: Vec<u64> = (0..CLIENTS as usize)
+            .map(|i| {
+                let req = Request::for_call(APP, handler, 0, b"", &[]).expect("small");
+                self.clients[i].request(self.now, req).expect("sent")
+            })
+            .collect();
+        let all = |w: &World| {
+            ids.iter()
+                .enumerate()
+                .all(|(i, id)| w.answer(i, *id).is_some())
+        };
+        assert!(
+            self.run_until(1_000 * MS, all),
+            "unanswered calls: loops {:?}, NIC {:?}, events {:?}",
+            self.loops.iter().map(|l| l.stats()).collect::<Vec<_>>(),
+            self.nic.as_ref().map(|n| n.stats()),
+            self.events.iter().map(|e| e.last()).collect::<Vec<_>>()
+        );
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| self.answer(i, *id).expect("answered"))
+            .collect()
+    }
+
+    fn start_nic(&mut self) {
+        let config = NicConfig::new(server_addr(), nic_addr(), self.pairing.clone());
+        self.nic = Some(NicEndpoint::new(
+            config,
+            ModelNic::default(),
+            &manifest(1),
+            self.now,
+        ));
+        let ready = |w: &World| {
+            w.host.lock().unwrap().nic_up
+                && w.nic
+                    .as_ref()
+                    .is_some_and(|n| n.is_paired() && n.sessions() == CLIENTS as usize)
+        };
+        assert!(
+            self.run_until(1_000 * MS, ready),
+            "the NIC paired and learned every loop's sessions: {:?}",
+            self.nic.as_ref().map(|n| n.sessions())
+        );
+    }
+}
+
+#[test]
+fn sessions_stay_on_their_loop_and_the_nic_serves_every_loops_sessions() {
+    let mut w = World::new();
+    for c in &mut w.clients {
+        c.connect(0);
+    }
+    let connected = |w: &World| {
+        w.events
+            .iter()
+            .all(|e| e.iter().any(|e| matches!(e, ClientEvent::Connected(_))))
+    };
+    assert!(w.run_until(5_000 * MS, connected), "every client connected");
+    // Handshakes spread by the senders' hash: both loops hold sessions, and each session's id
+    // routes back to the loop that holds it.
+    let per_loop: Vec<usize> = w.loops.iter().map(|l| l.sessions()).collect();
+    assert_eq!(per_loop.iter().sum::<usize>(), CLIENTS as usize);
+    assert!(per_loop.iter().all(|n| *n > 0), "{per_loop:?}");
+    for e in w.events.iter().flatten() {
+        if let ClientEvent::Connected(Control::Welcome { session, .. }) = e {
+            let i = loop_of_route(route_of_session(*session), LOOPS).expect("routed");
+            assert_ne!(route_of_session(*session), 0);
+            assert!(w.loops[i].sessions() > 0);
+        }
+    }
+    // Writes from every client, on either loop, reach the one host.
+    let replies = w.everyone_calls(INCREMENT);
+    assert!(replies.iter().all(|r| r.status == Status::Ok));
+    assert_eq!(w.host.lock().unwrap().counter, CLIENTS as u64);
+    let before = w.taken.clone();
+    w.everyone_calls(READ);
+    // Sealed traffic went to the owning loops only: each took one request per session.
+    let took: Vec<u64> = w.taken.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(took, per_loop.iter().map(|n| *n as u64).collect::<Vec<_>>());
+
+    // The NIC pairs through one loop and learns the sessions of both.
+    w.start_nic();
+    w.host.lock().unwrap().congested = true;
+    let replies = w.everyone_calls(READ);
+    for r in &replies {
+        assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
+        assert_eq!(&r.payload[..], b"nic");
+    }
+    let forwarded: u64 = w.loops.iter().map(|l| l.stats().forwarded).sum();
+    assert_eq!(forwarded, CLIENTS as u64);
+    let mut by_loop = HashMap::new();
+    for (i, l) in w.loops.iter().enumerate() {
+        by_loop.insert(i, l.stats().forwarded);
+    }
+    assert!(
+        by_loop.values().all(|n| *n > 0),
+        "both loops forwarded: {by_loop:?}"
+    );
+
+    // A restarted NIC pairs again (through whichever loop) and learns every session anew.
+    w.nic = None;
+    w.start_nic();
+    let replies = w.everyone_calls(READ);
+    assert!(replies
+        .iter()
+        .all(|r| (r.status, r.placement) == (Status::Ok, Placement::Nic)));
+}
