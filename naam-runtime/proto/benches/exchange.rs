@@ -5,7 +5,7 @@
 //! Three figures, measured in the same run:
 //! - `codec`: encode and decode the request and the reply only (what any fabric pays);
 //! - `endpoints`: the whole exchange as the UDP fabric runs it minus the kernel: request id,
-//!   session seal (HMAC-SHA-256) and replay window, the server's admission and switch, the
+//!   session seal (AES-256-GCM) and replay window, the server's admission and switch, the
 //!   reply's seal, the client's open and matching;
 //! - `endpoints_unsealed`: the same with [`Authentication::OffForMeasurement`] (tags neither
 //!   computed nor checked; loopback addresses, where the drivers allow it), so that the
@@ -13,6 +13,10 @@
 //!
 //! What `endpoints` adds to `codec` is what routing in-process messages through the endpoints
 //! adds to each one (docs/ARCHITECTURE.md, "the main job's direct path").
+//!
+//! And the seal alone (`seal/*`): sealing and opening one message of 80 bytes (a GET) and of
+//! 1,100 bytes (a YCSB record's reply) with a session key, against an HMAC-SHA-256 tag over
+//! the same bytes made and checked (the seal before issue 24).
 //!
 //! Run: `cargo bench -p naam-proto --bench exchange`.
 
@@ -228,5 +232,35 @@ fn exchange(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, exchange);
+fn seal(c: &mut Criterion) {
+    use hmac::{Hmac, Mac};
+    use naam_proto::session::{Sender, SessionKey};
+    let mut g = c.benchmark_group("seal");
+    let key = SessionKey::new(0x1234_5678_9abc_de01, 7, [0x42; 32]);
+    let mac = <Hmac<sha2::Sha256> as Mac>::new_from_slice(&[0x42; 32]).expect("any size");
+    for len in [80usize, 1100] {
+        let inner = vec![0x5au8; len];
+        let mut packet = 0u64;
+        g.bench_function(format!("aes256gcm_seal_open_{len}"), |b| {
+            b.iter(|| {
+                packet += 1;
+                let sealed = key.seal(Sender::Client, packet, black_box(&inner));
+                black_box(key.open(&sealed).expect("opens"))
+            })
+        });
+        g.bench_function(format!("hmac_sha256_tag_check_{len}"), |b| {
+            b.iter(|| {
+                let mut m = mac.clone();
+                m.update(black_box(&inner));
+                let tag = m.finalize().into_bytes();
+                let mut m = mac.clone();
+                m.update(black_box(&inner));
+                black_box(m.verify_truncated_left(&tag[..16]).is_ok())
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, exchange, seal);
 criterion_main!(benches);

@@ -221,13 +221,28 @@ impl Deployment {
 }
 
 impl Processes {
-    /// Waits until the server answers a session handshake (it has loaded its apps).
+    /// Waits until the server answers a session handshake (it has loaded its apps), then
+    /// until naam-nic has paired and reported (the weights name its agent), so a test's first
+    /// call pinned to the NIC does not meet a NIC still pairing.
     fn wait_until_serving(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let mut cfg = naam_runtime::udp::UdpConfig::new(self.server_addr, "a", key_a());
             cfg.rto = Duration::from_millis(50);
-            if naam_runtime::udp::UdpClient::connect(&cfg).is_ok() {
+            if let Ok(mut c) = naam_runtime::udp::UdpClient::connect(&cfg) {
+                use naam_proto::transport::Transport as _;
+                let add = naam_proto::handler_id("add");
+                while c.agent().is_none() {
+                    assert!(
+                        Instant::now() < deadline,
+                        "naam-nic did not pair within 30 s:\n{}",
+                        std::fs::read_to_string(self.dir.path().join("naam-nic.log"))
+                            .unwrap_or_default()
+                    );
+                    // Any call refreshes the weights, which carry the agent's address.
+                    let _ = c.call(A, add, &super::words(&[1, 1]), &[]);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 return;
             }
             assert!(

@@ -97,7 +97,7 @@ pub fn peek_sealed(buf: &[u8]) -> Result<SealedHeader, SealError> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Authentication {
-    /// HMAC-SHA-256 on every datagram (always, in every deployment).
+    /// Every datagram sealed with AES-256-GCM (always, in every deployment).
     #[default]
     On,
     /// No tag computed or checked: a loopback measurement's baseline only.
