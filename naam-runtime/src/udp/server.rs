@@ -476,7 +476,7 @@ const RUN_ROUND: Duration = Duration::from_micros(20);
 const MAX_DRAIN: usize = 16;
 
 /// The most a busy server loop polls before it sleeps.
-const SERVER_SPIN: Duration = Duration::from_micros(50);
+const SERVER_SPIN: Duration = Duration::from_micros(20);
 
 /// The longest an idle driver loop blocks before it looks at its stop flag, timers and
 /// counters again.

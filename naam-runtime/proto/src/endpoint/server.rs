@@ -353,16 +353,44 @@ struct Waiting {
     forward: ForwardAs,
 }
 
-/// Admitted requests waiting to run, per tenant, served round robin: a tenant's turn runs one
-/// of its requests (its sessions in arrival order), so a tenant that floods waits behind every
-/// other tenant's next request, and the credits bound what any of them holds.
+/// What waits for its tenant's turn.
+// Both kinds sit in the same queues, one after the other; boxing the larger would cost an
+// allocation per request on the hot path to save queue slots that are few (the credits).
+#[allow(clippy::large_enum_variant)]
+enum Work {
+    /// A sealed datagram of a known session, taken in at `at` and not yet opened: opening it
+    /// (and splitting its batch) is work done for its tenant, in its tenant's turn.
+    Sealed {
+        sid: u64,
+        peer: SocketAddr,
+        msg: Bytes,
+        at: Nanos,
+    },
+    /// A request admitted from an opened datagram.
+    Request(Waiting),
+}
+
+impl Work {
+    fn sid(&self) -> u64 {
+        match self {
+            Work::Sealed { sid, .. } => *sid,
+            Work::Request(w) => w.sid,
+        }
+    }
+}
+
+/// Work waiting to run, per tenant, served round robin: a tenant's turn opens one of its
+/// datagrams or runs one of its requests (its sessions in arrival order), so a tenant that
+/// floods waits behind every other tenant's next datagram, and the credits bound what any of
+/// them holds. Another tenant's request therefore waits about one of the flood's, not for the
+/// flood's datagrams to be opened first.
 #[derive(Default)]
 struct Turns {
-    /// Per tenant (its credential's tag): its waiting requests.
-    queues: HashMap<u32, VecDeque<Waiting>>,
-    /// Tenants with requests waiting, in turn order.
+    /// Per tenant (its credential's tag): its waiting work.
+    queues: HashMap<u32, VecDeque<Work>>,
+    /// Tenants with work waiting, in turn order.
     ring: VecDeque<u32>,
-    /// Per session: its requests waiting.
+    /// Per session: its datagrams and requests waiting.
     per_session: HashMap<u64, u32>,
 }
 
@@ -374,8 +402,8 @@ impl Turns {
         )
     }
 
-    fn push(&mut self, tenant: u32, w: Waiting) {
-        *self.per_session.entry(w.sid).or_default() += 1;
+    fn push(&mut self, tenant: u32, w: Work) {
+        *self.per_session.entry(w.sid()).or_default() += 1;
         let q = self.queues.entry(tenant).or_default();
         if q.is_empty() {
             self.ring.push_back(tenant);
@@ -383,7 +411,7 @@ impl Turns {
         q.push_back(w);
     }
 
-    fn pop(&mut self) -> Option<Waiting> {
+    fn pop(&mut self) -> Option<Work> {
         let tenant = self.ring.pop_front()?;
         let q = self.queues.get_mut(&tenant)?;
         let w = q.pop_front()?;
@@ -392,10 +420,10 @@ impl Turns {
         } else {
             self.ring.push_back(tenant);
         }
-        if let Some(n) = self.per_session.get_mut(&w.sid) {
+        if let Some(n) = self.per_session.get_mut(&w.sid()) {
             *n -= 1;
             if *n == 0 {
-                self.per_session.remove(&w.sid);
+                self.per_session.remove(&w.sid());
             }
         }
         Some(w)
@@ -700,8 +728,11 @@ impl<B: HostBackend> ServerEndpoint<B> {
     pub fn run(&mut self, max: usize) -> usize {
         let mut n = 0;
         while n < max {
-            let Some(w) = self.turns.pop() else { break };
-            self.dispatch(w);
+            match self.turns.pop() {
+                Some(Work::Request(w)) => self.dispatch(w),
+                Some(Work::Sealed { peer, msg, at, .. }) => self.sealed(at, peer, &msg),
+                None => break,
+            }
             n += 1;
         }
         if n > 0 {
@@ -807,7 +838,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             return;
         }
         match kind {
-            Some(MessageKind::Sealed) => self.sealed(now, peer, &msg),
+            Some(MessageKind::Sealed) => self.take_sealed(now, peer, msg),
             Some(MessageKind::Control) => self.unsealed_control(now, peer, &msg),
             Some(MessageKind::Request) => {
                 self.stats.unauthenticated += 1;
@@ -988,6 +1019,41 @@ impl<B: HostBackend> ServerEndpoint<B> {
         self.push(t);
     }
 
+    /// A sealed datagram: one of a known session within its credits waits, unopened, for its
+    /// tenant's turn; any other is opened at once (an unknown session gets its stale notice,
+    /// a session over its credit its `Busy` answers, which count towards muting it).
+    fn take_sealed(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
+        let Ok(h) = crate::session::peek_sealed(&msg) else {
+            return self.sealed(now, peer, &msg);
+        };
+        if self
+            .floods
+            .get(&h.session)
+            .is_some_and(|f| now < f.muted_until)
+        {
+            self.stats.flood_drops += 1;
+            return;
+        }
+        let Some(tenant) = self
+            .gate
+            .session(h.session)
+            .map(|s| s.sealer.key().tenant_tag())
+        else {
+            return self.sealed(now, peer, &msg);
+        };
+        let (by_tenant, by_session) = self.turns.waiting(tenant, h.session);
+        if by_session >= self.config.session_credit || by_tenant >= self.config.tenant_credit {
+            return self.sealed(now, peer, &msg);
+        }
+        let w = Work::Sealed {
+            sid: h.session,
+            peer,
+            msg,
+            at: now,
+        };
+        self.turns.push(tenant, w);
+    }
+
     fn sealed(&mut self, now: Nanos, peer: SocketAddr, msg: &Bytes) {
         // A session that ignores Busy is not heard for a while: its datagrams are dropped
         // before they cost an opening (only an authenticated flood mutes a session).
@@ -1121,12 +1187,12 @@ impl<B: HostBackend> ServerEndpoint<B> {
         }
         self.turns.push(
             tenant,
-            Waiting {
+            Work::Request(Waiting {
                 sid,
                 req,
                 ch,
                 forward,
-            },
+            }),
         );
     }
 
