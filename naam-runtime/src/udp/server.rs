@@ -475,8 +475,11 @@ const RUN_ROUND: Duration = Duration::from_micros(20);
 /// backlog.
 const MAX_DRAIN: usize = 16;
 
-/// The most a busy server loop polls before it sleeps.
-const SERVER_SPIN: Duration = Duration::from_micros(20);
+/// The most a busy server loop polls before it sleeps. A closed-loop client on loopback sends
+/// its next request 15-30 us after its answer left; a loop that sleeps instead pays a wake-up
+/// on every request (20 us: 25 K ops/s for one client at pipeline 1 instead of 75 K, and
+/// spurious resends once the wake-ups outlast the probe timeout; bench/RESULTS.md).
+const SERVER_SPIN: Duration = Duration::from_micros(50);
 
 /// The longest an idle driver loop blocks before it looks at its stop flag, timers and
 /// counters again.
