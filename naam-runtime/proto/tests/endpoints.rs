@@ -177,6 +177,8 @@ impl HostBackend for ModelHost {
 struct ModelNic {
     outbox: Vec<Transmit>,
     executed: u64,
+    /// `executed` at the last load report (a report counts what ran since the one before).
+    reported: u64,
 }
 
 impl NicBackend for ModelNic {
@@ -212,7 +214,11 @@ impl NicBackend for ModelNic {
     }
 
     fn load_report(&mut self) -> RemoteLoad {
-        RemoteLoad::default()
+        let dequeues = self.executed - std::mem::replace(&mut self.reported, self.executed);
+        RemoteLoad {
+            dequeues,
+            ..RemoteLoad::default()
+        }
     }
 
     fn remap(&mut self, epoch: u64) -> Result<Manifest, String> {
@@ -232,6 +238,8 @@ struct Net {
     in_flight: Vec<(Nanos, u64, SocketAddr, SocketAddr, Bytes)>,
     /// Datagrams delivered, by destination.
     delivered: HashMap<SocketAddr, u64>,
+    /// Datagrams delivered, by (source, destination).
+    delivered_between: HashMap<(SocketAddr, SocketAddr), u64>,
 }
 
 impl Net {
@@ -245,6 +253,7 @@ impl Net {
             seq: 0,
             in_flight: Vec::new(),
             delivered: HashMap::new(),
+            delivered_between: HashMap::new(),
         }
     }
 
@@ -287,6 +296,7 @@ impl Net {
         due.into_iter()
             .map(|(_, _, from, to, b)| {
                 *self.delivered.entry(to).or_default() += 1;
+                *self.delivered_between.entry((from, to)).or_default() += 1;
                 (from, to, b)
             })
             .collect()
@@ -816,6 +826,37 @@ fn congestion_shifts_reads_to_the_nic_and_its_crash_and_restart_are_survived() {
     w.server.backend_mut().congested = false;
     let r = w.roundtrip(READ).expect("answered");
     assert_eq!((r.status, r.placement), (Status::Ok, Placement::Host));
+}
+
+#[test]
+fn an_idle_nic_reports_rarely_and_a_working_one_every_period() {
+    let mut w = World::new(29);
+    w.connected();
+    w.start_nic();
+    let reports = |w: &World| {
+        w.net
+            .delivered_between
+            .get(&(nic_addr(), server_addr()))
+            .copied()
+            .unwrap_or(0)
+    };
+    // Idle for a virtual second: a heartbeat every IDLE_REPORT_EVERY (100 ms), not a report
+    // every period (5 ms: 200 of them).
+    let before = reports(&w);
+    w.run_until(1_000 * MS, |_| false);
+    let idle = reports(&w) - before;
+    assert!((9..=11).contains(&idle), "{idle} reports in an idle second");
+    // Work: the read it runs is reported within a period, not at the next heartbeat.
+    w.server.backend_mut().congested = true;
+    let mut on_nic = false;
+    for _ in 0..20 {
+        on_nic |= w.roundtrip(READ).expect("answered").placement == Placement::Nic;
+    }
+    assert!(on_nic, "the congested host sent no read to the NIC");
+    let before = reports(&w);
+    let period = NicConfig::new(server_addr(), nic_addr(), w.pairing.clone()).report_every;
+    w.run_until(2 * period, |_| false);
+    assert!(reports(&w) > before, "the NIC's work went unreported");
 }
 
 #[test]

@@ -201,10 +201,8 @@ pub fn serve_nic(
         let now = clock.now();
         let wait = nic
             .poll_timeout()
-            .map_or(Duration::from_millis(1), |d| {
-                Duration::from_nanos(d.saturating_sub(now))
-            })
-            .min(Duration::from_millis(1));
+            .map_or(IDLE_WAIT, |d| Duration::from_nanos(d.saturating_sub(now)))
+            .min(IDLE_WAIT);
         for (peer, msg) in socket.recv(wait)? {
             nic.handle(clock.now(), peer, msg);
             while let Some(t) = nic.poll_transmit() {
@@ -213,6 +211,10 @@ pub fn serve_nic(
         }
     }
 }
+
+/// The longest the NIC's loop sleeps with nothing due: how soon it notices `stop`. The
+/// endpoint's timers (an idle NIC's heartbeat report, a pairing retry) wake it sooner.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
 
 /// How an inline NIC maps a restarted server's regions (see [`serve_nic`]'s `remap`).
 pub type Remap = Box<dyn FnMut(u64) -> Result<NicCluster, String> + Send>;

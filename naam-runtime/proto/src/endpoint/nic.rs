@@ -34,6 +34,11 @@ const MAX_SESSIONS: usize = 1 << 16;
 /// How often a pairing message is resent while unanswered, and how often the server is asked
 /// about one unknown session at most.
 const PAIRING_RETRY: Nanos = 100_000_000;
+
+/// How often an idle NIC reports that it is still idle (a heartbeat: a restarted server learns
+/// of the NIC by its next report). Reports of work come every `report_every`; a NIC with
+/// nothing to say would otherwise wake itself and the server a thousand times a second.
+pub const IDLE_REPORT_EVERY: Nanos = 100_000_000;
 /// How often mapping a restarted server's regions is retried (its manifest may still be
 /// being written).
 const REMAP_RETRY: Nanos = 10_000_000;
@@ -225,6 +230,9 @@ pub struct NicEndpoint<B> {
     next_id: u64,
     draining: bool,
     next_report: Nanos,
+    /// The last report said the NIC was idle (nothing queued, nothing run since the one
+    /// before), and when it was sent.
+    reported_idle: Option<Nanos>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<NicEvent>,
 }
@@ -247,6 +255,7 @@ impl<B: NicBackend> NicEndpoint<B> {
             next_id: 0,
             draining: false,
             next_report: now,
+            reported_idle: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             config,
@@ -321,9 +330,15 @@ impl<B: NicBackend> NicEndpoint<B> {
     pub fn handle_timeout(&mut self, now: Nanos) {
         self.tick(now);
         if !self.draining && now >= self.next_report {
-            self.next_report = now + self.config.report_every;
-            self.report();
+            self.report(now);
         }
+    }
+
+    /// Work came in: the next report is due within a period, however idle the NIC was.
+    fn work_arrived(&mut self, now: Nanos) {
+        self.next_report = self
+            .next_report
+            .min(now.saturating_add(self.config.report_every));
     }
 
     /// Takes in a datagram from `peer`.
@@ -439,15 +454,32 @@ impl<B: NicBackend> NicEndpoint<B> {
         }
     }
 
-    fn report(&mut self) {
-        if let Some(ch) = self.server_channel() {
-            let id = self.id();
-            let m = Control::NicLoad {
-                agent: self.config.advertise,
-                load: self.backend.load_report(),
-            };
-            self.push(ch.transmit(id, &m.to_bytes(id)));
+    /// Reports the load since the last report, and schedules the next: a period away after
+    /// work, [`IDLE_REPORT_EVERY`] once an idle report has gone out. Idle reports in between
+    /// are skipped (they would say nothing: the counters are since the last report).
+    fn report(&mut self, now: Nanos) {
+        let Some(ch) = self.server_channel() else {
+            self.next_report = now + self.config.report_every;
+            return;
+        };
+        let load = self.backend.load_report();
+        let idle = load.queue_depth == 0 && load.dequeues == 0 && load.busy_ns == 0;
+        match (idle, self.reported_idle) {
+            (true, Some(at)) if now < at.saturating_add(IDLE_REPORT_EVERY) => {}
+            _ => {
+                let id = self.id();
+                let m = Control::NicLoad {
+                    agent: self.config.advertise,
+                    load,
+                };
+                self.push(ch.transmit(id, &m.to_bytes(id)));
+                self.reported_idle = idle.then_some(now);
+            }
         }
+        self.next_report = match self.reported_idle {
+            Some(at) => at.saturating_add(IDLE_REPORT_EVERY),
+            None => now + self.config.report_every,
+        };
     }
 
     /// Unsealed messages from the server: the challenge, refusals, and a stale notice.
@@ -510,8 +542,14 @@ impl<B: NicBackend> NicEndpoint<B> {
             return;
         };
         match h.sender {
-            Sender::Server if peer == self.config.server => self.server_message(now, msg),
-            Sender::Client => self.client_message(now, peer, msg),
+            Sender::Server if peer == self.config.server => {
+                self.work_arrived(now);
+                self.server_message(now, msg)
+            }
+            Sender::Client => {
+                self.work_arrived(now);
+                self.client_message(now, peer, msg)
+            }
             _ => self.stats.unauthenticated += 1,
         }
     }
