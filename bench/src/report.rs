@@ -117,6 +117,7 @@ pub fn text(r: &YcsbResult) -> String {
         if t.sent > 0 {
             let _ = writeln!(out, "[NAAM-UDP], Exchanges, {}", t.sent);
             let _ = writeln!(out, "[NAAM-UDP], Resends, {}", t.resends);
+            let _ = writeln!(out, "[NAAM-UDP], EarlyResends, {}", t.early_resends);
             let _ = writeln!(out, "[NAAM-UDP], DuplicateAnswers, {}", t.duplicates);
         }
     }

@@ -92,6 +92,8 @@ pub struct TransportCounts {
     pub resends: u64,
     /// Answers to exchanges already answered: resends that were not needed.
     pub duplicates: u64,
+    /// Of the resends, those made on later answers (a loss found early), not at a timeout.
+    pub early_resends: u64,
 }
 
 /// One shard's histograms and counts.
@@ -276,6 +278,7 @@ impl Metrics {
         t.sent += c.sent;
         t.resends += c.resends;
         t.duplicates += c.duplicates;
+        t.early_resends += c.early_resends;
     }
 
     /// What the clients that ended sent, resent and got twice.

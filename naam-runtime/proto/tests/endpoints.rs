@@ -65,6 +65,10 @@ struct ModelHost {
     inline: bool,
     nic_up: bool,
     next_client: u32,
+    /// Writes are answered only when the test releases them (`held`), as writes queued for
+    /// an owner elsewhere are answered after reads that came later.
+    hold_writes: bool,
+    held: Vec<Transmit>,
 }
 
 impl ModelHost {
@@ -114,6 +118,10 @@ impl HostBackend for ModelHost {
         } else {
             self.reply(&req)
         };
+        if self.hold_writes && req.handler == INCREMENT {
+            self.held.push(reply_to.reply(&r));
+            return Routed::Queued(Placement::Host);
+        }
         if self.inline {
             return Routed::Answered(r);
         }
@@ -649,6 +657,47 @@ fn a_pipelined_window_under_loss_applies_every_write_once_and_resends_early() {
             w.now - start
         );
     }
+}
+
+#[test]
+fn a_handler_answered_out_of_order_is_resent_early_once_then_left_to_its_timeout() {
+    let mut w = World::new(31);
+    w.connected();
+    w.server.backend_mut().inline = true;
+    for _ in 0..8 {
+        w.roundtrip(READ).expect("answered");
+    }
+    let srtt = w.client.rtt().expect("a round trip measured");
+    // A write waits for its owner while later reads are answered: its first early resend is
+    // spurious (both sends are answered), and teaches the endpoint.
+    let round = |w: &mut World| {
+        w.server.backend_mut().hold_writes = true;
+        let write = w.call(INCREMENT);
+        w.run_until(2 * srtt, |_| false);
+        let reads: Vec<u64> = (0..4).map(|_| w.call(READ)).collect();
+        w.run_until(60_000 * MS, |w| {
+            reads.iter().all(|r| w.outcome(*r).is_some())
+        });
+        let early = w.client.stats().early_resends;
+        let host = w.server.backend_mut();
+        host.hold_writes = false;
+        let held = std::mem::take(&mut host.held);
+        for t in held {
+            w.net.send(w.now, server_addr(), t);
+        }
+        let answer = w.reply(write).expect("the write is answered");
+        assert_eq!(answer.status, Status::Ok);
+        w.run_until(10 * MS, |_| false);
+        early
+    };
+    assert_eq!(round(&mut w), 1, "the overtaken write was resent early");
+    assert_eq!(w.client.stats().spurious_resends, 1);
+    assert_eq!(
+        round(&mut w),
+        1,
+        "learnt: no early resend of the write again"
+    );
+    assert_eq!(w.server.backend().applied.values().max(), Some(&1));
 }
 
 #[test]

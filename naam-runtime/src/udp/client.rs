@@ -892,6 +892,7 @@ impl Drop for UdpClient {
                 sent: s.sent,
                 resends: s.resends,
                 duplicates: s.duplicates,
+                early_resends: s.early_resends,
             });
         }
     }
@@ -905,6 +906,7 @@ impl UdpClient {
             sent: s.sent,
             resends: s.resends,
             duplicates: s.duplicates,
+            early_resends: s.early_resends,
         }
     }
 

@@ -40,6 +40,14 @@ const MS: Nanos = 1_000_000;
 /// Sends to the same peer after an unanswered exchange whose answers make it count as lost.
 const LOSS_THRESHOLD: u64 = 3;
 
+/// Exchanges answered after a resend that are remembered, so that a late duplicate answer
+/// shows the resend was spurious.
+const RESENDS_REMEMBERED: usize = 64;
+
+/// Handlers learnt to be answered out of order that are remembered (beyond it, the set starts
+/// over: it is a cache, not a record).
+const REORDERING_HANDLERS: usize = 4096;
+
 /// A client endpoint's settings.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -188,6 +196,32 @@ struct Exchange {
     sent_seq: u64,
     /// When it was last sent.
     sent_at: Nanos,
+    /// Its latest resend, if any: early (on others' answers) or at its timeout.
+    resent: Option<Resent>,
+}
+
+/// Why an exchange was last sent again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resent {
+    /// Later sends were answered first (a loss found early).
+    Early,
+    /// Its timer fired.
+    Timeout,
+}
+
+/// An exchange answered after a resend: if its answer comes twice, the resend was not needed.
+#[derive(Clone, Copy, Debug)]
+struct AnsweredResend {
+    id: u64,
+    handler: Option<(u32, u32)>,
+    why: Resent,
+}
+
+impl Exchange {
+    /// The (app, handler) a request exchange calls.
+    fn handler(&self) -> Option<(u32, u32)> {
+        self.resend.as_ref().map(|r| (r.app, r.handler))
+    }
 }
 
 #[derive(Debug)]
@@ -253,6 +287,12 @@ pub struct ClientEndpoint {
     send_seq: u64,
     /// The most bytes one sealed datagram may carry (the driver's datagram, less framing).
     datagram_payload: usize,
+    /// Exchanges answered after a resend, oldest first.
+    answered_resends: VecDeque<AnsweredResend>,
+    /// Handlers whose answers legitimately overtake others' (a write queued for its owner,
+    /// while reads run at once), learnt from a spurious early resend: their exchanges are
+    /// declared lost by their probe timeout only, never by later answers.
+    reordering: std::collections::HashSet<(u32, u32)>,
 }
 
 /// Counters of a client endpoint.
@@ -266,6 +306,11 @@ pub struct ClientStats {
     /// Answers to exchanges already answered or given up on: a resend that was not needed
     /// (its first send had been answered) shows here.
     pub duplicates: u64,
+    /// Of the resends, those made on later answers (a loss found early), not at a timeout.
+    pub early_resends: u64,
+    /// Resends found not needed (the first send's answer came too); one made early teaches
+    /// the endpoint that its handler is answered out of order.
+    pub spurious_resends: u64,
 }
 
 /// The id a message of kind `kind` carries.
@@ -305,6 +350,8 @@ impl ClientEndpoint {
             outbox: Vec::new(),
             send_seq: 0,
             datagram_payload: crate::frame::MIN_DATAGRAM - crate::frame::HEADER,
+            answered_resends: VecDeque::new(),
+            reordering: std::collections::HashSet::new(),
         }
     }
 
@@ -595,6 +642,9 @@ impl ClientEndpoint {
             };
             match t {
                 Timeout::Resend(_) => {
+                    if let Some(x) = self.exchanges.get_mut(&id) {
+                        x.resent = Some(Resent::Timeout);
+                    }
                     self.resend(now, id);
                 }
                 Timeout::GiveUp => {
@@ -639,13 +689,46 @@ impl ClientEndpoint {
                     && x.sent_seq != 0
                     && x.sent_seq + LOSS_THRESHOLD <= answered_seq
                     && now.saturating_sub(x.sent_at) > late
+                    && !x.handler().is_some_and(|h| self.reordering.contains(&h))
             })
             .map(|(id, _)| *id)
             .collect();
         for id in lost {
             if self.timers.resent_early(id, now) {
+                if let Some(x) = self.exchanges.get_mut(&id) {
+                    x.resent = Some(Resent::Early);
+                }
+                self.stats.early_resends += 1;
                 self.resend(now, id);
             }
+        }
+    }
+
+    /// A second answer to exchange `id` came: if `id` was resent, its first send had not
+    /// been lost. Resent early, it was overtaken, and its handler is left to its probe
+    /// timeout from now on; resent at its timeout, the path paused longer than the timeout
+    /// allowed, and it is only counted.
+    fn spurious_resend(&mut self, id: u64) {
+        let Some(at) = self.answered_resends.iter().position(|r| r.id == id) else {
+            return;
+        };
+        let Some(r) = self.answered_resends.remove(at) else {
+            return;
+        };
+        self.stats.spurious_resends += 1;
+        match (r.why, r.handler) {
+            (Resent::Early, Some(handler)) => {
+                if self.reordering.len() >= REORDERING_HANDLERS {
+                    self.reordering.clear();
+                }
+                self.reordering.insert(handler);
+            }
+            (Resent::Early, None) => {}
+            // A pause longer than the timeout (a descheduled loop on shared cores). Raising
+            // the timeout's floor on these (Eifel, RFC 4015) cut them fourfold here but halved
+            // throughput under injected loss (bench/RESULTS.md, "Data path"): losses cost
+            // more than the odd needless resend of a read or a deduplicated write.
+            (Resent::Timeout, _) => {}
         }
     }
 
@@ -680,6 +763,7 @@ impl ClientEndpoint {
                 renewed: false,
                 sent_seq: 0,
                 sent_at: now,
+                resent: None,
             },
         );
         if self.session.is_some() {
@@ -733,6 +817,16 @@ impl ClientEndpoint {
                     if let Some(Some(rtt)) = self.timers.answered_at(id, now) {
                         self.path(x.to).sample(rtt);
                     }
+                    if let Some(why) = x.resent {
+                        if self.answered_resends.len() >= RESENDS_REMEMBERED {
+                            self.answered_resends.pop_front();
+                        }
+                        self.answered_resends.push_back(AnsweredResend {
+                            id,
+                            handler: x.handler(),
+                            why,
+                        });
+                    }
                     if !self.exchanges.is_empty() {
                         self.detect_losses(now, x.to, x.sent_seq);
                     }
@@ -743,6 +837,7 @@ impl ClientEndpoint {
             }
             if kind != MessageKind::Control {
                 self.stats.duplicates += 1;
+                self.spurious_resend(id);
             }
         }
         if kind == MessageKind::Control {

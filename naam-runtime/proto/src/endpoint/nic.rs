@@ -38,7 +38,7 @@ const PAIRING_RETRY: Nanos = 100_000_000;
 /// How often an idle NIC reports that it is still idle (a heartbeat: a restarted server learns
 /// of the NIC by its next report). Reports of work come every `report_every`; a NIC with
 /// nothing to say would otherwise wake itself and the server a thousand times a second.
-pub const IDLE_REPORT_EVERY: Nanos = 100_000_000;
+pub(crate) const IDLE_REPORT_EVERY: Nanos = 100_000_000;
 /// How often mapping a restarted server's regions is retried (its manifest may still be
 /// being written).
 const REMAP_RETRY: Nanos = 10_000_000;
