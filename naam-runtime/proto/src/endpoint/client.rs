@@ -37,6 +37,9 @@ use crate::Nanos;
 
 const MS: Nanos = 1_000_000;
 
+/// Sends of each handshake message before the handshake gives up.
+const HANDSHAKE_SENDS: u32 = 6;
+
 /// Sends to the same peer after an unanswered exchange whose answers make it count as lost.
 const LOSS_THRESHOLD: u64 = 3;
 
@@ -68,7 +71,9 @@ pub struct ClientConfig {
     pub max_rto: Nanos,
     /// Sends per exchange before giving up (the first one included).
     pub attempts: u32,
-    /// How long a handshake may take (three tries within it).
+    /// How long each step of a handshake (hello, then auth) waits for its answer: six sends
+    /// within it, the interval doubling from a 63rd of it (so that one step survives heavy
+    /// loss: at 20% each way, all six are lost 0.2% of the time, three 4.7%).
     pub connect_timeout: Nanos,
     /// How long the server may stay silent before new exchanges fail with
     /// [`ExchangeError::ServerGone`].
@@ -323,7 +328,7 @@ fn answered_id(kind: MessageKind, m: &[u8]) -> Option<u64> {
 impl ClientEndpoint {
     /// An endpoint with no session yet; [`ClientEndpoint::connect`] starts one.
     pub fn new(config: ClientConfig, now: Nanos) -> ClientEndpoint {
-        let handshake_rto = (config.connect_timeout / 4).max(MS);
+        let handshake_rto = (config.connect_timeout / ((1 << HANDSHAKE_SENDS) - 1)).max(MS);
         ClientEndpoint {
             timers: Retransmit::new(config.rto, config.attempts.max(1))
                 .with_patience(
@@ -332,7 +337,7 @@ impl ClientEndpoint {
                         .saturating_mul((1u64 << config.attempts.clamp(1, 20)) - 1),
                 )
                 .with_max_backoff(config.max_rto),
-            handshake_timer: Retransmit::new(handshake_rto, 3),
+            handshake_timer: Retransmit::new(handshake_rto, HANDSHAKE_SENDS),
             config,
             session: None,
             handshake: None,
