@@ -169,6 +169,8 @@ impl Pair {
         while let Some(t) = self.client.poll_transmit() {
             self.server.handle(self.now, client_addr(), t.bytes);
         }
+        // Admitted requests wait for their tenant's turn, as in naam-server's loop.
+        self.server.run(usize::MAX);
         let mut back: Vec<Transmit> = std::mem::take(&mut self.server.backend_mut().outbox);
         while let Some(t) = self.server.poll_transmit() {
             back.push(t);
