@@ -54,7 +54,7 @@ fn rate(b: &mut UdpClient, d: Duration) -> f64 {
 /// regard for `Busy` (more than its credit admits, when the server is slow); tenant B keeps
 /// most of the throughput it has alone (processes: the server in its own process and, when it
 /// is built, its release binary, as deployed). The goal is 80%; on this 2-core machine, where
-/// the flood's client, B's client and two server loops share the cores, B keeps 59-80% (median
+/// the flood's client, B's client and two server loops share the cores, B keeps 68-80% (median
 /// of three rounds; bench/RESULTS.md, "Data path"), so the test holds half as a guard against
 /// regressions, not the goal. The server answers A's excess `Busy`,
 /// mutes a session that keeps at it, and opens and runs the tenants' datagrams in turns.
