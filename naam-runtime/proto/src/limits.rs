@@ -70,3 +70,11 @@ pub const STRANGER_IPS: usize = 4096;
 /// Receive loops one server may run (one socket each in an `SO_REUSEPORT` group, sessions
 /// sharded over them by the low byte of their ids: [`crate::shard`]).
 pub const MAX_LOOPS: usize = 64;
+
+/// How often an idle NIC reports that it is still there: its heartbeat, nanoseconds. Reports
+/// of work come every report period; one that would say "nothing ran" waits for this.
+pub const NIC_IDLE_REPORT: crate::Nanos = 20_000_000;
+
+/// How long a NIC may stay silent before the server takes it out of the weights: three
+/// heartbeats, nanoseconds.
+pub const NIC_SILENCE: crate::Nanos = 3 * NIC_IDLE_REPORT;

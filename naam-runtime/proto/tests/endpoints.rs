@@ -906,12 +906,16 @@ fn an_idle_nic_reports_rarely_and_a_working_one_every_period() {
             .copied()
             .unwrap_or(0)
     };
-    // Idle for a virtual second: a heartbeat every IDLE_REPORT_EVERY (100 ms), not a report
-    // every period (5 ms: 200 of them).
+    // Idle for a virtual second: a heartbeat every NIC_IDLE_REPORT (20 ms), well within the
+    // server's NIC_SILENCE, not a report every period (5 ms here: 200 of them, against 50).
+    let heartbeats = 1_000 * MS / naam_proto::limits::NIC_IDLE_REPORT;
     let before = reports(&w);
     w.run_until(1_000 * MS, |_| false);
     let idle = reports(&w) - before;
-    assert!((9..=11).contains(&idle), "{idle} reports in an idle second");
+    assert!(
+        (heartbeats - 1..=heartbeats + 1).contains(&idle),
+        "{idle} reports in an idle second"
+    );
     // Work: the read it runs is reported within a period, not at the next heartbeat.
     w.server.backend_mut().congested = true;
     let mut on_nic = false;

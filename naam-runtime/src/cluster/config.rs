@@ -140,8 +140,9 @@ pub struct ClusterConfig {
     pub tenant_budget: TenantBudget,
 }
 
-/// How long a remote NIC may stay silent before the controller takes it out of the weights.
-pub const REMOTE_SILENCE: Duration = Duration::from_millis(30);
+/// How long a remote NIC may stay silent before the controller takes it out of the weights
+/// (three of an idle NIC's heartbeats).
+pub const REMOTE_SILENCE: Duration = Duration::from_nanos(naam_proto::limits::NIC_SILENCE);
 
 impl Default for ClusterConfig {
     fn default() -> Self {

@@ -35,10 +35,11 @@ const MAX_SESSIONS: usize = 1 << 16;
 /// about one unknown session at most.
 const PAIRING_RETRY: Nanos = 100_000_000;
 
-/// How often an idle NIC reports that it is still idle (a heartbeat: a restarted server learns
-/// of the NIC by its next report). Reports of work come every `report_every`; a NIC with
-/// nothing to say would otherwise wake itself and the server a thousand times a second.
-pub(crate) const IDLE_REPORT_EVERY: Nanos = 100_000_000;
+/// How often an idle NIC reports (a heartbeat: the server takes a NIC silent for
+/// [`crate::limits::NIC_SILENCE`] out of the weights, and a restarted server learns of the NIC
+/// by its next report). Reports of work come every `report_every`; a NIC with nothing to say
+/// would otherwise wake itself and the server a thousand times a second.
+const IDLE_REPORT_EVERY: Nanos = crate::limits::NIC_IDLE_REPORT;
 /// How often mapping a restarted server's regions is retried (its manifest may still be
 /// being written).
 const REMAP_RETRY: Nanos = 10_000_000;
