@@ -230,20 +230,28 @@ impl Processes {
             let mut cfg = naam_runtime::udp::UdpConfig::new(self.server_addr, "a", key_a());
             cfg.rto = Duration::from_millis(50);
             if let Ok(mut c) = naam_runtime::udp::UdpClient::connect(&cfg) {
-                use naam_proto::transport::Transport as _;
-                let add = naam_proto::handler_id("add");
-                while c.agent().is_none() {
+                // The weights carry the NIC's agent once the server counts the NIC as up. They
+                // are asked for directly: a call would run a handler and show in the metrics
+                // the tests check.
+                let query = naam_proto::control::Control::QueryWeights {
+                    app: A,
+                    client: None,
+                    rtt_ns: None,
+                };
+                loop {
+                    if let Ok(naam_proto::control::Control::Weights { agent: Some(_), .. }) =
+                        c.control(&query)
+                    {
+                        return;
+                    }
                     assert!(
                         Instant::now() < deadline,
                         "naam-nic did not pair within 30 s:\n{}",
                         std::fs::read_to_string(self.dir.path().join("naam-nic.log"))
                             .unwrap_or_default()
                     );
-                    // Any call refreshes the weights, which carry the agent's address.
-                    let _ = c.call(A, add, &super::words(&[1, 1]), &[]);
                     std::thread::sleep(Duration::from_millis(5));
                 }
-                return;
             }
             assert!(
                 Instant::now() < deadline,

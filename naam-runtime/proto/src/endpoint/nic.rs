@@ -464,7 +464,10 @@ impl<B: NicBackend> NicEndpoint<B> {
             return;
         };
         let load = self.backend.load_report();
-        let idle = load.queue_depth == 0 && load.dequeues == 0 && load.busy_ns == 0;
+        let idle = load.queue_depth == 0
+            && load.dequeues == 0
+            && load.busy_ns == 0
+            && load.handlers.is_empty();
         match (idle, self.reported_idle) {
             (true, Some(at)) if now < at.saturating_add(IDLE_REPORT_EVERY) => {}
             _ => {
