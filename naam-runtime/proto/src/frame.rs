@@ -449,6 +449,18 @@ struct Timer {
     rto: Nanos,
 }
 
+impl Timer {
+    /// One more send at `now`: the next wait is twice the last, at most `max_backoff`.
+    fn resent(&mut self, now: Nanos, max_backoff: Nanos) {
+        self.attempt += 1;
+        let backoff = self
+            .rto
+            .saturating_mul(1 << (self.attempt - 1).min(20))
+            .min(max_backoff);
+        self.deadline = now.saturating_add(backoff);
+    }
+}
+
 /// Retransmission timers for a client's outstanding requests: each starts at the timeout its
 /// path's [`RttEstimator`] gives when it is sent and doubles per resend, for a fixed number of
 /// attempts. Writes are safe to resend because the server suppresses duplicates by request id.
@@ -531,12 +543,7 @@ impl Retransmit {
         if t.attempt >= self.max_attempts {
             return false;
         }
-        t.attempt += 1;
-        let backoff = t
-            .rto
-            .saturating_mul(1 << (t.attempt - 1).min(20))
-            .min(self.max_backoff);
-        t.deadline = now.saturating_add(backoff);
+        t.resent(now, self.max_backoff);
         true
     }
 
@@ -567,14 +574,8 @@ impl Retransmit {
                 done.push(id);
                 out.push((id, Timeout::GiveUp));
             } else {
-                t.attempt += 1;
-                // Resent until the attempts are used and the patience is spent, each wait
-                // twice the last, at most the longest backoff.
-                let backoff = t
-                    .rto
-                    .saturating_mul(1 << (t.attempt - 1).min(20))
-                    .min(self.max_backoff);
-                t.deadline = now.saturating_add(backoff);
+                // Resent until the attempts are used and the patience is spent.
+                t.resent(now, self.max_backoff);
                 out.push((id, Timeout::Resend(t.attempt)));
             }
         }

@@ -1026,12 +1026,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         let Ok(h) = crate::session::peek_sealed(&msg) else {
             return self.sealed(now, peer, &msg);
         };
-        if self
-            .floods
-            .get(&h.session)
-            .is_some_and(|f| now < f.muted_until)
-        {
-            self.stats.flood_drops += 1;
+        if self.drop_if_muted(now, h.session) {
             return;
         }
         let Some(tenant) = self
@@ -1054,16 +1049,21 @@ impl<B: HostBackend> ServerEndpoint<B> {
         self.turns.push(tenant, w);
     }
 
+    /// Whether session `sid` is muted for flooding at `now`; its datagram is then counted as
+    /// dropped.
+    fn drop_if_muted(&mut self, now: Nanos, sid: u64) -> bool {
+        let muted = self.floods.get(&sid).is_some_and(|f| now < f.muted_until);
+        if muted {
+            self.stats.flood_drops += 1;
+        }
+        muted
+    }
+
     fn sealed(&mut self, now: Nanos, peer: SocketAddr, msg: &Bytes) {
         // A session that ignores Busy is not heard for a while: its datagrams are dropped
         // before they cost an opening (only an authenticated flood mutes a session).
         if let Ok(h) = crate::session::peek_sealed(msg) {
-            if self
-                .floods
-                .get(&h.session)
-                .is_some_and(|f| now < f.muted_until)
-            {
-                self.stats.flood_drops += 1;
+            if self.drop_if_muted(now, h.session) {
                 return;
             }
         }
