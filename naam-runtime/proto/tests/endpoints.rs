@@ -5,30 +5,25 @@
 //! dedup table answers retransmissions), reads steered to the NIC when the host is
 //! congested.
 
+mod common;
+
+use common::{manifest, ModelNic, APP, INCREMENT, MS, READ};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use naam_proto::control::{AppManifest, Control, Manifest};
+use naam_proto::control::Control;
 use naam_proto::dedup::RecentAnswers;
 use naam_proto::endpoint::{
-    Channel, ClientConfig, ClientEndpoint, ClientEvent, ExchangeError, HostBackend, NicBackend,
-    NicConfig, NicEndpoint, NicEvent, Routed, ServerConfig, ServerEndpoint, SwitchHandle, Transmit,
+    Channel, ClientConfig, ClientEndpoint, ClientEvent, ExchangeError, HostBackend, NicConfig,
+    NicEndpoint, NicEvent, Routed, ServerConfig, ServerEndpoint, SwitchHandle, Transmit,
     VerbsAcceptor,
 };
 use naam_proto::limits;
-use naam_proto::onesided::{Completion, Operation};
 use naam_proto::session::{tenant_entries, CookieJar, Credential};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
 use naam_proto::{Nanos, Placement};
-
-const MS: Nanos = 1_000_000;
-const APP: u32 = 1;
-/// The model's write handler: adds one to a counter and answers the new value.
-const INCREMENT: u32 = 1;
-/// The model's read handler: answers the counter.
-const READ: u32 = 2;
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().expect("literal address")
@@ -179,61 +174,6 @@ impl HostBackend for ModelHost {
     }
 }
 
-/// The NIC's executors, as naam-nic's: a read runs at once and answers the client directly
-/// (payload `nic`); the regions of any server start can be mapped.
-#[derive(Default)]
-struct ModelNic {
-    outbox: Vec<Transmit>,
-    executed: u64,
-    /// `executed` at the last load report (a report counts what ran since the one before).
-    reported: u64,
-}
-
-impl NicBackend for ModelNic {
-    fn dispatch(
-        &mut self,
-        req: Request,
-        _sel: &mut Selector,
-        _forced: Option<Placement>,
-        reply_to: Channel,
-    ) -> Routed {
-        self.executed += 1;
-        let r = Reply {
-            app: req.app,
-            request_id: req.request_id,
-            status: Status::Ok,
-            code: 0,
-            steps: 1,
-            placement: Placement::Nic,
-            load: LoadFeedback::default(),
-            payload: Bytes::from_static(b"nic"),
-        };
-        self.outbox.push(reply_to.reply(&r));
-        Routed::Queued(Placement::Nic)
-    }
-
-    fn one_sided(&mut self, op: &Operation) -> Completion {
-        Completion::error(
-            op.app,
-            op.id,
-            Status::Unavailable,
-            "no regions in the model",
-        )
-    }
-
-    fn load_report(&mut self) -> RemoteLoad {
-        let dequeues = self.executed - std::mem::replace(&mut self.reported, self.executed);
-        RemoteLoad {
-            dequeues,
-            ..RemoteLoad::default()
-        }
-    }
-
-    fn remap(&mut self, epoch: u64) -> Result<Manifest, String> {
-        Ok(manifest(epoch))
-    }
-}
-
 /// The network: every datagram is lost, duplicated and delayed (with jitter, so reordered)
 /// by a seeded generator.
 struct Net {
@@ -324,24 +264,6 @@ struct World {
     events: Vec<ClientEvent>,
     /// The NIC's events, in order.
     nic_events: Vec<NicEvent>,
-}
-
-fn manifest(epoch: u64) -> Manifest {
-    Manifest {
-        apps: vec![AppManifest {
-            id: APP,
-            name: "counter".into(),
-            kind: "object".into(),
-            params: serde_json::Value::Null,
-            object: String::new(),
-            object_hash: 0,
-            handlers: Vec::new(),
-            regions: Vec::new(),
-        }],
-        mode: "virtual".into(),
-        policy: "model".into(),
-        epoch,
-    }
 }
 
 fn server(credential: &Credential, pairing: &Credential, epoch: u64) -> ServerEndpoint<ModelHost> {

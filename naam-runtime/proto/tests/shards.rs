@@ -5,28 +5,25 @@
 //! set it up; the NIC, paired through one loop, learns every loop's sessions and takes
 //! requests forwarded by either.
 
+mod common;
+
+use common::{manifest, ModelNic, APP, INCREMENT, MS, READ};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use naam_proto::control::{AppManifest, Control, Manifest};
+use naam_proto::control::Control;
 use naam_proto::endpoint::{
-    Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, NicBackend, NicConfig,
-    NicEndpoint, Routed, ServerConfig, ServerEndpoint, SessionDirectory, SwitchHandle, Transmit,
-    VerbsAcceptor,
+    Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, NicConfig, NicEndpoint,
+    Routed, ServerConfig, ServerEndpoint, SessionDirectory, SwitchHandle, Transmit, VerbsAcceptor,
 };
-use naam_proto::onesided::{Completion, Operation};
 use naam_proto::session::{tenant_entries, CookieJar, Credential};
 use naam_proto::shard::{loop_of_route, route_of, route_of_session, Shard};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
 use naam_proto::{Nanos, Placement};
 
-const MS: Nanos = 1_000_000;
-const APP: u32 = 1;
-const INCREMENT: u32 = 1;
-const READ: u32 = 2;
 const LOOPS: usize = 2;
 const CLIENTS: u16 = 6;
 
@@ -112,62 +109,6 @@ impl HostBackend for LoopHost {
     }
     fn verbs(&self) -> Option<&dyn VerbsAcceptor> {
         None
-    }
-}
-
-/// The NIC's executors: a read answers `nic` straight to the client.
-#[derive(Default)]
-struct ModelNic {
-    outbox: Vec<Transmit>,
-}
-
-impl NicBackend for ModelNic {
-    fn dispatch(
-        &mut self,
-        req: Request,
-        _sel: &mut Selector,
-        _forced: Option<Placement>,
-        reply_to: Channel,
-    ) -> Routed {
-        let r = Reply {
-            app: req.app,
-            request_id: req.request_id,
-            status: Status::Ok,
-            code: 0,
-            steps: 1,
-            placement: Placement::Nic,
-            load: LoadFeedback::default(),
-            payload: Bytes::from_static(b"nic"),
-        };
-        self.outbox.push(reply_to.reply(&r));
-        Routed::Queued(Placement::Nic)
-    }
-    fn one_sided(&mut self, op: &Operation) -> Completion {
-        Completion::error(op.app, op.id, Status::Unavailable, "no regions here")
-    }
-    fn load_report(&mut self) -> RemoteLoad {
-        RemoteLoad::default()
-    }
-    fn remap(&mut self, epoch: u64) -> Result<Manifest, String> {
-        Ok(manifest(epoch))
-    }
-}
-
-fn manifest(epoch: u64) -> Manifest {
-    Manifest {
-        apps: vec![AppManifest {
-            id: APP,
-            name: "counter".into(),
-            kind: "object".into(),
-            params: serde_json::Value::Null,
-            object: String::new(),
-            object_hash: 0,
-            handlers: Vec::new(),
-            regions: Vec::new(),
-        }],
-        mode: "virtual".into(),
-        policy: "model".into(),
-        epoch,
     }
 }
 
