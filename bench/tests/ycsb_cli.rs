@@ -238,6 +238,11 @@ fn bad_properties_and_phases_are_refused_before_any_work() {
             "B-tree stores 8-byte values",
         ),
         (&["ycsb", "-P", "workloads/workloade"], "use --app btree"),
+        (&["ycsb", "--pipeline", "0"], "--pipeline"),
+        (&["ycsb", "--pipeline=-3"], "--pipeline"),
+        (&["ycsb", "-p", "naam.pipeline=0"], "naam.pipeline"),
+        (&["ycsb", "-p", "naam.pipeline=5000"], "at most 1024"),
+        (&["compare-memcached", "--pipeline", "0"], "--pipeline"),
         (
             &["ycsb", "--fabric", "bogus"],
             "unknown fabric `bogus` (inproc, inproc-endpoints, udp, rdma)",
