@@ -98,3 +98,15 @@ fn a_bad_loss_injection_value_is_refused_before_any_work() {
     assert!(err.contains("NAAM_INJECT_LOSS"), "{err}");
     assert!(!err.contains("/nonexistent"), "did work first: {err}");
 }
+
+#[test]
+fn receive_loops_out_of_range_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["0", "65", "-1", "many"] {
+        let flag = format!("--receive-loops={bad}");
+        let out = nic(dir.path(), &[&flag, "--wait", "0"]);
+        assert_eq!(out.status.code(), Some(2), "--receive-loops {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--receive-loops"), "{bad}: {err}");
+    }
+}

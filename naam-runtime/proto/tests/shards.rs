@@ -2,8 +2,9 @@
 //! address), several clients and a NIC, in virtual time. The network delivers a datagram to
 //! the loop its route names, as the kernel's reuseport filter does, and by a hash of the
 //! sender's address when it has none (handshakes). Every session routes back to the loop that
-//! set it up; the NIC, paired through one loop, learns every loop's sessions and takes
-//! requests forwarded by either.
+//! set it up; the NIC, of two receive loops itself, pairs through one server loop, learns
+//! every loop's sessions, takes requests forwarded by either, and serves each session's own
+//! datagrams on its route's loop.
 
 mod common;
 
@@ -13,6 +14,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_proto::control::Control;
 use naam_proto::endpoint::{
     Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, NicConfig, NicEndpoint,
@@ -26,6 +28,7 @@ use naam_proto::{Nanos, Placement};
 
 const LOOPS: usize = 2;
 const CLIENTS: u16 = 6;
+const NIC_LOOPS: usize = 2;
 
 fn server_addr() -> SocketAddr {
     "10.0.0.1:7000".parse().expect("literal")
@@ -123,7 +126,9 @@ struct World {
     clients: Vec<ClientEndpoint>,
     events: Vec<Vec<ClientEvent>>,
     pairing: Credential,
-    nic: Option<NicEndpoint<ModelNic>>,
+    /// The NIC's receive loops (empty: no NIC), and the datagrams each took in.
+    nic: Vec<NicEndpoint<ModelNic>>,
+    nic_taken: Vec<u64>,
 }
 
 impl World {
@@ -170,7 +175,8 @@ impl World {
             clients,
             events: (0..CLIENTS).map(|_| Vec::new()).collect(),
             pairing,
-            nic: None,
+            nic: Vec::new(),
+            nic_taken: vec![0; NIC_LOOPS],
         }
     }
 
@@ -193,7 +199,7 @@ impl World {
                 out.push((server_addr(), t));
             }
         }
-        if let Some(nic) = &mut self.nic {
+        for nic in &mut self.nic {
             while let Some(t) = nic.poll_transmit() {
                 out.push((nic_addr(), t));
             }
@@ -207,9 +213,10 @@ impl World {
         }
     }
 
-    /// The loop a datagram from `from` reaches: its route's, else a hash of the sender.
-    fn loop_for(from: SocketAddr, bytes: &[u8]) -> usize {
-        loop_of_route(route_of(bytes), LOOPS).unwrap_or(from.port() as usize % LOOPS)
+    /// The loop of `loops` a datagram from `from` reaches: its route's, else a hash of the
+    /// sender.
+    fn loop_for(from: SocketAddr, bytes: &[u8], loops: usize) -> usize {
+        loop_of_route(route_of(bytes), loops).unwrap_or(from.port() as usize % loops)
     }
 
     fn run_until(&mut self, limit: Nanos, done: impl Fn(&World) -> bool) -> bool {
@@ -224,7 +231,7 @@ impl World {
                 .iter()
                 .filter_map(|c| c.poll_timeout())
                 .chain(self.loops.iter().filter_map(|l| l.poll_timeout()))
-                .chain(self.nic.as_ref().and_then(|n| n.poll_timeout()));
+                .chain(self.nic.iter().filter_map(|n| n.poll_timeout()));
             let next = self.wire.iter().map(|d| d.0).chain(timers).min();
             let Some(next) = next.filter(|n| *n <= end) else {
                 self.now = end;
@@ -236,13 +243,17 @@ impl World {
             self.wire.retain(|d| d.0 > now);
             for (_, from, to, bytes) in due {
                 if to == server_addr() {
-                    let i = Self::loop_for(from, &bytes);
+                    let i = Self::loop_for(from, &bytes, LOOPS);
                     self.taken[i] += 1;
                     self.loops[i].handle(now, from, bytes);
                     self.loops[i].run(usize::MAX);
                 } else if to == nic_addr() {
-                    if let Some(nic) = &mut self.nic {
-                        nic.handle(now, from, bytes);
+                    if !self.nic.is_empty() {
+                        let i = Self::loop_for(from, &bytes, NIC_LOOPS);
+                        self.nic_taken[i] += 1;
+                        self.nic[i].handle(now, from, bytes);
+                        // A loop's turn ends with its timers, as the driver's does.
+                        self.nic[i].handle_timeout(now);
                     }
                 } else if let Some(i) = (0..CLIENTS).find(|i| client_addr(*i) == to) {
                     self.clients[i as usize].handle(now, from, bytes);
@@ -254,7 +265,7 @@ impl World {
             for l in &mut self.loops {
                 l.handle_timeout(now);
             }
-            if let Some(nic) = &mut self.nic {
+            for nic in &mut self.nic {
                 nic.handle_timeout(now);
             }
         }
@@ -286,7 +297,7 @@ impl World {
             self.run_until(1_000 * MS, all),
             "unanswered calls: loops {:?}, NIC {:?}, events {:?}",
             self.loops.iter().map(|l| l.stats()).collect::<Vec<_>>(),
-            self.nic.as_ref().map(|n| n.stats()),
+            self.nic.iter().map(|n| n.stats()).collect::<Vec<_>>(),
             self.events.iter().map(|e| e.last()).collect::<Vec<_>>()
         );
         ids.iter()
@@ -297,22 +308,21 @@ impl World {
 
     fn start_nic(&mut self) {
         let config = NicConfig::new(server_addr(), nic_addr(), self.pairing.clone());
-        self.nic = Some(NicEndpoint::new(
-            config,
-            ModelNic::default(),
-            &manifest(1),
-            self.now,
-        ));
+        let first = NicEndpoint::new(config, ModelNic::default(), &manifest(1), self.now);
+        let others: Vec<_> = (1..NIC_LOOPS)
+            .map(|_| first.another_loop(ModelNic::default()))
+            .collect();
+        self.nic = std::iter::once(first).chain(others).collect();
         let ready = |w: &World| {
             w.host.lock().unwrap().nic_up
                 && w.nic
-                    .as_ref()
-                    .is_some_and(|n| n.is_paired() && n.sessions() == CLIENTS as usize)
+                    .iter()
+                    .all(|n| n.is_paired() && n.sessions() == CLIENTS as usize)
         };
         assert!(
             self.run_until(1_000 * MS, ready),
             "the NIC paired and learned every loop's sessions: {:?}",
-            self.nic.as_ref().map(|n| n.sessions())
+            self.nic.iter().map(|n| n.sessions()).collect::<Vec<_>>()
         );
     }
 }
@@ -370,8 +380,48 @@ fn sessions_stay_on_their_loop_and_the_nic_serves_every_loops_sessions() {
         "both loops forwarded: {by_loop:?}"
     );
 
+    // Each session's own datagrams (one-sided reads, straight to the NIC) reach the NIC loop
+    // of its route, which opens them although another loop learned the session (the model's
+    // app has no regions: each read is refused by the loop that opened it).
+    let before = w.nic_taken.clone();
+    let ids: Vec<u64> = (0..CLIENTS as usize)
+        .map(|i| {
+            w.clients[i].set_agent(Some(nic_addr()));
+            let now = w.now;
+            let d = Descriptor {
+                rkey: 1,
+                offset: 0,
+                len: 8,
+                access: ACCESS_READ,
+            };
+            w.clients[i].read(now, APP, &[d]).expect("sent")
+        })
+        .collect();
+    let answered = |w: &World| {
+        ids.iter().enumerate().all(|(i, id)| {
+            w.events[i]
+                .iter()
+                .any(|e| matches!(e, ClientEvent::Answered { id: got, .. } if got == id))
+        })
+    };
+    assert!(w.run_until(1_000 * MS, answered), "every read answered");
+    let served: Vec<u64> = w.nic.iter().map(|n| n.stats().refused).collect();
+    assert!(w.nic.iter().all(|n| n.stats().unauthenticated == 0));
+    assert_eq!(served.iter().sum::<u64>(), CLIENTS as u64, "{served:?}");
+    assert!(
+        served.iter().all(|n| *n > 0),
+        "both NIC loops served: {served:?}"
+    );
+    let took: Vec<u64> = w
+        .nic_taken
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect();
+    assert_eq!(took, served, "each read reached one loop, its session's");
+
     // A restarted NIC pairs again (through whichever loop) and learns every session anew.
-    w.nic = None;
+    w.nic.clear();
     w.start_nic();
     let replies = w.everyone_calls(READ);
     assert!(replies

@@ -35,7 +35,9 @@ pub use deploy::{
     SERVER_EXECUTOR_POLL,
 };
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
-pub use nic::{serve_nic, serve_nic_inline, InlineNic, NicCluster, NicOptions, Remap};
+pub use nic::{
+    serve_nic, serve_nic_inline, serve_nic_loops, InlineNic, NicCluster, NicOptions, Remap,
+};
 pub use reuseport::bind_group;
 pub use server::{serve_host, serve_host_inline, serve_host_loops, InlineServer, ServerOptions};
 pub use signal::stop_flag;

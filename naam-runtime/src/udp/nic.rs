@@ -5,14 +5,15 @@
 //! the NIC executors (which reply to clients directly) and the mapped server regions.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use super::inline::{Inline, InlineEndpoint};
 use super::memnet::{MemoryNet, ServedPort};
-use super::server::Replies;
+use super::server::{LoopCounters, Replies};
 use super::socket::{Sender, Socket};
 use crate::cluster::Cluster;
 use crate::onesided;
@@ -75,12 +76,65 @@ pub struct NicCluster {
     pub manifest: Manifest,
 }
 
-/// The NIC endpoint's executors: the current server start's, and how to map a new one's
-/// (`remap`, given the new start's epoch).
+/// The executors of the server start the NIC serves, shared by its receive loops: the first
+/// loop maps a restarted server's regions and puts the new executors here; the others take
+/// them up on their next request.
+struct Executors {
+    epoch: AtomicU64,
+    current: RwLock<Arc<Cluster>>,
+}
+
+/// One receive loop's side of the NIC endpoint: the shared executors (as this loop last
+/// took them up), whose replies go out from this loop's socket.
 struct NicHost<R> {
-    current: NicCluster,
+    executors: Arc<Executors>,
+    cluster: Arc<Cluster>,
+    epoch: u64,
     replies: Replies,
-    remap: R,
+    /// How to map a restarted server's regions: the first loop's.
+    remap: Option<R>,
+}
+
+impl<R> NicHost<R> {
+    fn new(start: NicCluster, replies: Replies, remap: R) -> NicHost<R> {
+        let epoch = start.manifest.epoch;
+        NicHost {
+            executors: Arc::new(Executors {
+                epoch: AtomicU64::new(epoch),
+                current: RwLock::new(start.cluster.clone()),
+            }),
+            cluster: start.cluster,
+            epoch,
+            replies,
+            remap: Some(remap),
+        }
+    }
+
+    /// Another loop's side, over the same executors, replying with `replies`.
+    fn another_loop<S>(&self, replies: Replies) -> NicHost<S> {
+        NicHost {
+            executors: self.executors.clone(),
+            cluster: self.cluster.clone(),
+            epoch: self.epoch,
+            replies,
+            remap: None,
+        }
+    }
+
+    /// The current executors, taken up anew after a remap.
+    fn cluster(&mut self) -> &Cluster {
+        let epoch = self.executors.epoch.load(Ordering::Acquire);
+        if epoch != self.epoch {
+            self.cluster = self
+                .executors
+                .current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            self.epoch = epoch;
+        }
+        &self.cluster
+    }
 }
 
 impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
@@ -91,24 +145,36 @@ impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
         forced: Option<Placement>,
         reply_to: Channel,
     ) -> Routed {
+        self.cluster();
         self.replies
-            .dispatch(&self.current.cluster, None, req, sel, forced, reply_to)
+            .dispatch(&self.cluster, None, req, sel, forced, reply_to)
     }
 
     fn one_sided(&mut self, op: &Operation) -> Completion {
-        onesided::execute(self.current.cluster.regions(), op)
+        onesided::execute(self.cluster().regions(), op)
     }
 
     fn load_report(&mut self) -> RemoteLoad {
-        self.current.cluster.take_load_report(Placement::Nic)
+        self.cluster().take_load_report(Placement::Nic)
     }
 
     fn remap(&mut self, epoch: u64) -> Result<Manifest, String> {
-        let c = (self.remap)(epoch)?;
+        let remap = self
+            .remap
+            .as_mut()
+            .ok_or("only the first receive loop maps a restarted server's regions")?;
+        let c = remap(epoch)?;
         let manifest = c.manifest.clone();
         if manifest.epoch == epoch {
-            // The old executors stop when their cluster is dropped.
-            self.current = c;
+            // The old executors stop when the last loop lets go of their cluster.
+            *self
+                .executors
+                .current
+                .write()
+                .unwrap_or_else(|e| e.into_inner()) = c.cluster.clone();
+            self.executors.epoch.store(epoch, Ordering::Release);
+            self.cluster = c.cluster;
+            self.epoch = epoch;
         }
         Ok(manifest)
     }
@@ -153,11 +219,11 @@ fn nic_endpoint<R: FnMut(u64) -> Result<NicCluster, String>>(
     config.authentication = options.authentication;
     config.report_every = options.report_every.as_nanos() as u64;
     let manifest = start.manifest.clone();
-    let host = NicHost {
-        current: start,
-        replies: Replies::new(replies, options.telemetry.clone()),
+    let host = NicHost::new(
+        start,
+        Replies::new(replies, options.telemetry.clone()),
         remap,
-    };
+    );
     Ok(NicEndpoint::new(config, host, &manifest, now))
 }
 
@@ -166,15 +232,87 @@ fn nic_endpoint<R: FnMut(u64) -> Result<NicCluster, String>>(
 /// manifest for epoch `epoch`.
 pub fn serve_nic(
     start: NicCluster,
-    mut socket: Socket,
+    socket: Socket,
+    options: NicOptions,
+    stop: &AtomicBool,
+    remap: &mut dyn FnMut(u64) -> Result<NicCluster, String>,
+) -> std::io::Result<NicStats> {
+    serve_nic_loops(start, vec![socket], options, stop, remap)
+}
+
+/// Runs one NIC receive loop per socket of `sockets` (a [`super::bind_group`] on one
+/// address: the kernel hands each session's datagrams to the loop of its route), each on a
+/// thread of its own (the first on the caller's), until `stop` is set, then drains them (see
+/// [`serve_nic`]). The loops share the executors, the pairing and the announced sessions;
+/// the first retries pairing and calls `remap`. Returns every loop's counters, summed.
+pub fn serve_nic_loops(
+    start: NicCluster,
+    sockets: Vec<Socket>,
     options: NicOptions,
     stop: &AtomicBool,
     remap: &mut dyn FnMut(u64) -> Result<NicCluster, String>,
 ) -> std::io::Result<NicStats> {
     let clock = SystemClock::new();
+    let mut sockets = sockets.into_iter();
+    let first_socket = sockets
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "no socket"))?;
+    let local = first_socket.local_addr()?;
+    let first = nic_endpoint(
+        start,
+        first_socket.sender()?,
+        &options,
+        local,
+        clock.now(),
+        remap,
+    )?;
+    let others = sockets
+        .map(|socket| {
+            let replies = Replies::new(socket.sender()?, options.telemetry.clone());
+            let host: NicHost<fn(u64) -> Result<NicCluster, String>> =
+                first.backend().another_loop(replies);
+            Ok((socket, first.another_loop(host)))
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let published = Arc::new(std::sync::Mutex::new(vec![Vec::new(); others.len() + 1]));
+    let counters = |index| LoopCounters {
+        index,
+        all: published.clone(),
+    };
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = others
+            .into_iter()
+            .enumerate()
+            .map(|(i, (socket, endpoint))| {
+                let (options, counters) = (&options, counters(i + 1));
+                std::thread::Builder::new()
+                    .name(format!("naam-nic-loop-{}", i + 1))
+                    .spawn_scoped(scope, move || {
+                        run_nic_loop(endpoint, socket, options, stop, counters)
+                    })
+            })
+            .collect::<std::io::Result<_>>()?;
+        let mut total = run_nic_loop(first, first_socket, &options, stop, counters(0))?;
+        for t in threads {
+            let stats = t
+                .join()
+                .map_err(|_| std::io::Error::other("a NIC receive loop panicked"))??;
+            total += stats;
+        }
+        Ok(total)
+    })
+}
+
+/// One receive loop of naam-nic (see [`serve_nic_loops`]).
+fn run_nic_loop<R: FnMut(u64) -> Result<NicCluster, String>>(
+    mut nic: NicEndpoint<NicHost<R>>,
+    mut socket: Socket,
+    options: &NicOptions,
+    stop: &AtomicBool,
+    counters: LoopCounters,
+) -> std::io::Result<NicStats> {
+    let clock = SystemClock::new();
     let sender = socket.sender()?;
-    let local = socket.local_addr()?;
-    let mut nic = nic_endpoint(start, socket.sender()?, &options, local, clock.now(), remap)?;
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
     loop {
@@ -195,8 +333,8 @@ pub fn serve_nic(
             }
         }
         if Instant::now() >= next_publish {
-            next_publish = Instant::now() + options.report_every;
-            options.telemetry.publish_counters(nic.stats().counters());
+            next_publish = Instant::now() + options.report_every.max(PUBLISH_EVERY);
+            counters.publish(&options.telemetry, nic.stats().counters());
         }
         let now = clock.now();
         let wait = nic
@@ -211,6 +349,9 @@ pub fn serve_nic(
         }
     }
 }
+
+/// How often a NIC loop publishes its counters for `--metrics` at most.
+const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// The longest the NIC's loop sleeps with nothing due: how soon it notices `stop`. The
 /// endpoint's timers (an idle NIC's heartbeat report, a pairing retry) wake it sooner.

@@ -349,14 +349,14 @@ type Counters = Vec<(&'static str, &'static str, u64)>;
 
 /// Where the receive loops publish their counters: each its own slot; the published series
 /// are the sums.
-struct LoopCounters {
-    index: usize,
-    all: Arc<Mutex<Vec<Counters>>>,
+pub(crate) struct LoopCounters {
+    pub(crate) index: usize,
+    pub(crate) all: Arc<Mutex<Vec<Counters>>>,
 }
 
 impl LoopCounters {
     /// Records this loop's counters and publishes every loop's, summed by name.
-    fn publish(&self, telemetry: &super::telemetry::Telemetry, mine: Counters) {
+    pub(crate) fn publish(&self, telemetry: &super::telemetry::Telemetry, mine: Counters) {
         let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
         all[self.index] = mine;
         let mut sum: Counters = Vec::new();

@@ -240,24 +240,23 @@ pub(crate) fn udp_host_tenants(
     }
 }
 
-/// A naam-nic driver on loopback for the host that wrote `shm`, reporting to `server`; it maps
-/// the regions anew when the server restarts.
+/// A naam-nic driver of two receive loops on loopback for the host that wrote `shm`,
+/// reporting to `server`; it maps the regions anew when the server restarts.
 pub(crate) fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
     use naam_runtime::cluster::ClusterConfig;
     use naam_runtime::udp::start_nic;
-    use naam_runtime::udp::Socket;
-    use naam_runtime::udp::{serve_nic, NicCluster, NicOptions};
+    use naam_runtime::udp::{bind_group, serve_nic_loops, NicCluster, NicOptions};
     let (cluster, manifest) = start_nic(shm, ClusterConfig::functional()).unwrap();
     let shm = shm.to_path_buf();
-    let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
-    let addr = socket.local_addr().unwrap();
+    let sockets = bind_group("127.0.0.1:0".parse().unwrap(), 1472, 2).unwrap();
+    let addr = sockets[0].local_addr().unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
     let thread = std::thread::spawn(move || {
         let mut opts = NicOptions::new(server, addr, pairing_key());
         opts.drain = std::time::Duration::from_secs(1);
         let start = NicCluster { cluster, manifest };
-        serve_nic(start, socket, opts, &s, &mut |_| {
+        serve_nic_loops(start, sockets, opts, &s, &mut |_| {
             start_nic(&shm, ClusterConfig::functional())
                 .map(|(cluster, manifest)| NicCluster { cluster, manifest })
                 .map_err(|e| e.to_string())

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use naam_runtime::cluster::ClusterConfig;
-use naam_runtime::udp::{self, Socket};
+use naam_runtime::udp;
 
 /// The SmartNIC side of a NAAM deployment (emulated on this machine).
 #[derive(Parser)]
@@ -40,6 +40,10 @@ enum Command {
         /// NIC executor threads (BlueField-2 has 8 Arm cores).
         #[arg(long, default_value_t = 1)]
         cores: usize,
+        /// Receive loops, each with its own socket on `--listen` and its share of the
+        /// sessions (1 to 64; default: one per core this process may run on).
+        #[arg(long, value_parser = clap::value_parser!(u16).range(1..=naam_runtime::proto::limits::MAX_LOOPS as i64))]
+        receive_loops: Option<u16>,
         /// Handler slowdown of a NIC core against a host core (model).
         #[arg(long, default_value_t = 2.0)]
         core_slowdown: f64,
@@ -148,6 +152,7 @@ fn main() -> ExitCode {
             listen,
             shm_dir,
             cores,
+            receive_loops,
             core_slowdown,
             dma_ns,
             no_cost_model,
@@ -166,6 +171,7 @@ fn main() -> ExitCode {
                 listen,
                 &shm_dir,
                 cores,
+                receive_loops.map_or_else(default_loops, usize::from),
                 naam_smartnic::bluefield2_model(core_slowdown, dma_ns, !no_cost_model),
                 datagram,
                 Duration::from_secs(wait),
@@ -183,6 +189,13 @@ fn main() -> ExitCode {
     }
 }
 
+/// One receive loop per core this process may run on.
+fn default_loops() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(naam_runtime::proto::limits::MAX_LOOPS)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     pairing: naam_runtime::proto::session::Credential,
@@ -190,6 +203,7 @@ fn run(
     listen: SocketAddr,
     shm_dir: &std::path::Path,
     cores: usize,
+    loops: usize,
     model: naam_runtime::cluster::NicModel,
     datagram: Option<usize>,
     wait: Duration,
@@ -214,9 +228,12 @@ fn run(
     let (cluster, manifest) = udp::start_nic(shm_dir, cc.clone())
         .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
     let datagram = datagram.unwrap_or_else(|| naam_runtime::udp::datagram_for(listen));
-    let mut socket = Socket::bind(listen, datagram).with_context(|| format!("binding {listen}"))?;
-    socket.inject_loss(inject_loss);
-    let advertise = socket.local_addr()?;
+    let mut sockets =
+        udp::bind_group(listen, datagram, loops).with_context(|| format!("binding {listen}"))?;
+    for s in &mut sockets {
+        s.inject_loss(inject_loss);
+    }
+    let advertise = sockets[0].local_addr()?;
     let telemetry = std::sync::Arc::new(naam_runtime::udp::Telemetry::default());
     if let Some(addr) = metrics {
         let (t, c) = (telemetry.clone(), cluster.clone());
@@ -230,7 +247,7 @@ fn run(
     }
     tracing::info!(
         "{} app(s), {} core(s) (emulated Arm A72: slowdown {}x, DMA {} ns/access{}), \
-         agent and executors on udp://{advertise}, reporting to {server}",
+         agent and executors on udp://{advertise} ({loops} receive loop(s)), reporting to {server}",
         manifest.apps.len(),
         cores.max(1),
         model.core_slowdown,
@@ -243,9 +260,9 @@ fn run(
     );
     let mut options = udp::NicOptions::new(server, advertise, pairing);
     options.telemetry = telemetry;
-    let stats = udp::serve_nic(
+    let stats = udp::serve_nic_loops(
         udp::NicCluster { cluster, manifest },
-        socket,
+        sockets,
         options,
         stop,
         &mut |_epoch| {

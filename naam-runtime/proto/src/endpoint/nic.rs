@@ -7,10 +7,20 @@
 //!
 //! When the server restarts (a welcome of a new epoch) the endpoint asks its [`NicBackend`]
 //! to map the new regions, and forgets the old sessions, with no manual step.
+//!
+//! A NIC with several receive loops (one per core, on one address: the kernel hands each
+//! datagram to the loop its route names, as naam-server's loops) runs one endpoint per loop:
+//! the first is made with [`NicEndpoint::new`], the others with [`NicEndpoint::another_loop`].
+//! They share the pairing (its key and replay window: the server's datagrams reach the loop
+//! the pairing session's route names) and the announced client sessions (each with its own
+//! replay window: a session's own datagrams reach its route's loop, its forwards the pairing's),
+//! and nothing else on a request's path. The first loop retries pairing and remaps; any loop
+//! reports load when a report is due.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -114,6 +124,28 @@ pub struct NicStats {
     pub pairings: u64,
 }
 
+impl std::ops::AddAssign for NicStats {
+    /// Adds another receive loop's counters.
+    fn add_assign(&mut self, o: NicStats) {
+        let NicStats {
+            executed,
+            one_sided,
+            duplicates,
+            malformed,
+            refused,
+            unauthenticated,
+            pairings,
+        } = o;
+        self.executed += executed;
+        self.one_sided += one_sided;
+        self.duplicates += duplicates;
+        self.malformed += malformed;
+        self.refused += refused;
+        self.unauthenticated += unauthenticated;
+        self.pairings += pairings;
+    }
+}
+
 impl NicStats {
     /// The counters as `(name, help, value)`, for metrics.
     pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
@@ -174,7 +206,9 @@ struct ClientSession {
     key: Arc<SessionKey>,
     ch: Channel,
     apps: Vec<u32>,
-    window: ReplayWindow,
+    /// Taken by the loop of the session's route (its own datagrams) and by the loop of the
+    /// pairing's (the server's forwards of them).
+    window: Mutex<ReplayWindow>,
 }
 
 /// Where pairing stands.
@@ -199,6 +233,49 @@ enum Pairing {
     },
 }
 
+/// The pairing and when the first loop last sent a pairing message.
+struct Link {
+    pairing: Pairing,
+    last_pairing_send: Nanos,
+    /// The last report said the NIC was idle (nothing queued, nothing run since the one
+    /// before), and when it was sent.
+    reported_idle: Option<Nanos>,
+}
+
+/// The server start the executors' regions belong to, and what the server announced for it.
+struct Mapped {
+    epoch: u64,
+    /// `(app, rkey)` → the rights clients have there.
+    grants: HashMap<(u32, u64), u32>,
+    sessions: HashMap<u64, Arc<ClientSession>>,
+}
+
+/// What every receive loop of one NIC shares.
+struct NicShared {
+    link: Mutex<Link>,
+    mapped: RwLock<Mapped>,
+    /// When a load report is next due, whichever loop sends it.
+    next_report: AtomicU64,
+}
+
+impl NicShared {
+    fn link(&self) -> MutexGuard<'_, Link> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mapped(&self) -> RwLockReadGuard<'_, Mapped> {
+        self.mapped.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn mapped_mut(&self) -> RwLockWriteGuard<'_, Mapped> {
+        self.mapped.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn session(&self, id: u64) -> Option<Arc<ClientSession>> {
+        self.mapped().sessions.get(&id).cloned()
+    }
+}
+
 /// `(app, rkey)` → the rights clients have there.
 fn grants_of(m: &Manifest) -> HashMap<(u32, u64), u32> {
     m.apps
@@ -211,58 +288,82 @@ fn grants_of(m: &Manifest) -> HashMap<(u32, u64), u32> {
         .collect()
 }
 
-/// The NIC's endpoint over NIC side `B`. See the module documentation.
+/// The NIC's endpoint over NIC side `B`, for one receive loop. See the module documentation.
 pub struct NicEndpoint<B> {
     backend: B,
     config: NicConfig,
-    /// The server start the executors' regions belong to.
-    epoch: u64,
-    grants: HashMap<(u32, u64), u32>,
+    shared: Arc<NicShared>,
+    /// The first loop: it retries pairing and maps a restarted server's regions.
+    first: bool,
+    /// The epoch of the regions when this loop last looked: its duplicate answers and its
+    /// questions about sessions belong to it.
+    seen_epoch: u64,
     stats: NicStats,
     sel: Selector,
-    /// Answers to mutating one-sided operations by (session, operation id).
+    /// Answers to mutating one-sided operations by (session, operation id). A session's
+    /// operations reach its route's loop only.
     dup: RecentAnswers<(u64, u64), Bytes>,
-    sessions: HashMap<u64, ClientSession>,
     /// Sessions asked about, and when.
     asked: HashMap<u64, Nanos>,
-    pairing: Pairing,
-    last_pairing_send: Nanos,
     next_remap: Nanos,
     next_id: u64,
     draining: bool,
-    next_report: Nanos,
-    /// The last report said the NIC was idle (nothing queued, nothing run since the one
-    /// before), and when it was sent.
-    reported_idle: Option<Nanos>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<NicEvent>,
 }
 
 impl<B: NicBackend> NicEndpoint<B> {
-    /// An endpoint for executors built from `manifest`; it starts pairing at once.
+    /// The first (or only) loop's endpoint, for executors built from `manifest`; it starts
+    /// pairing at once.
     pub fn new(config: NicConfig, backend: B, manifest: &Manifest, now: Nanos) -> NicEndpoint<B> {
-        let mut nic = NicEndpoint {
+        let shared = Arc::new(NicShared {
+            link: Mutex::new(Link {
+                pairing: Pairing::Idle,
+                last_pairing_send: now,
+                reported_idle: None,
+            }),
+            mapped: RwLock::new(Mapped {
+                epoch: manifest.epoch,
+                grants: grants_of(manifest),
+                sessions: HashMap::new(),
+            }),
+            next_report: AtomicU64::new(now),
+        });
+        let mut nic = NicEndpoint::member(config, backend, shared, true);
+        nic.start_pairing(now);
+        nic
+    }
+
+    /// The endpoint of another receive loop of this NIC, on the same address, over
+    /// `backend` (the same executors, replying from that loop's socket). It shares this
+    /// one's pairing and sessions.
+    pub fn another_loop<C: NicBackend>(&self, backend: C) -> NicEndpoint<C> {
+        NicEndpoint::member(self.config.clone(), backend, self.shared.clone(), false)
+    }
+
+    fn member(
+        config: NicConfig,
+        backend: B,
+        shared: Arc<NicShared>,
+        first: bool,
+    ) -> NicEndpoint<B> {
+        let seen_epoch = shared.mapped().epoch;
+        NicEndpoint {
             backend,
-            epoch: manifest.epoch,
-            grants: grants_of(manifest),
+            config,
+            shared,
+            first,
+            seen_epoch,
             stats: NicStats::default(),
             sel: Selector::default(),
             dup: RecentAnswers::default(),
-            sessions: HashMap::new(),
             asked: HashMap::new(),
-            pairing: Pairing::Idle,
-            last_pairing_send: now,
             next_remap: 0,
             next_id: 0,
             draining: false,
-            next_report: now,
-            reported_idle: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
-            config,
-        };
-        nic.start_pairing(now);
-        nic
+        }
     }
 
     /// The NIC backend: its executors and mapped memory.
@@ -285,20 +386,22 @@ impl<B: NicBackend> NicEndpoint<B> {
         self.server_channel().is_some()
     }
 
-    /// Client sessions the server announced and the NIC holds.
+    /// Client sessions the server announced and the NIC holds (every loop's).
     pub fn sessions(&self) -> usize {
-        self.sessions.len()
+        self.shared.mapped().sessions.len()
     }
 
-    /// Says goodbye to the server (it stops forwarding) and refuses new requests; reports
-    /// stop.
+    /// Refuses new requests on this loop; the first loop also says goodbye to the server (it
+    /// stops forwarding). Reports stop.
     pub fn start_drain(&mut self) {
         if self.draining {
             return;
         }
         self.draining = true;
-        if let Some(ch) = self.server_channel() {
-            self.push(ch.transmit(0, &Control::NicBye.to_bytes(0)));
+        if self.first {
+            if let Some(ch) = self.server_channel() {
+                self.push(ch.transmit(0, &Control::NicBye.to_bytes(0)));
+            }
         }
     }
 
@@ -312,38 +415,50 @@ impl<B: NicBackend> NicEndpoint<B> {
         self.events.pop_front()
     }
 
-    /// When [`NicEndpoint::handle_timeout`] is next due.
+    /// When [`NicEndpoint::handle_timeout`] is next due. Only the first loop has timers: the
+    /// others report when a report falls due while they work.
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        let retry = self.last_pairing_send + PAIRING_RETRY;
-        let pairing = match &self.pairing {
-            Pairing::Paired { epoch, .. } if *epoch == self.epoch => None,
-            Pairing::Paired { .. } => Some(self.next_remap),
-            _ => Some(retry),
+        if !self.first {
+            return None;
+        }
+        let pairing = {
+            let mapped = self.shared.mapped().epoch;
+            let link = self.shared.link();
+            match &link.pairing {
+                Pairing::Paired { epoch, .. } if *epoch == mapped => None,
+                Pairing::Paired { .. } => Some(self.next_remap),
+                _ => Some(link.last_pairing_send + PAIRING_RETRY),
+            }
         };
-        let report = (!self.draining).then_some(self.next_report);
+        let report = (!self.draining).then(|| self.shared.next_report.load(Ordering::Relaxed));
         match (pairing, report) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 
-    /// Retries pairing, maps a restarted server's regions, and reports load when due.
+    /// Retries pairing, maps a restarted server's regions (the first loop), and reports load
+    /// when due (any loop).
     pub fn handle_timeout(&mut self, now: Nanos) {
-        self.tick(now);
-        if !self.draining && now >= self.next_report {
+        if self.first {
+            self.tick(now);
+        }
+        if !self.draining && now >= self.shared.next_report.load(Ordering::Relaxed) {
             self.report(now);
         }
     }
 
     /// Work came in: the next report is due within a period, however idle the NIC was.
     fn work_arrived(&mut self, now: Nanos) {
-        self.next_report = self
-            .next_report
-            .min(now.saturating_add(self.config.report_every));
+        self.shared.next_report.fetch_min(
+            now.saturating_add(self.config.report_every),
+            Ordering::Relaxed,
+        );
     }
 
     /// Takes in a datagram from `peer`.
     pub fn handle(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
+        self.see_epoch();
         match MessageKind::peek(&msg) {
             Some(MessageKind::Sealed) => self.sealed(now, peer, msg),
             Some(MessageKind::Control) if peer == self.config.server => {
@@ -359,6 +474,17 @@ impl<B: NicBackend> NicEndpoint<B> {
         }
     }
 
+    /// Forgets what belonged to the regions of an earlier server start, once this loop
+    /// notices that they were mapped anew.
+    fn see_epoch(&mut self) {
+        let epoch = self.shared.mapped().epoch;
+        if epoch != self.seen_epoch {
+            self.seen_epoch = epoch;
+            self.asked.clear();
+            self.dup.clear();
+        }
+    }
+
     fn push(&mut self, t: Transmit) {
         self.transmits.push_back(t);
     }
@@ -369,25 +495,31 @@ impl<B: NicBackend> NicEndpoint<B> {
     }
 
     fn start_pairing(&mut self, now: Nanos) {
-        self.last_pairing_send = now;
+        let id = self.id();
+        let shared = self.shared.clone();
+        let mut link = shared.link();
+        link.last_pairing_send = now;
         match ClientHandshake::new(NIC_TENANT, self.config.pairing.clone()) {
             Ok(hs) => {
-                let id = self.id();
-                self.pairing = Pairing::Hello { hs, id };
+                link.pairing = Pairing::Hello { hs, id };
+                drop(link);
                 self.send_pairing(now);
             }
             Err(e) => {
+                link.pairing = Pairing::Idle;
+                drop(link);
                 self.events
                     .push_back(NicEvent::PairingFailed(e.to_string()));
-                self.pairing = Pairing::Idle;
             }
         }
     }
 
     fn send_pairing(&mut self, now: Nanos) {
-        self.last_pairing_send = now;
         let server = self.config.server;
-        let (id, bytes) = match &self.pairing {
+        let shared = self.shared.clone();
+        let mut link = shared.link();
+        link.last_pairing_send = now;
+        let (id, bytes) = match &link.pairing {
             Pairing::Hello { hs, id } => {
                 let mut b = Control::Hello {
                     tenant: hs.tenant().to_string(),
@@ -401,6 +533,7 @@ impl<B: NicBackend> NicEndpoint<B> {
             Pairing::Auth { id, auth, .. } => (*id, auth.clone()),
             Pairing::Paired { .. } | Pairing::Idle => return,
         };
+        drop(link);
         self.push(Transmit {
             to: server,
             id,
@@ -410,8 +543,9 @@ impl<B: NicBackend> NicEndpoint<B> {
 
     /// The pairing channel, when paired with the server start the executors were built for.
     fn server_channel(&self) -> Option<Channel> {
-        match &self.pairing {
-            Pairing::Paired { sealer, epoch, .. } if *epoch == self.epoch => Some(Channel {
+        let mapped = self.shared.mapped().epoch;
+        match &self.shared.link().pairing {
+            Pairing::Paired { sealer, epoch, .. } if *epoch == mapped => Some(Channel {
                 to: self.config.server,
                 sealer: sealer.clone(),
             }),
@@ -419,23 +553,29 @@ impl<B: NicBackend> NicEndpoint<B> {
         }
     }
 
+    /// The first loop's timers: pairing retries, and the remap after a server restart.
     fn tick(&mut self, now: Nanos) {
-        match &self.pairing {
-            Pairing::Paired { epoch, .. } if *epoch != self.epoch => {
+        let mapped = self.shared.mapped().epoch;
+        let shared = self.shared.clone();
+        let link = shared.link();
+        match &link.pairing {
+            Pairing::Paired { epoch, .. } if *epoch != mapped => {
                 // The server restarted: map its new regions (its manifest may still be
                 // being written; try again on the next timeout).
                 let epoch = *epoch;
+                drop(link);
                 if now < self.next_remap {
                     return;
                 }
                 self.next_remap = now + REMAP_RETRY;
                 match self.backend.remap(epoch) {
                     Ok(m) if m.epoch == epoch => {
-                        self.grants = grants_of(&m);
-                        self.epoch = epoch;
-                        self.sessions.clear();
-                        self.asked.clear();
-                        self.dup.clear();
+                        *self.shared.mapped_mut() = Mapped {
+                            epoch,
+                            grants: grants_of(&m),
+                            sessions: HashMap::new(),
+                        };
+                        self.see_epoch();
                         self.events.push_back(NicEvent::Remapped { epoch });
                     }
                     Ok(_) => {}
@@ -443,8 +583,10 @@ impl<B: NicBackend> NicEndpoint<B> {
                 }
             }
             Pairing::Paired { .. } => {}
-            _ if now >= self.last_pairing_send + PAIRING_RETRY => {
-                if let Pairing::Hello { .. } = self.pairing {
+            _ if now >= link.last_pairing_send + PAIRING_RETRY => {
+                let hello = matches!(link.pairing, Pairing::Hello { .. });
+                drop(link);
+                if hello {
                     self.send_pairing(now);
                 } else {
                     // An unanswered auth may have an expired cookie: start again.
@@ -460,30 +602,43 @@ impl<B: NicBackend> NicEndpoint<B> {
     /// are skipped (they would say nothing: the counters are since the last report).
     fn report(&mut self, now: Nanos) {
         let Some(ch) = self.server_channel() else {
-            self.next_report = now + self.config.report_every;
+            self.shared
+                .next_report
+                .store(now + self.config.report_every, Ordering::Relaxed);
             return;
         };
+        // One loop reports at a time; a loop that finds the report already sent leaves it.
+        let shared = self.shared.clone();
+        let mut link = shared.link();
+        if now < shared.next_report.load(Ordering::Relaxed) {
+            return;
+        }
         let load = self.backend.load_report();
         let idle = load.queue_depth == 0
             && load.dequeues == 0
             && load.busy_ns == 0
             && load.handlers.is_empty();
-        match (idle, self.reported_idle) {
-            (true, Some(at)) if now < at.saturating_add(IDLE_REPORT_EVERY) => {}
+        let send = match (idle, link.reported_idle) {
+            (true, Some(at)) if now < at.saturating_add(IDLE_REPORT_EVERY) => false,
             _ => {
-                let id = self.id();
-                let m = Control::NicLoad {
-                    agent: self.config.advertise,
-                    load,
-                };
-                self.push(ch.transmit(id, &m.to_bytes(id)));
-                self.reported_idle = idle.then_some(now);
+                link.reported_idle = idle.then_some(now);
+                true
             }
-        }
-        self.next_report = match self.reported_idle {
+        };
+        let next = match link.reported_idle {
             Some(at) => at.saturating_add(IDLE_REPORT_EVERY),
             None => now + self.config.report_every,
         };
+        shared.next_report.store(next, Ordering::Relaxed);
+        drop(link);
+        if send {
+            let id = self.id();
+            let m = Control::NicLoad {
+                agent: self.config.advertise,
+                load,
+            };
+            self.push(ch.transmit(id, &m.to_bytes(id)));
+        }
     }
 
     /// Unsealed messages from the server: the challenge, refusals, and a stale notice.
@@ -492,7 +647,9 @@ impl<B: NicBackend> NicEndpoint<B> {
             self.stats.malformed += 1;
             return;
         };
-        match (c, &self.pairing) {
+        let shared = self.shared.clone();
+        let mut link = shared.link();
+        match (c, &link.pairing) {
             (
                 Control::Challenge {
                     nonce,
@@ -501,7 +658,7 @@ impl<B: NicBackend> NicEndpoint<B> {
                 },
                 Pairing::Hello { id: want, .. },
             ) if id == *want => {
-                let Pairing::Hello { hs, .. } = std::mem::replace(&mut self.pairing, Pairing::Idle)
+                let Pairing::Hello { hs, .. } = std::mem::replace(&mut link.pairing, Pairing::Idle)
                 else {
                     return;
                 };
@@ -515,24 +672,27 @@ impl<B: NicBackend> NicEndpoint<B> {
                     proof: hs.proof(nonce, &cookie),
                 }
                 .to_bytes(id);
-                self.pairing = Pairing::Auth {
+                link.pairing = Pairing::Auth {
                     hs,
                     id,
                     server_nonce: nonce,
                     auth,
                 };
+                drop(link);
                 self.send_pairing(now);
             }
             (Control::Error { message }, Pairing::Hello { id: want, .. })
             | (Control::Error { message }, Pairing::Auth { id: want, .. })
                 if id == *want =>
             {
+                drop(link);
                 self.events.push_back(NicEvent::Refused(message));
             }
             (Control::Stale { session, token, .. }, Pairing::Paired { key, .. })
                 if key.session() == session
                     && self.config.pairing.reset_token(session) == token =>
             {
+                drop(link);
                 self.events.push_back(NicEvent::Unpaired);
                 self.start_pairing(now);
             }
@@ -560,12 +720,14 @@ impl<B: NicBackend> NicEndpoint<B> {
 
     /// A sealed message from the server: the welcome, session announcements, forwards.
     fn server_message(&mut self, now: Nanos, msg: Bytes) {
+        let shared = self.shared.clone();
+        let mut link = shared.link();
         if let Pairing::Auth {
             hs,
             id,
             server_nonce,
             ..
-        } = &self.pairing
+        } = &link.pairing
         {
             let Ok(h) = peek_sealed(&msg) else { return };
             let key = hs
@@ -580,22 +742,26 @@ impl<B: NicBackend> NicEndpoint<B> {
                     let key = Arc::new(key);
                     let mut window = ReplayWindow::default();
                     window.accept(h.packet);
-                    self.pairing = Pairing::Paired {
+                    link.pairing = Pairing::Paired {
                         sealer: Arc::new(Sealer::new(key.clone(), Sender::Client)),
                         key,
                         window,
                         epoch,
                     };
+                    drop(link);
                     self.stats.pairings += 1;
-                    self.sessions.clear();
+                    self.shared.mapped_mut().sessions.clear();
                     self.events.push_back(NicEvent::Paired { epoch });
-                    // A restarted server's regions are mapped at once.
-                    self.tick(now);
+                    // A restarted server's regions are mapped at once (by the first loop: the
+                    // others leave it to its next timer).
+                    if self.first {
+                        self.tick(now);
+                    }
                 }
             }
             return;
         }
-        let Pairing::Paired { key, window, .. } = &mut self.pairing else {
+        let Pairing::Paired { key, window, .. } = &mut link.pairing else {
             return;
         };
         let inner = match key.open(&msg) {
@@ -606,6 +772,7 @@ impl<B: NicBackend> NicEndpoint<B> {
             }
         };
         let pairing_key = key.clone();
+        drop(link);
         if MessageKind::peek(&inner) == Some(MessageKind::Batch) {
             // Several forwards (or announcements) the server had ready together.
             match crate::batch::split(&inner) {
@@ -635,11 +802,10 @@ impl<B: NicBackend> NicEndpoint<B> {
                 }
                 // One request of a client's batch, opened and admitted by the server.
                 Ok(control::Forwarded::Member { session, request }) => {
-                    match self.sessions.get(&session) {
+                    match self.shared.session(session) {
                         Some(s) => {
-                            let (ch, apps) = (s.ch.clone(), s.apps.clone());
                             if MessageKind::peek(&request) == Some(MessageKind::Request) {
-                                self.request(session, &ch, &apps, request);
+                                self.request(session, &s.ch, &s.apps, request);
                             } else {
                                 self.stats.malformed += 1;
                             }
@@ -670,13 +836,6 @@ impl<B: NicBackend> NicEndpoint<B> {
                         self.stats.unauthenticated += 1;
                         return;
                     };
-                    if self.sessions.len() >= MAX_SESSIONS && !self.sessions.contains_key(&session)
-                    {
-                        // The server's idle expiry is the bound that matters; forget any one.
-                        if let Some(&old) = self.sessions.keys().next() {
-                            self.sessions.remove(&old);
-                        }
-                    }
                     let k = Arc::new(k);
                     // This NIC may have sealed under this very key before it restarted: its
                     // packet numbers start at random in [2^61, 2^62), where two starts come
@@ -685,18 +844,32 @@ impl<B: NicBackend> NicEndpoint<B> {
                         return;
                     };
                     let first = (first >> 2) | (1 << 61);
-                    self.sessions.entry(session).or_insert(ClientSession {
-                        ch: Channel {
-                            to: peer,
-                            sealer: Arc::new(Sealer::numbering_from(k.clone(), Sender::Nic, first)),
-                        },
-                        key: k,
-                        apps,
-                        window: ReplayWindow::default(),
+                    let mut mapped = self.shared.mapped_mut();
+                    let sessions = &mut mapped.sessions;
+                    if sessions.len() >= MAX_SESSIONS && !sessions.contains_key(&session) {
+                        // The server's idle expiry is the bound that matters; forget any one.
+                        if let Some(&old) = sessions.keys().next() {
+                            sessions.remove(&old);
+                        }
+                    }
+                    sessions.entry(session).or_insert_with(|| {
+                        Arc::new(ClientSession {
+                            ch: Channel {
+                                to: peer,
+                                sealer: Arc::new(Sealer::numbering_from(
+                                    k.clone(),
+                                    Sender::Nic,
+                                    first,
+                                )),
+                            },
+                            key: k,
+                            apps,
+                            window: Mutex::new(ReplayWindow::default()),
+                        })
                     });
                 }
                 Ok((_, Control::SessionClosed { session })) => {
-                    self.sessions.remove(&session);
+                    self.shared.mapped_mut().sessions.remove(&session);
                 }
                 Ok(_) => {}
                 Err(_) => self.stats.malformed += 1,
@@ -709,7 +882,7 @@ impl<B: NicBackend> NicEndpoint<B> {
         // Straight from a client (the eSwitch's path, one-sided operations): the datagram
         // must come from the session's own address.
         let Ok(h) = peek_sealed(&msg) else { return };
-        if let Some(s) = self.sessions.get(&h.session) {
+        if let Some(s) = self.shared.session(h.session) {
             if s.ch.to != peer {
                 self.stats.unauthenticated += 1;
                 return;
@@ -727,19 +900,22 @@ impl<B: NicBackend> NicEndpoint<B> {
             self.stats.unauthenticated += 1;
             return;
         }
-        let Some(s) = self.sessions.get_mut(&h.session) else {
+        let Some(s) = self.shared.session(h.session) else {
             self.stats.unauthenticated += 1;
             self.ask_about(now, h.session);
             return;
         };
-        let inner = match s.key.open(&msg) {
-            Ok((h, inner)) if s.window.accept(h.packet) => inner,
-            _ => {
-                self.stats.unauthenticated += 1;
-                return;
-            }
+        let opened = s.key.open(&msg).ok().filter(|(h, _)| {
+            s.window
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .accept(h.packet)
+        });
+        let Some((_, inner)) = opened else {
+            self.stats.unauthenticated += 1;
+            return;
         };
-        let (sid, ch, apps) = (h.session, s.ch.clone(), s.apps.clone());
+        let sid = h.session;
         let members = match MessageKind::peek(&inner) {
             Some(MessageKind::Batch) => match crate::batch::split(&inner) {
                 Ok(m) => m,
@@ -752,8 +928,10 @@ impl<B: NicBackend> NicEndpoint<B> {
         };
         for m in members {
             match MessageKind::peek(&m) {
-                Some(MessageKind::Request) => self.request(sid, &ch, &apps, m),
-                Some(MessageKind::OneSidedOp) if !forwarded => self.one_sided(sid, &ch, &apps, m),
+                Some(MessageKind::Request) => self.request(sid, &s.ch, &s.apps, m),
+                Some(MessageKind::OneSidedOp) if !forwarded => {
+                    self.one_sided(sid, &s.ch, &s.apps, m)
+                }
                 _ => self.stats.malformed += 1,
             }
         }
@@ -831,14 +1009,18 @@ impl<B: NicBackend> NicEndpoint<B> {
         let deny = |status, why: String| Completion::error(op.app, op.id, status, why);
         // The session's grants, not only the rkey: its own apps, with the rights the app
         // grants to clients.
+        let mapped = self.shared.mapped();
+        let grants = &mapped.grants;
         let refusal = if !apps.contains(&op.app) {
             Some(deny(
                 Status::UnknownApp,
                 format!("no app {} in this session", op.app),
             ))
         } else {
-            op.op.targets().into_iter().find_map(|(rkey, need)| {
-                match self.grants.get(&(op.app, rkey)) {
+            op.op
+                .targets()
+                .into_iter()
+                .find_map(|(rkey, need)| match grants.get(&(op.app, rkey)) {
                     None => Some(deny(
                         Status::BadKey,
                         format!("no region with rkey {rkey:#x} in app {}", op.app),
@@ -851,9 +1033,9 @@ impl<B: NicBackend> NicEndpoint<B> {
                         ),
                     )),
                     Some(_) => None,
-                }
-            })
+                })
         };
+        drop(mapped);
         if let Some(c) = refusal {
             self.stats.refused += 1;
             self.push(ch.transmit(op.id, &c.to_bytes()));
