@@ -90,7 +90,8 @@ static void set_fault(naam_vmctx *c, uint64_t kind, uint64_t pc, uint64_t addr, 
 
 static uint64_t check_slow(naam_vmctx *c, uint64_t addr, uint64_t size, uint64_t kind, uint64_t pc) {
     uint64_t site = kind >> NAAM_SITE_SHIFT;
-    kind &= (1ULL << NAAM_SITE_SHIFT) - 1;
+    int probe = (kind & NAAM_ACCESS_PROBE) != 0;
+    kind &= ((1ULL << NAAM_SITE_SHIFT) - 1) & ~(uint64_t)NAAM_ACCESS_PROBE;
     int write = kind != NAAM_ACCESS_LOAD;
     for (unsigned i = 0; i < NAAM_MAX_GRANTS; i++)
         if (allows_small(&c->grants[i], addr, size, write)) {
@@ -99,6 +100,8 @@ static uint64_t check_slow(naam_vmctx *c, uint64_t addr, uint64_t size, uint64_t
                 c->sites[site - 1] = (uint8_t)i;
             return 1;
         }
+    /* A probe (inline helper code) only looks: a miss is not a fault. */
+    if (probe) return 0;
     set_fault(c, kind == NAAM_ACCESS_LOAD ? NAAM_FAULT_LOAD
                  : kind == NAAM_ACCESS_STORE ? NAAM_FAULT_STORE : NAAM_FAULT_ATOMIC,
               pc, addr, size);

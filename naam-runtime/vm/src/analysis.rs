@@ -95,6 +95,8 @@ pub struct Facts {
     pub hinted: usize,
     /// Accesses with neither.
     pub scanned: usize,
+    /// The helpers the program was analysed against (what a helper id means).
+    pub helpers: HelperSet,
 }
 
 impl Facts {
@@ -726,6 +728,7 @@ pub fn analyze(
     }
     let mut facts = Facts {
         checks,
+        helpers: a.helpers,
         ..Facts::default()
     };
     for (pc, op) in checked.ops.iter().enumerate() {

@@ -187,6 +187,9 @@ pub mod access {
     pub const STORE: u64 = 1;
     /// An atomic read-modify-write: needs the write right, like a store.
     pub const ATOMIC: u64 = 2;
+    /// Added to a kind: only find the grant (and remember it for the site); a miss is not a
+    /// fault. Inline helper code probes before it falls back to the helper itself.
+    pub const PROBE: u64 = 0x80;
 }
 
 /// A helper as compiled code and the interpreter call it: the context, then `r1`..`r5`;
@@ -327,7 +330,8 @@ pub(crate) extern "C" fn check_slow(
     // SAFETY: compiled code passes the context it was entered with, alive for the call.
     let ctx = unsafe { &mut *ctx };
     let site = (kind >> SITE_SHIFT) as usize;
-    let kind = kind & ((1 << SITE_SHIFT) - 1);
+    let probe = kind & access::PROBE != 0;
+    let kind = kind & ((1 << SITE_SHIFT) - 1) & !access::PROBE;
     let write = kind != access::LOAD;
     if let Some(i) = ctx
         .grants
@@ -338,6 +342,9 @@ pub(crate) extern "C" fn check_slow(
             *cell = i as u8;
         }
         return 1;
+    }
+    if probe {
+        return 0;
     }
     let fault_kind = match kind {
         access::LOAD => fault::LOAD,
@@ -417,7 +424,7 @@ pub fn c_header() -> String {
     );
     let _ = writeln!(h, "#include <stdint.h>");
     use naam_ebpf::abi::helper as h;
-    let consts: [(&str, u64); 37] = [
+    let consts: [(&str, u64); 38] = [
         ("NAAM_MAX_GRANTS", MAX_GRANTS as u64),
         ("NAAM_SITE_HINTS", SITE_HINTS as u64),
         ("NAAM_SITE_SHIFT", SITE_SHIFT),
@@ -436,6 +443,7 @@ pub fn c_header() -> String {
         ("NAAM_FAULT_ABORT", fault::ABORT),
         ("NAAM_ACCESS_LOAD", access::LOAD),
         ("NAAM_ACCESS_STORE", access::STORE),
+        ("NAAM_ACCESS_PROBE", access::PROBE),
         ("NAAM_HELPER_MAX_LEN", naam_ebpf::abi::helper::MAX_LEN),
         ("NAAM_HELPER_ERR_FAULT", naam_ebpf::abi::helper::ERR_FAULT),
         ("NAAM_HELPER_ABORT_R0", naam_ebpf::abi::helper::ABORT_R0),

@@ -22,6 +22,9 @@ use crate::verifier::Checked;
 
 use super::{check_signature, helper_signature, import_function};
 
+/// Longest `memcmp` the JIT compares inline (short keys; longer ones call the helper).
+const INLINE_MEMCMP: u64 = 64;
+
 /// Flags for context fields that never change during a run: free to hoist and deduplicate.
 pub(super) fn fixed() -> MemFlagsData {
     MemFlagsData::trusted().with_readonly().with_can_move()
@@ -440,6 +443,159 @@ impl<'a, 'b> Translator<'a, 'b> {
         self.enter(cont);
     }
 
+    /// Whether `[addr, addr + len)` (`len` at least 1) lies inside the grant site `site` passed
+    /// in last, with the read right: one load of the remembered slot, two comparisons.
+    fn remembered_range(&mut self, site: usize, addr: Value, len: Value) -> Value {
+        let remembered = self.b.ins().uload8(
+            types::I64,
+            mutable(),
+            self.ctx,
+            (layout::SITES + site) as i32,
+        );
+        let index = self
+            .b
+            .ins()
+            .band_imm_s(remembered, (crate::memory::MAX_GRANTS - 1) as i64);
+        let scaled = self.b.ins().imul_imm_s(index, layout::GRANT_SIZE as i64);
+        let grant = self.b.ins().iadd(self.ctx, scaled);
+        let start = self
+            .b
+            .ins()
+            .load(types::I64, mutable(), grant, layout::start(0) as i32);
+        // The 1-byte read limit is the grant's length, or 0 without the read right.
+        let lim = self.b.ins().load(
+            types::I64,
+            mutable(),
+            grant,
+            layout::limit(0, 1, false) as i32,
+        );
+        let off = self.b.ins().isub(addr, start);
+        let starts_inside = self.b.ins().icmp(IntCC::UnsignedLessThan, off, lim);
+        let room = self.b.ins().isub(lim, off);
+        let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, len, room);
+        self.b.ins().band(starts_inside, fits)
+    }
+
+    /// Asks the slow-path check which grant holds `addr` (a probe: a miss records nothing),
+    /// so that the site remembers it for the next time.
+    fn probe_site(&mut self, pc: usize, site: usize, addr: Value) {
+        let sig = match self.check_sig {
+            Some(s) => s,
+            None => {
+                let s = self.b.import_signature(check_signature(self.call_conv));
+                self.check_sig = Some(s);
+                s
+            }
+        };
+        let f = self
+            .b
+            .ins()
+            .load(types::I64, fixed(), self.ctx, layout::CHECK as i32);
+        let one = self.iconst(1);
+        let kind = self.iconst(access::LOAD | access::PROBE | ((site as u64 + 1) << SITE_SHIFT));
+        let pc_v = self.iconst(pc as u64);
+        self.b
+            .ins()
+            .call_indirect(sig, f, &[self.ctx, addr, one, kind, pc_v]);
+    }
+
+    /// `memcmp(r1, r2, r3)` of the NAAM helpers, inline for 1 to [`INLINE_MEMCMP`] bytes when
+    /// both ranges lie in the grants their sites remember: eight bytes a step, then single
+    /// bytes, no call. Anything else (other lengths, a range in another grant or in none)
+    /// probes the two sites, then calls the helper, whose result it is: the inline code only
+    /// answers where the helper would compare the same bytes.
+    fn inline_memcmp(&mut self, pc: usize) {
+        use naam_ebpf::abi::helper as h;
+        let (a, b, len) = (self.reg(1), self.reg(2), self.reg(3));
+        let (site_a, site_b) = (pc % SITE_HINTS, (pc + 1) % SITE_HINTS);
+        let check_a = self.b.create_block();
+        let check_b = self.b.create_block();
+        let slow = self.b.create_block();
+        self.b.set_cold_block(slow);
+        let head = self.b.create_block();
+        self.b.append_block_param(head, types::I64);
+        let done = self.b.create_block();
+        self.b.append_block_param(done, types::I64);
+
+        let below = self.b.ins().iadd_imm_s(len, -1);
+        let small = self
+            .b
+            .ins()
+            .icmp_imm_u(IntCC::UnsignedLessThan, below, INLINE_MEMCMP as i64);
+        self.b.ins().brif(small, check_a, &[], slow, &[]);
+        self.enter(check_a);
+        let ok = self.remembered_range(site_a, a, len);
+        self.b.ins().brif(ok, check_b, &[], slow, &[]);
+        self.enter(check_b);
+        let ok = self.remembered_range(site_b, b, len);
+        let zero = self.iconst(0);
+        self.b.ins().brif(ok, head, &[zero.into()], slow, &[]);
+
+        // The loop: `i` bytes compared equal so far.
+        self.b.switch_to_block(head);
+        let i = self.b.block_params(head)[0];
+        let left = self.b.ins().isub(len, i);
+        let word = self.b.create_block();
+        let tail = self.b.create_block();
+        let words = self
+            .b
+            .ins()
+            .icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, left, 8);
+        self.b.ins().brif(words, word, &[], tail, &[]);
+        self.enter(word);
+        let pa = self.b.ins().iadd(a, i);
+        let pb = self.b.ins().iadd(b, i);
+        let wa = self.b.ins().load(types::I64, guest(), pa, 0);
+        let wb = self.b.ins().load(types::I64, guest(), pb, 0);
+        // Memory order, most significant byte first: byte-swapped on little-endian targets.
+        let (wa, wb) = (self.b.ins().bswap(wa), self.b.ins().bswap(wb));
+        let differ = self.b.create_block();
+        let i8 = self.b.ins().iadd_imm_s(i, 8);
+        let same = self.b.ins().icmp(IntCC::Equal, wa, wb);
+        self.b
+            .ins()
+            .brif(same, head, &[i8.into()], differ, &[wa.into(), wb.into()]);
+        self.enter(tail);
+        let ended = self.b.create_block();
+        let byte = self.b.create_block();
+        self.b.ins().brif(left, byte, &[], ended, &[]);
+        self.enter(byte);
+        let pa = self.b.ins().iadd(a, i);
+        let pb = self.b.ins().iadd(b, i);
+        let ba = self.b.ins().uload8(types::I64, guest(), pa, 0);
+        let bb = self.b.ins().uload8(types::I64, guest(), pb, 0);
+        let i1 = self.b.ins().iadd_imm_s(i, 1);
+        let same = self.b.ins().icmp(IntCC::Equal, ba, bb);
+        self.b
+            .ins()
+            .brif(same, head, &[i1.into()], differ, &[ba.into(), bb.into()]);
+        self.b.seal_block(head);
+        self.enter(ended);
+        let equal = self.iconst(h::CMP_EQUAL);
+        self.b.ins().jump(done, &[equal.into()]);
+        // The first difference, as unsigned numbers in memory order.
+        self.b.append_block_param(differ, types::I64);
+        self.b.append_block_param(differ, types::I64);
+        self.enter(differ);
+        let p = self.b.block_params(differ).to_vec();
+        let less = self.b.ins().icmp(IntCC::UnsignedLessThan, p[0], p[1]);
+        let (lt, gt) = (self.iconst(h::CMP_LESS), self.iconst(h::CMP_GREATER));
+        let r = self.b.ins().select(less, lt, gt);
+        self.b.ins().jump(done, &[r.into()]);
+
+        self.enter(slow);
+        self.probe_site(pc, site_a, a);
+        self.probe_site(pc, site_b, b);
+        let id = self.iconst(h::MEMCMP as u64);
+        self.call_helper(pc, id);
+        let r0 = self.reg(0);
+        self.b.ins().jump(done, &[r0.into()]);
+
+        self.enter(done);
+        let r = self.b.block_params(done)[0];
+        self.set(0, r);
+    }
+
     /// Translates one instruction; returns true when it ended the block.
     fn op(&mut self, pc: usize, op: Op) -> bool {
         match op {
@@ -694,6 +850,12 @@ impl<'a, 'b> Translator<'a, 'b> {
                     self.b.ins().brif(c, t, &[], fallthrough, &[]);
                 }
                 return true;
+            }
+            Op::CallHelper { id }
+                if id == naam_ebpf::abi::helper::MEMCMP
+                    && self.facts.helpers == crate::helpers::HelperSet::Naam =>
+            {
+                self.inline_memcmp(pc);
             }
             Op::CallHelper { id } => {
                 let id = self.iconst(id as u64);
