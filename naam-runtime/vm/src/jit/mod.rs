@@ -9,7 +9,8 @@
 //! What the generated code guarantees, with the interpreter's exact semantics:
 //! - **Memory**: an access the analysis proved is emitted bare; any other is compared inline
 //!   with the hinted grant's limit (one subtraction, one comparison) and, on a miss, checked
-//!   against every grant by `memory::check_slow`. A refused access records the fault
+//!   against every grant by `memory::check_slow`, called through a trampoline that clobbers
+//!   no register (so a loop keeps its values in registers around the cold call). A refused access records the fault
 //!   and returns; no access the grants do not allow ever executes, so a bad handler gets a
 //!   fault, never a signal. Atomics also require natural alignment.
 //! - **Budget**: fuel, as wasm engines meter it: a register starts at the budget minus what
@@ -188,7 +189,10 @@ pub fn compile(
         .ops
         .iter()
         .any(|op| matches!(op, Some(Op::CallLocal { target }) if *target as usize == checked.functions[0].0));
-    let total = if entry_called { nf + 1 } else { nf };
+    let functions = if entry_called { nf + 1 } else { nf };
+    // Last, the slow-path check's trampoline (see `build_check_trampoline`).
+    let trampoline = functions;
+    let total = functions + 1;
     let reachable = reachable_functions(checked);
     // Cranelift's scratch state is reused from one compilation to the next on a thread.
     thread_local! {
@@ -206,7 +210,9 @@ pub fn compile(
             continue;
         }
         let entry_abi = f == nf || (f == 0 && !entry_called);
-        let signature = if entry_abi {
+        let signature = if f == trampoline {
+            trampoline_signature()
+        } else if entry_abi {
             entry_signature(call_conv)
         } else {
             function_signature(call_conv)
@@ -215,8 +221,18 @@ pub fn compile(
         {
             let builder = FunctionBuilder::new(&mut func, &mut fctx);
             if f < nf {
-                let t = Translator::new(builder, checked, program, facts, f, call_conv, entry_abi);
+                let t = Translator::new(
+                    builder,
+                    checked,
+                    program,
+                    facts,
+                    (f, trampoline),
+                    call_conv,
+                    entry_abi,
+                );
                 t.translate(isa.frontend_config());
+            } else if f == trampoline {
+                build_check_trampoline(builder, call_conv, isa.frontend_config());
             } else {
                 build_entry(builder, call_conv, isa.frontend_config());
             }
@@ -293,7 +309,7 @@ pub fn compile(
     Ok(Compiled {
         entry: starts[if entry_called { nf } else { 0 }],
         code,
-        functions: total,
+        functions,
         compile_time: started.elapsed(),
         target,
     })
@@ -362,6 +378,58 @@ fn check_signature(call_conv: CallConv) -> Signature {
     }
     sig.returns.push(AbiParam::new(types::I64));
     sig
+}
+
+/// The check trampoline's signature `(ctx, addr, size, kind, pc)`: nothing returned (a
+/// refused access is in the context's fault record), no register clobbered.
+fn trampoline_signature() -> Signature {
+    let mut sig = Signature::new(CallConv::PreserveAll);
+    for _ in 0..5 {
+        sig.params.push(AbiParam::new(types::I64));
+    }
+    sig
+}
+
+/// A call to the check trampoline (function `index`), colocated.
+fn import_trampoline(builder: &mut FunctionBuilder, index: usize) -> FuncRef {
+    let name = builder
+        .func
+        .declare_imported_user_function(UserExternalName::new(0, index as u32));
+    let signature = builder.import_signature(trampoline_signature());
+    builder.import_function(ExtFuncData {
+        name: ExternalName::user(name),
+        signature,
+        colocated: true,
+        patchable: false,
+    })
+}
+
+/// The trampoline to the slow-path check: it calls the context's `check` with the platform's
+/// convention and saves every register that call may clobber. Inline checks call it when
+/// they miss: a cold call that clobbers nothing leaves the hot loop's values in registers
+/// (with the platform's convention every value live across the call must sit in one of its
+/// few callee-saved registers or on the stack, and a loop spills on every iteration).
+fn build_check_trampoline(
+    mut b: FunctionBuilder,
+    call_conv: CallConv,
+    config: TargetFrontendConfig,
+) {
+    let block = b.create_block();
+    b.append_block_params_for_function_params(block);
+    b.switch_to_block(block);
+    b.seal_block(block);
+    let p = b.block_params(block).to_vec();
+    let f = b.ins().load(
+        types::I64,
+        translate::fixed(),
+        p[0],
+        crate::memory::layout::CHECK as i32,
+    );
+    let sig = b.import_signature(check_signature(call_conv));
+    b.ins().call_indirect(sig, f, &p);
+    b.ins().return_(&[]);
+    b.seal_all_blocks();
+    b.finalize(config);
 }
 
 /// A call to function `index` of this program, colocated (linked by [`compile`]).

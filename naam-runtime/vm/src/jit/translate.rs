@@ -59,6 +59,9 @@ pub(super) struct Translator<'a, 'b> {
     fault: Block,
     helper_sig: Option<SigRef>,
     check_sig: Option<SigRef>,
+    /// The module's check trampoline: its index, then its reference once imported.
+    trampoline: usize,
+    trampoline_ref: Option<FuncRef>,
     /// Returns `r0` alone (the entry signature) instead of `(r0, status)`.
     entry_abi: bool,
     callees: BTreeMap<usize, FuncRef>,
@@ -70,7 +73,7 @@ impl<'a, 'b> Translator<'a, 'b> {
         checked: &'a Checked,
         program: &'a Program,
         facts: &'a Facts,
-        function: usize,
+        (function, trampoline): (usize, usize),
         call_conv: CallConv,
         entry_abi: bool,
     ) -> Self {
@@ -141,6 +144,8 @@ impl<'a, 'b> Translator<'a, 'b> {
             fault,
             helper_sig: None,
             check_sig: None,
+            trampoline,
+            trampoline_ref: None,
             entry_abi,
             callees: BTreeMap::new(),
         }
@@ -356,27 +361,26 @@ impl<'a, 'b> Translator<'a, 'b> {
         self.b.set_cold_block(slow);
         self.b.ins().brif(inside, cont, &[], slow, &[]);
         self.enter(slow);
-        let sig = match self.check_sig {
-            Some(s) => s,
+        let t = match self.trampoline_ref {
+            Some(t) => t,
             None => {
-                let s = self.b.import_signature(check_signature(self.call_conv));
-                self.check_sig = Some(s);
-                s
+                let t = super::import_trampoline(&mut self.b, self.trampoline);
+                self.trampoline_ref = Some(t);
+                t
             }
         };
-        let f = self
-            .b
-            .ins()
-            .load(types::I64, fixed(), self.ctx, layout::CHECK as i32);
         let size_v = self.iconst(size);
         let kind_v = self.iconst(kind | ((site as u64 + 1) << SITE_SHIFT));
         let pc_v = self.iconst(pc as u64);
-        let call = self
+        self.b
+            .ins()
+            .call(t, &[self.ctx, addr, size_v, kind_v, pc_v]);
+        // A refused access is in the fault record (none was before: a fault ends the run).
+        let fault = self
             .b
             .ins()
-            .call_indirect(sig, f, &[self.ctx, addr, size_v, kind_v, pc_v]);
-        let ok = self.b.inst_results(call)[0];
-        self.b.ins().brif(ok, cont, &[], self.propagate, &[]);
+            .load(types::I64, mutable(), self.ctx, layout::FAULT as i32);
+        self.b.ins().brif(fault, self.propagate, &[], cont, &[]);
         self.enter(cont);
     }
 
