@@ -474,7 +474,9 @@ impl<T: Transport> MicaClient<T> {
 
     /// The value of `key`, if the table holds it.
     pub fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, MicaError> {
-        Ok(self.get_bytes(key)?.map(|v| v.to_vec()))
+        // Copied straight out of the reply: a view of it first would turn the reply's buffer
+        // into a shared one (an allocation) only to copy from it.
+        self.get_with(key, <[u8]>::to_vec)
     }
 
     /// The value of `key`, if the table holds it, as a view of the reply (no copy).
