@@ -518,7 +518,9 @@ pub fn start_message<P: DataPath>(
     finish(stopped, m, handler, cost)
 }
 
-/// What a drive that stopped leaves its caller: the outcome, or the machine parked.
+/// What a drive that stopped leaves its caller: the outcome, or the machine parked. Inlined:
+/// passed by value, the machine (a few hundred bytes) would be copied for every message.
+#[inline(always)]
 fn finish(
     stopped: Stopped,
     machine: StepMachine,

@@ -198,6 +198,7 @@ impl StepMachine {
     /// Starts the message `start` describes, whose handler belongs to `app` and is of `kind`,
     /// at `placement`. The first action fetches its descriptors, unless the message cannot run
     /// here at all.
+    #[inline]
     pub fn start(
         start: MessageStart<'_>,
         app: u32,
