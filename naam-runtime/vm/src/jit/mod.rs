@@ -13,10 +13,13 @@
 //!   no register (so a loop keeps its values in registers around the cold call). A refused access records the fault
 //!   and returns; no access the grants do not allow ever executes, so a bad handler gets a
 //!   fault, never a signal. Atomics also require natural alignment.
-//! - **Budget**: fuel, as wasm engines meter it: a register starts at the budget minus what
-//!   was already executed, each basic block subtracts its instruction count on entry, and
-//!   every taken backward jump and every local call checks it is not negative, so the count
-//!   (budget minus fuel) matches the interpreter's at every check.
+//! - **Budget**: fuel, as wasm engines meter it, charged per path rather than per block: a
+//!   register starts at the budget minus what was already executed; the instructions of the
+//!   blocks since it was last updated are a compile-time count carried along single edges, and
+//!   subtracted only at an edge into a block several edges reach, at a backward jump, a call or
+//!   an exit (so a loop whose body is a chain of blocks pays one subtraction and one test per
+//!   iteration). Every taken backward jump and every local call checks the fuel is not
+//!   negative, so the count (budget minus fuel) matches the interpreter's at every check.
 //! - **Calls**: local calls get their own 512-byte frame; a call whose frame would fall below
 //!   the stack limit faults. Helpers are called through the context's table.
 //! - **Arithmetic**: division and remainder by zero and `MIN / -1` never trap; 32-bit results

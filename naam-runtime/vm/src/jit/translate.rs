@@ -48,8 +48,19 @@ pub(super) struct Translator<'a, 'b> {
     function: usize,
     call_conv: CallConv,
     regs: [Variable; 10],
-    /// Budget minus instructions executed.
+    /// Budget minus instructions executed, up to the last materialisation: the instructions
+    /// since then are [`Translator::pending`], known at compile time.
     fuel: Variable,
+    /// Instructions executed since `fuel` was last brought up to date (a constant along
+    /// the path being translated). Fuel is subtracted only where a value is needed: at
+    /// backward jumps (the budget check), calls, exits, and edges into blocks that several
+    /// edges reach; a block reached by a single edge inherits its predecessor's count, so a
+    /// loop pays one subtraction per iteration, not one per block.
+    pending: u64,
+    /// Blocks reached by a single edge (not loop headers), and the pending count each inherits
+    /// from the edge already translated into it.
+    inherits: std::collections::BTreeSet<usize>,
+    inherited: BTreeMap<usize, u64>,
     ctx: Value,
     fp: Value,
     blocks: BTreeMap<usize, Block>,
@@ -146,6 +157,9 @@ impl<'a, 'b> Translator<'a, 'b> {
             check_sig: None,
             trampoline,
             trampoline_ref: None,
+            pending: 0,
+            inherits: Default::default(),
+            inherited: BTreeMap::new(),
             entry_abi,
             callees: BTreeMap::new(),
         }
@@ -166,6 +180,12 @@ impl<'a, 'b> Translator<'a, 'b> {
                 _ => None,
             })
             .collect();
+        let incoming = incoming_edges(self.checked, start, end, &leaders);
+        self.inherits = leaders
+            .iter()
+            .copied()
+            .filter(|l| incoming.get(l) == Some(&1) && !loop_headers.contains(l))
+            .collect();
         for (k, &leader) in leaders.iter().enumerate() {
             let block_end = leaders.get(k + 1).copied().unwrap_or(end);
             let block = self.blocks[&leader];
@@ -174,13 +194,12 @@ impl<'a, 'b> Translator<'a, 'b> {
             } else {
                 self.enter(block);
             }
-            // Charge the block's instructions up front (`lddw` counts once).
+            // The block's instructions count from its start (`lddw` counts once), added to
+            // what its only edge brought, if it has only one.
             let n = (leader..block_end)
                 .filter(|&pc| self.checked.ops[pc].is_some())
-                .count();
-            let f = self.b.use_var(self.fuel);
-            let f = self.b.ins().iadd_imm_s(f, -(n as i64));
-            self.b.def_var(self.fuel, f);
+                .count() as u64;
+            self.pending = self.inherited.remove(&leader).unwrap_or(0) + n;
             let mut pc = leader;
             let mut terminated = false;
             while pc < block_end {
@@ -193,13 +212,10 @@ impl<'a, 'b> Translator<'a, 'b> {
             }
             if !terminated {
                 // Falls into the next block; verified functions never run past their end.
-                match self.blocks.get(&block_end) {
-                    Some(&next) if block_end < end => {
-                        self.b.ins().jump(next, &[]);
-                    }
-                    _ => {
-                        self.b.ins().jump(self.propagate, &[]);
-                    }
+                if block_end < end && self.blocks.contains_key(&block_end) {
+                    self.goto(block_end);
+                } else {
+                    self.b.ins().jump(self.propagate, &[]);
                 }
             }
         }
@@ -393,13 +409,86 @@ impl<'a, 'b> Translator<'a, 'b> {
         self.blocks[&(t as usize)]
     }
 
+    /// Brings `fuel` up to date: subtracts the pending count.
+    fn materialize(&mut self) {
+        if self.pending > 0 {
+            let f = self.b.use_var(self.fuel);
+            let f = self.b.ins().iadd_imm_s(f, -(self.pending as i64));
+            self.b.def_var(self.fuel, f);
+            self.pending = 0;
+        }
+    }
+
+    /// Whether an edge into `target` leaves the pending count for it to inherit (its only
+    /// edge, going forwards), rather than materialising it first.
+    fn passes_pending(&self, target: usize) -> bool {
+        self.inherits.contains(&target)
+    }
+
+    /// Jumps forwards to the block at `target` (the end of the current one).
+    fn goto(&mut self, target: usize) {
+        if self.passes_pending(target) {
+            self.inherited.insert(target, self.pending);
+        } else {
+            self.materialize();
+        }
+        let t = self.blocks[&target];
+        self.b.ins().jump(t, &[]);
+    }
+
     /// Branches to `target`, with a budget check first when it goes backwards.
     fn branch_to(&mut self, pc: usize, target: i64) {
         if target as usize <= pc {
+            self.materialize();
             self.budget_check(pc);
+            let t = self.target(target);
+            self.b.ins().jump(t, &[]);
+        } else {
+            self.goto(target as usize);
         }
-        let t = self.target(target);
-        self.b.ins().jump(t, &[]);
+    }
+
+    /// `if c { goto target } else { goto fallthrough }` from the jump at `pc`, each edge with
+    /// its fuel: a backward edge materialises and checks the budget in a block of its own;
+    /// a forward edge into a block of several edges materialises, once before the branch when
+    /// both edges need it, else in a block of its own; the other edge passes the count on.
+    fn branch_if(&mut self, pc: usize, c: Value, target: usize, fallthrough: usize) {
+        let pending = self.pending;
+        let backward = target <= pc;
+        let taken_passes = !backward && self.passes_pending(target);
+        let falls_passes = self.passes_pending(fallthrough);
+        if !backward && !taken_passes && !falls_passes {
+            // Both edges need the fuel: once, before the branch.
+            self.materialize();
+            let (t, f) = (self.blocks[&target], self.blocks[&fallthrough]);
+            self.b.ins().brif(c, t, &[], f, &[]);
+            return;
+        }
+        let taken = if taken_passes {
+            self.inherited.insert(target, pending);
+            self.blocks[&target]
+        } else {
+            self.b.create_block()
+        };
+        let falls = if falls_passes {
+            self.inherited.insert(fallthrough, pending);
+            self.blocks[&fallthrough]
+        } else {
+            self.b.create_block()
+        };
+        self.b.ins().brif(c, taken, &[], falls, &[]);
+        if !taken_passes {
+            self.enter(taken);
+            self.pending = pending;
+            self.branch_to(pc, target as i64);
+        }
+        if !falls_passes {
+            self.enter(falls);
+            self.pending = pending;
+            self.materialize();
+            let f = self.blocks[&fallthrough];
+            self.b.ins().jump(f, &[]);
+        }
     }
 
     fn call_helper(&mut self, pc: usize, id: Value) {
@@ -843,16 +932,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                     }
                     _ => self.b.ins().icmp(intcc(cond), a, b),
                 };
-                let fallthrough = self.blocks[&(pc + 1)];
-                if target as usize <= pc {
-                    let back = self.b.create_block();
-                    self.b.ins().brif(c, back, &[], fallthrough, &[]);
-                    self.enter(back);
-                    self.branch_to(pc, target);
-                } else {
-                    let t = self.target(target);
-                    self.b.ins().brif(c, t, &[], fallthrough, &[]);
-                }
+                self.branch_if(pc, c, target as usize, pc + 1);
                 return true;
             }
             Op::CallHelper { id }
@@ -870,6 +950,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 self.call_helper(pc, id);
             }
             Op::CallLocal { target } => {
+                self.materialize();
                 self.budget_check(pc);
                 let callee_fp = self.b.ins().iadd_imm_s(self.fp, -(STACK_SIZE as i64));
                 let bottom = self.b.ins().iadd_imm_s(callee_fp, -(STACK_SIZE as i64));
@@ -922,6 +1003,7 @@ impl<'a, 'b> Translator<'a, 'b> {
                 }
             }
             Op::Exit => {
+                self.materialize();
                 self.store_executed();
                 let r0 = self.reg(0);
                 if self.entry_abi {
@@ -1027,6 +1109,35 @@ fn intcc(c: Cond) -> IntCC {
         Cond::Sle => IntCC::SignedLessThanOrEqual,
         Cond::Set => IntCC::NotEqual,
     }
+}
+
+/// How many edges reach each block of the function `[start, end)` (its start: one more, the
+/// call).
+fn incoming_edges(
+    checked: &Checked,
+    start: usize,
+    end: usize,
+    leaders: &[usize],
+) -> BTreeMap<usize, u32> {
+    let mut n: BTreeMap<usize, u32> = BTreeMap::new();
+    *n.entry(start).or_default() += 1;
+    for (k, &leader) in leaders.iter().enumerate() {
+        let block_end = leaders.get(k + 1).copied().unwrap_or(end);
+        let last = (leader..block_end)
+            .rev()
+            .find_map(|pc| checked.ops[pc].map(|op| (pc, op)));
+        match last {
+            Some((_, Op::Ja { target })) => *n.entry(target as usize).or_default() += 1,
+            Some((pc, Op::Jump { target, .. })) => {
+                *n.entry(target as usize).or_default() += 1;
+                *n.entry(pc + 1).or_default() += 1;
+            }
+            Some((_, Op::Exit)) => {}
+            _ if block_end < end => *n.entry(block_end).or_default() += 1,
+            _ => {}
+        }
+    }
+    n
 }
 
 /// Block leaders of the function `[start, end)`: its start, jump targets, and the slot after
