@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::inline::{Inline, InlineEndpoint};
 use super::memnet::{MemoryNet, ServedPort};
-use super::server::{LoopCounters, Replies};
+use super::server::{run_loops, LoopCounters, Replies};
 use super::socket::{Sender, Socket};
 use crate::cluster::Cluster;
 use crate::onesided;
@@ -279,28 +279,20 @@ pub fn serve_nic_loops(
         index,
         all: published.clone(),
     };
-    std::thread::scope(|scope| {
-        let threads: Vec<_> = others
-            .into_iter()
-            .enumerate()
-            .map(|(i, (socket, endpoint))| {
-                let (options, counters) = (&options, counters(i + 1));
-                std::thread::Builder::new()
-                    .name(format!("naam-nic-loop-{}", i + 1))
-                    .spawn_scoped(scope, move || {
-                        run_nic_loop(endpoint, socket, options, stop, counters)
-                    })
-            })
-            .collect::<std::io::Result<_>>()?;
-        let mut total = run_nic_loop(first, first_socket, &options, stop, counters(0))?;
-        for t in threads {
-            let stats = t
-                .join()
-                .map_err(|_| std::io::Error::other("a NIC receive loop panicked"))??;
-            total += stats;
-        }
-        Ok(total)
-    })
+    let options = &options;
+    let others: Vec<_> = others
+        .into_iter()
+        .enumerate()
+        .map(|(i, (socket, endpoint))| {
+            let counters = counters(i + 1);
+            move || run_nic_loop(endpoint, socket, options, stop, counters)
+        })
+        .collect();
+    run_loops(
+        "naam-nic-loop",
+        || run_nic_loop(first, first_socket, options, stop, counters(0)),
+        others,
+    )
 }
 
 /// One receive loop of naam-nic (see [`serve_nic_loops`]).

@@ -324,20 +324,35 @@ pub fn serve_host_loops(
     let first = work
         .next()
         .ok_or_else(|| invalid("no socket to serve on".into()))?;
+    let others: Vec<_> = work.map(|w| move || run(w)).collect();
+    run_loops("naam-loop", || run(first), others)
+}
+
+/// Runs `first` on the calling thread and each of `others` on a thread of its own (named
+/// `{name}-{i}`, `i` from 1), until all return; their counters, summed.
+pub(crate) fn run_loops<S: std::ops::AddAssign>(
+    name: &str,
+    first: impl FnOnce() -> std::io::Result<S>,
+    others: Vec<impl FnOnce() -> std::io::Result<S> + Send>,
+) -> std::io::Result<S>
+where
+    S: Send,
+{
     std::thread::scope(|scope| {
-        let others: Vec<_> = work
-            .map(|w| {
-                let name = format!("naam-loop-{}", w.1.index());
+        let threads: Vec<_> = others
+            .into_iter()
+            .enumerate()
+            .map(|(i, run)| {
                 std::thread::Builder::new()
-                    .name(name)
-                    .spawn_scoped(scope, || run(w))
+                    .name(format!("{name}-{}", i + 1))
+                    .spawn_scoped(scope, run)
             })
             .collect::<std::io::Result<_>>()?;
-        let mut total = run(first)?;
-        for t in others {
+        let mut total = first()?;
+        for t in threads {
             let stats = t
                 .join()
-                .map_err(|_| std::io::Error::other("a receive loop panicked"))??;
+                .map_err(|_| std::io::Error::other(format!("{name}: a receive loop panicked")))??;
             total += stats;
         }
         Ok(total)

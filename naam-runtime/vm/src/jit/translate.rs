@@ -347,31 +347,8 @@ impl<'a, 'b> Translator<'a, 'b> {
             self.b.ins().brif(inside, cont, &[], site, &[]);
             self.enter(site);
         }
-        // The slot this site passed in last: a byte of the context, masked to a slot index.
         let site = pc % SITE_HINTS;
-        let remembered = self.b.ins().uload8(
-            types::I64,
-            mutable(),
-            self.ctx,
-            (layout::SITES + site) as i32,
-        );
-        let index = self
-            .b
-            .ins()
-            .band_imm_s(remembered, (crate::memory::MAX_GRANTS - 1) as i64);
-        let scaled = self.b.ins().imul_imm_s(index, layout::GRANT_SIZE as i64);
-        let grant = self.b.ins().iadd(self.ctx, scaled);
-        let start = self
-            .b
-            .ins()
-            .load(types::I64, mutable(), grant, layout::start(0) as i32);
-        let lim = self.b.ins().load(
-            types::I64,
-            mutable(),
-            grant,
-            layout::limit(0, size, write) as i32,
-        );
-        let off = self.b.ins().isub(addr, start);
+        let (off, lim) = self.remembered_offset(site, addr, layout::limit(0, size, write));
         let inside = self.b.ins().icmp(IntCC::UnsignedLessThan, off, lim);
         let slow = self.b.create_block();
         self.b.set_cold_block(slow);
@@ -536,9 +513,10 @@ impl<'a, 'b> Translator<'a, 'b> {
         self.enter(cont);
     }
 
-    /// Whether `[addr, addr + len)` (`len` at least 1) lies inside the grant site `site` passed
-    /// in last, with the read right: one load of the remembered slot, two comparisons.
-    fn remembered_range(&mut self, site: usize, addr: Value, len: Value) -> Value {
+    /// `addr`'s offset from the start of the grant site `site` passed in last (a byte of the
+    /// context, masked to a slot index), and that grant's limit at `limit_at` (a
+    /// [`layout::limit`] of slot 0).
+    fn remembered_offset(&mut self, site: usize, addr: Value, limit_at: usize) -> (Value, Value) {
         let remembered = self.b.ins().uload8(
             types::I64,
             mutable(),
@@ -555,14 +533,18 @@ impl<'a, 'b> Translator<'a, 'b> {
             .b
             .ins()
             .load(types::I64, mutable(), grant, layout::start(0) as i32);
+        let lim = self
+            .b
+            .ins()
+            .load(types::I64, mutable(), grant, limit_at as i32);
+        (self.b.ins().isub(addr, start), lim)
+    }
+
+    /// Whether `[addr, addr + len)` (`len` at least 1) lies inside the grant site `site` passed
+    /// in last, with the read right: one load of the remembered slot, two comparisons.
+    fn remembered_range(&mut self, site: usize, addr: Value, len: Value) -> Value {
         // The 1-byte read limit is the grant's length, or 0 without the read right.
-        let lim = self.b.ins().load(
-            types::I64,
-            mutable(),
-            grant,
-            layout::limit(0, 1, false) as i32,
-        );
-        let off = self.b.ins().isub(addr, start);
+        let (off, lim) = self.remembered_offset(site, addr, layout::limit(0, 1, false));
         let starts_inside = self.b.ins().icmp(IntCC::UnsignedLessThan, off, lim);
         let room = self.b.ins().isub(lim, off);
         let fits = self.b.ins().icmp(IntCC::UnsignedLessThanOrEqual, len, room);
