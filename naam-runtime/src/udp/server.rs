@@ -330,14 +330,11 @@ pub fn serve_host_loops(
 
 /// Runs `first` on the calling thread and each of `others` on a thread of its own (named
 /// `{name}-{i}`, `i` from 1), until all return; their counters, summed.
-pub(crate) fn run_loops<S: std::ops::AddAssign>(
+pub(crate) fn run_loops<S: std::ops::AddAssign + Send>(
     name: &str,
     first: impl FnOnce() -> std::io::Result<S>,
     others: Vec<impl FnOnce() -> std::io::Result<S> + Send>,
-) -> std::io::Result<S>
-where
-    S: Send,
-{
+) -> std::io::Result<S> {
     std::thread::scope(|scope| {
         let threads: Vec<_> = others
             .into_iter()
