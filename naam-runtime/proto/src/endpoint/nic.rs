@@ -712,7 +712,7 @@ impl<B: NicBackend> NicEndpoint<B> {
             }
             Sender::Client => {
                 self.work_arrived(now);
-                self.client_message(now, peer, msg)
+                self.client_message(now, msg, Some(peer))
             }
             _ => self.stats.unauthenticated += 1,
         }
@@ -797,9 +797,7 @@ impl<B: NicBackend> NicEndpoint<B> {
     fn server_member(&mut self, now: Nanos, pairing_key: &Arc<SessionKey>, inner: Bytes) {
         match MessageKind::peek(&inner) {
             Some(MessageKind::Forward) => match control::unforward_any(&inner) {
-                Ok(control::Forwarded::Sealed(client)) => {
-                    self.client_message_checked(now, client, true)
-                }
+                Ok(control::Forwarded::Sealed(client)) => self.client_message(now, client, None),
                 // One request of a client's batch, opened and admitted by the server.
                 Ok(control::Forwarded::Member { session, request }) => {
                     match self.shared.session(session) {
@@ -878,20 +876,11 @@ impl<B: NicBackend> NicEndpoint<B> {
         }
     }
 
-    fn client_message(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
-        // Straight from a client (the eSwitch's path, one-sided operations): the datagram
-        // must come from the session's own address.
-        let Ok(h) = peek_sealed(&msg) else { return };
-        if let Some(s) = self.shared.session(h.session) {
-            if s.ch.to != peer {
-                self.stats.unauthenticated += 1;
-                return;
-            }
-        }
-        self.client_message_checked(now, msg, false)
-    }
-
-    fn client_message_checked(&mut self, now: Nanos, msg: Bytes, forwarded: bool) {
+    /// A client's sealed message: `from` its address when it came straight from the client
+    /// (the eSwitch's path, one-sided operations: it must be the session's own address),
+    /// `None` when the server forwarded it (a one-sided operation inside is then malformed:
+    /// the server forwards requests only).
+    fn client_message(&mut self, now: Nanos, msg: Bytes, from: Option<SocketAddr>) {
         let Ok(h) = peek_sealed(&msg) else {
             self.stats.malformed += 1;
             return;
@@ -905,6 +894,10 @@ impl<B: NicBackend> NicEndpoint<B> {
             self.ask_about(now, h.session);
             return;
         };
+        if from.is_some_and(|peer| peer != s.ch.to) {
+            self.stats.unauthenticated += 1;
+            return;
+        }
         let opened = s.key.open(&msg).ok().filter(|(h, _)| {
             s.window
                 .lock()
@@ -929,7 +922,7 @@ impl<B: NicBackend> NicEndpoint<B> {
         for m in members {
             match MessageKind::peek(&m) {
                 Some(MessageKind::Request) => self.request(sid, &s.ch, &s.apps, m),
-                Some(MessageKind::OneSidedOp) if !forwarded => {
+                Some(MessageKind::OneSidedOp) if from.is_some() => {
                     self.one_sided(sid, &s.ch, &s.apps, m)
                 }
                 _ => self.stats.malformed += 1,
