@@ -266,31 +266,22 @@ pub fn serve_nic_loops(
         clock.now(),
         remap,
     )?;
+    let mut counters = LoopCounters::group(sockets.len() + 1).into_iter();
+    let first_counters = counters.next().expect("one slot per loop");
+    let options = &options;
     let others = sockets
-        .map(|socket| {
+        .zip(counters)
+        .map(|(socket, counters)| {
             let replies = Replies::new(socket.sender()?, options.telemetry.clone());
             let host: NicHost<fn(u64) -> Result<NicCluster, String>> =
                 first.backend().another_loop(replies);
-            Ok((socket, first.another_loop(host)))
+            let endpoint = first.another_loop(host);
+            Ok(move || run_nic_loop(endpoint, socket, options, stop, counters))
         })
         .collect::<std::io::Result<Vec<_>>>()?;
-    let published = Arc::new(std::sync::Mutex::new(vec![Vec::new(); others.len() + 1]));
-    let counters = |index| LoopCounters {
-        index,
-        all: published.clone(),
-    };
-    let options = &options;
-    let others: Vec<_> = others
-        .into_iter()
-        .enumerate()
-        .map(|(i, (socket, endpoint))| {
-            let counters = counters(i + 1);
-            move || run_nic_loop(endpoint, socket, options, stop, counters)
-        })
-        .collect();
     run_loops(
         "naam-nic-loop",
-        || run_nic_loop(first, first_socket, options, stop, counters(0)),
+        || run_nic_loop(first, first_socket, options, stop, first_counters),
         others,
     )
 }

@@ -307,20 +307,16 @@ pub fn serve_host_loops(
     let shards = Shard::all(sockets.len()).map_err(|e| invalid(e.to_string()))?;
     let directory = SessionDirectory::new();
     let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
-    let published = Arc::new(Mutex::new(vec![Vec::new(); sockets.len()]));
-    let run = |(socket, shard): (Socket, Shard)| {
+    let counters = LoopCounters::group(sockets.len());
+    let run = |((socket, shard), counters): ((Socket, Shard), LoopCounters)| {
         let place = LoopPlace {
             shard,
             directory: directory.clone(),
             cookies: cookies.clone(),
         };
-        let counters = LoopCounters {
-            index: shard.index(),
-            all: published.clone(),
-        };
         run_host_loop(cluster.clone(), socket, &options, stop, place, counters)
     };
-    let mut work = sockets.into_iter().zip(shards);
+    let mut work = sockets.into_iter().zip(shards).zip(counters);
     let first = work
         .next()
         .ok_or_else(|| invalid("no socket to serve on".into()))?;
@@ -362,11 +358,22 @@ type Counters = Vec<(&'static str, &'static str, u64)>;
 /// Where the receive loops publish their counters: each its own slot; the published series
 /// are the sums.
 pub(crate) struct LoopCounters {
-    pub(crate) index: usize,
-    pub(crate) all: Arc<Mutex<Vec<Counters>>>,
+    index: usize,
+    all: Arc<Mutex<Vec<Counters>>>,
 }
 
 impl LoopCounters {
+    /// The slots of `loops` loops, in loop order.
+    pub(crate) fn group(loops: usize) -> Vec<LoopCounters> {
+        let all = Arc::new(Mutex::new(vec![Vec::new(); loops]));
+        (0..loops)
+            .map(|index| LoopCounters {
+                index,
+                all: all.clone(),
+            })
+            .collect()
+    }
+
     /// Records this loop's counters and publishes every loop's, summed by name.
     pub(crate) fn publish(&self, telemetry: &super::telemetry::Telemetry, mine: Counters) {
         let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
