@@ -442,34 +442,21 @@ fn drive<P: DataPath>(
             }
             Action::Write(batch) => {
                 let r = apply(&batch);
+                m.recycle_writes(batch);
                 m.writes_applied(r)
             }
         };
     }
 }
 
-/// Starts `req` on `path` and drives it until it completes or parks for a torn-read retry.
+/// Starts `req` at `at` and drives it until it completes or parks for a torn-read retry.
 pub fn start<P: DataPath>(
     req: &Request,
     handler: &Arc<HandlerEntry>,
-    path: &mut P,
-    vm: &mut Vm,
-    limits: Limits,
-    clock: &dyn Clock,
+    at: Place<'_, P>,
     apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
 ) -> Driven {
-    start_message(
-        MessageStart::from(req),
-        &req.args,
-        handler,
-        Place {
-            path,
-            vm,
-            limits,
-            clock,
-        },
-        apply,
-    )
+    start_message(MessageStart::from(req), &req.args, handler, at, apply)
 }
 
 /// Where a message runs: its data path, the engine, the limits and the clock (read only to
@@ -483,6 +470,10 @@ pub struct Place<'a, P: DataPath> {
     pub limits: Limits,
     /// When a parked retry may resume is this clock's time.
     pub clock: &'a dyn Clock,
+    /// A machine the caller runs its messages in, one after another
+    /// ([`StepMachine::restart`]); `None`, a new one per message. A caller that drops each
+    /// reply before its next message then allocates nothing per message.
+    pub machine: Option<&'a mut StepMachine>,
 }
 
 /// Starts the message `msg` (args `args`, borrowed for its whole run) and drives it until it
@@ -495,27 +486,50 @@ pub fn start_message<P: DataPath>(
     at: Place<'_, P>,
     apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
 ) -> Driven {
-    let (mut m, action) = StepMachine::start(
-        msg,
-        handler.app,
-        handler.kind,
-        at.path.placement(),
-        at.limits,
-    );
+    let Place {
+        path,
+        vm,
+        limits,
+        clock,
+        machine,
+    } = at;
+    let placement = path.placement();
+    let (app, kind) = (handler.app, handler.kind);
+    let mut fresh;
+    let (m, action) = match machine {
+        Some(m) => {
+            let action = m.restart(msg, app, kind, placement, limits);
+            (m, action)
+        }
+        None => {
+            let action;
+            (fresh, action) = StepMachine::start(msg, app, kind, placement, limits);
+            (&mut fresh, action)
+        }
+    };
     let mut cost = RunCost::default();
     let stopped = drive(
-        &mut m,
+        m,
         &handler.exe,
         args,
         action,
         &mut cost,
         false,
-        at.path,
-        at.vm,
-        at.clock,
+        path,
+        vm,
+        clock,
         apply,
     );
-    finish(stopped, m, handler, cost)
+    match stopped {
+        Stopped::Done(c) => Driven::Done(c, cost),
+        // The parked message takes the machine along; the caller's gets a new one.
+        Stopped::Backoff(resume_at) => Driven::Parked(Box::new(ParkedRun {
+            machine: std::mem::replace(m, StepMachine::unused()),
+            handler: handler.clone(),
+            cost,
+            resume_at,
+        })),
+    }
 }
 
 /// What a drive that stopped leaves its caller: the outcome, or the machine parked. Inlined:
@@ -590,6 +604,7 @@ pub fn run_message<P: DataPath>(
             vm,
             limits,
             clock,
+            machine: None,
         },
         apply,
     )
@@ -608,6 +623,7 @@ pub fn run_message_parts<P: DataPath>(
         vm,
         limits,
         clock,
+        machine,
     } = at;
     let mut driven = start_message(
         msg,
@@ -618,6 +634,7 @@ pub fn run_message_parts<P: DataPath>(
             vm: &mut *vm,
             limits,
             clock,
+            machine,
         },
         &mut apply,
     );

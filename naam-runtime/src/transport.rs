@@ -14,7 +14,7 @@ use crate::RegionTable;
 use crate::Registry;
 use crate::SystemClock;
 use naam_proto::step::HandlerKind;
-use naam_proto::step::{Limits, MessageStart, WriteError};
+use naam_proto::step::{Limits, MessageStart, StepMachine, WriteError};
 use naam_proto::transport::ClientError;
 use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
 use naam_proto::Placement;
@@ -88,6 +88,9 @@ pub struct Direct {
     clock: SystemClock,
     limits: Limits,
     next_id: u64,
+    /// Every message runs in this machine: replies are split off its buffer and reuse it once
+    /// the caller drops them, write batches reuse its vectors.
+    machine: StepMachine,
 }
 
 impl Direct {
@@ -104,6 +107,7 @@ impl Direct {
             clock: SystemClock::new(),
             limits: Limits::default(),
             next_id: 0,
+            machine: StepMachine::unused(),
         })
     }
 
@@ -151,6 +155,7 @@ impl Transport for Direct {
             vm: &mut self.vm,
             limits: self.limits,
             clock: &self.clock,
+            machine: Some(&mut self.machine),
         };
         let (c, _) = run_message_parts(msg, args, entry, at, |batch| {
             if writes {

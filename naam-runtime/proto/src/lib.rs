@@ -14,6 +14,7 @@
 //!   the header of requests forwarded to the NIC;
 //! - [`endpoint`]: the client's and the server's state machines (sessions, retransmission,
 //!   the control plane, the user-space switch), driven by datagrams and explicit time;
+//! - [`arena`]: byte strings copied into shared chunks, for what outlives its call;
 //! - [`dedup`]: answers to recent mutations, so retransmissions are not applied twice;
 //! - [`frame`]: datagram framing (fragments, bounded reassembly, retransmission timers);
 //! - [`session`]: credentials, the handshake, sealed envelopes, replay windows, sessions;
@@ -27,6 +28,7 @@
 //! - [`transport`]: what application client libraries call through ([`transport::Transport`]).
 #![deny(missing_docs)]
 
+pub mod arena;
 pub mod batch;
 pub mod control;
 pub mod dedup;

@@ -107,9 +107,21 @@ fn drive(
     placement: Placement,
     limits: Limits,
     engine: &mut ScriptedEngine,
+    apply: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
+) -> (Outcome, Vec<naam_proto::step::WriteBatch>) {
+    let (mut m, action) = StepMachine::start(req.into(), 7, kind, placement, limits);
+    run(&mut m, action, req, engine, apply)
+}
+
+/// Runs `m` from `action` to its outcome (see [`drive`]); each batch is given back to the
+/// machine once applied, as drivers that reuse a machine do.
+fn run(
+    m: &mut StepMachine,
+    mut action: Action,
+    req: &Request,
+    engine: &mut ScriptedEngine,
     mut apply: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
 ) -> (Outcome, Vec<naam_proto::step::WriteBatch>) {
-    let (mut m, mut action) = StepMachine::start(req.into(), 7, kind, placement, limits);
     let mut batches = Vec::new();
     let buf = [0u8; 0];
     loop {
@@ -127,7 +139,8 @@ fn drive(
             }
             Action::Write(b) => {
                 let r = apply(&b);
-                batches.push(b);
+                batches.push(b.clone());
+                m.recycle_writes(b);
                 m.writes_applied(r)
             }
         };
@@ -508,6 +521,88 @@ proptest! {
                 let len = if op.kind == write_kind::STORE { b.bytes(op).len() as u64 } else { 8 };
                 prop_assert!(op.offset as u64 + len <= op.target.len as u64, "{:?}", op);
             }
+        }
+    }
+}
+
+/// One scripted message: a read or a write, its steps' replies, and whether it ends in an
+/// error.
+fn message() -> impl Strategy<Value = (bool, Vec<Vec<u8>>, bool)> {
+    (
+        any::<bool>(),
+        proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 1..4),
+        any::<bool>(),
+    )
+}
+
+fn script_of(write: bool, replies: &[Vec<u8>], fails: bool) -> Vec<ScriptedStep> {
+    let last = replies.len() - 1;
+    replies
+        .iter()
+        .enumerate()
+        .map(|(i, reply)| {
+            let ret = match (i == last, write, fails) {
+                (false, ..) => Return::Continue,
+                (true, _, true) => Return::Error(3),
+                (true, true, false) => Return::Write,
+                (true, false, false) => Return::Done,
+            };
+            ScriptedStep {
+                reply: reply.clone(),
+                next: if i == last {
+                    vec![]
+                } else {
+                    vec![desc(1, 8, ACCESS_READ)]
+                },
+                writes: if ret == Return::Write {
+                    vec![WriteOp {
+                        segment: 0,
+                        kind: write_kind::STORE,
+                        offset: 0,
+                        len: 4,
+                        data_offset: 0,
+                        ..WriteOp::default()
+                    }]
+                } else {
+                    vec![]
+                },
+                write_data: vec![9; 4],
+                ..ScriptedStep::returning(ret)
+            }
+        })
+        .collect()
+}
+
+proptest! {
+    /// One machine restarted for message after message answers exactly as a new machine per
+    /// message, and the payloads it handed out stay intact while later messages run in it
+    /// (they share its buffers).
+    #[test]
+    fn a_restarted_machine_answers_as_new_ones(messages in proptest::collection::vec(message(), 1..40)) {
+        let req = request(&[desc(1, 8, ACCESS_READ | ACCESS_WRITE)]);
+        let mut reused = StepMachine::unused();
+        let mut kept = Vec::new();
+        for (write, replies, fails) in &messages {
+            let kind = if *write { HandlerKind::Write } else { HandlerKind::Read };
+            let mut engine = ScriptedEngine {
+                script: script_of(*write, replies, *fails).into(),
+                ..Default::default()
+            };
+            let (fresh, fresh_batches) =
+                drive(&req, kind, Placement::Host, Limits::default(), &mut engine, |_| Ok(()));
+            let mut engine = ScriptedEngine {
+                script: script_of(*write, replies, *fails).into(),
+                ..Default::default()
+            };
+            let action = reused.restart((&req).into(), 7, kind, Placement::Host, Limits::default());
+            let (again, again_batches) = run(&mut reused, action, &req, &mut engine, |_| Ok(()));
+            prop_assert_eq!(&fresh, &again);
+            prop_assert_eq!(fresh_batches, again_batches);
+            kept.push(again);
+        }
+        for ((_, replies, _), o) in messages.iter().zip(&kept) {
+            let last_reply: &[u8] = replies.last().map(|r| &r[..]).unwrap_or(&[]);
+            prop_assert_eq!(&o.payload[..], last_reply);
         }
     }
 }

@@ -25,6 +25,8 @@ impl Cluster {
             local: LocalLoad::new(Placement::Host, self.inner.clock.now()),
             weights: IntMap::default(),
             weights_seen: u64::MAX,
+            machine: StepMachine::unused(),
+            args: ByteArena::default(),
         }
     }
 }
@@ -99,6 +101,11 @@ pub struct Client {
     /// `weights_seen`.
     weights: IntMap<HandlerKey, Weights>,
     weights_seen: u64,
+    /// The machine the messages this client runs itself run in: their replies are split off
+    /// its buffer, and once a caller has dropped one the next reuses its memory.
+    machine: StepMachine,
+    /// The args of requests this client builds are copied here.
+    args: ByteArena,
 }
 
 impl Drop for Client {
@@ -269,7 +276,7 @@ impl Client {
         let extra = inner.congestion.host_extra_ns();
         spin_for(extra);
         // `serve` leaves the owner's in-flight count when the write completes.
-        let mut served = serve(inner, req, &mut self.host, &mut self.vm);
+        let mut served = serve(inner, req, &mut self.host, &mut self.vm, &mut self.machine);
         // A torn read waits here, on the writer's own thread.
         let c = loop {
             match served {
@@ -311,11 +318,13 @@ impl Client {
             .handler(app, handler)
             .is_ok_and(|h| h.kind == HandlerKind::Read);
         if !is_read {
-            return self.send(placement, Request::for_call(app, handler, 0, args, descs)?);
+            let req = self.request(app, handler, args, descs)?;
+            return self.send(placement, req);
         }
         let choice = self.choose(placement, key, true);
         if choice != Some(Placement::Host) || self.inner.queues[Placement::Host.index()].is_none() {
-            return self.send(choice, Request::for_call(app, handler, 0, args, descs)?);
+            let req = self.request(app, handler, args, descs)?;
+            return self.send(choice, req);
         }
         let request_id = self.next_id();
         // The fields are borrowed apart: no reference count of the shared cluster state is
@@ -326,13 +335,19 @@ impl Client {
             host,
             local,
             metrics,
+            machine,
             ..
         } = self;
         let inner = &**inner;
         let start = inner.clock.now();
         let (reply, end) = read_here(
             inner,
-            HostRun { vm, host, local },
+            HostRun {
+                vm,
+                host,
+                local,
+                machine,
+            },
             key,
             request_id,
             args,
@@ -346,6 +361,25 @@ impl Client {
             reply.status,
         );
         Ok(reply)
+    }
+
+    /// A request for a call that leaves this thread's fast path: its args are copied into
+    /// the client's arena, not into an allocation of their own.
+    fn request(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Request, ClientError> {
+        let descriptors = naam_proto::wire::Descriptors::from_slice(descs)?;
+        Ok(Request::new(
+            app,
+            handler,
+            0,
+            self.args.copy(args),
+            descriptors,
+        ))
     }
 
     fn run_locally(&mut self, req: &Request) -> Reply {
@@ -417,6 +451,7 @@ struct HostRun<'a> {
     vm: &'a mut Vm,
     host: &'a mut HostPath,
     local: &'a mut LocalLoad,
+    machine: &'a mut StepMachine,
 }
 
 /// Runs read `key` at the host in the calling thread, from the caller's own buffers: no
@@ -468,6 +503,7 @@ fn read_here(
         vm: run.vm,
         limits: inner.config.limits,
         clock: inner.clock.as_ref(),
+        machine: Some(run.machine),
     };
     let (c, _) = executor::run_message_parts(msg, args, entry, at, |_| Err(WriteError::NotOwner));
     if c.retries > 0 {

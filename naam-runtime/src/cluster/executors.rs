@@ -18,6 +18,7 @@ pub(super) fn serve<P: DataPath>(
     req: &Request,
     path: &mut P,
     vm: &mut Vm,
+    machine: &mut StepMachine,
 ) -> Served {
     let placement = path.placement();
     let handler = match inner.registry.handler(req.app, req.handler) {
@@ -30,11 +31,15 @@ pub(super) fn serve<P: DataPath>(
             return Served::Done(Outcome::error(status, 0, e.to_string(), req.steps), 0);
         }
     };
-    let (limits, clock) = (inner.config.limits, inner.clock.as_ref());
+    let at = executor::Place {
+        path,
+        vm,
+        limits: inner.config.limits,
+        clock: inner.clock.as_ref(),
+        machine: Some(machine),
+    };
     if handler.kind == HandlerKind::Read {
-        let driven = executor::start(req, handler, path, vm, limits, clock, &mut |_| {
-            Err(WriteError::NotOwner)
-        });
+        let driven = executor::start(req, handler, at, &mut |_| Err(WriteError::NotOwner));
         return served(inner, req, driven, false);
     }
     // Writes: only at the owner, once per (origin, request id).
@@ -71,9 +76,7 @@ pub(super) fn serve<P: DataPath>(
     let regions = inner.regions.clone();
     let driven = {
         let _one_writer = inner.owners.get(&req.app).map(|o| o.writer.lock());
-        executor::start(req, handler, path, vm, limits, clock, &mut |batch| {
-            apply_writes(&regions, batch)
-        })
+        executor::start(req, handler, at, &mut |batch| apply_writes(&regions, batch))
     };
     served(inner, req, driven, true)
 }
@@ -164,6 +167,7 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
     vm.set_cross_check(inner.config.cross_check.clone());
     let mut host = HostPath::new(inner.regions.clone());
     let mut nic = NicPath::new(inner.regions.clone(), inner.config.nic.dma);
+    let mut machine = StepMachine::unused();
     // Messages waiting out a torn-read backoff: never slept on, the executor serves others.
     let mut parked: Vec<ParkedJob> = Vec::new();
     // Due retries and queued messages take turns: retries never hold up the queue by more
@@ -268,11 +272,11 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
         let begin = inner.clock.now();
         let (busy_before, fetched_before) = resumed.as_ref().map_or((0, 0), |r| (r.2, r.3));
         let outcome = match (placement, resumed) {
-            (Placement::Nic, None) => serve(&inner, &job.req, &mut nic, &mut vm),
+            (Placement::Nic, None) => serve(&inner, &job.req, &mut nic, &mut vm, &mut machine),
             (Placement::Nic, Some((run, write, ..))) => {
                 resume_served(&inner, &job.req, run, write, &mut nic, &mut vm)
             }
-            (_, None) => serve(&inner, &job.req, &mut host, &mut vm),
+            (_, None) => serve(&inner, &job.req, &mut host, &mut vm, &mut machine),
             (_, Some((run, write, ..))) => {
                 resume_served(&inner, &job.req, run, write, &mut host, &mut vm)
             }

@@ -19,6 +19,8 @@ pub(super) struct LocalLoad {
     handlers: Vec<(HandlerKey, u64, u64, u64)>,
     busy_ns: u64,
     flushed_at: Nanos,
+    /// The report a flush hands over, kept so that its vector is allocated once.
+    report: RemoteLoad,
 }
 
 impl LocalLoad {
@@ -28,6 +30,7 @@ impl LocalLoad {
             handlers: Vec::new(),
             busy_ns: 0,
             flushed_at: now,
+            report: RemoteLoad::default(),
         }
     }
 
@@ -62,24 +65,20 @@ impl LocalLoad {
         if self.handlers.is_empty() {
             return;
         }
-        let report = RemoteLoad {
-            busy_ns: std::mem::take(&mut self.busy_ns),
-            handlers: self
-                .handlers
-                .iter()
-                .map(|&((app, handler), n, service, steps)| RemoteHandler {
-                    app,
-                    handler,
-                    service_ns: service as f64 / n as f64,
-                    steps: steps as f64 / n as f64,
-                    completions: n,
-                })
-                .collect(),
-            ..RemoteLoad::default()
-        };
+        self.report.busy_ns = std::mem::take(&mut self.busy_ns);
+        self.report.handlers.clear();
+        self.report.handlers.extend(self.handlers.iter().map(
+            |&((app, handler), n, service, steps)| RemoteHandler {
+                app,
+                handler,
+                service_ns: service as f64 / n as f64,
+                steps: steps as f64 / n as f64,
+                completions: n,
+            },
+        ));
         inner
             .lock_tracker(self.placement)
-            .absorb_completions(&report);
+            .absorb_completions(&self.report);
         for &((app, _), _, _, steps) in &self.handlers {
             inner.spend(app, 0, steps);
         }
@@ -105,6 +104,8 @@ pub struct HereRunner {
     host: HostPath,
     nic: NicPath,
     local: LocalLoad,
+    /// Every message this thread runs runs in this machine (its buffers are reused).
+    machine: StepMachine,
 }
 
 impl HereRunner {
@@ -117,6 +118,7 @@ impl HereRunner {
             host: HostPath::new(inner.regions.clone()),
             nic: NicPath::new(inner.regions.clone(), inner.config.nic.dma),
             local: LocalLoad::new(placement, inner.clock.now()),
+            machine: StepMachine::unused(),
         }
     }
 
@@ -138,8 +140,8 @@ impl HereRunner {
             }
         }
         let served = match self.placement {
-            Placement::Nic => serve(inner, req, &mut self.nic, &mut self.vm),
-            _ => serve(inner, req, &mut self.host, &mut self.vm),
+            Placement::Nic => serve(inner, req, &mut self.nic, &mut self.vm, &mut self.machine),
+            _ => serve(inner, req, &mut self.host, &mut self.vm, &mut self.machine),
         };
         let c = match served {
             Served::Done(c, _) => c,

@@ -39,11 +39,13 @@ use crate::{Clock, SystemClock};
 use crate::{HandlerEntry, HandlerSpec, Registry, RegistryError};
 use crate::{Metrics, MetricsShard};
 use crate::{RegionMemory, RegionTable};
+use naam_proto::arena::ByteArena;
 use naam_proto::steering::Selector;
 use naam_proto::step::HandlerKind;
 use naam_proto::step::ResolveError;
 use naam_proto::step::{
-    DataPath, DmaModel, FetchError, Limits, MessageStart, OneSided, Outcome, WriteError,
+    DataPath, DmaModel, FetchError, Limits, MessageStart, OneSided, Outcome, StepMachine,
+    WriteError,
 };
 use naam_proto::transport::ClientError;
 use naam_proto::Nanos;

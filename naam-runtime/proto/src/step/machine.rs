@@ -1,10 +1,11 @@
 //! [`StepMachine`]: one message's steps at one placement, and what it asks of its driver.
 
-use bytes::Bytes;
-use naam_ebpf::abi::{write_kind, Descriptor, Return, ACCESS_MASK, STATE_WORDS};
+use bytes::{Bytes, BytesMut};
+use naam_ebpf::abi::{write_kind, Descriptor, Return, ACCESS_MASK, REPLY_CAP, STATE_WORDS};
 
 use super::engine::{Grant, Invocation, StepFault, StepResult};
 use super::error::{FetchError, WriteError};
+use crate::arena::ByteArena;
 use crate::wire::{Descriptors, Request, Status};
 use crate::Placement;
 
@@ -184,7 +185,18 @@ pub struct StepMachine {
     placement: Placement,
     request_id: u64,
     state: [u64; STATE_WORDS],
-    reply: Vec<u8>,
+    /// The reply so far. In a machine that runs one message after another
+    /// ([`StepMachine::restart`]), its capacity stays for the next message (see
+    /// [`StepMachine::take_reply`]).
+    reply: BytesMut,
+    /// Whether `reply` stays with the machine (split at completion) rather than moving out.
+    lent_reply: bool,
+    /// Where the answers of writes are copied (they are kept for deduplication).
+    kept: ByteArena,
+    /// Emptied vectors for the next write batch (given back by
+    /// [`StepMachine::recycle_writes`]).
+    spare_ops: Vec<WriteRequest>,
+    spare_data: Vec<u8>,
     current: Descriptors,
     steps: u16,
     retries: u16,
@@ -206,37 +218,112 @@ impl StepMachine {
         placement: Placement,
         limits: Limits,
     ) -> (StepMachine, Action) {
-        let mut m = StepMachine {
-            app,
-            kind,
-            placement,
-            request_id: start.request_id,
-            state: start.state,
-            reply: start.partial_reply.to_vec(),
+        let mut m = StepMachine::unused();
+        m.reply.extend_from_slice(start.partial_reply);
+        m.lent_reply = false;
+        let action = m.begin(start, app, kind, placement, limits);
+        (m, action)
+    }
+
+    /// A machine with no message, for a driver that runs its messages one after another in
+    /// the same machine ([`StepMachine::restart`]).
+    pub fn unused() -> StepMachine {
+        StepMachine {
+            app: 0,
+            kind: HandlerKind::Read,
+            placement: Placement::Host,
+            request_id: 0,
+            state: [0; STATE_WORDS],
+            reply: BytesMut::new(),
+            lent_reply: true,
+            kept: ByteArena::default(),
+            spare_ops: Vec::new(),
+            spare_data: Vec::new(),
             current: Descriptors::new(),
-            steps: start.steps,
+            steps: 0,
             retries: 0,
             insns: 0,
-            limits,
+            limits: Limits::default(),
             runs: 0,
             fetch_ns: 0,
-        };
-        let action = if m.current.assign(start.descriptors).is_err() {
-            m.fail(Status::Refused, "more descriptors than a step may fetch")
+        }
+    }
+
+    /// [`StepMachine::start`] in this machine, whatever it ran before: nothing is moved, and
+    /// its buffers are kept. A read's payload is split off the reply buffer (sharing its
+    /// allocation): once the payload of one message is dropped, the next reuses the same
+    /// memory. A driver that consumes each reply before its next message allocates nothing
+    /// per read; a write allocates only the answer its owner keeps for deduplication (its
+    /// batch's vectors come back through [`StepMachine::recycle_writes`]).
+    #[inline]
+    pub fn restart(
+        &mut self,
+        start: MessageStart<'_>,
+        app: u32,
+        kind: HandlerKind,
+        placement: Placement,
+        limits: Limits,
+    ) -> Action {
+        self.reply.clear();
+        // A new buffer gets room for the largest reply. Payloads split off it share its
+        // allocation; a reply that does not fit what is left takes the whole allocation back
+        // if every earlier payload was dropped, else starts a new one as large.
+        if self.reply.capacity() == 0 {
+            self.reply.reserve(REPLY_CAP);
+        }
+        self.reply.extend_from_slice(start.partial_reply);
+        self.lent_reply = true;
+        self.begin(start, app, kind, placement, limits)
+    }
+
+    /// Gives back the vectors of a write batch this machine produced, once applied, for its
+    /// next batch or its next message.
+    pub fn recycle_writes(&mut self, batch: WriteBatch) {
+        let WriteBatch {
+            mut ops, mut data, ..
+        } = batch;
+        ops.clear();
+        data.clear();
+        self.spare_ops = ops;
+        self.spare_data = data;
+    }
+
+    /// Sets every field of the message `start` but the reply, and says the first action.
+    #[inline(always)]
+    fn begin(
+        &mut self,
+        start: MessageStart<'_>,
+        app: u32,
+        kind: HandlerKind,
+        placement: Placement,
+        limits: Limits,
+    ) -> Action {
+        self.app = app;
+        self.kind = kind;
+        self.placement = placement;
+        self.request_id = start.request_id;
+        self.state = start.state;
+        self.steps = start.steps;
+        self.retries = 0;
+        self.insns = 0;
+        self.limits = limits;
+        self.runs = 0;
+        self.fetch_ns = 0;
+        if self.current.assign(start.descriptors).is_err() {
+            self.fail(Status::Refused, "more descriptors than a step may fetch")
         } else if placement == Placement::Client && kind == HandlerKind::Write {
-            m.fail(
+            self.fail(
                 Status::PlacementRefused,
                 "write handlers run at the write owner, not at the client",
             )
-        } else if m.steps >= m.limits.max_steps {
-            m.fail(
+        } else if self.steps >= self.limits.max_steps {
+            self.fail(
                 Status::HopLimit,
-                format!("hop limit of {} steps reached", m.limits.max_steps),
+                format!("hop limit of {} steps reached", self.limits.max_steps),
             )
         } else {
             Action::Fetch
-        };
-        (m, action)
+        }
     }
 
     /// The app whose regions the descriptors name.
@@ -307,13 +394,24 @@ impl StepMachine {
         Action::Complete(Outcome {
             status,
             code,
-            payload: Bytes::from(std::mem::take(&mut self.reply)),
+            payload: self.take_reply(),
             steps: self.steps,
             insns: self.insns,
             retries: self.retries,
             runs: self.runs,
             fetch_ns: self.fetch_ns,
         })
+    }
+
+    /// The reply as a payload. A machine that keeps its buffer splits a read's reply off it
+    /// (no allocation) but copies a write's into an arena of its own: the write owner keeps
+    /// that answer for deduplication, and a kept payload would pin the reply buffer.
+    fn take_reply(&mut self) -> Bytes {
+        match (self.lent_reply, self.kind) {
+            (true, HandlerKind::Read) => self.reply.split().freeze(),
+            (true, HandlerKind::Write) => self.kept.copy(&self.reply),
+            (false, _) => std::mem::take(&mut self.reply).freeze(),
+        }
     }
 
     /// The fetch failed: the message ends with the matching error.
@@ -397,8 +495,10 @@ impl StepMachine {
     }
 
     /// The step's write operations, each checked against the segment it targets.
-    fn write_batch(&self, out: &StepResult<'_>) -> Result<WriteBatch, String> {
-        let mut ops = Vec::with_capacity(out.writes.len());
+    fn write_batch(&mut self, out: &StepResult<'_>) -> Result<WriteBatch, String> {
+        let mut ops = std::mem::take(&mut self.spare_ops);
+        ops.clear();
+        ops.reserve(out.writes.len());
         for (i, w) in out.writes.iter().enumerate() {
             let target = *self
                 .current
@@ -452,11 +552,14 @@ impl StepMachine {
             };
             ops.push(op);
         }
+        let mut data = std::mem::take(&mut self.spare_data);
+        data.clear();
+        data.extend_from_slice(out.write_data);
         Ok(WriteBatch {
             app: self.app,
             request_id: self.request_id,
             ops,
-            data: out.write_data.to_vec(),
+            data,
         })
     }
 
