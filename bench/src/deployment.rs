@@ -30,7 +30,8 @@ pub struct DeploymentPlan {
     pub host: ClusterConfig,
     /// naam-nic's cluster (NIC executors).
     pub nic: ClusterConfig,
-    /// Datagram authentication (off only on loopback, for `auth-cost`).
+    /// Datagram authentication (off only on loopback, for `auth-cost`; none inside one
+    /// process's in-memory network).
     pub authentication: Authentication,
     /// Whether naam-server steers under congestion (`congestion_control`).
     pub congestion_control: bool,

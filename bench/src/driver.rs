@@ -688,8 +688,9 @@ pub fn run_inproc(
 /// Runs `cfg` on a deployment inside this process over an in-memory datagram network
 /// (`--fabric inproc-endpoints`): naam-server's and naam-nic's endpoints bound inline in the
 /// network, each client thread a `UdpClient`. Every message crosses the client, server and NIC
-/// endpoints and the framing as it does over UDP, with neither a network nor the kernel, and
-/// with no more thread hand-offs than [`run_inproc`]'s (whose clients submit to the executors
+/// endpoints and the framing as it does over UDP, unsealed (the datagrams never leave the
+/// process: `Authentication::InProcess`), with neither a network nor the kernel, and with no
+/// more thread hand-offs than [`run_inproc`]'s (whose clients submit to the executors
 /// directly): set against it, it measures what the protocol costs. The cluster is sized,
 /// steered and staffed as `run_inproc`'s.
 pub fn run_inproc_endpoints(
@@ -739,7 +740,8 @@ pub fn run_inproc_endpoints(
         credential,
         host: cluster.clone(),
         nic: cluster,
-        authentication: Authentication::On,
+        // One address space: nothing outside the process can read or forge a datagram.
+        authentication: Authentication::InProcess,
         congestion_control: false,
         network: Some(MemoryNet::new()),
     };

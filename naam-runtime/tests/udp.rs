@@ -339,6 +339,42 @@ fn a_server_that_is_not_there_is_reported_clearly() {
 }
 
 #[test]
+fn unsealed_in_process_sessions_are_refused_on_real_sockets() {
+    use naam_proto::session::Authentication;
+    use naam_runtime::udp;
+    // A client over the kernel's UDP refuses before it sends anything.
+    let mut cfg = UdpConfig::new(
+        "127.0.0.1:9".parse().unwrap(),
+        common::TENANT,
+        common::tenant_key(),
+    );
+    cfg.authentication = Authentication::InProcess;
+    match UdpClient::connect(&cfg) {
+        Err(e @ UdpError::Refused { .. }) => {
+            assert!(e.to_string().contains("in-memory network"), "{e}")
+        }
+        other => panic!("expected Refused, got {:?}", other.err()),
+    }
+    // So does a server bound to a kernel socket.
+    let shm = tempfile::tempdir().unwrap();
+    let app = udp::HostApp {
+        spec: common::examples_app(1),
+        kind: "object".into(),
+        params: serde_json::Value::Null,
+        object_bytes: std::fs::read(&examples().0).unwrap(),
+        client_writes: false,
+        credential: Some(common::tenant_key()),
+    };
+    let (cluster, manifest) =
+        udp::start_host(vec![app], ClusterConfig::default(), shm.path()).unwrap();
+    let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let mut opts = udp::ServerOptions::new(manifest, vec![]);
+    opts.authentication = Authentication::InProcess;
+    let e = udp::serve_host(cluster, socket, opts, &AtomicBool::new(false)).unwrap_err();
+    assert!(e.to_string().contains("in-memory network"), "{e}");
+}
+
+#[test]
 fn a_manifest_of_many_apps_reaches_clients_in_pages() {
     let shm = tempfile::tempdir().unwrap();
     let ids: Vec<u32> = (1..=60).collect();

@@ -415,7 +415,7 @@ impl UdpClient {
         };
         config
             .authentication
-            .check_scope(config.server)
+            .check_fabric(config.server, config.network.is_some())
             .map_err(|message| UdpError::Refused {
                 server: config.server,
                 message,

@@ -208,12 +208,13 @@ fn nic_endpoint<R: FnMut(u64) -> Result<NicCluster, String>>(
     replies: Sender,
     options: &NicOptions,
     local: SocketAddr,
+    in_memory: bool,
     now: Nanos,
     remap: R,
 ) -> std::io::Result<NicEndpoint<NicHost<R>>> {
     options
         .authentication
-        .check_scope(local)
+        .check_fabric(local, in_memory)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let mut config = NicConfig::new(options.server, options.advertise, options.pairing.clone());
     config.authentication = options.authentication;
@@ -263,6 +264,7 @@ pub fn serve_nic_loops(
         first_socket.sender()?,
         &options,
         local,
+        first_socket.in_memory(),
         clock.now(),
         remap,
     )?;
@@ -405,7 +407,7 @@ pub fn serve_nic_inline(
         Inline::bind(net, addr, telemetry, report_every, |local, replies, now| {
             options.advertise = local;
             Ok(NicInline {
-                endpoint: nic_endpoint(start, replies, &options, local, now, remap)?,
+                endpoint: nic_endpoint(start, replies, &options, local, true, now, remap)?,
                 server: options.server,
             })
         })?;

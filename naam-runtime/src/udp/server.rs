@@ -256,10 +256,14 @@ fn host_endpoint(
     replies: Sender,
     options: &ServerOptions,
     local: SocketAddr,
+    in_memory: bool,
     now: Nanos,
     place: LoopPlace,
 ) -> std::io::Result<ServerEndpoint<ClusterHost>> {
-    options.authentication.check_scope(local).map_err(invalid)?;
+    options
+        .authentication
+        .check_fabric(local, in_memory)
+        .map_err(invalid)?;
     let host = ClusterHost {
         runner: Some(cluster.here_runner(Placement::Host)),
         cluster,
@@ -406,6 +410,7 @@ fn run_host_loop(
         socket.sender()?,
         options,
         local,
+        socket.in_memory(),
         clock.now(),
         place,
     )?;
@@ -555,7 +560,15 @@ pub fn serve_host_inline(
         options.telemetry.clone(),
         publish_every,
         |local, replies, now| {
-            host_endpoint(cluster, replies, &options, local, now, LoopPlace::sole()?)
+            host_endpoint(
+                cluster,
+                replies,
+                &options,
+                local,
+                true,
+                now,
+                LoopPlace::sole()?,
+            )
         },
     )?;
     Ok(InlineServer {

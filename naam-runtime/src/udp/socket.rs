@@ -321,6 +321,11 @@ impl Socket {
         }
     }
 
+    /// Whether this socket is a port of an in-process [`MemoryNet`], not a kernel socket.
+    pub fn in_memory(&self) -> bool {
+        matches!(self.link, Link::Memory(_))
+    }
+
     /// Drops this fraction of received datagrams from now on (`None`: none), for fault
     /// injection where the kernel has no `netem`; counted in `injected_losses`.
     pub fn inject_loss(&mut self, fraction: Option<f64>) {

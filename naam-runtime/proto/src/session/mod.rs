@@ -387,6 +387,34 @@ mod tests {
     }
 
     #[test]
+    fn in_process_sessions_seal_nothing_and_only_inside_an_in_memory_network() {
+        let on = SessionKey::new(7, 1, [9; 32]);
+        let inproc = SessionKey::new(7, 1, [9; 32]).with_authentication(Authentication::InProcess);
+        let sealed = inproc.seal(Sender::Server, 1, b"reply");
+        assert_eq!(&sealed[SEAL_HEADER..sealed.len() - TAG_LEN], b"reply");
+        assert_eq!(
+            inproc.open(&sealed).unwrap().1,
+            Bytes::from_static(b"reply")
+        );
+        // A sealing key never accepts an unsealed datagram.
+        assert!(matches!(on.open(&sealed), Err(SealError::BadTag(7))));
+        let loopback: SocketAddr = "127.0.0.1:7000".parse().unwrap();
+        let network: SocketAddr = "10.0.0.1:7000".parse().unwrap();
+        for addr in [loopback, network] {
+            assert!(Authentication::InProcess.check_fabric(addr, true).is_ok());
+            let e = Authentication::InProcess
+                .check_fabric(addr, false)
+                .unwrap_err();
+            assert!(e.contains("in-memory network"), "{e}");
+            assert!(Authentication::On.check_fabric(addr, false).is_ok());
+        }
+        assert!(Authentication::OffForMeasurement
+            .check_fabric(network, true)
+            .is_err());
+        assert!(Authentication::On.seals() && !Authentication::InProcess.seals());
+    }
+
+    #[test]
     fn wrapped_keys_open_only_under_their_pairing_and_session() {
         let pairing = SessionKey::new(1, 0, [3; 32]);
         let k = SessionKey::new(77, 5, [9; 32]);

@@ -90,18 +90,23 @@ pub fn peek_sealed(buf: &[u8]) -> Result<SealedHeader, SealError> {
 
 /// Whether sealed datagrams carry and need a real authentication tag.
 ///
-/// `Off` exists for one purpose: measuring what authentication costs, against the same build
-/// (`naam-bench experiment auth-cost`). Sessions are still set up and replay windows still
-/// run; only the tag is neither computed nor checked. Drivers refuse it on anything but
-/// loopback, and naam-server and naam-nic offer no way to ask for it.
+/// Sessions are set up the same way in every mode, and replay windows run in every mode; the
+/// modes differ in whether each datagram is encrypted and tagged.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Authentication {
-    /// Every datagram sealed with AES-256-GCM (always, in every deployment).
+    /// Every datagram sealed with AES-256-GCM (always, in every deployment over a network).
     #[default]
     On,
-    /// No tag computed or checked: a loopback measurement's baseline only.
+    /// No tag computed or checked: a loopback measurement's baseline only
+    /// (`naam-bench experiment auth-cost`). Drivers refuse it on anything but loopback,
+    /// and naam-server and naam-nic offer no way to ask for it.
     OffForMeasurement,
+    /// No tag and no encryption, because no datagram leaves the process: every endpoint of
+    /// the deployment is bound in one in-memory network (`--fabric inproc-endpoints`), which
+    /// nothing outside the process can read or write. Drivers refuse it on a real socket
+    /// ([`Authentication::check_fabric`]).
+    InProcess,
 }
 
 impl Authentication {
@@ -114,6 +119,24 @@ impl Authentication {
             ));
         }
         Ok(())
+    }
+
+    /// [`Authentication::check_scope`] for a driver bound at or sending to `addr`, which
+    /// also refuses [`Authentication::InProcess`] unless the driver's socket is in an
+    /// in-memory network (`in_memory`).
+    pub fn check_fabric(self, addr: SocketAddr, in_memory: bool) -> Result<(), String> {
+        if self == Authentication::InProcess && !in_memory {
+            return Err(format!(
+                "datagrams go unsealed only inside one process's in-memory network ({addr} \
+                 is a real socket)"
+            ));
+        }
+        self.check_scope(addr)
+    }
+
+    /// Whether datagrams are encrypted and tagged.
+    pub fn seals(self) -> bool {
+        self == Authentication::On
     }
 }
 
@@ -202,7 +225,7 @@ impl SessionKey {
         b.put_u64_le(self.id);
         b.put_u64_le(packet);
         b.put_slice(inner);
-        if self.authentication == Authentication::OffForMeasurement {
+        if !self.authentication.seals() {
             b.put_slice(&[0; TAG_LEN]);
             return b.freeze();
         }
@@ -230,7 +253,7 @@ impl SessionKey {
             });
         }
         let end = sealed.len() - TAG_LEN;
-        if self.authentication == Authentication::OffForMeasurement {
+        if !self.authentication.seals() {
             return Ok((h, sealed.slice(SEAL_HEADER..end)));
         }
         let tag =
