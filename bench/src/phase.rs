@@ -5,6 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
+
+use crossbeam_utils::CachePadded;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
@@ -144,7 +146,11 @@ pub(crate) fn run_phase(
         PhaseKind::Run => plan.ops,
     };
     let per_thread = total.div_ceil(threads);
-    let intervals: Vec<Mutex<PerOp>> = (0..threads).map(|_| Mutex::new(empty_stats())).collect();
+    // Each thread writes its own per operation: padded, so that no two threads' statistics
+    // share a cache line (they did, and the lock's line bounced between the cores).
+    let intervals: Vec<CachePadded<Mutex<PerOp>>> = (0..threads)
+        .map(|_| CachePadded::new(Mutex::new(empty_stats())))
+        .collect();
     let done = AtomicU64::new(0);
     let next_insert = AtomicU64::new(plan.records);
     let failed = AtomicBool::new(false);
@@ -422,7 +428,7 @@ pub(crate) fn run_phase(
 }
 
 /// Takes every thread's interval statistics, leaving them empty.
-fn take_interval(intervals: &[Mutex<PerOp>]) -> PerOp {
+fn take_interval(intervals: &[CachePadded<Mutex<PerOp>>]) -> PerOp {
     let mut merged = empty_stats();
     for m in intervals {
         let mut s = m.lock().unwrap_or_else(|p| p.into_inner());
