@@ -4,8 +4,9 @@
 
 use bytes::{Bytes, BytesMut};
 
-/// Size of one chunk: the largest reply a handler can make, so that every copy fits one.
-const CHUNK: usize = naam_ebpf::abi::REPLY_CAP;
+/// Size of one chunk: sixteen of the largest reply a handler can make, so that a chunk is
+/// allocated once per sixteen copies at worst (YCSB's answers of a kilobyte fill one per 64).
+const CHUNK: usize = 16 * naam_ebpf::abi::REPLY_CAP;
 
 /// Copies byte strings into shared chunks. Each copy is a [`Bytes`] that shares its chunk;
 /// the chunk is freed with its last copy, and while this arena still writes into it, it is
