@@ -82,8 +82,47 @@ fn one_tenant_cannot_starve_another() {
 const FLOOD_ROUNDS: usize = 3;
 
 fn flood(d: &mut Deployment, what: &str, bound: f64) {
+    let f = flood_share(d, what, None);
+    assert!(
+        f >= bound,
+        "{what}: B kept {:.0}% of its throughput",
+        100.0 * f
+    );
+}
+
+/// What the flood costs B on this machine's cores alone, whatever the server does: the same
+/// flood (sealed by the same four sessions, at the same pace, its answers polled the same
+/// way) sent to a socket that never reads it instead of naam-server. B's share then is the
+/// most any admission control could leave it here. A measurement, not a guard (bench/RESULTS.md,
+/// "Admission and fairness"): `cargo test --release -p naam-runtime --test fairness --
+/// --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement for RESULTS, not a regression guard"]
+fn the_flood_s_cost_on_the_cores_alone() {
+    for round in 0..3 {
+        let sink = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let sink_addr = sink.local_addr().unwrap();
+        if let Some(mut d) = Deployment::processes_as_deployed("the flood's ceiling") {
+            flood_share(
+                &mut d,
+                &format!("round {round}, flood to naam-server"),
+                None,
+            );
+            flood_share(
+                &mut d,
+                &format!("round {round}, flood to a sink"),
+                Some(sink_addr),
+            );
+        }
+    }
+}
+
+/// B's median rate during A's flood over its median rate alone (see [`flood`]); the flood
+/// goes to `sink` if given, else to the server.
+fn flood_share(d: &mut Deployment, what: &str, sink: Option<SocketAddr>) -> f64 {
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     let server = d.server();
+    let target = sink.unwrap_or(server);
     let mut b = client(server, "b", key_b());
     rate(&mut b, Duration::from_millis(200));
     let stop = std::sync::Arc::new(AtomicBool::new(false));
@@ -100,7 +139,7 @@ fn flood(d: &mut Deployment, what: &str, bound: f64) {
                     for _ in 0..64 {
                         sent += 1;
                         req.request_id = sent;
-                        let _ = s.send_sealed(server, sent, &req.to_bytes().unwrap());
+                        let _ = s.send_sealed(target, sent, &req.to_bytes().unwrap());
                     }
                 }
             }
@@ -137,11 +176,7 @@ fn flood(d: &mut Deployment, what: &str, bound: f64) {
          (median {f:.0}, {:.0}%); A sent {sent}: {answers:?}",
         100.0 * f / a
     );
-    assert!(
-        f >= bound * a,
-        "{what}: B kept {:.0}% of its throughput ({f:.0}/s of {a:.0}/s)",
-        100.0 * f / a
-    );
+    f / a
 }
 
 fn retry_storm(d: &mut Deployment, what: &str) {
