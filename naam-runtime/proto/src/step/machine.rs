@@ -423,6 +423,9 @@ impl StepMachine {
     /// takes the step's output and says what comes next. A step that faulted ends the message;
     /// one that asked to be retried (a torn optimistic read) leaves the reply and state as they
     /// were. Nothing here reads a clock: a driver times the whole message, once.
+    // Inlined into the drivers (another crate), for the same reason as the engine's run_step:
+    // the action it returns no longer makes a round trip through the stack.
+    #[inline]
     pub fn stepped(&mut self, result: Result<StepResult<'_>, StepFault>, fetch_ns: u64) -> Action {
         self.runs = self.runs.saturating_add(1);
         self.fetch_ns = self.fetch_ns.saturating_add(fetch_ns);

@@ -864,6 +864,9 @@ impl Vm {
 impl naam_proto::step::Engine for Vm {
     type Program = Executable;
 
+    // Inlined into the drivers (another crate): the step's result then stays in registers
+    // rather than going through memory, where its reload stalled on store forwarding.
+    #[inline]
     fn run_step(
         &mut self,
         exe: &Executable,
