@@ -90,12 +90,14 @@ impl GrantSlot {
     };
 
     /// A slot granting `len` readable bytes at `start`, writable too if `writable`.
+    #[inline]
     pub fn new(start: u64, len: u64, writable: bool) -> GrantSlot {
         GrantSlot::with_rights(start, len, true, writable)
     }
 
     /// A slot granting `len` bytes at `start` with the given rights. An empty slot keeps its
     /// start (compiled code takes read-only data's address from it, even when empty).
+    #[inline]
     pub fn with_rights(start: u64, len: u64, readable: bool, writable: bool) -> GrantSlot {
         // A range that wraps the address space grants nothing.
         if len == 0 || start.checked_add(len).is_none() {
