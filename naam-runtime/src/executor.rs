@@ -45,22 +45,26 @@ pub fn run_step(
     grants: &[Grant<'_>],
     fetch_ns: u64,
 ) -> Action {
-    let result = vm.run_step(exe, &m.invocation(args, grants));
-    m.stepped(result, fetch_ns)
+    step_in_place(m, vm, exe, args, grants, fetch_ns, false)
 }
 
-/// [`run_step`] for a step that follows the previous step of the same message on the same
-/// `vm` with nothing in between: the engine finds the args, state and reply in place.
-fn run_next_step(
+/// [`run_step`], `resident` when this step follows the previous step of the same message on
+/// the same `vm` with nothing in between (the engine finds the args, state and reply in
+/// place). One call site per driver, forced inline: the engine's result and the machine's
+/// action then stay in registers instead of a round trip through the stack, whose reload
+/// stalled on store forwarding.
+#[inline(always)]
+fn step_in_place(
     m: &mut StepMachine,
     vm: &mut Vm,
     exe: &Executable,
     args: &[u8],
     grants: &[Grant<'_>],
     fetch_ns: u64,
+    resident: bool,
 ) -> Action {
     let inv = Invocation {
-        resident: true,
+        resident,
         ..m.invocation(args, grants)
     };
     let result = vm.run_step(exe, &inv);
@@ -209,6 +213,9 @@ impl DataPath for HostPath {
         Placement::Host
     }
 
+    // Inlined into `drive`: its result, returned through the stack, was reloaded at once and
+    // stalled on store forwarding.
+    #[inline]
     fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError> {
         self.grants.clear();
         for d in descs {
@@ -429,11 +436,8 @@ fn drive<P: DataPath>(
                     Ok(f) => {
                         cost.fetch_ns += f.cost_ns;
                         cost.fetches += 1;
-                        let next = if continuing {
-                            run_next_step(m, vm, exe, args, f.grants, f.cost_ns)
-                        } else {
-                            run_step(m, vm, exe, args, f.grants, f.cost_ns)
-                        };
+                        let next =
+                            step_in_place(m, vm, exe, args, f.grants, f.cost_ns, continuing);
                         continuing = matches!(next, Action::Fetch) && m.retries() == 0;
                         next
                     }

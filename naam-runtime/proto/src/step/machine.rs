@@ -424,8 +424,9 @@ impl StepMachine {
     /// one that asked to be retried (a torn optimistic read) leaves the reply and state as they
     /// were. Nothing here reads a clock: a driver times the whole message, once.
     // Inlined into the drivers (another crate), for the same reason as the engine's run_step:
-    // the action it returns no longer makes a round trip through the stack.
-    #[inline]
+    // the action it returns no longer makes a round trip through the stack. Forced: it is
+    // large enough that the hint alone left it out of line in the host path's drive.
+    #[inline(always)]
     pub fn stepped(&mut self, result: Result<StepResult<'_>, StepFault>, fetch_ns: u64) -> Action {
         self.runs = self.runs.saturating_add(1);
         self.fetch_ns = self.fetch_ns.saturating_add(fetch_ns);

@@ -869,8 +869,9 @@ impl naam_proto::step::Engine for Vm {
     type Program = Executable;
 
     // Inlined into the drivers (another crate): the step's result then stays in registers
-    // rather than going through memory, where its reload stalled on store forwarding.
-    #[inline]
+    // rather than going through memory, where its reload stalled on store forwarding. Forced,
+    // as the machine's `stepped`.
+    #[inline(always)]
     fn run_step(
         &mut self,
         exe: &Executable,
