@@ -436,8 +436,7 @@ fn drive<P: DataPath>(
                     Ok(f) => {
                         cost.fetch_ns += f.cost_ns;
                         cost.fetches += 1;
-                        let next =
-                            step_in_place(m, vm, exe, args, f.grants, f.cost_ns, continuing);
+                        let next = step_in_place(m, vm, exe, args, f.grants, f.cost_ns, continuing);
                         continuing = matches!(next, Action::Fetch) && m.retries() == 0;
                         next
                     }
@@ -490,17 +489,10 @@ pub fn start_message<P: DataPath>(
     at: Place<'_, P>,
     apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
 ) -> Driven {
-    let Place {
-        path,
-        vm,
-        limits,
-        clock,
-        machine,
-    } = at;
-    let placement = path.placement();
+    let (placement, limits) = (at.path.placement(), at.limits);
     let (app, kind) = (handler.app, handler.kind);
     let mut fresh;
-    let (m, action) = match machine {
+    let (m, action) = match at.machine {
         Some(m) => {
             let action = m.restart(msg, app, kind, placement, limits);
             (m, action)
@@ -519,9 +511,9 @@ pub fn start_message<P: DataPath>(
         action,
         &mut cost,
         false,
-        path,
-        vm,
-        clock,
+        at.path,
+        at.vm,
+        at.clock,
         apply,
     );
     match stopped {

@@ -1,7 +1,7 @@
 //! [`StepMachine`]: one message's steps at one placement, and what it asks of its driver.
 
 use bytes::{Bytes, BytesMut};
-use naam_ebpf::abi::{write_kind, Descriptor, Return, ACCESS_MASK, REPLY_CAP, STATE_WORDS};
+use naam_ebpf::abi::{write_kind, Descriptor, Return, ACCESS_MASK, STATE_WORDS};
 
 use super::engine::{Grant, Invocation, StepFault, StepResult};
 use super::error::{FetchError, WriteError};
@@ -219,9 +219,9 @@ impl StepMachine {
         limits: Limits,
     ) -> (StepMachine, Action) {
         let mut m = StepMachine::unused();
-        m.reply.extend_from_slice(start.partial_reply);
+        let action = m.restart(start, app, kind, placement, limits);
+        // The reply moves out at the end: nothing is kept for a next message.
         m.lent_reply = false;
-        let action = m.begin(start, app, kind, placement, limits);
         (m, action)
     }
 
@@ -252,9 +252,10 @@ impl StepMachine {
     /// [`StepMachine::start`] in this machine, whatever it ran before: nothing is moved, and
     /// its buffers are kept. A read's payload is split off the reply buffer (sharing its
     /// allocation): once the payload of one message is dropped, the next reuses the same
-    /// memory. A driver that consumes each reply before its next message allocates nothing
-    /// per read; a write allocates only the answer its owner keeps for deduplication (its
-    /// batch's vectors come back through [`StepMachine::recycle_writes`]).
+    /// memory. A write's answer, which its owner keeps for deduplication, is copied into the
+    /// machine's arena instead, and its batch's vectors come back through
+    /// [`StepMachine::recycle_writes`]. A driver that consumes each reply before its next
+    /// message allocates nothing per message once the buffers have grown.
     #[inline]
     pub fn restart(
         &mut self,
@@ -264,40 +265,12 @@ impl StepMachine {
         placement: Placement,
         limits: Limits,
     ) -> Action {
+        // Payloads split off the reply buffer share its allocation; a reply that does not fit
+        // what is left takes the whole allocation back if every earlier payload was dropped,
+        // else starts a new one (at least as large).
         self.reply.clear();
-        // A new buffer gets room for the largest reply. Payloads split off it share its
-        // allocation; a reply that does not fit what is left takes the whole allocation back
-        // if every earlier payload was dropped, else starts a new one as large.
-        if self.reply.capacity() == 0 {
-            self.reply.reserve(REPLY_CAP);
-        }
         self.reply.extend_from_slice(start.partial_reply);
         self.lent_reply = true;
-        self.begin(start, app, kind, placement, limits)
-    }
-
-    /// Gives back the vectors of a write batch this machine produced, once applied, for its
-    /// next batch or its next message.
-    pub fn recycle_writes(&mut self, batch: WriteBatch) {
-        let WriteBatch {
-            mut ops, mut data, ..
-        } = batch;
-        ops.clear();
-        data.clear();
-        self.spare_ops = ops;
-        self.spare_data = data;
-    }
-
-    /// Sets every field of the message `start` but the reply, and says the first action.
-    #[inline(always)]
-    fn begin(
-        &mut self,
-        start: MessageStart<'_>,
-        app: u32,
-        kind: HandlerKind,
-        placement: Placement,
-        limits: Limits,
-    ) -> Action {
         self.app = app;
         self.kind = kind;
         self.placement = placement;
@@ -324,6 +297,18 @@ impl StepMachine {
         } else {
             Action::Fetch
         }
+    }
+
+    /// Gives back the vectors of a write batch this machine produced, once applied, for its
+    /// next batch or its next message.
+    pub fn recycle_writes(&mut self, batch: WriteBatch) {
+        let WriteBatch {
+            mut ops, mut data, ..
+        } = batch;
+        ops.clear();
+        data.clear();
+        self.spare_ops = ops;
+        self.spare_data = data;
     }
 
     /// The app whose regions the descriptors name.
