@@ -5,11 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
-
-use crossbeam_utils::CachePadded;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
+use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
 
 use crate::driver::{server_gone, StoreFactory, StoreOp};

@@ -516,31 +516,23 @@ pub fn start_message<P: DataPath>(
         at.clock,
         apply,
     );
-    match stopped {
-        Stopped::Done(c) => Driven::Done(c, cost),
-        // The parked message takes the machine along; the caller's gets a new one.
-        Stopped::Backoff(resume_at) => Driven::Parked(Box::new(ParkedRun {
-            machine: std::mem::replace(m, StepMachine::unused()),
-            handler: handler.clone(),
-            cost,
-            resume_at,
-        })),
-    }
+    finish(stopped, m, handler, cost)
 }
 
-/// What a drive that stopped leaves its caller: the outcome, or the machine parked. Inlined:
-/// passed by value, the machine (a few hundred bytes) would be copied for every message.
+/// What a drive that stopped leaves its caller: the outcome, or the message parked. A parked
+/// message takes `machine` along and leaves a new one in its place; a finished one moves
+/// nothing (the machine is a few hundred bytes).
 #[inline(always)]
 fn finish(
     stopped: Stopped,
-    machine: StepMachine,
+    machine: &mut StepMachine,
     handler: &Arc<HandlerEntry>,
     cost: RunCost,
 ) -> Driven {
     match stopped {
         Stopped::Done(c) => Driven::Done(c, cost),
         Stopped::Backoff(resume_at) => Driven::Parked(Box::new(ParkedRun {
-            machine,
+            machine: std::mem::replace(machine, StepMachine::unused()),
             handler: handler.clone(),
             cost,
             resume_at,
@@ -576,7 +568,7 @@ pub fn resume<P: DataPath>(
         clock,
         apply,
     );
-    finish(stopped, machine, &handler, cost)
+    finish(stopped, &mut machine, &handler, cost)
 }
 
 /// Drives `req` to completion on `path`, waiting out torn-read backoffs on this thread (the

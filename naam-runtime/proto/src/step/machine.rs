@@ -190,10 +190,10 @@ pub struct StepMachine {
     /// [`StepMachine::take_reply`]).
     reply: BytesMut,
     /// Whether `reply` stays with the machine (split at completion) rather than moving out.
-    lent_reply: bool,
+    keep_buffer: bool,
     /// Where the answers of writes are copied (they are kept for deduplication).
     kept: ByteArena,
-    /// Emptied vectors for the next write batch (given back by
+    /// Empty vectors for the next write batch (given back, cleared, by
     /// [`StepMachine::recycle_writes`]).
     spare_ops: Vec<WriteRequest>,
     spare_data: Vec<u8>,
@@ -221,7 +221,7 @@ impl StepMachine {
         let mut m = StepMachine::unused();
         let action = m.restart(start, app, kind, placement, limits);
         // The reply moves out at the end: nothing is kept for a next message.
-        m.lent_reply = false;
+        m.keep_buffer = false;
         (m, action)
     }
 
@@ -235,7 +235,7 @@ impl StepMachine {
             request_id: 0,
             state: [0; STATE_WORDS],
             reply: BytesMut::new(),
-            lent_reply: true,
+            keep_buffer: true,
             kept: ByteArena::default(),
             spare_ops: Vec::new(),
             spare_data: Vec::new(),
@@ -270,7 +270,7 @@ impl StepMachine {
         // else starts a new one (at least as large).
         self.reply.clear();
         self.reply.extend_from_slice(start.partial_reply);
-        self.lent_reply = true;
+        self.keep_buffer = true;
         self.app = app;
         self.kind = kind;
         self.placement = placement;
@@ -392,7 +392,7 @@ impl StepMachine {
     /// (no allocation) but copies a write's into an arena of its own: the write owner keeps
     /// that answer for deduplication, and a kept payload would pin the reply buffer.
     fn take_reply(&mut self) -> Bytes {
-        match (self.lent_reply, self.kind) {
+        match (self.keep_buffer, self.kind) {
             (true, HandlerKind::Read) => self.reply.split().freeze(),
             (true, HandlerKind::Write) => self.kept.copy(&self.reply),
             (false, _) => std::mem::take(&mut self.reply).freeze(),
@@ -486,7 +486,6 @@ impl StepMachine {
     /// The step's write operations, each checked against the segment it targets.
     fn write_batch(&mut self, out: &StepResult<'_>) -> Result<WriteBatch, String> {
         let mut ops = std::mem::take(&mut self.spare_ops);
-        ops.clear();
         ops.reserve(out.writes.len());
         for (i, w) in out.writes.iter().enumerate() {
             let target = *self
@@ -542,7 +541,6 @@ impl StepMachine {
             ops.push(op);
         }
         let mut data = std::mem::take(&mut self.spare_data);
-        data.clear();
         data.extend_from_slice(out.write_data);
         Ok(WriteBatch {
             app: self.app,
