@@ -426,7 +426,7 @@ fn drive<P: DataPath>(
     let mut continuing = false;
     loop {
         action = match action {
-            Action::Complete(c) => return Stopped::Done(c),
+            Action::Complete => return Stopped::Done(m.outcome()),
             Action::Fetch => {
                 if let Some(ns) = m.retry_backoff_ns().filter(|_| !waited) {
                     return Stopped::Backoff(clock.now().saturating_add(ns));
@@ -443,9 +443,8 @@ fn drive<P: DataPath>(
                     Err(e) => m.fetch_failed(&e),
                 }
             }
-            Action::Write(batch) => {
-                let r = apply(&batch);
-                m.recycle_writes(batch);
+            Action::Write => {
+                let r = apply(m.writes());
                 m.writes_applied(r)
             }
         };

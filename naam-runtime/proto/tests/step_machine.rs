@@ -113,8 +113,7 @@ fn drive(
     run(&mut m, action, req, engine, apply)
 }
 
-/// Runs `m` from `action` to its outcome (see [`drive`]); each batch is given back to the
-/// machine once applied, as drivers that reuse a machine do.
+/// Runs `m` from `action` to its outcome (see [`drive`]), collecting the batches applied.
 fn run(
     m: &mut StepMachine,
     mut action: Action,
@@ -126,7 +125,7 @@ fn run(
     let buf = [0u8; 0];
     loop {
         action = match action {
-            Action::Complete(o) => return (o, batches),
+            Action::Complete => return (m.outcome(), batches),
             Action::Fetch => {
                 let grants: Vec<Grant<'_>> = m
                     .current()
@@ -137,10 +136,9 @@ fn run(
                 let r = engine.run_step(&(), &m.invocation(&req.args, &grants));
                 m.stepped(r, 5)
             }
-            Action::Write(b) => {
-                let r = apply(&b);
-                batches.push(b.clone());
-                m.recycle_writes(b);
+            Action::Write => {
+                let r = apply(m.writes());
+                batches.push(m.writes().clone());
                 m.writes_applied(r)
             }
         };
@@ -234,14 +232,15 @@ fn hop_limit_ends_a_message_that_keeps_continuing() {
     // A continuation that arrives with its budget spent does not run at all.
     let mut spent = request(&[desc(1, 8, ACCESS_READ)]);
     spent.steps = 4;
-    let (_, action) = StepMachine::start(
+    let (mut m, action) = StepMachine::start(
         (&spent).into(),
         7,
         HandlerKind::Read,
         Placement::Host,
         limits,
     );
-    assert!(matches!(action, Action::Complete(o) if o.status == Status::HopLimit));
+    assert_eq!(action, Action::Complete);
+    assert_eq!(m.outcome().status, Status::HopLimit);
 }
 
 #[test]
@@ -298,8 +297,8 @@ fn retries_discard_the_torn_step_and_back_off_up_to_the_budget() {
         let r = e.run_step(&(), &m.invocation(&retried.args, &grants));
         match m.stepped(r, 0) {
             Action::Fetch => waits.push(m.retry_backoff_ns().expect("a retry waits")),
-            Action::Complete(o) => break o,
-            Action::Write(_) => unreachable!(),
+            Action::Complete => break m.outcome(),
+            Action::Write => unreachable!(),
         }
     };
     assert_eq!(&waits[..4], &[1_000, 2_000, 4_000, 8_000]);
@@ -391,14 +390,15 @@ fn malformed_writes_are_refused_before_reaching_the_owner() {
 #[test]
 fn placement_and_kind_rules() {
     // A write handler never starts at the client.
-    let (_, action) = StepMachine::start(
+    let (mut m, action) = StepMachine::start(
         (&request(&[desc(1, 8, ACCESS_READ)])).into(),
         7,
         HandlerKind::Write,
         Placement::Client,
         Limits::default(),
     );
-    assert!(matches!(action, Action::Complete(o) if o.status == Status::PlacementRefused));
+    assert_eq!(action, Action::Complete);
+    assert_eq!(m.outcome().status, Status::PlacementRefused);
     // A read handler that returns Write is refused.
     let mut e = script([write_step(vec![store(0, 0, 1, 0)], b"x")]);
     // (run_read fails the test if a batch reaches the owner.)

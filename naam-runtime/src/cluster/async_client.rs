@@ -110,10 +110,11 @@ impl AsyncClient {
         let mut bufs: Vec<Vec<u8>> = Vec::new();
         loop {
             action = match action {
-                Action::Complete(c) => {
-                    return reply_for(req, &c, Placement::Client, LoadFeedback::default())
+                Action::Complete => {
+                    let c = m.outcome();
+                    return reply_for(req, &c, Placement::Client, LoadFeedback::default());
                 }
-                Action::Write(_) => m.writes_applied(Err(WriteError::NotOwner)),
+                Action::Write => m.writes_applied(Err(WriteError::NotOwner)),
                 Action::Fetch => {
                     let descs = *m.current();
                     if let Some(ns) = m.retry_backoff_ns() {

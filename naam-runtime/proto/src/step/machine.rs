@@ -95,18 +95,21 @@ impl WriteBatch {
     }
 }
 
-/// What the driver must do next.
-#[derive(Debug)]
+/// What the driver must do next. Only a word: what the action acts on stays in the machine
+/// (descriptors, write batch, outcome), so no driver copies it through the stack at every step
+/// (an action that carried the batch or the outcome was copied twice per step, each copy
+/// stalling on the stores that had just built it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Fetch [`StepMachine::current`]'s descriptors, run the engine over them with
     /// [`StepMachine::invocation`] and hand the result to [`StepMachine::stepped`] (the
     /// descriptors stay in the machine: no copy per step). Wait out
     /// [`StepMachine::retry_backoff_ns`] first, if any.
     Fetch,
-    /// Apply these writes (at the owner) and call [`StepMachine::writes_applied`].
-    Write(WriteBatch),
-    /// The message is finished.
-    Complete(Outcome),
+    /// Apply [`StepMachine::writes`] (at the owner) and call [`StepMachine::writes_applied`].
+    Write,
+    /// The message is finished: take its [`StepMachine::outcome`].
+    Complete,
 }
 
 /// How a message ended, at whichever placement ran it (the reply is built from it).
@@ -193,10 +196,12 @@ pub struct StepMachine {
     keep_buffer: bool,
     /// Where the answers of writes are copied (they are kept for deduplication).
     kept: ByteArena,
-    /// Empty vectors for the next write batch (given back, cleared, by
-    /// [`StepMachine::recycle_writes`]).
-    spare_ops: Vec<WriteRequest>,
-    spare_data: Vec<u8>,
+    /// The write batch of the last step that returned `Write` ([`StepMachine::writes`]); its
+    /// vectors are cleared, not freed, for the next batch.
+    batch: WriteBatch,
+    /// How the message ended, once it has: the status and code of its
+    /// [`StepMachine::outcome`] (whose payload is `reply`, or the error message put there).
+    ended: (Status, u32),
     current: Descriptors,
     steps: u16,
     retries: u16,
@@ -237,8 +242,13 @@ impl StepMachine {
             reply: BytesMut::new(),
             keep_buffer: true,
             kept: ByteArena::default(),
-            spare_ops: Vec::new(),
-            spare_data: Vec::new(),
+            batch: WriteBatch {
+                app: 0,
+                request_id: 0,
+                ops: Vec::new(),
+                data: Vec::new(),
+            },
+            ended: (Status::Ok, 0),
             current: Descriptors::new(),
             steps: 0,
             retries: 0,
@@ -253,9 +263,9 @@ impl StepMachine {
     /// its buffers are kept. A read's payload is split off the reply buffer (sharing its
     /// allocation): once the payload of one message is dropped, the next reuses the same
     /// memory. A write's answer, which its owner keeps for deduplication, is copied into the
-    /// machine's arena instead, and its batch's vectors come back through
-    /// [`StepMachine::recycle_writes`]. A driver that consumes each reply before its next
-    /// message allocates nothing per message once the buffers have grown.
+    /// machine's arena instead, and its write batches reuse the machine's vectors. A driver
+    /// that consumes each reply before its next message allocates nothing per message once
+    /// the buffers have grown.
     #[inline]
     pub fn restart(
         &mut self,
@@ -297,18 +307,6 @@ impl StepMachine {
         } else {
             Action::Fetch
         }
-    }
-
-    /// Gives back the vectors of a write batch this machine produced, once applied, for its
-    /// next batch or its next message.
-    pub fn recycle_writes(&mut self, batch: WriteBatch) {
-        let WriteBatch {
-            mut ops, mut data, ..
-        } = batch;
-        ops.clear();
-        data.clear();
-        self.spare_ops = ops;
-        self.spare_data = data;
     }
 
     /// The app whose regions the descriptors name.
@@ -365,27 +363,40 @@ impl StepMachine {
         self.fail_with_code(status, 0, message)
     }
 
+    /// The message ends in an error: its message replaces whatever reply was built.
+    #[cold]
     fn fail_with_code(&mut self, status: Status, code: u32, message: impl Into<String>) -> Action {
-        let mut c = Outcome::error(status, code, message, self.steps);
-        c.insns = self.insns;
-        c.retries = self.retries;
-        c.runs = self.runs;
-        c.fetch_ns = self.fetch_ns;
-        Action::Complete(c)
+        self.reply.clear();
+        self.reply.extend_from_slice(message.into().as_bytes());
+        self.complete(status, code)
     }
 
-    /// The message ends: the reply moves into the completion.
+    /// The message ends with `status` and `code`; [`StepMachine::outcome`] takes the rest.
+    #[inline]
     fn complete(&mut self, status: Status, code: u32) -> Action {
-        Action::Complete(Outcome {
-            status,
-            code,
+        self.ended = (status, code);
+        Action::Complete
+    }
+
+    /// How the message ended, once an action said [`Action::Complete`]: the reply (or error
+    /// message) moves out as the payload, so call it once per message.
+    #[inline]
+    pub fn outcome(&mut self) -> Outcome {
+        Outcome {
+            status: self.ended.0,
+            code: self.ended.1,
             payload: self.take_reply(),
             steps: self.steps,
             insns: self.insns,
             retries: self.retries,
             runs: self.runs,
             fetch_ns: self.fetch_ns,
-        })
+        }
+    }
+
+    /// The batch to apply, once an action said [`Action::Write`].
+    pub fn writes(&self) -> &WriteBatch {
+        &self.batch
     }
 
     /// The reply as a payload. A machine that keeps its buffer splits a read's reply off it
@@ -472,7 +483,7 @@ impl StepMachine {
                     return self.fail(Status::Refused, "a read handler returned Write");
                 }
                 match self.write_batch(&out) {
-                    Ok(batch) => Action::Write(batch),
+                    Ok(()) => Action::Write,
                     Err(why) => self.fail(Status::Refused, why),
                 }
             }
@@ -483,9 +494,14 @@ impl StepMachine {
         }
     }
 
-    /// The step's write operations, each checked against the segment it targets.
-    fn write_batch(&mut self, out: &StepResult<'_>) -> Result<WriteBatch, String> {
-        let mut ops = std::mem::take(&mut self.spare_ops);
+    /// Builds [`StepMachine::writes`] from the step's write operations, each checked against
+    /// the segment it targets.
+    fn write_batch(&mut self, out: &StepResult<'_>) -> Result<(), String> {
+        self.batch.app = self.app;
+        self.batch.request_id = self.request_id;
+        self.batch.ops.clear();
+        self.batch.data.clear();
+        let ops = &mut self.batch.ops;
         ops.reserve(out.writes.len());
         for (i, w) in out.writes.iter().enumerate() {
             let target = *self
@@ -540,14 +556,8 @@ impl StepMachine {
             };
             ops.push(op);
         }
-        let mut data = std::mem::take(&mut self.spare_data);
-        data.extend_from_slice(out.write_data);
-        Ok(WriteBatch {
-            app: self.app,
-            request_id: self.request_id,
-            ops,
-            data,
-        })
+        self.batch.data.extend_from_slice(out.write_data);
+        Ok(())
     }
 
     /// The writes were applied (or not): the message completes.
