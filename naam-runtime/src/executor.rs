@@ -24,6 +24,7 @@ use naam_proto::step::{
     StepMachine, WriteBatch, WriteError,
 };
 
+use crate::region::Region;
 use crate::Clock;
 use crate::HandlerEntry;
 use crate::RegionTable;
@@ -74,6 +75,9 @@ fn step_in_place(
 /// Applies `batch` to `regions` in order, each operation visible before the next (release
 /// fences), as the write owner must.
 pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), WriteError> {
+    // The target resolved last: a batch's operations come in runs on one segment (MICA's
+    // PUT: three on the bucket, four on the item), resolved once per run.
+    let mut resolved: Option<(&Descriptor, &Region)> = None;
     for (index, op) in batch.ops.iter().enumerate() {
         let need = match op.kind {
             write_kind::STORE => ACCESS_WRITE,
@@ -88,7 +92,14 @@ pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), Wri
                 ),
             });
         }
-        let (region, _) = regions.resolve_in(batch.app, &op.target)?;
+        let region = match resolved {
+            Some((target, region)) if *target == op.target => region,
+            _ => {
+                let (region, _) = regions.resolve_in(batch.app, &op.target)?;
+                resolved = Some((&op.target, region));
+                region
+            }
+        };
         let at = op.target.offset + op.offset as u64;
         let mem = &region.mem;
         let invalid = |e: MemError| WriteError::Invalid {

@@ -234,28 +234,28 @@ impl RegionMemory {
     /// words at the edges are merged atomically.
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), MemError> {
         self.range(offset, src.len() as u64)?;
+        let words = self.words();
         let mut at = offset as usize;
-        let mut inp = 0;
-        while inp < src.len() {
-            let from = at % 8;
-            let n = (8 - from).min(src.len() - inp);
-            let w = &self.words()[at / 8];
-            if n == 8 {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&src[inp..inp + 8]);
-                w.store(u64::from_le_bytes(b), Ordering::Release);
-            } else {
-                let mut mask = [0u8; 8];
-                let mut bits = [0u8; 8];
-                mask[from..from + n].fill(0xff);
-                bits[from..from + n].copy_from_slice(&src[inp..inp + n]);
-                let (mask, bits) = (u64::from_le_bytes(mask), u64::from_le_bytes(bits));
-                let _ = w.fetch_update(Ordering::Release, Ordering::Relaxed, |old| {
-                    Some((old & !mask) | bits)
-                });
-            }
-            inp += n;
+        let mut src = src;
+        // A partial first word, merged into what it held.
+        let from = at % 8;
+        if from != 0 && !src.is_empty() {
+            let n = (8 - from).min(src.len());
+            merge_into(&words[at / 8], from, &src[..n]);
+            src = &src[n..];
             at += n;
+        }
+        // Whole words: one release store each, indexed once for the run.
+        let whole = src.len() / 8;
+        let (body, tail) = src.split_at(whole * 8);
+        let first = at / 8;
+        for (w, chunk) in words[first..first + whole].iter().zip(body.chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            w.store(u64::from_le_bytes(b), Ordering::Release);
+        }
+        if !tail.is_empty() {
+            merge_into(&words[first + whole], 0, tail);
         }
         Ok(())
     }
@@ -301,6 +301,19 @@ impl RegionMemory {
         self.read(0, &mut v).expect("whole region");
         v
     }
+}
+
+/// Stores `bytes` into `word` from byte `from` on (little-endian), keeping its other bytes:
+/// one release read-modify-write, so a concurrent store to those bytes is not lost.
+fn merge_into(word: &AtomicU64, from: usize, bytes: &[u8]) {
+    let mut mask = [0u8; 8];
+    let mut bits = [0u8; 8];
+    mask[from..from + bytes.len()].fill(0xff);
+    bits[from..from + bytes.len()].copy_from_slice(bytes);
+    let (mask, bits) = (u64::from_le_bytes(mask), u64::from_le_bytes(bits));
+    let _ = word.fetch_update(Ordering::Release, Ordering::Relaxed, |old| {
+        Some((old & !mask) | bits)
+    });
 }
 
 /// A registered region: memory that one app's descriptors and one-sided operations name by
@@ -531,6 +544,26 @@ mod tests {
                 size: 40
             })
         );
+    }
+
+    proptest::proptest! {
+        /// Writes at any offset and length (partial words at either end, none, or a
+        /// sub-word write inside one word) leave exactly what a byte array would hold.
+        #[test]
+        fn writes_match_a_byte_array(
+            ops in proptest::collection::vec((0usize..64, proptest::collection::vec(proptest::num::u8::ANY, 0..40)), 1..20)
+        ) {
+            let m = RegionMemory::zeroed(96);
+            let mut model = vec![0u8; 96];
+            for (at, bytes) in &ops {
+                let fits = at + bytes.len() <= model.len();
+                proptest::prop_assert_eq!(m.write(*at as u64, bytes).is_ok(), fits);
+                if fits {
+                    model[*at..at + bytes.len()].copy_from_slice(bytes);
+                }
+            }
+            proptest::prop_assert_eq!(m.snapshot(), model);
+        }
     }
 
     #[test]
