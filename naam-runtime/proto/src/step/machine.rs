@@ -426,10 +426,12 @@ impl StepMachine {
     pub fn stepped(&mut self, result: Result<StepResult<'_>, StepFault>, fetch_ns: u64) -> Action {
         self.runs = self.runs.saturating_add(1);
         self.fetch_ns = self.fetch_ns.saturating_add(fetch_ns);
-        let out = match result {
+        // Borrowed, not moved out of the result: the move copied the engine's output in
+        // 16-byte loads across the 8-byte stores that had just built it, and stalled.
+        let out = match &result {
             Ok(out) => out,
             Err(e @ StepFault::Aborted { code }) => {
-                return self.fail_with_code(Status::Aborted, code as u32, e.to_string())
+                return self.fail_with_code(Status::Aborted, *code as u32, e.to_string())
             }
             Err(e @ StepFault::BadInput(_)) => return self.fail(Status::Refused, e.to_string()),
             Err(e) => return self.fail(Status::Fault, e.to_string()),
@@ -482,7 +484,7 @@ impl StepMachine {
                 if self.kind != HandlerKind::Write {
                     return self.fail(Status::Refused, "a read handler returned Write");
                 }
-                match self.write_batch(&out) {
+                match self.write_batch(out) {
                     Ok(()) => Action::Write,
                     Err(why) => self.fail(Status::Refused, why),
                 }
