@@ -492,6 +492,10 @@ pub struct Place<'a, P: DataPath> {
 /// Starts the message `msg` (args `args`, borrowed for its whole run) and drives it until it
 /// completes or parks for a torn-read retry: [`start`] without a [`Request`], for callers that
 /// run their own messages where the data is.
+// Inlined into its callers, as `finish` is, so the outcome that drive returns is read field
+// by field where it is used rather than copied whole into a `Driven` (16-byte loads of what
+// 8-byte stores had just built stall on store forwarding).
+#[inline(always)]
 pub fn start_message<P: DataPath>(
     msg: MessageStart<'_>,
     args: &[u8],
@@ -609,6 +613,7 @@ pub fn run_message<P: DataPath>(
 }
 
 /// [`run_message`] without a [`Request`]: the message `msg` with args `args`.
+#[inline]
 pub fn run_message_parts<P: DataPath>(
     msg: MessageStart<'_>,
     args: &[u8],

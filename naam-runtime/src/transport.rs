@@ -118,6 +118,7 @@ impl Direct {
 }
 
 impl Transport for Direct {
+    #[inline]
     fn call(
         &mut self,
         app: u32,
