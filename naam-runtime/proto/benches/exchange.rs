@@ -16,7 +16,9 @@
 //!
 //! And the seal alone (`seal/*`): sealing and opening one message of 80 bytes (a GET) and of
 //! 1,100 bytes (a YCSB record's reply) with a session key, against an HMAC-SHA-256 tag over
-//! the same bytes made and checked (the seal before issue 24).
+//! the same bytes made and checked (the seal before issue 24), and against ring's AES-256-GCM
+//! alone (`seal/ring_alone_*`: the same bytes sealed and opened in place in one kept buffer, no
+//! header, no allocation, no copy): the floor under any framing of ours.
 //!
 //! Run: `cargo bench -p naam-proto --bench exchange`.
 
@@ -248,6 +250,33 @@ fn seal(c: &mut Criterion) {
                 packet += 1;
                 let sealed = key.seal(Sender::Client, packet, black_box(&inner));
                 black_box(key.open(&sealed).expect("opens"))
+            })
+        });
+        let raw = ring::aead::LessSafeKey::new(
+            ring::aead::UnboundKey::new(&ring::aead::AES_256_GCM, &[0x42; 32]).expect("32 bytes"),
+        );
+        let mut buf = inner.clone();
+        g.bench_function(format!("ring_alone_seal_open_{len}"), |b| {
+            b.iter(|| {
+                packet += 1;
+                let mut n = [0u8; 12];
+                n[4..].copy_from_slice(&packet.to_be_bytes());
+                let tag = raw
+                    .seal_in_place_separate_tag(
+                        ring::aead::Nonce::assume_unique_for_key(n),
+                        ring::aead::Aad::from(&[0u8; 24]),
+                        black_box(&mut buf[..]),
+                    )
+                    .expect("seals");
+                raw.open_in_place_separate_tag(
+                    ring::aead::Nonce::assume_unique_for_key(n),
+                    ring::aead::Aad::from(&[0u8; 24]),
+                    tag,
+                    black_box(&mut buf[..]),
+                    0..,
+                )
+                .expect("opens")
+                .len()
             })
         });
         g.bench_function(format!("hmac_sha256_tag_check_{len}"), |b| {
