@@ -474,8 +474,10 @@ mod tests {
         };
         // Unknown rate: the configured ceiling.
         assert_eq!(share(0.0), cfg.probe);
-        // 100 K msg/s: 200 probes/s is a 0.2% share.
+        // 100 K msg/s: 200 probes/s is a 0.2% share; 2 M msg/s (one process, two client
+        // threads): 0.01%, still 200 probes/s.
         assert!((share(100_000.0) - 0.002).abs() < 1e-12);
+        assert!((share(2_000_000.0) - 0.0001).abs() < 1e-12);
         // Very low and very high rates are clamped.
         assert_eq!(share(10.0), cfg.probe);
         assert_eq!(share(1e9), cfg.min_probe);

@@ -78,7 +78,10 @@ pub struct CostPolicyConfig {
     /// estimates need a few hundred probes a second, not a fixed share of every handler's
     /// traffic (with a thousand apps, per-handler shares would make probes the tail).
     pub probes_per_second: f64,
-    /// Smallest probe share.
+    /// Smallest probe share: it binds only above `probes_per_second / min_probe` messages a
+    /// second (4 M by default), so that every rate a node reaches gets the probes per second
+    /// asked, not more (a probe to a slower placement costs its client that placement's
+    /// latency).
     pub min_probe: f64,
 }
 
@@ -90,7 +93,7 @@ impl Default for CostPolicyConfig {
             probe: 0.02,
             unknown_factor: 1.5,
             probes_per_second: 200.0,
-            min_probe: 0.0005,
+            min_probe: 0.00005,
         }
     }
 }
