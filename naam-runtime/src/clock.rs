@@ -23,7 +23,7 @@ pub trait Clock: Send + Sync {
 /// counter, scaled by a rate measured once per process against [`Instant`]: about 10 ns a
 /// read where `clock_gettime` costs 25 ns or more in a VM, which matters when every message
 /// reads the clock. Elsewhere it reads [`Instant`].
-#[derive(Debug)]
+#[derive(Clone, Copy, Debug)]
 pub struct SystemClock {
     epoch: Instant,
     /// The counter at the epoch, when the counter is used.

@@ -400,7 +400,7 @@ pub struct UdpClient {
     metrics: Option<Arc<Metrics>>,
     pin: Option<Placement>,
     /// Submitted messages not yet answered: their handler and when they were sent.
-    pending: HashMap<u64, (HandlerKey, Instant)>,
+    pending: HashMap<u64, (HandlerKey, Nanos)>,
     /// Answers ready for the next poll (messages the client ran itself, failures).
     ready: Vec<(u64, Result<Reply, ClientError>)>,
 }
@@ -750,12 +750,15 @@ impl UdpClient {
         Placed::Server(Box::new(req))
     }
 
-    fn record(&self, key: HandlerKey, start: Instant, reply: &Reply) {
+    /// Counts `reply` in the metrics: `start` is this client's clock's time when the call
+    /// began (the clock reads the time-stamp counter where it can: `Instant` costs a
+    /// `clock_gettime` in a VM, twice per call).
+    fn record(&self, key: HandlerKey, start: Nanos, reply: &Reply) {
         if let Some(m) = &self.metrics {
             m.record(
                 reply.placement,
                 key,
-                start.elapsed().as_nanos() as u64,
+                self.clock.now().saturating_sub(start),
                 reply.status,
             );
         }
@@ -795,7 +798,7 @@ impl Transport for UdpClient {
     ) -> Result<Reply, ClientError> {
         let req = Request::for_call(app, handler, 0, args, descs)?;
         let key = (app, handler);
-        let start = Instant::now();
+        let start = self.clock.now();
         let reply = match self.place(req, key) {
             Placed::Here(r) => r,
             Placed::Server(req) => self.call_server(*req)?,
@@ -822,7 +825,7 @@ impl naam_proto::transport::Pipeline for UdpClient {
         }
         let req = Request::for_call(app, handler, 0, args, descs)?;
         let key = (app, handler);
-        let start = Instant::now();
+        let start = self.clock.now();
         match self.place(req, key) {
             Placed::Here(r) => {
                 self.record(key, start, &r);

@@ -251,7 +251,12 @@ impl Inbound {
                 return None;
             }
         };
-        let now = self.epoch.elapsed().as_nanos() as u64;
+        // A message in one datagram completes at once: only fragments need the time.
+        let now = if f.count == 1 {
+            0
+        } else {
+            self.epoch.elapsed().as_nanos() as u64
+        };
         match self.reassembler.push(peer, f, now) {
             Pushed::Complete(m) => Some(m),
             Pushed::Pending | Pushed::Duplicate => None,
