@@ -407,8 +407,9 @@ pub enum Driven {
 
 /// How [`drive`] stopped.
 enum Stopped {
-    /// The message finished.
-    Done(Outcome),
+    /// The message finished: the machine holds how ([`StepMachine::outcome`],
+    /// [`StepMachine::ended`]).
+    Done,
     /// A torn read must wait until this clock time before the step is fetched again.
     Backoff(Nanos),
 }
@@ -437,7 +438,7 @@ fn drive<P: DataPath>(
     let mut continuing = false;
     loop {
         action = match action {
-            Action::Complete => return Stopped::Done(m.outcome()),
+            Action::Complete => return Stopped::Done,
             Action::Fetch => {
                 if let Some(ns) = m.retry_backoff_ns().filter(|_| !waited) {
                     return Stopped::Backoff(clock.now().saturating_add(ns));
@@ -544,7 +545,7 @@ fn finish(
     cost: RunCost,
 ) -> Driven {
     match stopped {
-        Stopped::Done(c) => Driven::Done(c, cost),
+        Stopped::Done => Driven::Done(machine.outcome(), cost),
         Stopped::Backoff(resume_at) => Driven::Parked(Box::new(ParkedRun {
             machine: std::mem::replace(machine, StepMachine::unused()),
             handler: handler.clone(),
@@ -610,6 +611,49 @@ pub fn run_message<P: DataPath>(
         },
         apply,
     )
+}
+
+/// Runs the message `msg` (args `args`) to its end in `machine`, waiting out torn-read
+/// backoffs on this thread, and leaves how it ended in the machine, to be read in place with
+/// [`StepMachine::ended`] before the machine's next message. For callers that own their
+/// machine and read each reply before sending the next (direct execution): no outcome is
+/// built, no payload split off the machine's buffer.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+pub fn run_in_place<P: DataPath>(
+    msg: MessageStart<'_>,
+    args: &[u8],
+    handler: &HandlerEntry,
+    path: &mut P,
+    vm: &mut Vm,
+    limits: Limits,
+    clock: &dyn Clock,
+    machine: &mut StepMachine,
+    mut apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
+) -> RunCost {
+    let action = machine.restart(msg, handler.app, handler.kind, path.placement(), limits);
+    let mut cost = RunCost::default();
+    let (mut action, mut waited) = (action, false);
+    loop {
+        match drive(
+            machine,
+            &handler.exe,
+            args,
+            action,
+            &mut cost,
+            waited,
+            path,
+            vm,
+            clock,
+            &mut apply,
+        ) {
+            Stopped::Done => return cost,
+            Stopped::Backoff(resume_at) => {
+                clock.wait_until(resume_at);
+                (action, waited) = (Action::Fetch, true);
+            }
+        }
+    }
 }
 
 /// [`run_message`] without a [`Request`]: the message `msg` with args `args`.

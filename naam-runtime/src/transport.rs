@@ -9,14 +9,14 @@ use std::sync::Arc;
 use naam_ebpf::abi::Descriptor;
 
 use crate::cluster::{error_reply, install, AppSpec, ClusterError};
-use crate::executor::{apply_writes, run_message_parts, HostPath, Place};
+use crate::executor::{apply_writes, run_in_place, run_message_parts, HostPath, Place};
 use crate::RegionTable;
 use crate::Registry;
 use crate::SystemClock;
 use naam_proto::step::HandlerKind;
 use naam_proto::step::{Limits, MessageStart, StepMachine, WriteError};
 use naam_proto::transport::ClientError;
-use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
+use naam_proto::wire::{LoadFeedback, Reply, ReplyView, Request, Status};
 use naam_proto::Placement;
 use naam_vm::VerifierConfig;
 use naam_vm::Vm;
@@ -175,6 +175,59 @@ impl Transport for Direct {
             load: LoadFeedback::default(),
             payload: c.payload,
         })
+    }
+
+    /// Runs the message to its end in the transport's machine and lends `read` the reply there:
+    /// nothing split off, counted or copied on the way (a write's answer included: no one
+    /// will ask this transport for it again).
+    #[inline]
+    fn call_with<R>(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+        read: impl FnOnce(ReplyView<'_>) -> R,
+    ) -> Result<R, ClientError> {
+        self.next_id += 1;
+        let request_id = self.next_id;
+        Request::check_call(args, descs)?;
+        let entry = match self.registry.handler(app, handler) {
+            Ok(h) => h,
+            Err(e) => {
+                let req = Request::for_call(app, handler, request_id, args, descs)?;
+                let reply =
+                    error_reply(&req, Status::UnknownHandler, Placement::Host, e.to_string());
+                return Ok(read(reply.view()));
+            }
+        };
+        let regions = &self.regions;
+        let writes = entry.kind == HandlerKind::Write;
+        let msg = MessageStart {
+            request_id,
+            steps: 0,
+            state: [0; naam_ebpf::abi::STATE_WORDS],
+            partial_reply: &[],
+            descriptors: descs,
+        };
+        run_in_place(
+            msg,
+            args,
+            entry,
+            &mut self.path,
+            &mut self.vm,
+            self.limits,
+            &self.clock,
+            &mut self.machine,
+            |batch| {
+                if writes {
+                    apply_writes(regions, batch)
+                } else {
+                    Err(WriteError::NotOwner)
+                }
+            },
+        );
+        Ok(read(self.machine.ended()))
     }
 
     fn backoff(&mut self, attempt: u32) {

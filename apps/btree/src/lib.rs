@@ -18,7 +18,7 @@ use naam_btree_layout as l;
 use naam_ebpf::abi::{error_code::APP_BASE, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::handler_id;
 use naam_proto::transport::{ClientError, Transport};
-use naam_proto::wire::Status;
+use naam_proto::wire::{ReplyView, Status};
 #[cfg(feature = "host")]
 use naam_proto::Placement;
 #[cfg(feature = "host")]
@@ -345,39 +345,45 @@ impl<T: Transport> BTreeClient<T> {
             .transport
             .call(self.handle.app, self.ids[3], &[], &[d])?;
         if r.status != Status::Ok || r.payload.len() < 8 {
-            return Err(server_error("root", &r));
+            return Err(server_error("root", r.view()));
         }
         self.root = u64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"));
         self.root_refreshes += 1;
         Ok(self.root)
     }
 
-    /// Sends a read, refreshing the root when the cached one is stale.
-    fn read(
+    /// Sends a read, refreshing the root when the cached one is stale, and returns `read` of
+    /// the payload of its `Ok` answer, read where the transport holds it
+    /// ([`Transport::call_with`]).
+    fn read_with<R>(
         &mut self,
         op: &'static str,
         id: u32,
         args: &[u8],
-    ) -> Result<naam_proto::wire::Reply, BTreeError> {
+        mut read: impl FnMut(&[u8]) -> R,
+    ) -> Result<R, BTreeError> {
         for attempt in 1..=MAX_ATTEMPTS {
-            let r = match self
-                .transport
-                .call(self.handle.app, id, args, &[self.root_desc()])
-            {
-                Ok(r) => r,
-                Err(ClientError::Busy(_)) => {
-                    self.transport.backoff(attempt);
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            match r.status {
-                Status::Ok => return Ok(r),
-                Status::HandlerError if code_is(r.code, l::error::STALE_ROOT) => {
+            let root = self.root_desc();
+            let answered =
+                self.transport
+                    .call_with(self.handle.app, id, args, &[root], |r| match r.status {
+                        Status::Ok => ReadAttempt::Done(read(r.payload)),
+                        Status::HandlerError if code_is(r.code, l::error::STALE_ROOT) => {
+                            ReadAttempt::StaleRoot
+                        }
+                        Status::Busy => ReadAttempt::Again,
+                        _ => ReadAttempt::Failed(server_error(op, r)),
+                    });
+            match answered {
+                Ok(ReadAttempt::Done(r)) => return Ok(r),
+                Ok(ReadAttempt::StaleRoot) => {
                     self.refresh_root()?;
                 }
-                Status::Busy => self.transport.backoff(attempt),
-                _ => return Err(server_error(op, &r)),
+                Ok(ReadAttempt::Again) | Err(ClientError::Busy(_)) => {
+                    self.transport.backoff(attempt)
+                }
+                Ok(ReadAttempt::Failed(e)) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         Err(BTreeError::Contended(op, MAX_ATTEMPTS))
@@ -395,12 +401,13 @@ impl<T: Transport> BTreeClient<T> {
     pub fn get(&mut self, key: u64) -> Result<Option<u64>, BTreeError> {
         Self::check_key(key)?;
         let args = self.reader_args(key, 0);
-        let r = self.read("get", self.ids[0], &args)?;
-        if r.payload.len() < 9 {
-            return Err(BTreeError::Config("short lookup reply".into()));
-        }
-        Ok((r.payload[0] == 1)
-            .then(|| u64::from_le_bytes(r.payload[1..9].try_into().expect("8 bytes"))))
+        self.read_with("get", self.ids[0], &args, |payload| {
+            match (payload.first(), payload.get(1..9)) {
+                (Some(&found), Some(value)) => Ok((found == 1)
+                    .then(|| u64::from_le_bytes(value.try_into().expect("a slice of 8 bytes")))),
+                _ => Err(BTreeError::Config("short lookup reply".into())),
+            }
+        })?
     }
 
     /// Up to `max` `(key, value)` pairs with keys at or above `start`, in key order. A scan
@@ -411,17 +418,21 @@ impl<T: Transport> BTreeClient<T> {
         let mut from = start;
         while out.len() < max {
             let args = self.reader_args(from, (max - out.len()) as u64);
-            let r = self.read("scan", self.ids[1], &args)?;
-            let Some((&more, pairs)) = r.payload.split_first() else {
+            let before = out.len();
+            let more = self.read_with("scan", self.ids[1], &args, |payload| {
+                let (&more, pairs) = payload.split_first()?;
+                out.truncate(before);
+                out.extend(pairs.chunks_exact(16).map(|c| {
+                    (
+                        u64::from_le_bytes(c[..8].try_into().expect("8")),
+                        u64::from_le_bytes(c[8..].try_into().expect("8")),
+                    )
+                }));
+                Some(more)
+            })?;
+            let Some(more) = more else {
                 return Err(BTreeError::Config("empty scan reply".into()));
             };
-            let before = out.len();
-            out.extend(pairs.chunks_exact(16).map(|c| {
-                (
-                    u64::from_le_bytes(c[..8].try_into().expect("8")),
-                    u64::from_le_bytes(c[8..].try_into().expect("8")),
-                )
-            }));
             // Continue after the last key, but only if this message made progress: a message that
             // returned nothing would be asked the same question again.
             match out.last() {
@@ -457,29 +468,38 @@ impl<T: Transport> BTreeClient<T> {
             access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
         };
         for attempt in 1..=MAX_ATTEMPTS {
-            let r = match self.transport.call(h.app, self.ids[2], &args, &[meta]) {
-                Ok(r) => r,
-                Err(ClientError::Busy(_)) => {
-                    self.transport.backoff(attempt);
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            match (r.status, r.payload.first().copied()) {
-                (Status::Ok, Some(l::reply::SPLIT)) => continue,
-                (Status::Ok, Some(l::reply::INSERTED)) => return Ok(Some(Written::Inserted)),
-                (Status::Ok, Some(l::reply::REPLACED)) => return Ok(Some(Written::Replaced)),
-                (Status::HandlerError, _) if code_is(r.code, l::error::NOT_FOUND) => {
-                    return Ok(None)
-                }
-                (Status::HandlerError, _) if code_is(r.code, l::error::FULL) => {
-                    return Err(BTreeError::Full(h.config.max_nodes))
-                }
-                (Status::HandlerError, _) if code_is(r.code, l::error::RESTART) => {
+            let answered =
+                self.transport
+                    .call_with(h.app, self.ids[2], &args, &[meta], |r| {
+                        match (r.status, r.payload.first().copied()) {
+                            (Status::Ok, Some(l::reply::SPLIT)) => WriteAttempt::Split,
+                            (Status::Ok, Some(l::reply::INSERTED)) => {
+                                WriteAttempt::Done(Some(Written::Inserted))
+                            }
+                            (Status::Ok, Some(l::reply::REPLACED)) => {
+                                WriteAttempt::Done(Some(Written::Replaced))
+                            }
+                            (Status::HandlerError, _) if code_is(r.code, l::error::NOT_FOUND) => {
+                                WriteAttempt::Done(None)
+                            }
+                            (Status::HandlerError, _) if code_is(r.code, l::error::FULL) => {
+                                WriteAttempt::Failed(BTreeError::Full(h.config.max_nodes))
+                            }
+                            (Status::HandlerError, _) if code_is(r.code, l::error::RESTART) => {
+                                WriteAttempt::Again
+                            }
+                            (Status::Conflict | Status::Busy, _) => WriteAttempt::Again,
+                            _ => WriteAttempt::Failed(server_error(op, r)),
+                        }
+                    });
+            match answered {
+                Ok(WriteAttempt::Done(w)) => return Ok(w),
+                Ok(WriteAttempt::Split) => continue,
+                Ok(WriteAttempt::Again) | Err(ClientError::Busy(_)) => {
                     self.transport.backoff(attempt)
                 }
-                (Status::Conflict | Status::Busy, _) => self.transport.backoff(attempt),
-                _ => return Err(server_error(op, &r)),
+                Ok(WriteAttempt::Failed(e)) => return Err(e),
+                Err(e) => return Err(e.into()),
             }
         }
         Err(BTreeError::Contended(op, MAX_ATTEMPTS))
@@ -498,11 +518,36 @@ impl<T: Transport> BTreeClient<T> {
     }
 }
 
-fn server_error(op: &'static str, r: &naam_proto::wire::Reply) -> BTreeError {
+fn server_error(op: &'static str, r: ReplyView<'_>) -> BTreeError {
     BTreeError::Server {
         op,
         status: r.status,
         code: r.code,
-        message: String::from_utf8_lossy(&r.payload).into_owned(),
+        message: String::from_utf8_lossy(r.payload).into_owned(),
     }
+}
+
+/// What one answer to a read comes to.
+enum ReadAttempt<R> {
+    /// `Ok`: what the caller read from it.
+    Done(R),
+    /// The cached root is no longer the root: refresh it and send again.
+    StaleRoot,
+    /// A queue was full: send again after a backoff.
+    Again,
+    /// The server refused the read.
+    Failed(BTreeError),
+}
+
+/// What one answer to a write comes to.
+enum WriteAttempt {
+    /// Written (or, for an update, the key was absent).
+    Done(Option<Written>),
+    /// The handler split a full node on the way: send again, nothing else changed.
+    Split,
+    /// Another writer got there first, a latch was held or a queue was full: back off and
+    /// send again.
+    Again,
+    /// The tree is full or the server refused the write.
+    Failed(BTreeError),
 }

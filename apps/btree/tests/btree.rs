@@ -11,11 +11,13 @@ use naam_btree::reference::NativeBTree;
 use naam_btree::{app_spec, handlers, BTreeClient, BTreeConfig, BTreeError, BTreeHandle, Written};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_proto::handler_id;
+use naam_proto::transport::{ClientError, Transport};
+use naam_proto::wire::Reply;
 use naam_proto::wire::Status;
 use naam_proto::Placement;
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::vm::LoadedObject;
-use naam_runtime::Pinned;
+use naam_runtime::{Direct, Pinned};
 use proptest::prelude::*;
 
 const APP: u32 = 9;
@@ -103,6 +105,72 @@ proptest! {
         let all: Vec<(u64, u64)> = model.iter().map(|(a, b)| (*a, *b)).collect();
         for t in &mut clients {
             prop_assert_eq!(t.scan(0, 256).unwrap(), all.iter().take(256).copied().collect::<Vec<_>>());
+        }
+    }
+}
+
+/// A transport with `call` alone: its client reads replies through the trait's default
+/// `call_with`, which lends the returned reply.
+struct CallOnly(Direct);
+
+impl Transport for CallOnly {
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        self.0.call(app, handler, args, descs)
+    }
+
+    fn backoff(&mut self, attempt: u32) {
+        self.0.backoff(attempt)
+    }
+}
+
+fn direct(config: BTreeConfig) -> (Direct, BTreeHandle) {
+    let d = Direct::new(&[app_spec(APP, &config, object(), Placement::Host).unwrap()]).unwrap();
+    let handle = BTreeHandle::with_keys(APP, config, |n| d.region_key(APP, n)).unwrap();
+    (d, handle)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(10))]
+
+    /// Direct execution lends each reply in place; a transport that returns replies lends
+    /// its reply instead. Both behave as a map through splits, misses and scans.
+    #[test]
+    fn replies_read_in_place_answer_as_returned_replies_do(ops in proptest::collection::vec(op(), 1..120)) {
+        let config = small();
+        let (d, handle) = direct(config);
+        let mut in_place = BTreeClient::new(d, handle);
+        let (d, handle) = direct(config);
+        let mut returned = BTreeClient::new(CallOnly(d), handle);
+        let mut model = BTreeMap::new();
+        for op in &ops {
+            match *op {
+                Op::Insert(k, v) => {
+                    let had = model.insert(k, v).is_some();
+                    prop_assert_eq!(in_place.insert(k, v).unwrap() == Written::Replaced, had);
+                    prop_assert_eq!(returned.insert(k, v).unwrap() == Written::Replaced, had);
+                }
+                Op::Update(k, v) => {
+                    let had = model.contains_key(&k);
+                    prop_assert_eq!(in_place.update(k, v).unwrap(), had);
+                    prop_assert_eq!(returned.update(k, v).unwrap(), had);
+                    if had { model.insert(k, v); }
+                }
+                Op::Get(k) => {
+                    prop_assert_eq!(in_place.get(k).unwrap(), model.get(&k).copied());
+                    prop_assert_eq!(returned.get(k).unwrap(), model.get(&k).copied());
+                }
+                Op::Scan(k, n) => {
+                    let want: Vec<(u64, u64)> = model.range(k..).take(n).map(|(a, b)| (*a, *b)).collect();
+                    prop_assert_eq!(in_place.scan(k, n).unwrap(), want.clone());
+                    prop_assert_eq!(returned.scan(k, n).unwrap(), want);
+                }
+            }
         }
     }
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::handler_id;
 use naam_proto::transport::{ClientError, Pipeline, Transport};
-use naam_proto::wire::Status;
+use naam_proto::wire::{ReplyView, Status};
 #[cfg(feature = "host")]
 use naam_proto::Placement;
 #[cfg(feature = "host")]
@@ -319,6 +319,42 @@ impl MicaHandle {
 /// Most attempts a write makes when other writers win its compare-and-swap, or queues are full.
 pub const MAX_ATTEMPTS: u32 = 10_000;
 
+/// What one answer to a MICA call comes to.
+enum Attempt<R> {
+    /// Answered for good: what the caller reads from it.
+    Done(R),
+    /// Nothing was applied (another writer won a compare-and-swap, the bucket was locked, a
+    /// queue was full or an owner hand-off was draining): try again.
+    Again,
+    /// The server refused the call.
+    Failed(MicaError),
+}
+
+impl<R> Attempt<R> {
+    fn map<S>(self, f: impl FnOnce(R) -> S) -> Attempt<S> {
+        match self {
+            Attempt::Done(r) => Attempt::Done(f(r)),
+            Attempt::Again => Attempt::Again,
+            Attempt::Failed(e) => Attempt::Failed(e),
+        }
+    }
+}
+
+/// Judges the answer `reply` to the operation `op`: its payload when it is `Ok`.
+#[inline]
+fn judge<'a>(op: &'static str, reply: ReplyView<'a>) -> Attempt<&'a [u8]> {
+    match reply.status {
+        Status::Ok => Attempt::Done(reply.payload),
+        Status::Conflict | Status::Busy => Attempt::Again,
+        status => Attempt::Failed(MicaError::Server {
+            op,
+            status,
+            code: reply.code,
+            message: String::from_utf8_lossy(reply.payload).into_owned(),
+        }),
+    }
+}
+
 /// A MICA client over any [`Transport`].
 pub struct MicaClient<T: Transport> {
     transport: T,
@@ -443,30 +479,49 @@ impl<T: Transport> MicaClient<T> {
         write: bool,
     ) -> Result<naam_proto::wire::Reply, MicaError> {
         let (all, n) = self.prepare(id, key, value, write)?;
-        let descs = &all[..n];
         let h = self.handle;
         for attempt in 1..=MAX_ATTEMPTS {
-            let reply = match self.transport.call(h.app, id, &self.args, descs) {
-                Ok(r) => r,
-                Err(ClientError::Busy(_)) => {
-                    self.transport.backoff(attempt);
-                    continue;
+            let attempted = self
+                .transport
+                .call(h.app, id, &self.args, &all[..n])
+                .map(|reply| (judge(op, reply.view()).map(|_| ()), reply));
+            match attempted {
+                Ok((Attempt::Done(()), reply)) => return Ok(reply),
+                Ok((Attempt::Failed(e), _)) => return Err(e),
+                Ok((Attempt::Again, _)) | Err(ClientError::Busy(_)) => {
+                    self.transport.backoff(attempt)
                 }
                 Err(e) => return Err(e.into()),
-            };
-            match reply.status {
-                Status::Ok => return Ok(reply),
-                // Another writer won a compare-and-swap, the bucket was locked, a queue was
-                // full or an owner handoff was draining: nothing was applied, try again.
-                Status::Conflict | Status::Busy => self.transport.backoff(attempt),
-                status => {
-                    return Err(MicaError::Server {
-                        op,
-                        status,
-                        code: reply.code,
-                        message: String::from_utf8_lossy(&reply.payload).into_owned(),
-                    })
-                }
+            }
+        }
+        Err(MicaError::Contended(op, MAX_ATTEMPTS))
+    }
+
+    /// Sends handler `id` on `key` and `value` until it is answered for good, and returns
+    /// `read` of the payload of the `Ok` answer, read where the transport holds it
+    /// ([`Transport::call_with`]): over direct execution, in the machine it ran in.
+    fn send_with<R>(
+        &mut self,
+        op: &'static str,
+        id: u32,
+        key: &[u8],
+        value: &[u8],
+        write: bool,
+        mut read: impl FnMut(&[u8]) -> R,
+    ) -> Result<R, MicaError> {
+        let (all, n) = self.prepare(id, key, value, write)?;
+        let h = self.handle;
+        for attempt in 1..=MAX_ATTEMPTS {
+            let attempted = self
+                .transport
+                .call_with(h.app, id, &self.args, &all[..n], |reply| {
+                    judge(op, reply).map(&mut read)
+                });
+            match attempted {
+                Ok(Attempt::Done(r)) => return Ok(r),
+                Ok(Attempt::Failed(e)) => return Err(e),
+                Ok(Attempt::Again) | Err(ClientError::Busy(_)) => self.transport.backoff(attempt),
+                Err(e) => return Err(e.into()),
             }
         }
         Err(MicaError::Contended(op, MAX_ATTEMPTS))
@@ -494,22 +549,31 @@ impl<T: Transport> MicaClient<T> {
         key: &[u8],
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<Option<R>, MicaError> {
-        let r = self.send("get", self.ids[0], key, &[], false)?;
-        Ok(match r.payload.split_first() {
-            Some((&l::reply::HIT, value)) => Some(f(value)),
-            _ => None,
-        })
+        // Read once: the answer that ends the call is the only one read.
+        let mut f = Some(f);
+        self.send_with(
+            "get",
+            self.ids[0],
+            key,
+            &[],
+            false,
+            |payload| match payload.split_first() {
+                Some((&l::reply::HIT, value)) => f.take().map(|f| f(value)),
+                _ => None,
+            },
+        )
     }
 
     /// Inserts or replaces; returns whether the key existed.
     pub fn put(&mut self, key: &[u8], value: &[u8]) -> Result<bool, MicaError> {
-        let r = self.send("put", self.ids[1], key, value, true)?;
-        Ok(r.payload.first() == Some(&1))
+        self.send_with("put", self.ids[1], key, value, true, |payload| {
+            payload.first() == Some(&1)
+        })
     }
 
     /// Replaces the value of an existing key; returns false (and changes nothing) if absent.
     pub fn update(&mut self, key: &[u8], value: &[u8]) -> Result<bool, MicaError> {
-        match self.send("update", self.ids[2], key, value, true) {
+        match self.send_with("update", self.ids[2], key, value, true, |_| ()) {
             Ok(_) => Ok(true),
             Err(MicaError::Server {
                 status: Status::HandlerError,
@@ -522,8 +586,9 @@ impl<T: Transport> MicaClient<T> {
 
     /// Removes `key`; returns whether it existed.
     pub fn delete(&mut self, key: &[u8]) -> Result<bool, MicaError> {
-        let r = self.send("delete", self.ids[3], key, &[], true)?;
-        Ok(r.payload.first() == Some(&1))
+        self.send_with("delete", self.ids[3], key, &[], true, |payload| {
+            payload.first() == Some(&1)
+        })
     }
 
     /// Read-modify-write at the owner in one message (YCSB-F): writes `patch` over the value's
@@ -537,8 +602,8 @@ impl<T: Transport> MicaClient<T> {
         let mut value = Vec::with_capacity(l::RMW_OFFSET_SIZE + patch.len());
         value.extend_from_slice(&field.to_le_bytes());
         value.extend_from_slice(patch);
-        match self.send("rmw", self.ids[4], key, &value, true) {
-            Ok(r) => Ok(Some(r.payload.to_vec())),
+        match self.send_with("rmw", self.ids[4], key, &value, true, <[u8]>::to_vec) {
+            Ok(old) => Ok(Some(old)),
             Err(MicaError::Server {
                 status: Status::HandlerError,
                 code,

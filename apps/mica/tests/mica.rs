@@ -10,11 +10,13 @@ use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_mica::reference::NativeMica;
 use naam_mica::{app_spec, handlers, MicaClient, MicaConfig, MicaError, MicaHandle};
 use naam_proto::handler_id;
+use naam_proto::transport::{ClientError, Transport};
+use naam_proto::wire::Reply;
 use naam_proto::wire::Status;
 use naam_proto::Placement;
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::vm::LoadedObject;
-use naam_runtime::Pinned;
+use naam_runtime::{Direct, Pinned};
 use proptest::prelude::*;
 
 const APP: u32 = 5;
@@ -99,6 +101,92 @@ proptest! {
             }
         }
     }
+}
+
+/// A transport with `call` alone: its client reads replies through the trait's default
+/// `call_with`, which lends the returned reply.
+struct CallOnly(Direct);
+
+impl Transport for CallOnly {
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        self.0.call(app, handler, args, descs)
+    }
+
+    fn backoff(&mut self, attempt: u32) {
+        self.0.backoff(attempt)
+    }
+}
+
+fn direct(config: MicaConfig) -> Direct {
+    Direct::new(&[app_spec(APP, &config, object(), Placement::Host).unwrap()]).unwrap()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Direct execution lends each reply in place, in the machine the message ran in; a
+    /// transport that returns replies (here Direct's own `call`) lends its reply instead.
+    /// Both behave as a map, errors included (an update of an absent key).
+    #[test]
+    fn replies_read_in_place_answer_as_returned_replies_do(ops in proptest::collection::vec(op(), 1..80)) {
+        let config = MicaConfig::preset_16_64(256);
+        let in_place = direct(config);
+        let handle = MicaHandle::with_keys(APP, config, |n| in_place.region_key(APP, n)).unwrap();
+        let mut in_place = MicaClient::new(in_place, handle);
+        let returned = direct(config);
+        let handle = MicaHandle::with_keys(APP, config, |n| returned.region_key(APP, n)).unwrap();
+        let mut returned = MicaClient::new(CallOnly(returned), handle);
+        let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+        for op in &ops {
+            match op {
+                Op::Put(k, v) => {
+                    let had = model.insert(key(*k), v.clone()).is_some();
+                    prop_assert_eq!(in_place.put(&key(*k), v).unwrap(), had);
+                    prop_assert_eq!(returned.put(&key(*k), v).unwrap(), had);
+                }
+                Op::Get(k) => {
+                    let want = model.get(&key(*k)).cloned();
+                    prop_assert_eq!(in_place.get(&key(*k)).unwrap(), want.clone(), "{:?}", op);
+                    prop_assert_eq!(returned.get(&key(*k)).unwrap(), want, "{:?}", op);
+                }
+                Op::Update(k, v) => {
+                    let had = model.contains_key(&key(*k));
+                    prop_assert_eq!(in_place.update(&key(*k), v).unwrap(), had);
+                    prop_assert_eq!(returned.update(&key(*k), v).unwrap(), had);
+                    if had { model.insert(key(*k), v.clone()); }
+                }
+                Op::Delete(k) => {
+                    let had = model.remove(&key(*k)).is_some();
+                    prop_assert_eq!(in_place.delete(&key(*k)).unwrap(), had);
+                    prop_assert_eq!(returned.delete(&key(*k)).unwrap(), had);
+                }
+            }
+        }
+    }
+}
+
+/// A handler the app does not have is an error read in place as it is returned.
+#[test]
+fn an_unknown_handler_reads_in_place_as_it_returns() {
+    let config = MicaConfig::preset_16_64(256);
+    let mut d = direct(config);
+    let returned = d.call(APP, 0xdead, &[], &[]).unwrap();
+    let read = d
+        .call_with(APP, 0xdead, &[], &[], |r| {
+            (r.status, r.code, r.payload.to_vec())
+        })
+        .unwrap();
+    assert_eq!(returned.status, Status::UnknownHandler);
+    assert_eq!(
+        read,
+        (returned.status, returned.code, returned.payload.to_vec())
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use naam_ebpf::abi::Descriptor;
 
-use crate::wire::{Reply, WireError};
+use crate::wire::{Reply, ReplyView, WireError};
 use crate::Placement;
 
 /// Why a client call produced no reply.
@@ -50,6 +50,26 @@ pub trait Transport {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError>;
+
+    /// [`Transport::call`], with the reply handed to `read` in place rather than returned: a
+    /// fabric that holds the reply in a buffer of its own (direct execution, where it stays in
+    /// the machine the message ran in) lends it for the length of `read`, with no payload split
+    /// off, reference counted, or copied for deduplication. The default calls
+    /// [`Transport::call`] and lends its reply.
+    fn call_with<R>(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+        read: impl FnOnce(ReplyView<'_>) -> R,
+    ) -> Result<R, ClientError>
+    where
+        Self: Sized,
+    {
+        let reply = self.call(app, handler, args, descs)?;
+        Ok(read(reply.view()))
+    }
 
     /// Waits before retry number `attempt` of a message the fabric answered `Busy` or
     /// `Conflict` (another writer won a race, a queue was full). How is the fabric's choice:

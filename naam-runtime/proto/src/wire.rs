@@ -569,7 +569,35 @@ pub struct Reply {
     pub payload: Bytes,
 }
 
+/// How a call ended, read in place: the fields of a [`Reply`] a client library acts on, with
+/// the payload borrowed from wherever the fabric holds it (a reply's buffer, or the machine the
+/// message ran in). What [`crate::transport::Transport::call_with`] hands its reader.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReplyView<'a> {
+    /// How the call ended: `Ok`, or the kind of error, which `code` details.
+    pub status: Status,
+    /// Handler error code or detail.
+    pub code: u32,
+    /// Steps run over the message's life, at every placement it visited.
+    pub steps: u16,
+    /// Where it ran.
+    pub placement: Placement,
+    /// Reply bytes (status `Ok`) or an error message.
+    pub payload: &'a [u8],
+}
+
 impl Reply {
+    /// The reply as a [`ReplyView`] of its own payload.
+    pub fn view(&self) -> ReplyView<'_> {
+        ReplyView {
+            status: self.status,
+            code: self.code,
+            steps: self.steps,
+            placement: self.placement,
+            payload: &self.payload,
+        }
+    }
+
     /// Appends the encoding to `out`.
     pub fn encode(&self, out: &mut BytesMut) -> Result<(), WireError> {
         check_len("payload length", self.payload.len(), REPLY_CAP)?;

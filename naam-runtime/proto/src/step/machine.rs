@@ -6,7 +6,7 @@ use naam_ebpf::abi::{write_kind, Descriptor, Return, ACCESS_MASK, STATE_WORDS};
 use super::engine::{Grant, Invocation, StepFault, StepResult};
 use super::error::{FetchError, WriteError};
 use crate::arena::ByteArena;
-use crate::wire::{Descriptors, Request, Status};
+use crate::wire::{Descriptors, ReplyView, Request, Status};
 use crate::Placement;
 
 /// Whether a handler only reads, or may return `Write`.
@@ -391,6 +391,23 @@ impl StepMachine {
             retries: self.retries,
             runs: self.runs,
             fetch_ns: self.fetch_ns,
+        }
+    }
+
+    /// How the message ended, once an action said [`Action::Complete`], read in place: the
+    /// reply (or error message) stays in the machine's buffer until its next
+    /// [`StepMachine::restart`]. For a caller that runs its messages one after another in one
+    /// machine and reads each reply before the next (direct execution), instead of
+    /// [`StepMachine::outcome`]: nothing is split off the buffer, and a write's answer is not
+    /// copied aside for deduplication (no one will ask for it again).
+    #[inline]
+    pub fn ended(&self) -> ReplyView<'_> {
+        ReplyView {
+            status: self.ended.0,
+            code: self.ended.1,
+            steps: self.steps,
+            placement: self.placement,
+            payload: &self.reply,
         }
     }
 
