@@ -360,6 +360,8 @@ pub struct MicaClient<T: Transport> {
     transport: T,
     handle: MicaHandle,
     args: Vec<u8>,
+    /// The descriptors of the message being sent, next to its args.
+    descs: [Descriptor; 2],
     ids: [u32; 5],
 }
 
@@ -372,6 +374,12 @@ impl<T: Transport> MicaClient<T> {
             args: Vec::with_capacity(
                 l::args::KEY + handle.config.key_cap + handle.config.value_cap,
             ),
+            descs: [Descriptor {
+                rkey: 0,
+                offset: 0,
+                len: 0,
+                access: 0,
+            }; 2],
             ids: [
                 handlers::GET,
                 handlers::PUT,
@@ -423,15 +431,18 @@ impl<T: Transport> MicaClient<T> {
         bucket
     }
 
-    /// Builds the args of handler `id` on `key` and `value` into `self.args` and returns the
-    /// descriptors it names (writes: meta and bucket, writable; reads: the bucket).
+    /// Builds the args of handler `id` on `key` and `value` into `self.args` and the
+    /// descriptors it names into `self.descs` (writes: meta and bucket, writable; reads: the
+    /// bucket), and returns how many it names. Left in place rather than returned: returned,
+    /// they were copied back at once in 16-byte loads across the narrower stores that had
+    /// just built them, and stalled on store forwarding.
     fn prepare(
         &mut self,
         id: u32,
         key: &[u8],
         value: &[u8],
         write: bool,
-    ) -> Result<([Descriptor; 2], usize), MicaError> {
+    ) -> Result<usize, MicaError> {
         let extra = if id == self.ids[4] {
             l::RMW_OFFSET_SIZE
         } else {
@@ -447,7 +458,7 @@ impl<T: Transport> MicaClient<T> {
             len: l::BUCKET_SIZE as u32,
             access: ACCESS_READ,
         };
-        Ok(if write {
+        let (descs, n) = if write {
             (
                 [
                     Descriptor {
@@ -467,7 +478,9 @@ impl<T: Transport> MicaClient<T> {
             )
         } else {
             ([bucket_read, bucket_read], 1)
-        })
+        };
+        self.descs = descs;
+        Ok(n)
     }
 
     fn send(
@@ -478,12 +491,12 @@ impl<T: Transport> MicaClient<T> {
         value: &[u8],
         write: bool,
     ) -> Result<naam_proto::wire::Reply, MicaError> {
-        let (all, n) = self.prepare(id, key, value, write)?;
+        let n = self.prepare(id, key, value, write)?;
         let h = self.handle;
         for attempt in 1..=MAX_ATTEMPTS {
             let attempted = self
                 .transport
-                .call(h.app, id, &self.args, &all[..n])
+                .call(h.app, id, &self.args, &self.descs[..n])
                 .map(|reply| (judge(op, reply.view()).map(|_| ()), reply));
             match attempted {
                 Ok((Attempt::Done(()), reply)) => return Ok(reply),
@@ -509,14 +522,14 @@ impl<T: Transport> MicaClient<T> {
         write: bool,
         mut read: impl FnMut(&[u8]) -> R,
     ) -> Result<R, MicaError> {
-        let (all, n) = self.prepare(id, key, value, write)?;
+        let n = self.prepare(id, key, value, write)?;
         let h = self.handle;
         for attempt in 1..=MAX_ATTEMPTS {
-            let attempted = self
-                .transport
-                .call_with(h.app, id, &self.args, &all[..n], |reply| {
-                    judge(op, reply).map(&mut read)
-                });
+            let attempted =
+                self.transport
+                    .call_with(h.app, id, &self.args, &self.descs[..n], |reply| {
+                        judge(op, reply).map(&mut read)
+                    });
             match attempted {
                 Ok(Attempt::Done(r)) => return Ok(r),
                 Ok(Attempt::Failed(e)) => return Err(e),
@@ -722,7 +735,8 @@ impl<T: Pipeline> MicaPipeline<T> {
         value: &[u8],
         write: bool,
     ) -> Result<(), MicaError> {
-        let (descs, n_descs) = self.client.prepare(handler, key, value, write)?;
+        let n_descs = self.client.prepare(handler, key, value, write)?;
+        let descs = self.client.descs;
         let f = InFlight {
             tag,
             op,
