@@ -9,7 +9,7 @@ use std::sync::Arc;
 use naam_ebpf::abi::Descriptor;
 
 use crate::cluster::{error_reply, install, AppSpec, ClusterError};
-use crate::executor::{apply_writes, run_in_place, run_message_parts, HostPath, Place};
+use crate::executor::{apply_writes, run_in_place, HostPath};
 use crate::RegionTable;
 use crate::Registry;
 use crate::SystemClock;
@@ -117,77 +117,19 @@ impl Direct {
     }
 }
 
-impl Transport for Direct {
-    #[inline]
-    fn call(
+impl Direct {
+    /// Runs handler `handler` of `app` on `args` and `descs` to its end in the transport's
+    /// machine, then hands `with` and the machine to `ended` (with the request id); a handler
+    /// the app does not have is answered with an error reply, handed with `with` to `refused`.
+    /// The message runs from the caller's own buffers: no request is built.
+    #[inline(always)]
+    fn run<W, R>(
         &mut self,
-        app: u32,
-        handler: u32,
-        args: &[u8],
-        descs: &[Descriptor],
-    ) -> Result<Reply, ClientError> {
-        self.next_id += 1;
-        let request_id = self.next_id;
-        // The message runs here, from the caller's own buffers: no request is built.
-        Request::check_call(args, descs)?;
-        let entry = match self.registry.handler(app, handler) {
-            Ok(h) => h,
-            Err(e) => {
-                let req = Request::for_call(app, handler, request_id, args, descs)?;
-                return Ok(error_reply(
-                    &req,
-                    Status::UnknownHandler,
-                    Placement::Host,
-                    e.to_string(),
-                ));
-            }
-        };
-        let regions = &self.regions;
-        let writes = entry.kind == HandlerKind::Write;
-        let msg = MessageStart {
-            request_id,
-            steps: 0,
-            state: [0; naam_ebpf::abi::STATE_WORDS],
-            partial_reply: &[],
-            descriptors: descs,
-        };
-        let at = Place {
-            path: &mut self.path,
-            vm: &mut self.vm,
-            limits: self.limits,
-            clock: &self.clock,
-            machine: Some(&mut self.machine),
-        };
-        let (c, _) = run_message_parts(msg, args, entry, at, |batch| {
-            if writes {
-                apply_writes(regions, batch)
-            } else {
-                Err(WriteError::NotOwner)
-            }
-        });
-        Ok(Reply {
-            app,
-            request_id,
-            status: c.status,
-            code: c.code,
-            steps: c.steps,
-            placement: Placement::Host,
-            load: LoadFeedback::default(),
-            payload: c.payload,
-        })
-    }
-
-    /// Runs the message to its end in the transport's machine and lends `read` the reply there:
-    /// nothing split off, counted or copied on the way (a write's answer included: no one
-    /// will ask this transport for it again).
-    #[inline]
-    fn call_with<R>(
-        &mut self,
-        app: u32,
-        handler: u32,
-        args: &[u8],
-        descs: &[Descriptor],
-        read: impl FnOnce(ReplyView<'_>) -> R,
+        (app, handler): (u32, u32),
+        (args, descs): (&[u8], &[Descriptor]),
+        with: W,
+        ended: impl FnOnce(W, &mut StepMachine, u64) -> R,
+        refused: impl FnOnce(W, Reply) -> R,
     ) -> Result<R, ClientError> {
         self.next_id += 1;
         let request_id = self.next_id;
@@ -198,7 +140,7 @@ impl Transport for Direct {
                 let req = Request::for_call(app, handler, request_id, args, descs)?;
                 let reply =
                     error_reply(&req, Status::UnknownHandler, Placement::Host, e.to_string());
-                return Ok(read(reply.view()));
+                return Ok(refused(with, reply));
             }
         };
         let regions = &self.regions;
@@ -227,7 +169,56 @@ impl Transport for Direct {
                 }
             },
         );
-        Ok(read(self.machine.ended()))
+        Ok(ended(with, &mut self.machine, request_id))
+    }
+}
+
+impl Transport for Direct {
+    /// Runs the message and returns its reply, split off the machine's buffer (reused once
+    /// the caller drops it).
+    #[inline]
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        let ended = |(), machine: &mut StepMachine, request_id| {
+            let c = machine.outcome();
+            Reply {
+                app,
+                request_id,
+                status: c.status,
+                code: c.code,
+                steps: c.steps,
+                placement: Placement::Host,
+                load: LoadFeedback::default(),
+                payload: c.payload,
+            }
+        };
+        self.run((app, handler), (args, descs), (), ended, |(), reply| reply)
+    }
+
+    /// Runs the message and lends `read` the reply where it is, in the transport's machine:
+    /// nothing split off, counted or copied on the way (a write's answer included: no one
+    /// will ask this transport for it again).
+    #[inline]
+    fn call_with<R>(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+        read: impl FnOnce(ReplyView<'_>) -> R,
+    ) -> Result<R, ClientError> {
+        self.run(
+            (app, handler),
+            (args, descs),
+            read,
+            |read, machine, _| read(machine.ended()),
+            |read, reply| read(reply.view()),
+        )
     }
 
     fn backoff(&mut self, attempt: u32) {

@@ -11,8 +11,7 @@ use naam_btree::reference::NativeBTree;
 use naam_btree::{app_spec, handlers, BTreeClient, BTreeConfig, BTreeError, BTreeHandle, Written};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_proto::handler_id;
-use naam_proto::transport::{ClientError, Transport};
-use naam_proto::wire::Reply;
+use naam_proto::transport::Returned;
 use naam_proto::wire::Status;
 use naam_proto::Placement;
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
@@ -109,26 +108,6 @@ proptest! {
     }
 }
 
-/// A transport with `call` alone: its client reads replies through the trait's default
-/// `call_with`, which lends the returned reply.
-struct CallOnly(Direct);
-
-impl Transport for CallOnly {
-    fn call(
-        &mut self,
-        app: u32,
-        handler: u32,
-        args: &[u8],
-        descs: &[Descriptor],
-    ) -> Result<Reply, ClientError> {
-        self.0.call(app, handler, args, descs)
-    }
-
-    fn backoff(&mut self, attempt: u32) {
-        self.0.backoff(attempt)
-    }
-}
-
 fn direct(config: BTreeConfig) -> (Direct, BTreeHandle) {
     let d = Direct::new(&[app_spec(APP, &config, object(), Placement::Host).unwrap()]).unwrap();
     let handle = BTreeHandle::with_keys(APP, config, |n| d.region_key(APP, n)).unwrap();
@@ -146,7 +125,7 @@ proptest! {
         let (d, handle) = direct(config);
         let mut in_place = BTreeClient::new(d, handle);
         let (d, handle) = direct(config);
-        let mut returned = BTreeClient::new(CallOnly(d), handle);
+        let mut returned = BTreeClient::new(Returned(d), handle);
         let mut model = BTreeMap::new();
         for op in &ops {
             match *op {

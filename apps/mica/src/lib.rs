@@ -483,6 +483,8 @@ impl<T: Transport> MicaClient<T> {
         Ok(n)
     }
 
+    /// Sends handler `id` on `key` and `value` until it is answered for good, and returns the
+    /// reply (a view of its datagram over UDP: [`MicaClient::get_bytes`]).
     fn send(
         &mut self,
         op: &'static str,
@@ -491,23 +493,14 @@ impl<T: Transport> MicaClient<T> {
         value: &[u8],
         write: bool,
     ) -> Result<naam_proto::wire::Reply, MicaError> {
-        let n = self.prepare(id, key, value, write)?;
-        let h = self.handle;
-        for attempt in 1..=MAX_ATTEMPTS {
-            let attempted = self
-                .transport
-                .call(h.app, id, &self.args, &self.descs[..n])
-                .map(|reply| (judge(op, reply.view()).map(|_| ()), reply));
-            match attempted {
-                Ok((Attempt::Done(()), reply)) => return Ok(reply),
-                Ok((Attempt::Failed(e), _)) => return Err(e),
-                Ok((Attempt::Again, _)) | Err(ClientError::Busy(_)) => {
-                    self.transport.backoff(attempt)
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(MicaError::Contended(op, MAX_ATTEMPTS))
+        self.attempts(op, id, (key, value, write), |t, args, descs| {
+            t.call(args.0, args.1, args.2, descs)
+                .map(|reply| match judge(op, reply.view()) {
+                    Attempt::Done(_) => Attempt::Done(reply),
+                    Attempt::Again => Attempt::Again,
+                    Attempt::Failed(e) => Attempt::Failed(e),
+                })
+        })
     }
 
     /// Sends handler `id` on `key` and `value` until it is answered for good, and returns
@@ -522,15 +515,32 @@ impl<T: Transport> MicaClient<T> {
         write: bool,
         mut read: impl FnMut(&[u8]) -> R,
     ) -> Result<R, MicaError> {
+        self.attempts(op, id, (key, value, write), |t, args, descs| {
+            t.call_with(args.0, args.1, args.2, descs, |reply| {
+                judge(op, reply).map(&mut read)
+            })
+        })
+    }
+
+    /// Builds handler `id`'s message on `key`, `value` (a write's or not) and makes `once`
+    /// send it (given the transport, `(app, handler, args)` and the descriptors) until an
+    /// answer ends it, backing off before each retry.
+    #[inline(always)]
+    fn attempts<R>(
+        &mut self,
+        op: &'static str,
+        id: u32,
+        (key, value, write): (&[u8], &[u8], bool),
+        mut once: impl FnMut(
+            &mut T,
+            (u32, u32, &[u8]),
+            &[Descriptor],
+        ) -> Result<Attempt<R>, ClientError>,
+    ) -> Result<R, MicaError> {
         let n = self.prepare(id, key, value, write)?;
-        let h = self.handle;
+        let app = self.handle.app;
         for attempt in 1..=MAX_ATTEMPTS {
-            let attempted =
-                self.transport
-                    .call_with(h.app, id, &self.args, &self.descs[..n], |reply| {
-                        judge(op, reply).map(&mut read)
-                    });
-            match attempted {
+            match once(&mut self.transport, (app, id, &self.args), &self.descs[..n]) {
                 Ok(Attempt::Done(r)) => return Ok(r),
                 Ok(Attempt::Failed(e)) => return Err(e),
                 Ok(Attempt::Again) | Err(ClientError::Busy(_)) => self.transport.backoff(attempt),

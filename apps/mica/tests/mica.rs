@@ -10,8 +10,7 @@ use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_mica::reference::NativeMica;
 use naam_mica::{app_spec, handlers, MicaClient, MicaConfig, MicaError, MicaHandle};
 use naam_proto::handler_id;
-use naam_proto::transport::{ClientError, Transport};
-use naam_proto::wire::Reply;
+use naam_proto::transport::{Returned, Transport};
 use naam_proto::wire::Status;
 use naam_proto::Placement;
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
@@ -103,26 +102,6 @@ proptest! {
     }
 }
 
-/// A transport with `call` alone: its client reads replies through the trait's default
-/// `call_with`, which lends the returned reply.
-struct CallOnly(Direct);
-
-impl Transport for CallOnly {
-    fn call(
-        &mut self,
-        app: u32,
-        handler: u32,
-        args: &[u8],
-        descs: &[Descriptor],
-    ) -> Result<Reply, ClientError> {
-        self.0.call(app, handler, args, descs)
-    }
-
-    fn backoff(&mut self, attempt: u32) {
-        self.0.backoff(attempt)
-    }
-}
-
 fn direct(config: MicaConfig) -> Direct {
     Direct::new(&[app_spec(APP, &config, object(), Placement::Host).unwrap()]).unwrap()
 }
@@ -141,7 +120,7 @@ proptest! {
         let mut in_place = MicaClient::new(in_place, handle);
         let returned = direct(config);
         let handle = MicaHandle::with_keys(APP, config, |n| returned.region_key(APP, n)).unwrap();
-        let mut returned = MicaClient::new(CallOnly(returned), handle);
+        let mut returned = MicaClient::new(Returned(returned), handle);
         let mut model: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
         for op in &ops {
             match op {

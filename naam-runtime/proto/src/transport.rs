@@ -77,6 +77,28 @@ pub trait Transport {
     fn backoff(&mut self, attempt: u32);
 }
 
+/// `T` with its replies always returned: `T`'s own [`Transport::call`] and
+/// [`Transport::backoff`], and the trait's default [`Transport::call_with`] (which lends the
+/// returned reply) whatever `T` overrides. For differential tests of a fabric's `call_with`
+/// against its `call`.
+pub struct Returned<T>(pub T);
+
+impl<T: Transport> Transport for Returned<T> {
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        self.0.call(app, handler, args, descs)
+    }
+
+    fn backoff(&mut self, attempt: u32) {
+        self.0.backoff(attempt)
+    }
+}
+
 /// A [`Transport`] that keeps several messages in flight: [`Pipeline::submit`] sends and
 /// returns at once with a token, [`Pipeline::poll`] hands back the replies that have come, in
 /// whatever order they came. A fabric that runs messages where they are (in process) answers
