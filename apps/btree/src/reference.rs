@@ -48,16 +48,11 @@ impl NativeBTree {
     }
 
     fn lower_bound(&self, id: u64, key: u64) -> usize {
-        let (mut lo, mut hi) = (0, self.count(id));
-        while lo < hi {
-            let mid = (lo + hi) / 2;
-            if self.key(id, mid) < key {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
+        let found: Result<usize, core::convert::Infallible> =
+            l::lower_bound(self.count(id), key, |i| Ok(self.key(id, i)));
+        match found {
+            Ok(i) => i,
         }
-        lo
     }
 
     fn child_for(&self, id: u64, key: u64) -> u64 {

@@ -45,16 +45,7 @@ fn read_node(seg: SegmentRef) -> Result<Node, Fault> {
 /// First entry whose key is at least `key` (among `count`).
 #[inline(always)]
 fn lower_bound(seg: &SegmentRef, count: usize, key: u64) -> Result<usize, Fault> {
-    let (mut lo, mut hi) = (0usize, count);
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        if seg.read_u64(l::entry(mid))? < key {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(lo)
+    l::lower_bound(count, key, |i| seg.read_u64(l::entry(i)))
 }
 
 /// The child of an internal node that covers `key`.

@@ -57,6 +57,40 @@ pub const fn capacity(node_size: usize) -> usize {
     (node_size - NODE_ENTRIES - 8) / ENTRY_SIZE
 }
 
+/// `a < b` (unsigned) as 0 or 1, computed without a branch: the borrow out of `a - b`
+/// (Hacker's Delight, section 2-13). eBPF has no compare-into-register instruction, so a
+/// comparison used as a value would otherwise become a conditional jump.
+#[inline(always)]
+pub const fn below(a: u64, b: u64) -> u64 {
+    ((!a & b) | (!(a ^ b) & a.wrapping_sub(b))) >> 63
+}
+
+/// The first of `count` ascending keys that is at least `key` (`count` if none is), where
+/// `key_at(i)` reads key `i`: the search the handlers and the native tree share.
+///
+/// Branch-free: each halving moves the base by a mask rather than a jump, so a search costs no
+/// mispredicted branches (a branchy binary search mispredicts about half its comparisons on
+/// random keys), and every node of one count takes the same number of halvings.
+#[inline(always)]
+pub fn lower_bound<E>(
+    count: usize,
+    key: u64,
+    mut key_at: impl FnMut(usize) -> Result<u64, E>,
+) -> Result<usize, E> {
+    if count == 0 {
+        return Ok(0);
+    }
+    // The answer lies in [base, base + len].
+    let (mut base, mut len) = (0usize, count);
+    while len > 1 {
+        let half = len / 2;
+        let step = below(key_at(base + half)?, key).wrapping_neg() as usize;
+        base += half & step;
+        len -= half;
+    }
+    Ok(base + below(key_at(base)?, key) as usize)
+}
+
 /// Offset of entry `i`.
 pub const fn entry(i: usize) -> usize {
     NODE_ENTRIES + ENTRY_SIZE * i
@@ -155,4 +189,50 @@ pub mod seg {
     pub const SPARE_ROOT: u32 = 3;
     /// The parent (absent at the root).
     pub const PARENT: u32 = 4;
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::vec::Vec;
+
+    use proptest::prelude::*;
+
+    use super::{below, lower_bound};
+
+    proptest! {
+        #[test]
+        fn below_is_unsigned_less_than(a in any::<u64>(), b in any::<u64>(), near in 0u64..3) {
+            prop_assert_eq!(below(a, b) == 1, a < b);
+            let c = a.wrapping_add(near);
+            prop_assert_eq!(below(a, c) == 1, a < c);
+            prop_assert_eq!(below(c, a) == 1, c < a);
+        }
+
+        /// The branch-free search answers as the standard library's partition point, for any
+        /// count (empty included), duplicate keys and keys at either end of the range.
+        #[test]
+        fn lower_bound_is_the_partition_point(
+            mut keys in proptest::collection::vec(prop_oneof![any::<u64>(), 0u64..40, Just(u64::MAX)], 0..130),
+            probe in prop_oneof![any::<u64>(), 0u64..41, Just(0), Just(u64::MAX)],
+        ) {
+            keys.sort_unstable();
+            let found: Result<usize, ()> = lower_bound(keys.len(), probe, |i| Ok(keys[i]));
+            prop_assert_eq!(found, Ok(keys.partition_point(|&k| k < probe)));
+            for (i, &k) in keys.iter().enumerate() {
+                let at: Result<usize, ()> = lower_bound(keys.len(), k, |j| Ok(keys[j]));
+                prop_assert_eq!(at, Ok(keys.partition_point(|&x| x < k)), "key {} at {}", k, i);
+            }
+        }
+
+        /// A read that fails stops the search with its error.
+        #[test]
+        fn a_failed_read_is_the_answer(count in 1usize..64, bad in 0usize..64) {
+            let keys: Vec<u64> = (0..count as u64).map(|k| k * 2).collect();
+            let found = lower_bound(count, 31, |i| if i == bad { Err(i) } else { Ok(keys[i]) });
+            if let Err(i) = found {
+                prop_assert_eq!(i, bad);
+            }
+        }
+    }
 }
