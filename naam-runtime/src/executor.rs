@@ -261,7 +261,11 @@ impl DataPath for HostPath {
         self.grants.clear();
         for d in descs {
             let addr = self.resolve(app, d)?;
-            prefetch_segment(addr, d.len);
+            // A segment named without the read right is a write's target only (a B-tree
+            // split's spare node): nothing will load it.
+            if d.access & ACCESS_READ != 0 {
+                prefetch_segment(addr, d.len);
+            }
             // SAFETY: the resolved range lies inside a region that `self.regions` keeps alive for
             // the whole step; it is granted read-only.
             self.grants

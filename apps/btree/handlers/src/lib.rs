@@ -194,8 +194,9 @@ fn descend(ctx: &mut Context, node: u64, size: u64, next: u64, parent: Option<u6
     let rkey = ctx.arg_u64(a::RKEY_NODES)?;
     ctx.push_next(Descriptor { rkey: ctx.arg_u64(a::RKEY_META)?, offset: 0, len: l::META_SIZE as u32, access: RWA })?;
     ctx.push_next(node_desc(rkey, node, size, RW))?;
-    ctx.push_next(node_desc(rkey, next, size, RW))?;
-    ctx.push_next(node_desc(rkey, next + 1, size, RW))?;
+    // The spares are only written (a split's stores), never read: no read right.
+    ctx.push_next(node_desc(rkey, next, size, ACCESS_WRITE))?;
+    ctx.push_next(node_desc(rkey, next + 1, size, ACCESS_WRITE))?;
     if let Some(p) = parent {
         ctx.push_next(node_desc(rkey, p, size, RW))?;
     }
