@@ -494,12 +494,11 @@ impl<T: Transport> MicaClient<T> {
         write: bool,
     ) -> Result<naam_proto::wire::Reply, MicaError> {
         self.attempts(op, id, (key, value, write), |t, args, descs| {
-            t.call(args.0, args.1, args.2, descs)
-                .map(|reply| match judge(op, reply.view()) {
-                    Attempt::Done(_) => Attempt::Done(reply),
-                    Attempt::Again => Attempt::Again,
-                    Attempt::Failed(e) => Attempt::Failed(e),
-                })
+            t.call(args.0, args.1, args.2, descs).map(|reply| {
+                // The verdict first (it borrows the reply), then the reply itself moves out.
+                let verdict = judge(op, reply.view()).map(|_| ());
+                verdict.map(|()| reply)
+            })
         })
     }
 
