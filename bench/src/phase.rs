@@ -199,6 +199,13 @@ pub(crate) fn run_phase(
                     // type's slot, when it started).
                     let depth = plan.pipeline.max(1);
                     let piped = depth > 1 && store.piped().is_some();
+                    // Operations started since the store last sent (every `finished` sends).
+                    // A window refilled after a batch of answers goes out in two halves: the
+                    // first travels and is served while the second is prepared, so client and
+                    // server overlap instead of taking turns (memtier and redis-benchmark keep
+                    // their windows full the same way, a request per answer).
+                    let mut unsent = 0usize;
+                    let send_every = depth.div_ceil(2);
                     let mut flying: std::collections::HashMap<u64, (usize, u64)> =
                         std::collections::HashMap::new();
                     let mut stop = false;
@@ -286,6 +293,7 @@ pub(crate) fn run_phase(
                             Some(p) => {
                                 // Wait for room in the window, then keep it full.
                                 while p.in_flight() >= depth && !stop {
+                                    unsent = 0;
                                     for (tag, r) in p.finished(true) {
                                         if let Some((slot, began)) = flying.remove(&tag) {
                                             let ns = clock.now().saturating_sub(began).max(1);
@@ -296,12 +304,14 @@ pub(crate) fn run_phase(
                                 match p.start(i, sop) {
                                     Ok(()) => {
                                         flying.insert(i, (slot, began));
+                                        unsent += 1;
                                     }
                                     Err(e) => stop |= finish(slot, Err(e), 1, &mut stats),
                                 }
                                 // Paced, each operation goes out at once; otherwise they go
-                                // out together when the window is full (coalesced).
-                                if per_op.is_some() {
+                                // out together, half a window at a time (coalesced).
+                                if per_op.is_some() || unsent >= send_every {
+                                    unsent = 0;
                                     for (tag, r) in p.finished(false) {
                                         if let Some((slot, began)) = flying.remove(&tag) {
                                             let ns = clock.now().saturating_sub(began).max(1);

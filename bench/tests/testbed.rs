@@ -210,6 +210,40 @@ fn deployment_across_namespaces() {
             assert!(out.contains("udp"), "{out}");
         }
     }
+    // Pipelined sessions (windows of 8, refilled in halves, and 5): every operation answered
+    // and counted once (the run exits 1 on any failed operation).
+    for (pipeline, p) in [("8", "host"), ("5", "auto")] {
+        let o = bench(
+            &[
+                "ycsb",
+                "--fabric",
+                "udp",
+                "--server",
+                SERVER,
+                "--app",
+                "mica",
+                "--workload",
+                "b",
+                "--records",
+                "500",
+                "--ops",
+                "1000",
+                "--placement",
+                p,
+                "--pipeline",
+                pipeline,
+            ],
+            None,
+        );
+        let out = ok(&o, &format!("ycsb b, pipeline {pipeline}, at {p}"));
+        let counted: u64 = out
+            .lines()
+            .filter_map(|l| l.strip_prefix('[')?.split_once("], Operations, "))
+            .filter(|(op, _)| *op != "INSERT")
+            .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
+            .sum();
+        assert_eq!(counted, 1000, "pipeline {pipeline} at {p}:\n{out}");
+    }
 
     // The paper's experiments over UDP, short: each labels its JSON udp; the shift moves reads
     // off the congested host; and writes still work afterwards (the host kept ownership).

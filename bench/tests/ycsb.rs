@@ -130,16 +130,19 @@ fn memcached_baseline_runs_the_same_workloads() {
         eprintln!("SKIPPED memcached_baseline_runs_the_same_workloads: memcached is not installed (scripts/setup.sh installs it)");
         return;
     }
-    for w in ['a', 'b', 'c'] {
-        let r = naam_bench::memcached::run_memcached(
-            &cfg(App::Mica, w, PlacementChoice::Auto),
-            1,
-            &|_, _| {},
-        )
-        .unwrap();
+    // One command at a time, and pipelined: a window of 8 refilled in halves, and an odd one
+    // (7: halves of 4 and 3). Every operation is counted once, none fails.
+    for (w, pipeline) in [('a', 1), ('b', 1), ('c', 1), ('b', 8), ('f', 7)] {
+        let mut c = cfg(App::Mica, w, PlacementChoice::Auto);
+        c.pipeline = pipeline;
+        let r = naam_bench::memcached::run_memcached(&c, 1, &|_, _| {}).unwrap();
         let done: u64 = r.ops.iter().map(|o| o.latency.count).sum();
         let errors: u64 = r.ops.iter().map(|o| o.errors).sum();
-        assert_eq!((done, errors), (1500, 0), "memcached {w}");
+        assert_eq!(
+            (done, errors),
+            (1500, 0),
+            "memcached {w}, pipeline {pipeline}"
+        );
         assert_eq!(r.misses, 0, "every loaded record is there");
     }
     // No server outlives its run.
