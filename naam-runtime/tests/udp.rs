@@ -506,6 +506,7 @@ fn a_server_claiming_endless_manifest_pages_is_refused() {
                     Control::Hello { nonce, .. } => {
                         let (server, cookie) = gate.challenge(0, peer, nonce).unwrap();
                         let ch = Control::Challenge {
+                            route: 0,
                             nonce: server,
                             issued: 0,
                             cookie,

@@ -3,7 +3,10 @@
 //! queries, the NIC's pairing, session announcements and load reports, and the header of
 //! requests the switch forwards to the NIC.
 //!
-//! Control message: `0 u8 version, 1 u8 kind (5), 2 u16 0, 4 u32 0, 8 u64 id, 16 JSON body`.
+//! Control message: `0 u8 version, 1 u8 kind (5), 2 u8 route, 3 u8 0, 4 u32 0, 8 u64 id, 16
+//! JSON body`. The route is 0 but in an `Auth`, which carries the route its `Challenge` named:
+//! the framing copies it into every fragment ([`crate::shard::route_of`]), so the kernel hands
+//! the `Auth` to the receive loop the server chose for the new session.
 //! Only `Hello`, `Challenge`, `Auth` and `Stale` travel unsealed; everything else is sealed in
 //! a session ([`crate::session`]).
 //! Forwarded request: `0 u8 version, 1 u8 kind (6), 2 u16 0, 4 u32 0, 8 the client's sealed
@@ -21,8 +24,10 @@ use crate::steering::RemoteLoad;
 use crate::wire::{header, WireError};
 
 use crate::kind::{CONTROL as KIND_CONTROL, FORWARD as KIND_FORWARD};
-/// Bytes before a control message's JSON body (version, kind, reserved zeros, id).
+/// Bytes before a control message's JSON body (version, kind, route, reserved zeros, id).
 pub const CONTROL_HEADER: usize = 16;
+/// Offset of the route byte in a control message's header.
+pub const CONTROL_ROUTE: usize = 2;
 /// Bytes before the client's sealed request in a forwarded message (version, kind, zeros).
 pub const FORWARD_HEADER: usize = 8;
 
@@ -275,6 +280,11 @@ pub enum Control {
     },
     /// Server → client, unsealed: the server's nonce and a cookie proving the address.
     Challenge {
+        /// The route the client's `Auth` travels with: the receive loop that will hold the
+        /// session, chosen in turn over the server's loops ([`crate::shard`]); 0, the loop
+        /// the kernel's hash picks. Not trusted: any loop can set a session up.
+        #[serde(default)]
+        route: u8,
         /// The server's fresh nonce.
         #[serde(with = "crate::session::hex_bytes")]
         nonce: [u8; NONCE_LEN],
@@ -482,21 +492,27 @@ impl Control {
 
     /// Encodes the message with id `id`.
     pub fn to_bytes(&self, id: u64) -> Bytes {
+        self.to_routed_bytes(id, 0)
+    }
+
+    /// Encodes the message with id `id` and route `route` (an `Auth`: its challenge's).
+    pub fn to_routed_bytes(&self, id: u64, route: u8) -> Bytes {
         let body = serde_json::to_vec(self).unwrap_or_default();
         let mut b = BytesMut::with_capacity(CONTROL_HEADER + body.len());
         b.put_u8(VERSION);
         b.put_u8(KIND_CONTROL);
-        b.put_u16_le(0);
+        b.put_u8(route);
+        b.put_u8(0);
         b.put_u32_le(0);
         b.put_u64_le(id);
         b.put_slice(&body);
         b.freeze()
     }
 
-    /// Decodes a control message and its id.
+    /// Decodes a control message and its id (the route only picked a receive loop).
     pub fn decode(buf: &[u8]) -> Result<(u64, Control), WireError> {
         header(buf, CONTROL_HEADER, KIND_CONTROL)?;
-        if buf[2..8].iter().any(|&b| b != 0) {
+        if buf[CONTROL_ROUTE + 1..8].iter().any(|&b| b != 0) {
             return Err(WireError::Invalid {
                 field: "reserved",
                 value: 0,
@@ -660,14 +676,33 @@ mod tests {
             nonce: [7; NONCE_LEN],
         };
         let b = h.to_bytes(1);
-        assert_eq!(Control::decode(&b).unwrap(), (1, h));
+        assert_eq!(Control::decode(&b).unwrap(), (1, h.clone()));
         let c = Control::Challenge {
+            route: u8::MAX,
             nonce: [1; NONCE_LEN],
             issued: u64::MAX,
             cookie: [2; COOKIE_LEN],
         };
         let cb = c.to_bytes(u64::MAX);
         assert_eq!(Control::decode(&cb).unwrap().1, c);
+        // A challenge from a server that names no route reads as route 0.
+        let plain = String::from_utf8(cb[CONTROL_HEADER..].to_vec()).unwrap();
+        let plain = plain
+            .replace(",\"route\":255", "")
+            .replace("\"route\":255,", "");
+        let mut old = cb[..CONTROL_HEADER].to_vec();
+        old.extend_from_slice(plain.as_bytes());
+        assert!(matches!(
+            Control::decode(&old).unwrap().1,
+            Control::Challenge { route: 0, .. }
+        ));
+        // A routed message decodes as itself; the other reserved bytes stay zero.
+        let routed = h.to_routed_bytes(9, 0xa5);
+        assert_eq!(routed[CONTROL_ROUTE], 0xa5);
+        assert_eq!(Control::decode(&routed).unwrap().1, h);
+        let mut bad_reserved = routed.to_vec();
+        bad_reserved[CONTROL_ROUTE + 1] = 1;
+        assert!(Control::decode(&bad_reserved).is_err());
         // A challenge is smaller than the padded hello it answers: far inside the limit.
         assert!(cb.len() < crate::session::HELLO_PADDING);
         let mut bad = b.to_vec();

@@ -8,7 +8,11 @@
 //! other unsealed messages carry 0, "no route". A driver with several loops has the kernel
 //! read that byte (a classic BPF program on an `SO_REUSEPORT` group: the socket with index
 //! `route % count`, and the kernel's own hash of the addresses for route 0, which keeps one
-//! client's handshake on one loop).
+//! client's handshake on one loop). The hash would put two clients on one loop half the
+//! time, so the server chooses instead: its `Challenge` names a route, taken in turn over the
+//! loops ([`crate::endpoint::SessionDirectory`]), and the client's `Auth` carries it in its
+//! control header ([`crate::control::CONTROL_ROUTE`]), so the session is set up, and stays,
+//! on that loop.
 
 use crate::limits::MAX_LOOPS;
 use crate::session::peek_sealed;
@@ -83,6 +87,15 @@ impl Shard {
         loop_of_route(route_of_session(id), self.count()) == Some(self.index())
     }
 
+    /// The smallest route to this loop: what a `Challenge` names to send an `Auth` here.
+    pub fn route(&self) -> u8 {
+        if self.index == 0 {
+            self.count
+        } else {
+            self.index
+        }
+    }
+
     /// A session id of this loop made from a random draw: the draw's upper 56 bits, and a low
     /// byte (the route) drawn from the draw's low byte among the nonzero bytes that fall to
     /// this loop.
@@ -110,10 +123,21 @@ pub fn loop_of_route(route: u8, count: usize) -> Option<usize> {
     (route != 0 && count > 0).then(|| route as usize % count)
 }
 
-/// The route of a message about to be framed: its session's, when it is a sealed envelope,
-/// else 0.
+/// The route of a message about to be framed: its session's, when it is a sealed envelope;
+/// the route in its header, when it is a control message (an `Auth`, routed by its
+/// challenge); else 0.
 pub fn route_of(message: &[u8]) -> u8 {
-    peek_sealed(message).map_or(0, |h| route_of_session(h.session))
+    match peek_sealed(message) {
+        Ok(h) => route_of_session(h.session),
+        Err(_)
+            if message.len() >= crate::control::CONTROL_HEADER
+                && message[0] == crate::kind::VERSION
+                && message[1] == crate::kind::CONTROL =>
+        {
+            message[crate::control::CONTROL_ROUTE]
+        }
+        Err(_) => 0,
+    }
 }
 
 #[cfg(test)]
@@ -168,11 +192,29 @@ mod tests {
     }
 
     #[test]
-    fn only_sealed_messages_have_a_route() {
+    fn sealed_messages_and_routed_control_messages_have_a_route() {
         let key = crate::session::SessionKey::new(0x1234_5678_9abc_de42, 7, [1; 32]);
         let sealed = key.seal(crate::session::Sender::Client, 1, b"inner");
         assert_eq!(route_of(&sealed), 0x42);
         assert_eq!(route_of(b"\x01\x01not sealed at all"), 0);
         assert_eq!(route_of(&[]), 0);
+        let hello = crate::control::Control::Hello {
+            tenant: "t".into(),
+            nonce: [0; crate::session::NONCE_LEN],
+        };
+        assert_eq!(route_of(&hello.to_bytes(3)), 0);
+        assert_eq!(route_of(&hello.to_routed_bytes(3, 0x17)), 0x17);
+        // A short message with a control header's first bytes has none.
+        assert_eq!(route_of(&hello.to_routed_bytes(3, 0x17)[..8]), 0);
+    }
+
+    #[test]
+    fn a_loops_route_reaches_it() {
+        for count in 1..=MAX_LOOPS {
+            for shard in Shard::all(count).unwrap() {
+                assert_ne!(shard.route(), 0);
+                assert_eq!(loop_of_route(shard.route(), count), Some(shard.index()));
+            }
+        }
     }
 }

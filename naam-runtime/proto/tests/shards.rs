@@ -129,6 +129,9 @@ struct World {
     /// The NIC's receive loops (empty: no NIC), and the datagrams each took in.
     nic: Vec<NicEndpoint<ModelNic>>,
     nic_taken: Vec<u64>,
+    /// Where datagrams without a route go: `None`, a hash of the sender; `Some(i)`, loop `i`
+    /// (a kernel whose hash puts every client on one loop).
+    unrouted_to: Option<usize>,
 }
 
 impl World {
@@ -177,6 +180,7 @@ impl World {
             pairing,
             nic: Vec::new(),
             nic_taken: vec![0; NIC_LOOPS],
+            unrouted_to: None,
         }
     }
 
@@ -214,9 +218,10 @@ impl World {
     }
 
     /// The loop of `loops` a datagram from `from` reaches: its route's, else a hash of the
-    /// sender.
-    fn loop_for(from: SocketAddr, bytes: &[u8], loops: usize) -> usize {
-        loop_of_route(route_of(bytes), loops).unwrap_or(from.port() as usize % loops)
+    /// sender (or the loop [`World::unrouted_to`] names).
+    fn loop_for(&self, from: SocketAddr, bytes: &[u8], loops: usize) -> usize {
+        loop_of_route(route_of(bytes), loops)
+            .unwrap_or_else(|| self.unrouted_to.unwrap_or(from.port() as usize) % loops)
     }
 
     fn run_until(&mut self, limit: Nanos, done: impl Fn(&World) -> bool) -> bool {
@@ -243,13 +248,13 @@ impl World {
             self.wire.retain(|d| d.0 > now);
             for (_, from, to, bytes) in due {
                 if to == server_addr() {
-                    let i = Self::loop_for(from, &bytes, LOOPS);
+                    let i = self.loop_for(from, &bytes, LOOPS);
                     self.taken[i] += 1;
                     self.loops[i].handle(now, from, bytes);
                     self.loops[i].run(usize::MAX);
                 } else if to == nic_addr() {
                     if !self.nic.is_empty() {
-                        let i = Self::loop_for(from, &bytes, NIC_LOOPS);
+                        let i = self.loop_for(from, &bytes, NIC_LOOPS);
                         self.nic_taken[i] += 1;
                         self.nic[i].handle(now, from, bytes);
                         // A loop's turn ends with its timers, as the driver's does.
@@ -339,11 +344,10 @@ fn sessions_stay_on_their_loop_and_the_nic_serves_every_loops_sessions() {
             .all(|e| e.iter().any(|e| matches!(e, ClientEvent::Connected(_))))
     };
     assert!(w.run_until(5_000 * MS, connected), "every client connected");
-    // Handshakes spread by the senders' hash: both loops hold sessions, and each session's id
+    // Sessions spread over the loops in turn: each holds its share, and each session's id
     // routes back to the loop that holds it.
     let per_loop: Vec<usize> = w.loops.iter().map(|l| l.sessions()).collect();
-    assert_eq!(per_loop.iter().sum::<usize>(), CLIENTS as usize);
-    assert!(per_loop.iter().all(|n| *n > 0), "{per_loop:?}");
+    assert_eq!(per_loop, vec![CLIENTS as usize / LOOPS; LOOPS]);
     for e in w.events.iter().flatten() {
         if let ClientEvent::Connected(Control::Welcome { session, .. }) = e {
             let i = loop_of_route(route_of_session(*session), LOOPS).expect("routed");
@@ -427,4 +431,46 @@ fn sessions_stay_on_their_loop_and_the_nic_serves_every_loops_sessions() {
     assert!(replies
         .iter()
         .all(|r| (r.status, r.placement) == (Status::Ok, Placement::Nic)));
+}
+
+/// The kernel's hash of the addresses puts every handshake on loop 0, and clients connect
+/// one at a time and all at once: the server still spreads their sessions over its loops in
+/// turn (each `Auth` goes where its challenge says), and every session works.
+#[test]
+fn new_sessions_spread_over_the_loops_wherever_the_kernel_hashes_handshakes() {
+    let mut w = World::new();
+    w.unrouted_to = Some(0);
+    let connected = |n: usize| {
+        move |w: &World| {
+            w.events[..n]
+                .iter()
+                .all(|e| e.iter().any(|e| matches!(e, ClientEvent::Connected(_))))
+        }
+    };
+    // Half one after another, the other half together.
+    let half = CLIENTS as usize / 2;
+    for i in 0..half {
+        let now = w.now;
+        w.clients[i].connect(now);
+        assert!(
+            w.run_until(5_000 * MS, connected(i + 1)),
+            "client {i} connected"
+        );
+    }
+    let now = w.now;
+    for c in &mut w.clients[half..] {
+        c.connect(now);
+    }
+    assert!(
+        w.run_until(5_000 * MS, connected(CLIENTS as usize)),
+        "every client connected"
+    );
+    let per_loop: Vec<usize> = w.loops.iter().map(|l| l.sessions()).collect();
+    assert_eq!(per_loop, vec![CLIENTS as usize / LOOPS; LOOPS]);
+    // Each session's sealed traffic reaches its own loop, which answers it.
+    let before = w.taken.clone();
+    let replies = w.everyone_calls(READ);
+    assert!(replies.iter().all(|r| r.status == Status::Ok));
+    let took: Vec<u64> = w.taken.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(took, vec![(CLIENTS as usize / LOOPS) as u64; LOOPS]);
 }

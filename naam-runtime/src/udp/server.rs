@@ -232,11 +232,13 @@ impl HostBackend for ClusterHost {
 }
 
 /// What one receive loop of naam-server is, among its loops: its shard of the sessions, and
-/// what all of them share (the session directory, the cookie key).
+/// what all of them share (the session directory, the cookie key, the clock: a handshake's
+/// cookie, issued by one loop, is checked by the loop its `Auth` is routed to).
 struct LoopPlace {
     shard: Shard,
     directory: Arc<SessionDirectory>,
     cookies: CookieJar,
+    clock: SystemClock,
 }
 
 impl LoopPlace {
@@ -246,6 +248,7 @@ impl LoopPlace {
             shard: Shard::SOLE,
             directory: SessionDirectory::new(),
             cookies: CookieJar::new().map_err(|e| invalid(e.to_string()))?,
+            clock: SystemClock::new(),
         })
     }
 }
@@ -305,8 +308,8 @@ pub fn serve_host(
 /// on the caller's), until `stop` is set, then drains them (see [`serve_host`]). The sockets
 /// are a [`super::bind_group`] on one address: loop `i` sets up and serves the sessions of
 /// shard `i`, which the kernel routes to socket `i`; the loops share the cluster, the paired
-/// NIC and the cookie key, and nothing else on a request's path. Returns every loop's
-/// counters, summed.
+/// NIC, the cookie key and the clock, and nothing else on a request's path. Returns every
+/// loop's counters, summed.
 pub fn serve_host_loops(
     cluster: Arc<Cluster>,
     sockets: Vec<Socket>,
@@ -316,12 +319,14 @@ pub fn serve_host_loops(
     let shards = Shard::all(sockets.len()).map_err(|e| invalid(e.to_string()))?;
     let directory = SessionDirectory::new();
     let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
+    let clock = SystemClock::new();
     let counters = LoopCounters::group(sockets.len());
     let run = |((socket, shard), counters): ((Socket, Shard), LoopCounters)| {
         let place = LoopPlace {
             shard,
             directory: directory.clone(),
             cookies: cookies.clone(),
+            clock,
         };
         run_host_loop(cluster.clone(), socket, &options, stop, place, counters)
     };
@@ -408,7 +413,7 @@ fn run_host_loop(
     place: LoopPlace,
     counters: LoopCounters,
 ) -> std::io::Result<ServerStats> {
-    let clock = SystemClock::new();
+    let clock = place.clock;
     let local = socket.local_addr()?;
     let mut endpoint = host_endpoint(
         cluster,

@@ -861,6 +861,7 @@ impl ClientEndpoint {
             (
                 Some(Handshake::Hello { id: hid, .. }),
                 Control::Challenge {
+                    route,
                     nonce,
                     issued,
                     cookie,
@@ -879,7 +880,8 @@ impl ClientEndpoint {
                     cookie,
                     proof: hs.proof(nonce, &cookie),
                 }
-                .to_bytes(auth_id);
+                // To the receive loop the server chose for the session.
+                .to_routed_bytes(auth_id, route);
                 self.push(server, auth_id, auth.clone());
                 self.handshake_timer.sent(auth_id, now);
                 self.handshake = Some(Handshake::Auth {

@@ -1,7 +1,8 @@
 //! What the receive loops of one server share ([`crate::shard`]): the paired NIC (its
 //! session lives in one loop, and every loop forwards to it), the tenant sessions of every
-//! loop (the NIC is told about them, and asks about them, through the NIC's loop), and each
-//! loop's switch counters (an operator's query sums them).
+//! loop (the NIC is told about them, and asks about them, through the NIC's loop), each
+//! loop's switch counters (an operator's query sums them), and whose turn it is to take the
+//! next new session.
 //!
 //! Everything here changes rarely (a session set up or forgotten, a NIC pairing) or is a
 //! counter one loop writes and others read; a request's path reads the NIC's channel under a
@@ -9,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::server::Channel;
@@ -53,6 +54,8 @@ struct LoopCounters {
 pub struct SessionDirectory {
     shared: Mutex<Shared>,
     counters: Box<[LoopCounters]>,
+    /// Handshakes challenged so far: the next new session goes to loop `this % count`.
+    challenged: AtomicUsize,
 }
 
 impl Default for SessionDirectory {
@@ -60,6 +63,7 @@ impl Default for SessionDirectory {
         SessionDirectory {
             shared: Mutex::default(),
             counters: (0..MAX_LOOPS).map(|_| LoopCounters::default()).collect(),
+            challenged: AtomicUsize::new(0),
         }
     }
 }
@@ -135,6 +139,12 @@ impl SessionDirectory {
         self.lock()
             .tenants
             .retain(|id, _| !owned(*id) || alive(*id));
+    }
+
+    /// The loop of `count` that sets up the next new session: each in turn, whichever loop
+    /// the handshake reached (see [`crate::shard`]).
+    pub(super) fn next_session_loop(&self, count: usize) -> usize {
+        self.challenged.fetch_add(1, Ordering::Relaxed) % count.max(1)
     }
 
     /// Publishes loop `index`'s switch counters.

@@ -652,6 +652,7 @@ impl<B: NicBackend> NicEndpoint<B> {
         match (c, &link.pairing) {
             (
                 Control::Challenge {
+                    route,
                     nonce,
                     issued,
                     cookie,
@@ -671,7 +672,7 @@ impl<B: NicBackend> NicEndpoint<B> {
                     cookie,
                     proof: hs.proof(nonce, &cookie),
                 }
-                .to_bytes(id);
+                .to_routed_bytes(id, route);
                 link.pairing = Pairing::Auth {
                     hs,
                     id,

@@ -900,6 +900,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         let answer = match c {
             Control::Hello { nonce, .. } => match self.gate.challenge(now, peer, nonce) {
                 Ok((server, cookie)) => Control::Challenge {
+                    route: self.new_session_route(),
                     nonce: server,
                     issued: now,
                     cookie,
@@ -955,6 +956,18 @@ impl<B: HostBackend> ServerEndpoint<B> {
             }
         };
         self.send_unproven(peer, msg.len(), id, answer.to_bytes(id));
+    }
+
+    /// The route a challenged client's `Auth` takes: to the server's loops in turn, so that
+    /// sessions spread evenly (the kernel's hash of the addresses puts two clients on one of
+    /// two loops half the time). None with a single loop.
+    fn new_session_route(&self) -> u8 {
+        let count = self.config.shard.count();
+        if count < 2 {
+            return 0;
+        }
+        let index = self.config.directory.next_session_loop(count);
+        Shard::new(index, count).map_or(0, |s| s.route())
     }
 
     /// The welcome of a new session: its first manifest page.
