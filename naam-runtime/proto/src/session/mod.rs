@@ -8,8 +8,8 @@
 //! Handshake (control messages: `crate::control::Control`):
 //! ```text
 //! client → server  Hello     { tenant, client nonce }                          unsealed, padded
-//! server → client  Challenge { server nonce, issued, cookie }                  unsealed, small
-//! client → server  Auth      { tenant, both nonces, issued, cookie, proof }    unsealed
+//! server → client  Challenge { route, server nonce, issued, cookie }           unsealed, small
+//! client → server  Auth      { tenant, both nonces, issued, cookie, proof }    unsealed, routed
 //! server → client  Welcome   { session, epoch, scoped manifest, ... }          sealed
 //! ```
 //! The cookie is a MAC of the peer's address and both nonces under a key only the server knows,
