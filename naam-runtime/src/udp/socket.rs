@@ -783,18 +783,26 @@ fn wait_readable(sock: &UdpSocket, timeout: Duration) -> io::Result<bool> {
 }
 
 /// What one `recvmmsg` fills: [`RECV_BATCH`] datagram buffers with their address storage,
-/// scatter entries and message headers, allocated once per socket and reused by every
-/// receive (a polling loop receives thousands of times a second).
+/// scatter entries and message headers, allocated and linked once per socket and reused by
+/// every receive (a polling loop receives thousands of times a second, most of them empty).
 pub(crate) struct RecvBuffers {
     bufs: Vec<[u8; MAX_DATAGRAM]>,
     addrs: Vec<MaybeUninit<libc::sockaddr_storage>>,
     iovs: Vec<libc::iovec>,
     msgs: Vec<libc::mmsghdr>,
+    /// Headers the last receive filled: the kernel wrote their address lengths, which the
+    /// next receive resets. The others are as [`RecvBuffers::new`] made them (the kernel
+    /// reads scatter entries and never writes them).
+    filled: usize,
 }
 
-// SAFETY: the raw pointers in `iovs` and `msgs` only ever point into the same struct's own
-// buffers, and are rebuilt before every use.
+// SAFETY: the raw pointers in `iovs` and `msgs` point into the heap buffers of the same
+// struct (`bufs`, `addrs`, `iovs`), which are never reallocated or shared, so they stay valid
+// wherever the struct moves.
 unsafe impl Send for RecvBuffers {}
+
+/// The size of the address storage each header names.
+const ADDR_LEN: libc::socklen_t = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
 
 impl RecvBuffers {
     fn new() -> RecvBuffers {
@@ -802,13 +810,22 @@ impl RecvBuffers {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         };
-        RecvBuffers {
+        let mut b = RecvBuffers {
             bufs: vec![[0u8; MAX_DATAGRAM]; RECV_BATCH],
             addrs: vec![MaybeUninit::zeroed(); RECV_BATCH],
             iovs: vec![iov; RECV_BATCH],
             // SAFETY: all-zero is a valid mmsghdr.
             msgs: vec![unsafe { std::mem::zeroed() }; RECV_BATCH],
+            filled: 0,
+        };
+        for i in 0..RECV_BATCH {
+            b.iovs[i] = libc::iovec {
+                iov_base: b.bufs[i].as_mut_ptr().cast(),
+                iov_len: MAX_DATAGRAM,
+            };
+            b.msgs[i] = mmsghdr(b.addrs[i].as_mut_ptr(), ADDR_LEN, &mut b.iovs[i]);
         }
+        b
     }
 
     /// Datagram `i` of the last receive, `len` bytes long.
@@ -824,17 +841,14 @@ impl RecvBuffers {
         sock: &UdpSocket,
         flags: libc::c_int,
     ) -> io::Result<Vec<(SocketAddr, usize)>> {
-        let n = self.bufs.len();
-        for i in 0..n {
-            self.iovs[i] = libc::iovec {
-                iov_base: self.bufs[i].as_mut_ptr().cast(),
-                iov_len: MAX_DATAGRAM,
-            };
-            let len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            self.msgs[i] = mmsghdr(self.addrs[i].as_mut_ptr(), len, &mut self.iovs[i]);
+        let n = self.msgs.len();
+        for m in &mut self.msgs[..self.filled] {
+            m.msg_hdr.msg_namelen = ADDR_LEN;
+            m.msg_len = 0;
         }
+        self.filled = 0;
         // SAFETY: `msgs` are valid headers pointing at this struct's live buffers and address
-        // storage, which nothing else touches during the call.
+        // storage (linked in `new`), which nothing else touches during the call.
         let got = unsafe {
             libc::recvmmsg(
                 sock.as_raw_fd(),
@@ -856,6 +870,7 @@ impl RecvBuffers {
                 _ => Err(e),
             };
         }
+        self.filled = got as usize;
         let mut out = Vec::with_capacity(got as usize);
         for (m, a) in self.msgs.iter().zip(self.addrs.iter()).take(got as usize) {
             // SAFETY: the kernel filled the address of every returned message.
@@ -949,6 +964,64 @@ mod tests {
             Socket::bind("127.0.0.1:0".parse().unwrap(), 600).unwrap(),
             Socket::bind("127.0.0.1:0".parse().unwrap(), 600).unwrap(),
         );
+    }
+
+    /// The receive headers are linked once and reused: batches of different sizes, from
+    /// senders whose addresses differ in length (IPv4 and IPv6), each come back with the right
+    /// sender and length, also after a full batch and after empty receives.
+    #[test]
+    fn reused_receive_headers_report_each_batch_as_it_came() {
+        let Ok(v6) = UdpSocket::bind("[::1]:0") else {
+            eprintln!(
+                "SKIPPED reused_receive_headers_report_each_batch_as_it_came: no IPv6 loopback"
+            );
+            return;
+        };
+        let v4 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let rx = UdpSocket::bind("[::]:0").unwrap();
+        let port = rx.local_addr().unwrap().port();
+        let to6: SocketAddr = format!("[::1]:{port}").parse().unwrap();
+        let to4: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let mut bufs = RecvBuffers::new();
+        for (count, from_v6) in [(3usize, false), (RECV_BATCH, true), (1, false), (5, true)] {
+            for i in 0..count {
+                let payload = vec![i as u8; 10 + i];
+                if from_v6 {
+                    v6.send_to(&payload, to6).unwrap();
+                } else {
+                    v4.send_to(&payload, to4).unwrap();
+                }
+            }
+            let want = if from_v6 {
+                v6.local_addr().unwrap()
+            } else {
+                SocketAddr::new(
+                    std::net::Ipv4Addr::LOCALHOST.to_ipv6_mapped().into(),
+                    v4.local_addr().unwrap().port(),
+                )
+            };
+            let mut got = Vec::new();
+            for _ in 0..200 {
+                let batch = bufs.recv(&rx, libc::MSG_DONTWAIT).unwrap();
+                for (j, (peer, len)) in batch.iter().enumerate() {
+                    got.push((*peer, bufs.datagram(j, *len).to_vec()));
+                }
+                if got.len() >= count {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(got.len(), count);
+            for (i, (peer, bytes)) in got.iter().enumerate() {
+                let peer = match peer {
+                    SocketAddr::V4(a) => SocketAddr::new(a.ip().to_ipv6_mapped().into(), a.port()),
+                    p => *p,
+                };
+                assert_eq!(peer, want, "batch of {count}, datagram {i}");
+                assert_eq!(bytes, &vec![i as u8; 10 + i]);
+            }
+            assert!(bufs.recv(&rx, libc::MSG_DONTWAIT).unwrap().is_empty());
+        }
     }
 
     #[test]
