@@ -206,8 +206,8 @@ pub(crate) fn run_phase(
                     // their windows full the same way, a request per answer).
                     let mut unsent = 0usize;
                     let send_every = depth.div_ceil(2);
-                    let mut flying: std::collections::HashMap<u64, (usize, u64)> =
-                        std::collections::HashMap::new();
+                    let mut flying: naam_runtime::proto::intmap::IntMap<u64, (usize, u64)> =
+                        Default::default();
                     let mut stop = false;
                     let finish = |slot: usize,
                                   r: anyhow::Result<bool>,

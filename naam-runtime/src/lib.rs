@@ -14,7 +14,7 @@ pub mod cluster;
 pub mod executor;
 pub mod experiment;
 mod fair;
-mod intmap;
+use naam_proto::intmap;
 pub mod invoke;
 pub mod logging;
 mod metrics;

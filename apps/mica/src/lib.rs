@@ -680,7 +680,7 @@ struct InFlight {
 /// answers `Busy` or `Conflict`.
 pub struct MicaPipeline<T: Pipeline> {
     client: MicaClient<T>,
-    flying: std::collections::HashMap<u64, InFlight>,
+    flying: naam_runtime::proto::intmap::IntMap<u64, InFlight>,
 }
 
 impl<T: Pipeline> MicaPipeline<T> {
@@ -688,7 +688,7 @@ impl<T: Pipeline> MicaPipeline<T> {
     pub fn new(transport: T, handle: MicaHandle) -> Self {
         MicaPipeline {
             client: MicaClient::new(transport, handle),
-            flying: std::collections::HashMap::new(),
+            flying: Default::default(),
         }
     }
 

@@ -15,6 +15,7 @@
 //! fragment of the message ([`crate::shard`]): its session's, or 0 for none. It is a hint for
 //! delivery only; nothing is trusted on it.
 
+use crate::intmap::IntMap;
 use std::collections::HashMap;
 use std::hash::Hash;
 
@@ -473,7 +474,7 @@ pub struct Retransmit {
     patience: Nanos,
     /// The longest wait between two sends.
     max_backoff: Nanos,
-    outstanding: HashMap<u64, Timer>,
+    outstanding: IntMap<u64, Timer>,
 }
 
 impl Retransmit {
@@ -485,7 +486,7 @@ impl Retransmit {
             max_attempts: max_attempts.max(1),
             patience: 0,
             max_backoff: Nanos::MAX,
-            outstanding: HashMap::new(),
+            outstanding: IntMap::default(),
         }
     }
 

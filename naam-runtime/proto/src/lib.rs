@@ -35,6 +35,7 @@ pub mod dedup;
 pub mod endpoint;
 mod engine_kind;
 pub mod frame;
+pub mod intmap;
 pub mod kind;
 pub mod limits;
 pub mod onesided;

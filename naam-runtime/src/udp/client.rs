@@ -10,6 +10,8 @@
 //! [`ClientError::ServerGone`].
 
 use std::collections::{HashMap, HashSet};
+
+use crate::intmap::IntMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -400,7 +402,7 @@ pub struct UdpClient {
     metrics: Option<Arc<Metrics>>,
     pin: Option<Placement>,
     /// Submitted messages not yet answered: their handler and when they were sent.
-    pending: HashMap<u64, (HandlerKey, Nanos)>,
+    pending: IntMap<u64, (HandlerKey, Nanos)>,
     /// Answers ready for the next poll (messages the client ran itself, failures).
     ready: Vec<(u64, Result<Reply, ClientError>)>,
 }
@@ -510,7 +512,7 @@ impl UdpClient {
             tracker: LoadTracker::new(1, 0),
             metrics: None,
             pin: config.pin,
-            pending: HashMap::new(),
+            pending: IntMap::default(),
             ready: Vec::new(),
         })
     }

@@ -15,6 +15,7 @@
 //! resends what was outstanding, once. A server silent for longer than
 //! [`ClientConfig::liveness`] fails every new exchange with [`ExchangeError::ServerGone`].
 
+use crate::intmap::IntMap;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -273,7 +274,7 @@ pub struct ClientEndpoint {
     client_id: u32,
     seq: u64,
     agent: Option<SocketAddr>,
-    exchanges: HashMap<u64, Exchange>,
+    exchanges: IntMap<u64, Exchange>,
     timers: Retransmit,
     /// Exchanges waiting for a session (set up, or set up again after a restart).
     parked: Vec<u64>,
@@ -344,7 +345,7 @@ impl ClientEndpoint {
             client_id: 0,
             seq: 0,
             agent: None,
-            exchanges: HashMap::new(),
+            exchanges: IntMap::default(),
             parked: Vec::new(),
             last_heard: now,
             transmits: VecDeque::new(),

@@ -8,6 +8,7 @@
 //! endpoint itself answers (refusals, control answers, forwards) comes out of
 //! [`ServerEndpoint::poll_transmit`].
 
+use crate::intmap::IntMap;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -391,7 +392,7 @@ struct Turns {
     /// Tenants with work waiting, in turn order.
     ring: VecDeque<u32>,
     /// Per session: its datagrams and requests waiting.
-    per_session: HashMap<u64, u32>,
+    per_session: IntMap<u64, u32>,
 }
 
 impl Turns {
@@ -661,7 +662,7 @@ pub struct ServerEndpoint<B> {
     switch: Selector,
     draining: bool,
     /// Per session: its own view of the Client placement, fed by its own load reports.
-    shares: HashMap<u64, ClientShare>,
+    shares: IntMap<u64, ClientShare>,
     next_expiry: Nanos,
     transmits: VecDeque<Transmit>,
     /// Admitted requests waiting for [`ServerEndpoint::run`].
@@ -669,7 +670,7 @@ pub struct ServerEndpoint<B> {
     /// Messages for sessions' peers, sealed (and coalesced) when transmitted.
     outbox: Vec<Outgoing>,
     /// Sessions refused beyond their credit lately (flooders are muted for a while).
-    floods: HashMap<u64, Flood>,
+    floods: IntMap<u64, Flood>,
     /// What strangers may still make the server do.
     strangers: Strangers,
     /// The most bytes one sealed datagram may carry (the driver's datagram, less framing).
@@ -705,12 +706,12 @@ impl<B: HostBackend> ServerEndpoint<B> {
             stats: ServerStats::default(),
             switch: Selector::default(),
             draining: false,
-            shares: HashMap::new(),
+            shares: IntMap::default(),
             next_expiry: now + EXPIRY_PERIOD,
             transmits: VecDeque::new(),
             turns: Turns::default(),
             outbox: Vec::new(),
-            floods: HashMap::new(),
+            floods: IntMap::default(),
             strangers: Strangers::new(now),
             datagram_payload: frame::MIN_DATAGRAM - frame::HEADER,
         })

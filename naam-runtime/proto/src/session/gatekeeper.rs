@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::intmap::IntMap;
 
 /// Issues and checks address-validation cookies (stateless: a MAC under a key of this
 /// server process; the receive loops of one server share it, cloned).
@@ -211,7 +212,7 @@ pub struct Gatekeeper {
     pub(super) epoch: u64,
     pub(super) tenants: Vec<TenantEntry>,
     pub(super) cookies: CookieJar,
-    pub(super) sessions: HashMap<u64, Session>,
+    pub(super) sessions: IntMap<u64, Session>,
     pub(super) by_nonce: HashMap<[u8; NONCE_LEN], u64>,
     pub(super) limits: SessionLimits,
     pub(super) authentication: Authentication,
@@ -235,7 +236,7 @@ impl Gatekeeper {
             epoch,
             tenants,
             cookies,
-            sessions: HashMap::new(),
+            sessions: IntMap::default(),
             by_nonce: HashMap::new(),
             limits: SessionLimits::default(),
             authentication: Authentication::On,

@@ -1,5 +1,8 @@
-//! Hash maps keyed by integers that are already well distributed or not attacker-chosen (random
-//! rkeys, FNV handler ids, app ids): one multiply per key instead of SipHash on every message.
+//! Hash maps keyed by integers that are already well distributed or not chosen by whoever sends
+//! the datagrams (random rkeys and session ids, FNV handler ids, app ids, a client's own request
+//! ids): one multiply per key instead of SipHash on every message. A peer may look up any key
+//! (a session id in a datagram's header), but never chooses the keys stored, so it cannot
+//! crowd a table's buckets. Iteration order follows the keys alone, the same in every run.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -30,4 +33,4 @@ impl Hasher for IntHasher {
 }
 
 /// A `HashMap` with [`IntHasher`].
-pub(crate) type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
