@@ -680,7 +680,7 @@ struct InFlight {
 /// answers `Busy` or `Conflict`.
 pub struct MicaPipeline<T: Pipeline> {
     client: MicaClient<T>,
-    flying: naam_runtime::proto::intmap::IntMap<u64, InFlight>,
+    flying: naam_proto::intmap::IntMap<u64, InFlight>,
 }
 
 impl<T: Pipeline> MicaPipeline<T> {
