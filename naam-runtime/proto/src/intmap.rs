@@ -13,7 +13,11 @@ pub struct IntHasher(u64);
 
 impl Hasher for IntHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // A product's high bits mix every bit of the key, its low bits only the key's low
+        // bits; the table picks a bucket by the low bits of the hash (and a tag by its top 7),
+        // so the high bits are turned down. Keys alike in their low bits (session ids, whose
+        // low byte is a loop's route) then still spread over every bucket.
+        self.0.rotate_left(26)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -23,7 +27,7 @@ impl Hasher for IntHasher {
     }
 
     fn write_u64(&mut self, n: u64) {
-        // Fibonacci hashing: the high bits, which the table uses, mix every input bit.
+        // Fibonacci hashing: the product's high bits mix every input bit.
         self.0 = (self.0.rotate_left(29) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 
@@ -34,3 +38,29 @@ impl Hasher for IntHasher {
 
 /// A `HashMap` with [`IntHasher`].
 pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::BuildHasher;
+
+    fn bucket_bits(key: u64, bits: u32) -> u64 {
+        BuildHasherDefault::<IntHasher>::default().hash_one(key) & ((1 << bits) - 1)
+    }
+
+    /// Keys that differ only above their low byte (one loop's session ids, all with one
+    /// route) still reach most buckets of a small table, and sequential ids every bucket.
+    #[test]
+    fn keys_alike_in_their_low_bits_spread_over_the_buckets() {
+        let same_route: std::collections::HashSet<u64> =
+            (0..256u64).map(|k| bucket_bits(k << 8 | 0x42, 8)).collect();
+        assert!(
+            same_route.len() > 140,
+            "{} of 256 buckets",
+            same_route.len()
+        );
+        let sequential: std::collections::HashSet<u64> =
+            (0..64u64).map(|k| bucket_bits(k, 6)).collect();
+        assert!(sequential.len() > 36, "{} of 64 buckets", sequential.len());
+    }
+}
