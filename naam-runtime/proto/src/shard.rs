@@ -101,11 +101,7 @@ impl Shard {
     /// this loop.
     pub fn session_id(&self, draw: u64) -> u64 {
         let count = self.count as u64;
-        let first = if self.index == 0 {
-            count
-        } else {
-            self.index as u64
-        };
+        let first = self.route() as u64;
         let choices = (255 - first) / count + 1;
         let low = first + count * ((draw & 0xff) % choices);
         (draw & !0xff) | low
@@ -127,16 +123,11 @@ pub fn loop_of_route(route: u8, count: usize) -> Option<usize> {
 /// the route in its header, when it is a control message (an `Auth`, routed by its
 /// challenge); else 0.
 pub fn route_of(message: &[u8]) -> u8 {
+    use crate::control::{CONTROL_HEADER, CONTROL_ROUTE};
     match peek_sealed(message) {
         Ok(h) => route_of_session(h.session),
-        Err(_)
-            if message.len() >= crate::control::CONTROL_HEADER
-                && message[0] == crate::kind::VERSION
-                && message[1] == crate::kind::CONTROL =>
-        {
-            message[crate::control::CONTROL_ROUTE]
-        }
-        Err(_) => 0,
+        Err(_) => crate::wire::header(message, CONTROL_HEADER, crate::kind::CONTROL)
+            .map_or(0, |_| message[CONTROL_ROUTE]),
     }
 }
 
