@@ -13,7 +13,7 @@
 //! which the write owner applies in order ([`apply_writes`]), so every placement sees the same
 //! semantics.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use naam_ebpf::abi::{write_kind, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
@@ -72,6 +72,113 @@ fn step_in_place(
     m.stepped(result, fetch_ns)
 }
 
+/// What applies a step's write batch where this thread owns the app's writes, or refuses it
+/// ([`WriteError::NotOwner`]). Besides the batch it gets the step's segments when the data path
+/// granted region memory in place ([`DataPath::segments_in_place`]); [`apply_owned`] uses them.
+pub type ApplyWrites<'a> =
+    dyn FnMut(&WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError> + 'a;
+
+/// Applies `batch` as the write owner: at the addresses of `in_place` (the step's segments,
+/// from a path that grants region memory in place) when given, else each target resolved in
+/// `regions`. Callers pass `in_place` only as their drive gave it to them.
+pub fn apply_owned(
+    regions: &RegionTable,
+    batch: &WriteBatch,
+    in_place: Option<&[Grant<'_>]>,
+) -> Result<(), WriteError> {
+    match in_place {
+        // SAFETY: drive passes the segments the path fetched for the step that made this
+        // batch, and only a path that grants region memory in place returns any.
+        Some(segments) => unsafe { apply_writes_in_place(batch, segments) },
+        None => apply_writes(regions, batch),
+    }
+}
+
+/// The rights a write operation of `kind` needs in its target descriptor.
+fn rights_for(kind: u32) -> u32 {
+    match kind {
+        write_kind::STORE => ACCESS_WRITE,
+        _ => ACCESS_WRITE | ACCESS_ATOMIC,
+    }
+}
+
+/// [`apply_writes`] at the addresses the step's segments were granted at, without resolving
+/// each target again: the same rights checked (the path resolved every descriptor with the
+/// rights it names, so a descriptor's write right is the region's), the same stores in the
+/// same order.
+///
+/// # Safety
+/// `segments` must be the grants of the step whose writes `batch` holds, each the range its
+/// descriptor resolved to inside region memory (8-aligned words, accessed only atomically)
+/// that stays mapped for the call: what [`HostPath`] grants.
+pub unsafe fn apply_writes_in_place(
+    batch: &WriteBatch,
+    segments: &[Grant<'_>],
+) -> Result<(), WriteError> {
+    for (index, op) in batch.ops.iter().enumerate() {
+        let invalid = |reason: String| WriteError::Invalid { index, reason };
+        let need = rights_for(op.kind);
+        if op.target.access & need != need {
+            return Err(invalid(format!(
+                "the descriptor grants {:#x}, the write needs {need:#x}",
+                op.target.access
+            )));
+        }
+        let seg = match segments.get(op.segment as usize) {
+            Some(g) if g.len() == op.target.len as usize => g,
+            _ => {
+                return Err(invalid(format!(
+                    "segment {} is not the target's grant",
+                    op.segment
+                )))
+            }
+        };
+        // The step machine checked that the write lies inside its segment.
+        let end = op.offset as usize + op.len as usize;
+        if end > seg.len() {
+            return Err(invalid(format!(
+                "the write runs past its segment ({end} > {})",
+                seg.len()
+            )));
+        }
+        // The segment's words: region memory is whole 8-aligned words, so widening the
+        // range to word boundaries stays inside its region.
+        let first = seg.addr() & !7;
+        let words = (seg.addr() + seg.len() as u64 - first).div_ceil(8) as usize;
+        // SAFETY: by the caller's promise, these words are region memory, mapped for the call
+        // and only ever accessed atomically.
+        let words = unsafe { std::slice::from_raw_parts(first as *const AtomicU64, words) };
+        let at = (seg.addr() - first) as usize + op.offset as usize;
+        match op.kind {
+            write_kind::STORE => crate::region::store_bytes(words, at, batch.bytes(op)),
+            write_kind::CAS | write_kind::FAA => {
+                if !at.is_multiple_of(8) {
+                    // Named by its offset in the region, as `apply_writes` names it (the
+                    // region starts on a word, so the two offsets agree modulo 8).
+                    let in_region = op.target.offset + op.offset as u64;
+                    return Err(invalid(MemError::Misaligned(in_region).to_string()));
+                }
+                let word = &words[at / 8];
+                if op.kind == write_kind::CAS {
+                    let found = crate::region::cas_word(word, op.expected, op.operand);
+                    if found != op.expected {
+                        return Err(WriteError::Conflict {
+                            index,
+                            expected: op.expected,
+                            found,
+                        });
+                    }
+                } else {
+                    crate::region::faa_word(word, op.operand);
+                }
+            }
+            k => return Err(invalid(format!("unknown kind {k}"))),
+        }
+        fence(Ordering::Release);
+    }
+    Ok(())
+}
+
 /// Applies `batch` to `regions` in order, each operation visible before the next (release
 /// fences), as the write owner must.
 pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), WriteError> {
@@ -79,10 +186,7 @@ pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), Wri
     // PUT: three on the bucket, four on the item), resolved once per run.
     let mut resolved: Option<(&Descriptor, &Region)> = None;
     for (index, op) in batch.ops.iter().enumerate() {
-        let need = match op.kind {
-            write_kind::STORE => ACCESS_WRITE,
-            _ => ACCESS_WRITE | ACCESS_ATOMIC,
-        };
+        let need = rights_for(op.kind);
         if op.target.access & need != need {
             return Err(WriteError::Invalid {
                 index,
@@ -276,6 +380,11 @@ impl DataPath for HostPath {
             cost_ns: 0,
         })
     }
+
+    /// The grants are region memory itself, each resolved with its descriptor's rights.
+    fn segments_in_place(&self) -> Option<&[Grant<'_>]> {
+        Some(&self.grants)
+    }
 }
 
 /// NIC cores: each descriptor is one DMA read into a NIC-local buffer, charged by the model.
@@ -466,7 +575,7 @@ fn drive<P: DataPath>(
     path: &mut P,
     vm: &mut Vm,
     clock: &dyn Clock,
-    apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
+    apply: &mut ApplyWrites<'_>,
 ) -> Stopped {
     let app = m.app();
     // Whether the engine's last run was this message's previous step.
@@ -491,7 +600,7 @@ fn drive<P: DataPath>(
                 }
             }
             Action::Write => {
-                let r = apply(m.writes());
+                let r = apply(m.writes(), path.segments_in_place());
                 m.writes_applied(r)
             }
         };
@@ -503,7 +612,7 @@ pub fn start<P: DataPath>(
     req: &Request,
     handler: &Arc<HandlerEntry>,
     at: Place<'_, P>,
-    apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
+    apply: &mut ApplyWrites<'_>,
 ) -> Driven {
     start_message(MessageStart::from(req), &req.args, handler, at, apply)
 }
@@ -537,7 +646,7 @@ pub fn start_message<P: DataPath>(
     args: &[u8],
     handler: &Arc<HandlerEntry>,
     at: Place<'_, P>,
-    apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
+    apply: &mut ApplyWrites<'_>,
 ) -> Driven {
     let (placement, limits) = (at.path.placement(), at.limits);
     let (app, kind) = (handler.app, handler.kind);
@@ -598,7 +707,7 @@ pub fn resume<P: DataPath>(
     path: &mut P,
     vm: &mut Vm,
     clock: &dyn Clock,
-    apply: &mut dyn FnMut(&WriteBatch) -> Result<(), WriteError>,
+    apply: &mut ApplyWrites<'_>,
 ) -> Driven {
     let ParkedRun {
         mut machine,
@@ -631,7 +740,7 @@ pub fn run_message<P: DataPath>(
     vm: &mut Vm,
     limits: Limits,
     clock: &dyn Clock,
-    apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
+    apply: impl FnMut(&WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError>,
 ) -> (Outcome, RunCost) {
     run_message_parts(
         MessageStart::from(req),
@@ -664,7 +773,7 @@ pub fn run_in_place<P: DataPath>(
     limits: Limits,
     clock: &dyn Clock,
     machine: &mut StepMachine,
-    mut apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
+    mut apply: impl FnMut(&WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError>,
 ) -> RunCost {
     let action = machine.restart(msg, handler.app, handler.kind, path.placement(), limits);
     let mut cost = RunCost::default();
@@ -698,7 +807,7 @@ pub fn run_message_parts<P: DataPath>(
     args: &[u8],
     handler: &Arc<HandlerEntry>,
     at: Place<'_, P>,
-    mut apply: impl FnMut(&WriteBatch) -> Result<(), WriteError>,
+    mut apply: impl FnMut(&WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError>,
 ) -> (Outcome, RunCost) {
     let Place {
         path,
@@ -727,6 +836,107 @@ pub fn run_message_parts<P: DataPath>(
                 clock.wait_until(p.resume_at);
                 driven = resume(p, args, path, vm, clock, &mut apply);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::region::{RegionMemory, RegionTable};
+    use naam_proto::step::WriteRequest;
+    use proptest::prelude::*;
+
+    const APP: u32 = 7;
+    const RKEY: u64 = 0x5eed;
+    const REGION: usize = 256;
+
+    fn table() -> Arc<RegionTable> {
+        let mut t = RegionTable::new();
+        t.register_with_key(
+            RKEY,
+            APP,
+            "r",
+            ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+            RegionMemory::zeroed(REGION),
+        )
+        .expect("a fresh key");
+        Arc::new(t)
+    }
+
+    fn snapshot(t: &RegionTable) -> Vec<u8> {
+        t.get(APP, RKEY).expect("registered").mem.snapshot()
+    }
+
+    /// A segment: offset, length and rights (always some, within the region's).
+    fn segment() -> impl Strategy<Value = Descriptor> {
+        (0u64..200, 8u32..56, 1u32..8).prop_map(|(offset, len, access)| Descriptor {
+            rkey: RKEY,
+            offset,
+            len,
+            access,
+        })
+    }
+
+    /// An operation as the step machine passes them on: inside its segment. `pick` chooses
+    /// the segment, `at` and `len` are scaled into it.
+    fn op() -> impl Strategy<Value = (u32, u8, u32, u32, u64, u64, Vec<u8>)> {
+        (
+            0u32..3,
+            0u8..3,
+            any::<u32>(),
+            1u32..24,
+            prop_oneof![Just(0u64), any::<u64>()],
+            any::<u64>(),
+            proptest::collection::vec(any::<u8>(), 24),
+        )
+    }
+
+    proptest! {
+        /// Applied at the addresses a host path granted, a batch leaves memory and result
+        /// exactly as resolving every target in the table does: rights refused, conflicts,
+        /// misaligned atomics and stores at any alignment alike.
+        #[test]
+        fn writes_applied_in_place_match_writes_resolved_in_the_table(
+            segs in proptest::collection::vec(segment(), 3),
+            ops in proptest::collection::vec(op(), 1..10),
+        ) {
+            let mut batch = WriteBatch {
+                app: APP,
+                request_id: 1,
+                ops: Vec::new(),
+                data: Vec::new(),
+            };
+            for (pick, kind, at, len, expected, operand, bytes) in ops {
+                let target = segs[pick as usize];
+                let kind = [write_kind::STORE, write_kind::CAS, write_kind::FAA][kind as usize];
+                let len = if kind == write_kind::STORE { len.min(target.len) } else { 8 };
+                let offset = at % (target.len - len + 1);
+                let data_at = batch.data.len() as u32;
+                if kind == write_kind::STORE {
+                    batch.data.extend_from_slice(&bytes[..len as usize]);
+                }
+                batch.ops.push(WriteRequest {
+                    target,
+                    segment: pick,
+                    kind,
+                    offset,
+                    len,
+                    data_at,
+                    operand,
+                    expected,
+                });
+            }
+            let (resolved, granted) = (table(), table());
+            let by_table = apply_writes(&resolved, &batch);
+            let mut path = HostPath::new(granted.clone());
+            path.fetch(APP, &segs).expect("the segments lie in the region");
+            let in_place = apply_owned(&granted, &batch, path.segments_in_place());
+            prop_assert_eq!(
+                by_table.map_err(|e| e.to_string()),
+                in_place.map_err(|e| e.to_string())
+            );
+            prop_assert_eq!(snapshot(&resolved), snapshot(&granted));
         }
     }
 }

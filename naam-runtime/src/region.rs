@@ -234,29 +234,7 @@ impl RegionMemory {
     /// words at the edges are merged atomically.
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), MemError> {
         self.range(offset, src.len() as u64)?;
-        let words = self.words();
-        let mut at = offset as usize;
-        let mut src = src;
-        // A partial first word, merged into what it held.
-        let from = at % 8;
-        if from != 0 && !src.is_empty() {
-            let n = (8 - from).min(src.len());
-            merge_into(&words[at / 8], from, &src[..n]);
-            src = &src[n..];
-            at += n;
-        }
-        // Whole words: one release store each, indexed once for the run.
-        let whole = src.len() / 8;
-        let (body, tail) = src.split_at(whole * 8);
-        let first = at / 8;
-        for (w, chunk) in words[first..first + whole].iter().zip(body.chunks_exact(8)) {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(chunk);
-            w.store(u64::from_le_bytes(b), Ordering::Release);
-        }
-        if !tail.is_empty() {
-            merge_into(&words[first + whole], 0, tail);
-        }
+        store_bytes(self.words(), offset as usize, src);
         Ok(())
     }
 
@@ -275,24 +253,12 @@ impl RegionMemory {
 
     /// Atomic 64-bit compare-and-swap; returns the previous value.
     pub fn cas(&self, offset: u64, expected: u64, new: u64) -> Result<u64, MemError> {
-        let w = self.word(offset)?;
-        Ok(u64::from_le(
-            match w.compare_exchange(
-                expected.to_le(),
-                new.to_le(),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(v) | Err(v) => v,
-            },
-        ))
+        Ok(cas_word(self.word(offset)?, expected, new))
     }
 
     /// Atomic 64-bit fetch-and-add; returns the previous value.
     pub fn faa(&self, offset: u64, add: u64) -> Result<u64, MemError> {
-        let w = self.word(offset)?;
-        // Little-endian host: the stored word is the value itself.
-        Ok(w.fetch_add(add, Ordering::AcqRel))
+        Ok(faa_word(self.word(offset)?, add))
     }
 
     /// A copy of the whole region (tests, snapshots).
@@ -305,6 +271,54 @@ impl RegionMemory {
 
 /// Stores `bytes` into `word` from byte `from` on (little-endian), keeping its other bytes:
 /// one release read-modify-write, so a concurrent store to those bytes is not lost.
+/// Compare-and-swap of the little-endian value in `w`; returns the value found.
+pub(crate) fn cas_word(w: &AtomicU64, expected: u64, new: u64) -> u64 {
+    u64::from_le(
+        match w.compare_exchange(
+            expected.to_le(),
+            new.to_le(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(v) | Err(v) => v,
+        },
+    )
+}
+
+/// Fetch-and-add on `w`; returns the previous value.
+pub(crate) fn faa_word(w: &AtomicU64, add: u64) -> u64 {
+    // Little-endian host: the stored word is the value itself.
+    w.fetch_add(add, Ordering::AcqRel)
+}
+
+/// Copies `src` to byte `at` of `words`, word by word in ascending order, each whole word one
+/// release store; partial words at the edges are merged atomically. `at + src.len()` must lie
+/// inside `words`.
+pub(crate) fn store_bytes(words: &[AtomicU64], at: usize, src: &[u8]) {
+    let mut at = at;
+    let mut src = src;
+    // A partial first word, merged into what it held.
+    let from = at % 8;
+    if from != 0 && !src.is_empty() {
+        let n = (8 - from).min(src.len());
+        merge_into(&words[at / 8], from, &src[..n]);
+        src = &src[n..];
+        at += n;
+    }
+    // Whole words: one release store each, indexed once for the run.
+    let whole = src.len() / 8;
+    let (body, tail) = src.split_at(whole * 8);
+    let first = at / 8;
+    for (w, chunk) in words[first..first + whole].iter().zip(body.chunks_exact(8)) {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(chunk);
+        w.store(u64::from_le_bytes(b), Ordering::Release);
+    }
+    if !tail.is_empty() {
+        merge_into(&words[first + whole], 0, tail);
+    }
+}
+
 fn merge_into(word: &AtomicU64, from: usize, bytes: &[u8]) {
     let mut mask = [0u8; 8];
     let mut bits = [0u8; 8];

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use naam_ebpf::abi::Descriptor;
 
 use crate::cluster::{error_reply, install, AppSpec, ClusterError};
-use crate::executor::{apply_writes, run_in_place, HostPath};
+use crate::executor::{apply_owned, run_in_place, HostPath};
 use crate::RegionTable;
 use crate::Registry;
 use crate::SystemClock;
@@ -161,9 +161,9 @@ impl Direct {
             self.limits,
             &self.clock,
             &mut self.machine,
-            |batch| {
+            |batch, in_place| {
                 if writes {
-                    apply_writes(regions, batch)
+                    apply_owned(regions, batch, in_place)
                 } else {
                     Err(WriteError::NotOwner)
                 }

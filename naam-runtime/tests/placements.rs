@@ -9,11 +9,11 @@ use bytes::Bytes;
 use common::{examples, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::handler_id;
-use naam_proto::step::{DataPath, DmaModel, Limits, OneSided, Outcome, WriteError};
+use naam_proto::step::{DataPath, DmaModel, Grant, Limits, OneSided, Outcome, WriteError};
 use naam_proto::wire::{Descriptors, Request, Status};
 use naam_proto::Placement;
 use naam_runtime::executor::{
-    apply_writes, one_sided_read, run_message, ClientPath, HostPath, NicPath,
+    apply_owned, one_sided_read, run_message, ClientPath, HostPath, NicPath,
 };
 use naam_runtime::{HandlerSpec, Registry};
 use naam_runtime::{RegionMemory, RegionTable, READ_ONLY, READ_WRITE};
@@ -112,9 +112,12 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
     };
     let mut vm = Vm::new();
     let limits = Limits::default();
-    let owner = |batch: &naam_proto::step::WriteBatch| -> Result<(), WriteError> {
+    // At the host, through the segments granted in place (what naam-server does).
+    let owner = |batch: &naam_proto::step::WriteBatch,
+                 in_place: Option<&[Grant<'_>]>|
+     -> Result<(), WriteError> {
         if placement == Placement::Host {
-            apply_writes(&w.regions, batch)
+            apply_owned(&w.regions, batch, in_place)
         } else {
             Err(WriteError::NotOwner)
         }
@@ -125,7 +128,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
         p: &mut P,
         vm: &mut Vm,
         l: Limits,
-        o: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
+        o: impl FnMut(&naam_proto::step::WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError>,
     ) -> Outcome {
         run_message(r, &h, p, vm, l, &naam_runtime::SystemClock::new(), o).0
     }

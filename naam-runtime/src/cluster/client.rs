@@ -426,7 +426,7 @@ pub(crate) fn run_at_client<T: OneSided>(
         }
     };
     let begin = clock.now();
-    let (c, cost) = run_message(req, handler, path, vm, limits, clock, |_| {
+    let (c, cost) = run_message(req, handler, path, vm, limits, clock, |_, _| {
         Err(WriteError::NotOwner)
     });
     let service = clock
@@ -505,7 +505,8 @@ fn read_here(
         clock: inner.clock.as_ref(),
         machine: Some(run.machine),
     };
-    let (c, _) = executor::run_message_parts(msg, args, entry, at, |_| Err(WriteError::NotOwner));
+    let (c, _) =
+        executor::run_message_parts(msg, args, entry, at, |_, _| Err(WriteError::NotOwner));
     if c.retries > 0 {
         inner.spend(app, c.retries as u64, 0);
     }

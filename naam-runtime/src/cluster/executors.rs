@@ -39,7 +39,7 @@ pub(super) fn serve<P: DataPath>(
         machine: Some(machine),
     };
     if handler.kind == HandlerKind::Read {
-        let driven = executor::start(req, handler, at, &mut |_| Err(WriteError::NotOwner));
+        let driven = executor::start(req, handler, at, &mut |_, _| Err(WriteError::NotOwner));
         return served(inner, req, driven, false);
     }
     // Writes: only at the owner, once per (origin, request id).
@@ -76,7 +76,9 @@ pub(super) fn serve<P: DataPath>(
     let regions = inner.regions.clone();
     let driven = {
         let _one_writer = inner.owners.get(&req.app).map(|o| o.writer.lock());
-        executor::start(req, handler, at, &mut |batch| apply_writes(&regions, batch))
+        executor::start(req, handler, at, &mut |batch, in_place| {
+            apply_owned(&regions, batch, in_place)
+        })
     };
     served(inner, req, driven, true)
 }
@@ -109,11 +111,11 @@ pub(super) fn resume_served<P: DataPath>(
         // A parked write left the lock while it waited: what it read before may be stale, and
         // its batch's CAS on the layout's version then fails (a conflict), as it must.
         let _one_writer = inner.owners.get(&req.app).map(|o| o.writer.lock());
-        executor::resume(run, &req.args, path, vm, clock, &mut |batch| {
-            apply_writes(&regions, batch)
+        executor::resume(run, &req.args, path, vm, clock, &mut |batch, in_place| {
+            apply_owned(&regions, batch, in_place)
         })
     } else {
-        executor::resume(run, &req.args, path, vm, clock, &mut |_| {
+        executor::resume(run, &req.args, path, vm, clock, &mut |_, _| {
             Err(WriteError::NotOwner)
         })
     };

@@ -30,7 +30,7 @@ use crossbeam_channel::{bounded, Receiver, Sender};
 use naam_ebpf::abi::Descriptor;
 
 use crate::executor::{
-    self, apply_writes, one_sided_read, run_message, ClientPath, Driven, HostPath, NicPath,
+    self, apply_owned, one_sided_read, run_message, ClientPath, Driven, HostPath, NicPath,
     ParkedRun, RunCost,
 };
 use crate::fair::{FairQueue, PushError};

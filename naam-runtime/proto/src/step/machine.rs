@@ -53,6 +53,10 @@ pub const MAX_RETRY_BACKOFF_NS: u64 = 1_000_000;
 pub struct WriteRequest {
     /// Descriptor of the target segment (as the message granted it).
     pub target: Descriptor,
+    /// Index of the target among the step's segments (in the order of its descriptors): a
+    /// path that grants memory in place ([`crate::step::DataPath::segments_in_place`]) finds
+    /// the target's address there.
+    pub segment: u32,
     /// One of `write_kind::STORE`, `CAS` or `FAA`.
     pub kind: u32,
     /// Offset inside the target segment.
@@ -549,6 +553,7 @@ impl StepMachine {
                     }
                     WriteRequest {
                         target,
+                        segment: w.segment,
                         kind: w.kind,
                         offset: w.offset,
                         len: w.len,
@@ -563,6 +568,7 @@ impl StepMachine {
                     }
                     WriteRequest {
                         target,
+                        segment: w.segment,
                         kind: w.kind,
                         offset: w.offset,
                         len: 8,

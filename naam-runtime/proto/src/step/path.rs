@@ -23,6 +23,14 @@ pub trait DataPath {
     /// Resolves `descs` against `app`'s regions and fetches them (the app scopes the rkeys:
     /// another tenant's key does not resolve).
     fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError>;
+    /// The segments of the last fetch, when they are the memory that writes change (the
+    /// host's zero-copy grants, resolved with the rights each descriptor names): the write
+    /// owner then applies a step's writes at those addresses without resolving each target
+    /// again. `None`, the default, where the segments are copies (NIC buffers, one-sided
+    /// reads).
+    fn segments_in_place(&self) -> Option<&[Grant<'_>]> {
+        None
+    }
 }
 
 /// A one-sided READ transport: fetch the bytes of several descriptors in one round trip.
