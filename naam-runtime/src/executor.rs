@@ -20,8 +20,8 @@ use naam_ebpf::abi::{write_kind, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_
 use naam_proto::step::Engine;
 
 use naam_proto::step::{
-    Action, DataPath, DmaModel, FetchError, Fetched, Limits, MessageStart, OneSided, Outcome,
-    StepMachine, WriteBatch, WriteError,
+    Action, DataPath, DmaModel, FetchError, Fetched, InPlace, Limits, MessageStart, OneSided,
+    Outcome, StepMachine, WriteBatch, WriteError,
 };
 
 use crate::region::Region;
@@ -76,20 +76,18 @@ fn step_in_place(
 /// ([`WriteError::NotOwner`]). Besides the batch it gets the step's segments when the data path
 /// granted region memory in place ([`DataPath::segments_in_place`]); [`apply_owned`] uses them.
 pub type ApplyWrites<'a> =
-    dyn FnMut(&WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError> + 'a;
+    dyn FnMut(&WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError> + 'a;
 
-/// Applies `batch` as the write owner: at the addresses of `in_place` (the step's segments,
-/// from a path that grants region memory in place) when given, else each target resolved in
-/// `regions`. Callers pass `in_place` only as their drive gave it to them.
+/// Applies `batch` as the write owner: at the addresses of `in_place` (the segments of the
+/// step that made it, from a path that grants region memory in place) when given, else each
+/// target resolved in `regions`.
 pub fn apply_owned(
     regions: &RegionTable,
     batch: &WriteBatch,
-    in_place: Option<&[Grant<'_>]>,
+    in_place: Option<InPlace<'_>>,
 ) -> Result<(), WriteError> {
     match in_place {
-        // SAFETY: drive passes the segments the path fetched for the step that made this
-        // batch, and only a path that grants region memory in place returns any.
-        Some(segments) => unsafe { apply_writes_in_place(batch, segments) },
+        Some(segments) => apply_writes_in_place(batch, segments),
         None => apply_writes(regions, batch),
     }
 }
@@ -105,16 +103,12 @@ fn rights_for(kind: u32) -> u32 {
 /// [`apply_writes`] at the addresses the step's segments were granted at, without resolving
 /// each target again: the same rights checked (the path resolved every descriptor with the
 /// rights it names, so a descriptor's write right is the region's), the same stores in the
-/// same order.
-///
-/// # Safety
-/// `segments` must be the grants of the step whose writes `batch` holds, each the range its
-/// descriptor resolved to inside region memory (8-aligned words, accessed only atomically)
-/// that stays mapped for the call: what [`HostPath`] grants.
-pub unsafe fn apply_writes_in_place(
-    batch: &WriteBatch,
-    segments: &[Grant<'_>],
-) -> Result<(), WriteError> {
+/// same order. `in_place` must be the segments of the step that made `batch`, as drive
+/// passes them: a write naming a missing segment, or one of another length, is refused, but
+/// another step's segments of the same lengths would take the writes to the wrong places
+/// (inside region memory still: nothing outside a grant is ever written).
+pub fn apply_writes_in_place(batch: &WriteBatch, in_place: InPlace<'_>) -> Result<(), WriteError> {
+    let segments = in_place.segments();
     for (index, op) in batch.ops.iter().enumerate() {
         let invalid = |reason: String| WriteError::Invalid { index, reason };
         let need = rights_for(op.kind);
@@ -145,8 +139,8 @@ pub unsafe fn apply_writes_in_place(
         // range to word boundaries stays inside its region.
         let first = seg.addr() & !7;
         let words = (seg.addr() + seg.len() as u64 - first).div_ceil(8) as usize;
-        // SAFETY: by the caller's promise, these words are region memory, mapped for the call
-        // and only ever accessed atomically.
+        // SAFETY: `InPlace::new`'s caller vouched that the grant is region memory, mapped
+        // while `in_place` lives and only ever accessed atomically.
         let words = unsafe { std::slice::from_raw_parts(first as *const AtomicU64, words) };
         let at = (seg.addr() - first) as usize + op.offset as usize;
         match op.kind {
@@ -381,9 +375,11 @@ impl DataPath for HostPath {
         })
     }
 
-    /// The grants are region memory itself, each resolved with its descriptor's rights.
-    fn segments_in_place(&self) -> Option<&[Grant<'_>]> {
-        Some(&self.grants)
+    fn segments_in_place(&self) -> Option<InPlace<'_>> {
+        // SAFETY: every grant is the range `fetch` resolved its descriptor to, with the
+        // rights it names, inside a region of `self.regions` (word-aligned memory that every
+        // placement accesses only atomically), which this path keeps mapped.
+        Some(unsafe { InPlace::new(&self.grants) })
     }
 }
 
@@ -740,7 +736,7 @@ pub fn run_message<P: DataPath>(
     vm: &mut Vm,
     limits: Limits,
     clock: &dyn Clock,
-    apply: impl FnMut(&WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError>,
+    apply: impl FnMut(&WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError>,
 ) -> (Outcome, RunCost) {
     run_message_parts(
         MessageStart::from(req),
@@ -773,7 +769,7 @@ pub fn run_in_place<P: DataPath>(
     limits: Limits,
     clock: &dyn Clock,
     machine: &mut StepMachine,
-    mut apply: impl FnMut(&WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError>,
+    mut apply: impl FnMut(&WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError>,
 ) -> RunCost {
     let action = machine.restart(msg, handler.app, handler.kind, path.placement(), limits);
     let mut cost = RunCost::default();
@@ -807,7 +803,7 @@ pub fn run_message_parts<P: DataPath>(
     args: &[u8],
     handler: &Arc<HandlerEntry>,
     at: Place<'_, P>,
-    mut apply: impl FnMut(&WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError>,
+    mut apply: impl FnMut(&WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError>,
 ) -> (Outcome, RunCost) {
     let Place {
         path,

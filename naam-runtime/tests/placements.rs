@@ -9,7 +9,7 @@ use bytes::Bytes;
 use common::{examples, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::handler_id;
-use naam_proto::step::{DataPath, DmaModel, Grant, Limits, OneSided, Outcome, WriteError};
+use naam_proto::step::{DataPath, DmaModel, InPlace, Limits, OneSided, Outcome, WriteError};
 use naam_proto::wire::{Descriptors, Request, Status};
 use naam_proto::Placement;
 use naam_runtime::executor::{
@@ -114,7 +114,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
     let limits = Limits::default();
     // At the host, through the segments granted in place (what naam-server does).
     let owner = |batch: &naam_proto::step::WriteBatch,
-                 in_place: Option<&[Grant<'_>]>|
+                 in_place: Option<InPlace<'_>>|
      -> Result<(), WriteError> {
         if placement == Placement::Host {
             apply_owned(&w.regions, batch, in_place)
@@ -128,7 +128,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
         p: &mut P,
         vm: &mut Vm,
         l: Limits,
-        o: impl FnMut(&naam_proto::step::WriteBatch, Option<&[Grant<'_>]>) -> Result<(), WriteError>,
+        o: impl FnMut(&naam_proto::step::WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError>,
     ) -> Outcome {
         run_message(r, &h, p, vm, l, &naam_runtime::SystemClock::new(), o).0
     }

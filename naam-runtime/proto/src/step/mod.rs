@@ -26,4 +26,4 @@ pub use machine::{
     Action, HandlerKind, Limits, MessageStart, Outcome, StepMachine, WriteBatch, WriteRequest,
     MAX_RETRY_BACKOFF_NS,
 };
-pub use path::{DataPath, DmaModel, Fetched, OneSided};
+pub use path::{DataPath, DmaModel, Fetched, InPlace, OneSided};

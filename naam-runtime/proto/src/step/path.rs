@@ -27,9 +27,35 @@ pub trait DataPath {
     /// host's zero-copy grants, resolved with the rights each descriptor names): the write
     /// owner then applies a step's writes at those addresses without resolving each target
     /// again. `None`, the default, where the segments are copies (NIC buffers, one-sided
-    /// reads).
-    fn segments_in_place(&self) -> Option<&[Grant<'_>]> {
+    /// reads). Only [`InPlace::new`], which is unsafe, makes the answer.
+    fn segments_in_place(&self) -> Option<InPlace<'_>> {
         None
+    }
+}
+
+/// A step's segments as region memory that its write owner may write at
+/// ([`DataPath::segments_in_place`]). Made only by [`InPlace::new`], whose caller vouches for
+/// the memory: whoever holds one may store through it.
+#[derive(Clone, Copy, Debug)]
+pub struct InPlace<'a> {
+    segments: &'a [Grant<'a>],
+}
+
+impl<'a> InPlace<'a> {
+    /// The segments `segments`, in the order of the step's descriptors.
+    ///
+    /// # Safety
+    /// Each grant must be the range its descriptor resolved to inside region memory, with
+    /// the rights the descriptor names: memory of whole 8-aligned words, accessed only
+    /// through atomics by every thread, that stays mapped as long as `'a` and that the write
+    /// owner may change.
+    pub unsafe fn new(segments: &'a [Grant<'a>]) -> InPlace<'a> {
+        InPlace { segments }
+    }
+
+    /// The segments, in the order of the step's descriptors.
+    pub fn segments(&self) -> &'a [Grant<'a>] {
+        self.segments
     }
 }
 
