@@ -269,8 +269,6 @@ impl RegionMemory {
     }
 }
 
-/// Stores `bytes` into `word` from byte `from` on (little-endian), keeping its other bytes:
-/// one release read-modify-write, so a concurrent store to those bytes is not lost.
 /// Compare-and-swap of the little-endian value in `w`; returns the value found.
 pub(crate) fn cas_word(w: &AtomicU64, expected: u64, new: u64) -> u64 {
     u64::from_le(
@@ -319,6 +317,8 @@ pub(crate) fn store_bytes(words: &[AtomicU64], at: usize, src: &[u8]) {
     }
 }
 
+/// Stores `bytes` into `word` from byte `from` on (little-endian), keeping its other bytes:
+/// one release read-modify-write, so a concurrent store to those bytes is not lost.
 fn merge_into(word: &AtomicU64, from: usize, bytes: &[u8]) {
     let mut mask = [0u8; 8];
     let mut bits = [0u8; 8];

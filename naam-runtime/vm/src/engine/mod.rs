@@ -639,7 +639,7 @@ impl Vm {
         c.request_id = inv.request_id;
         if !resident {
             c.args_len = inv.args.len() as u32;
-            copy_forwardable(&mut c.args[..inv.args.len()], inv.args);
+            copy_args(c, inv.args);
             c.state = inv.state;
         }
         c.segment_count = inv.segments.len() as u32;
@@ -940,28 +940,32 @@ pub fn time_runs(
     (last, ns)
 }
 
-/// Bytes of a message's args copied in word stores ([`copy_forwardable`]): the fixed fields
-/// handlers read first (MICA's and the B-tree's headers, and their keys) lie in them.
+// `copy_args` stores whole aligned words into the context's args.
+const _: () =
+    assert!(std::mem::align_of::<Context>() >= 8 && std::mem::offset_of!(Context, args) % 8 == 0);
+
+/// Bytes of a message's args copied in word stores ([`copy_args`]): the fixed fields handlers
+/// read first (MICA's and the B-tree's headers, and their keys) lie in them.
 const FORWARDED_ARGS: usize = 128;
 
-/// Copies `src` into `dst` (the same length), the first [`FORWARDED_ARGS`] bytes in 8-byte
-/// stores. A handler's first loads read these bytes back, 4 or 8 at a time: from memcpy's
-/// 64-byte vector stores the processor cannot forward them, and each such load waited for
-/// the copy to reach the cache (the hottest instruction of a direct MICA GET, 3.5% of its
-/// samples). Volatile, so the loop stays stores of words, not a call to memcpy again.
+/// Copies `args` (at most `ARGS_CAP` bytes) into the context's args, the first
+/// [`FORWARDED_ARGS`] bytes in 8-byte stores. A handler's first loads read these bytes back,
+/// 4 or 8 at a time: from memcpy's 64-byte vector stores the processor cannot forward them,
+/// and each such load waited for the copy to reach the cache (the hottest instruction of a
+/// direct MICA GET, 3.5% of its samples). Volatile, so the loop stays stores of words, not a
+/// call to memcpy again.
 #[inline]
-fn copy_forwardable(dst: &mut [u8], src: &[u8]) {
-    debug_assert_eq!(dst.len(), src.len());
-    let words = src.len().min(FORWARDED_ARGS) / 8;
-    // The context's args start on a word (it is `repr(C)` and holds u64s before them).
-    debug_assert!((dst.as_ptr() as usize).is_multiple_of(8));
+fn copy_args(c: &mut Context, args: &[u8]) {
+    let dst = &mut c.args[..args.len()];
+    let words = args.len().min(FORWARDED_ARGS) / 8;
     let to = dst.as_mut_ptr().cast::<u64>();
-    for (i, w) in src[..words * 8].chunks_exact(8).enumerate() {
+    for (i, w) in args[..words * 8].chunks_exact(8).enumerate() {
         let word = u64::from_ne_bytes(w.try_into().expect("8 bytes"));
-        // SAFETY: word `i` lies inside `dst` (`words * 8 <= dst.len()`) and is aligned.
+        // SAFETY: word `i` lies inside `dst` (`words * 8 <= dst.len()`), and is aligned: the
+        // context is, and so is its args field (asserted above).
         unsafe { to.add(i).write_volatile(word) };
     }
-    dst[words * 8..].copy_from_slice(&src[words * 8..]);
+    dst[words * 8..].copy_from_slice(&args[words * 8..]);
 }
 
 #[cfg(test)]
@@ -976,7 +980,7 @@ mod tests {
             .collect();
         for len in 0..src.len() {
             let mut ctx = Box::new(Context::new());
-            copy_forwardable(&mut ctx.args[..len], &src[..len]);
+            copy_args(&mut ctx, &src[..len]);
             assert_eq!(&ctx.args[..len], &src[..len], "length {len}");
             assert!(ctx.args[len..].iter().all(|&b| b == 0), "length {len}");
         }
