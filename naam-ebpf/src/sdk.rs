@@ -413,8 +413,8 @@ impl Context {
                 ];
                 let at = slot as *mut WriteOp as *mut u64;
                 for (i, w) in words.into_iter().enumerate() {
-                    // SAFETY: `WriteOp` is `repr(C)`, 40 bytes and 8-aligned (it holds u64s):
-                    // word `i` of the slot lies inside it, aligned.
+                    // SAFETY: `WriteOp` is `repr(C)`, 40 bytes and 8-aligned (asserted below
+                    // with its fields' offsets): word `i` of the slot lies inside it, aligned.
                     unsafe { core::ptr::write_volatile(at.add(i), w) };
                 }
                 self.write_count += 1;
@@ -546,6 +546,16 @@ impl Context {
         })
     }
 }
+
+// `push_write` stores a `WriteOp` as these five aligned words.
+const _: () = {
+    use core::mem::{align_of, offset_of, size_of};
+    assert!(size_of::<WriteOp>() == 40 && align_of::<WriteOp>() == 8);
+    assert!(offset_of!(WriteOp, kind) == 0 && offset_of!(WriteOp, segment) == 4);
+    assert!(offset_of!(WriteOp, offset) == 8 && offset_of!(WriteOp, len) == 12);
+    assert!(offset_of!(WriteOp, data_offset) == 16 && offset_of!(WriteOp, reserved) == 20);
+    assert!(offset_of!(WriteOp, operand) == 24 && offset_of!(WriteOp, expected) == 32);
+};
 
 /// The word two 32-bit fields `low` (first in memory) and `high` make in a `repr(C)` struct.
 #[inline(always)]
