@@ -168,6 +168,25 @@ fn an_unknown_handler_reads_in_place_as_it_returns() {
     );
 }
 
+/// Direct remembers the handler its last message named: messages that name PUT, GET, a
+/// handler the app does not have, then GET again are each answered by what they name.
+#[test]
+fn handlers_named_in_turn_each_answer_for_themselves() {
+    let config = MicaConfig::preset_16_64(256);
+    let d = direct(config);
+    let handle = MicaHandle::with_keys(APP, config, |n| d.region_key(APP, n)).unwrap();
+    let mut m = MicaClient::new(d, handle);
+    assert!(!m.put(b"k", b"v1").unwrap());
+    assert_eq!(m.get(b"k").unwrap(), Some(b"v1".to_vec()));
+    let unknown = m.transport().call(APP, 0xdead, &[], &[]).unwrap();
+    assert_eq!(unknown.status, Status::UnknownHandler);
+    assert_eq!(m.get(b"k").unwrap(), Some(b"v1".to_vec()));
+    assert!(m.update(b"k", b"v2").unwrap());
+    let unknown = m.transport().call(APP + 1, 0xdead, &[], &[]).unwrap();
+    assert_eq!(unknown.status, Status::UnknownHandler);
+    assert_eq!(m.get(b"k").unwrap(), Some(b"v2".to_vec()));
+}
+
 #[test]
 fn matches_the_native_reference_through_evictions() {
     // A tiny table: 16 log items and 4 buckets, so the log wraps every 16 writes and buckets fill.
