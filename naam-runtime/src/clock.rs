@@ -93,25 +93,32 @@ mod tsc {
         u64::try_from(rate).ok().filter(|&r| r > 0)
     }
 
-    /// An [`Instant`] and the tick count of the same moment: the ticks read just before and
-    /// just after it, the narrowest of a few tries (a pause between the reads widens them).
+    /// An [`Instant`] and the tick count of the same moment ([`at_once`]).
     fn paired() -> (Instant, u64) {
-        let mut best = (u64::MAX, Instant::now(), ticks());
-        for _ in 0..64 {
-            let before = ticks();
-            let at = Instant::now();
-            let after = ticks();
-            let width = after.wrapping_sub(before);
-            if width < best.0 {
-                best = (width, at, before + width / 2);
-            }
-            // A few microseconds at most, even where reading the time is a system call.
-            if width < 10_000 {
-                break;
-            }
-        }
-        (best.1, best.2)
+        // A few microseconds at most, even where reading the time is a system call.
+        super::at_once(ticks, 10_000)
     }
+}
+
+/// An [`Instant`] and what `read` gives at the same moment: `read` just before and just
+/// after the `Instant`, the narrowest of a few tries (a pause between the reads widens them;
+/// a pair within `enough` ends the search). `read` counts up; a pair that goes backwards
+/// (another core's counter a little behind) counts as wide.
+fn at_once(read: impl Fn() -> u64, enough: u64) -> (Instant, u64) {
+    let mut best = (u64::MAX, Instant::now(), read());
+    for _ in 0..64 {
+        let before = read();
+        let at = Instant::now();
+        let after = read();
+        let width = after.wrapping_sub(before);
+        if width < best.0 {
+            best = (width, at, before + width / 2);
+        }
+        if width < enough {
+            break;
+        }
+    }
+    (best.1, best.2)
 }
 
 impl Default for SystemClock {
@@ -192,32 +199,13 @@ mod tests {
         assert_eq!(c.now(), 5_000_000_000);
     }
 
-    /// Both clocks read at one moment: ours just before and just after the OS clock, the
-    /// narrowest of a few tries, so that a pause between the reads does not count on one side.
-    fn both(c: &SystemClock) -> (Instant, Nanos) {
-        let mut best = (Nanos::MAX, Instant::now(), c.now());
-        for _ in 0..64 {
-            let before = c.now();
-            let at = Instant::now();
-            let after = c.now();
-            // Wrapping: a counter read on another core a little behind is just a wide pair.
-            let width = after.wrapping_sub(before);
-            if width < best.0 {
-                best = (width, at, before + width / 2);
-            }
-            if width < 20_000 {
-                break;
-            }
-        }
-        (best.1, best.2)
-    }
-
     #[test]
     fn the_system_clock_keeps_pace_with_the_os_clock() {
         let c = SystemClock::new();
-        let (t0, n0) = both(&c);
+        // Both clocks read at each end at once, so a pause between reads counts on neither.
+        let (t0, n0) = at_once(|| c.now(), 20_000);
         std::thread::sleep(std::time::Duration::from_millis(30));
-        let (t1, n1) = both(&c);
+        let (t1, n1) = at_once(|| c.now(), 20_000);
         let (os, ours) = (
             t1.duration_since(t0).as_nanos() as f64,
             n1.saturating_sub(n0) as f64,
