@@ -103,14 +103,16 @@ mod tsc {
 /// An [`Instant`] and what `read` gives at the same moment: `read` just before and just
 /// after the `Instant`, the narrowest of a few tries (a pause between the reads widens them;
 /// a pair within `enough` ends the search). `read` counts up; a pair that goes backwards
-/// (another core's counter a little behind) counts as wide.
+/// (another core's counter a little behind) is skipped.
 fn at_once(read: impl Fn() -> u64, enough: u64) -> (Instant, u64) {
     let mut best = (u64::MAX, Instant::now(), read());
     for _ in 0..64 {
         let before = read();
         let at = Instant::now();
         let after = read();
-        let width = after.wrapping_sub(before);
+        let Some(width) = after.checked_sub(before) else {
+            continue;
+        };
         if width < best.0 {
             best = (width, at, before + width / 2);
         }
