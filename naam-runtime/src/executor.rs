@@ -21,7 +21,7 @@ use naam_proto::step::Engine;
 
 use naam_proto::step::{
     Action, DataPath, DmaModel, FetchError, Fetched, InPlace, Limits, MessageStart, OneSided,
-    Outcome, StepMachine, WriteBatch, WriteError,
+    Outcome, StepMachine, WriteBatch, WriteError, WriteRequest,
 };
 
 use crate::region::Region;
@@ -109,15 +109,8 @@ fn rights_for(kind: u32) -> u32 {
 /// (inside region memory still: nothing outside a grant is ever written).
 pub fn apply_writes_in_place(batch: &WriteBatch, in_place: InPlace<'_>) -> Result<(), WriteError> {
     let segments = in_place.segments();
-    for (index, op) in batch.ops.iter().enumerate() {
+    apply_located(batch, |index, op, len| {
         let invalid = |reason: String| WriteError::Invalid { index, reason };
-        let need = rights_for(op.kind);
-        if op.target.access & need != need {
-            return Err(invalid(format!(
-                "the descriptor grants {:#x}, the write needs {need:#x}",
-                op.target.access
-            )));
-        }
         let seg = match segments.get(op.segment as usize) {
             Some(g) if g.len() == op.target.len as usize => g,
             _ => {
@@ -128,7 +121,7 @@ pub fn apply_writes_in_place(batch: &WriteBatch, in_place: InPlace<'_>) -> Resul
             }
         };
         // The step machine checked that the write lies inside its segment.
-        let end = op.offset as usize + op.len as usize;
+        let end = op.offset as usize + len;
         if end > seg.len() {
             return Err(invalid(format!(
                 "the write runs past its segment ({end} > {})",
@@ -142,16 +135,70 @@ pub fn apply_writes_in_place(batch: &WriteBatch, in_place: InPlace<'_>) -> Resul
         // SAFETY: `InPlace::new`'s caller vouched that the grant is region memory, mapped
         // while `in_place` lives and only ever accessed atomically.
         let words = unsafe { std::slice::from_raw_parts(first as *const AtomicU64, words) };
-        let at = (seg.addr() - first) as usize + op.offset as usize;
+        Ok((words, (seg.addr() - first) as usize + op.offset as usize))
+    })
+}
+
+/// Applies `batch` to `regions` in order, each operation visible before the next (release
+/// fences), as the write owner must.
+pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), WriteError> {
+    // The target resolved last: a batch's operations come in runs on one segment (MICA's
+    // PUT: three on the bucket, four on the item), resolved once per run.
+    let mut resolved: Option<(Descriptor, &Region)> = None;
+    apply_located(batch, |index, op, len| {
+        let region = match resolved {
+            Some((target, region)) if target == op.target => region,
+            _ => {
+                let (region, _) = regions.resolve_in(batch.app, &op.target)?;
+                resolved = Some((op.target, region));
+                region
+            }
+        };
+        // Inside the region: `resolve_in` checked the target's offset.
+        let at = op.target.offset + op.offset as u64;
+        region
+            .mem
+            .range(at, len as u64)
+            .map_err(|e| WriteError::Invalid {
+                index,
+                reason: e.to_string(),
+            })?;
+        Ok((region.mem.words(), at as usize))
+    })
+}
+
+/// The write owner's loop over `batch`, for memory found either way: checks each operation's
+/// rights, kind and alignment, asks `locate` for the memory of its `len` bytes (the words they
+/// lie in and the byte of them they start at, or a refusal) and stores, swaps or adds there,
+/// each operation visible before the next (release fences).
+fn apply_located<'m>(
+    batch: &WriteBatch,
+    mut locate: impl FnMut(usize, &WriteRequest, usize) -> Result<(&'m [AtomicU64], usize), WriteError>,
+) -> Result<(), WriteError> {
+    for (index, op) in batch.ops.iter().enumerate() {
+        let invalid = |reason: String| WriteError::Invalid { index, reason };
+        let need = rights_for(op.kind);
+        if op.target.access & need != need {
+            return Err(invalid(format!(
+                "the descriptor grants {:#x}, the write needs {need:#x}",
+                op.target.access
+            )));
+        }
         match op.kind {
-            write_kind::STORE => crate::region::store_bytes(words, at, batch.bytes(op)),
+            write_kind::STORE => {
+                let bytes = batch.bytes(op);
+                let (words, at) = locate(index, op, bytes.len())?;
+                crate::region::store_bytes(words, at, bytes);
+            }
             write_kind::CAS | write_kind::FAA => {
-                if !at.is_multiple_of(8) {
-                    // Named by its offset in the region, as `apply_writes` names it (the
-                    // region starts on a word, so the two offsets agree modulo 8).
-                    let in_region = op.target.offset + op.offset as u64;
+                // Named by its offset in the region; a region starts on a word, so its
+                // offsets and its addresses agree modulo 8. Wrapping: the target is not
+                // checked yet, and only the remainder counts.
+                let in_region = op.target.offset.wrapping_add(op.offset as u64);
+                if !in_region.is_multiple_of(8) {
                     return Err(invalid(MemError::Misaligned(in_region).to_string()));
                 }
+                let (words, at) = locate(index, op, 8)?;
                 let word = &words[at / 8];
                 if op.kind == write_kind::CAS {
                     let found = crate::region::cas_word(word, op.expected, op.operand);
@@ -167,64 +214,6 @@ pub fn apply_writes_in_place(batch: &WriteBatch, in_place: InPlace<'_>) -> Resul
                 }
             }
             k => return Err(invalid(format!("unknown kind {k}"))),
-        }
-        fence(Ordering::Release);
-    }
-    Ok(())
-}
-
-/// Applies `batch` to `regions` in order, each operation visible before the next (release
-/// fences), as the write owner must.
-pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), WriteError> {
-    // The target resolved last: a batch's operations come in runs on one segment (MICA's
-    // PUT: three on the bucket, four on the item), resolved once per run.
-    let mut resolved: Option<(&Descriptor, &Region)> = None;
-    for (index, op) in batch.ops.iter().enumerate() {
-        let need = rights_for(op.kind);
-        if op.target.access & need != need {
-            return Err(WriteError::Invalid {
-                index,
-                reason: format!(
-                    "the descriptor grants {:#x}, the write needs {need:#x}",
-                    op.target.access
-                ),
-            });
-        }
-        let region = match resolved {
-            Some((target, region)) if *target == op.target => region,
-            _ => {
-                let (region, _) = regions.resolve_in(batch.app, &op.target)?;
-                resolved = Some((&op.target, region));
-                region
-            }
-        };
-        let at = op.target.offset + op.offset as u64;
-        let mem = &region.mem;
-        let invalid = |e: MemError| WriteError::Invalid {
-            index,
-            reason: e.to_string(),
-        };
-        match op.kind {
-            write_kind::STORE => mem.write(at, batch.bytes(op)).map_err(invalid)?,
-            write_kind::CAS => {
-                let found = mem.cas(at, op.expected, op.operand).map_err(invalid)?;
-                if found != op.expected {
-                    return Err(WriteError::Conflict {
-                        index,
-                        expected: op.expected,
-                        found,
-                    });
-                }
-            }
-            write_kind::FAA => {
-                mem.faa(at, op.operand).map_err(invalid)?;
-            }
-            k => {
-                return Err(WriteError::Invalid {
-                    index,
-                    reason: format!("unknown kind {k}"),
-                })
-            }
         }
         fence(Ordering::Release);
     }
@@ -840,7 +829,6 @@ pub fn run_message_parts<P: DataPath>(
 mod tests {
     use super::*;
     use crate::region::{RegionMemory, RegionTable};
-    use naam_proto::step::WriteRequest;
     use proptest::prelude::*;
 
     const APP: u32 = 7;

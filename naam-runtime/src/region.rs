@@ -168,7 +168,8 @@ impl RegionMemory {
         matches!(self.storage, Storage::Mapped { .. })
     }
 
-    fn words(&self) -> &[AtomicU64] {
+    /// The memory as words, each only ever accessed atomically.
+    pub(crate) fn words(&self) -> &[AtomicU64] {
         match &self.storage {
             Storage::Heap(w) => w,
             // SAFETY: the mapping is page-aligned, `words` words long and lives as long as self.
