@@ -16,12 +16,12 @@
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use naam_ebpf::abi::{write_kind, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+use naam_ebpf::abi::{write_kind, Descriptor, WriteOp, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::step::Engine;
 
 use naam_proto::step::{
     Action, DataPath, DmaModel, FetchError, Fetched, InPlace, Limits, MessageStart, OneSided,
-    Outcome, StepMachine, WriteBatch, WriteError, WriteRequest,
+    Outcome, StepMachine, WriteBatch, WriteError,
 };
 
 use crate::region::Region;
@@ -76,14 +76,14 @@ fn step_in_place(
 /// ([`WriteError::NotOwner`]). Besides the batch it gets the step's segments when the data path
 /// granted region memory in place ([`DataPath::segments_in_place`]); [`apply_owned`] uses them.
 pub type ApplyWrites<'a> =
-    dyn FnMut(&WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError> + 'a;
+    dyn FnMut(&WriteBatch<'_>, Option<InPlace<'_>>) -> Result<(), WriteError> + 'a;
 
 /// Applies `batch` as the write owner: at the addresses of `in_place` (the segments of the
 /// step that made it, from a path that grants region memory in place) when given, else each
 /// target resolved in `regions`.
 pub fn apply_owned(
     regions: &RegionTable,
-    batch: &WriteBatch,
+    batch: &WriteBatch<'_>,
     in_place: Option<InPlace<'_>>,
 ) -> Result<(), WriteError> {
     match in_place {
@@ -107,12 +107,15 @@ fn rights_for(kind: u32) -> u32 {
 /// passes them: a write naming a missing segment, or one of another length, is refused, but
 /// another step's segments of the same lengths would take the writes to the wrong places
 /// (inside region memory still: nothing outside a grant is ever written).
-pub fn apply_writes_in_place(batch: &WriteBatch, in_place: InPlace<'_>) -> Result<(), WriteError> {
+pub fn apply_writes_in_place(
+    batch: &WriteBatch<'_>,
+    in_place: InPlace<'_>,
+) -> Result<(), WriteError> {
     let segments = in_place.segments();
-    apply_located(batch, |index, op, len| {
+    apply_located(batch, |index, op, target, len| {
         let invalid = |reason: String| WriteError::Invalid { index, reason };
         let seg = match segments.get(op.segment as usize) {
-            Some(g) if g.len() == op.target.len as usize => g,
+            Some(g) if g.len() == target.len as usize => g,
             _ => {
                 return Err(invalid(format!(
                     "segment {} is not the target's grant",
@@ -141,21 +144,21 @@ pub fn apply_writes_in_place(batch: &WriteBatch, in_place: InPlace<'_>) -> Resul
 
 /// Applies `batch` to `regions` in order, each operation visible before the next (release
 /// fences), as the write owner must.
-pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), WriteError> {
+pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch<'_>) -> Result<(), WriteError> {
     // The target resolved last: a batch's operations come in runs on one segment (MICA's
     // PUT: three on the bucket, four on the item), resolved once per run.
-    let mut resolved: Option<(Descriptor, &Region)> = None;
-    apply_located(batch, |index, op, len| {
+    let mut resolved: Option<(&Descriptor, &Region)> = None;
+    apply_located(batch, |index, op, target, len| {
         let region = match resolved {
-            Some((target, region)) if target == op.target => region,
+            Some((last, region)) if last == target => region,
             _ => {
-                let (region, _) = regions.resolve_in(batch.app, &op.target)?;
-                resolved = Some((op.target, region));
+                let (region, _) = regions.resolve_in(batch.app, target)?;
+                resolved = Some((target, region));
                 region
             }
         };
         // Inside the region: `resolve_in` checked the target's offset.
-        let at = op.target.offset + op.offset as u64;
+        let at = target.offset + op.offset as u64;
         region
             .mem
             .range(at, len as u64)
@@ -168,37 +171,49 @@ pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch) -> Result<(), Wri
 }
 
 /// The write owner's loop over `batch`, for memory found either way: checks each operation's
-/// rights, kind and alignment, asks `locate` for the memory of its `len` bytes (the words they
-/// lie in and the byte of them they start at, or a refusal) and stores, swaps or adds there,
-/// each operation visible before the next (release fences).
-fn apply_located<'m>(
-    batch: &WriteBatch,
-    mut locate: impl FnMut(usize, &WriteRequest, usize) -> Result<(&'m [AtomicU64], usize), WriteError>,
+/// target, rights, kind and alignment, asks `locate` for the memory of its `len` bytes in its
+/// target (the words they lie in and the byte of them they start at, or a refusal) and
+/// stores, swaps or adds there, each operation visible before the next (release fences).
+fn apply_located<'b, 'm>(
+    batch: &WriteBatch<'b>,
+    mut locate: impl FnMut(
+        usize,
+        &WriteOp,
+        &'b Descriptor,
+        usize,
+    ) -> Result<(&'m [AtomicU64], usize), WriteError>,
 ) -> Result<(), WriteError> {
     for (index, op) in batch.ops.iter().enumerate() {
         let invalid = |reason: String| WriteError::Invalid { index, reason };
+        let Some(target) = batch.target(op) else {
+            return Err(invalid(format!(
+                "segment {} is not one of the step's {}",
+                op.segment,
+                batch.targets.len()
+            )));
+        };
         let need = rights_for(op.kind);
-        if op.target.access & need != need {
+        if target.access & need != need {
             return Err(invalid(format!(
                 "the descriptor grants {:#x}, the write needs {need:#x}",
-                op.target.access
+                target.access
             )));
         }
         match op.kind {
             write_kind::STORE => {
                 let bytes = batch.bytes(op);
-                let (words, at) = locate(index, op, bytes.len())?;
+                let (words, at) = locate(index, op, target, bytes.len())?;
                 crate::region::store_bytes(words, at, bytes);
             }
             write_kind::CAS | write_kind::FAA => {
                 // Named by its offset in the region; a region starts on a word, so its
                 // offsets and its addresses agree modulo 8. Wrapping: the target is not
                 // checked yet, and only the remainder counts.
-                let in_region = op.target.offset.wrapping_add(op.offset as u64);
+                let in_region = target.offset.wrapping_add(op.offset as u64);
                 if !in_region.is_multiple_of(8) {
                     return Err(invalid(MemError::Misaligned(in_region).to_string()));
                 }
-                let (words, at) = locate(index, op, 8)?;
+                let (words, at) = locate(index, op, target, 8)?;
                 let word = &words[at / 8];
                 if op.kind == write_kind::CAS {
                     let found = crate::region::cas_word(word, op.expected, op.operand);
@@ -585,7 +600,7 @@ fn drive<P: DataPath>(
                 }
             }
             Action::Write => {
-                let r = apply(m.writes(), path.segments_in_place());
+                let r = apply(&m.writes(vm), path.segments_in_place());
                 m.writes_applied(r)
             }
         };
@@ -876,6 +891,47 @@ mod tests {
         )
     }
 
+    /// A batch whose operation names a segment the step did not have is refused either way,
+    /// before anything is written (a batch the machine made never holds one; a hand-made one
+    /// may).
+    #[test]
+    fn a_write_naming_a_segment_past_the_step_s_is_refused_both_ways() {
+        let target = Descriptor {
+            rkey: RKEY,
+            offset: 0,
+            len: 16,
+            access: ACCESS_READ | ACCESS_WRITE,
+        };
+        let batch = WriteBatch {
+            app: APP,
+            request_id: 1,
+            ops: &[WriteOp {
+                kind: write_kind::STORE,
+                segment: 1,
+                len: 8,
+                ..WriteOp::default()
+            }],
+            targets: &[target],
+            data: &[0xAB; 8],
+        };
+        let (resolved, granted) = (table(), table());
+        let mut path = HostPath::new(granted.clone());
+        path.fetch(APP, &[target])
+            .expect("the segment lies in the region");
+        for result in [
+            apply_writes(&resolved, &batch),
+            apply_owned(&granted, &batch, path.segments_in_place()),
+        ] {
+            let err = result.expect_err("segment 1 of 1").to_string();
+            assert!(
+                err.contains("segment 1 is not one of the step's 1"),
+                "{err}"
+            );
+        }
+        assert_eq!(snapshot(&resolved), vec![0; REGION]);
+        assert_eq!(snapshot(&granted), vec![0; REGION]);
+    }
+
     proptest! {
         /// Applied at the addresses a host path granted, a batch leaves memory and result
         /// exactly as resolving every target in the table does: rights refused, conflicts,
@@ -885,32 +941,34 @@ mod tests {
             segs in proptest::collection::vec(segment(), 3),
             ops in proptest::collection::vec(op(), 1..10),
         ) {
-            let mut batch = WriteBatch {
-                app: APP,
-                request_id: 1,
-                ops: Vec::new(),
-                data: Vec::new(),
-            };
+            let (mut queued, mut data) = (Vec::new(), Vec::new());
             for (pick, kind, at, len, expected, operand, bytes) in ops {
                 let target = segs[pick as usize];
                 let kind = [write_kind::STORE, write_kind::CAS, write_kind::FAA][kind as usize];
                 let len = if kind == write_kind::STORE { len.min(target.len) } else { 8 };
                 let offset = at % (target.len - len + 1);
-                let data_at = batch.data.len() as u32;
+                let data_offset = data.len() as u32;
                 if kind == write_kind::STORE {
-                    batch.data.extend_from_slice(&bytes[..len as usize]);
+                    data.extend_from_slice(&bytes[..len as usize]);
                 }
-                batch.ops.push(WriteRequest {
-                    target,
-                    segment: pick,
+                queued.push(WriteOp {
                     kind,
+                    segment: pick,
                     offset,
                     len,
-                    data_at,
+                    data_offset,
+                    reserved: 0,
                     operand,
                     expected,
                 });
             }
+            let batch = WriteBatch {
+                app: APP,
+                request_id: 1,
+                ops: &queued,
+                targets: &segs,
+                data: &data,
+            };
             let (resolved, granted) = (table(), table());
             let by_table = apply_writes(&resolved, &batch);
             let mut path = HostPath::new(granted.clone());

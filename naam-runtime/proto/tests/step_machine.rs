@@ -8,7 +8,7 @@ use bytes::Bytes;
 use naam_ebpf::abi::{write_kind, Descriptor, Return, WriteOp, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::step::{
     Action, Engine, Grant, HandlerKind, Invocation, Limits, Outcome, StepFault, StepMachine,
-    StepResult, WriteError, MAX_RETRY_BACKOFF_NS,
+    StepResult, WriteBatch, WriteError, MAX_RETRY_BACKOFF_NS,
 };
 use naam_proto::wire::{Descriptors, Request, Status};
 use naam_proto::Placement;
@@ -78,6 +78,44 @@ impl Engine for ScriptedEngine {
             write_data: &self.current.write_data,
         })
     }
+
+    fn queued_writes(&self) -> (&[WriteOp], &[u8]) {
+        (&self.current.writes, &self.current.write_data)
+    }
+}
+
+/// A batch the owner was given, kept (the machine lends it from the engine, which the next
+/// step overwrites).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Applied {
+    app: u32,
+    request_id: u64,
+    ops: Vec<WriteOp>,
+    targets: Vec<Descriptor>,
+    data: Vec<u8>,
+}
+
+impl Applied {
+    fn of(b: &WriteBatch<'_>) -> Applied {
+        Applied {
+            app: b.app,
+            request_id: b.request_id,
+            ops: b.ops.to_vec(),
+            targets: b.targets.to_vec(),
+            data: b.data.to_vec(),
+        }
+    }
+
+    /// The batch again, as the owner saw it.
+    fn view(&self) -> WriteBatch<'_> {
+        WriteBatch {
+            app: self.app,
+            request_id: self.request_id,
+            ops: &self.ops,
+            targets: &self.targets,
+            data: &self.data,
+        }
+    }
 }
 
 fn desc(rkey: u64, len: u32, access: u32) -> Descriptor {
@@ -107,8 +145,8 @@ fn drive(
     placement: Placement,
     limits: Limits,
     engine: &mut ScriptedEngine,
-    apply: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
-) -> (Outcome, Vec<naam_proto::step::WriteBatch>) {
+    apply: impl FnMut(&WriteBatch<'_>) -> Result<(), WriteError>,
+) -> (Outcome, Vec<Applied>) {
     let (mut m, action) = StepMachine::start(req.into(), 7, kind, placement, limits);
     run(&mut m, action, req, engine, apply)
 }
@@ -119,8 +157,8 @@ fn run(
     mut action: Action,
     req: &Request,
     engine: &mut ScriptedEngine,
-    mut apply: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
-) -> (Outcome, Vec<naam_proto::step::WriteBatch>) {
+    mut apply: impl FnMut(&WriteBatch<'_>) -> Result<(), WriteError>,
+) -> (Outcome, Vec<Applied>) {
     let mut batches = Vec::new();
     let buf = [0u8; 0];
     loop {
@@ -137,8 +175,9 @@ fn run(
                 m.stepped(r, 5)
             }
             Action::Write => {
-                let r = apply(m.writes());
-                batches.push(m.writes().clone());
+                let b = m.writes(engine);
+                let r = apply(&b);
+                batches.push(Applied::of(&b));
                 m.writes_applied(r)
             }
         };
@@ -163,8 +202,8 @@ fn run_read(req: &Request, engine: &mut ScriptedEngine) -> Outcome {
 fn run_write(
     req: &Request,
     engine: &mut ScriptedEngine,
-    owner: impl FnMut(&naam_proto::step::WriteBatch) -> Result<(), WriteError>,
-) -> (Outcome, Vec<naam_proto::step::WriteBatch>) {
+    owner: impl FnMut(&WriteBatch<'_>) -> Result<(), WriteError>,
+) -> (Outcome, Vec<Applied>) {
     drive(
         req,
         HandlerKind::Write,
@@ -343,8 +382,8 @@ fn writes_are_checked_against_their_segments_and_applied_at_the_owner() {
     assert_eq!(batches.len(), 1);
     let b = &batches[0];
     assert_eq!((b.app, b.request_id, b.ops.len()), (7, 42, 2));
-    assert_eq!(b.ops[0].target, target);
-    assert_eq!(b.bytes(&b.ops[0]), b"abcd");
+    assert_eq!(b.view().target(&b.ops[0]), Some(&target));
+    assert_eq!(b.view().bytes(&b.ops[0]), b"abcd");
     assert_eq!((b.ops[1].operand, b.ops[1].expected), (5, 4));
 
     // The owner's refusal becomes the reply.
@@ -518,8 +557,9 @@ proptest! {
         for b in &batches {
             prop_assert_eq!(kind, HandlerKind::Write);
             for op in &b.ops {
-                let len = if op.kind == write_kind::STORE { b.bytes(op).len() as u64 } else { 8 };
-                prop_assert!(op.offset as u64 + len <= op.target.len as u64, "{:?}", op);
+                let len = if op.kind == write_kind::STORE { b.view().bytes(op).len() as u64 } else { 8 };
+                let target = b.view().target(op).expect("the machine checked the index");
+                prop_assert!(op.offset as u64 + len <= target.len as u64, "{:?}", op);
             }
         }
     }

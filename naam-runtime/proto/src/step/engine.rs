@@ -148,4 +148,9 @@ pub trait Engine {
         program: &Self::Program,
         inv: &Invocation<'_>,
     ) -> Result<StepResult<'_>, StepFault>;
+
+    /// The write operations and staged bytes of the step run last (what its
+    /// [`StepResult::writes`] and [`StepResult::write_data`] were), still in the engine: the
+    /// write owner applies them from there ([`crate::step::StepMachine::writes`]).
+    fn queued_writes(&self) -> (&[WriteOp], &[u8]);
 }

@@ -1,9 +1,9 @@
 //! [`StepMachine`]: one message's steps at one placement, and what it asks of its driver.
 
 use bytes::{Bytes, BytesMut};
-use naam_ebpf::abi::{write_kind, Descriptor, Return, ACCESS_MASK, STATE_WORDS};
+use naam_ebpf::abi::{write_kind, Descriptor, Return, WriteOp, ACCESS_MASK, STATE_WORDS};
 
-use super::engine::{Grant, Invocation, StepFault, StepResult};
+use super::engine::{Engine, Grant, Invocation, StepFault, StepResult};
 use super::error::{FetchError, WriteError};
 use crate::arena::ByteArena;
 use crate::wire::{Descriptors, ReplyView, Request, Status};
@@ -48,54 +48,45 @@ impl Limits {
 /// Longest wait between two attempts of a torn optimistic read.
 pub const MAX_RETRY_BACKOFF_NS: u64 = 1_000_000;
 
-/// One write operation, resolved against the descriptor of the segment it targets.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WriteRequest {
-    /// Descriptor of the target segment (as the message granted it).
-    pub target: Descriptor,
-    /// Index of the target among the step's segments (in the order of its descriptors): a
-    /// path that grants memory in place ([`crate::step::DataPath::segments_in_place`]) finds
-    /// the target's address there.
-    pub segment: u32,
-    /// One of `write_kind::STORE`, `CAS` or `FAA`.
-    pub kind: u32,
-    /// Offset inside the target segment.
-    pub offset: u32,
-    /// Bytes written: a `STORE`'s data length, 8 for the atomics.
-    pub len: u32,
-    /// Where a `STORE`'s bytes start in [`WriteBatch::data`] ([`WriteBatch::bytes`] gives
-    /// them).
-    pub data_at: u32,
-    /// New value (`CAS`) or addend (`FAA`).
-    pub operand: u64,
-    /// Expected value (`CAS`).
-    pub expected: u64,
-}
-
-/// The writes of one step, applied in order by the write owner.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WriteBatch {
+/// The writes of one step, applied in order by the write owner: the operations as the handler
+/// queued them, read where the engine left them (no copy), the descriptors of the step's
+/// segments they name by index, and the staged bytes. The machine checked each operation
+/// before it said [`Action::Write`] (target index, range, data, kind); the owner checks them
+/// again as it applies them, and [`WriteBatch::target`] and [`WriteBatch::bytes`] answer for
+/// any batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteBatch<'a> {
     /// The app of the handler that produced the writes: every target rkey must name one of
     /// this app's regions.
     pub app: u32,
     /// Request id (the owner's deduplication key, with the session).
     pub request_id: u64,
-    /// Operations in order.
-    pub ops: Vec<WriteRequest>,
+    /// Operations in order, as the handler's context holds them: `segment` indexes
+    /// [`WriteBatch::targets`] (and the step's grants, on a path that grants in place), a
+    /// `STORE`'s `data_offset` indexes [`WriteBatch::data`].
+    pub ops: &'a [WriteOp],
+    /// Descriptors of the step's segments, in order, as the message granted them.
+    pub targets: &'a [Descriptor],
     /// The step's staged bytes, which the `STORE`s name ranges of (one buffer for the whole
     /// batch, not one per operation).
-    pub data: Vec<u8>,
+    pub data: &'a [u8],
 }
 
-impl WriteBatch {
+impl<'a> WriteBatch<'a> {
     /// The bytes a `STORE` writes (empty for an atomic, or an operation of another batch
     /// whose range does not fit this one).
-    pub fn bytes(&self, op: &WriteRequest) -> &[u8] {
+    pub fn bytes(&self, op: &WriteOp) -> &'a [u8] {
         if op.kind != write_kind::STORE {
             return &[];
         }
-        let at = op.data_at as usize;
+        let at = op.data_offset as usize;
         self.data.get(at..at + op.len as usize).unwrap_or(&[])
+    }
+
+    /// The descriptor of the segment `op` writes to (`None` for an index past the step's
+    /// segments, which no batch the machine made holds).
+    pub fn target(&self, op: &WriteOp) -> Option<&'a Descriptor> {
+        self.targets.get(op.segment as usize)
     }
 }
 
@@ -110,7 +101,8 @@ pub enum Action {
     /// descriptors stay in the machine: no copy per step). Wait out
     /// [`StepMachine::retry_backoff_ns`] first, if any.
     Fetch,
-    /// Apply [`StepMachine::writes`] (at the owner) and call [`StepMachine::writes_applied`].
+    /// Apply [`StepMachine::writes`] of the engine's last step (at the owner) and call
+    /// [`StepMachine::writes_applied`].
     Write,
     /// The message is finished: take its [`StepMachine::outcome`].
     Complete,
@@ -200,9 +192,6 @@ pub struct StepMachine {
     keep_buffer: bool,
     /// Where the answers of writes are copied (they are kept for deduplication).
     kept: ByteArena,
-    /// The write batch of the last step that returned `Write` ([`StepMachine::writes`]); its
-    /// vectors are cleared, not freed, for the next batch.
-    batch: WriteBatch,
     /// How the message ended, once it has: the status and code of its
     /// [`StepMachine::outcome`] (whose payload is `reply`, or the error message put there).
     ended: (Status, u32),
@@ -246,12 +235,6 @@ impl StepMachine {
             reply: BytesMut::new(),
             keep_buffer: true,
             kept: ByteArena::default(),
-            batch: WriteBatch {
-                app: 0,
-                request_id: 0,
-                ops: Vec::new(),
-                data: Vec::new(),
-            },
             ended: (Status::Ok, 0),
             current: Descriptors::new(),
             steps: 0,
@@ -415,9 +398,17 @@ impl StepMachine {
         }
     }
 
-    /// The batch to apply, once an action said [`Action::Write`].
-    pub fn writes(&self) -> &WriteBatch {
-        &self.batch
+    /// The batch to apply, once an action said [`Action::Write`]: the writes `engine` holds
+    /// from the step it ran last (the one [`StepMachine::stepped`] checked), read in place.
+    pub fn writes<'a, E: Engine + ?Sized>(&'a self, engine: &'a E) -> WriteBatch<'a> {
+        let (ops, data) = engine.queued_writes();
+        WriteBatch {
+            app: self.app,
+            request_id: self.request_id,
+            ops,
+            targets: self.current.as_slice(),
+            data,
+        }
     }
 
     /// The reply as a payload. A machine that keeps its buffer splits a read's reply off it
@@ -505,7 +496,7 @@ impl StepMachine {
                 if self.kind != HandlerKind::Write {
                     return self.fail(Status::Refused, "a read handler returned Write");
                 }
-                match self.write_batch(out) {
+                match check_writes(self.current.as_slice(), out) {
                     Ok(()) => Action::Write,
                     Err(why) => self.fail(Status::Refused, why),
                 }
@@ -517,74 +508,6 @@ impl StepMachine {
         }
     }
 
-    /// Builds [`StepMachine::writes`] from the step's write operations, each checked against
-    /// the segment it targets.
-    fn write_batch(&mut self, out: &StepResult<'_>) -> Result<(), String> {
-        self.batch.app = self.app;
-        self.batch.request_id = self.request_id;
-        self.batch.ops.clear();
-        self.batch.data.clear();
-        let ops = &mut self.batch.ops;
-        ops.reserve(out.writes.len());
-        for (i, w) in out.writes.iter().enumerate() {
-            let target = *self
-                .current
-                .as_slice()
-                .get(w.segment as usize)
-                .ok_or_else(|| {
-                    format!(
-                        "write {i} targets segment {} of {}",
-                        w.segment,
-                        self.current.len()
-                    )
-                })?;
-            let end = w.offset as u64 + w.len as u64;
-            if end > target.len as u64 {
-                return Err(format!(
-                    "write {i} runs past its segment ({end} > {})",
-                    target.len
-                ));
-            }
-            let op = match w.kind {
-                write_kind::STORE => {
-                    let end = w.data_offset as usize + w.len as usize;
-                    if end > out.write_data.len() {
-                        return Err(format!("write {i}: data outside the staging buffer"));
-                    }
-                    WriteRequest {
-                        target,
-                        segment: w.segment,
-                        kind: w.kind,
-                        offset: w.offset,
-                        len: w.len,
-                        data_at: w.data_offset,
-                        operand: 0,
-                        expected: 0,
-                    }
-                }
-                write_kind::CAS | write_kind::FAA => {
-                    if w.len != 8 {
-                        return Err(format!("write {i}: atomics are 8 bytes"));
-                    }
-                    WriteRequest {
-                        target,
-                        segment: w.segment,
-                        kind: w.kind,
-                        offset: w.offset,
-                        len: 8,
-                        data_at: 0,
-                        operand: w.operand,
-                        expected: w.expected,
-                    }
-                }
-                k => return Err(format!("write {i}: unknown kind {k}")),
-            };
-            ops.push(op);
-        }
-        self.batch.data.extend_from_slice(out.write_data);
-        Ok(())
-    }
-
     /// The writes were applied (or not): the message completes.
     pub fn writes_applied(&mut self, result: Result<(), WriteError>) -> Action {
         match result {
@@ -592,4 +515,41 @@ impl StepMachine {
             Err(e) => self.fail(e.status(), e.to_string()),
         }
     }
+}
+
+/// Checks each of a step's write operations against the segment it targets among `targets`
+/// (the step's descriptors): the index, the range, a `STORE`'s data, an atomic's length and
+/// the kind. Only reads: the batch is then read where the engine left it.
+fn check_writes(targets: &[Descriptor], out: &StepResult<'_>) -> Result<(), String> {
+    for (i, w) in out.writes.iter().enumerate() {
+        let Some(target) = targets.get(w.segment as usize) else {
+            return Err(format!(
+                "write {i} targets segment {} of {}",
+                w.segment,
+                targets.len()
+            ));
+        };
+        let end = w.offset as u64 + w.len as u64;
+        if end > target.len as u64 {
+            return Err(format!(
+                "write {i} runs past its segment ({end} > {})",
+                target.len
+            ));
+        }
+        match w.kind {
+            write_kind::STORE => {
+                let end = w.data_offset as usize + w.len as usize;
+                if end > out.write_data.len() {
+                    return Err(format!("write {i}: data outside the staging buffer"));
+                }
+            }
+            write_kind::CAS | write_kind::FAA => {
+                if w.len != 8 {
+                    return Err(format!("write {i}: atomics are 8 bytes"));
+                }
+            }
+            k => return Err(format!("write {i}: unknown kind {k}")),
+        }
+    }
+    Ok(())
 }

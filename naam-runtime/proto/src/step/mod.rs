@@ -23,7 +23,7 @@ mod path;
 pub use engine::{Engine, Grant, Invocation, StepFault, StepResult};
 pub use error::{resolve_status, FetchError, MemError, ResolveError, WriteError};
 pub use machine::{
-    Action, HandlerKind, Limits, MessageStart, Outcome, StepMachine, WriteBatch, WriteRequest,
+    Action, HandlerKind, Limits, MessageStart, Outcome, StepMachine, WriteBatch,
     MAX_RETRY_BACKOFF_NS,
 };
 pub use path::{DataPath, DmaModel, Fetched, InPlace, OneSided};

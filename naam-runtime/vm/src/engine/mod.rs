@@ -906,6 +906,10 @@ impl naam_proto::step::Engine for Vm {
             write_data: &c.write_data[..c.write_data_len as usize],
         })
     }
+
+    fn queued_writes(&self) -> (&[WriteOp], &[u8]) {
+        (self.writes(), self.write_data())
+    }
 }
 
 /// Refuses to run `exe` as the other kind of run than it was built for.
