@@ -3,8 +3,9 @@
 //!
 //! The [`StepMachine`] (naam-proto) owns a message's rules and never touches memory, an engine
 //! or a clock. This module drives it: [`start`], [`resume`] and [`run_message`] fetch through a
-//! [`DataPath`], run each step on naam-vm's [`Vm`] ([`run_step`], timed with the injected
-//! [`Clock`]) and apply writes at the owner ([`apply_writes`]). The data paths:
+//! [`DataPath`], run the steps on naam-vm's [`Vm`] (those after a `Continue` in the same
+//! engine entry, the data path called between them; timed with the injected [`Clock`]) and
+//! apply writes at the owner ([`apply_writes`]). The data paths:
 //! - [`HostPath`]: zero-copy grants straight into region memory;
 //! - [`NicPath`]: DMA-like copies into NIC-local buffers, each access charged by a [`DmaModel`];
 //! - [`ClientPath`]: one-sided READs through a [`OneSided`] transport, one round trip per step.
@@ -28,12 +29,12 @@ use crate::region::Region;
 use crate::Clock;
 use crate::HandlerEntry;
 use crate::RegionTable;
-use naam_proto::step::{Grant, Invocation};
+use naam_proto::step::{Grant, Invocation, StepResult};
 use naam_proto::step::{MemError, ResolveError};
 use naam_proto::wire::Request;
 use naam_proto::Nanos;
 use naam_proto::Placement;
-use naam_vm::{Executable, Vm};
+use naam_vm::{Executable, NextStep, Vm};
 
 /// Runs `m`'s current step of `exe` on `vm` over `grants` (which cost `fetch_ns` to fetch)
 /// with the message's `args`, and returns the machine's next action. No clock is read: the
@@ -46,29 +47,7 @@ pub fn run_step(
     grants: &[Grant<'_>],
     fetch_ns: u64,
 ) -> Action {
-    step_in_place(m, vm, exe, args, grants, fetch_ns, false)
-}
-
-/// [`run_step`], `resident` when this step follows the previous step of the same message on
-/// the same `vm` with nothing in between (the engine finds the args, state and reply in
-/// place). One call site per driver, forced inline: the engine's result and the machine's
-/// action then stay in registers instead of a round trip through the stack, whose reload
-/// stalled on store forwarding.
-#[inline(always)]
-fn step_in_place(
-    m: &mut StepMachine,
-    vm: &mut Vm,
-    exe: &Executable,
-    args: &[u8],
-    grants: &[Grant<'_>],
-    fetch_ns: u64,
-    resident: bool,
-) -> Action {
-    let inv = Invocation {
-        resident,
-        ..m.invocation(args, grants)
-    };
-    let result = vm.run_step(exe, &inv);
+    let result = vm.run_step(exe, &m.invocation(args, grants));
     m.stepped(result, fetch_ns)
 }
 
@@ -356,9 +335,10 @@ impl DataPath for HostPath {
         Placement::Host
     }
 
-    // Inlined into `drive`: its result, returned through the stack, was reloaded at once and
-    // stalled on store forwarding.
-    #[inline]
+    // Inlined into `drive` (forced: drive fetches at two places, before the first step and
+    // between steps in the engine's entry): its result, returned through the stack, was
+    // reloaded at once and stalled on store forwarding.
+    #[inline(always)]
     fn fetch(&mut self, app: u32, descs: &[Descriptor]) -> Result<Fetched<'_>, FetchError> {
         self.grants.clear();
         for d in descs {
@@ -560,10 +540,12 @@ enum Stopped {
 
 /// Runs a machine from `action` until it completes or a torn-read retry must wait. Never
 /// sleeps: the wait is the caller's (a parked message on an executor, a sleep on a client's
-/// own thread). `waited`: the pending retry's backoff has already been served. Every step
-/// runs back to back in this one loop on the machine in place, the message's args lent from
-/// the caller, so a message whose data is local costs no allocation, no copy of its args and
-/// no clock read between steps.
+/// own thread). `waited`: the pending retry's backoff has already been served. The steps
+/// that follow a `Continue` run inside the engine's entry ([`Vm::run_steps`], fetched by
+/// [`InEntry`]); drive's loop takes over at a write, a torn-read retry or the end. The
+/// machine stays in place and the message's args are lent from the caller, so a message
+/// whose data is local costs no allocation, no copy of its args and no clock read between
+/// steps.
 #[allow(clippy::too_many_arguments)]
 fn drive<P: DataPath>(
     m: &mut StepMachine,
@@ -592,7 +574,36 @@ fn drive<P: DataPath>(
                     Ok(f) => {
                         cost.fetch_ns += f.cost_ns;
                         cost.fetches += 1;
-                        let next = step_in_place(m, vm, exe, args, f.grants, f.cost_ns, continuing);
+                        let fetch_ns = f.cost_ns;
+                        let inv = Invocation {
+                            resident: continuing,
+                            ..m.invocation(args, f.grants)
+                        };
+                        let next = match vm.begin_steps(exe, &inv) {
+                            // The steps after this one run in the same entry, fetched by
+                            // `InEntry` between them.
+                            Ok(true) => {
+                                let mut between = InEntry {
+                                    m,
+                                    path,
+                                    cost,
+                                    app,
+                                    fetch_ns,
+                                    taken: None,
+                                };
+                                let result = vm.run_steps(exe, &mut between);
+                                let (taken, fetch_ns) = (between.taken, between.fetch_ns);
+                                match taken {
+                                    Some(action) => action,
+                                    None => m.stepped(result, fetch_ns),
+                                }
+                            }
+                            Ok(false) => {
+                                let result = vm.run_step(exe, &inv);
+                                m.stepped(result, fetch_ns)
+                            }
+                            Err(fault) => m.stepped(Err(fault), fetch_ns),
+                        };
                         continuing = matches!(next, Action::Fetch) && m.retries() == 0;
                         next
                     }
@@ -604,6 +615,45 @@ fn drive<P: DataPath>(
                 m.writes_applied(r)
             }
         };
+    }
+}
+
+/// What drive runs between two steps of one engine entry ([`Vm::run_steps`]): the machine
+/// takes the step that returned `Continue`, and the data path fetches the next step's
+/// segments, as drive's own loop would, without leaving the engine. A step whose next action
+/// is not a fetch (the message ends, fails or writes), a pending retry's backoff, or a fetch
+/// that fails ends the entry; the action the machine gave is then kept in `taken`, for drive
+/// to act on instead of handing the machine that step again.
+struct InEntry<'a, P: DataPath> {
+    m: &'a mut StepMachine,
+    path: &'a mut P,
+    cost: &'a mut RunCost,
+    app: u32,
+    /// What the fetch that fed the step now running cost.
+    fetch_ns: u64,
+    taken: Option<Action>,
+}
+
+impl<P: DataPath> NextStep for InEntry<'_, P> {
+    #[inline]
+    fn next(&mut self, done: StepResult<'_>) -> Option<&[Grant<'_>]> {
+        let action = self.m.stepped(Ok(done), self.fetch_ns);
+        if action != Action::Fetch || self.m.retry_backoff_ns().is_some() {
+            self.taken = Some(action);
+            return None;
+        }
+        match self.path.fetch(self.app, self.m.current().as_slice()) {
+            Ok(f) => {
+                self.cost.fetch_ns += f.cost_ns;
+                self.cost.fetches += 1;
+                self.fetch_ns = f.cost_ns;
+                Some(f.grants)
+            }
+            Err(e) => {
+                self.taken = Some(self.m.fetch_failed(&e));
+                None
+            }
+        }
     }
 }
 
@@ -740,7 +790,7 @@ pub fn run_message<P: DataPath>(
     vm: &mut Vm,
     limits: Limits,
     clock: &dyn Clock,
-    apply: impl FnMut(&WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError>,
+    apply: impl FnMut(&WriteBatch<'_>, Option<InPlace<'_>>) -> Result<(), WriteError>,
 ) -> (Outcome, RunCost) {
     run_message_parts(
         MessageStart::from(req),
@@ -773,7 +823,7 @@ pub fn run_in_place<P: DataPath>(
     limits: Limits,
     clock: &dyn Clock,
     machine: &mut StepMachine,
-    mut apply: impl FnMut(&WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError>,
+    mut apply: impl FnMut(&WriteBatch<'_>, Option<InPlace<'_>>) -> Result<(), WriteError>,
 ) -> RunCost {
     let action = machine.restart(msg, handler.app, handler.kind, path.placement(), limits);
     let mut cost = RunCost::default();
@@ -807,7 +857,7 @@ pub fn run_message_parts<P: DataPath>(
     args: &[u8],
     handler: &Arc<HandlerEntry>,
     at: Place<'_, P>,
-    mut apply: impl FnMut(&WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError>,
+    mut apply: impl FnMut(&WriteBatch<'_>, Option<InPlace<'_>>) -> Result<(), WriteError>,
 ) -> (Outcome, RunCost) {
     let Place {
         path,

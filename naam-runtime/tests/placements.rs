@@ -113,7 +113,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
     let mut vm = Vm::new();
     let limits = Limits::default();
     // At the host, through the segments granted in place (what naam-server does).
-    let owner = |batch: &naam_proto::step::WriteBatch,
+    let owner = |batch: &naam_proto::step::WriteBatch<'_>,
                  in_place: Option<InPlace<'_>>|
      -> Result<(), WriteError> {
         if placement == Placement::Host {
@@ -128,7 +128,7 @@ fn run_at(w: &World, placement: Placement, r: &Request) -> Outcome {
         p: &mut P,
         vm: &mut Vm,
         l: Limits,
-        o: impl FnMut(&naam_proto::step::WriteBatch, Option<InPlace<'_>>) -> Result<(), WriteError>,
+        o: impl FnMut(&naam_proto::step::WriteBatch<'_>, Option<InPlace<'_>>) -> Result<(), WriteError>,
     ) -> Outcome {
         run_message(r, &h, p, vm, l, &naam_runtime::SystemClock::new(), o).0
     }

@@ -37,8 +37,8 @@ pub mod semantics;
 mod verifier;
 
 pub use engine::{
-    time_runs, EngineError, Entry, ExecOptions, Executable, Fixup, Image, ImageRegion, RawOutput,
-    StepError, StepOutput, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET,
+    time_runs, EngineError, Entry, ExecOptions, Executable, Fixup, Image, ImageRegion, NextStep,
+    RawOutput, StepError, StepOutput, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET,
 };
 pub use helpers::{Helper, HelperSet};
 pub use loader::{load, LoadError, LoadedObject, Program, Rodata, RodataRef};

@@ -227,11 +227,11 @@ pub struct VmCtx {
     /// Values recorded by the trace helper.
     pub trace: [u64; TRACE_CAP],
     /// Per access site whose grant the analysis could not prove: the grant slot that last
-    /// allowed it (written by [`check_slow`]). Compiled code tries that slot inline before it
-    /// calls the slow path, so a handler that walks a run-time number of segments finds each
-    /// in one comparison instead of a scan of every grant. Compiled code masks the value to
-    /// a slot index ([`MAX_GRANTS`] is a power of two): whatever it holds, the check reads a
-    /// real slot.
+    /// allowed it (written by the slow path, `check_slow`). Compiled code tries that slot
+    /// inline before it calls the slow path, so a handler that walks a run-time number of
+    /// segments finds each in one comparison instead of a scan of every grant. Compiled code
+    /// masks the value to a slot index ([`MAX_GRANTS`] is a power of two): whatever it
+    /// holds, the check reads a real slot.
     pub sites: [u8; SITE_HINTS],
 }
 

@@ -521,6 +521,8 @@ pub struct Vm {
     /// The message whose step ran last ended it normally, leaving its args, state words and
     /// reply in the context: `(app, request id, step)`. Cleared by anything else that runs.
     resident: Option<(u32, u64, u32)>,
+    /// The message whose step [`Vm::begin_steps`] installed: `(app, request id)`.
+    begun: Option<(u32, u64)>,
 }
 
 impl Default for Vm {
@@ -543,6 +545,7 @@ impl Vm {
             ctx_segments_used: 0,
             entry_is_context: false,
             resident: None,
+            begun: None,
         };
         let stack_base = vm.stack.as_ptr() as u64;
         vm.vmctx.grants[slot::STACK] = GrantSlot::new(stack_base, STACK_BYTES as u64, true);
@@ -610,7 +613,9 @@ impl Vm {
         self.last_app = Some(app);
     }
 
-    #[inline]
+    // Forced: called from both `step` and `begin_steps`, it was no longer inlined into the
+    // drivers, and its out-of-line call cost more than the two copies.
+    #[inline(always)]
     fn prepare(&mut self, inv: &Invocation<'_>) -> Result<(), StepError> {
         if inv.args.len() > ARGS_CAP
             || inv.segments.len() > MAX_SEGMENTS
@@ -631,6 +636,7 @@ impl Vm {
             && self.ctx.args_len as usize == inv.args.len()
             && self.ctx.reply_len as usize == inv.reply.len();
         self.resident = None;
+        self.begun = None;
         let c = &mut *self.ctx;
         c.abi_version = ABI_VERSION;
         c.step = inv.step;
@@ -642,21 +648,6 @@ impl Vm {
             copy_args(c, inv.args);
             c.state = inv.state;
         }
-        c.segment_count = inv.segments.len() as u32;
-        for (slot, g) in c.segments.iter_mut().zip(inv.segments) {
-            *slot = naam_ebpf::Segment {
-                addr: g.addr(),
-                len: g.len() as u32,
-                access: g.access(),
-            };
-        }
-        // Entries an earlier step used and this one does not: no stale addresses (the
-        // analysis trusts the table, and their grants are gone).
-        let used = self.ctx_segments_used.max(inv.segments.len());
-        for slot in &mut c.segments[inv.segments.len()..used] {
-            *slot = naam_ebpf::Segment::default();
-        }
-        self.ctx_segments_used = inv.segments.len();
         if !resident {
             c.reply_len = inv.reply.len() as u32;
             if !inv.reply.is_empty() {
@@ -670,15 +661,38 @@ impl Vm {
         if !self.entry_is_context {
             self.grant_context();
         }
+        self.install_segments(inv.segments);
+        Ok(())
+    }
+
+    /// Puts `segments` (at most [`MAX_SEGMENTS`], each under 4 GiB: checked by the callers)
+    /// in the context's segment table and in their grant slots, and empties the entries and
+    /// slots an earlier step used past them: no stale addresses (the analysis trusts the
+    /// table, and their grants are gone).
+    #[inline(always)]
+    fn install_segments(&mut self, segments: &[Grant<'_>]) {
+        let c = &mut *self.ctx;
+        c.segment_count = segments.len() as u32;
+        for (slot, g) in c.segments.iter_mut().zip(segments) {
+            *slot = naam_ebpf::Segment {
+                addr: g.addr(),
+                len: g.len() as u32,
+                access: g.access(),
+            };
+        }
+        let used = self.ctx_segments_used.max(segments.len());
+        for slot in &mut c.segments[segments.len()..used] {
+            *slot = naam_ebpf::Segment::default();
+        }
+        self.ctx_segments_used = segments.len();
         let v = &mut *self.vmctx;
-        for (i, g) in inv.segments.iter().enumerate() {
+        for (i, g) in segments.iter().enumerate() {
             v.grants[slot::SEGMENT + i] = grant_slot(g);
         }
-        for i in inv.segments.len()..self.segments_installed {
+        for i in segments.len()..self.segments_installed {
             v.grants[slot::SEGMENT + i] = GrantSlot::EMPTY;
         }
-        self.segments_installed = inv.segments.len();
-        Ok(())
+        self.segments_installed = segments.len();
     }
 
     /// Grants the context: inputs read-only, outputs writable (a handler cannot forge its
@@ -749,6 +763,93 @@ impl Vm {
         Ok(r0)
     }
 
+    /// The first half of a run of steps in one entry ([`Vm::run_steps`]): checks and
+    /// installs the step of `inv` (its args, state and segments, as [`Vm::run`] would) but
+    /// runs nothing, so the caller's borrows behind `inv` (its data path's grants) end
+    /// before the steps run. `false` when this VM runs every step on its own instead (it
+    /// replays sampled steps on a second engine: [`Vm::set_cross_check`]), and nothing was
+    /// installed.
+    #[inline(always)]
+    pub fn begin_steps(
+        &mut self,
+        exe: &Executable,
+        inv: &Invocation<'_>,
+    ) -> Result<bool, naam_proto::step::StepFault> {
+        if self.cross_check.is_some() {
+            return Ok(false);
+        }
+        expect_entry(exe, Entry::Context).map_err(step_fault)?;
+        self.prepare(inv).map_err(step_fault)?;
+        self.install(exe);
+        self.begun = Some((inv.app, inv.request_id));
+        Ok(true)
+    }
+
+    /// Runs the step [`Vm::begin_steps`] installed and, each time a step returns `Continue`
+    /// and `next` hands over the segments of the step after it, that step too, in the same
+    /// entry: no driver, machine or data path call between steps but `next`'s, and the args,
+    /// state words and reply stay in place. Each step has its own instruction budget and is
+    /// checked as one run alone is. Returns the result of the last step run (one `next` has
+    /// not taken).
+    #[inline(always)]
+    pub fn run_steps(
+        &mut self,
+        exe: &Executable,
+        next: &mut dyn NextStep,
+    ) -> Result<naam_proto::step::StepResult<'_>, naam_proto::step::StepFault> {
+        let Some((app, request_id)) = self.begun.take() else {
+            return Err(naam_proto::step::StepFault::BadInput(
+                "run_steps without begin_steps".into(),
+            ));
+        };
+        let ctx_addr = &mut *self.ctx as *mut Context as u64;
+        loop {
+            let r0 = self
+                .execute(exe, ctx_addr, CONTEXT_SIZE as u64)
+                .map_err(|e| step_fault(e.into()))?;
+            self.check_output().map_err(step_fault)?;
+            if Return::decode(r0) == Some(Return::Continue) {
+                if let Some(segments) = next.next(self.step_result(r0)) {
+                    if segments.len() > MAX_SEGMENTS
+                        || segments.iter().any(|g| g.len() > u32::MAX as usize)
+                    {
+                        return Err(naam_proto::step::StepFault::BadInput(format!(
+                            "{} segments handed over for the next step (at most {MAX_SEGMENTS}, \
+                             each under 4 GiB)",
+                            segments.len()
+                        )));
+                    }
+                    self.install_segments(segments);
+                    let c = &mut *self.ctx;
+                    c.step = c.step.wrapping_add(1);
+                    c.next_count = 0;
+                    c.write_count = 0;
+                    c.write_data_len = 0;
+                    continue;
+                }
+            }
+            self.resident = Some((app, request_id, self.ctx.step));
+            return Ok(self.step_result(r0));
+        }
+    }
+
+    /// The step machine's view of the step that ended with `r0`: its outputs borrowed from
+    /// the context.
+    #[inline(always)]
+    fn step_result(&self, r0: u64) -> naam_proto::step::StepResult<'_> {
+        let c = &*self.ctx;
+        naam_proto::step::StepResult {
+            return_code: r0,
+            ret: Return::decode(r0),
+            insns: Some(self.vmctx.executed),
+            reply: &c.reply[..c.reply_len as usize],
+            state: &c.state,
+            next: &c.next[..c.next_count as usize],
+            writes: &c.writes[..c.write_count as usize],
+            write_data: &c.write_data[..c.write_data_len as usize],
+        }
+    }
+
     fn run_step(
         &mut self,
         exe: &Executable,
@@ -773,6 +874,7 @@ impl Vm {
         self.install(exe);
         self.last_app = None;
         self.resident = None;
+        self.begun = None;
         for i in 0..self.segments_installed {
             self.vmctx.grants[slot::SEGMENT + i] = GrantSlot::EMPTY;
         }
@@ -880,36 +982,40 @@ impl naam_proto::step::Engine for Vm {
         exe: &Executable,
         inv: &Invocation<'_>,
     ) -> Result<naam_proto::step::StepResult<'_>, naam_proto::step::StepFault> {
-        use naam_proto::step::StepFault;
-        let fault = |e: StepError| match e {
-            StepError::Vm(VmError::Aborted { code }) => StepFault::Aborted { code },
-            e @ StepError::BadInput(_) => StepFault::BadInput(e.to_string()),
-            e => StepFault::Fault(e.to_string()),
-        };
         let r0 = if self.cross_check.as_ref().is_some_and(|c| c.due()) {
             match self.run(exe, inv) {
                 Ok(out) => out.return_code,
-                Err(e) => return Err(fault(e)),
+                Err(e) => return Err(step_fault(e)),
             }
         } else {
-            self.step(exe, inv).map_err(fault)?
+            self.step(exe, inv).map_err(step_fault)?
         };
-        let c = &*self.ctx;
-        Ok(naam_proto::step::StepResult {
-            return_code: r0,
-            ret: Return::decode(r0),
-            insns: Some(self.vmctx.executed),
-            reply: &c.reply[..c.reply_len as usize],
-            state: &c.state,
-            next: &c.next[..c.next_count as usize],
-            writes: &c.writes[..c.write_count as usize],
-            write_data: &c.write_data[..c.write_data_len as usize],
-        })
+        Ok(self.step_result(r0))
     }
 
     fn queued_writes(&self) -> (&[WriteOp], &[u8]) {
         (self.writes(), self.write_data())
     }
+}
+
+/// A failed step as the step machine replies to it.
+fn step_fault(e: StepError) -> naam_proto::step::StepFault {
+    use naam_proto::step::StepFault;
+    match e {
+        StepError::Vm(VmError::Aborted { code }) => StepFault::Aborted { code },
+        e @ StepError::BadInput(_) => StepFault::BadInput(e.to_string()),
+        e => StepFault::Fault(e.to_string()),
+    }
+}
+
+/// Between two steps of one entry into the engine ([`Vm::run_steps`]): the driver takes the
+/// step that just returned `Continue` and, when it can fetch the next step's data at once,
+/// hands over its segments, so the next step runs without leaving the engine.
+pub trait NextStep {
+    /// Takes `done` (a step that returned `Continue`, checked) for the driver's machine. The
+    /// segments of the step after it, which then runs in the same entry; or `None`, and the
+    /// entry ends with `done`, which the driver has then already taken.
+    fn next(&mut self, done: naam_proto::step::StepResult<'_>) -> Option<&[Grant<'_>]>;
 }
 
 /// Refuses to run `exe` as the other kind of run than it was built for.
@@ -992,6 +1098,113 @@ mod tests {
 
     fn program(insns: &[crate::insn::Insn]) -> Program {
         Program::from_bytecode("t", crate::insn::encode_all(insns))
+    }
+
+    /// A step that stores byte 0 of its segment 0 in state word `step` and continues until
+    /// step 2, which ends the message: eleven instructions per step.
+    fn continuing_handler(engine: EngineKind, budget: u64) -> Executable {
+        use crate::insn::Insn;
+        use crate::opcode::*;
+        use std::mem::offset_of;
+        let step = offset_of!(Context, step) as i16;
+        let seg0 = (offset_of!(Context, segments) + offset_of!(naam_ebpf::Segment, addr)) as i16;
+        let state = offset_of!(Context, state) as i16;
+        let insns = [
+            Insn::new(CLASS_LDX | SIZE_W | MODE_MEM, 2, 1, step, 0),
+            Insn::new(CLASS_LDX | SIZE_DW | MODE_MEM, 3, 1, seg0, 0),
+            Insn::new(CLASS_LDX | SIZE_B | MODE_MEM, 4, 3, 0, 0),
+            Insn::new(CLASS_ALU64 | ALU_MOV | SRC_X, 5, 2, 0, 0),
+            Insn::new(CLASS_ALU64 | ALU_LSH, 5, 0, 0, 3),
+            Insn::new(CLASS_ALU64 | ALU_ADD | SRC_X, 5, 1, 0, 0),
+            Insn::new(CLASS_STX | SIZE_DW | MODE_MEM, 5, 4, state, 0),
+            Insn::new(CLASS_ALU64 | ALU_MOV, 0, 0, 0, Return::Done.encode() as i32),
+            Insn::new(CLASS_JMP | JMP_JGE, 2, 0, 1, 2),
+            Insn::new(
+                CLASS_ALU64 | ALU_MOV,
+                0,
+                0,
+                0,
+                Return::Continue.encode() as i32,
+            ),
+            Insn::EXIT,
+        ];
+        Executable::build(&program(&insns), &ExecOptions::new(engine, budget)).unwrap()
+    }
+
+    /// Hands over `segments[k]` for step `k + 1` while it has them, and records what it took.
+    struct Handover<'a> {
+        segments: Vec<Vec<Grant<'a>>>,
+        taken: Vec<(u32, Option<Return>, u64)>,
+    }
+
+    impl NextStep for Handover<'_> {
+        fn next(&mut self, done: naam_proto::step::StepResult<'_>) -> Option<&[Grant<'_>]> {
+            let k = self.taken.len();
+            self.taken.push((k as u32, done.ret, done.state[k]));
+            self.segments.get(k).map(|g| &g[..])
+        }
+    }
+
+    /// Steps handed over between runs run in the same entry, each over its own segments with
+    /// its own budget; the entry ends with the step the driver did not take.
+    #[test]
+    fn the_steps_after_a_continue_run_in_the_same_entry() {
+        let bytes = [[10u8; 8], [11u8; 8], [12u8; 8]];
+        for engine in [EngineKind::Interp, EngineKind::Jit] {
+            // Eleven instructions a step, three steps: only a budget per step lets them run.
+            let exe = continuing_handler(engine, 16);
+            let first = [Grant::read(&bytes[0])];
+            let inv = Invocation {
+                app: 3,
+                request_id: 9,
+                segments: &first,
+                ..Invocation::default()
+            };
+            let mut vm = Vm::new();
+            assert!(vm.begin_steps(&exe, &inv).unwrap());
+            let mut next = Handover {
+                segments: vec![vec![Grant::read(&bytes[1])], vec![Grant::read(&bytes[2])]],
+                taken: Vec::new(),
+            };
+            let last = vm.run_steps(&exe, &mut next).unwrap();
+            assert_eq!(last.ret, Some(Return::Done), "{engine:?}");
+            assert_eq!(&last.state[..3], &[10, 11, 12], "{engine:?}");
+            assert_eq!(
+                next.taken,
+                vec![
+                    (0, Some(Return::Continue), 10),
+                    (1, Some(Return::Continue), 11)
+                ]
+            );
+            assert_eq!(vm.context().step, 2);
+
+            // The driver takes the first step and stops: the entry ends with it.
+            assert!(vm.begin_steps(&exe, &inv).unwrap());
+            let mut stop = Handover {
+                segments: Vec::new(),
+                taken: Vec::new(),
+            };
+            let only = vm.run_steps(&exe, &mut stop).unwrap();
+            assert_eq!(only.ret, Some(Return::Continue), "{engine:?}");
+            assert_eq!(stop.taken.len(), 1);
+            assert_eq!(vm.context().step, 0);
+
+            // A step handed no segment finds none: the previous step's grant is gone, and
+            // reading at the address it had faults.
+            assert!(vm.begin_steps(&exe, &inv).unwrap());
+            let mut none = Handover {
+                segments: vec![Vec::new()],
+                taken: Vec::new(),
+            };
+            let err = vm.run_steps(&exe, &mut none).map(|r| r.ret).unwrap_err();
+            assert!(
+                matches!(err, naam_proto::step::StepFault::Fault(_)),
+                "{engine:?}: {err:?}"
+            );
+
+            // Without a step begun, nothing runs.
+            assert!(vm.run_steps(&exe, &mut none).is_err());
+        }
     }
 
     /// A raw run between two steps must not leave the second step a segment table entry whose
