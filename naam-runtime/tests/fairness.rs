@@ -180,9 +180,9 @@ fn flood_share(d: &mut Deployment, what: &str, sink: Option<SocketAddr>) -> f64 
 }
 
 fn retry_storm(d: &mut Deployment, what: &str) {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     let mut b = client(d.server(), "b", key_b());
     rate(&mut b, Duration::from_millis(200));
-    let alone = rate(&mut b, Duration::from_secs(1));
     // Tenant A tears its own record for good.
     let mut a = client(d.server(), "a", key_a());
     let data = a.manifest().app(A).unwrap().region_key("data").unwrap();
@@ -196,8 +196,9 @@ fn retry_storm(d: &mut Deployment, what: &str) {
         .call(A, handler_id("counter_add"), &words(&[1]), &[front])
         .unwrap();
     assert_eq!(r.status, Status::Ok);
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let halt = stop.clone();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let storming = std::sync::Arc::new(AtomicBool::new(false));
+    let (halt, on) = (stop.clone(), storming.clone());
     let server = d.server();
     let storm = std::thread::spawn(move || {
         // Eight optimistic reads of the torn record in flight at all times.
@@ -205,7 +206,17 @@ fn retry_storm(d: &mut Deployment, what: &str) {
         let (mut sent, mut answered) = (0u64, 0u64);
         let mut answers = std::collections::HashMap::<Status, u64>::new();
         let record = rd(data, 0, 32);
-        while !halt.load(std::sync::atomic::Ordering::SeqCst) {
+        while !halt.load(SeqCst) {
+            if !on.load(SeqCst) {
+                // Between rounds: what is still parked drains, and the window starts afresh.
+                for m in a.recv_sealed(Duration::from_millis(2)).unwrap() {
+                    if let Ok(r) = Reply::decode(m) {
+                        *answers.entry(r.status).or_default() += 1;
+                    }
+                }
+                answered = sent;
+                continue;
+            }
             while sent.saturating_sub(answered) < WINDOW {
                 sent += 1;
                 let mut req =
@@ -234,20 +245,37 @@ fn retry_storm(d: &mut Deployment, what: &str) {
         }
         (sent, answers)
     });
-    std::thread::sleep(Duration::from_millis(200));
-    let during = rate(&mut b, Duration::from_secs(1));
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    // Rounds of B alone, then B during the storm, compared by their medians: one window of
+    // each once failed here (B "alone" in a fast second, 14.7 K/s, against 7.3 K/s during,
+    // where B alone runs 7-15 K/s from one second to the next).
+    let (mut alone, mut during) = (Vec::new(), Vec::new());
+    for _ in 0..FLOOD_ROUNDS {
+        alone.push(rate(&mut b, Duration::from_millis(700)));
+        storming.store(true, SeqCst);
+        std::thread::sleep(Duration::from_millis(100));
+        during.push(rate(&mut b, Duration::from_millis(700)));
+        storming.store(false, SeqCst);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stop.store(true, SeqCst);
     let (sent, answers) = storm.join().unwrap();
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (a, f) = (median(&mut alone), median(&mut during));
     eprintln!(
-        "{what}: B alone {alone:.0}/s, during A's storm {during:.0}/s; A sent {sent}: {answers:?}"
+        "{what}: B alone {alone:.0?}/s (median {a:.0}), during A's storm {during:.0?}/s \
+         (median {f:.0}, {:.0}%); A sent {sent}: {answers:?}",
+        100.0 * f / a
     );
     assert!(
         answers.get(&Status::Ok).copied().unwrap_or(0) == 0,
         "{what}: a torn record is never returned: {answers:?}"
     );
     assert!(
-        during >= 0.5 * alone,
-        "{what}: B kept {:.0}% of its throughput ({during:.0}/s of {alone:.0}/s)",
-        100.0 * during / alone
+        f >= 0.5 * a,
+        "{what}: B kept {:.0}% of its throughput (median {f:.0}/s of {a:.0}/s)",
+        100.0 * f / a
     );
 }
