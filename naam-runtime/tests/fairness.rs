@@ -154,29 +154,41 @@ fn flood_share(d: &mut Deployment, what: &str, sink: Option<SocketAddr>) -> f64 
         }
         (sent, answers)
     });
-    let (mut alone, mut during) = (Vec::new(), Vec::new());
-    for _ in 0..FLOOD_ROUNDS {
-        alone.push(rate(&mut b, Duration::from_millis(700)));
-        flooding.store(true, SeqCst);
-        std::thread::sleep(Duration::from_millis(100));
-        during.push(rate(&mut b, Duration::from_millis(700)));
-        flooding.store(false, SeqCst);
-        // What the flood left in flight drains (a muted session's mute runs out).
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let (alone, during, a, f) = alone_then_during(&mut b, &flooding);
     stop.store(true, SeqCst);
     let (sent, answers) = flood.join().unwrap();
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (a, f) = (median(&mut alone), median(&mut during));
     eprintln!(
         "{what}: B alone {alone:.0?}/s (median {a:.0}), during A's flood {during:.0?}/s \
          (median {f:.0}, {:.0}%); A sent {sent}: {answers:?}",
         100.0 * f / a
     );
     f / a
+}
+
+/// B's rate in [`FLOOD_ROUNDS`] rounds of B alone, then B with `load` switched on (each
+/// switch given 100 ms to take effect: what the load left in flight drains, a muted session's
+/// mute runs out): every round's rates, then the median alone and the median during.
+fn alone_then_during(
+    b: &mut UdpClient,
+    load: &std::sync::atomic::AtomicBool,
+) -> (Vec<f64>, Vec<f64>, f64, f64) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (mut alone, mut during) = (Vec::new(), Vec::new());
+    for _ in 0..FLOOD_ROUNDS {
+        alone.push(rate(b, Duration::from_millis(700)));
+        load.store(true, SeqCst);
+        std::thread::sleep(Duration::from_millis(100));
+        during.push(rate(b, Duration::from_millis(700)));
+        load.store(false, SeqCst);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (a, f) = (median(&alone), median(&during));
+    (alone, during, a, f)
 }
 
 fn retry_storm(d: &mut Deployment, what: &str) {
@@ -245,25 +257,12 @@ fn retry_storm(d: &mut Deployment, what: &str) {
         }
         (sent, answers)
     });
-    // Rounds of B alone, then B during the storm, compared by their medians: one window of
-    // each once failed here (B "alone" in a fast second, 14.7 K/s, against 7.3 K/s during,
-    // where B alone runs 7-15 K/s from one second to the next).
-    let (mut alone, mut during) = (Vec::new(), Vec::new());
-    for _ in 0..FLOOD_ROUNDS {
-        alone.push(rate(&mut b, Duration::from_millis(700)));
-        storming.store(true, SeqCst);
-        std::thread::sleep(Duration::from_millis(100));
-        during.push(rate(&mut b, Duration::from_millis(700)));
-        storming.store(false, SeqCst);
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // Rounds, compared by their medians: one window of each once failed here (B "alone" in a
+    // fast second, 14.7 K/s, against 7.3 K/s during, where B alone runs 7-15 K/s from one
+    // second to the next).
+    let (alone, during, a, f) = alone_then_during(&mut b, &storming);
     stop.store(true, SeqCst);
     let (sent, answers) = storm.join().unwrap();
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (a, f) = (median(&mut alone), median(&mut during));
     eprintln!(
         "{what}: B alone {alone:.0?}/s (median {a:.0}), during A's storm {during:.0?}/s \
          (median {f:.0}, {:.0}%); A sent {sent}: {answers:?}",
