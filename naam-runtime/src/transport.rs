@@ -90,7 +90,7 @@ pub struct Direct {
     limits: Limits,
     next_id: u64,
     /// Every message runs in this machine: replies are split off its buffer and reuse it once
-    /// the caller drops them, write batches reuse its vectors.
+    /// the caller drops them (write batches are read in the VM's context, never copied).
     machine: StepMachine,
     /// The handler the last message named, by `(app, handler)`: a client calls the same few
     /// handlers message after message, and the registry's two lookups were 2% of a GET.

@@ -90,8 +90,9 @@ impl<'a> WriteBatch<'a> {
     }
 }
 
-/// What the driver must do next. Only a word: what the action acts on stays in the machine
-/// (descriptors, write batch, outcome), so no driver copies it through the stack at every step
+/// What the driver must do next. Only a word: what the action acts on stays where it is (the
+/// descriptors and outcome in the machine, the write batch in the engine), so no driver copies
+/// it through the stack at every step
 /// (an action that carried the batch or the outcome was copied twice per step, each copy
 /// stalling on the stores that had just built it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,7 +251,7 @@ impl StepMachine {
     /// its buffers are kept. A read's payload is split off the reply buffer (sharing its
     /// allocation): once the payload of one message is dropped, the next reuses the same
     /// memory. A write's answer, which its owner keeps for deduplication, is copied into the
-    /// machine's arena instead, and its write batches reuse the machine's vectors. A driver
+    /// machine's arena instead (its write batches are read where the engine left them). A driver
     /// that consumes each reply before its next message allocates nothing per message once
     /// the buffers have grown.
     #[inline]
