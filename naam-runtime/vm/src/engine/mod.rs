@@ -613,8 +613,8 @@ impl Vm {
         self.last_app = Some(app);
     }
 
-    // Forced: called from both `step` and `begin_steps`, it was no longer inlined into the
-    // drivers, and its out-of-line call cost more than the two copies.
+    // Forced (through `set_up_step`, used by both `step` and `begin_steps`): out of line, its
+    // call cost more than the two inlined copies.
     #[inline(always)]
     fn prepare(&mut self, inv: &Invocation<'_>) -> Result<(), StepError> {
         if inv.args.len() > ARGS_CAP
@@ -753,14 +753,22 @@ impl Vm {
     /// capacities). A step that ends normally leaves its message resident for the next.
     #[inline]
     fn step(&mut self, exe: &Executable, inv: &Invocation<'_>) -> Result<u64, StepError> {
-        expect_entry(exe, Entry::Context)?;
-        self.prepare(inv)?;
-        self.install(exe);
+        self.set_up_step(exe, inv)?;
         let ctx_addr = &mut *self.ctx as *mut Context as u64;
         let r0 = self.execute(exe, ctx_addr, CONTEXT_SIZE as u64)?;
         self.check_output()?;
         self.resident = Some((inv.app, inv.request_id, inv.step));
         Ok(r0)
+    }
+
+    /// Everything before a handler step runs: `exe` is a handler, `inv` fits the ABI and is
+    /// in the context and its grants, `exe`'s helpers, budget and read-only data installed.
+    #[inline(always)]
+    fn set_up_step(&mut self, exe: &Executable, inv: &Invocation<'_>) -> Result<(), StepError> {
+        expect_entry(exe, Entry::Context)?;
+        self.prepare(inv)?;
+        self.install(exe);
+        Ok(())
     }
 
     /// The first half of a run of steps in one entry ([`Vm::run_steps`]): checks and
@@ -778,9 +786,7 @@ impl Vm {
         if self.cross_check.is_some() {
             return Ok(false);
         }
-        expect_entry(exe, Entry::Context).map_err(step_fault)?;
-        self.prepare(inv).map_err(step_fault)?;
-        self.install(exe);
+        self.set_up_step(exe, inv).map_err(step_fault)?;
         self.begun = Some((inv.app, inv.request_id));
         Ok(true)
     }
