@@ -1208,6 +1208,21 @@ mod tests {
                 "{engine:?}: {err:?}"
             );
 
+            // More segments than a step may have are refused, not installed.
+            assert!(vm.begin_steps(&exe, &inv).unwrap());
+            let mut too_many = Handover {
+                segments: vec![vec![Grant::read(&bytes[1]); MAX_SEGMENTS + 1]],
+                taken: Vec::new(),
+            };
+            let err = vm
+                .run_steps(&exe, &mut too_many)
+                .map(|r| r.ret)
+                .unwrap_err();
+            assert!(
+                matches!(&err, naam_proto::step::StepFault::BadInput(m) if m.contains("segments")),
+                "{engine:?}: {err:?}"
+            );
+
             // Without a step begun, nothing runs.
             assert!(vm.run_steps(&exe, &mut none).is_err());
         }
