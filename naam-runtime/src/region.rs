@@ -13,7 +13,8 @@ use crate::intmap::IntMap;
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_MASK, ACCESS_READ, ACCESS_WRITE};
 
 /// 8-byte aligned, fixed-size memory shared by every placement of one server: heap memory in
-/// one process, or a shared file mapping (`/dev/shm`) that a separate NIC process maps too.
+/// one process (an anonymous mapping on huge pages when large), or a shared file mapping
+/// (`/dev/shm`) that a separate NIC process maps too.
 pub struct RegionMemory {
     storage: Storage,
     len: usize,
