@@ -43,7 +43,8 @@ impl Drop for Storage {
     fn drop(&mut self) {
         if let Storage::Mapped { ptr, words } | Storage::Anonymous { ptr, words } = *self {
             if words > 0 {
-                // SAFETY: `ptr` came from mmap with exactly this length and is unmapped once.
+                // SAFETY: `ptr` came from mmap with this length (rounded up to whole pages,
+                // as munmap rounds it) and is unmapped once.
                 unsafe { libc::munmap(ptr.cast(), words * 8) };
             }
         }
@@ -121,7 +122,7 @@ impl RegionMemory {
     /// A region of [`HUGE_PAGE`] or more is its own anonymous mapping, advised for transparent
     /// huge pages (`MADV_HUGEPAGE`), as MICA and RDMA deployments register huge-page memory: a
     /// handler's accesses are scattered over the region, and a direct MICA GET measured a
-    /// quarter faster, and steadier, on huge pages (bench/RESULTS.md, ninth session; kernels
+    /// fifth to a third faster, and steadier, on huge pages (bench/RESULTS.md, ninth session; kernels
     /// in `madvise` mode give them only where advised). Smaller regions, or a kernel that
     /// refuses the mapping, use the heap.
     pub fn zeroed(len: usize) -> RegionMemory {
