@@ -82,7 +82,7 @@ fn map_anonymous(bytes: usize) -> Option<*mut AtomicU64> {
     let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) })
         .ok()
         .filter(|p| p.is_power_of_two())?;
-    let bytes = bytes.div_ceil(page) * page;
+    let bytes = bytes.checked_next_multiple_of(page)?;
     let reserved = bytes.checked_add(HUGE_PAGE)?;
     // SAFETY: a fresh anonymous private mapping; the kernel picks the address.
     let ptr = unsafe {
@@ -128,7 +128,7 @@ impl RegionMemory {
     pub fn zeroed(len: usize) -> RegionMemory {
         let words = len.div_ceil(8);
         if len >= HUGE_PAGE {
-            if let Some(ptr) = map_anonymous(words * 8) {
+            if let Some(ptr) = len.checked_next_multiple_of(8).and_then(map_anonymous) {
                 return RegionMemory {
                     storage: Storage::Anonymous { ptr, words },
                     len,
