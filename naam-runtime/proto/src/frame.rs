@@ -446,25 +446,56 @@ struct Timer {
     attempt: u32,
     /// When it was first sent.
     sent_at: Nanos,
-    /// The timeout of the first send; each resend doubles it (exponential backoff).
+    /// When it was last sent.
+    last_sent: Nanos,
+    /// The timeout of the first send; each resend with no progress doubles it.
     rto: Nanos,
+    /// Resends since the path last showed progress: the wait after a send is `rto` doubled
+    /// this many times (exponential backoff).
+    doublings: u32,
 }
 
+/// Resends since the path last showed progress that wait no longer than the first send, for
+/// a client's exchanges ([`Retransmit::with_flat_resends`]): only later ones double the wait. A lone request under random loss (nothing else in flight
+/// shows the path alive) otherwise pays the doubling's whole series: at 20% loss each way a
+/// send fails 36% of the time, and the expected wait after a first loss, 1 + 2(0.36) +
+/// 4(0.36)^2 + ... timeouts, is 3.6 of them; with two flat resends it is 1.8. A dead peer
+/// gets two more datagrams per exchange before the backoff starts.
+pub const FLAT_RESENDS: u32 = 2;
+
 impl Timer {
-    /// One more send at `now`: the next wait is twice the last, at most `max_backoff`.
-    fn resent(&mut self, now: Nanos, max_backoff: Nanos) {
+    /// One more send at `now`: the next wait is the first timeout for the first `flat`
+    /// resends since the path's last progress, then twice the last, at most `max_backoff`.
+    fn resent(&mut self, now: Nanos, flat: u32, max_backoff: Nanos) {
         self.attempt += 1;
+        self.doublings += 1;
+        self.last_sent = now;
+        let doublings = self.doublings.saturating_sub(flat);
         let backoff = self
             .rto
-            .saturating_mul(1 << (self.attempt - 1).min(20))
+            .saturating_mul(1 << doublings.min(20))
             .min(max_backoff);
         self.deadline = now.saturating_add(backoff);
+    }
+
+    /// The path answered something else: the wait since the last send falls back to `rto`.
+    fn progressed(&mut self) {
+        if self.doublings > 0 {
+            self.doublings = 0;
+            self.deadline = self.deadline.min(self.last_sent.saturating_add(self.rto));
+        }
     }
 }
 
 /// Retransmission timers for a client's outstanding requests: each starts at the timeout its
 /// path's [`RttEstimator`] gives when it is sent and doubles per resend, for a fixed number of
 /// attempts. Writes are safe to resend because the server suppresses duplicates by request id.
+///
+/// The doubling is for a path that has gone quiet (a dead or congested peer), not for one
+/// that drops a datagram here and there: as QUIC resets its probe timeout's backoff on every
+/// acknowledgement (RFC 9002, 6.2.1), an answer on a path ([`Retransmit::progressed`]) takes
+/// its other exchanges' waits back to their first timeout. Under random loss an exchange lost
+/// twice then waits one timeout again, not four.
 #[derive(Debug)]
 pub struct Retransmit {
     initial: Nanos,
@@ -475,6 +506,12 @@ pub struct Retransmit {
     /// The longest wait between two sends.
     max_backoff: Nanos,
     outstanding: IntMap<u64, Timer>,
+    /// Whether a timer may have backed off since [`Retransmit::progressed`] last looked: an
+    /// answer then costs no walk over the timers when none has.
+    backed_off: bool,
+    /// Resends since the last progress that wait the first timeout again before the
+    /// doubling starts.
+    flat: u32,
 }
 
 impl Retransmit {
@@ -487,6 +524,8 @@ impl Retransmit {
             patience: 0,
             max_backoff: Nanos::MAX,
             outstanding: IntMap::default(),
+            backed_off: false,
+            flat: 0,
         }
     }
 
@@ -500,6 +539,14 @@ impl Retransmit {
     /// Waits at most `max` between two sends.
     pub fn with_max_backoff(mut self, max: Nanos) -> Self {
         self.max_backoff = max.max(1);
+        self
+    }
+
+    /// The first `flat` resends since the path's last progress wait the first timeout again
+    /// ([`FLAT_RESENDS`] for a client's exchanges); 0 (the default): every resend doubles
+    /// the wait, as a handshake's schedule, fixed to fit its budget, needs.
+    pub fn with_flat_resends(mut self, flat: u32) -> Self {
+        self.flat = flat;
         self
     }
 
@@ -517,9 +564,28 @@ impl Retransmit {
                 deadline: now.saturating_add(rto),
                 attempt: 1,
                 sent_at: now,
+                last_sent: now,
                 rto,
+                doublings: 0,
             },
         );
+    }
+
+    /// An answer came on a path: the outstanding exchanges `on_path` picks (by id) had their
+    /// backoff reset; one whose first timeout since its last send has already passed fires at
+    /// the next [`Retransmit::poll`].
+    pub fn progressed(&mut self, mut on_path: impl FnMut(u64) -> bool) {
+        if !self.backed_off {
+            return;
+        }
+        let mut still = false;
+        for (&id, t) in self.outstanding.iter_mut() {
+            if t.doublings > 0 && on_path(id) {
+                t.progressed();
+            }
+            still |= t.doublings > 0;
+        }
+        self.backed_off = still;
     }
 
     /// The reply to `id` arrived; returns whether it was outstanding (false: a late duplicate).
@@ -544,7 +610,8 @@ impl Retransmit {
         if t.attempt >= self.max_attempts {
             return false;
         }
-        t.resent(now, self.max_backoff);
+        t.resent(now, self.flat, self.max_backoff);
+        self.backed_off = true;
         true
     }
 
@@ -576,7 +643,8 @@ impl Retransmit {
                 out.push((id, Timeout::GiveUp));
             } else {
                 // Resent until the attempts are used and the patience is spent.
-                t.resent(now, self.max_backoff);
+                t.resent(now, self.flat, self.max_backoff);
+                self.backed_off = true;
                 out.push((id, Timeout::Resend(t.attempt)));
             }
         }
@@ -800,5 +868,83 @@ mod tests {
         assert!(t.poll(699).is_empty());
         assert_eq!(t.poll(700), vec![(1, Timeout::GiveUp)]);
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn flat_resends_wait_the_first_timeout_before_the_backoff() {
+        let mut t = Retransmit::new(100, 3).with_flat_resends(FLAT_RESENDS);
+        t.sent(1, 0);
+        assert_eq!(t.poll(100), vec![(1, Timeout::Resend(2))]);
+        // The first resends wait the first timeout again; after the third send's 100 ns,
+        // give up.
+        assert!(t.poll(199).is_empty());
+        assert_eq!(t.poll(200), vec![(1, Timeout::Resend(3))]);
+        assert!(t.poll(299).is_empty());
+        assert_eq!(t.poll(300), vec![(1, Timeout::GiveUp)]);
+        assert!(t.is_empty());
+    }
+
+    /// When each send of one exchange times out, for a path that never answers.
+    fn resend_times(t: &mut Retransmit, until: Nanos) -> Vec<Nanos> {
+        let mut at = Vec::new();
+        while let Some(d) = t.next_deadline().filter(|&d| d <= until) {
+            if t.poll(d)
+                .iter()
+                .any(|(_, o)| matches!(o, Timeout::Resend(_)))
+            {
+                at.push(d);
+            }
+        }
+        at
+    }
+
+    #[test]
+    fn a_silent_path_is_resent_to_flat_then_doubling_within_the_longest_backoff() {
+        let mut t = Retransmit::new(100, 9)
+            .with_max_backoff(1_000)
+            .with_flat_resends(FLAT_RESENDS);
+        t.sent(1, 0);
+        // FLAT_RESENDS (2) resends wait one timeout, then 200, 400, 800, and 1,000 at most.
+        assert_eq!(FLAT_RESENDS, 2);
+        assert_eq!(
+            resend_times(&mut t, 10_000),
+            vec![100, 200, 300, 500, 900, 1_700, 2_700, 3_700]
+        );
+    }
+
+    #[test]
+    fn an_answer_on_the_path_takes_the_others_back_to_their_first_timeout() {
+        let mut t = Retransmit::new(100, 9).with_flat_resends(FLAT_RESENDS);
+        for id in 1..=3 {
+            t.sent(id, 0);
+        }
+        // All three are lost four times running: resent at 100, 200, 300 and 500, and their
+        // next wait is 400.
+        for now in [100, 200, 300, 500] {
+            assert_eq!(t.poll(now).len(), 3);
+        }
+        assert_eq!(t.next_deadline(), Some(900));
+        // Exchange 2 is answered at 550: its path delivers. Exchange 1 (on it) falls back to
+        // 100 after its last send, then the flat resends again; exchange 3 (on another path)
+        // keeps its backoff.
+        assert!(t.answered(2));
+        t.progressed(|id| id == 1);
+        assert_eq!(t.poll(599), vec![]);
+        assert_eq!(t.poll(600), vec![(1, Timeout::Resend(6))]);
+        assert_eq!(t.poll(700), vec![(1, Timeout::Resend(7))]);
+        assert_eq!(t.poll(800), vec![(1, Timeout::Resend(8))]);
+        assert_eq!(t.poll(900), vec![(3, Timeout::Resend(6))]);
+        assert_eq!(t.next_deadline(), Some(1_000));
+    }
+
+    #[test]
+    fn progress_leaves_a_timer_that_never_backed_off_alone() {
+        let mut t = Retransmit::new(100, 3);
+        t.sent(1, 0);
+        t.progressed(|_| true);
+        assert_eq!(t.next_deadline(), Some(100));
+        assert_eq!(t.poll(100), vec![(1, Timeout::Resend(2))]);
+        t.progressed(|_| true);
+        assert_eq!(t.next_deadline(), Some(200));
     }
 }

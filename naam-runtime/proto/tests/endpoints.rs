@@ -601,12 +601,22 @@ fn handshakes_survive_a_fifth_of_datagrams_lost_each_way() {
 #[test]
 fn a_handler_answered_out_of_order_is_resent_early_once_then_left_to_its_timeout() {
     let mut w = World::new(31);
+    // The network's delay never varies here, so the probe timeout would be about one round
+    // trip, and the write's timer, not the later answers, would find it late: a floor of five
+    // round trips leaves the finding to the answers (this test's subject).
+    let mut config = ClientConfig::new(server_addr(), "counter", w.credential.clone());
+    config.min_rto = 500_000;
+    w.client = ClientEndpoint::new(config, 0);
     w.connected();
     w.server.backend_mut().inline = true;
     for _ in 0..8 {
         w.roundtrip(READ).expect("answered");
     }
     let srtt = w.client.rtt().expect("a round trip measured");
+    assert_eq!(
+        srtt, 100_000,
+        "the network's delay changed: review the timeout floor"
+    );
     // A write waits for its owner while later reads are answered: its first early resend is
     // spurious (both sends are answered), and teaches the endpoint.
     let round = |w: &mut World| {
@@ -637,6 +647,42 @@ fn a_handler_answered_out_of_order_is_resent_early_once_then_left_to_its_timeout
         "learnt: no early resend of the write again"
     );
     assert_eq!(w.server.backend().applied.values().max(), Some(&1));
+}
+
+/// An exchange lost several times running has backed off; an answer to another exchange on
+/// the same path shows the path alive, and the lost one is resent one timeout after its last
+/// send instead of at the end of its backoff (RFC 9002's reset on an acknowledgement).
+#[test]
+fn an_answer_on_the_path_ends_another_exchange_s_backoff() {
+    const RTO: Nanos = 200_000;
+    let mut w = World::new(37);
+    // A floor above the network's fixed 100 us round trip: every timeout here is RTO.
+    let mut config = ClientConfig::new(server_addr(), "counter", w.credential.clone());
+    config.min_rto = RTO;
+    w.client = ClientEndpoint::new(config, 0);
+    w.connected();
+    for _ in 0..8 {
+        w.roundtrip(READ).expect("answered");
+    }
+    let start = w.now;
+    // Everything is lost: the first send times out at 1 RTO, the two flat resends at 2 and
+    // 3, the next (waiting 2 RTO) at 5; the one after would wait 4 RTO, until 9.
+    w.net.loss = 1.0;
+    let lost = w.call(READ);
+    w.run_until(RTO * 11 / 2, |_| false);
+    assert_eq!(w.client.stats().resends, 4);
+    w.net.loss = 0.0;
+    let other = w.call(READ);
+    assert!(w.run_until(10 * RTO, |w| w.outcome(other).is_some()));
+    assert!(w.run_until(10 * RTO, |w| w.outcome(lost).is_some()));
+    // The other's answer came at 6.5 RTO: the lost one, last sent at 5, was due at 6 and is
+    // resent at once, answered a round trip later.
+    let answered = w.now - start;
+    assert!(
+        answered < 8 * RTO,
+        "answered {answered} ns after its first send, past its backoff's end"
+    );
+    assert!(matches!(w.outcome(lost), Some(Ok(_))));
 }
 
 #[test]

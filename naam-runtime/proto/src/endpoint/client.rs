@@ -64,7 +64,8 @@ pub struct ClientConfig {
     pub credential: Credential,
     /// Retransmission timeout before the first round trip is measured; after, each path's
     /// timeout is its smoothed round trip plus four variations (RFC 6298), within `min_rto`
-    /// and `max_rto`. It doubles on every resend.
+    /// and `max_rto`. Two resends wait it again, then it doubles on every resend, back to
+    /// it whenever the path answers another exchange ([`crate::frame::FLAT_RESENDS`]).
     pub rto: Nanos,
     /// The least retransmission timeout (the estimate never goes below it).
     pub min_rto: Nanos,
@@ -337,7 +338,8 @@ impl ClientEndpoint {
                         .rto
                         .saturating_mul((1u64 << config.attempts.clamp(1, 20)) - 1),
                 )
-                .with_max_backoff(config.max_rto),
+                .with_max_backoff(config.max_rto)
+                .with_flat_resends(crate::frame::FLAT_RESENDS),
             handshake_timer: Retransmit::new(handshake_rto, HANDSHAKE_SENDS),
             config,
             session: None,
@@ -823,6 +825,11 @@ impl ClientEndpoint {
                     if let Some(Some(rtt)) = self.timers.answered_at(id, now) {
                         self.path(x.to).sample(rtt);
                     }
+                    // The path delivers: its other exchanges' waits fall back to their
+                    // first timeout (RFC 9002's backoff reset on an acknowledgement).
+                    let (exchanges, to) = (&self.exchanges, x.to);
+                    self.timers
+                        .progressed(|id| exchanges.get(&id).is_some_and(|e| e.to == to));
                     if let Some(why) = x.resent {
                         if self.answered_resends.len() >= RESENDS_REMEMBERED {
                             self.answered_resends.pop_front();
