@@ -59,7 +59,8 @@ pub struct UdpConfig {
     /// is [`super::datagram_for`] the server's address).
     pub datagram: usize,
     /// Retransmission timeout until a round trip is measured; then each path's estimate
-    /// (RFC 6298) within `min_rto` and `max_rto`. It doubles on every retry.
+    /// (RFC 6298) within `min_rto` and `max_rto`. Two resends wait it again, then it doubles
+    /// on every one, back to it whenever the path answers another request.
     pub rto: Duration,
     /// The least retransmission timeout.
     pub min_rto: Duration,
@@ -234,6 +235,13 @@ impl Conn {
         // wake this thread to deliver it. When they come later (a busy server, many clients),
         // sleep at once and leave the cores to the server.
         let spin = self.poller.spin();
+        // A resend due within the longest poll is waited for polling too: a sleeping thread's
+        // timer wakes it tens of microseconds late here, longer than the timeout itself.
+        let spin = if wait <= CLIENT_SPIN && self.endpoint.poll_timeout().is_some() {
+            wait
+        } else {
+            spin
+        };
         let got = self.socket.recv_polling(spin.min(wait), wait)?;
         self.poller.arrived(!got.is_empty());
         for (from, m) in got {
