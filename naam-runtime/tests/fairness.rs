@@ -94,7 +94,7 @@ fn rate(b: &mut UdpClient, d: Duration) -> f64 {
 /// test's: on a 2-core machine the flood's client, B's client and two server loops share the
 /// cores, and the flood's sealing alone, sent to a socket that never reads it, leaves B
 /// 63-73% ([`the_flood_s_cost_on_the_cores_alone`] in this debug build on the AMD EPYC VM;
-/// 68-69% in release). Against the server, B kept 38-82% there in six debug rounds (59-63%
+/// 68-69% in release). Against the server, B kept 38-82% there in eight debug runs (59-63%
 /// in release). So both deployments guard against starvation only, a third of B's throughput,
 /// where B kept almost nothing before admission. With threads the server is unoptimised code
 /// in the test's own process, and the same flood is several times heavier for it.
