@@ -448,7 +448,8 @@ struct Timer {
     sent_at: Nanos,
     /// When it was last sent.
     last_sent: Nanos,
-    /// The timeout of the first send; each resend with no progress doubles it.
+    /// The timeout of the first send; the resends past the flat ones, with no progress in
+    /// between, double it.
     rto: Nanos,
     /// Resends since the path last showed progress: the wait after a send is `rto` doubled
     /// this many times (exponential backoff).
@@ -456,11 +457,12 @@ struct Timer {
 }
 
 /// Resends since the path last showed progress that wait no longer than the first send, for
-/// a client's exchanges ([`Retransmit::with_flat_resends`]): only later ones double the wait. A lone request under random loss (nothing else in flight
-/// shows the path alive) otherwise pays the doubling's whole series: at 20% loss each way a
-/// send fails 36% of the time, and the expected wait after a first loss, 1 + 2(0.36) +
-/// 4(0.36)^2 + ... timeouts, is 3.6 of them; with two flat resends it is 1.8. A dead peer
-/// gets two more datagrams per exchange before the backoff starts.
+/// a client's exchanges ([`Retransmit::with_flat_resends`]): only later ones double the wait.
+/// A lone request under random loss (nothing else in flight shows the path alive) otherwise
+/// pays the doubling's whole series: at 20% loss each way a send fails 36% of the time, and
+/// the expected wait after a first loss, 1 + 2(0.36) + 4(0.36)^2 + ... timeouts, is 3.6 of
+/// them; with two flat resends it is 1.8. A dead peer gets two more datagrams per exchange
+/// before the backoff starts.
 pub const FLAT_RESENDS: u32 = 2;
 
 impl Timer {
