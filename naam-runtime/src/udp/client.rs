@@ -225,21 +225,16 @@ impl Conn {
     /// then fires the timers that are due.
     fn turn(&mut self, wait: Duration) -> std::io::Result<()> {
         let now = self.clock.now();
-        let timer = self.endpoint.poll_timeout();
-        let wait = timer
+        let wait = self
+            .endpoint
+            .poll_timeout()
             .map_or(wait, |d| Duration::from_nanos(d.saturating_sub(now)))
             .min(wait);
         // Poll a moment before sleeping when answers have been coming back that soon: the
         // answer to a request just sent comes within a round trip, and the server need not
         // wake this thread to deliver it. When they come later (a busy server, many clients),
-        // sleep at once and leave the cores to the server. A resend due within the longest
-        // poll is waited for polling too: a sleeping thread's timer wakes it tens of
-        // microseconds late here, longer than the timeout itself.
-        let spin = if wait <= CLIENT_SPIN && timer.is_some() {
-            wait
-        } else {
-            self.poller.spin()
-        };
+        // sleep at once and leave the cores to the server.
+        let spin = self.poller.spin();
         let got = self.socket.recv_polling(spin.min(wait), wait)?;
         self.poller.arrived(!got.is_empty());
         for (from, m) in got {
