@@ -212,7 +212,17 @@ pub fn pieces(
 /// Splits `message` into datagrams of at most `datagram` bytes each, routed to its session's
 /// receive loop ([`crate::shard::route_of`]).
 pub fn fragment(message: u64, bytes: &[u8], datagram: usize) -> Result<Vec<Bytes>, FrameError> {
-    let route = crate::shard::route_of(bytes);
+    fragment_routed(message, bytes, datagram, crate::shard::route_of(bytes))
+}
+
+/// [`fragment`], every fragment carrying `route` (a message routed as another session than
+/// the one it is sealed in: [`crate::endpoint::Transmit::route`]).
+pub fn fragment_routed(
+    message: u64,
+    bytes: &[u8],
+    datagram: usize,
+    route: u8,
+) -> Result<Vec<Bytes>, FrameError> {
     Ok(pieces(message, bytes.len(), datagram, route)?
         .map(|p| {
             let mut b = BytesMut::with_capacity(HEADER + p.range.len());

@@ -21,7 +21,7 @@ use naam_proto::endpoint::{
     Routed, ServerConfig, ServerEndpoint, SessionDirectory, SwitchHandle, Transmit, VerbsAcceptor,
 };
 use naam_proto::session::{tenant_entries, CookieJar, Credential};
-use naam_proto::shard::{loop_of_route, route_of, route_of_session, Shard};
+use naam_proto::shard::{loop_of_route, route_of_session, Shard};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
 use naam_proto::{Nanos, Placement};
@@ -117,8 +117,9 @@ impl HostBackend for LoopHost {
 
 struct World {
     now: Nanos,
-    /// Datagrams in flight: (due, from, to, bytes), delivered in order after a fixed delay.
-    wire: Vec<(Nanos, SocketAddr, SocketAddr, Bytes)>,
+    /// Datagrams in flight: (due, from, to, route, bytes), delivered in order after a fixed
+    /// delay; the route is the one their frame headers carry.
+    wire: Vec<(Nanos, SocketAddr, SocketAddr, u8, Bytes)>,
     host: Arc<Mutex<HostState>>,
     loops: Vec<ServerEndpoint<LoopHost>>,
     /// Datagrams each loop took in.
@@ -185,7 +186,9 @@ impl World {
     }
 
     fn send(&mut self, from: SocketAddr, t: Transmit) {
-        self.wire.push((self.now + 50_000, from, t.to, t.bytes));
+        let route = t.frame_route();
+        self.wire
+            .push((self.now + 50_000, from, t.to, route, t.bytes));
     }
 
     fn flush(&mut self) {
@@ -219,8 +222,8 @@ impl World {
 
     /// The loop of `loops` a datagram from `from` reaches: its route's, else a hash of the
     /// sender (or the loop [`World::unrouted_to`] names).
-    fn loop_for(&self, from: SocketAddr, bytes: &[u8], loops: usize) -> usize {
-        loop_of_route(route_of(bytes), loops)
+    fn loop_for(&self, from: SocketAddr, route: u8, loops: usize) -> usize {
+        loop_of_route(route, loops)
             .unwrap_or_else(|| self.unrouted_to.unwrap_or(from.port() as usize) % loops)
     }
 
@@ -246,15 +249,15 @@ impl World {
             let now = self.now;
             let due: Vec<_> = self.wire.iter().filter(|d| d.0 <= now).cloned().collect();
             self.wire.retain(|d| d.0 > now);
-            for (_, from, to, bytes) in due {
+            for (_, from, to, route, bytes) in due {
                 if to == server_addr() {
-                    let i = self.loop_for(from, &bytes, LOOPS);
+                    let i = self.loop_for(from, route, LOOPS);
                     self.taken[i] += 1;
                     self.loops[i].handle(now, from, bytes);
                     self.loops[i].run(usize::MAX);
                 } else if to == nic_addr() {
                     if !self.nic.is_empty() {
-                        let i = self.loop_for(from, &bytes, NIC_LOOPS);
+                        let i = self.loop_for(from, route, NIC_LOOPS);
                         self.nic_taken[i] += 1;
                         self.nic[i].handle(now, from, bytes);
                         // A loop's turn ends with its timers, as the driver's does.
@@ -368,11 +371,35 @@ fn sessions_stay_on_their_loop_and_the_nic_serves_every_loops_sessions() {
     // The NIC pairs through one loop and learns the sessions of both.
     w.start_nic();
     w.host.lock().unwrap().congested = true;
+    let executed: Vec<u64> = w.nic.iter().map(|n| n.stats().executed).collect();
     let replies = w.everyone_calls(READ);
     for r in &replies {
         assert_eq!((r.status, r.placement), (Status::Ok, Placement::Nic));
         assert_eq!(&r.payload[..], b"nic");
     }
+    // The forwards, sealed in the pairing session, carry their client sessions' routes: they
+    // spread over the NIC's loops, each run by the loop that serves its session's own
+    // datagrams, instead of all reaching the pairing session's loop.
+    let ran: Vec<u64> = w
+        .nic
+        .iter()
+        .zip(&executed)
+        .map(|(n, before)| n.stats().executed - before)
+        .collect();
+    let mut expected = vec![0u64; NIC_LOOPS];
+    for e in w.events.iter() {
+        if let Some(ClientEvent::Connected(Control::Welcome { session, .. })) =
+            e.iter().find(|e| matches!(e, ClientEvent::Connected(_)))
+        {
+            expected[loop_of_route(route_of_session(*session), NIC_LOOPS).expect("routed")] += 1;
+        }
+    }
+    assert_eq!(ran, expected, "each forward ran on its session's NIC loop");
+    assert!(
+        ran.iter().all(|n| *n > 0),
+        "both NIC loops ran forwards: {ran:?}"
+    );
+    assert!(w.nic.iter().all(|n| n.stats().unauthenticated == 0));
     let forwarded: u64 = w.loops.iter().map(|l| l.stats().forwarded).sum();
     assert_eq!(forwarded, CLIENTS as u64);
     let mut by_loop = HashMap::new();

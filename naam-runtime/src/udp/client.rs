@@ -193,7 +193,7 @@ impl Conn {
     fn flush(&mut self) -> std::io::Result<()> {
         let mut sent = false;
         while let Some(t) = self.endpoint.poll_transmit() {
-            self.socket.send(t.to, t.id, &t.bytes)?;
+            self.socket.send_transmit(&t)?;
             sent = true;
         }
         if sent {

@@ -106,7 +106,7 @@ impl<E: InlineEndpoint> Inline<E> {
             )
         };
         for t in out {
-            let _ = self.sender.send(t.to, t.id, &t.bytes);
+            let _ = self.sender.send_transmit(&t);
         }
         t
     }
@@ -169,6 +169,7 @@ mod tests {
                 to: from,
                 id: 1,
                 bytes: msg,
+                route: None,
             });
         }
         fn handle_timeout(&mut self, _now: Nanos) {}

@@ -427,7 +427,7 @@ fn run_host_loop(
     endpoint.set_datagram_payload(socket.datagram() - naam_proto::frame::HEADER);
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
-    let mut out: Vec<(SocketAddr, u64, Bytes)> = Vec::new();
+    let mut out: Vec<Transmit> = Vec::new();
     let mut poller = Poller::new(SERVER_SPIN);
     loop {
         if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
@@ -488,7 +488,7 @@ fn run_host_loop(
         while endpoint.run(RUN_STEP) > 0 && round.elapsed() < RUN_ROUND {}
         endpoint.handle_timeout(clock.now());
         while let Some(t) = endpoint.poll_transmit() {
-            out.push((t.to, t.id, t.bytes));
+            out.push(t);
         }
         if !out.is_empty() {
             socket.send_batch(&out);

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use naam_proto::frame::{fragment, Fragment, Pushed, Reassembler};
+use naam_proto::endpoint::Transmit;
+use naam_proto::frame::{fragment_routed, Fragment, Pushed, Reassembler};
 use naam_proto::limits::MAX_MESSAGE;
 
 use super::memnet::{MemoryNet, MemoryPort};
@@ -372,6 +373,22 @@ impl Socket {
 
     /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
     pub fn send(&mut self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
+        let route = naam_proto::shard::route_of(message);
+        self.send_routed(peer, id, route, message)
+    }
+
+    /// Sends what an endpoint asked for: [`Socket::send`], with the transmit's route.
+    pub fn send_transmit(&mut self, t: &Transmit) -> io::Result<()> {
+        self.send_routed(t.to, t.id, t.frame_route(), &t.bytes)
+    }
+
+    fn send_routed(
+        &mut self,
+        peer: SocketAddr,
+        id: u64,
+        route: u8,
+        message: &[u8],
+    ) -> io::Result<()> {
         let outlet = match &self.link {
             Link::Kernel(sock) => Outlet::Kernel(sock),
             Link::Memory(port) => Outlet::Memory {
@@ -379,7 +396,7 @@ impl Socket {
                 from: port.addr(),
             },
         };
-        let r = outlet.send(self.datagram, peer, id, message);
+        let r = outlet.send(self.datagram, peer, id, route, message);
         match &r {
             Ok(n) => self.inbound.stats.sent += *n as u64,
             Err(_) => self.inbound.stats.send_errors += 1,
@@ -387,10 +404,10 @@ impl Socket {
         r.map(|_| ())
     }
 
-    /// Sends every message of `batch` (`(peer, id, bytes)`), fragmented, in as few system
-    /// calls as the kernel allows (one `sendmmsg` for a whole loop's answers); returns how
-    /// many messages could not be sent (each is counted in `send_errors`).
-    pub fn send_batch(&mut self, batch: &[(SocketAddr, u64, Bytes)]) -> usize {
+    /// Sends every transmit of `batch`, fragmented, in as few system calls as the kernel
+    /// allows (one `sendmmsg` for a whole loop's answers); returns how many messages could not
+    /// be sent (each is counted in `send_errors`).
+    pub fn send_batch(&mut self, batch: &[Transmit]) -> usize {
         let failed = match &self.link {
             Link::Kernel(sock) => {
                 let (sent, failed) = send_messages(sock, self.datagram, batch);
@@ -403,8 +420,8 @@ impl Socket {
                     from: port.addr(),
                 };
                 let mut failed = 0;
-                for (peer, id, bytes) in batch {
-                    match outlet.send(self.datagram, *peer, *id, bytes) {
+                for t in batch {
+                    match outlet.send(self.datagram, t.to, t.id, t.frame_route(), &t.bytes) {
                         Ok(n) => self.inbound.stats.sent += n as u64,
                         Err(_) => failed += 1,
                     }
@@ -568,11 +585,22 @@ impl Sender {
 
     /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
     pub fn send(&self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
+        self.send_routed(peer, id, naam_proto::shard::route_of(message), message)
+    }
+
+    /// Sends what an endpoint asked for: [`Sender::send`], with the transmit's route.
+    pub fn send_transmit(&self, t: &Transmit) -> io::Result<()> {
+        self.send_routed(t.to, t.id, t.frame_route(), &t.bytes)
+    }
+
+    fn send_routed(&self, peer: SocketAddr, id: u64, route: u8, message: &[u8]) -> io::Result<()> {
         let outlet = match &self.link {
             SendLink::Kernel(sock) => Outlet::Kernel(sock),
             SendLink::Memory { net, from } => Outlet::Memory { net, from: *from },
         };
-        outlet.send(self.datagram, peer, id, message).map(|_| ())
+        outlet
+            .send(self.datagram, peer, id, route, message)
+            .map(|_| ())
     }
 }
 
@@ -587,17 +615,24 @@ enum Outlet<'a> {
 }
 
 impl Outlet<'_> {
-    /// Sends `message` (id `id`) to `peer` in fragments of at most `datagram` bytes; returns
-    /// how many went out (one in-memory datagram nobody receives is dropped silently, as UDP
-    /// drops it).
-    fn send(self, datagram: usize, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<usize> {
+    /// Sends `message` (id `id`) to `peer` in fragments of at most `datagram` bytes, each
+    /// carrying `route`; returns how many went out (one in-memory datagram nobody receives is
+    /// dropped silently, as UDP drops it).
+    fn send(
+        self,
+        datagram: usize,
+        peer: SocketAddr,
+        id: u64,
+        route: u8,
+        message: &[u8],
+    ) -> io::Result<usize> {
         if message.len() > MAX_MESSAGE {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("message of {} bytes over {MAX_MESSAGE}", message.len()),
             ));
         }
-        let frags = fragment(id, message, datagram)
+        let frags = fragment_routed(id, message, datagram, route)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         match self {
             Outlet::Kernel(sock) => send_fragments(sock, peer, &frags),
@@ -668,32 +703,27 @@ fn send_fragments(sock: &UdpSocket, peer: SocketAddr, frags: &[Bytes]) -> io::Re
     Ok(sent)
 }
 
-/// Sends `batch` (`(peer, id, bytes)`) in datagrams of at most `datagram` bytes: each
+/// Sends `batch` in datagrams of at most `datagram` bytes: each
 /// fragment is its header and a slice of its message, gathered by the kernel (nothing is
 /// copied), and every fragment of the batch goes out in as few `sendmmsg` calls as it takes.
 /// Returns the datagrams sent and the messages that could not be (too large, or refused by
 /// the kernel).
-fn send_messages(
-    sock: &UdpSocket,
-    datagram: usize,
-    batch: &[(SocketAddr, u64, Bytes)],
-) -> (usize, usize) {
+fn send_messages(sock: &UdpSocket, datagram: usize, batch: &[Transmit]) -> (usize, usize) {
     let mut failed = 0;
     let mut addrs: Vec<(libc::sockaddr_storage, libc::socklen_t)> = Vec::new();
     // Per fragment: its message's index in `batch`, its header and its range.
     let mut frags: Vec<(usize, naam_proto::frame::Piece)> = Vec::new();
-    for (m, (peer, id, bytes)) in batch.iter().enumerate() {
-        let route = naam_proto::shard::route_of(bytes);
-        match naam_proto::frame::pieces(*id, bytes.len(), datagram, route) {
+    for (m, t) in batch.iter().enumerate() {
+        match naam_proto::frame::pieces(t.id, t.bytes.len(), datagram, t.frame_route()) {
             Ok(pieces) => frags.extend(pieces.map(|p| (m, p))),
             Err(_) => failed += 1,
         }
-        addrs.push(sockaddr(peer));
+        addrs.push(sockaddr(&t.to));
     }
     let mut iovs: Vec<[libc::iovec; 2]> = frags
         .iter()
         .map(|(m, p)| {
-            let bytes = &batch[*m].2;
+            let bytes = &batch[*m].bytes;
             [
                 libc::iovec {
                     iov_base: p.header.as_ptr() as *mut libc::c_void,
@@ -916,6 +946,48 @@ mod tests {
             }
         }
         assert_eq!(got.len(), 1);
+    }
+
+    /// A transmit's route, when it has one, is what every fragment's header carries, sent
+    /// alone, from a cloned sender or in a batch; without one, its bytes' own (0 for bytes
+    /// that are not sealed).
+    #[test]
+    fn every_fragment_carries_the_transmit_s_route() {
+        let mut a = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+        let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+        raw.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let to = raw.local_addr().unwrap();
+        let t = |id: u64, len: usize, route: Option<u8>| Transmit {
+            to,
+            id,
+            bytes: Bytes::from(vec![9u8; len]),
+            route,
+        };
+        a.send_transmit(&t(1, 3000, Some(0x2b))).unwrap();
+        a.sender()
+            .unwrap()
+            .send_transmit(&t(2, 10, Some(7)))
+            .unwrap();
+        assert_eq!(a.send_batch(&[t(3, 2000, Some(5)), t(4, 10, None)]), 0);
+        // 3,000 bytes in three fragments, 10 in one, 2,000 in two, 10 in one.
+        let mut routes: Vec<(u64, u8)> = Vec::new();
+        let mut buf = [0u8; 2048];
+        while routes.len() < 7 {
+            let n = raw.recv(&mut buf).expect("every fragment arrives");
+            let f = Fragment::decode(Bytes::copy_from_slice(&buf[..n])).expect("a fragment");
+            routes.push((f.message, f.route));
+        }
+        routes.sort();
+        let expected = [
+            (1, 0x2b),
+            (1, 0x2b),
+            (1, 0x2b),
+            (2, 7),
+            (3, 5),
+            (3, 5),
+            (4, 0),
+        ];
+        assert_eq!(routes, expected);
     }
 
     /// Sends messages of every size from `a` to `b` and checks each arrives whole, once.

@@ -378,6 +378,7 @@ impl ClientEndpoint {
                 sealer: s.sealer.clone(),
                 id,
                 inner,
+                route: None,
             });
         }
     }
@@ -741,7 +742,12 @@ impl ClientEndpoint {
     }
 
     fn push(&mut self, to: SocketAddr, id: u64, bytes: Bytes) {
-        self.transmits.push_back(Transmit { to, id, bytes });
+        self.transmits.push_back(Transmit {
+            to,
+            id,
+            bytes,
+            route: None,
+        });
     }
 
     fn fail(&mut self, id: u64, error: ExchangeError) {

@@ -44,4 +44,19 @@ pub struct Transmit {
     pub id: u64,
     /// The whole message (sealed, unless it is part of a handshake).
     pub bytes: Bytes,
+    /// The route its fragments carry when it is not the one its bytes name
+    /// ([`crate::shard::route_of`]): the server's messages to the NIC about one client session
+    /// (forwards of its requests, its announcement) are sealed in the pairing session but carry
+    /// that client session's route, so that the NIC's receive loop which serves the session's
+    /// own datagrams takes them too, in order, and the forwards of many sessions spread over
+    /// the NIC's loops instead of all reaching the pairing session's. `None` for the rest.
+    pub route: Option<u8>,
+}
+
+impl Transmit {
+    /// The route its fragments carry: [`Transmit::route`] when set, else its bytes' own.
+    pub fn frame_route(&self) -> u8 {
+        self.route
+            .unwrap_or_else(|| crate::shard::route_of(&self.bytes))
+    }
 }

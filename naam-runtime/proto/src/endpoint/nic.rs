@@ -11,11 +11,15 @@
 //! A NIC with several receive loops (one per core, on one address: the kernel hands each
 //! datagram to the loop its route names, as naam-server's loops) runs one endpoint per loop:
 //! the first is made with [`NicEndpoint::new`], the others with [`NicEndpoint::another_loop`].
-//! They share the pairing (its key and replay window: the server's datagrams reach the loop
-//! the pairing session's route names) and the announced client sessions (each with its own
-//! replay window: a session's own datagrams reach its route's loop, its forwards the pairing's),
-//! and nothing else on a request's path. The first loop retries pairing and remaps; any loop
-//! reports load when a report is due.
+//! They share the pairing (its key and replay window) and the announced client sessions (each
+//! with its own replay window), and nothing else on a request's path. A session's own
+//! datagrams reach its route's loop, and so do the server's forwards of its requests and its
+//! announcement: sealed in the pairing session, they carry the client session's route
+//! ([`crate::endpoint::Transmit::route`]), so the forwards of many sessions spread over the
+//! loops, and each loop opens its own (only the pairing's replay window is taken under a lock,
+//! whose 1,024 packets absorb the reordering between loops). The server's other messages
+//! reach the loop the pairing session's route names. The first loop retries pairing and
+//! remaps; any loop reports load when a report is due.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -206,8 +210,9 @@ struct ClientSession {
     key: Arc<SessionKey>,
     ch: Channel,
     apps: Vec<u32>,
-    /// Taken by the loop of the session's route (its own datagrams) and by the loop of the
-    /// pairing's (the server's forwards of them).
+    /// Taken by the loop of the session's route: its own datagrams and the server's forwards
+    /// of them reach that loop (a route rewritten on the way reaches another loop, which
+    /// shares this window, so a replay is still refused).
     window: Mutex<ReplayWindow>,
 }
 
@@ -538,6 +543,7 @@ impl<B: NicBackend> NicEndpoint<B> {
             to: server,
             id,
             bytes,
+            route: None,
         });
     }
 
@@ -762,18 +768,28 @@ impl<B: NicBackend> NicEndpoint<B> {
             }
             return;
         }
-        let Pairing::Paired { key, window, .. } = &mut link.pairing else {
+        let Pairing::Paired { key, .. } = &link.pairing else {
             return;
-        };
-        let inner = match key.open(&msg) {
-            Ok((h, inner)) if window.accept(h.packet) => inner,
-            _ => {
-                self.stats.unauthenticated += 1;
-                return;
-            }
         };
         let pairing_key = key.clone();
         drop(link);
+        // Opened outside the lock: the server's forwards reach every loop (each its client
+        // sessions'), and only the replay window is theirs to share.
+        let Ok((h, inner)) = pairing_key.open(&msg) else {
+            self.stats.unauthenticated += 1;
+            return;
+        };
+        let accepted = match &mut self.shared.link().pairing {
+            // The same pairing still (not one a restarted server made meanwhile).
+            Pairing::Paired { key, window, .. } if Arc::ptr_eq(key, &pairing_key) => {
+                window.accept(h.packet)
+            }
+            _ => false,
+        };
+        if !accepted {
+            self.stats.unauthenticated += 1;
+            return;
+        }
         if MessageKind::peek(&inner) == Some(MessageKind::Batch) {
             // Several forwards (or announcements) the server had ready together.
             match crate::batch::split(&inner) {

@@ -52,6 +52,7 @@ impl Channel {
             to: self.to,
             id,
             bytes: self.sealer.seal(bytes),
+            route: None,
         }
     }
 
@@ -70,9 +71,11 @@ pub(super) struct Outgoing {
     pub(super) sealer: Arc<Sealer>,
     pub(super) id: u64,
     pub(super) inner: Bytes,
+    /// [`Transmit::route`] of the envelope it goes in.
+    pub(super) route: Option<u8>,
 }
 
-/// Seals `out` into transmits: every message for the same peer and sealer is
+/// Seals `out` into transmits: every message for the same peer, sealer and route is
 /// coalesced, in order, into batches whose sealed size stays within `limit` bytes (a message
 /// over it goes alone, to be fragmented); the first message's id names each batch. Returns
 /// how many batches of several messages were made.
@@ -83,10 +86,9 @@ pub(super) fn coalesce(out: Vec<Outgoing>, limit: usize, into: &mut VecDeque<Tra
     // Groups in order of first appearance; within a group, arrival order.
     let mut groups: Vec<Vec<Outgoing>> = Vec::new();
     for o in out {
-        match groups
-            .iter_mut()
-            .find(|g| g[0].to == o.to && Arc::ptr_eq(&g[0].sealer, &o.sealer))
-        {
+        match groups.iter_mut().find(|g| {
+            g[0].to == o.to && g[0].route == o.route && Arc::ptr_eq(&g[0].sealer, &o.sealer)
+        }) {
             Some(g) => g.push(o),
             None => groups.push(vec![o]),
         }
@@ -124,6 +126,7 @@ pub(super) fn coalesce(out: Vec<Outgoing>, limit: usize, into: &mut VecDeque<Tra
                 to: first.to,
                 id: first.id,
                 bytes: first.sealer.seal(&inner),
+                route: first.route,
             });
             i = next;
         }
@@ -795,6 +798,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             sealer: ch.sealer.clone(),
             id,
             inner,
+            route: None,
         });
     }
 
@@ -878,6 +882,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 to: peer,
                 id,
                 bytes,
+                route: None,
             });
         } else {
             self.stats.amplification_drops += 1;
@@ -1029,7 +1034,11 @@ impl<B: HostBackend> ServerEndpoint<B> {
             },
             None => Control::SessionClosed { session: sid },
         };
-        let t = nic.transmit(0, &m.to_bytes(0));
+        // Routed as the session, as its forwards are: the NIC loop that takes them knows it.
+        let t = Transmit {
+            route: Some(crate::shard::route_of_session(sid)),
+            ..nic.transmit(0, &m.to_bytes(0))
+        };
         self.push(t);
     }
 
@@ -1263,11 +1272,13 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         ForwardAs::Sealed(sealed) => control::forward(sealed),
                         ForwardAs::Member(bytes) => control::forward_member(sid, bytes),
                     };
+                    // Routed as the client session it belongs to: see `Transmit::route`.
                     self.outbox.push(Outgoing {
                         to: agent,
                         sealer: nic.sealer.clone(),
                         id,
                         inner: f,
+                        route: Some(crate::shard::route_of_session(sid)),
                     });
                 }
                 None => {
@@ -1537,6 +1548,7 @@ mod coalescing_tests {
                 },
                 id: i,
                 inner: Bytes::from(vec![i as u8 + 1; 1000]),
+                route: None,
             })
             .collect();
         let mut t = VecDeque::new();
