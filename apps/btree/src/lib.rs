@@ -128,12 +128,13 @@ impl BTreeConfig {
         self.max_nodes.saturating_sub(16) / 2 * per_leaf
     }
 
-    /// Nodes of `node_size` bytes, room for about `keys` keys.
+    /// Nodes of `node_size` bytes, room for about `keys` keys: at least `keys` as
+    /// [`BTreeConfig::keys`] counts them.
     pub fn with_node_size(keys: u64, node_size: usize) -> Self {
         let per_leaf = (l::capacity(node_size) / 2).max(1) as u64;
         BTreeConfig {
             node_size,
-            max_nodes: (keys / per_leaf) * 2 + 16,
+            max_nodes: keys.div_ceil(per_leaf).saturating_mul(2).saturating_add(16),
         }
     }
 

@@ -477,3 +477,14 @@ fn aarch64_code_computes_what_the_host_computes() {
         check.compared()
     );
 }
+
+proptest! {
+    /// A tree sized for `keys` keys holds them, as `keys()` counts, and not many more.
+    #[test]
+    fn a_tree_sized_for_some_keys_holds_them(keys in 0u64..50_000_000, size in prop::sample::select(vec![128usize, 256, 1024, 2048])) {
+        let c = BTreeConfig::with_node_size(keys, size);
+        let per_leaf = (naam_btree::layout::capacity(size) / 2).max(1) as u64;
+        prop_assert!(c.keys() >= keys, "{} < {keys}", c.keys());
+        prop_assert!(c.keys() < keys + per_leaf);
+    }
+}
