@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
-use naam_btree::{BTreeClient, BTreeConfig, BTreeHandle};
+use naam_btree::{BTreeClient, BTreeConfig, BTreeDone, BTreeHandle, BTreePipeline};
 use naam_mica::{MicaClient, MicaConfig, MicaDone, MicaHandle, MicaPipeline};
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
 use naam_runtime::proto::steering::CostPolicyConfig;
@@ -495,6 +495,105 @@ impl<T: Transport> Store for BTreeStore<T> {
     }
 }
 
+/// The B-tree with operations in flight together over a [`Pipeline`] transport: the same
+/// operations as [`BTreeStore`]'s, a read-modify-write's write started when its read comes
+/// back.
+struct BTreePipeStore<T: Pipeline> {
+    t: BTreePipeline<T>,
+    naming: KeyNaming,
+    /// Read-modify-writes whose read is in flight: their key and the bytes to fold in.
+    rmw: std::collections::HashMap<u64, (u64, Vec<u8>)>,
+    /// Operations whose second half failed to start, to hand back.
+    failed: Vec<(u64, anyhow::Result<bool>)>,
+}
+
+impl<T: Pipeline> BTreePipeStore<T> {
+    fn new(t: BTreePipeline<T>, naming: KeyNaming) -> Self {
+        BTreePipeStore {
+            t,
+            naming,
+            rmw: Default::default(),
+            failed: Vec::new(),
+        }
+    }
+}
+
+impl<T: Pipeline> Store for BTreePipeStore<T> {
+    fn read(&mut self, _: u64) -> anyhow::Result<bool> {
+        bail!("the pipelined B-tree store runs operations through `start`")
+    }
+    fn update(&mut self, _: u64, _: usize, _: &[u8]) -> anyhow::Result<()> {
+        bail!("the pipelined B-tree store runs operations through `start`")
+    }
+    fn insert(&mut self, _: u64, _: &[u8]) -> anyhow::Result<()> {
+        bail!("the pipelined B-tree store runs operations through `start`")
+    }
+    fn scan(&mut self, _: u64, _: usize) -> anyhow::Result<usize> {
+        bail!("the pipelined B-tree store runs operations through `start`")
+    }
+    fn rmw(&mut self, _: u64, _: usize, _: &[u8]) -> anyhow::Result<()> {
+        bail!("the pipelined B-tree store runs operations through `start`")
+    }
+    fn run(&mut self, op: StoreOp) -> anyhow::Result<bool> {
+        // One operation alone: start it and wait for it.
+        self.start(u64::MAX, op)?;
+        loop {
+            for (tag, r) in self.finished(true) {
+                if tag == u64::MAX {
+                    return r;
+                }
+            }
+        }
+    }
+    fn piped(&mut self) -> Option<&mut dyn PipedStore> {
+        Some(self)
+    }
+}
+
+impl<T: Pipeline> PipedStore for BTreePipeStore<T> {
+    fn start(&mut self, tag: u64, op: StoreOp) -> anyhow::Result<()> {
+        match op {
+            StoreOp::Read(n) => self.t.get(tag, self.naming.number(n))?,
+            StoreOp::Update(n, _, bytes) => {
+                self.t.update(tag, self.naming.number(n), word(&bytes))?
+            }
+            StoreOp::Insert(n, record) => {
+                self.t.insert(tag, self.naming.number(n), word(&record))?
+            }
+            StoreOp::Scan(n, len) => self.t.scan(tag, self.naming.number(n), len)?,
+            StoreOp::Rmw(n, _, bytes) => {
+                let k = self.naming.number(n);
+                self.t.get(tag, k)?;
+                self.rmw.insert(tag, (k, bytes));
+            }
+        }
+        Ok(())
+    }
+
+    fn finished(&mut self, block: bool) -> Vec<(u64, anyhow::Result<bool>)> {
+        let mut out = std::mem::take(&mut self.failed);
+        for (tag, r) in self.t.poll(block && out.is_empty()) {
+            match (self.rmw.remove(&tag), r) {
+                // The read half of a read-modify-write: now the write, as `BTreeStore::rmw`.
+                (Some((k, bytes)), Ok(BTreeDone::Got(old))) => {
+                    if let Err(e) = self.t.update(tag, k, old.unwrap_or(0) ^ word(&bytes)) {
+                        out.push((tag, Err(e.into())));
+                    }
+                }
+                (_, Ok(BTreeDone::Got(v))) => out.push((tag, Ok(v.is_some()))),
+                (_, Ok(BTreeDone::Written(w))) => out.push((tag, Ok(w.is_some()))),
+                (_, Ok(_)) => out.push((tag, Ok(true))),
+                (_, Err(e)) => out.push((tag, Err(e.into()))),
+            }
+        }
+        out
+    }
+
+    fn in_flight(&self) -> usize {
+        self.t.in_flight() + self.failed.len()
+    }
+}
+
 /// Handlers built once per process.
 struct Objects {
     mica: Option<Arc<naam_runtime::vm::LoadedObject>>,
@@ -852,6 +951,15 @@ fn run_udp_on(
                 Ok(Box::new(MicaStore::new(
                     MicaClient::new(connect()?, handle),
                     fl,
+                    naming,
+                )) as Box<dyn Store + Send>)
+            })
+        }
+        App::Btree if pipeline > 1 => {
+            let handle = setup.btree()?;
+            Arc::new(move || {
+                Ok(Box::new(BTreePipeStore::new(
+                    BTreePipeline::new(connect()?, handle),
                     naming,
                 )) as Box<dyn Store + Send>)
             })

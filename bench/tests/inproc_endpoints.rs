@@ -41,3 +41,25 @@ fn every_placement_serves_reads_through_the_endpoints() {
         );
     }
 }
+
+#[test]
+fn pipelined_sessions_run_every_operation_kind_through_the_endpoints() {
+    // Eight operations in flight per client thread: MICA's pipeline, and the B-tree's with
+    // updates (A), lookups (C), scans and inserts (E) and read-modify-writes (F). Every
+    // operation is answered once, none fails.
+    for (app, w) in [
+        (App::Mica, 'b'),
+        (App::Mica, 'f'),
+        (App::Btree, 'a'),
+        (App::Btree, 'c'),
+        (App::Btree, 'e'),
+        (App::Btree, 'f'),
+    ] {
+        let mut c = cfg(app, w, PlacementChoice::Auto);
+        c.pipeline = 8;
+        let r = run_inproc_endpoints(&c, &|_, _| {}).unwrap();
+        let done: u64 = r.ops.iter().map(|o| o.latency.count).sum();
+        let errors: u64 = r.ops.iter().map(|o| o.errors).sum();
+        assert_eq!((done, errors), (1500, 0), "{app:?} {w}, pipeline 8");
+    }
+}

@@ -2,8 +2,9 @@
 //!
 //! A Cell-style B+tree (a B-link tree of fixed-size nodes) as a NAAM application: layout
 //! ([`layout`]), handlers compiled from Rust to eBPF (`apps/btree/handlers`), a client that caches
-//! the root and detects a stale one, and a native reference implementation of the same tree
-//! ([`reference::NativeBTree`]). Keys and values are `u64`; [`layout::NO_KEY`] is reserved.
+//! the root and detects a stale one ([`BTreeClient`], one call at a time; [`BTreePipeline`], many
+//! operations in flight over a [`Pipeline`] transport), and a native reference implementation of
+//! the same tree ([`reference::NativeBTree`]). Keys and values are `u64`; [`layout::NO_KEY`] is reserved.
 //!
 //! Lookups and scans descend one node per step at any placement (at the client each step is one
 //! READ, as in Cell). Inserts and updates run at the write owner: they split full nodes on the
@@ -17,8 +18,9 @@ use std::sync::Arc;
 use naam_btree_layout as l;
 use naam_ebpf::abi::{error_code::APP_BASE, Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::handler_id;
-use naam_proto::transport::{ClientError, Transport};
-use naam_proto::wire::{ReplyView, Status};
+use naam_proto::intmap::IntMap;
+use naam_proto::transport::{ClientError, Pipeline, Transport};
+use naam_proto::wire::{Reply, ReplyView, Status};
 #[cfg(feature = "host")]
 use naam_proto::Placement;
 #[cfg(feature = "host")]
@@ -365,16 +367,11 @@ impl<T: Transport> BTreeClient<T> {
     ) -> Result<R, BTreeError> {
         for attempt in 1..=MAX_ATTEMPTS {
             let root = self.root_desc();
-            let answered =
-                self.transport
-                    .call_with(self.handle.app, id, args, &[root], |r| match r.status {
-                        Status::Ok => ReadAttempt::Done(read(r.payload)),
-                        Status::HandlerError if code_is(r.code, l::error::STALE_ROOT) => {
-                            ReadAttempt::StaleRoot
-                        }
-                        Status::Busy => ReadAttempt::Again,
-                        _ => ReadAttempt::Failed(server_error(op, r)),
-                    });
+            let answered = self
+                .transport
+                .call_with(self.handle.app, id, args, &[root], |r| {
+                    read_attempt(op, r, &mut read)
+                });
             match answered {
                 Ok(ReadAttempt::Done(r)) => return Ok(r),
                 Ok(ReadAttempt::StaleRoot) => {
@@ -402,13 +399,7 @@ impl<T: Transport> BTreeClient<T> {
     pub fn get(&mut self, key: u64) -> Result<Option<u64>, BTreeError> {
         Self::check_key(key)?;
         let args = self.reader_args(key, 0);
-        self.read_with("get", self.ids[0], &args, |payload| {
-            match (payload.first(), payload.get(1..9)) {
-                (Some(&found), Some(value)) => Ok((found == 1)
-                    .then(|| u64::from_le_bytes(value.try_into().expect("a slice of 8 bytes")))),
-                _ => Err(BTreeError::Config("short lookup reply".into())),
-            }
-        })?
+        self.read_with("get", self.ids[0], &args, looked_up)?
     }
 
     /// Up to `max` `(key, value)` pairs with keys at or above `start`, in key order. A scan
@@ -421,29 +412,38 @@ impl<T: Transport> BTreeClient<T> {
             let args = self.reader_args(from, (max - out.len()) as u64);
             let before = out.len();
             let more = self.read_with("scan", self.ids[1], &args, |payload| {
-                let (&more, pairs) = payload.split_first()?;
                 out.truncate(before);
-                out.extend(pairs.chunks_exact(16).map(|c| {
-                    (
-                        u64::from_le_bytes(c[..8].try_into().expect("8")),
-                        u64::from_le_bytes(c[8..].try_into().expect("8")),
-                    )
-                }));
-                Some(more)
-            })?;
-            let Some(more) = more else {
-                return Err(BTreeError::Config("empty scan reply".into()));
-            };
-            // Continue after the last key, but only if this message made progress: a message that
-            // returned nothing would be asked the same question again.
-            match out.last() {
-                Some(&(last, _)) if more == 1 && out.len() > before && last < l::NO_KEY - 1 => {
-                    from = last + 1
-                }
-                _ => break,
+                scanned(payload, &mut out)
+            })??;
+            match scan_continues(&out, before, more) {
+                Some(next) => from = next,
+                None => break,
             }
         }
         Ok(out)
+    }
+
+    /// The args of a write of `key` = `value` (of an update: only if `key` is there).
+    fn write_args(&self, key: u64, value: u64, update_only: bool) -> [u8; l::args::WRITE_SIZE] {
+        let h = self.handle;
+        let mut args = [0u8; l::args::WRITE_SIZE];
+        args[0..8].copy_from_slice(&h.rkey_nodes.to_le_bytes());
+        args[8..16].copy_from_slice(&(h.config.node_size as u64).to_le_bytes());
+        args[16..24].copy_from_slice(&key.to_le_bytes());
+        args[24..32].copy_from_slice(&value.to_le_bytes());
+        args[32..40].copy_from_slice(&h.rkey_meta.to_le_bytes());
+        args[40..48].copy_from_slice(&(update_only as u64).to_le_bytes());
+        args
+    }
+
+    /// What a write names: the meta region, which it may change atomically.
+    fn meta_desc(&self) -> Descriptor {
+        Descriptor {
+            rkey: self.handle.rkey_meta,
+            offset: 0,
+            len: l::META_SIZE as u32,
+            access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+        }
     }
 
     fn write(
@@ -455,44 +455,14 @@ impl<T: Transport> BTreeClient<T> {
     ) -> Result<Option<Written>, BTreeError> {
         Self::check_key(key)?;
         let h = self.handle;
-        let mut args = [0u8; l::args::WRITE_SIZE];
-        args[0..8].copy_from_slice(&h.rkey_nodes.to_le_bytes());
-        args[8..16].copy_from_slice(&(h.config.node_size as u64).to_le_bytes());
-        args[16..24].copy_from_slice(&key.to_le_bytes());
-        args[24..32].copy_from_slice(&value.to_le_bytes());
-        args[32..40].copy_from_slice(&h.rkey_meta.to_le_bytes());
-        args[40..48].copy_from_slice(&(update_only as u64).to_le_bytes());
-        let meta = Descriptor {
-            rkey: h.rkey_meta,
-            offset: 0,
-            len: l::META_SIZE as u32,
-            access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
-        };
+        let args = self.write_args(key, value, update_only);
+        let meta = self.meta_desc();
         for attempt in 1..=MAX_ATTEMPTS {
-            let answered =
-                self.transport
-                    .call_with(h.app, self.ids[2], &args, &[meta], |r| {
-                        match (r.status, r.payload.first().copied()) {
-                            (Status::Ok, Some(l::reply::SPLIT)) => WriteAttempt::Split,
-                            (Status::Ok, Some(l::reply::INSERTED)) => {
-                                WriteAttempt::Done(Some(Written::Inserted))
-                            }
-                            (Status::Ok, Some(l::reply::REPLACED)) => {
-                                WriteAttempt::Done(Some(Written::Replaced))
-                            }
-                            (Status::HandlerError, _) if code_is(r.code, l::error::NOT_FOUND) => {
-                                WriteAttempt::Done(None)
-                            }
-                            (Status::HandlerError, _) if code_is(r.code, l::error::FULL) => {
-                                WriteAttempt::Failed(BTreeError::Full(h.config.max_nodes))
-                            }
-                            (Status::HandlerError, _) if code_is(r.code, l::error::RESTART) => {
-                                WriteAttempt::Again
-                            }
-                            (Status::Conflict | Status::Busy, _) => WriteAttempt::Again,
-                            _ => WriteAttempt::Failed(server_error(op, r)),
-                        }
-                    });
+            let answered = self
+                .transport
+                .call_with(h.app, self.ids[2], &args, &[meta], |r| {
+                    write_attempt(op, h.config.max_nodes, r)
+                });
             match answered {
                 Ok(WriteAttempt::Done(w)) => return Ok(w),
                 Ok(WriteAttempt::Split) => continue,
@@ -519,12 +489,466 @@ impl<T: Transport> BTreeClient<T> {
     }
 }
 
+/// What a pipelined B-tree operation came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BTreeDone {
+    /// A get: the value, or `None` when the tree does not hold the key.
+    Got(Option<u64>),
+    /// An insert (`Some`: what it did) or an update (`None`: the key was absent, nothing
+    /// changed).
+    Written(Option<Written>),
+    /// A scan: the pairs, in key order.
+    Scanned(Vec<(u64, u64)>),
+}
+
+/// One pipelined operation and where it stands.
+#[derive(Debug)]
+enum PipedOp {
+    Get {
+        key: u64,
+    },
+    Write {
+        op: &'static str,
+        key: u64,
+        value: u64,
+        update_only: bool,
+    },
+    /// A scan of up to `max` pairs, `got` so far; its next message asks from `from`.
+    Scan {
+        max: usize,
+        from: u64,
+        got: Vec<(u64, u64)>,
+    },
+}
+
+impl PipedOp {
+    fn name(&self) -> &'static str {
+        match self {
+            PipedOp::Get { .. } => "get",
+            PipedOp::Write { op, .. } => op,
+            PipedOp::Scan { .. } => "scan",
+        }
+    }
+}
+
+/// An operation and the attempts it has made.
+#[derive(Debug)]
+struct Piped {
+    tag: u64,
+    op: PipedOp,
+    attempt: u32,
+}
+
+/// B-tree operations in flight together over a [`Pipeline`]: a client thread keeps many
+/// requests outstanding (YCSB's `--pipeline`, a multi-get) instead of one, with the answers of
+/// [`BTreeClient`]'s calls. Each operation carries the caller's tag and is sent again on its
+/// own: after a split, a conflict or a full queue at once, and, when the cached root went
+/// stale, once the root has been read again (one root read for every reader that met it). A
+/// scan longer than one message goes on from its last key, in flight like the rest.
+pub struct BTreePipeline<T: Pipeline> {
+    client: BTreeClient<T>,
+    /// By transport token.
+    flying: IntMap<u64, Piped>,
+    /// Operations the transport had no room for: sent first at the next poll.
+    waiting: std::collections::VecDeque<Piped>,
+    /// Readers that met a stale root, waiting for the root read in flight.
+    stale: Vec<Piped>,
+    /// The token of the root read in flight.
+    root_read: Option<u64>,
+    /// A root read is owed: the window had no room for it when a reader met a stale root.
+    root_wanted: bool,
+}
+
+impl<T: Pipeline> BTreePipeline<T> {
+    /// A pipeline of the tree `handle` over `transport`, starting from root node 0.
+    pub fn new(transport: T, handle: BTreeHandle) -> Self {
+        BTreePipeline {
+            client: BTreeClient::new(transport, handle),
+            flying: Default::default(),
+            waiting: Default::default(),
+            stale: Vec::new(),
+            root_read: None,
+            root_wanted: false,
+        }
+    }
+
+    /// The transport.
+    pub fn transport(&mut self) -> &mut T {
+        &mut self.client.transport
+    }
+
+    /// Root refreshes made (stale roots detected).
+    pub fn root_refreshes(&self) -> u64 {
+        self.client.root_refreshes
+    }
+
+    /// Operations started and not yet handed back.
+    pub fn in_flight(&self) -> usize {
+        self.flying.len() + self.waiting.len() + self.stale.len()
+    }
+
+    /// The most operations the transport keeps outstanding (a root read takes one of them
+    /// while it is in flight; what does not fit waits for the next poll).
+    pub fn window(&self) -> usize {
+        self.client.transport.window()
+    }
+
+    /// Starts a lookup of `key`; its answer will carry `tag`.
+    pub fn get(&mut self, tag: u64, key: u64) -> Result<(), BTreeError> {
+        BTreeClient::<T>::check_key(key)?;
+        self.start(tag, PipedOp::Get { key })
+    }
+
+    /// Starts an insert (or replacement) of `key` = `value`.
+    pub fn insert(&mut self, tag: u64, key: u64, value: u64) -> Result<(), BTreeError> {
+        self.start_write(tag, "insert", key, value, false)
+    }
+
+    /// Starts an update of `key` to `value`, which changes nothing when `key` is absent.
+    pub fn update(&mut self, tag: u64, key: u64, value: u64) -> Result<(), BTreeError> {
+        self.start_write(tag, "update", key, value, true)
+    }
+
+    /// Starts a scan of up to `max` pairs with keys at or above `start`.
+    pub fn scan(&mut self, tag: u64, start: u64, max: usize) -> Result<(), BTreeError> {
+        BTreeClient::<T>::check_key(start)?;
+        if max == 0 {
+            return Err(BTreeError::Config("a scan of no pairs".into()));
+        }
+        let op = PipedOp::Scan {
+            max,
+            from: start,
+            got: Vec::with_capacity(max.min(1024)),
+        };
+        self.start(tag, op)
+    }
+
+    fn start_write(
+        &mut self,
+        tag: u64,
+        op: &'static str,
+        key: u64,
+        value: u64,
+        update_only: bool,
+    ) -> Result<(), BTreeError> {
+        BTreeClient::<T>::check_key(key)?;
+        let op = PipedOp::Write {
+            op,
+            key,
+            value,
+            update_only,
+        };
+        self.start(tag, op)
+    }
+
+    fn start(&mut self, tag: u64, op: PipedOp) -> Result<(), BTreeError> {
+        self.submit(Piped {
+            tag,
+            op,
+            attempt: 1,
+        })
+        .map_err(|(_, e)| e)
+    }
+
+    /// Sends `p`'s next message; with no room in the transport's window it waits for the next
+    /// poll. A failure hands `p`'s tag back with the error.
+    fn submit(&mut self, p: Piped) -> Result<(), (u64, BTreeError)> {
+        let c = &mut self.client;
+        let (id, args, desc): (u32, Vec<u8>, Descriptor) = match &p.op {
+            PipedOp::Get { key } => (c.ids[0], c.reader_args(*key, 0).to_vec(), c.root_desc()),
+            PipedOp::Scan { max, from, got } => {
+                let left = (max - got.len()) as u64;
+                (c.ids[1], c.reader_args(*from, left).to_vec(), c.root_desc())
+            }
+            PipedOp::Write {
+                key,
+                value,
+                update_only,
+                ..
+            } => (
+                c.ids[2],
+                c.write_args(*key, *value, *update_only).to_vec(),
+                c.meta_desc(),
+            ),
+        };
+        match c.transport.submit(c.handle.app, id, &args, &[desc]) {
+            Ok(token) => {
+                self.flying.insert(token, p);
+                Ok(())
+            }
+            Err(ClientError::Busy(_)) => {
+                self.waiting.push_back(p);
+                Ok(())
+            }
+            Err(e) => Err((p.tag, e.into())),
+        }
+    }
+
+    /// Sends `p` again, unless it has made all its attempts.
+    fn again(&mut self, mut p: Piped, out: &mut Vec<(u64, Result<BTreeDone, BTreeError>)>) {
+        if p.attempt >= MAX_ATTEMPTS {
+            out.push((p.tag, Err(BTreeError::Contended(p.op.name(), MAX_ATTEMPTS))));
+            return;
+        }
+        p.attempt += 1;
+        if let Err((tag, e)) = self.submit(p) {
+            out.push((tag, Err(e)));
+        }
+    }
+
+    /// Reads the root again, unless a root read is in flight already; with no room in the
+    /// window, at the next poll.
+    fn read_root(&mut self) -> Result<(), ClientError> {
+        if self.root_read.is_some() {
+            return Ok(());
+        }
+        let d = Descriptor {
+            rkey: self.client.handle.rkey_meta,
+            offset: 0,
+            len: l::META_SIZE as u32,
+            access: ACCESS_READ,
+        };
+        let c = &mut self.client;
+        match c.transport.submit(c.handle.app, c.ids[3], &[], &[d]) {
+            Ok(token) => {
+                self.root_read = Some(token);
+                self.root_wanted = false;
+                Ok(())
+            }
+            Err(ClientError::Busy(_)) => {
+                self.root_wanted = true;
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The root read's answer: the readers that waited for it go again (from the new root), or
+    /// fail with it.
+    fn root_answered(
+        &mut self,
+        answer: Result<Reply, ClientError>,
+        out: &mut Vec<(u64, Result<BTreeDone, BTreeError>)>,
+    ) {
+        self.root_read = None;
+        let answer = match answer {
+            // The window was full: read it again.
+            Err(ClientError::Busy(_)) => match self.read_root() {
+                Ok(()) => return,
+                Err(e) => Err(e),
+            },
+            other => other,
+        };
+        let stale = std::mem::take(&mut self.stale);
+        match answer {
+            Ok(r) if r.status == Status::Ok && r.payload.len() >= 8 => {
+                self.client.root = u64::from_le_bytes(r.payload[..8].try_into().expect("8 bytes"));
+                self.client.root_refreshes += 1;
+                for p in stale {
+                    self.again(p, out);
+                }
+            }
+            // Every reader that waited fails as `refresh_root` would have failed it.
+            Ok(r) => out.extend(
+                stale
+                    .into_iter()
+                    .map(|p| (p.tag, Err(server_error("root", r.view())))),
+            ),
+            Err(e) => out.extend(stale.into_iter().map(|p| (p.tag, Err(e.clone().into())))),
+        }
+    }
+
+    /// What answer `answer` to `p` does: finishes it, sends its next message, or parks it for
+    /// the root read.
+    fn answered(
+        &mut self,
+        mut p: Piped,
+        answer: Result<Reply, ClientError>,
+        out: &mut Vec<(u64, Result<BTreeDone, BTreeError>)>,
+    ) {
+        let r = match answer {
+            Ok(r) => r,
+            // The transport's window was full when it went: send it again.
+            Err(ClientError::Busy(_)) => return self.again(p, out),
+            Err(e) => return out.push((p.tag, Err(e.into()))),
+        };
+        let op = p.op.name();
+        let read = match &mut p.op {
+            PipedOp::Write { .. } => {
+                match write_attempt(op, self.client.handle.config.max_nodes, r.view()) {
+                    WriteAttempt::Done(w) => out.push((p.tag, Ok(BTreeDone::Written(w)))),
+                    WriteAttempt::Split | WriteAttempt::Again => self.again(p, out),
+                    WriteAttempt::Failed(e) => out.push((p.tag, Err(e))),
+                }
+                return;
+            }
+            PipedOp::Get { .. } => read_attempt(op, r.view(), |payload| {
+                looked_up(payload).map(|v| Some(BTreeDone::Got(v)))
+            }),
+            PipedOp::Scan { max, from, got } => read_attempt(op, r.view(), |payload| {
+                let before = got.len();
+                let more = scanned(payload, got)?;
+                got.truncate(*max);
+                Ok(match scan_continues(got, before, more) {
+                    Some(next) if got.len() < *max => {
+                        *from = next;
+                        None
+                    }
+                    _ => Some(BTreeDone::Scanned(std::mem::take(got))),
+                })
+            }),
+        };
+        match read {
+            ReadAttempt::Done(Ok(Some(done))) => out.push((p.tag, Ok(done))),
+            // A scan's next message.
+            ReadAttempt::Done(Ok(None)) => {
+                p.attempt = 0;
+                self.again(p, out)
+            }
+            ReadAttempt::Done(Err(e)) | ReadAttempt::Failed(e) => out.push((p.tag, Err(e))),
+            ReadAttempt::Again => self.again(p, out),
+            ReadAttempt::StaleRoot => match self.read_root() {
+                Ok(()) => self.stale.push(p),
+                Err(e) => out.push((p.tag, Err(e.into()))),
+            },
+        }
+    }
+
+    /// The operations that finished since the last poll, by tag; with `block`, waits a while
+    /// for one when any is in flight.
+    pub fn poll(&mut self, block: bool) -> Vec<(u64, Result<BTreeDone, BTreeError>)> {
+        let mut out = Vec::new();
+        loop {
+            // What had no room goes first, as far as the window now allows.
+            for _ in 0..self.waiting.len() {
+                let Some(p) = self.waiting.pop_front() else {
+                    break;
+                };
+                if let Err((tag, e)) = self.submit(p) {
+                    out.push((tag, Err(e)));
+                }
+            }
+            if self.root_wanted {
+                if let Err(e) = self.read_root() {
+                    let stale = std::mem::take(&mut self.stale);
+                    out.extend(stale.into_iter().map(|p| (p.tag, Err(e.clone().into()))));
+                    self.root_wanted = false;
+                }
+            }
+            let outstanding = !self.flying.is_empty() || self.root_read.is_some();
+            for (token, answer) in self.client.transport.poll(block && outstanding) {
+                if self.root_read == Some(token) {
+                    self.root_answered(answer, &mut out);
+                } else if let Some(p) = self.flying.remove(&token) {
+                    self.answered(p, answer, &mut out);
+                }
+            }
+            let outstanding = !self.flying.is_empty() || self.root_read.is_some();
+            if !out.is_empty() || !block || !outstanding {
+                return out;
+            }
+        }
+    }
+
+    /// The values of `keys` (a multi-get): every lookup in flight together, within the
+    /// transport's window.
+    pub fn multi_get(&mut self, keys: &[u64]) -> Result<Vec<Option<u64>>, BTreeError> {
+        let mut values = vec![None; keys.len()];
+        let mut next = 0;
+        let mut left = keys.len();
+        while left > 0 {
+            while next < keys.len() && self.in_flight() < self.window() {
+                self.get(next as u64, keys[next])?;
+                next += 1;
+            }
+            for (tag, r) in self.poll(true) {
+                left -= 1;
+                if let BTreeDone::Got(v) = r? {
+                    values[tag as usize] = v;
+                }
+            }
+        }
+        Ok(values)
+    }
+}
+
 fn server_error(op: &'static str, r: ReplyView<'_>) -> BTreeError {
     BTreeError::Server {
         op,
         status: r.status,
         code: r.code,
         message: String::from_utf8_lossy(r.payload).into_owned(),
+    }
+}
+
+/// What answer `r` to read `op` comes to; `read` is handed the payload of an `Ok`.
+fn read_attempt<R>(
+    op: &'static str,
+    r: ReplyView<'_>,
+    read: impl FnOnce(&[u8]) -> R,
+) -> ReadAttempt<R> {
+    match r.status {
+        Status::Ok => ReadAttempt::Done(read(r.payload)),
+        Status::HandlerError if code_is(r.code, l::error::STALE_ROOT) => ReadAttempt::StaleRoot,
+        Status::Busy => ReadAttempt::Again,
+        _ => ReadAttempt::Failed(server_error(op, r)),
+    }
+}
+
+/// What answer `r` to write `op` comes to, in a tree of `max_nodes` nodes.
+fn write_attempt(op: &'static str, max_nodes: u64, r: ReplyView<'_>) -> WriteAttempt {
+    match (r.status, r.payload.first().copied()) {
+        (Status::Ok, Some(l::reply::SPLIT)) => WriteAttempt::Split,
+        (Status::Ok, Some(l::reply::INSERTED)) => WriteAttempt::Done(Some(Written::Inserted)),
+        (Status::Ok, Some(l::reply::REPLACED)) => WriteAttempt::Done(Some(Written::Replaced)),
+        (Status::HandlerError, _) if code_is(r.code, l::error::NOT_FOUND) => {
+            WriteAttempt::Done(None)
+        }
+        (Status::HandlerError, _) if code_is(r.code, l::error::FULL) => {
+            WriteAttempt::Failed(BTreeError::Full(max_nodes))
+        }
+        (Status::HandlerError, _) if code_is(r.code, l::error::RESTART) => WriteAttempt::Again,
+        (Status::Conflict | Status::Busy, _) => WriteAttempt::Again,
+        _ => WriteAttempt::Failed(server_error(op, r)),
+    }
+}
+
+/// A lookup's payload, `[found: u8][value: u64]`: the value, if found.
+fn looked_up(payload: &[u8]) -> Result<Option<u64>, BTreeError> {
+    match (payload.first(), payload.get(1..9)) {
+        (Some(&found), Some(value)) => {
+            Ok((found == 1)
+                .then(|| u64::from_le_bytes(value.try_into().expect("a slice of 8 bytes"))))
+        }
+        _ => Err(BTreeError::Config("short lookup reply".into())),
+    }
+}
+
+/// A scan message's payload, `[more: u8]` then `(key, value)` pairs: appends the pairs to
+/// `out` and returns `more`.
+fn scanned(payload: &[u8], out: &mut Vec<(u64, u64)>) -> Result<u8, BTreeError> {
+    let Some((&more, pairs)) = payload.split_first() else {
+        return Err(BTreeError::Config("empty scan reply".into()));
+    };
+    out.extend(pairs.chunks_exact(16).map(|c| {
+        (
+            u64::from_le_bytes(c[..8].try_into().expect("8")),
+            u64::from_le_bytes(c[8..].try_into().expect("8")),
+        )
+    }));
+    Ok(more)
+}
+
+/// Where a scan goes on after a message that took `out` from `before` pairs, given its `more`:
+/// after the last key, but only if the message made progress (a message that returned nothing
+/// would be asked the same question again); `None` when it is done.
+fn scan_continues(out: &[(u64, u64)], before: usize, more: u8) -> Option<u64> {
+    match out.last() {
+        Some(&(last, _)) if more == 1 && out.len() > before && last < l::NO_KEY - 1 => {
+            Some(last + 1)
+        }
+        _ => None,
     }
 }
 

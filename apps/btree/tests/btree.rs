@@ -8,10 +8,13 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use naam_btree::reference::NativeBTree;
-use naam_btree::{app_spec, handlers, BTreeClient, BTreeConfig, BTreeError, BTreeHandle, Written};
+use naam_btree::{
+    app_spec, handlers, BTreeClient, BTreeConfig, BTreeDone, BTreeError, BTreeHandle,
+    BTreePipeline, Written,
+};
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_proto::handler_id;
-use naam_proto::transport::Returned;
+use naam_proto::transport::{ClientError, Pipeline, Returned};
 use naam_proto::wire::Status;
 use naam_proto::Placement;
 use naam_runtime::cluster::{Cluster, ClusterConfig, PolicyChoice};
@@ -476,6 +479,235 @@ fn aarch64_code_computes_what_the_host_computes() {
         "only {} steps compared",
         check.compared()
     );
+}
+
+/// A [`Pipeline`] over a transport that answers at once, which keeps at most `window` answers
+/// outstanding (refusing more with `Busy`, as a network transport does when its window is
+/// full) and hands back one answer per poll, so that answers and new submissions interleave;
+/// it also refuses the next `refuse` submissions, however empty its window.
+struct Narrow<T: naam_proto::transport::Transport> {
+    inner: T,
+    window: usize,
+    refuse: usize,
+    next: u64,
+    answers: std::collections::VecDeque<(u64, Result<naam_proto::wire::Reply, ClientError>)>,
+}
+
+impl<T: naam_proto::transport::Transport> Narrow<T> {
+    fn new(inner: T, window: usize) -> Self {
+        Narrow {
+            inner,
+            window,
+            refuse: 0,
+            next: 0,
+            answers: Default::default(),
+        }
+    }
+}
+
+impl<T: naam_proto::transport::Transport> naam_proto::transport::Transport for Narrow<T> {
+    fn call(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<naam_proto::wire::Reply, ClientError> {
+        self.inner.call(app, handler, args, descs)
+    }
+
+    fn backoff(&mut self, attempt: u32) {
+        self.inner.backoff(attempt)
+    }
+}
+
+impl<T: naam_proto::transport::Transport> Pipeline for Narrow<T> {
+    fn submit(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<u64, ClientError> {
+        if self.answers.len() >= self.window || self.refuse > 0 {
+            self.refuse = self.refuse.saturating_sub(1);
+            return Err(ClientError::Busy(Placement::Host));
+        }
+        self.next += 1;
+        let r = self.inner.call(app, handler, args, descs);
+        self.answers.push_back((self.next, r));
+        Ok(self.next)
+    }
+
+    fn poll(&mut self, _block: bool) -> Vec<(u64, Result<naam_proto::wire::Reply, ClientError>)> {
+        self.answers.pop_front().into_iter().collect()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.answers.len()
+    }
+
+    fn window(&self) -> usize {
+        self.window
+    }
+}
+
+/// Starts one operation on a pipeline.
+type Start<T> = Box<dyn FnOnce(&mut BTreePipeline<T>) -> Result<(), BTreeError>>;
+
+/// Runs `ops` (each starts its operation with its tag) through `p` keeping as many in flight
+/// as its window holds; the answers by tag.
+fn run_piped<T: Pipeline>(
+    p: &mut BTreePipeline<T>,
+    ops: Vec<Start<T>>,
+) -> BTreeMap<u64, BTreeDone> {
+    let total = ops.len();
+    let mut ops = ops.into_iter();
+    let mut done = BTreeMap::new();
+    let mut started = 0;
+    while done.len() < total {
+        while started < total && p.in_flight() < p.window() {
+            (ops.next().expect("one left"))(p).expect("started");
+            started += 1;
+        }
+        for (tag, r) in p.poll(true) {
+            assert!(
+                done.insert(tag, r.expect("answered")).is_none(),
+                "tag {tag} twice"
+            );
+        }
+    }
+    assert_eq!(p.in_flight(), 0);
+    done
+}
+
+/// The pipelined client through windows of one, three and unbounded, reads at the Client
+/// placement (a descent of one-sided READs) and writes at the owner: inserts that split nodes
+/// as they go, updates of present and absent keys, a multi-get and scans give the answers a
+/// `BTreeMap` gives.
+#[test]
+fn a_pipeline_answers_as_a_btreemap_does_in_any_window() {
+    let config = small();
+    for window in [1usize, 3, usize::MAX] {
+        let c = cluster_with(config, ClusterConfig::functional());
+        let h = BTreeHandle::from_cluster(&c, APP, config).unwrap();
+        let transport = Pinned {
+            client: c.client(),
+            placement: Placement::Client,
+        };
+        let mut p = BTreePipeline::new(Narrow::new(transport, window), h);
+        let mut model = BTreeMap::new();
+        type Op = Start<Narrow<Pinned>>;
+        let keys: Vec<u64> = (0..120u64).map(|i| i * 37 % 127).collect();
+        let inserts: Vec<Op> = keys
+            .iter()
+            .enumerate()
+            .map(|(tag, &k)| {
+                Box::new(move |p: &mut BTreePipeline<_>| p.insert(tag as u64, k, k * 10)) as Op
+            })
+            .collect();
+        for (tag, d) in run_piped(&mut p, inserts) {
+            assert_eq!(
+                d,
+                BTreeDone::Written(Some(Written::Inserted)),
+                "insert {tag}"
+            );
+            model.insert(keys[tag as usize], keys[tag as usize] * 10);
+        }
+        // Updates of every fifth key in 0..130: present ones change, absent ones do not.
+        let targets: Vec<u64> = (0..130u64).step_by(5).collect();
+        let updates: Vec<Op> = targets
+            .iter()
+            .enumerate()
+            .map(|(tag, &k)| {
+                Box::new(move |p: &mut BTreePipeline<_>| p.update(tag as u64, k, k + 1)) as Op
+            })
+            .collect();
+        for (tag, d) in run_piped(&mut p, updates) {
+            let k = targets[tag as usize];
+            let present = model.contains_key(&k);
+            let expected = present.then_some(Written::Replaced);
+            assert_eq!(d, BTreeDone::Written(expected), "update {k}");
+            if present {
+                model.insert(k, k + 1);
+            }
+        }
+        let all: Vec<u64> = (0..140).collect();
+        let got = p.multi_get(&all).unwrap();
+        for (k, v) in all.iter().zip(&got) {
+            assert_eq!(v.as_ref(), model.get(k), "get {k} (window {window})");
+        }
+        let starts = [0u64, 17, 60, 126, 500];
+        let scans: Vec<Op> = starts
+            .iter()
+            .enumerate()
+            .map(|(tag, &s)| {
+                Box::new(move |p: &mut BTreePipeline<_>| p.scan(tag as u64, s, 40)) as Op
+            })
+            .collect();
+        for (tag, d) in run_piped(&mut p, scans) {
+            let s = starts[tag as usize];
+            let expected: Vec<(u64, u64)> =
+                model.range(s..).take(40).map(|(k, v)| (*k, *v)).collect();
+            assert_eq!(
+                d,
+                BTreeDone::Scanned(expected),
+                "scan from {s} (window {window})"
+            );
+        }
+        assert!(matches!(
+            p.get(0, naam_btree::layout::NO_KEY),
+            Err(BTreeError::ReservedKey(_))
+        ));
+        assert!(p.scan(0, 1, 0).is_err(), "a scan of nothing is refused");
+        c.shutdown();
+    }
+}
+
+/// Readers in flight that meet a stale root wait for one root read, then go again from the new
+/// root, even when the window has no room for that read at once.
+#[test]
+fn pipelined_readers_share_one_root_read_when_the_root_went_stale() {
+    let config = small();
+    let c = cluster_with(config, ClusterConfig::functional());
+    let h = BTreeHandle::from_cluster(&c, APP, config).unwrap();
+    let transport = Pinned {
+        client: c.client(),
+        placement: Placement::Client,
+    };
+    let mut p = BTreePipeline::new(Narrow::new(transport, 2), h);
+    assert_eq!(p.multi_get(&[1]).unwrap(), vec![None]); // root 0, the current root
+    let mut writer = pinned(&c, config, Placement::Host);
+    for k in 0..200 {
+        writer.insert(k, k * 10).unwrap();
+    }
+    let keys: Vec<u64> = (0..220).step_by(11).collect();
+    let got = p.multi_get(&keys).unwrap();
+    let expected: Vec<Option<u64>> = keys.iter().map(|&k| (k < 200).then_some(k * 10)).collect();
+    assert_eq!(got, expected);
+    assert_eq!(
+        p.root_refreshes(),
+        1,
+        "one root read for the readers that met the stale root"
+    );
+    // The root splits again; this time the root read finds no room at first, and goes at the
+    // next poll.
+    for k in 200..600 {
+        writer.insert(k, k * 10).unwrap();
+    }
+    p.get(7, 550).unwrap();
+    p.transport().refuse = 1;
+    let mut answers = Vec::new();
+    while answers.is_empty() {
+        answers = p.poll(true);
+    }
+    assert!(
+        matches!(&answers[..], [(7, Ok(BTreeDone::Got(Some(5500))))]),
+        "{answers:?}"
+    );
+    assert_eq!(p.root_refreshes(), 2);
+    assert_eq!(p.in_flight(), 0);
+    c.shutdown();
 }
 
 proptest! {
