@@ -976,3 +976,199 @@ enum WriteAttempt {
     /// The tree is full or the server refused the write.
     Failed(BTreeError),
 }
+
+#[cfg(test)]
+mod tests {
+    //! The pipelined client over a scripted [`Pipeline`]: answers a server could send, however
+    //! odd, end every operation.
+    use super::*;
+    use naam_proto::wire::LoadFeedback;
+    use naam_proto::Placement;
+    use std::collections::VecDeque;
+
+    /// Answers each submission with the next scripted `(status, code, payload)`, at once.
+    struct Scripted {
+        script: VecDeque<(Status, u32, Vec<u8>)>,
+        answers: Vec<(u64, Result<Reply, ClientError>)>,
+        handlers: Vec<u32>,
+        next: u64,
+    }
+
+    impl Transport for Scripted {
+        fn call(
+            &mut self,
+            _: u32,
+            _: u32,
+            _: &[u8],
+            _: &[Descriptor],
+        ) -> Result<Reply, ClientError> {
+            unreachable!("the pipeline only submits")
+        }
+
+        fn backoff(&mut self, _: u32) {}
+    }
+
+    impl Pipeline for Scripted {
+        fn submit(
+            &mut self,
+            app: u32,
+            handler: u32,
+            _: &[u8],
+            _: &[Descriptor],
+        ) -> Result<u64, ClientError> {
+            let (status, code, payload) = self.script.pop_front().expect("scripted");
+            self.next += 1;
+            self.handlers.push(handler);
+            let reply = Reply {
+                app,
+                request_id: self.next,
+                status,
+                code,
+                steps: 1,
+                placement: Placement::Host,
+                load: LoadFeedback::default(),
+                payload: payload.into(),
+            };
+            self.answers.push((self.next, Ok(reply)));
+            Ok(self.next)
+        }
+
+        fn poll(&mut self, _: bool) -> Vec<(u64, Result<Reply, ClientError>)> {
+            std::mem::take(&mut self.answers)
+        }
+
+        fn in_flight(&self) -> usize {
+            self.answers.len()
+        }
+
+        fn window(&self) -> usize {
+            8
+        }
+    }
+
+    fn pipeline(script: Vec<(Status, u32, Vec<u8>)>) -> BTreePipeline<Scripted> {
+        let handle = BTreeHandle {
+            app: 1,
+            config: BTreeConfig::for_keys(1000),
+            rkey_meta: 5,
+            rkey_nodes: 6,
+        };
+        let t = Scripted {
+            script: script.into(),
+            answers: Vec::new(),
+            handlers: Vec::new(),
+            next: 0,
+        };
+        BTreePipeline::new(t, handle)
+    }
+
+    fn pairs(more: u8, keys: &[u64]) -> Vec<u8> {
+        let mut p = vec![more];
+        for k in keys {
+            p.extend_from_slice(&k.to_le_bytes());
+            p.extend_from_slice(&(k * 2).to_le_bytes());
+        }
+        p
+    }
+
+    fn finish(p: &mut BTreePipeline<Scripted>) -> Vec<(u64, Result<BTreeDone, BTreeError>)> {
+        let mut out = Vec::new();
+        while p.in_flight() > 0 {
+            out.extend(p.poll(true));
+        }
+        out
+    }
+
+    #[test]
+    fn a_scan_goes_on_while_it_makes_progress_and_stops_when_it_does_not() {
+        // Two messages with pairs, then one that says "more" but brings nothing new.
+        let mut p = pipeline(vec![
+            (Status::Ok, 0, pairs(1, &[3, 4])),
+            (Status::Ok, 0, pairs(1, &[5])),
+            (Status::Ok, 0, pairs(1, &[])),
+        ]);
+        p.scan(1, 3, 10).unwrap();
+        let out = finish(&mut p);
+        assert!(
+            matches!(&out[..], [(1, Ok(BTreeDone::Scanned(v)))] if v == &[(3, 6), (4, 8), (5, 10)]),
+            "{out:?}"
+        );
+        assert_eq!(p.transport().handlers.len(), 3);
+    }
+
+    #[test]
+    fn a_scan_answered_with_more_pairs_than_asked_keeps_what_it_asked_for() {
+        let mut p = pipeline(vec![(Status::Ok, 0, pairs(1, &[1, 2, 3, 4, 5]))]);
+        p.scan(9, 1, 2).unwrap();
+        let out = finish(&mut p);
+        assert!(
+            matches!(&out[..], [(9, Ok(BTreeDone::Scanned(v)))] if v == &[(1, 2), (2, 4)]),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn short_answers_and_a_short_root_fail_the_operations_they_answer() {
+        let stale = (
+            Status::HandlerError,
+            APP_BASE + l::error::STALE_ROOT,
+            vec![],
+        );
+        let mut p = pipeline(vec![
+            // A lookup answered with one byte.
+            (Status::Ok, 0, vec![1]),
+            // Two readers meet a stale root; the root read answers three bytes.
+            stale.clone(),
+            stale,
+            (Status::Ok, 0, vec![0, 0, 0]),
+            // A write answered with an unknown outcome.
+            (Status::Ok, 0, vec![99]),
+            // An empty scan answer.
+            (Status::Ok, 0, vec![]),
+        ]);
+        p.get(1, 10).unwrap();
+        p.get(2, 11).unwrap();
+        p.get(3, 12).unwrap();
+        let mut out = finish(&mut p);
+        p.insert(4, 13, 1).unwrap();
+        p.scan(5, 14, 3).unwrap();
+        out.extend(finish(&mut p));
+        out.sort_by_key(|(tag, _)| *tag);
+        let tags: Vec<u64> = out.iter().map(|(t, _)| *t).collect();
+        assert_eq!(tags, vec![1, 2, 3, 4, 5], "{out:?}");
+        assert!(out.iter().all(|(_, r)| r.is_err()), "{out:?}");
+        assert!(matches!(
+            out[1].1,
+            Err(BTreeError::Server { op: "root", .. })
+        ));
+        assert_eq!(p.root_refreshes(), 0);
+        assert_eq!(p.in_flight(), 0);
+    }
+
+    #[test]
+    fn splits_and_conflicts_are_sent_again_until_written() {
+        let mut p = pipeline(vec![
+            (Status::Ok, 0, vec![l::reply::SPLIT]),
+            (Status::Conflict, 0, vec![]),
+            (Status::HandlerError, APP_BASE + l::error::RESTART, vec![]),
+            (Status::Ok, 0, vec![l::reply::REPLACED]),
+            (Status::HandlerError, APP_BASE + l::error::NOT_FOUND, vec![]),
+        ]);
+        p.insert(1, 7, 70).unwrap();
+        let out = finish(&mut p);
+        assert!(
+            matches!(
+                &out[..],
+                [(1, Ok(BTreeDone::Written(Some(Written::Replaced))))]
+            ),
+            "{out:?}"
+        );
+        p.update(2, 8, 80).unwrap();
+        let out = finish(&mut p);
+        assert!(
+            matches!(&out[..], [(2, Ok(BTreeDone::Written(None)))]),
+            "{out:?}"
+        );
+        assert_eq!(p.transport().handlers.len(), 5);
+    }
+}
