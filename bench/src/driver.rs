@@ -294,6 +294,51 @@ pub(crate) trait PipedStore {
     fn in_flight(&self) -> usize;
 }
 
+/// A [`PipedStore`] as a [`Store`]: each of its operations run alone is started and waited
+/// for; the driver keeps several in flight through [`Store::piped`].
+struct Piped<S>(S);
+
+impl<S: PipedStore> Piped<S> {
+    /// Starts `op` and waits for it alone.
+    fn alone(&mut self, op: StoreOp) -> anyhow::Result<bool> {
+        self.0.start(u64::MAX, op)?;
+        loop {
+            for (tag, r) in self.0.finished(true) {
+                if tag == u64::MAX {
+                    return r;
+                }
+            }
+        }
+    }
+}
+
+impl<S: PipedStore> Store for Piped<S> {
+    fn read(&mut self, n: u64) -> anyhow::Result<bool> {
+        self.alone(StoreOp::Read(n))
+    }
+    fn update(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()> {
+        self.alone(StoreOp::Update(n, field, bytes.to_vec()))
+            .map(|_| ())
+    }
+    fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()> {
+        self.alone(StoreOp::Insert(n, record.to_vec())).map(|_| ())
+    }
+    fn scan(&mut self, n: u64, len: usize) -> anyhow::Result<usize> {
+        // The pipelined stores answer whether a scan found anything, not how much.
+        self.alone(StoreOp::Scan(n, len)).map(usize::from)
+    }
+    fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()> {
+        self.alone(StoreOp::Rmw(n, field, bytes.to_vec()))
+            .map(|_| ())
+    }
+    fn run(&mut self, op: StoreOp) -> anyhow::Result<bool> {
+        self.alone(op)
+    }
+    fn piped(&mut self) -> Option<&mut dyn PipedStore> {
+        Some(&mut self.0)
+    }
+}
+
 /// MICA with operations in flight together over a [`Pipeline`] transport.
 struct MicaPipeStore<T: Pipeline> {
     m: MicaPipeline<T>,
@@ -316,38 +361,6 @@ impl<T: Pipeline> MicaPipeStore<T> {
             rmw: std::collections::HashMap::new(),
             failed: Vec::new(),
         }
-    }
-}
-
-impl<T: Pipeline> Store for MicaPipeStore<T> {
-    fn read(&mut self, _: u64) -> anyhow::Result<bool> {
-        bail!("the pipelined MICA store runs operations through `start`")
-    }
-    fn update(&mut self, _: u64, _: usize, _: &[u8]) -> anyhow::Result<()> {
-        bail!("the pipelined MICA store runs operations through `start`")
-    }
-    fn insert(&mut self, _: u64, _: &[u8]) -> anyhow::Result<()> {
-        bail!("the pipelined MICA store runs operations through `start`")
-    }
-    fn scan(&mut self, _: u64, _: usize) -> anyhow::Result<usize> {
-        bail!("MICA is a hash table and has no scans: run workload E with --app btree")
-    }
-    fn rmw(&mut self, _: u64, _: usize, _: &[u8]) -> anyhow::Result<()> {
-        bail!("the pipelined MICA store runs operations through `start`")
-    }
-    fn run(&mut self, op: StoreOp) -> anyhow::Result<bool> {
-        // One operation alone: start it and wait for it.
-        self.start(u64::MAX, op)?;
-        loop {
-            for (tag, r) in self.finished(true) {
-                if tag == u64::MAX {
-                    return r;
-                }
-            }
-        }
-    }
-    fn piped(&mut self) -> Option<&mut dyn PipedStore> {
-        Some(self)
     }
 }
 
@@ -515,38 +528,6 @@ impl<T: Pipeline> BTreePipeStore<T> {
             rmw: Default::default(),
             failed: Vec::new(),
         }
-    }
-}
-
-impl<T: Pipeline> Store for BTreePipeStore<T> {
-    fn read(&mut self, _: u64) -> anyhow::Result<bool> {
-        bail!("the pipelined B-tree store runs operations through `start`")
-    }
-    fn update(&mut self, _: u64, _: usize, _: &[u8]) -> anyhow::Result<()> {
-        bail!("the pipelined B-tree store runs operations through `start`")
-    }
-    fn insert(&mut self, _: u64, _: &[u8]) -> anyhow::Result<()> {
-        bail!("the pipelined B-tree store runs operations through `start`")
-    }
-    fn scan(&mut self, _: u64, _: usize) -> anyhow::Result<usize> {
-        bail!("the pipelined B-tree store runs operations through `start`")
-    }
-    fn rmw(&mut self, _: u64, _: usize, _: &[u8]) -> anyhow::Result<()> {
-        bail!("the pipelined B-tree store runs operations through `start`")
-    }
-    fn run(&mut self, op: StoreOp) -> anyhow::Result<bool> {
-        // One operation alone: start it and wait for it.
-        self.start(u64::MAX, op)?;
-        loop {
-            for (tag, r) in self.finished(true) {
-                if tag == u64::MAX {
-                    return r;
-                }
-            }
-        }
-    }
-    fn piped(&mut self) -> Option<&mut dyn PipedStore> {
-        Some(self)
     }
 }
 
@@ -937,11 +918,11 @@ fn run_udp_on(
             let handle = setup.mica()?;
             let fl = cfg.shape.field_length;
             Arc::new(move || {
-                Ok(Box::new(MicaPipeStore::new(
+                Ok(Box::new(Piped(MicaPipeStore::new(
                     MicaPipeline::new(connect()?, handle),
                     fl,
                     naming,
-                )) as Box<dyn Store + Send>)
+                ))) as Box<dyn Store + Send>)
             })
         }
         App::Mica => {
@@ -958,10 +939,10 @@ fn run_udp_on(
         App::Btree if pipeline > 1 => {
             let handle = setup.btree()?;
             Arc::new(move || {
-                Ok(Box::new(BTreePipeStore::new(
+                Ok(Box::new(Piped(BTreePipeStore::new(
                     BTreePipeline::new(connect()?, handle),
                     naming,
-                )) as Box<dyn Store + Send>)
+                ))) as Box<dyn Store + Send>)
             })
         }
         App::Btree => {

@@ -852,23 +852,21 @@ impl<T: Pipeline> BTreePipeline<T> {
     }
 
     /// The values of `keys` (a multi-get): every lookup in flight together, within the
-    /// transport's window.
+    /// transport's window. Nothing else may be in flight on this pipeline meanwhile.
     pub fn multi_get(&mut self, keys: &[u64]) -> Result<Vec<Option<u64>>, BTreeError> {
         let mut values = vec![None; keys.len()];
-        let mut next = 0;
-        let mut left = keys.len();
-        while left > 0 {
-            while next < keys.len() && self.in_flight() < self.window() {
-                self.get(next as u64, keys[next])?;
-                next += 1;
-            }
-            for (tag, r) in self.poll(true) {
-                left -= 1;
-                if let BTreeDone::Got(v) = r? {
-                    values[tag as usize] = v;
+        naam_proto::transport::in_flight_together(
+            self,
+            keys.len(),
+            |p| p.in_flight() < p.window(),
+            |p, i| p.get(i, keys[i as usize]),
+            |p| p.poll(true),
+            |i, done| {
+                if let BTreeDone::Got(v) = done {
+                    values[i as usize] = v;
                 }
-            }
-        }
+            },
+        )?;
         Ok(values)
     }
 }

@@ -167,6 +167,38 @@ impl<T: Transport> Transport for Immediate<T> {
     }
 }
 
+/// Runs operations `0..n` through a pipelined client `c`, as many in flight as `room` allows:
+/// `start(c, i)` starts operation `i` tagged `i`, `poll(c)` hands back finished ones by tag
+/// (waiting a while for one), and `done(i, answer)` takes each answer. The first error ends
+/// the run (operations still in flight are left to the client). `c` has nothing else in
+/// flight: an answer with another tag is not one of these and is dropped. The multi-gets of
+/// the MICA and B-tree pipelines.
+pub fn in_flight_together<C, D, E>(
+    c: &mut C,
+    n: usize,
+    room: impl Fn(&C) -> bool,
+    mut start: impl FnMut(&mut C, u64) -> Result<(), E>,
+    mut poll: impl FnMut(&mut C) -> Vec<(u64, Result<D, E>)>,
+    mut done: impl FnMut(u64, D),
+) -> Result<(), E> {
+    let mut next = 0;
+    let mut left = n;
+    while left > 0 {
+        while next < n && room(c) {
+            start(c, next as u64)?;
+            next += 1;
+        }
+        for (tag, answer) in poll(c) {
+            if tag >= next as u64 {
+                continue;
+            }
+            left = left.saturating_sub(1);
+            done(tag, answer?);
+        }
+    }
+    Ok(())
+}
+
 impl<T: Transport> Pipeline for Immediate<T> {
     fn submit(
         &mut self,
@@ -207,5 +239,77 @@ impl<T: Transport + ?Sized> Transport for &mut T {
 
     fn backoff(&mut self, attempt: u32) {
         (**self).backoff(attempt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_flight_together;
+
+    /// A client whose operations finish in reverse order, two per poll, within a window of
+    /// three; it also hands back an answer no run started (tag 99) on its first poll.
+    #[derive(Default)]
+    struct Reversing {
+        flying: Vec<u64>,
+        polls: usize,
+        most_in_flight: usize,
+    }
+
+    impl Reversing {
+        fn poll(&mut self) -> Vec<(u64, Result<u64, String>)> {
+            self.polls += 1;
+            let mut out: Vec<_> = (0..2)
+                .filter_map(|_| self.flying.pop())
+                .map(|t| {
+                    (
+                        t,
+                        if t == 7 {
+                            Err(format!("op {t}"))
+                        } else {
+                            Ok(t * 10)
+                        },
+                    )
+                })
+                .collect();
+            if self.polls == 1 {
+                out.push((99, Ok(0)));
+            }
+            out
+        }
+    }
+
+    #[test]
+    fn every_operation_runs_within_the_window_and_the_first_error_ends_the_run() {
+        let mut c = Reversing::default();
+        let mut got = vec![None; 6];
+        let r = in_flight_together(
+            &mut c,
+            6,
+            |c| c.flying.len() < 3,
+            |c, i| {
+                c.flying.push(i);
+                c.most_in_flight = c.most_in_flight.max(c.flying.len());
+                Ok(())
+            },
+            |c| c.poll(),
+            |i, v| got[i as usize] = Some(v),
+        );
+        assert_eq!(r, Ok(()));
+        assert_eq!(got, (0..6).map(|i| Some(i * 10)).collect::<Vec<_>>());
+        assert_eq!(c.most_in_flight, 3);
+
+        let mut c = Reversing::default();
+        let r = in_flight_together(
+            &mut c,
+            9,
+            |c| c.flying.len() < 3,
+            |c, i| {
+                c.flying.push(i);
+                Ok(())
+            },
+            |c| c.poll(),
+            |_, _| {},
+        );
+        assert_eq!(r, Err("op 7".to_string()));
     }
 }
