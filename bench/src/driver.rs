@@ -324,7 +324,7 @@ impl<S: PipedStore> Store for Piped<S> {
         self.alone(StoreOp::Insert(n, record.to_vec())).map(|_| ())
     }
     fn scan(&mut self, n: u64, len: usize) -> anyhow::Result<usize> {
-        // The pipelined stores answer whether a scan found anything, not how much.
+        // A pipelined store says only that a scan ran (1), not how many records it found.
         self.alone(StoreOp::Scan(n, len)).map(usize::from)
     }
     fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()> {
