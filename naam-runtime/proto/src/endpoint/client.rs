@@ -559,8 +559,13 @@ impl ClientEndpoint {
     /// The inner message of `datagram` if it is sealed in this session by the server or its
     /// NIC (tools and tests; [`ClientEndpoint::handle`] is the protocol's way in).
     pub fn open(&self, datagram: &Bytes) -> Option<Bytes> {
+        self.open_owned(datagram.clone())
+    }
+
+    /// [`ClientEndpoint::open`] of a datagram nothing else needs: decrypted where it lies.
+    fn open_owned(&self, datagram: Bytes) -> Option<Bytes> {
         let s = self.session.as_ref()?;
-        match s.key.open(datagram) {
+        match s.key.open_owned(datagram) {
             Ok((h, inner)) if matches!(h.sender, Sender::Server | Sender::Nic) => Some(inner),
             _ => None,
         }
@@ -571,7 +576,7 @@ impl ClientEndpoint {
         let _ = from; // Sessions, not addresses, say who sent what.
         match MessageKind::peek(&datagram) {
             Some(MessageKind::Sealed) if self.session.is_some() => {
-                if let Some(inner) = self.open(&datagram) {
+                if let Some(inner) = self.open_owned(datagram) {
                     self.last_heard = now;
                     self.sealed(now, inner);
                 }

@@ -226,6 +226,38 @@ mod tests {
         assert_eq!((h.sender, &inner[..]), (Sender::Server, &b"answer"[..]));
     }
 
+    /// A sealed message nothing else holds is decrypted where it lies; one still held
+    /// elsewhere is decrypted in a copy and stays sealed for its other holder.
+    #[test]
+    fn a_message_held_once_is_opened_in_place_and_a_shared_one_in_a_copy() {
+        let key = SessionKey::new(5, 1, [3; 32]);
+        let payload = vec![0x5a; 1200];
+        // Received as a datagram is: a copy of its bytes, then a slice of the frame's data.
+        let framed = Bytes::copy_from_slice(
+            &[&[0u8; 22][..], &key.seal(Sender::Server, 7, &payload)].concat(),
+        );
+        let sealed = framed.slice(22..);
+        drop(framed);
+        let at = sealed.as_ptr() as usize;
+        let (_, inner) = key.open_owned(sealed).unwrap();
+        assert_eq!(&inner[..], &payload[..]);
+        assert_eq!(
+            inner.as_ptr() as usize,
+            at + SEAL_HEADER,
+            "decrypted in place"
+        );
+
+        let sealed = key.seal(Sender::Server, 8, &payload);
+        let kept = sealed.clone();
+        let (_, inner) = key.open_owned(sealed).unwrap();
+        assert_eq!(&inner[..], &payload[..]);
+        assert_eq!(
+            key.open(&kept).unwrap().1,
+            inner,
+            "the other holder's copy is still sealed"
+        );
+    }
+
     #[test]
     fn a_wrong_credential_or_a_forged_cookie_gets_no_session() {
         let mut g = gate();

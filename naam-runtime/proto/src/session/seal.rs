@@ -243,9 +243,16 @@ impl SessionKey {
     }
 
     /// Checks the tag of a sealed message of this session, decrypts it and returns its header
-    /// and inner message. Replays are the caller's [`ReplayWindow`]'s to catch.
+    /// and inner message. Replays are the caller's [`ReplayWindow`]'s to catch. `sealed` is
+    /// left as it was: the message is decrypted in a copy.
     pub fn open(&self, sealed: &Bytes) -> Result<(SealedHeader, Bytes), SealError> {
-        let h = peek_sealed(sealed)?;
+        self.open_owned(sealed.clone())
+    }
+
+    /// [`SessionKey::open`] of a message its caller needs no more: decrypted where it lies
+    /// when nothing else holds it (a datagram just received), in a copy otherwise.
+    pub fn open_owned(&self, sealed: Bytes) -> Result<(SealedHeader, Bytes), SealError> {
+        let h = peek_sealed(&sealed)?;
         if h.session != self.id {
             return Err(SealError::UnknownSession {
                 session: h.session,
@@ -258,7 +265,13 @@ impl SessionKey {
         }
         let tag =
             ring::aead::Tag::try_from(&sealed[end..]).map_err(|_| SealError::BadTag(h.session))?;
-        let mut buf = BytesMut::from(&sealed[..end]);
+        let mut buf = match sealed.try_into_mut() {
+            Ok(mut unique) => {
+                unique.truncate(end);
+                unique
+            }
+            Err(shared) => BytesMut::from(&shared[..end]),
+        };
         let clear = clear_end(end);
         let (aad, secret) = buf.split_at_mut(clear);
         self.aead
