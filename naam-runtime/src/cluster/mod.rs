@@ -277,7 +277,9 @@ struct Inner {
     queues: [Option<Arc<FairQueue<Job>>>; 3],
     agent: Sender<AgentJob>,
     trackers: [Mutex<LoadTracker>; 3],
-    weights: RwLock<HashMap<HandlerKey, Weights>>,
+    /// Per handler that ran here or at the NIC (never a key a client names): read on every
+    /// message.
+    weights: RwLock<IntMap<HandlerKey, Weights>>,
     /// With remote clients: the signals of each handler's latest decision, and the inputs it
     /// was decided with, from which each client's own Client share is decided.
     signals: RwLock<(SteeringInputs, HashMap<HandlerKey, HandlerLoad>)>,
@@ -539,7 +541,7 @@ impl ClusterBuilder {
             registry,
             region_keys,
             agent: agent_tx,
-            weights: RwLock::new(HashMap::new()),
+            weights: RwLock::new(IntMap::default()),
             signals: RwLock::new((SteeringInputs::default(), HashMap::new())),
             owners,
             dedup,

@@ -390,8 +390,8 @@ impl Work {
 /// flood's datagrams to be opened first.
 #[derive(Default)]
 struct Turns {
-    /// Per tenant (its credential's tag): its waiting work.
-    queues: HashMap<u32, VecDeque<Work>>,
+    /// Per tenant (its credential's tag, from the server's configuration): its waiting work.
+    queues: IntMap<u32, VecDeque<Work>>,
     /// Tenants with work waiting, in turn order.
     ring: VecDeque<u32>,
     /// Per session: its datagrams and requests waiting.
