@@ -347,8 +347,6 @@ struct MicaPipeStore<T: Pipeline> {
     key: String,
     /// Read-modify-writes whose read is in flight: the write to start when it finishes.
     rmw: std::collections::HashMap<u64, (u64, usize, Vec<u8>)>,
-    /// Operations that failed to start again (their second half), to hand back.
-    failed: Vec<(u64, anyhow::Result<bool>)>,
 }
 
 impl<T: Pipeline> MicaPipeStore<T> {
@@ -359,7 +357,6 @@ impl<T: Pipeline> MicaPipeStore<T> {
             naming,
             key: String::new(),
             rmw: std::collections::HashMap::new(),
-            failed: Vec::new(),
         }
     }
 }
@@ -394,8 +391,8 @@ impl<T: Pipeline> PipedStore for MicaPipeStore<T> {
     }
 
     fn finished(&mut self, block: bool) -> Vec<(u64, anyhow::Result<bool>)> {
-        let mut out = std::mem::take(&mut self.failed);
-        for (tag, r) in self.m.poll(block && out.is_empty()) {
+        let mut out = Vec::new();
+        for (tag, r) in self.m.poll(block) {
             match (self.rmw.remove(&tag), r) {
                 // The read half of a read-modify-write: now the write.
                 (Some((n, field, bytes)), Ok(_)) => {
@@ -415,7 +412,7 @@ impl<T: Pipeline> PipedStore for MicaPipeStore<T> {
     }
 
     fn in_flight(&self) -> usize {
-        self.m.in_flight() + self.failed.len()
+        self.m.in_flight()
     }
 }
 
@@ -516,8 +513,6 @@ struct BTreePipeStore<T: Pipeline> {
     naming: KeyNaming,
     /// Read-modify-writes whose read is in flight: their key and the bytes to fold in.
     rmw: std::collections::HashMap<u64, (u64, Vec<u8>)>,
-    /// Operations whose second half failed to start, to hand back.
-    failed: Vec<(u64, anyhow::Result<bool>)>,
 }
 
 impl<T: Pipeline> BTreePipeStore<T> {
@@ -526,7 +521,6 @@ impl<T: Pipeline> BTreePipeStore<T> {
             t,
             naming,
             rmw: Default::default(),
-            failed: Vec::new(),
         }
     }
 }
@@ -552,8 +546,8 @@ impl<T: Pipeline> PipedStore for BTreePipeStore<T> {
     }
 
     fn finished(&mut self, block: bool) -> Vec<(u64, anyhow::Result<bool>)> {
-        let mut out = std::mem::take(&mut self.failed);
-        for (tag, r) in self.t.poll(block && out.is_empty()) {
+        let mut out = Vec::new();
+        for (tag, r) in self.t.poll(block) {
             match (self.rmw.remove(&tag), r) {
                 // The read half of a read-modify-write: now the write, as `BTreeStore::rmw`.
                 (Some((k, bytes)), Ok(BTreeDone::Got(old))) => {
@@ -571,7 +565,7 @@ impl<T: Pipeline> PipedStore for BTreePipeStore<T> {
     }
 
     fn in_flight(&self) -> usize {
-        self.t.in_flight() + self.failed.len()
+        self.t.in_flight()
     }
 }
 
