@@ -655,24 +655,29 @@ impl<T: Pipeline> BTreePipeline<T> {
     /// poll. A failure hands `p`'s tag back with the error.
     fn submit(&mut self, p: Piped) -> Result<(), (u64, BTreeError)> {
         let c = &mut self.client;
-        let (id, args, desc): (u32, Vec<u8>, Descriptor) = match &p.op {
-            PipedOp::Get { key } => (c.ids[0], c.reader_args(*key, 0).to_vec(), c.root_desc()),
+        let (app, ids) = (c.handle.app, c.ids);
+        // Each kind's args on the stack: nothing allocated per message.
+        let submitted = match &p.op {
+            PipedOp::Get { key } => {
+                let (args, root) = (c.reader_args(*key, 0), c.root_desc());
+                c.transport.submit(app, ids[0], &args, &[root])
+            }
             PipedOp::Scan { max, from, got } => {
                 let left = (max - got.len()) as u64;
-                (c.ids[1], c.reader_args(*from, left).to_vec(), c.root_desc())
+                let (args, root) = (c.reader_args(*from, left), c.root_desc());
+                c.transport.submit(app, ids[1], &args, &[root])
             }
             PipedOp::Write {
                 key,
                 value,
                 update_only,
                 ..
-            } => (
-                c.ids[2],
-                c.write_args(*key, *value, *update_only).to_vec(),
-                c.meta_desc(),
-            ),
+            } => {
+                let (args, meta) = (c.write_args(*key, *value, *update_only), c.meta_desc());
+                c.transport.submit(app, ids[2], &args, &[meta])
+            }
         };
-        match c.transport.submit(c.handle.app, id, &args, &[desc]) {
+        match submitted {
             Ok(token) => {
                 self.flying.insert(token, p);
                 Ok(())
