@@ -10,14 +10,15 @@
  * definitions (naam_vm::memory::c_header), so the layouts cannot drift apart.
  *
  * Input on stdin (all integers u64 little-endian):
- *   magic "NAAMX001"
+ *   magic "NAAMX002"
  *   code_len, code bytes (padded to 8), entry offset
  *   helper_set (0 = NAAM, 1 = conformance), helper mask (bit i: helper id i installed)
  *   region_count, then per region: len, writable, page offset (host address & 4095),
  *     bytes (padded to 8)                         -- region 0 is the naam_vmctx
  *   fixup_count, then per fixup: region, offset, target region, addend
  *     (stores the address of `target` + addend at `offset` in `region`)
- *   r1 (region, addend; region 2^64-1: addend is r1 itself), r2 (value), fp (region, addend)
+ *   r1 (region, addend; region 2^64-1: addend is r1 itself), r2 (value)
+ * (the frame pointer is no input: compiled code finds the stack inside the naam_vmctx)
  *
  * Output on stdout: "r0 <hex>", "map <i> <address> <length>" (hex) for every region, then
  * "region <i> <hex bytes>" for every writable region as the run left it (region 0 carries the
@@ -183,7 +184,7 @@ static uint64_t h_unwind(naam_vmctx *c, uint64_t v, uint64_t b, uint64_t d, uint
 
 /* --- the run --- */
 
-typedef uint64_t (*entry_fn)(naam_vmctx *, uint64_t, uint64_t, uint64_t);
+typedef uint64_t (*entry_fn)(naam_vmctx *, uint64_t, uint64_t);
 
 #define MAX_REGIONS 64
 
@@ -243,9 +244,8 @@ int main(void) {
         uint64_t v = (uint64_t)region_addr[target] + addend;
         memcpy(region_addr[r] + off, &v, 8);
     }
-    uint64_t r1_region = take(), r1_add = take(), r2 = take(), fp_region = take(), fp_add = take();
-    if ((r1_region >= nregions && r1_region != UINT64_MAX) || fp_region >= nregions)
-        die("bad register location");
+    uint64_t r1_region = take(), r1_add = take(), r2 = take();
+    if (r1_region >= nregions && r1_region != UINT64_MAX) die("bad register location");
     /* r1 region UINT64_MAX: r1 is the absolute value `r1_add` (no memory at all). */
     uint64_t r1 = r1_region == UINT64_MAX ? r1_add : (uint64_t)region_addr[r1_region] + r1_add;
 
@@ -269,7 +269,7 @@ int main(void) {
     __builtin___clear_cache((char *)text, (char *)text + code_len);
 
     entry_fn run = (entry_fn)(text + entry);
-    uint64_t r0 = run(c, r1, r2, (uint64_t)region_addr[fp_region] + fp_add);
+    uint64_t r0 = run(c, r1, r2);
 
     printf("r0 %llx\n", (unsigned long long)r0);
     for (uint64_t i = 0; i < nregions; i++)

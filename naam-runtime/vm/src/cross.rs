@@ -139,7 +139,7 @@ fn harness_path() -> Result<PathBuf, CrossError> {
 pub struct CrossOutput {
     /// Final r0 (meaningless when the run faulted).
     pub r0: u64,
-    /// The machine state after the run: fault, instruction count, trace.
+    /// The machine state after the run: fault, instruction count, trace, stack.
     pub state: VmCtx,
     /// Each writable region's bytes after the run (`None` for read-only regions).
     pub regions: Vec<Option<Vec<u8>>>,
@@ -177,6 +177,15 @@ impl CrossOutput {
             };
         }
         r
+    }
+
+    /// The eBPF stack as the run left it (it lives in the machine state).
+    pub fn stack_bytes(&self) -> Vec<u8> {
+        self.state
+            .stack
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .collect()
     }
 
     /// Values the trace helper recorded.
@@ -239,8 +248,6 @@ pub fn encode(compiled: &Compiled, image: &Image) -> Vec<u8> {
         }
     }
     put(&mut b, image.r2);
-    put(&mut b, image.fp.0 as u64);
-    put(&mut b, image.fp.1);
     b
 }
 
@@ -396,14 +403,21 @@ pub const NEAR: u64 = 1 << 20;
 /// The address of a fault far from every region, in normalised results.
 pub const FAR: u64 = u64::MAX;
 
-/// The region (index, base) nearest to `addr`, if within [`NEAR`] of it; region 0 (the
-/// machine state) is never a candidate.
+/// The region (index, base) nearest to `addr`, if within [`NEAR`] of it: the one holding it,
+/// else the one whose ends it lies closest to (region 0, the machine state, for a fault
+/// beside the stack it holds).
 fn nearest(regions: impl Iterator<Item = (u64, u64)>, addr: u64) -> Option<(usize, u64)> {
+    let distance = |base: u64, len: u64| {
+        if addr < base {
+            base - addr
+        } else {
+            (addr - base).saturating_sub(len.saturating_sub(1))
+        }
+    };
     regions
         .enumerate()
-        .skip(1)
-        .filter(|(_, (base, len))| *len > 0 && addr.abs_diff(*base) < NEAR + len)
-        .min_by_key(|(_, (base, _))| addr.abs_diff(*base))
+        .filter(|(_, (base, len))| *len > 0 && distance(*base, *len) < NEAR)
+        .min_by_key(|(_, (base, len))| distance(*base, *len))
         .map(|(i, (base, _))| (i, base))
 }
 
@@ -420,4 +434,24 @@ pub fn normalize_host_fault(image: &Image, mut r: Result<u64, VmError>) -> Resul
         }
     }
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fault_is_placed_in_the_region_holding_it_else_beside_the_closest_end() {
+        // Region 0 (the machine state, its stack at the end here) and region 1 just after it.
+        let regions = [(0x1000u64, 0x3000u64), (0x4100, 0x100)];
+        let at = |addr| nearest(regions.iter().copied(), addr);
+        // Inside region 0, though region 1's base is nearer.
+        assert_eq!(at(0x3ff8), Some((0, 0x1000)));
+        // Just past region 0's end (a frame pointer plus eight): beside region 0.
+        assert_eq!(at(0x4008), Some((0, 0x1000)));
+        // Just before region 1.
+        assert_eq!(at(0x40f0), Some((1, 0x4100)));
+        // Far from both.
+        assert_eq!(at(0x4100 + NEAR + 0x100), None);
+    }
 }

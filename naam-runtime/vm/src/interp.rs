@@ -18,10 +18,7 @@ use crate::memory::{fault, HelperFn, VmCtx, HELPER_SLOTS};
 use crate::semantics::{self, imm64};
 use crate::verifier::Checked;
 
-/// Call frames (the entry's included) a run may use.
-pub const MAX_CALL_DEPTH: usize = 8;
-/// Bytes of eBPF stack a run needs: one 512-byte frame per call level.
-pub const STACK_BYTES: usize = STACK_SIZE * MAX_CALL_DEPTH;
+pub use crate::memory::{MAX_CALL_DEPTH, STACK_BYTES};
 
 /// `hint` value of a proven access (no check).
 const PROVEN: u8 = 0xfe;

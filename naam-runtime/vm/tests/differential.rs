@@ -137,9 +137,7 @@ fn aarch64_agrees(g: &Generated, what: &str) {
     let memory_after = image.slot_region[naam_vm::memory::slot::ENTRY]
         .and_then(|r| out.regions[r].clone())
         .unwrap_or_default();
-    let stack_after = out.regions[image.slot_region[naam_vm::memory::slot::STACK].unwrap()]
-        .clone()
-        .unwrap();
+    let stack_after = out.stack_bytes();
     let arm = gen::Observed {
         insns: result.is_ok().then_some(out.state.executed),
         result,

@@ -175,7 +175,6 @@ impl Vm {
             r1: (0, 0),
             r1_absolute: None,
             r2: 0,
-            fp: (0, 0),
             helpers: exe.options.helpers,
             helper_mask: exe
                 .helper_table
@@ -184,14 +183,27 @@ impl Vm {
                 .filter(|(_, f)| **f != 0)
                 .fold(0u64, |m, (id, _)| m | (1 << id)),
         };
+        // Region 0 is the machine state, the stack inside it (compiled code finds the stack
+        // at a fixed offset from the state it is handed).
+        let state_addr = self.vmctx.as_ref() as *const crate::memory::VmCtx as u64;
         image.regions.push(ImageRegion {
             bytes: Vec::new(),
             writable: true,
-            host_addr: 0,
+            host_addr: state_addr,
         });
         let grants = &self.vmctx.grants;
         for (k, g) in grants.iter().enumerate() {
             if g.len == 0 {
+                continue;
+            }
+            if k == slot::STACK {
+                image.slot_region[k] = Some(0);
+                image.fixups.push(Fixup {
+                    region: 0,
+                    offset: crate::memory::layout::start(k) as u64,
+                    target: 0,
+                    addend: g.start - state_addr,
+                });
                 continue;
             }
             // A grant inside a region already taken (the context's output part, right after
@@ -234,22 +246,20 @@ impl Vm {
                 host_addr: g.start,
             });
         }
-        let stack = image.slot_region[slot::STACK].expect("the stack is always granted");
         image.fixups.push(Fixup {
             region: 0,
             offset: crate::memory::layout::STACK_LIMIT as u64,
-            target: stack,
-            addend: 0,
+            target: 0,
+            addend: crate::memory::layout::STACK as u64,
         });
-        image.fp = (stack, STACK_BYTES as u64);
         image.regions[0].bytes = vmctx.to_bytes();
         image
     }
 }
 
 /// An invocation as plain bytes, for an engine in another process: memory regions to map
-/// (region 0 is the [`VmCtx`]), pointers to patch once they are mapped, and where the entry
-/// registers point.
+/// (region 0 is the [`VmCtx`], the stack inside it), pointers to patch once they are mapped,
+/// and where the entry registers point (the frame pointer is the top of region 0's stack).
 #[derive(Clone, Debug)]
 pub struct Image {
     /// Regions; region 0 is the machine state.
@@ -264,8 +274,6 @@ pub struct Image {
     pub r1_absolute: Option<u64>,
     /// `r2`.
     pub r2: u64,
-    /// The entry frame pointer: region and offset.
-    pub fp: (usize, u64),
     /// The helper set to install.
     pub helpers: HelperSet,
     /// Bit `i`: helper id `i` is installed.

@@ -507,8 +507,6 @@ pub struct Vm {
     cross_check: Option<std::sync::Arc<crate::cross::CrossCheck>>,
     vmctx: Box<VmCtx>,
     ctx: Box<Context>,
-    /// The eBPF stack: 8-byte aligned (atomics on the stack need natural alignment).
-    stack: Box<[u64]>,
     last_app: Option<u32>,
     installed: u64,
     /// Segment grant slots the last step filled.
@@ -538,7 +536,6 @@ impl Vm {
             cross_check: None,
             vmctx: Box::default(),
             ctx: Box::new(Context::new()),
-            stack: vec![0u64; STACK_BYTES / 8].into_boxed_slice(),
             last_app: None,
             installed: 0,
             segments_installed: 0,
@@ -547,7 +544,7 @@ impl Vm {
             resident: None,
             begun: None,
         };
-        let stack_base = vm.stack.as_ptr() as u64;
+        let stack_base = vm.vmctx.stack.as_ptr() as u64;
         vm.vmctx.grants[slot::STACK] = GrantSlot::new(stack_base, STACK_BYTES as u64, true);
         vm.vmctx.stack_limit = stack_base;
         vm
@@ -555,7 +552,7 @@ impl Vm {
 
     #[inline]
     fn stack_top(&self) -> u64 {
-        self.stack.as_ptr() as u64 + STACK_BYTES as u64
+        self.vmctx.stack.as_ptr() as u64 + STACK_BYTES as u64
     }
 
     /// The context as the last step left it.
@@ -609,7 +606,7 @@ impl Vm {
     #[cold]
     fn switch_tenant(&mut self, app: u32) {
         *self.ctx = Context::new();
-        self.stack.fill(0);
+        self.vmctx.stack.fill(0);
         self.last_app = Some(app);
     }
 
@@ -714,11 +711,14 @@ impl Vm {
     #[inline]
     fn execute(&mut self, exe: &Executable, r1: u64, r2: u64) -> Result<u64, VmError> {
         self.vmctx.reset_run();
-        let fp = self.stack_top();
         let r0 = match &exe.code {
-            Code::Interp(code) => interp::run(code, &mut self.vmctx, r1, r2, fp),
+            Code::Interp(code) => {
+                let fp = self.stack_top();
+                interp::run(code, &mut self.vmctx, r1, r2, fp)
+            }
             Code::Jit(code) => {
-                let r0 = (code.entry())(&mut *self.vmctx as *mut VmCtx, r1, r2, fp);
+                // Compiled code finds the stack in the context itself.
+                let r0 = (code.entry())(&mut *self.vmctx as *mut VmCtx, r1, r2);
                 (self.vmctx.fault.kind == fault::NONE).then_some(r0)
             }
         };
@@ -901,12 +901,16 @@ impl Vm {
 
     /// The eBPF stack as the last run left it.
     pub fn stack_bytes(&self) -> Vec<u8> {
-        self.stack.iter().flat_map(|w| w.to_ne_bytes()).collect()
+        self.vmctx
+            .stack
+            .iter()
+            .flat_map(|w| w.to_ne_bytes())
+            .collect()
     }
 
     /// Zeroes the eBPF stack (differential tests start both engines from the same bytes).
     pub fn clear_stack(&mut self) {
-        self.stack.fill(0);
+        self.vmctx.stack.fill(0);
     }
 
     #[inline]
@@ -1087,6 +1091,22 @@ fn copy_args(c: &mut Context, args: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Compiled code takes the top of the context's own stack as its frame pointer; the
+    /// interpreter is handed the same address, and the stack grant covers exactly that stack.
+    #[test]
+    fn the_frame_pointer_is_the_top_of_the_context_s_stack() {
+        let vm = Vm::new();
+        let state = &*vm.vmctx as *const VmCtx as u64;
+        let grant = &vm.vmctx.grants[slot::STACK];
+        assert_eq!(grant.start, state + crate::memory::layout::STACK as u64);
+        assert_eq!(grant.len, STACK_BYTES as u64);
+        assert_eq!(
+            vm.stack_top(),
+            state + crate::memory::layout::STACK_TOP as u64
+        );
+        assert_eq!(vm.vmctx.stack_limit, grant.start);
+    }
 
     /// Args of every length up to past the word-copied part arrive byte for byte.
     #[test]

@@ -72,8 +72,9 @@ impl Drop for ExecMemory {
     }
 }
 
-/// The entry point of host code: `(ctx, r1, r2, fp) -> r0`.
-pub type EntryFn = extern "C" fn(*mut crate::memory::VmCtx, u64, u64, u64) -> u64;
+/// The entry point of host code: `(ctx, r1, r2) -> r0`. The frame pointer is not an
+/// argument: it is the top of `ctx`'s own stack ([`crate::memory::layout::STACK_TOP`]).
+pub type EntryFn = extern "C" fn(*mut crate::memory::VmCtx, u64, u64) -> u64;
 
 /// Compiled code mapped executable in this process.
 pub struct HostCode {

@@ -2,7 +2,7 @@
 //! by cross-compilation, for aarch64 (BlueField-2's Arm A72 cores).
 //!
 //! Every eBPF function becomes one native function `(ctx, fp, r1..r5) -> (r0, status)`; a
-//! small entry function `(ctx, r1, r2, fp) -> r0` calls the first. The machine state the code
+//! small entry function `(ctx, r1, r2) -> r0` calls the first. The machine state the code
 //! needs lives in the [`VmCtx`](crate::memory::VmCtx) it is given, never in constants, so the same code runs in any
 //! process that builds a context (the aarch64 harness does, in C).
 //!
@@ -107,7 +107,7 @@ pub enum JitError {
 pub struct Compiled {
     /// The code, position-independent.
     pub code: Vec<u8>,
-    /// Offset of the entry function `(ctx, r1, r2, fp) -> r0`.
+    /// Offset of the entry function `(ctx, r1, r2) -> r0`.
     pub entry: usize,
     /// Native functions (eBPF functions plus the entry).
     pub functions: usize,
@@ -356,9 +356,10 @@ fn function_signature(call_conv: CallConv) -> Signature {
     sig
 }
 
+/// `(ctx, r1, r2) -> r0`: the frame pointer is the top of the context's own stack.
 fn entry_signature(call_conv: CallConv) -> Signature {
     let mut sig = Signature::new(call_conv);
-    for _ in 0..4 {
+    for _ in 0..3 {
         sig.params.push(AbiParam::new(types::I64));
     }
     sig.returns.push(AbiParam::new(types::I64));
@@ -449,7 +450,8 @@ fn import_function(builder: &mut FunctionBuilder, index: usize, call_conv: CallC
     })
 }
 
-/// The entry function: `(ctx, r1, r2, fp) -> r0`, calling function 0 with `r3..r5 = 0`.
+/// The entry function: `(ctx, r1, r2) -> r0`, calling function 0 with the context's stack top as
+/// its frame pointer and `r3..r5 = 0`.
 fn build_entry(mut b: FunctionBuilder, call_conv: CallConv, config: TargetFrontendConfig) {
     let block = b.create_block();
     b.append_block_params_for_function_params(block);
@@ -458,9 +460,10 @@ fn build_entry(mut b: FunctionBuilder, call_conv: CallConv, config: TargetFronte
     let p = b.block_params(block).to_vec();
     let zero = b.ins().iconst(types::I64, 0);
     let f0 = import_function(&mut b, 0, call_conv);
-    let call = b
+    let fp = b
         .ins()
-        .call(f0, &[p[0], p[3], p[1], p[2], zero, zero, zero]);
+        .iadd_imm_s(p[0], crate::memory::layout::STACK_TOP as i64);
+    let call = b.ins().call(f0, &[p[0], fp, p[1], p[2], zero, zero, zero]);
     let r0 = b.inst_results(call)[0];
     b.ins().return_(&[r0]);
     b.seal_all_blocks();

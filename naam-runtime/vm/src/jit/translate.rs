@@ -95,13 +95,12 @@ impl<'a, 'b> Translator<'a, 'b> {
         b.switch_to_block(entry);
         let params = b.block_params(entry).to_vec();
         let zero = b.ins().iconst(types::I64, 0);
-        // Internal functions take (ctx, fp, r1..r5); the entry takes (ctx, r1, r2, fp).
+        // Internal functions take (ctx, fp, r1..r5); the entry takes (ctx, r1, r2), its frame
+        // pointer a constant away from ctx (the stack lives in the context): the entry's
+        // stack accesses address ctx directly, and no register holds r10 across the function.
         let (ctx, fp, args) = if entry_abi {
-            (
-                params[0],
-                params[3],
-                vec![params[1], params[2], zero, zero, zero],
-            )
+            let fp = b.ins().iadd_imm_s(params[0], layout::STACK_TOP as i64);
+            (params[0], fp, vec![params[1], params[2], zero, zero, zero])
         } else {
             (params[0], params[1], params[2..7].to_vec())
         };
