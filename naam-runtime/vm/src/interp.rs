@@ -18,7 +18,7 @@ use crate::memory::{fault, HelperFn, VmCtx, HELPER_SLOTS};
 use crate::semantics::{self, imm64};
 use crate::verifier::Checked;
 
-pub use crate::memory::{MAX_CALL_DEPTH, STACK_BYTES};
+use crate::memory::MAX_CALL_DEPTH;
 
 /// `hint` value of a proven access (no check).
 const PROVEN: u8 = 0xfe;

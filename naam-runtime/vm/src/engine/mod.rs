@@ -23,10 +23,10 @@ use naam_ebpf::abi::{
 
 use crate::analysis::{analyze, EntryAssumptions, Facts};
 use crate::helpers::HelperSet;
-use crate::interp::{self, InterpCode, MAX_CALL_DEPTH, STACK_BYTES};
+use crate::interp::{self, InterpCode};
 use crate::jit::{self, HostCode, JitError, Target};
 use crate::loader::Program;
-use crate::memory::{fault, slot, FaultRecord, GrantSlot, VmCtx};
+use crate::memory::{fault, slot, FaultRecord, GrantSlot, VmCtx, MAX_CALL_DEPTH, STACK_BYTES};
 use crate::verifier::{check, Checked, Verdict, VerifierConfig, Violation};
 
 /// Default instruction budget per step: about a millisecond of interpreted work, and far more
