@@ -216,10 +216,11 @@ pub struct VmCtx {
     /// alignment). It lives here, at a fixed offset from the state compiled code is handed,
     /// so that the entry function's frame pointer is that pointer plus a constant
     /// ([`layout::STACK_TOP`]): its stack accesses address the state directly and no
-    /// register is held for `r10` across the whole function. It comes first: at the end of
-    /// the state, its top frame (where handlers keep their spills) fell on the grant table's
-    /// first slots modulo 4 KiB and a direct MICA GET measured about 5% slower (stores and
-    /// loads 4 KiB apart alias in the processor's store forwarding, the likely cause).
+    /// register is held for `r10` across the whole function. It comes first, so that its top
+    /// frame (where handlers keep their spills) lies 4 KiB below the grant table's start
+    /// rather than on its first slots modulo 4 KiB, where loads of the grants could wait on
+    /// in-flight spills (4K aliasing); a build with the stack last measured slower, though
+    /// not every such build did (bench/RESULTS.md, twelfth session).
     pub stack: [u64; STACK_BYTES / 8],
     /// Every range the invocation may touch; see [`slot`].
     pub grants: [GrantSlot; MAX_GRANTS],
