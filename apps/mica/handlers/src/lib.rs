@@ -2,9 +2,10 @@
 //! UPDATE and DELETE at the write owner, as ordered write batches guarded by compare-and-swap.
 //! The layout is `naam_mica_layout`'s.
 //!
-//! Bucket slots and candidate items are walked with plain loops: the verifier accepts loops and
-//! the step's instruction budget bounds them, so nothing is unrolled by hand (the handlers are a
-//! fifth of their unrolled size, which the JIT compiles that much faster).
+//! Candidate items and free slots are walked with plain loops: the verifier accepts loops and
+//! the step's instruction budget bounds them, so little is unrolled by hand (the handlers are a
+//! fifth of their unrolled size, which the JIT compiles that much faster). The exception is
+//! the tag scan of a bucket's slots ([`tagged_slots`]), which every GET and every write runs.
 #![no_std]
 
 use naam_ebpf::abi::{ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
@@ -33,6 +34,38 @@ fn key_of(ctx: &Context) -> Result<Key, Fault> {
     // Key and value must lie inside the args.
     ctx.arg_range(a::KEY, len + value_len)?;
     Ok(Key { hash, len, value_len })
+}
+
+/// The slots of `bucket` whose word carries `tag`, in slot order: slot indices packed four
+/// bits each (the `k`-th found in bits `4k..4k + 4`, read back by [`found_slot`]), and how
+/// many. Tags are never 0, so a slot carrying one is not empty.
+///
+/// Unrolled, the one exception to the plain loops of this file: once the bucket's length is
+/// checked, every slot read is at a constant offset, which the engines prove in bounds, and
+/// no loop runs per slot (no fuel, no induction variables held across its body). As a loop,
+/// this walk was 40% of a compiled GET's instructions (bench/RESULTS.md, twelfth session).
+#[inline(always)]
+fn tagged_slots(bucket: &SegmentRef, tag: u64) -> Result<(u64, usize), Fault> {
+    const _: () = assert!(l::SLOTS == 15, "one scan!() entry per slot");
+    bucket.checked(0, l::BUCKET_SIZE, ACCESS_READ)?;
+    let mut found = 0u64;
+    let mut count = 0usize;
+    macro_rules! scan {
+        ($($slot:literal)*) => {$(
+            if bucket.read_u64(l::slot_offset($slot))? >> 48 == tag {
+                found |= ($slot as u64).wrapping_shl(4 * count as u32);
+                count += 1;
+            }
+        )*};
+    }
+    scan!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14);
+    Ok((found, count))
+}
+
+/// The slot [`tagged_slots`] found `k`-th.
+#[inline(always)]
+fn found_slot(found: u64, k: usize) -> usize {
+    (found.wrapping_shr(4 * k as u32) & 0xf) as usize
 }
 
 /// Whether `seg` starts with a valid copy of item `expected` (its version) holding `key`. Reads
@@ -69,10 +102,14 @@ handler! {
             if log_items == 0 {
                 return Err(Fault::app(l::error::TOO_LARGE));
             }
+            let (found, count) = tagged_slots(&bucket, tag)?;
             let mut n = 0usize;
-            for i in 0..l::SLOTS {
+            for k in 0..count.min(l::MAX_CANDIDATES) {
+                let i = found_slot(found, k);
                 let w = bucket.read_u64(l::slot_offset(i))?;
-                if w != 0 && w >> 48 == tag && n < l::MAX_CANDIDATES {
+                // Read again: a writer may have changed it since (the version check below
+                // then fails the step).
+                if w >> 48 == tag {
                     let item = (w & l::ITEM_MASK) - 1;
                     ctx.push_next(Descriptor {
                         rkey: rkey_log,
@@ -152,6 +189,10 @@ fn write_step0(ctx: &mut Context, key: &Key, with_target: bool, extra: usize) ->
     if version & 1 == 1 {
         return Err(Fault::TORN_READ);
     }
+    // Before any write to the context: the engines prove the scan's reads only while they
+    // still know where the bucket is, and a write they cannot place makes them forget.
+    let tag = l::tag(key.hash);
+    let (found, count) = tagged_slots(&bucket, tag)?;
     let rkey_log = ctx.arg_u64(a::RKEY_LOG)?;
     ctx.push_next(Descriptor { rkey: ctx.arg_u64(a::RKEY_META)?, offset: 0, len: l::META_SIZE as u32, access: RWA })?;
     ctx.push_next(Descriptor {
@@ -170,11 +211,12 @@ fn write_step0(ctx: &mut Context, key: &Key, with_target: bool, extra: usize) ->
     }
     ctx.set_state(0, g.tail)?;
     ctx.set_state(1, version)?;
-    let tag = l::tag(key.hash);
     let mut n = 0usize;
-    for i in 0..l::SLOTS {
+    for k in 0..count {
+        let i = found_slot(found, k);
         let w = bucket.read_u64(l::slot_offset(i))?;
-        if w != 0 && w >> 48 == tag && n < l::MAX_WRITE_CANDIDATES {
+        // Read again: a writer that changed it since fails step 1's version swap.
+        if w >> 48 == tag && n < l::MAX_WRITE_CANDIDATES {
             let item = (w & l::ITEM_MASK) - 1;
             // Items the log has already overwritten cannot hold the key.
             if item + g.log_items > g.tail {
