@@ -216,11 +216,12 @@ pub struct VmCtx {
     /// alignment). It lives here, at a fixed offset from the state compiled code is handed,
     /// so that the entry function's frame pointer is that pointer plus a constant
     /// ([`layout::STACK_TOP`]): its stack accesses address the state directly and no
-    /// register is held for `r10` across the whole function. It comes first, so that its top
-    /// frame (where handlers keep their spills) lies 4 KiB below the grant table's start
-    /// rather than on its first slots modulo 4 KiB, where loads of the grants could wait on
-    /// in-flight spills (4K aliasing); a build with the stack last measured slower, though
-    /// not every such build did (bench/RESULTS.md, twelfth session).
+    /// register is held for `r10` across the whole function. It comes first: its top frame
+    /// (where handlers keep their spills) then ends where the grant table begins and shares no
+    /// address modulo 4 KiB with the table's 3 KiB, whereas placed last it fell on the table's
+    /// first slots modulo 4 KiB, where loads of the grants could wait on in-flight spills (4K
+    /// aliasing). A build with the stack last measured slower, though not every such build did
+    /// (bench/RESULTS.md, twelfth session).
     pub stack: [u64; STACK_BYTES / 8],
     /// Every range the invocation may touch; see [`slot`].
     pub grants: [GrantSlot; MAX_GRANTS],
