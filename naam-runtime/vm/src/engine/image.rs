@@ -185,30 +185,20 @@ impl Vm {
         };
         // Region 0 is the machine state, the stack inside it (compiled code finds the stack
         // at a fixed offset from the state it is handed).
-        let state_addr = self.vmctx.as_ref() as *const crate::memory::VmCtx as u64;
         image.regions.push(ImageRegion {
-            bytes: Vec::new(),
+            bytes: vmctx.to_bytes(),
             writable: true,
-            host_addr: state_addr,
+            host_addr: self.vmctx.as_ref() as *const crate::memory::VmCtx as u64,
         });
         let grants = &self.vmctx.grants;
         for (k, g) in grants.iter().enumerate() {
             if g.len == 0 {
                 continue;
             }
-            if k == slot::STACK {
-                image.slot_region[k] = Some(0);
-                image.fixups.push(Fixup {
-                    region: 0,
-                    offset: crate::memory::layout::start(k) as u64,
-                    target: 0,
-                    addend: g.start - state_addr,
-                });
-                continue;
-            }
-            // A grant inside a region already taken (the context's output part, right after
-            // its input part) shares that region, so the two stay contiguous.
-            let inside = image.regions.iter().enumerate().skip(1).find(|(_, r)| {
+            // A grant inside a region already taken (the stack inside the machine state, the
+            // context's output part right after its input part) shares that region, so the
+            // two stay where they are to each other.
+            let inside = image.regions.iter().enumerate().find(|(_, r)| {
                 g.start >= r.host_addr && g.start + g.len <= r.host_addr + r.bytes.len() as u64
             });
             if let Some((r, region)) = inside {
@@ -252,7 +242,6 @@ impl Vm {
             target: 0,
             addend: crate::memory::layout::STACK as u64,
         });
-        image.regions[0].bytes = vmctx.to_bytes();
         image
     }
 }
