@@ -501,7 +501,8 @@ impl Timer {
 
 /// Retransmission timers for a client's outstanding requests: each starts at the timeout its
 /// path's [`RttEstimator`] gives when it is sent and, past the flat resends
-/// ([`Retransmit::with_flat_resends`]), doubles per resend, for a fixed number of attempts. Writes are safe to resend because the server suppresses duplicates by request id.
+/// ([`Retransmit::with_flat_resends`]), doubles per resend, for a fixed number of attempts.
+/// Writes are safe to resend because the server suppresses duplicates by request id.
 ///
 /// The doubling is for a path that has gone quiet (a dead or congested peer), not for one
 /// that drops a datagram here and there: as QUIC resets its probe timeout's backoff on every
