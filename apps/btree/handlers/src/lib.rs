@@ -1,6 +1,7 @@
 //! The B-link tree's handlers: lookup and scan descend one node per step at any placement;
-//! writes descend at the owner, split full nodes on the way (one split per write batch) and
-//! insert or replace in the leaf. The layout is `naam_btree_layout`'s.
+//! writes descend at the owner (meta and one node per step), split full nodes on the way (one
+//! split per write batch, in a step of its own that fetches the node again with the spares
+//! and the parent) and insert or replace in the leaf. The layout is `naam_btree_layout`'s.
 //!
 //! Searches inside a node are plain loops (the verifier accepts loops; the step's instruction
 //! budget bounds them).
@@ -185,16 +186,27 @@ fn write_start(ctx: &mut Context) -> StepResult {
     ctx.set_state(1, next)?;
     ctx.set_state(2, l::NO_NODE)?;
     ctx.set_state(3, root)?;
-    descend(ctx, root, size, next, None)
+    descend(ctx, root, size)
 }
 
-/// Asks for the next write step's segments: meta, `node`, the spares, then the parent.
+/// Asks for the next write step's segments: meta and `node`. Only a step that finds its node
+/// full asks for more ([`ask_split`]): naming the spares and the parent at every level made
+/// every step of every write resolve, check and map three segments it almost never uses.
 #[inline(always)]
-fn descend(ctx: &mut Context, node: u64, size: u64, next: u64, parent: Option<u64>) -> StepResult {
+fn descend(ctx: &mut Context, node: u64, size: u64) -> StepResult {
     let rkey = ctx.arg_u64(a::RKEY_NODES)?;
     ctx.push_next(Descriptor { rkey: ctx.arg_u64(a::RKEY_META)?, offset: 0, len: l::META_SIZE as u32, access: RWA })?;
     ctx.push_next(node_desc(rkey, node, size, RW))?;
-    // The spares are only written (a split's stores), never read: no read right.
+    Ok(Return::Continue)
+}
+
+/// For a step that found `node` full: asks for it again with what a split writes, the spares
+/// (only written, never read: no read right), then the parent unless `node` is the root.
+#[inline(always)]
+fn ask_split(ctx: &mut Context, node: u64, size: u64, next: u64, parent: Option<u64>) -> StepResult {
+    let rkey = ctx.arg_u64(a::RKEY_NODES)?;
+    ctx.push_next(Descriptor { rkey: ctx.arg_u64(a::RKEY_META)?, offset: 0, len: l::META_SIZE as u32, access: RWA })?;
+    ctx.push_next(node_desc(rkey, node, size, RW))?;
     ctx.push_next(node_desc(rkey, next, size, ACCESS_WRITE))?;
     ctx.push_next(node_desc(rkey, next + 1, size, ACCESS_WRITE))?;
     if let Some(p) = parent {
@@ -286,13 +298,18 @@ fn write_step(ctx: &mut Context) -> StepResult {
         return Err(Fault::app(l::error::RESTART));
     }
     if n.count >= l::capacity(size) {
+        // The spares come only with a step that asked for them.
+        if ctx.segment_count as usize <= seg::SPARE_ROOT as usize {
+            let parent = ctx.state(2)?;
+            return ask_split(ctx, node_id, size as u64, next, (parent != l::NO_NODE).then_some(parent));
+        }
         return split(ctx, &n, size, wv, next, node_id);
     }
     if l::level(n.header) > 0 {
         let child = child_for(&n, key)?;
         ctx.set_state(2, node_id)?;
         ctx.set_state(3, child)?;
-        return descend(ctx, child, size as u64, next, Some(node_id));
+        return descend(ctx, child, size as u64);
     }
     let p = lower_bound(&n.seg, n.count, key)?;
     let exists = p < n.count && n.seg.read_u64(l::entry(p))? == key;

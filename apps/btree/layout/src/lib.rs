@@ -176,18 +176,19 @@ pub mod error {
     ];
 }
 
-/// Write descent segments: meta, the node, two spare nodes for splits, then the parent.
+/// Write descent segments: meta and the node; a split's step adds two spare nodes, then the parent.
 pub mod seg {
     /// The whole meta region (read, write, atomic): target of every write batch's
     /// compare-and-swap on the write version and of its root and next-node stores.
     pub const META: u32 = 0;
     /// The current node.
     pub const NODE: u32 = 1;
-    /// Where a split puts the new right sibling.
+    /// Where a split puts the new right sibling (named only in a split's step: a descent's
+    /// steps name meta and the node alone).
     pub const SPARE: u32 = 2;
-    /// Where a root split puts the new root.
+    /// Where a root split puts the new root (a split's step only).
     pub const SPARE_ROOT: u32 = 3;
-    /// The parent (absent at the root).
+    /// The parent (a split's step only; absent at the root).
     pub const PARENT: u32 = 4;
 }
 
