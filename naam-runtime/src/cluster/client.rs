@@ -494,7 +494,7 @@ fn read_here(
     let msg = MessageStart {
         request_id,
         steps: 0,
-        state: [0; naam_ebpf::abi::STATE_WORDS],
+        state: MessageStart::NO_STATE,
         partial_reply: &[],
         descriptors: descs,
     };

@@ -155,12 +155,18 @@ pub struct MessageStart<'a> {
     pub request_id: u64,
     /// Steps already run by earlier placements.
     pub steps: u16,
-    /// State words as earlier steps left them.
-    pub state: [u64; STATE_WORDS],
+    /// State words as earlier steps left them (borrowed: a message that starts here passes
+    /// [`MessageStart::NO_STATE`], and its caller builds no 64-byte array to copy).
+    pub state: &'a [u64; STATE_WORDS],
     /// Reply bytes built by earlier steps.
     pub partial_reply: &'a [u8],
     /// Descriptors of the first step here (at most `MAX_NEXT`; more are refused).
     pub descriptors: &'a [Descriptor],
+}
+
+impl MessageStart<'_> {
+    /// The state words of a message that no step has run yet.
+    pub const NO_STATE: &'static [u64; STATE_WORDS] = &[0; STATE_WORDS];
 }
 
 impl<'a> From<&'a Request> for MessageStart<'a> {
@@ -168,7 +174,7 @@ impl<'a> From<&'a Request> for MessageStart<'a> {
         MessageStart {
             request_id: req.request_id,
             steps: req.steps,
-            state: req.state,
+            state: &req.state,
             partial_reply: &req.partial_reply,
             descriptors: req.descriptors.as_slice(),
         }
@@ -273,7 +279,7 @@ impl StepMachine {
         self.kind = kind;
         self.placement = placement;
         self.request_id = start.request_id;
-        self.state = start.state;
+        self.state = *start.state;
         self.steps = start.steps;
         self.retries = 0;
         self.insns = 0;
