@@ -576,13 +576,14 @@ mod tests {
     proptest! {
         /// The one-comparison form agrees with the obvious definition for every address.
         #[test]
-        fn small_check_matches_definition(start in 0u64..1 << 40, len in 0u64..64, addr_delta in -80i64..80, size_k in 0usize..4, write: bool, writable: bool) {
+        fn small_check_matches_definition(start in prop_oneof![0u64..1 << 40, u64::MAX - 80..=u64::MAX], len in 0u64..64, addr_delta in -80i64..80, size_k in 0usize..4, write: bool, readable: bool, writable: bool) {
             let size = 1u64 << size_k;
-            let g = GrantSlot::new(start, len, writable);
+            let g = GrantSlot::with_rights(start, len, readable, writable);
             let addr = start.wrapping_add(addr_delta as u64);
-            let expect = addr >= start
+            let expect = start.checked_add(len).is_some()
+                && addr >= start
                 && addr.checked_add(size).is_some_and(|end| end <= start + len)
-                && (writable || !write);
+                && if write { writable } else { readable };
             prop_assert_eq!(g.allows_small(addr, size, write), expect);
             prop_assert_eq!(g.allows_range(addr, size, write), expect);
         }
