@@ -460,8 +460,12 @@ impl StepMachine {
         // A step that asks to be retried saw inconsistent data: whatever it wrote into the
         // reply or the state words is discarded with it.
         if out.ret != Some(Return::Retry) {
-            self.reply.clear();
-            self.reply.extend_from_slice(out.reply);
+            // Most steps before the last reply nothing: no copy (a call into `memcpy` even
+            // for no bytes) when there was and is nothing.
+            if !(out.reply.is_empty() && self.reply.is_empty()) {
+                self.reply.clear();
+                self.reply.extend_from_slice(out.reply);
+            }
             self.state = *out.state;
         }
         match out.ret {
