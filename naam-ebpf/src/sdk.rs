@@ -606,6 +606,14 @@ macro_rules! handler {
             fn body($ctx: &mut $crate::Context) -> $crate::StepResult $body
             // SAFETY: the runtime passes a valid, exclusively borrowed Context in r1.
             let ctx = unsafe { &mut *ctx };
+            // Every step starts with no descriptors, writes or staged bytes queued (the
+            // runtime's part of the ABI). Said again here, the compiler knows it: the queues
+            // are then filled at constant offsets, which the engines prove in bounds, instead
+            // of at indices loaded from the context, which each cost a check and made the
+            // engines forget the values spilled to the stack.
+            ctx.next_count = 0;
+            ctx.write_count = 0;
+            ctx.write_data_len = 0;
             match body(ctx) {
                 Ok(ret) => ret.encode(),
                 // A torn optimistic read is not an error: run the step again.
