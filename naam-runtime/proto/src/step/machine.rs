@@ -273,7 +273,10 @@ impl StepMachine {
         // what is left takes the whole allocation back if every earlier payload was dropped,
         // else starts a new one (at least as large).
         self.reply.clear();
-        self.reply.extend_from_slice(start.partial_reply);
+        // A message that starts here has replied nothing yet: no `memcpy` call for no bytes.
+        if !start.partial_reply.is_empty() {
+            self.reply.extend_from_slice(start.partial_reply);
+        }
         self.keep_buffer = true;
         self.app = app;
         self.kind = kind;
