@@ -121,23 +121,31 @@ handler! {
                 return Err(Fault::app(l::error::TOO_LARGE));
             }
             let (found, count) = tagged_slots(&bucket, tag)?;
-            let mut n = 0usize;
-            for k in 0..count.min(l::MAX_CANDIDATES) {
-                let i = found_slot(found, k);
-                let w = bucket.read_u64(l::slot_offset(i))?;
+            let count = count.min(l::MAX_CANDIDATES);
+            // Asks for the item of the `k`-th tagged slot, the `n`-th asked for; returns how
+            // many are asked for then.
+            let ask = |ctx: &mut Context, k: usize, n: usize| -> Result<usize, Fault> {
+                let w = bucket.read_u64(l::slot_offset(found_slot(found, k)))?;
                 // Read again: a writer may have changed it since (the version check below
                 // then fails the step).
-                if w >> 48 == tag {
-                    let item = (w & l::ITEM_MASK) - 1;
-                    ctx.push_next(Descriptor {
-                        rkey: rkey_log,
-                        offset: (item % log_items) * item_size,
-                        len: item_size as u32,
-                        access: ACCESS_READ,
-                    })?;
-                    ctx.set_state(n, item + 1)?;
-                    n += 1;
+                if w >> 48 != tag {
+                    return Ok(n);
                 }
+                let item = (w & l::ITEM_MASK) - 1;
+                ctx.push_next(Descriptor {
+                    rkey: rkey_log,
+                    offset: (item % log_items) * item_size,
+                    len: item_size as u32,
+                    access: ACCESS_READ,
+                })?;
+                ctx.set_state(n, item + 1)?;
+                Ok(n + 1)
+            };
+            // The first apart, as in step 1: its queue entry and state word are then at
+            // constant places.
+            let mut n = if count > 0 { ask(ctx, 0, 0)? } else { 0 };
+            for k in 1..count {
+                n = ask(ctx, k, n)?;
             }
             bucket.validate(0, version)?;
             if n == 0 {
@@ -227,25 +235,33 @@ fn write_step0(ctx: &mut Context, key: &Key, with_target: bool, extra: usize) ->
     }
     ctx.set_state(0, g.tail)?;
     ctx.set_state(1, version)?;
-    let mut n = 0usize;
-    for k in 0..count {
+    // Asks for the live item of the `k`-th tagged slot, the `n`-th asked for; returns how many
+    // are asked for then.
+    let ask = |ctx: &mut Context, k: usize, n: usize| -> Result<usize, Fault> {
         let i = found_slot(found, k);
         let w = bucket.read_u64(l::slot_offset(i))?;
         // Read again: a writer that changed it since fails step 1's version swap.
-        if w >> 48 == tag && n < l::MAX_WRITE_CANDIDATES {
-            let item = (w & l::ITEM_MASK) - 1;
-            // Items the log has already overwritten cannot hold the key.
-            if item + g.log_items > g.tail {
-                ctx.push_next(Descriptor {
-                    rkey: rkey_log,
-                    offset: (item % g.log_items) * g.item_size,
-                    len: g.item_size as u32,
-                    access: ACCESS_READ,
-                })?;
-                ctx.set_state(2 + n, ((i as u64) << 56) | (item + 1))?;
-                n += 1;
-            }
+        if w >> 48 != tag || n >= l::MAX_WRITE_CANDIDATES {
+            return Ok(n);
         }
+        let item = (w & l::ITEM_MASK) - 1;
+        // Items the log has already overwritten cannot hold the key.
+        if item + g.log_items <= g.tail {
+            return Ok(n);
+        }
+        ctx.push_next(Descriptor {
+            rkey: rkey_log,
+            offset: (item % g.log_items) * g.item_size,
+            len: g.item_size as u32,
+            access: ACCESS_READ,
+        })?;
+        ctx.set_state(2 + n, ((i as u64) << 56) | (item + 1))?;
+        Ok(n + 1)
+    };
+    // The first apart, as in step 1: its queue entry and state word are at constant places.
+    let mut n = if count > 0 { ask(ctx, 0, 0)? } else { 0 };
+    for k in 1..count {
+        n = ask(ctx, k, n)?;
     }
     Ok(Return::Continue)
 }
