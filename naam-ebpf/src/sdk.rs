@@ -424,6 +424,16 @@ impl Context {
         }
     }
 
+    /// Starts the step's write batch: anything queued before is dropped. Called once before
+    /// the first write, after any helper call (a key comparison), it tells the compiler the
+    /// queue is empty, which it cannot know after a call: the batch's entries are then
+    /// stored at constant offsets, which the engines prove in bounds.
+    #[inline(always)]
+    pub fn begin_writes(&mut self) {
+        self.write_count = 0;
+        self.write_data_len = 0;
+    }
+
     /// Queues a store of `len` bytes read from `src` (memory the handler may read) to
     /// `segment[offset..]`; applied in order when the step returns [`Return::Write`].
     #[inline(always)]
@@ -439,11 +449,17 @@ impl Context {
             Some(end) if end <= WRITE_DATA_CAP => {}
             _ => return Err(Fault::WRITES_FULL),
         }
+        let queued = self.write_count;
         copy(
             self.write_data.as_mut_ptr() as u64 + at as u64,
             src,
             len as u64,
         )?;
+        // The helper wrote inside `write_data` only, but the compiler must assume a call
+        // changed every field: stored again, the counts stay known to it (constants, when
+        // they were), and the queue's next entries stay at constant offsets.
+        self.write_count = queued;
+        self.write_data_len = at as u32;
         self.push_write(WriteOp {
             kind: write_kind::STORE,
             segment,
@@ -627,6 +643,20 @@ macro_rules! handler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `begin_writes` starts the batch over: what was queued before it is dropped.
+    #[test]
+    fn a_batch_begun_again_holds_only_what_follows() {
+        let mut ctx = Context::new();
+        ctx.push_cas(1, 8, 1, 2).unwrap();
+        ctx.push_store_u64(2, 16, 7).unwrap();
+        ctx.begin_writes();
+        assert_eq!((ctx.write_count, ctx.write_data_len), (0, 0));
+        ctx.push_store_u64(3, 24, 9).unwrap();
+        assert_eq!((ctx.write_count, ctx.write_data_len), (1, 8));
+        assert_eq!((ctx.writes[0].segment, ctx.writes[0].offset), (3, 24));
+        assert_eq!(ctx.writes[0].data_offset, 0);
+    }
 
     /// Queued writes read back field for field as the runtime reads them: the word-wise
     /// stores of `push_write` lay every field where `WriteOp`'s `repr(C)` puts it.
