@@ -233,6 +233,7 @@ fn split(ctx: &mut Context, n: &Node, size: usize, wv: u64, next: u64, node_id: 
     }
     let back = l::node_back(size) as u32;
     let new_version = wv + 1;
+    ctx.begin_writes();
     ctx.push_cas(seg::META, l::META_WVERSION as u32, wv, wv + 1)?;
     // The new right sibling.
     let new_head: [u64; 4] = [l::header(level, moved as u64, 0), n.high, n.sibling, new_left];
@@ -317,6 +318,7 @@ fn write_step(ctx: &mut Context) -> StepResult {
         return Err(Fault::app(l::error::NOT_FOUND));
     }
     let back = l::node_back(size) as u32;
+    ctx.begin_writes();
     ctx.push_cas(seg::META, l::META_WVERSION as u32, wv, wv + 1)?;
     ctx.begin_versioned_write(seg::NODE, back, n.version + 1)?;
     if exists {

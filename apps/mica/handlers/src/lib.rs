@@ -330,6 +330,7 @@ fn write_item(ctx: &mut Context, key: &Key, update_only: bool) -> StepResult {
     let item_version = tail + 1;
     // Claim the log slot, then lock the bucket: a lost race on either is a Conflict reply and
     // the client retries; a claimed slot never written is a harmless hole in the log.
+    ctx.begin_writes();
     ctx.push_cas(0, l::META_TAIL as u32, tail, tail + 1)?;
     ctx.push_cas(1, 0, version, version + 1)?;
     ctx.begin_versioned_write(2, l::item_back(g.item_size as usize) as u32, item_version)?;
@@ -385,6 +386,7 @@ fn rmw_item(ctx: &mut Context, key: &Key) -> StepResult {
         return Err(Fault::app(l::error::TOO_LARGE));
     }
     let item_version = tail + 1;
+    ctx.begin_writes();
     ctx.push_cas(0, l::META_TAIL as u32, tail, tail + 1)?;
     ctx.push_cas(1, 0, version, version + 1)?;
     ctx.begin_versioned_write(2, back as u32, item_version)?;
@@ -455,6 +457,7 @@ handler! {
         let version = ctx.state(1)?;
         match find_slot(ctx, &key, 2, g.item_size)? {
             Some(slot) => {
+                ctx.begin_writes();
                 ctx.push_cas(1, 0, version, version + 1)?;
                 ctx.push_store_u64(1, l::slot_offset(slot) as u32, 0)?;
                 ctx.push_store_u64(1, 0, version + 2)?;
