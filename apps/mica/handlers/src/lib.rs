@@ -142,7 +142,9 @@ handler! {
                 Ok(n + 1)
             };
             // The first apart, as in step 1: its queue entry and state word are then at
-            // constant places.
+            // constant places. Written out at each of the four places that do it: one generic
+            // helper taking the body as a closure let LLVM fold the first call back into the
+            // loop (callgrind: a GET's 2,330 instructions became 2,647).
             let mut n = if count > 0 { ask(ctx, 0, 0)? } else { 0 };
             for k in 1..count {
                 n = ask(ctx, k, n)?;
