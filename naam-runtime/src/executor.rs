@@ -91,34 +91,131 @@ pub fn apply_writes_in_place(
     in_place: InPlace<'_>,
 ) -> Result<(), WriteError> {
     let segments = in_place.segments();
-    apply_located(batch, |index, op, target, len| {
-        let invalid = |reason: String| WriteError::Invalid { index, reason };
-        let seg = match segments.get(op.segment as usize) {
-            Some(g) if g.len() == target.len as usize => g,
-            _ => {
-                return Err(invalid(format!(
-                    "segment {} is not the target's grant",
-                    op.segment
-                )))
+    for (index, op) in batch.ops.iter().enumerate() {
+        // The operations a handler queues: a store of whole words or an aligned atomic,
+        // inside a segment granted for its target, with the rights it needs. Every test
+        // here is one `apply_op` makes (in its order, all of them passing); anything else,
+        // a refusal included, goes to `apply_op`, which says why.
+        let s = op.segment as usize;
+        if let (Some(target), Some(seg)) = (batch.targets.get(s), segments.get(s)) {
+            let len = op.len as usize;
+            let fits = seg.len() == target.len as usize && op.offset as usize + len <= seg.len();
+            let addr = seg.addr() + op.offset as u64;
+            match op.kind {
+                write_kind::STORE
+                    if fits
+                        && target.access & ACCESS_WRITE != 0
+                        && (addr | len as u64).is_multiple_of(8) =>
+                {
+                    let from = op.data_offset as usize;
+                    if let Some(bytes) = batch.data.get(from..from + len) {
+                        // SAFETY: `[addr, addr + len)` lies inside the segment's grant,
+                        // which `InPlace::new`'s caller vouched is region memory, mapped
+                        // while `in_place` lives and only ever accessed atomically; `addr`
+                        // is a word's.
+                        unsafe { store_words(addr, bytes) };
+                        fence(Ordering::Release);
+                        continue;
+                    }
+                }
+                write_kind::CAS | write_kind::FAA
+                    if fits
+                        && len == 8
+                        && target.access & (ACCESS_WRITE | ACCESS_ATOMIC)
+                            == ACCESS_WRITE | ACCESS_ATOMIC
+                        && target
+                            .offset
+                            .wrapping_add(op.offset as u64)
+                            .is_multiple_of(8) =>
+                {
+                    // SAFETY: as above: an aligned word inside the grant (the region
+                    // starts on a word, so region offsets and addresses agree modulo 8).
+                    let word = unsafe { &*(addr as *const AtomicU64) };
+                    apply_atomic(index, op, word)?;
+                    fence(Ordering::Release);
+                    continue;
+                }
+                _ => {}
             }
-        };
-        // The step machine checked that the write lies inside its segment.
-        let end = op.offset as usize + len;
-        if end > seg.len() {
-            return Err(invalid(format!(
-                "the write runs past its segment ({end} > {})",
-                seg.len()
-            )));
         }
-        // The segment's words: region memory is whole 8-aligned words, so widening the
-        // range to word boundaries stays inside its region.
-        let first = seg.addr() & !7;
-        let words = (seg.addr() + seg.len() as u64 - first).div_ceil(8) as usize;
-        // SAFETY: `InPlace::new`'s caller vouched that the grant is region memory, mapped
-        // while `in_place` lives and only ever accessed atomically.
-        let words = unsafe { std::slice::from_raw_parts(first as *const AtomicU64, words) };
-        Ok((words, (seg.addr() - first) as usize + op.offset as usize))
-    })
+        apply_op(batch, index, op, |index, op, target, len| {
+            locate_in_place(segments, index, op, target, len)
+        })?;
+    }
+    Ok(())
+}
+
+/// Where `len` bytes of `op` lie in its segment's grant among `segments`: the words of the
+/// segment and the byte of them the write starts at, or why the grant does not hold it.
+fn locate_in_place<'m>(
+    segments: &'m [Grant<'m>],
+    index: usize,
+    op: &WriteOp,
+    target: &Descriptor,
+    len: usize,
+) -> Result<(&'m [AtomicU64], usize), WriteError> {
+    let invalid = |reason: String| WriteError::Invalid { index, reason };
+    let seg = match segments.get(op.segment as usize) {
+        Some(g) if g.len() == target.len as usize => g,
+        _ => {
+            return Err(invalid(format!(
+                "segment {} is not the target's grant",
+                op.segment
+            )))
+        }
+    };
+    // The step machine checked that the write lies inside its segment.
+    let end = op.offset as usize + len;
+    if end > seg.len() {
+        return Err(invalid(format!(
+            "the write runs past its segment ({end} > {})",
+            seg.len()
+        )));
+    }
+    // The segment's words: region memory is whole 8-aligned words, so widening the
+    // range to word boundaries stays inside its region.
+    let first = seg.addr() & !7;
+    let words = (seg.addr() + seg.len() as u64 - first).div_ceil(8) as usize;
+    // SAFETY: `InPlace::new`'s caller vouched that the grant is region memory, mapped
+    // while the segments live and only ever accessed atomically.
+    let words = unsafe { std::slice::from_raw_parts(first as *const AtomicU64, words) };
+    Ok((words, (seg.addr() - first) as usize + op.offset as usize))
+}
+
+/// Stores `src`, whole words, at `addr`: one release store per word.
+///
+/// # Safety
+/// `addr` must be 8-aligned and `[addr, addr + src.len())` region memory that only atomics
+/// access, mapped for the call; `src.len()` must be a multiple of 8.
+#[inline]
+unsafe fn store_words(addr: u64, src: &[u8]) {
+    let words = addr as *const AtomicU64;
+    let bytes = src.as_ptr() as *const [u8; 8];
+    for i in 0..src.len() / 8 {
+        // SAFETY: word `i` of `src`, and of the range the caller vouched for.
+        unsafe {
+            let value = u64::from_le_bytes(bytes.add(i).read_unaligned());
+            (*words.add(i)).store(value, Ordering::Release);
+        }
+    }
+}
+
+/// A `CAS` or `FAA` operation on `word`: a `CAS` that finds another value is a conflict.
+#[inline]
+fn apply_atomic(index: usize, op: &WriteOp, word: &AtomicU64) -> Result<(), WriteError> {
+    if op.kind == write_kind::CAS {
+        let found = crate::region::cas_word(word, op.expected, op.operand);
+        if found != op.expected {
+            return Err(WriteError::Conflict {
+                index,
+                expected: op.expected,
+                found,
+            });
+        }
+    } else {
+        crate::region::faa_word(word, op.operand);
+    }
+    Ok(())
 }
 
 /// Applies `batch` to `regions` in order, each operation visible before the next (release
@@ -149,10 +246,8 @@ pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch<'_>) -> Result<(),
     })
 }
 
-/// The write owner's loop over `batch`, for memory found either way: checks each operation's
-/// target, rights, kind and alignment, asks `locate` for the memory of its `len` bytes in its
-/// target (the words they lie in and the byte of them they start at, or a refusal) and
-/// stores, swaps or adds there, each operation visible before the next (release fences).
+/// The write owner's loop over `batch`, for memory found either way: [`apply_op`] for each
+/// operation in order.
 fn apply_located<'b, 'm>(
     batch: &WriteBatch<'b>,
     mut locate: impl FnMut(
@@ -163,54 +258,61 @@ fn apply_located<'b, 'm>(
     ) -> Result<(&'m [AtomicU64], usize), WriteError>,
 ) -> Result<(), WriteError> {
     for (index, op) in batch.ops.iter().enumerate() {
-        let invalid = |reason: String| WriteError::Invalid { index, reason };
-        let Some(target) = batch.target(op) else {
-            return Err(invalid(format!(
-                "segment {} is not one of the step's {}",
-                op.segment,
-                batch.targets.len()
-            )));
-        };
-        let need = rights_for(op.kind);
-        if target.access & need != need {
-            return Err(invalid(format!(
-                "the descriptor grants {:#x}, the write needs {need:#x}",
-                target.access
-            )));
-        }
-        match op.kind {
-            write_kind::STORE => {
-                let bytes = batch.bytes(op);
-                let (words, at) = locate(index, op, target, bytes.len())?;
-                crate::region::store_bytes(words, at, bytes);
-            }
-            write_kind::CAS | write_kind::FAA => {
-                // Named by its offset in the region; a region starts on a word, so its
-                // offsets and its addresses agree modulo 8. Wrapping: the target is not
-                // checked yet, and only the remainder counts.
-                let in_region = target.offset.wrapping_add(op.offset as u64);
-                if !in_region.is_multiple_of(8) {
-                    return Err(invalid(MemError::Misaligned(in_region).to_string()));
-                }
-                let (words, at) = locate(index, op, target, 8)?;
-                let word = &words[at / 8];
-                if op.kind == write_kind::CAS {
-                    let found = crate::region::cas_word(word, op.expected, op.operand);
-                    if found != op.expected {
-                        return Err(WriteError::Conflict {
-                            index,
-                            expected: op.expected,
-                            found,
-                        });
-                    }
-                } else {
-                    crate::region::faa_word(word, op.operand);
-                }
-            }
-            k => return Err(invalid(format!("unknown kind {k}"))),
-        }
-        fence(Ordering::Release);
+        apply_op(batch, index, op, &mut locate)?;
     }
+    Ok(())
+}
+
+/// Operation `index` of `batch`, `op`: checks its target, rights, kind and alignment, asks
+/// `locate` for the memory of its `len` bytes in its target (the words they lie in and the
+/// byte of them they start at, or a refusal) and stores, swaps or adds there, visible before
+/// any later operation (a release fence).
+fn apply_op<'b, 'm>(
+    batch: &WriteBatch<'b>,
+    index: usize,
+    op: &WriteOp,
+    mut locate: impl FnMut(
+        usize,
+        &WriteOp,
+        &'b Descriptor,
+        usize,
+    ) -> Result<(&'m [AtomicU64], usize), WriteError>,
+) -> Result<(), WriteError> {
+    let invalid = |reason: String| WriteError::Invalid { index, reason };
+    let Some(target) = batch.target(op) else {
+        return Err(invalid(format!(
+            "segment {} is not one of the step's {}",
+            op.segment,
+            batch.targets.len()
+        )));
+    };
+    let need = rights_for(op.kind);
+    if target.access & need != need {
+        return Err(invalid(format!(
+            "the descriptor grants {:#x}, the write needs {need:#x}",
+            target.access
+        )));
+    }
+    match op.kind {
+        write_kind::STORE => {
+            let bytes = batch.bytes(op);
+            let (words, at) = locate(index, op, target, bytes.len())?;
+            crate::region::store_bytes(words, at, bytes);
+        }
+        write_kind::CAS | write_kind::FAA => {
+            // Named by its offset in the region; a region starts on a word, so its
+            // offsets and its addresses agree modulo 8. Wrapping: the target is not
+            // checked yet, and only the remainder counts.
+            let in_region = target.offset.wrapping_add(op.offset as u64);
+            if !in_region.is_multiple_of(8) {
+                return Err(invalid(MemError::Misaligned(in_region).to_string()));
+            }
+            let (words, at) = locate(index, op, target, 8)?;
+            apply_atomic(index, op, &words[at / 8])?;
+        }
+        k => return Err(invalid(format!("unknown kind {k}"))),
+    }
+    fence(Ordering::Release);
     Ok(())
 }
 
@@ -917,9 +1019,11 @@ mod tests {
         t.get(APP, RKEY).expect("registered").mem.snapshot()
     }
 
-    /// A segment: offset, length and rights (always some, within the region's).
+    /// A segment: offset, length and rights (always some, within the region's). Half start
+    /// on a word, as a handler's usually do.
     fn segment() -> impl Strategy<Value = Descriptor> {
-        (0u64..200, 8u32..56, 1u32..8).prop_map(|(offset, len, access)| Descriptor {
+        let offset = prop_oneof![(0u64..25).prop_map(|w| w * 8), 0u64..200];
+        (offset, 8u32..56, 1u32..8).prop_map(|(offset, len, access)| Descriptor {
             rkey: RKEY,
             offset,
             len,
@@ -928,9 +1032,11 @@ mod tests {
     }
 
     /// An operation as the step machine passes them on: inside its segment. `pick` chooses
-    /// the segment, `at` and `len` are scaled into it.
-    fn op() -> impl Strategy<Value = (u32, u8, u32, u32, u64, u64, Vec<u8>)> {
+    /// the segment, `at` and `len` are scaled into it; `words` rounds both down to whole
+    /// words (when that leaves a word), as handlers mostly write.
+    fn op() -> impl Strategy<Value = (bool, u32, u8, u32, u32, u64, u64, Vec<u8>)> {
         (
+            any::<bool>(),
             0u32..3,
             0u8..3,
             any::<u32>(),
@@ -992,11 +1098,17 @@ mod tests {
             ops in proptest::collection::vec(op(), 1..10),
         ) {
             let (mut queued, mut data) = (Vec::new(), Vec::new());
-            for (pick, kind, at, len, expected, operand, bytes) in ops {
+            for (words, pick, kind, at, len, expected, operand, bytes) in ops {
                 let target = segs[pick as usize];
                 let kind = [write_kind::STORE, write_kind::CAS, write_kind::FAA][kind as usize];
-                let len = if kind == write_kind::STORE { len.min(target.len) } else { 8 };
-                let offset = at % (target.len - len + 1);
+                let mut len = if kind == write_kind::STORE { len.min(target.len) } else { 8 };
+                if words && len >= 8 {
+                    len &= !7;
+                }
+                let mut offset = at % (target.len - len + 1);
+                if words {
+                    offset &= !7;
+                }
                 let data_offset = data.len() as u32;
                 if kind == write_kind::STORE {
                     data.extend_from_slice(&bytes[..len as usize]);
