@@ -451,6 +451,20 @@ impl Executable {
 
 use naam_proto::step::{Grant, Invocation};
 
+/// Whether `slot` is what [`grant_slot`] makes of `g`: the same range with the same rights.
+#[inline(always)]
+fn same_grant(slot: &GrantSlot, g: &Grant<'_>) -> bool {
+    let readable = g.access() & naam_ebpf::abi::ACCESS_READ != 0;
+    let writable = g.access() & naam_ebpf::abi::ACCESS_WRITE != 0;
+    // A slot's 1-byte load limit is its length when loads are allowed, else 0; an empty or
+    // wrapping range has length 0 in its slot, and is never taken for the same.
+    slot.start == g.addr()
+        && slot.len == g.len() as u64
+        && slot.len != 0
+        && slot.writable == writable as u64
+        && (slot.read_lim[0] != 0) == readable
+}
+
 /// The engine's grant for `g`: read and write rights as the descriptor asked (atomics need the
 /// write right). Inlined (into the drivers, where the step is inlined): returned through the
 /// stack, its 96 bytes were reloaded right after being stored, a store-forwarding stall that
@@ -684,7 +698,13 @@ impl Vm {
         self.ctx_segments_used = segments.len();
         let v = &mut *self.vmctx;
         for (i, g) in segments.iter().enumerate() {
-            v.grants[slot::SEGMENT + i] = grant_slot(g);
+            let installed = &mut v.grants[slot::SEGMENT + i];
+            // The grant the step before had here (a write's meta and bucket, a B-tree's
+            // meta, step after step): already in place, nothing to compute or store.
+            if i < self.segments_installed && same_grant(installed, g) {
+                continue;
+            }
+            *installed = grant_slot(g);
         }
         for i in segments.len()..self.segments_installed {
             v.grants[slot::SEGMENT + i] = GrantSlot::EMPTY;
@@ -1245,6 +1265,51 @@ mod tests {
 
             // Without a step begun, nothing runs.
             assert!(vm.run_steps(&exe, &mut none).is_err());
+        }
+    }
+
+    /// A step's grant slots are what its segments make of them, whatever the step before had
+    /// there: the same range (kept as it was), the same range with other rights, or another
+    /// length (both made again).
+    #[test]
+    fn a_step_s_grants_follow_its_segments_whatever_the_step_before_had() {
+        use crate::insn::Insn;
+        use crate::opcode::*;
+        use naam_ebpf::abi::{ACCESS_READ, ACCESS_WRITE};
+        let ret = program(&[Insn::new(CLASS_ALU64 | ALU_MOV, 0, 0, 0, 0), Insn::EXIT]);
+        let step = Executable::new(&ret, EngineKind::Jit, &VerifierConfig::default()).unwrap();
+        let mut vm = Vm::new();
+        let seg = [7u8; 64];
+        let addr = seg.as_ptr() as u64;
+        let steps = [
+            (64, ACCESS_READ),
+            (64, ACCESS_READ),
+            (64, ACCESS_READ | ACCESS_WRITE),
+            (64, ACCESS_READ),
+            (32, ACCESS_READ),
+            (32, 0),
+            (32, ACCESS_READ),
+            (0, ACCESS_READ),
+            (64, ACCESS_READ),
+        ];
+        for (len, access) in steps {
+            // SAFETY: a range of `seg`, which outlives the step; nothing writes through it.
+            let grant = [unsafe { Grant::raw(addr, len, access) }];
+            let inv = Invocation {
+                segments: &grant,
+                ..Invocation::default()
+            };
+            vm.run(&step, &inv).unwrap();
+            assert_eq!(
+                vm.vmctx.grants[slot::SEGMENT],
+                GrantSlot::with_rights(
+                    addr,
+                    len as u64,
+                    access & ACCESS_READ != 0,
+                    access & ACCESS_WRITE != 0
+                ),
+                "{len} bytes, access {access:#x}"
+            );
         }
     }
 
