@@ -414,18 +414,27 @@ impl<T: Transport> MicaClient<T> {
         let h = &self.handle;
         let hash = MicaConfig::keyhash(key);
         let bucket = l::bucket_of(hash, h.config.buckets) * l::BUCKET_SIZE as u64;
+        // The fixed part built in place, then appended in one copy: a dozen appends of a few
+        // bytes each checked the vector's capacity a dozen times.
+        let mut fixed = [0u8; l::args::KEY];
+        let mut put = |at: usize, bytes: &[u8]| fixed[at..at + bytes.len()].copy_from_slice(bytes);
+        put(l::args::RKEY_META, &h.rkey_meta.to_le_bytes());
+        put(l::args::RKEY_INDEX, &h.rkey_index.to_le_bytes());
+        put(l::args::RKEY_LOG, &h.rkey_log.to_le_bytes());
+        put(l::args::BUCKET_OFFSET, &bucket.to_le_bytes());
+        put(l::args::LOG_ITEMS, &h.config.log_items.to_le_bytes());
+        put(
+            l::args::ITEM_SIZE,
+            &(h.config.item_size() as u32).to_le_bytes(),
+        );
+        put(l::args::KEY_CAP, &(h.config.key_cap as u32).to_le_bytes());
+        put(l::args::KEYHASH, &hash.to_le_bytes());
+        put(l::args::KEY_LEN, &(key.len() as u32).to_le_bytes());
+        put(l::args::VALUE_LEN, &(value.len() as u32).to_le_bytes());
         let a = &mut self.args;
         a.clear();
-        a.extend_from_slice(&h.rkey_meta.to_le_bytes());
-        a.extend_from_slice(&h.rkey_index.to_le_bytes());
-        a.extend_from_slice(&h.rkey_log.to_le_bytes());
-        a.extend_from_slice(&bucket.to_le_bytes());
-        a.extend_from_slice(&h.config.log_items.to_le_bytes());
-        a.extend_from_slice(&(h.config.item_size() as u32).to_le_bytes());
-        a.extend_from_slice(&(h.config.key_cap as u32).to_le_bytes());
-        a.extend_from_slice(&hash.to_le_bytes());
-        a.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        a.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        a.reserve(fixed.len() + key.len() + value.len());
+        a.extend_from_slice(&fixed);
         a.extend_from_slice(key);
         a.extend_from_slice(value);
         bucket
