@@ -402,26 +402,34 @@ fn writes_are_checked_against_their_segments_and_applied_at_the_owner() {
 fn malformed_writes_are_refused_before_reaching_the_owner() {
     let target = desc(3, 16, ACCESS_READ | ACCESS_WRITE);
     let bad = [
-        store(1, 0, 4, 0),  // a segment the step was not given
-        store(0, 14, 4, 0), // runs past its segment
-        store(0, 0, 4, 6),  // data outside the staging buffer
-        WriteOp {
-            kind: write_kind::FAA,
-            len: 4,
-            ..Default::default()
-        }, // atomics are 8 bytes
-        WriteOp {
-            kind: 99,
-            len: 8,
-            ..Default::default()
-        }, // unknown kind
+        (store(1, 0, 4, 0), "targets segment 1 of 1"),
+        (store(0, 14, 4, 0), "runs past its segment (18 > 16)"),
+        (store(0, 0, 4, 6), "data outside the staging buffer"),
+        (
+            WriteOp {
+                kind: write_kind::FAA,
+                len: 4,
+                ..Default::default()
+            },
+            "atomics are 8 bytes",
+        ),
+        (
+            WriteOp {
+                kind: 99,
+                len: 8,
+                ..Default::default()
+            },
+            "unknown kind 99",
+        ),
     ];
-    for op in bad {
+    for (op, why) in bad {
         let mut e = script([write_step(vec![op], b"abcdefgh")]);
         let (o, batches) = run_write(&request(&[target]), &mut e, |_| {
             panic!("a malformed batch reached the owner")
         });
         assert_eq!(o.status, Status::Refused, "{op:?}");
+        let reason = String::from_utf8_lossy(&o.payload);
+        assert!(reason.contains(why), "{op:?}: {reason}");
         assert!(batches.is_empty());
     }
 }

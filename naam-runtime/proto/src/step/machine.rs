@@ -536,34 +536,41 @@ impl StepMachine {
 /// the kind. Only reads: the batch is then read where the engine left it.
 fn check_writes(targets: &[Descriptor], out: &StepResult<'_>) -> Result<(), String> {
     for (i, w) in out.writes.iter().enumerate() {
-        let Some(target) = targets.get(w.segment as usize) else {
-            return Err(format!(
-                "write {i} targets segment {} of {}",
-                w.segment,
-                targets.len()
-            ));
-        };
-        let end = w.offset as u64 + w.len as u64;
-        if end > target.len as u64 {
-            return Err(format!(
-                "write {i} runs past its segment ({end} > {})",
-                target.len
-            ));
-        }
-        match w.kind {
-            write_kind::STORE => {
-                let end = w.data_offset as usize + w.len as usize;
-                if end > out.write_data.len() {
-                    return Err(format!("write {i}: data outside the staging buffer"));
+        let valid = targets.get(w.segment as usize).is_some_and(|target| {
+            w.offset as u64 + w.len as u64 <= target.len as u64
+                && match w.kind {
+                    write_kind::STORE => {
+                        w.data_offset as usize + w.len as usize <= out.write_data.len()
+                    }
+                    write_kind::CAS | write_kind::FAA => w.len == 8,
+                    _ => false,
                 }
-            }
-            write_kind::CAS | write_kind::FAA => {
-                if w.len != 8 {
-                    return Err(format!("write {i}: atomics are 8 bytes"));
-                }
-            }
-            k => return Err(format!("write {i}: unknown kind {k}")),
+        });
+        if !valid {
+            return Err(write_fault(i, w, targets));
         }
     }
     Ok(())
+}
+
+/// Why write `i`, `w`, which [`check_writes`] refused, is refused (the first rule it breaks,
+/// in the order the checks read).
+#[cold]
+fn write_fault(i: usize, w: &WriteOp, targets: &[Descriptor]) -> String {
+    let Some(target) = targets.get(w.segment as usize) else {
+        return format!(
+            "write {i} targets segment {} of {}",
+            w.segment,
+            targets.len()
+        );
+    };
+    let end = w.offset as u64 + w.len as u64;
+    if end > target.len as u64 {
+        return format!("write {i} runs past its segment ({end} > {})", target.len);
+    }
+    match w.kind {
+        write_kind::STORE => format!("write {i}: data outside the staging buffer"),
+        write_kind::CAS | write_kind::FAA => format!("write {i}: atomics are 8 bytes"),
+        k => format!("write {i}: unknown kind {k}"),
+    }
 }
