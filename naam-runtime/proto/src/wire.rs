@@ -128,6 +128,7 @@ impl Descriptors {
 
     /// Replaces the list with `ds` in place (only `ds` is copied); [`WireError::TooLarge`],
     /// and the list unchanged, when it holds more than [`MAX_NEXT`].
+    #[inline]
     pub fn assign(&mut self, ds: &[Descriptor]) -> Result<(), WireError> {
         if ds.len() > MAX_NEXT {
             return Err(WireError::TooLarge {
@@ -157,6 +158,7 @@ impl Descriptors {
     }
 
     /// The descriptors held, in push order (at most [`MAX_NEXT`]).
+    #[inline]
     pub fn as_slice(&self) -> &[Descriptor] {
         &self.items[..self.len as usize]
     }

@@ -317,6 +317,7 @@ impl StepMachine {
     }
 
     /// Descriptors of the step being fetched or run.
+    #[inline]
     pub fn current(&self) -> &Descriptors {
         &self.current
     }
@@ -327,6 +328,7 @@ impl StepMachine {
     }
 
     /// Optimistic-read retries taken so far at this placement.
+    #[inline]
     pub fn retries(&self) -> u16 {
         self.retries
     }
@@ -335,6 +337,7 @@ impl StepMachine {
     /// 1 µs per retry, capped at [`MAX_RETRY_BACKOFF_NS`]. A writer preempted in the middle of
     /// an update keeps an object torn for a whole scheduler slice; readers that retry at once
     /// would spend their budget in microseconds.
+    #[inline]
     pub fn retry_backoff_ns(&self) -> Option<u64> {
         (self.retries > 0)
             .then(|| (1_000u64 << (self.retries - 1).min(20)).min(MAX_RETRY_BACKOFF_NS))
@@ -523,6 +526,7 @@ impl StepMachine {
     }
 
     /// The writes were applied (or not): the message completes.
+    #[inline]
     pub fn writes_applied(&mut self, result: Result<(), WriteError>) -> Action {
         match result {
             Ok(()) => self.complete(Status::Ok, 0),

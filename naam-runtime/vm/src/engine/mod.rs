@@ -1023,6 +1023,7 @@ impl naam_proto::step::Engine for Vm {
         Ok(self.step_result(r0))
     }
 
+    #[inline]
     fn queued_writes(&self) -> (&[WriteOp], &[u8]) {
         (self.writes(), self.write_data())
     }
@@ -1049,6 +1050,7 @@ pub trait NextStep {
 }
 
 /// Refuses to run `exe` as the other kind of run than it was built for.
+#[inline]
 fn expect_entry(exe: &Executable, entry: Entry) -> Result<(), StepError> {
     if exe.options.entry == entry {
         return Ok(());
