@@ -13,7 +13,8 @@
 //! compare a segment's length with a constant teach a minimum length on each edge (the SDK's
 //! own bounds checks do exactly that), which proves constant-offset reads of the segment.
 //! Stack slots keep values across spills, and every store the analysis cannot place forgets
-//! them, as do calls and helpers that write memory.
+//! them, as do calls and helpers that may write the stack (a copy whose destination is
+//! proven inside another grant does not).
 //!
 //! Soundness matters only for `Proven`: hints and scans never change what an access does, only
 //! how fast the engines find its grant.
@@ -371,6 +372,14 @@ impl Analyzer<'_> {
         }
     }
 
+    /// Whether `addr` is proven to lie inside a writable grant other than the stack: a range
+    /// that starts there and lies inside one grant (as every memory helper checks) then
+    /// cannot touch the stack, which no other grant overlaps.
+    fn outside_stack(&self, s: &State, addr: Val) -> bool {
+        matches!(addr, Val::Ptr { slot, .. } if slot != slot::STACK as u8)
+            && self.decide(s, addr, 0, 1, true) == Check::Proven
+    }
+
     /// How to check an access of `size` bytes at `base + off`.
     fn decide(&self, s: &State, base: Val, off: i16, size: u8, write: bool) -> Check {
         let off = off as i64;
@@ -617,8 +626,15 @@ impl Analyzer<'_> {
                 }
             }
             Op::CallHelper { id } => {
+                let reaches_stack = match self.helpers.get(id) {
+                    None => true,
+                    Some(h) if !h.writes_memory => false,
+                    // A copy into the context's output or a segment keeps the spills.
+                    Some(h) if h.writes_at_r1 => !self.outside_stack(s, s.regs[1]),
+                    Some(_) => true,
+                };
                 s.regs[0] = Val::Unknown;
-                if self.helpers.get(id).is_none_or(|h| h.writes_memory) {
+                if reaches_stack {
                     s.forget_stack();
                 }
             }
@@ -950,6 +966,45 @@ mod tests {
         );
         assert_eq!(f.check(2), Check::Scan);
         assert_eq!(f.check(4), Check::Scan);
+    }
+
+    /// A copy whose destination is proven inside the context's output leaves the spilled
+    /// context pointer known; one into the stack, or to an address not proven, forgets it.
+    #[test]
+    fn copies_forget_spills_only_when_they_may_reach_the_stack() {
+        use naam_ebpf::abi::{helper, CONTEXT_INPUT_SIZE};
+        let mov_x = |d, s| Insn::new(CLASS_ALU64 | ALU_MOV | SRC_X, d, s, 0, 0);
+        let add_k = |d, k| Insn::new(CLASS_ALU64 | ALU_ADD | SRC_K, d, 0, 0, k);
+        let program = |dst: [Insn; 2]| {
+            facts(
+                &[
+                    Insn::new(STXDW, 10, 1, -8, 0), // spill ctx
+                    dst[0],
+                    dst[1],
+                    mov_x(2, 10), // source: the stack
+                    add_k(2, -16),
+                    Insn::new(CLASS_ALU64 | ALU_MOV | SRC_K, 3, 0, 0, 8),
+                    Insn::new(CALL, 0, CALL_HELPER, 0, helper::MEMCPY as i32),
+                    Insn::new(LDXDW, 2, 10, -8, 0), // reload
+                    Insn::new(LDXB, 0, 2, 40, 0),   // the context again?
+                    Insn::EXIT,
+                ],
+                &EntryAssumptions::handler_context(),
+            )
+        };
+        // Into the context's writable output: the spill survives.
+        let out = program([mov_x(1, 1), add_k(1, CONTEXT_INPUT_SIZE as i32)]);
+        assert_eq!(out.check(8), Check::Proven);
+        // Into the stack: forgotten.
+        let stack = program([mov_x(1, 10), add_k(1, -32)]);
+        assert_eq!(stack.check(8), Check::Scan);
+        // Into the context's read-only input (the helper refuses it, but the analysis does
+        // not rely on that): forgotten.
+        let input = program([mov_x(1, 1), add_k(1, 8)]);
+        assert_eq!(input.check(8), Check::Scan);
+        // To an address loaded from memory: forgotten.
+        let unknown = program([Insn::new(LDXDW, 1, 1, 0, 0), add_k(1, 0)]);
+        assert_eq!(unknown.check(8), Check::Scan);
     }
 
     #[test]

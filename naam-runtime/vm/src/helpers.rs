@@ -25,6 +25,10 @@ pub struct Helper {
     pub func: HelperFn,
     /// It may store into memory the handler passed it (stack contents are then unknown).
     pub writes_memory: bool,
+    /// Its stores, if any, go only to `[r1, r1 + len)`, a range it checks lies inside one
+    /// writable grant: when `r1` lies inside a grant other than the stack, the stack is
+    /// untouched (grants never overlap the stack).
+    pub writes_at_r1: bool,
 }
 
 /// Which helpers an executable may call.
@@ -46,36 +50,42 @@ const NAAM: [Helper; 6] = [
         name: "abort",
         func: abort,
         writes_memory: false,
+        writes_at_r1: false,
     },
     Helper {
         id: helper::TRACE,
         name: "trace",
         func: trace,
         writes_memory: false,
+        writes_at_r1: false,
     },
     Helper {
         id: helper::MEMCPY,
         name: "memcpy",
         func: memcpy,
         writes_memory: true,
+        writes_at_r1: true,
     },
     Helper {
         id: helper::MEMCMP,
         name: "memcmp",
         func: memcmp,
         writes_memory: false,
+        writes_at_r1: false,
     },
     Helper {
         id: helper::HASH64,
         name: "hash64",
         func: hash,
         writes_memory: false,
+        writes_at_r1: false,
     },
     Helper {
         id: helper::MEMSET,
         name: "memset",
         func: memset,
         writes_memory: true,
+        writes_at_r1: true,
     },
 ];
 
@@ -84,6 +94,7 @@ const CONFORMANCE: [Helper; 1] = [Helper {
     name: "unwind",
     func: unwind,
     writes_memory: false,
+    writes_at_r1: false,
 }];
 
 impl HelperSet {
