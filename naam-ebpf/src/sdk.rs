@@ -434,16 +434,13 @@ impl Context {
         self.write_data_len = 0;
     }
 
-    /// Queues a store of `len` bytes read from `src` (memory the handler may read) to
-    /// `segment[offset..]`; applied in order when the step returns [`Return::Write`].
+    /// Copies `len` bytes from `src` (memory the handler may read) into the step's write data
+    /// and returns where they start there, for [`Context::push_staged`] to name (whole or in
+    /// parts). Staging is apart from queueing so that a handler can stage its fixed-size
+    /// values first and a copy of run-time length last: every staged offset is then a
+    /// constant, and so is the copy's destination, which the engines prove.
     #[inline(always)]
-    pub fn push_store(
-        &mut self,
-        segment: u32,
-        offset: u32,
-        src: u64,
-        len: u32,
-    ) -> Result<(), Fault> {
+    pub fn stage(&mut self, src: u64, len: u32) -> Result<u32, Fault> {
         let at = self.write_data_len as usize;
         match at.checked_add(len as usize) {
             Some(end) if end <= WRITE_DATA_CAP => {}
@@ -459,24 +456,14 @@ impl Context {
         // changed every field: stored again, the counts stay known to it (constants, when
         // they were), and the queue's next entries stay at constant offsets.
         self.write_count = queued;
-        self.write_data_len = at as u32;
-        self.push_write(WriteOp {
-            kind: write_kind::STORE,
-            segment,
-            offset,
-            len,
-            data_offset: at as u32,
-            reserved: 0,
-            operand: 0,
-            expected: 0,
-        })?;
-        self.write_data_len += len;
-        Ok(())
+        self.write_data_len = at as u32 + len;
+        Ok(at as u32)
     }
 
-    /// Queues a store of a little-endian `u64` to `segment[offset..]`.
+    /// Stages a little-endian `u64` in the step's write data (as [`Context::stage`]) and
+    /// returns where.
     #[inline(always)]
-    pub fn push_store_u64(&mut self, segment: u32, offset: u32, value: u64) -> Result<(), Fault> {
+    pub fn stage_u64(&mut self, value: u64) -> Result<u32, Fault> {
         let at = self.write_data_len as usize;
         match at.checked_add(8) {
             Some(end) if end <= WRITE_DATA_CAP => {}
@@ -489,18 +476,52 @@ impl Context {
                 value.to_le(),
             )
         };
+        self.write_data_len = at as u32 + 8;
+        Ok(at as u32)
+    }
+
+    /// Queues a store of the `len` staged bytes at `data_offset` (from [`Context::stage`] or
+    /// [`Context::stage_u64`]) to `segment[offset..]`; applied in order when the step returns
+    /// [`Return::Write`]. A range outside what was staged gets the whole batch refused.
+    #[inline(always)]
+    pub fn push_staged(
+        &mut self,
+        segment: u32,
+        offset: u32,
+        data_offset: u32,
+        len: u32,
+    ) -> Result<(), Fault> {
         self.push_write(WriteOp {
             kind: write_kind::STORE,
             segment,
             offset,
-            len: 8,
-            data_offset: at as u32,
+            len,
+            data_offset,
             reserved: 0,
             operand: 0,
             expected: 0,
-        })?;
-        self.write_data_len += 8;
-        Ok(())
+        })
+    }
+
+    /// Queues a store of `len` bytes read from `src` (memory the handler may read) to
+    /// `segment[offset..]`; applied in order when the step returns [`Return::Write`].
+    #[inline(always)]
+    pub fn push_store(
+        &mut self,
+        segment: u32,
+        offset: u32,
+        src: u64,
+        len: u32,
+    ) -> Result<(), Fault> {
+        let at = self.stage(src, len)?;
+        self.push_staged(segment, offset, at, len)
+    }
+
+    /// Queues a store of a little-endian `u64` to `segment[offset..]`.
+    #[inline(always)]
+    pub fn push_store_u64(&mut self, segment: u32, offset: u32, value: u64) -> Result<(), Fault> {
+        let at = self.stage_u64(value)?;
+        self.push_staged(segment, offset, at, 8)
     }
 
     /// First write of a versioned update: the back version word of the object becomes
@@ -643,6 +664,35 @@ macro_rules! handler {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Staged words land one after another and stores name them by offset, in any order and
+    /// more than once; staging past the buffer is refused and stages nothing.
+    #[test]
+    fn staged_words_are_named_by_offset() {
+        let mut ctx = Context::new();
+        ctx.begin_writes();
+        assert_eq!(ctx.stage_u64(0x0102_0304_0506_0708), Ok(0));
+        assert_eq!(ctx.stage_u64(9), Ok(8));
+        assert_eq!((ctx.write_count, ctx.write_data_len), (0, 16));
+        ctx.push_staged(2, 40, 8, 8).unwrap();
+        ctx.push_staged(2, 0, 0, 8).unwrap();
+        ctx.push_staged(3, 16, 0, 8).unwrap();
+        let at = |w: &WriteOp| (w.kind, w.segment, w.offset, w.data_offset, w.len);
+        let writes = &ctx.writes[..ctx.write_count as usize];
+        assert_eq!(
+            [at(&writes[0]), at(&writes[1]), at(&writes[2])],
+            [
+                (write_kind::STORE, 2, 40, 8, 8),
+                (write_kind::STORE, 2, 0, 0, 8),
+                (write_kind::STORE, 3, 16, 0, 8)
+            ]
+        );
+        assert_eq!(writes.len(), 3);
+        assert_eq!(ctx.write_data[..8], 0x0102_0304_0506_0708u64.to_le_bytes());
+        ctx.write_data_len = (WRITE_DATA_CAP - 4) as u32;
+        assert_eq!(ctx.stage_u64(1), Err(Fault::WRITES_FULL));
+        assert_eq!(ctx.write_data_len as usize, WRITE_DATA_CAP - 4);
+    }
 
     /// `begin_writes` starts the batch over: what was queued before it is dropped.
     #[test]
