@@ -333,19 +333,27 @@ fn write_item(ctx: &mut Context, key: &Key, update_only: bool) -> StepResult {
     // Claim the log slot, then lock the bucket: a lost race on either is a Conflict reply and
     // the client retries; a claimed slot never written is a harmless hole in the log.
     ctx.begin_writes();
+    // Staged before anything is queued: the words first, the item's bytes (their length known
+    // only at run time) last, so that every staged offset and the copy's destination are
+    // constants, which the engines prove; the copy then leaves them the handler's spilled
+    // pointers, and the queue's entries stay proven too. One copy stages header, key and
+    // value (the args hold them in the item's order); the back and front versions share a
+    // word.
+    let version_at = ctx.stage_u64(item_version)?;
+    let slot_at = ctx.stage_u64(l::slot(l::tag(key.hash), tail))?;
+    let unlocked_at = ctx.stage_u64(version + 2)?;
+    let head = 16 + key.len;
+    let item_len = head + key.value_len;
+    let item_at = ctx.stage(ctx.arg_range(a::KEYHASH, item_len)?, item_len as u32)?;
     ctx.push_cas(0, l::META_TAIL as u32, tail, tail + 1)?;
     ctx.push_cas(1, 0, version, version + 1)?;
-    ctx.begin_versioned_write(2, l::item_back(g.item_size as usize) as u32, item_version)?;
-    ctx.push_store(2, l::ITEM_KEYHASH as u32, ctx.arg_range(a::KEYHASH, 16 + key.len)?, (16 + key.len) as u32)?;
-    ctx.push_store(
-        2,
-        l::item_value(g.key_cap) as u32,
-        ctx.arg_range(a::KEY + key.len, key.value_len)?,
-        key.value_len as u32,
-    )?;
-    ctx.end_versioned_write(2, l::ITEM_FRONT as u32, item_version)?;
-    ctx.push_store_u64(1, l::slot_offset(slot) as u32, l::slot(l::tag(key.hash), tail))?;
-    ctx.push_store_u64(1, 0, version + 2)?;
+    // A versioned update: the back version first, the front one last.
+    ctx.push_staged(2, l::item_back(g.item_size as usize) as u32, version_at, 8)?;
+    ctx.push_staged(2, l::ITEM_KEYHASH as u32, item_at, head as u32)?;
+    ctx.push_staged(2, l::item_value(g.key_cap) as u32, item_at + head as u32, key.value_len as u32)?;
+    ctx.push_staged(2, l::ITEM_FRONT as u32, version_at, 8)?;
+    ctx.push_staged(1, l::slot_offset(slot) as u32, slot_at, 8)?;
+    ctx.push_staged(1, 0, unlocked_at, 8)?;
     ctx.reply_u8(found.is_some() as u8)?;
     Ok(Return::Write)
 }
