@@ -319,23 +319,30 @@ fn write_step(ctx: &mut Context) -> StepResult {
     }
     let back = l::node_back(size) as u32;
     ctx.begin_writes();
+    // Staged before anything is queued: words at constant offsets first, the entries an
+    // insert moves (their length known only at run time) last, so that the one copy's
+    // destination is a constant the engines prove and the queue's entries stay proven after
+    // it. The back and front versions share a word.
+    let version_at = ctx.stage_u64(n.version + 1)?;
     ctx.push_cas(seg::META, l::META_WVERSION as u32, wv, wv + 1)?;
-    ctx.begin_versioned_write(seg::NODE, back, n.version + 1)?;
     if exists {
-        ctx.push_store(seg::NODE, (l::entry(p) + 8) as u32, ctx.arg_range(a::VALUE, 8)?, 8)?;
+        let value_at = ctx.stage_u64(ctx.arg_u64(a::VALUE)?)?;
+        ctx.push_staged(seg::NODE, back, version_at, 8)?;
+        ctx.push_staged(seg::NODE, (l::entry(p) + 8) as u32, value_at, 8)?;
     } else {
-        if p < n.count {
-            let from = src(&n.seg, l::entry(p), (n.count - p) * l::ENTRY_SIZE)?;
-            ctx.push_store(seg::NODE, l::entry(p + 1) as u32, from, ((n.count - p) * l::ENTRY_SIZE) as u32)?;
+        let header_at = ctx.stage_u64(l::header(0, n.count as u64 + 1, l::flags(n.header)))?;
+        let key_at = ctx.stage_u64(ctx.arg_u64(a::KEY)?)?;
+        ctx.stage_u64(ctx.arg_u64(a::KEY + 8)?)?;
+        let moved = (n.count - p) * l::ENTRY_SIZE;
+        let moved_at = if p < n.count { Some(ctx.stage(src(&n.seg, l::entry(p), moved)?, moved as u32)?) } else { None };
+        ctx.push_staged(seg::NODE, back, version_at, 8)?;
+        if let Some(at) = moved_at {
+            ctx.push_staged(seg::NODE, l::entry(p + 1) as u32, at, moved as u32)?;
         }
-        ctx.push_store(seg::NODE, l::entry(p) as u32, ctx.arg_range(a::KEY, 16)?, 16)?;
-        ctx.push_store_u64(
-            seg::NODE,
-            l::NODE_HEADER as u32,
-            l::header(0, n.count as u64 + 1, l::flags(n.header)),
-        )?;
+        ctx.push_staged(seg::NODE, l::entry(p) as u32, key_at, 16)?;
+        ctx.push_staged(seg::NODE, l::NODE_HEADER as u32, header_at, 8)?;
     }
-    ctx.end_versioned_write(seg::NODE, l::NODE_FRONT as u32, n.version + 1)?;
+    ctx.push_staged(seg::NODE, l::NODE_FRONT as u32, version_at, 8)?;
     ctx.reply_u8(if exists { l::reply::REPLACED } else { l::reply::INSERTED })?;
     Ok(Return::Write)
 }
