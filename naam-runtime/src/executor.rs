@@ -224,7 +224,7 @@ pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch<'_>) -> Result<(),
     // The target resolved last: a batch's operations come in runs on one segment (MICA's
     // PUT: three on the bucket, four on the item), resolved once per run.
     let mut resolved: Option<(&Descriptor, &Region)> = None;
-    apply_located(batch, |index, op, target, len| {
+    let mut locate = |index, op: &WriteOp, target, len| {
         let region = match resolved {
             Some((last, region)) if last == target => region,
             _ => {
@@ -243,20 +243,7 @@ pub fn apply_writes(regions: &RegionTable, batch: &WriteBatch<'_>) -> Result<(),
                 reason: e.to_string(),
             })?;
         Ok((region.mem.words(), at as usize))
-    })
-}
-
-/// The write owner's loop over `batch`, for memory found either way: [`apply_op`] for each
-/// operation in order.
-fn apply_located<'b, 'm>(
-    batch: &WriteBatch<'b>,
-    mut locate: impl FnMut(
-        usize,
-        &WriteOp,
-        &'b Descriptor,
-        usize,
-    ) -> Result<(&'m [AtomicU64], usize), WriteError>,
-) -> Result<(), WriteError> {
+    };
     for (index, op) in batch.ops.iter().enumerate() {
         apply_op(batch, index, op, &mut locate)?;
     }
