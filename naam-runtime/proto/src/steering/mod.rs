@@ -463,6 +463,31 @@ mod tests {
         );
     }
 
+    /// An unmeasured server placement is guessed from the server's measurements, not from
+    /// the client's: a client reporting 1 ns runs made the never-probed NIC a 1.5 ns guess,
+    /// cheaper than the client that reported them, and kept the client at its probe share.
+    #[test]
+    fn a_client_s_figure_does_not_price_an_unmeasured_server_placement() {
+        let mut h = handler();
+        h.service_ns = [Some(1.0), None, Some(200.0)];
+        let mut i = inputs(0.0, 0.0);
+        i.client_rtt_ns = 1.0;
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        let ect = p.completion_times(&h, &i);
+        assert_eq!(ect[Placement::Nic.index()], Some(300.0));
+        assert_eq!(ect[Placement::Client.index()], Some(1.0 + h.steps.max(1.0)));
+        for t in 0..3 {
+            p.decide(KEY, &h, &i, t);
+        }
+        assert_eq!(p.decide(KEY, &h, &i, 3).major(), Placement::Client);
+        // Measured only at the client: the guess still has a basis.
+        h.service_ns = [Some(100.0), None, None];
+        assert_eq!(
+            p.completion_times(&h, &i)[Placement::Host.index()],
+            Some(150.0)
+        );
+    }
+
     #[test]
     fn probe_share_follows_the_global_budget() {
         let cfg = CostPolicyConfig::default();
