@@ -540,41 +540,65 @@ impl StepMachine {
 /// the kind. Only reads: the batch is then read where the engine left it.
 fn check_writes(targets: &[Descriptor], out: &StepResult<'_>) -> Result<(), String> {
     for (i, w) in out.writes.iter().enumerate() {
-        let valid = targets.get(w.segment as usize).is_some_and(|target| {
-            w.offset as u64 + w.len as u64 <= target.len as u64
-                && match w.kind {
-                    write_kind::STORE => {
-                        w.data_offset as usize + w.len as usize <= out.write_data.len()
-                    }
-                    write_kind::CAS | write_kind::FAA => w.len == 8,
-                    _ => false,
-                }
-        });
-        if !valid {
-            return Err(write_fault(i, w, targets));
+        if let Some(refusal) = write_refusal(w, targets, out.write_data.len()) {
+            return Err(refusal.describe(i, w, targets));
         }
     }
     Ok(())
 }
 
-/// Why write `i`, `w`, which [`check_writes`] refused, is refused (the first rule it breaks,
-/// in the order the checks read).
-#[cold]
-fn write_fault(i: usize, w: &WriteOp, targets: &[Descriptor]) -> String {
+/// The first rule a queued write breaks, in the order [`check_writes`] reads them.
+#[derive(Clone, Copy)]
+enum WriteRefusal {
+    NoSuchSegment,
+    PastItsSegment,
+    DataOutsideStaging,
+    AtomicNotEightBytes,
+    UnknownKind,
+}
+
+/// Which rule `w` breaks against the step's `targets` and its `data_len` staged bytes, if
+/// any. Only a verdict: the words of a refusal are [`WriteRefusal::describe`]'s, off the path
+/// of the writes that pass.
+#[inline]
+fn write_refusal(w: &WriteOp, targets: &[Descriptor], data_len: usize) -> Option<WriteRefusal> {
     let Some(target) = targets.get(w.segment as usize) else {
-        return format!(
-            "write {i} targets segment {} of {}",
-            w.segment,
-            targets.len()
-        );
+        return Some(WriteRefusal::NoSuchSegment);
     };
-    let end = w.offset as u64 + w.len as u64;
-    if end > target.len as u64 {
-        return format!("write {i} runs past its segment ({end} > {})", target.len);
+    if w.offset as u64 + w.len as u64 > target.len as u64 {
+        return Some(WriteRefusal::PastItsSegment);
     }
     match w.kind {
-        write_kind::STORE => format!("write {i}: data outside the staging buffer"),
-        write_kind::CAS | write_kind::FAA => format!("write {i}: atomics are 8 bytes"),
-        k => format!("write {i}: unknown kind {k}"),
+        write_kind::STORE if w.data_offset as usize + w.len as usize > data_len => {
+            Some(WriteRefusal::DataOutsideStaging)
+        }
+        write_kind::STORE => None,
+        write_kind::CAS | write_kind::FAA if w.len != 8 => Some(WriteRefusal::AtomicNotEightBytes),
+        write_kind::CAS | write_kind::FAA => None,
+        _ => Some(WriteRefusal::UnknownKind),
+    }
+}
+
+impl WriteRefusal {
+    /// The refusal of write `i`, `w`, in words.
+    #[cold]
+    fn describe(self, i: usize, w: &WriteOp, targets: &[Descriptor]) -> String {
+        let target_len = targets.get(w.segment as usize).map_or(0, |t| t.len);
+        match self {
+            WriteRefusal::NoSuchSegment => format!(
+                "write {i} targets segment {} of {}",
+                w.segment,
+                targets.len()
+            ),
+            WriteRefusal::PastItsSegment => format!(
+                "write {i} runs past its segment ({} > {target_len})",
+                w.offset as u64 + w.len as u64
+            ),
+            WriteRefusal::DataOutsideStaging => {
+                format!("write {i}: data outside the staging buffer")
+            }
+            WriteRefusal::AtomicNotEightBytes => format!("write {i}: atomics are 8 bytes"),
+            WriteRefusal::UnknownKind => format!("write {i}: unknown kind {}", w.kind),
+        }
     }
 }
