@@ -189,15 +189,9 @@ fn locate_in_place<'m>(
 /// access, mapped for the call; `src.len()` must be a multiple of 8.
 #[inline]
 unsafe fn store_words(addr: u64, src: &[u8]) {
-    let words = addr as *const AtomicU64;
-    let bytes = src.as_ptr() as *const [u8; 8];
-    for i in 0..src.len() / 8 {
-        // SAFETY: word `i` of `src`, and of the range the caller vouched for.
-        unsafe {
-            let value = u64::from_le_bytes(bytes.add(i).read_unaligned());
-            (*words.add(i)).store(value, Ordering::Release);
-        }
-    }
+    // SAFETY: the caller vouched for the words.
+    let words = unsafe { std::slice::from_raw_parts(addr as *const AtomicU64, src.len() / 8) };
+    crate::region::store_whole_words(words, src);
 }
 
 /// A `CAS` or `FAA` operation on `word`: a `CAS` that finds another value is a conflict.

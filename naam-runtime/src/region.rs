@@ -378,13 +378,20 @@ pub(crate) fn store_bytes(words: &[AtomicU64], at: usize, src: &[u8]) {
     let whole = src.len() / 8;
     let (body, tail) = src.split_at(whole * 8);
     let first = at / 8;
-    for (w, chunk) in words[first..first + whole].iter().zip(body.chunks_exact(8)) {
+    store_whole_words(&words[first..first + whole], body);
+    if !tail.is_empty() {
+        merge_into(&words[first + whole], 0, tail);
+    }
+}
+
+/// Stores `src`, whole little-endian words, into `words` (as many), in ascending order: one
+/// release store per word.
+#[inline]
+pub(crate) fn store_whole_words(words: &[AtomicU64], src: &[u8]) {
+    for (w, chunk) in words.iter().zip(src.chunks_exact(8)) {
         let mut b = [0u8; 8];
         b.copy_from_slice(chunk);
         w.store(u64::from_le_bytes(b), Ordering::Release);
-    }
-    if !tail.is_empty() {
-        merge_into(&words[first + whole], 0, tail);
     }
 }
 
