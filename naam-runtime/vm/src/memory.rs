@@ -123,6 +123,19 @@ impl GrantSlot {
         }
     }
 
+    /// Whether this slot is what [`GrantSlot::with_rights`] makes of the same arguments, for a
+    /// range that is not empty (an empty or wrapping range is never taken for the same): a
+    /// few words compared instead of the slot computed and stored again.
+    #[inline(always)]
+    pub fn grants(&self, start: u64, len: u64, readable: bool, writable: bool) -> bool {
+        // The 1-byte load limit is the length when loads are allowed, else 0.
+        self.start == start
+            && self.len == len
+            && len != 0
+            && self.writable == writable as u64
+            && (self.read_lim[0] != 0) == readable
+    }
+
     /// True when an access of `size` (1, 2, 4 or 8) bytes at `addr` lies inside with the right.
     #[inline(always)]
     pub fn allows_small(&self, addr: u64, size: u64, write: bool) -> bool {
@@ -586,6 +599,19 @@ mod tests {
                 && if write { writable } else { readable };
             prop_assert_eq!(g.allows_small(addr, size, write), expect);
             prop_assert_eq!(g.allows_range(addr, size, write), expect);
+        }
+
+        /// `grants` recognises exactly the slot `with_rights` made of the same arguments (a
+        /// range that neither is empty nor wraps), and no slot made of others.
+        #[test]
+        fn grants_recognises_the_slot_it_was_made_as(start in prop_oneof![0u64..1 << 40, u64::MAX - 80..=u64::MAX], len in 0u64..64, readable: bool, writable: bool, other_start in 0u64..4, other_len in 0u64..4, other_readable: bool, other_writable: bool) {
+            let g = GrantSlot::with_rights(start, len, readable, writable);
+            let real = len != 0 && start.checked_add(len).is_some();
+            prop_assert_eq!(g.grants(start, len, readable, writable), real);
+            let other = (start ^ other_start, len ^ other_len, other_readable, other_writable);
+            if other != (start, len, readable, writable) {
+                prop_assert!(!g.grants(other.0, other.1, other.2, other.3));
+            }
         }
     }
 

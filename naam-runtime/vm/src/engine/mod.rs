@@ -451,29 +451,28 @@ impl Executable {
 
 use naam_proto::step::{Grant, Invocation};
 
-/// Whether `slot` is what [`grant_slot`] makes of `g`: the same range with the same rights.
-#[inline(always)]
-fn same_grant(slot: &GrantSlot, g: &Grant<'_>) -> bool {
-    let readable = g.access() & naam_ebpf::abi::ACCESS_READ != 0;
-    let writable = g.access() & naam_ebpf::abi::ACCESS_WRITE != 0;
-    // A slot's 1-byte load limit is its length when loads are allowed, else 0; an empty or
-    // wrapping range has length 0 in its slot, and is never taken for the same.
-    slot.start == g.addr()
-        && slot.len == g.len() as u64
-        && slot.len != 0
-        && slot.writable == writable as u64
-        && (slot.read_lim[0] != 0) == readable
-}
-
 /// The engine's grant for `g`: read and write rights as the descriptor asked (atomics need the
 /// write right). Inlined (into the drivers, where the step is inlined): returned through the
 /// stack, its 96 bytes were reloaded right after being stored, a store-forwarding stall that
 /// took half of a step's engine time.
 #[inline]
 fn grant_slot(g: &Grant<'_>) -> GrantSlot {
-    GrantSlot::with_rights(
-        g.addr(),
-        g.len() as u64,
+    let (readable, writable) = rights(g);
+    GrantSlot::with_rights(g.addr(), g.len() as u64, readable, writable)
+}
+
+/// Whether `slot` is what [`grant_slot`] makes of `g`.
+#[inline(always)]
+fn same_grant(slot: &GrantSlot, g: &Grant<'_>) -> bool {
+    let (readable, writable) = rights(g);
+    slot.grants(g.addr(), g.len() as u64, readable, writable)
+}
+
+/// The slot rights of `g`: loads with the read right, stores with the write right (atomics
+/// need it too).
+#[inline(always)]
+fn rights(g: &Grant<'_>) -> (bool, bool) {
+    (
         g.access() & naam_ebpf::abi::ACCESS_READ != 0,
         g.access() & naam_ebpf::abi::ACCESS_WRITE != 0,
     )
