@@ -140,17 +140,15 @@ impl CostPolicy {
         // any: a client's figure is its own machine's (and, from a remote client, only its
         // report), and a flattering one would make the unmeasured NIC look cheaper than the
         // client that reported it.
-        let measured = |q: Placement| h.service_ns[q.index()].map(|t| (q, t));
-        let cheapest_of = |qs: &mut dyn Iterator<Item = Placement>| {
-            qs.filter_map(measured).min_by(|a, b| a.1.total_cmp(&b.1))
+        let cheapest_of = |qs: &[Placement]| {
+            qs.iter()
+                .filter_map(|&q| h.service_ns[q.index()].map(|t| (q, t)))
+                .min_by(|a, b| a.1.total_cmp(&b.1))
         };
-        let server = [Placement::Nic, Placement::Host];
-        let cheapest = if p == Placement::Client {
-            None
-        } else {
-            cheapest_of(&mut server.into_iter())
-        }
-        .or_else(|| cheapest_of(&mut Placement::ALL.into_iter()));
+        let cheapest = (p != Placement::Client)
+            .then(|| cheapest_of(&[Placement::Nic, Placement::Host]))
+            .flatten()
+            .or_else(|| cheapest_of(&Placement::ALL));
         let Some((q, t)) = cheapest else {
             return 1_000.0;
         };
