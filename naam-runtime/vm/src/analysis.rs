@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 
 use naam_ebpf::abi::{MAX_SEGMENTS, STACK_SIZE};
 
-use crate::helpers::HelperSet;
+use crate::helpers::{HelperSet, HelperWrites};
 use crate::insn::{AluOp, Cond, Op, Operand, Width, FRAME_POINTER};
 use crate::loader::Program;
 use crate::memory::slot;
@@ -626,12 +626,11 @@ impl Analyzer<'_> {
                 }
             }
             Op::CallHelper { id } => {
-                let reaches_stack = match self.helpers.get(id) {
-                    None => true,
-                    Some(h) if !h.writes_memory => false,
+                let reaches_stack = match self.helpers.get(id).map(|h| h.writes) {
+                    Some(HelperWrites::Nothing) => false,
                     // A copy into the context's output or a segment keeps the spills.
-                    Some(h) if h.writes_at_r1 => !self.outside_stack(s, s.regs[1]),
-                    Some(_) => true,
+                    Some(HelperWrites::AtR1) => !self.outside_stack(s, s.regs[1]),
+                    _ => true,
                 };
                 s.regs[0] = Val::Unknown;
                 if reaches_stack {

@@ -23,12 +23,20 @@ pub struct Helper {
     pub name: &'static str,
     /// Entry point, called with the context, then `r1` to `r5` ([`HelperFn`]).
     pub func: HelperFn,
-    /// It may store into memory the handler passed it (stack contents are then unknown).
-    pub writes_memory: bool,
-    /// Its stores, if any, go only to `[r1, r1 + len)`, a range it checks lies inside one
-    /// writable grant: when `r1` lies inside a grant other than the stack, the stack is
-    /// untouched (grants never overlap the stack).
-    pub writes_at_r1: bool,
+    /// What it may store into, which the pointer analysis must assume changed.
+    pub writes: HelperWrites,
+}
+
+/// What memory a helper may change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HelperWrites {
+    /// None.
+    Nothing,
+    /// Only `[r1, r1 + len)`, a range it checks lies inside one writable grant: when `r1`
+    /// lies inside a grant other than the stack, the stack is untouched (no grant overlaps
+    /// the stack); otherwise the stack may have changed.
+    AtR1,
 }
 
 /// Which helpers an executable may call.
@@ -49,43 +57,37 @@ const NAAM: [Helper; 6] = [
         id: helper::ABORT,
         name: "abort",
         func: abort,
-        writes_memory: false,
-        writes_at_r1: false,
+        writes: HelperWrites::Nothing,
     },
     Helper {
         id: helper::TRACE,
         name: "trace",
         func: trace,
-        writes_memory: false,
-        writes_at_r1: false,
+        writes: HelperWrites::Nothing,
     },
     Helper {
         id: helper::MEMCPY,
         name: "memcpy",
         func: memcpy,
-        writes_memory: true,
-        writes_at_r1: true,
+        writes: HelperWrites::AtR1,
     },
     Helper {
         id: helper::MEMCMP,
         name: "memcmp",
         func: memcmp,
-        writes_memory: false,
-        writes_at_r1: false,
+        writes: HelperWrites::Nothing,
     },
     Helper {
         id: helper::HASH64,
         name: "hash64",
         func: hash,
-        writes_memory: false,
-        writes_at_r1: false,
+        writes: HelperWrites::Nothing,
     },
     Helper {
         id: helper::MEMSET,
         name: "memset",
         func: memset,
-        writes_memory: true,
-        writes_at_r1: true,
+        writes: HelperWrites::AtR1,
     },
 ];
 
@@ -93,8 +95,7 @@ const CONFORMANCE: [Helper; 1] = [Helper {
     id: CONFORMANCE_UNWIND,
     name: "unwind",
     func: unwind,
-    writes_memory: false,
-    writes_at_r1: false,
+    writes: HelperWrites::Nothing,
 }];
 
 impl HelperSet {

@@ -40,7 +40,7 @@ pub use engine::{
     time_runs, EngineError, Entry, ExecOptions, Executable, Fixup, Image, ImageRegion, NextStep,
     RawOutput, StepError, StepOutput, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET,
 };
-pub use helpers::{Helper, HelperSet};
+pub use helpers::{Helper, HelperSet, HelperWrites};
 pub use loader::{load, LoadError, LoadedObject, Program, Rodata, RodataRef};
 pub use verifier::{
     check, verify, Checked, Rule, Verdict, VerifierConfig, Violation, DEFAULT_MAX_INSNS,
