@@ -268,29 +268,30 @@ fn write_step0(ctx: &mut Context, key: &Key, with_target: bool, extra: usize) ->
     Ok(Return::Continue)
 }
 
-/// Step 1 of a write: the slot among the candidates (segments from `first`) that holds the key.
+/// Step 1 of a write: the candidate (segments from `first`) that holds the key, as its
+/// segment index and its bucket slot.
 #[inline(always)]
-fn find_slot(ctx: &Context, key: &Key, first: usize, item_size: u64) -> Result<Option<usize>, Fault> {
+fn find_slot(ctx: &Context, key: &Key, first: usize, item_size: u64) -> Result<Option<(usize, usize)>, Fault> {
     let back = l::item_back(item_size as usize);
     // Bounded by the candidates fetched (a run-time count, so the loop stays a loop), the
     // first apart: at a constant segment index its reads are proven in bounds, and a write
     // of an existing key nearly always has exactly one candidate.
     let fetched = (ctx.segment_count as usize).saturating_sub(first).min(l::MAX_WRITE_CANDIDATES);
-    let holds = |ctx: &Context, k: usize| -> Result<Option<usize>, Fault> {
+    let holds = |ctx: &Context, k: usize| -> Result<Option<(usize, usize)>, Fault> {
         let seg = ctx.segment(first + k)?;
         let s = ctx.state(2 + k)?;
         let expected = s & ((1 << 56) - 1);
         let found = same_key(ctx, &seg, expected, key)? && seg.read_u64(back)? == expected;
-        Ok(found.then_some((s >> 56) as usize))
+        Ok(found.then_some((first + k, (s >> 56) as usize)))
     };
     if fetched > 0 {
-        if let Some(slot) = holds(ctx, 0)? {
-            return Ok(Some(slot));
+        if let Some(found) = holds(ctx, 0)? {
+            return Ok(Some(found));
         }
     }
     for k in 1..fetched {
-        if let Some(slot) = holds(ctx, k)? {
-            return Ok(Some(slot));
+        if let Some(found) = holds(ctx, k)? {
+            return Ok(Some(found));
         }
     }
     Ok(None)
@@ -304,7 +305,7 @@ fn write_item(ctx: &mut Context, key: &Key, update_only: bool) -> StepResult {
     let g = geometry(ctx, &meta, key, 0)?;
     let tail = ctx.state(0)?;
     let version = ctx.state(1)?;
-    let found = find_slot(ctx, key, 3, g.item_size)?;
+    let found = find_slot(ctx, key, 3, g.item_size)?.map(|(_, slot)| slot);
     if update_only && found.is_none() {
         return Err(Fault::app(l::error::NOT_FOUND));
     }
@@ -368,17 +369,7 @@ fn rmw_item(ctx: &mut Context, key: &Key) -> StepResult {
     let version = ctx.state(1)?;
     let back = l::item_back(g.item_size as usize);
     // Which candidate holds the key (segments from 3), and its slot.
-    let mut found: Option<(usize, usize)> = None;
-    let fetched = (ctx.segment_count as usize).saturating_sub(3);
-    for k in 0..fetched.min(l::MAX_WRITE_CANDIDATES) {
-        let seg = ctx.segment(3 + k)?;
-        let s = ctx.state(2 + k)?;
-        let expected = s & ((1 << 56) - 1);
-        if same_key(ctx, &seg, expected, key)? && seg.read_u64(back)? == expected {
-            found = Some((3 + k, (s >> 56) as usize));
-            break;
-        }
-    }
+    let found = find_slot(ctx, key, 3, g.item_size)?;
     let Some((old_seg, slot)) = found else {
         return Err(Fault::app(l::error::NOT_FOUND));
     };
@@ -466,7 +457,7 @@ handler! {
         let g = geometry(ctx, &meta, &key, 0)?;
         let version = ctx.state(1)?;
         match find_slot(ctx, &key, 2, g.item_size)? {
-            Some(slot) => {
+            Some((_, slot)) => {
                 ctx.begin_writes();
                 ctx.push_cas(1, 0, version, version + 1)?;
                 ctx.push_store_u64(1, l::slot_offset(slot) as u32, 0)?;
