@@ -331,8 +331,9 @@ fn write_step(ctx: &mut Context) -> StepResult {
         ctx.push_staged(seg::NODE, (l::entry(p) + 8) as u32, value_at, 8)?;
     } else {
         let header_at = ctx.stage_u64(l::header(0, n.count as u64 + 1, l::flags(n.header)))?;
+        // The new entry, its key then its value, as the args hold them.
         let key_at = ctx.stage_u64(ctx.arg_u64(a::KEY)?)?;
-        ctx.stage_u64(ctx.arg_u64(a::KEY + 8)?)?;
+        ctx.stage_u64(ctx.arg_u64(a::VALUE)?)?;
         let moved = (n.count - p) * l::ENTRY_SIZE;
         let moved_at = if p < n.count { Some(ctx.stage(src(&n.seg, l::entry(p), moved)?, moved as u32)?) } else { None };
         ctx.push_staged(seg::NODE, back, version_at, 8)?;
