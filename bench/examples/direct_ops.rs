@@ -32,13 +32,9 @@ type Failure = Box<dyn std::error::Error>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (op, count) = match args.as_slice() {
-        [op, n] if OPERATIONS.contains(&op.as_str()) => match n.parse::<u64>() {
-            Ok(n) => (op.as_str(), n),
-            Err(e) => return usage(&format!("count {n:?}: {e}")),
-        },
-        [op, _] => return usage(&format!("unknown operation {op:?}")),
-        _ => return usage("two arguments expected"),
+    let (op, count) = match parse(&args) {
+        Ok(parsed) => parsed,
+        Err(why) => return usage(&why),
     };
     let ran = match op.split_once('-') {
         Some(("mica", op)) => mica(op, count),
@@ -50,6 +46,18 @@ fn main() -> ExitCode {
             eprintln!("direct_ops: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The operation and the count the arguments name, or why they name none.
+fn parse(args: &[String]) -> Result<(&str, u64), String> {
+    match args {
+        [op, n] if OPERATIONS.contains(&op.as_str()) => match n.parse::<u64>() {
+            Ok(n) => Ok((op.as_str(), n)),
+            Err(e) => Err(format!("count {n:?}: {e}")),
+        },
+        [op, _] => Err(format!("unknown operation {op:?}")),
+        _ => Err("two arguments expected".into()),
     }
 }
 
@@ -124,4 +132,38 @@ fn btree(op: &str, count: u64) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(args: &[&str]) -> Result<(String, u64), String> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        parse(&args).map(|(op, n)| (op.to_string(), n))
+    }
+
+    /// Every operation is named as listed; a count is a whole number of operations.
+    #[test]
+    fn operations_and_counts_are_read_as_given() {
+        for op in OPERATIONS {
+            assert_eq!(parsed(&[op, "10000"]), Ok((op.to_string(), 10_000)));
+        }
+    }
+
+    /// Bad arguments are refused with the reason, before anything is set up.
+    #[test]
+    fn bad_arguments_are_refused_with_a_reason() {
+        let refused = |args: &[&str], why: &str| {
+            let e = parsed(args).expect_err("refused");
+            assert!(e.contains(why), "{args:?}: {e}");
+        };
+        refused(&["mica-delete", "10"], "unknown operation \"mica-delete\"");
+        refused(&["mica-get", "ten"], "count \"ten\"");
+        refused(&["mica-get", "-1"], "count \"-1\"");
+        refused(&["mica-get", "18446744073709551616"], "count");
+        refused(&["mica-get"], "two arguments expected");
+        refused(&["mica-get", "1", "2"], "two arguments expected");
+        refused(&[], "two arguments expected");
+    }
 }
