@@ -34,6 +34,7 @@ pub mod control;
 pub mod dedup;
 pub mod endpoint;
 mod engine_kind;
+mod fields;
 pub mod frame;
 pub mod intmap;
 pub mod kind;

@@ -25,6 +25,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use naam_ebpf::abi::{Descriptor, ACCESS_MASK, ARGS_CAP, MAX_NEXT, REPLY_CAP, STATE_WORDS};
 use serde::Serialize;
 
+use crate::fields::Fields;
 use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
 use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
 use crate::Placement;
@@ -304,28 +305,30 @@ impl Request {
         self.validate()?;
         let words = self.state_words();
         out.reserve(self.encoded_len());
-        out.put_u8(VERSION);
-        out.put_u8(KIND_REQUEST);
-        out.put_u16_le(self.flags);
-        out.put_u32_le(self.app);
-        out.put_u32_le(self.handler);
-        out.put_u16_le(self.steps);
-        out.put_u8(words as u8);
-        out.put_u8(self.descriptors.len() as u8);
-        out.put_u64_le(self.request_id);
-        out.put_u16_le(self.args.len() as u16);
-        out.put_u16_le(self.partial_reply.len() as u16);
-        out.put_u32_le(0);
+        let mut header = Fields::<REQUEST_HEADER>::new();
+        header
+            .u8(VERSION)
+            .u8(KIND_REQUEST)
+            .u16(self.flags)
+            .u32(self.app)
+            .u32(self.handler)
+            .u16(self.steps)
+            .u8(words as u8)
+            .u8(self.descriptors.len() as u8)
+            .u64(self.request_id)
+            .u16(self.args.len() as u16)
+            .u16(self.partial_reply.len() as u16)
+            .u32(0);
+        out.put_slice(header.as_slice());
         out.put_slice(&self.args);
+        let mut tail = Fields::<{ 8 * STATE_WORDS + DESCRIPTOR_SIZE * MAX_NEXT }>::new();
         for w in &self.state[..words] {
-            out.put_u64_le(*w);
+            tail.u64(*w);
         }
         for d in self.descriptors.as_slice() {
-            out.put_u64_le(d.rkey);
-            out.put_u64_le(d.offset);
-            out.put_u32_le(d.len);
-            out.put_u32_le(d.access);
+            tail.u64(d.rkey).u64(d.offset).u32(d.len).u32(d.access);
         }
+        out.put_slice(tail.as_slice());
         out.put_slice(&self.partial_reply);
         Ok(())
     }
@@ -608,22 +611,25 @@ impl Reply {
     pub fn encode(&self, out: &mut BytesMut) -> Result<(), WireError> {
         check_len("payload length", self.payload.len(), REPLY_CAP)?;
         out.reserve(REPLY_HEADER + self.payload.len());
-        out.put_u8(VERSION);
-        out.put_u8(KIND_REPLY);
-        out.put_u16_le(self.status as u16);
-        out.put_u32_le(self.app);
-        out.put_u32_le(self.code);
-        out.put_u16_le(self.steps);
-        out.put_u8(self.placement.abi() as u8);
-        out.put_u8(0);
-        out.put_u64_le(self.request_id);
-        out.put_u32_le(self.payload.len() as u32);
-        out.put_u32_le(0);
-        out.put_u32_le(self.load.queue_depth);
-        out.put_u16_le(self.load.utilisation_permille);
-        out.put_u16_le(0);
-        out.put_u64_le(self.load.queue_delay_ns);
-        out.put_u64_le(self.load.service_ns);
+        let mut header = Fields::<REPLY_HEADER>::new();
+        header
+            .u8(VERSION)
+            .u8(KIND_REPLY)
+            .u16(self.status as u16)
+            .u32(self.app)
+            .u32(self.code)
+            .u16(self.steps)
+            .u8(self.placement.abi() as u8)
+            .u8(0)
+            .u64(self.request_id)
+            .u32(self.payload.len() as u32)
+            .u32(0)
+            .u32(self.load.queue_depth)
+            .u16(self.load.utilisation_permille)
+            .u16(0)
+            .u64(self.load.queue_delay_ns)
+            .u64(self.load.service_ns);
+        out.put_slice(header.as_slice());
         out.put_slice(&self.payload);
         Ok(())
     }
@@ -801,6 +807,86 @@ mod tests {
             let _ = Request::decode(Bytes::from(bytes.clone()));
             let _ = Reply::decode(Bytes::from(bytes));
         }
+    }
+
+    /// The layout pinned byte by byte (what the eSwitch program and other processes read),
+    /// so an encoder and a decoder cannot drift apart together.
+    #[test]
+    fn encodings_keep_their_layout() {
+        let mut r = Request::new(
+            0x0a0b_0c0d,
+            0x1112_1314,
+            0x2122_2324_2526_2728,
+            Bytes::from_static(b"ar"),
+            Descriptors::from_slice(&[Descriptor {
+                rkey: 0x3132_3334_3536_3738,
+                offset: 0x4142_4344_4546_4748,
+                len: 0x5152_5354,
+                access: ACCESS_MASK,
+            }])
+            .unwrap(),
+        );
+        r.flags = flags::PIN_HOST;
+        r.steps = 0x6162;
+        r.state[0] = 0x7172_7374_7576_7778;
+        r.partial_reply = Bytes::from_static(b"pr");
+        let le = |v: u64, n: usize| v.to_le_bytes()[..n].to_vec();
+        let want: Vec<u8> = [
+            vec![VERSION, KIND_REQUEST],
+            le(flags::PIN_HOST as u64, 2),
+            le(0x0a0b_0c0d, 4),
+            le(0x1112_1314, 4),
+            le(0x6162, 2),
+            vec![1, 1],
+            le(0x2122_2324_2526_2728, 8),
+            le(2, 2),
+            le(2, 2),
+            le(0, 4),
+            b"ar".to_vec(),
+            le(0x7172_7374_7576_7778, 8),
+            le(0x3132_3334_3536_3738, 8),
+            le(0x4142_4344_4546_4748, 8),
+            le(0x5152_5354, 4),
+            le(ACCESS_MASK as u64, 4),
+            b"pr".to_vec(),
+        ]
+        .concat();
+        assert_eq!(&r.to_bytes().unwrap()[..], &want[..]);
+
+        let reply = Reply {
+            app: 0x0a0b_0c0d,
+            request_id: 0x2122_2324_2526_2728,
+            status: Status::Busy,
+            code: 0x1112_1314,
+            steps: 0x6162,
+            placement: Placement::Nic,
+            load: LoadFeedback {
+                queue_depth: 0x3132_3334,
+                utilisation_permille: 0x4142,
+                queue_delay_ns: 0x5152_5354_5556_5758,
+                service_ns: 0x6162_6364_6566_6768,
+            },
+            payload: Bytes::from_static(b"pay"),
+        };
+        let want: Vec<u8> = [
+            vec![VERSION, KIND_REPLY],
+            le(Status::Busy as u64, 2),
+            le(0x0a0b_0c0d, 4),
+            le(0x1112_1314, 4),
+            le(0x6162, 2),
+            vec![Placement::Nic.abi() as u8, 0],
+            le(0x2122_2324_2526_2728, 8),
+            le(3, 4),
+            le(0, 4),
+            le(0x3132_3334, 4),
+            le(0x4142, 2),
+            le(0, 2),
+            le(0x5152_5354_5556_5758, 8),
+            le(0x6162_6364_6566_6768, 8),
+            b"pay".to_vec(),
+        ]
+        .concat();
+        assert_eq!(&reply.to_bytes().unwrap()[..], &want[..]);
     }
 
     #[test]

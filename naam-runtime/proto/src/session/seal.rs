@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::fields::Fields;
 
 /// The two fresh nonces of one handshake.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,13 +218,16 @@ impl SessionKey {
     /// Seals `inner` as packet `packet` from `sender`.
     pub fn seal(&self, sender: Sender, packet: u64, inner: &[u8]) -> Bytes {
         let mut b = BytesMut::with_capacity(SEAL_OVERHEAD + inner.len());
-        b.put_u8(VERSION);
-        b.put_u8(KIND_SEALED);
-        b.put_u8(sender as u8);
-        b.put_u8(0);
-        b.put_u32_le(self.tenant_tag);
-        b.put_u64_le(self.id);
-        b.put_u64_le(packet);
+        let mut header = Fields::<SEAL_HEADER>::new();
+        header
+            .u8(VERSION)
+            .u8(KIND_SEALED)
+            .u8(sender as u8)
+            .u8(0)
+            .u32(self.tenant_tag)
+            .u64(self.id)
+            .u64(packet);
+        b.put_slice(header.as_slice());
         b.put_slice(inner);
         if !self.authentication.seals() {
             b.put_slice(&[0; TAG_LEN]);
