@@ -604,8 +604,7 @@ impl ClientEndpoint {
     /// coalesced into one envelope as far as a datagram holds them.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         if !self.outbox.is_empty() {
-            let out = std::mem::take(&mut self.outbox);
-            coalesce(out, self.datagram_payload, &mut self.transmits);
+            coalesce(&mut self.outbox, self.datagram_payload, &mut self.transmits);
         }
         self.transmits.pop_front()
     }

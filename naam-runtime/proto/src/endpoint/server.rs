@@ -78,60 +78,89 @@ pub(super) struct Outgoing {
 /// Seals `out` into transmits: every message for the same peer, sealer and route is
 /// coalesced, in order, into batches whose sealed size stays within `limit` bytes (a message
 /// over it goes alone, to be fragmented); the first message's id names each batch. Returns
-/// how many batches of several messages were made.
-pub(super) fn coalesce(out: Vec<Outgoing>, limit: usize, into: &mut VecDeque<Transmit>) -> u64 {
-    let mut batches = 0;
+/// how many batches of several messages were made. `out` is left empty with its capacity,
+/// so an endpoint's outbox is allocated once.
+pub(super) fn coalesce(
+    out: &mut Vec<Outgoing>,
+    limit: usize,
+    into: &mut VecDeque<Transmit>,
+) -> u64 {
     use crate::limits::{MAX_MESSAGE, SEAL_OVERHEAD};
     let budget = limit.min(MAX_MESSAGE).saturating_sub(SEAL_OVERHEAD);
-    // Groups in order of first appearance; within a group, arrival order.
-    let mut groups: Vec<Vec<Outgoing>> = Vec::new();
-    for o in out {
-        match groups.iter_mut().find(|g| {
-            g[0].to == o.to && g[0].route == o.route && Arc::ptr_eq(&g[0].sealer, &o.sealer)
-        }) {
-            Some(g) => g.push(o),
-            None => groups.push(vec![o]),
-        }
-    }
-    for g in groups {
-        let mut i = 0;
-        while i < g.len() {
-            // As many as fit from i (an empty message, which a batch cannot hold, goes alone).
-            let mut j = i + 1;
-            let mut size = crate::batch::encoded_len([g[i].inner.len()]);
-            while !g[i].inner.is_empty()
-                && j < g.len()
-                && j - i < crate::batch::MAX_COUNT
-                && !g[j].inner.is_empty()
-                && size + crate::batch::PER_MESSAGE + g[j].inner.len() <= budget
-            {
-                size += crate::batch::PER_MESSAGE + g[j].inner.len();
-                j += 1;
-            }
-            let first = &g[i];
-            let batched = (j - i > 1)
-                .then(|| {
-                    let parts: Vec<&[u8]> = g[i..j].iter().map(|o| &o.inner[..]).collect();
-                    crate::batch::encode(&parts).ok()
-                })
-                .flatten();
-            let (inner, next) = match batched {
-                Some(b) => {
-                    batches += 1;
-                    (b, j)
+    let together = |a: &Outgoing, b: &Outgoing| {
+        a.to == b.to && a.route == b.route && Arc::ptr_eq(&a.sealer, &b.sealer)
+    };
+    // The usual case, one message or one session's window: a single group, in place.
+    let batches = match out.first() {
+        Some(first) if out.iter().all(|o| together(first, o)) => coalesce_group(out, budget, into),
+        Some(_) => {
+            // Groups in order of first appearance; within a group, arrival order.
+            let mut groups: Vec<Vec<Outgoing>> = Vec::new();
+            for o in out.drain(..) {
+                match groups.iter_mut().find(|g| together(&g[0], &o)) {
+                    Some(g) => g.push(o),
+                    None => groups.push(vec![o]),
                 }
-                None => (first.inner.clone(), i + 1),
-            };
-            into.push_back(Transmit {
-                to: first.to,
-                id: first.id,
-                bytes: first.sealer.seal(&inner),
-                route: first.route,
-            });
-            i = next;
+            }
+            groups.iter().map(|g| coalesce_group(g, budget, into)).sum()
         }
+        None => 0,
+    };
+    out.clear();
+    batches
+}
+
+/// [`coalesce`] of messages that all go to one peer, sealer and route: as many as fit in
+/// `budget` bytes per envelope.
+fn coalesce_group(g: &[Outgoing], budget: usize, into: &mut VecDeque<Transmit>) -> u64 {
+    let mut batches = 0;
+    let mut i = 0;
+    while i < g.len() {
+        // As many as fit from i (an empty message, which a batch cannot hold, goes alone).
+        let mut j = i + 1;
+        let mut size = crate::batch::encoded_len([g[i].inner.len()]);
+        while !g[i].inner.is_empty()
+            && j < g.len()
+            && j - i < crate::batch::MAX_COUNT
+            && !g[j].inner.is_empty()
+            && size + crate::batch::PER_MESSAGE + g[j].inner.len() <= budget
+        {
+            size += crate::batch::PER_MESSAGE + g[j].inner.len();
+            j += 1;
+        }
+        let first = &g[i];
+        let batched = (j - i > 1)
+            .then(|| {
+                let parts: Vec<&[u8]> = g[i..j].iter().map(|o| &o.inner[..]).collect();
+                crate::batch::encode(&parts).ok()
+            })
+            .flatten();
+        let next = match batched {
+            Some(b) => {
+                batches += 1;
+                into.push_back(first.transmit(&b));
+                j
+            }
+            None => {
+                into.push_back(first.transmit(&first.inner));
+                i + 1
+            }
+        };
+        i = next;
     }
     batches
+}
+
+impl Outgoing {
+    /// `inner` (this message, or a batch it leads) sealed for this message's peer.
+    fn transmit(&self, inner: &[u8]) -> Transmit {
+        Transmit {
+            to: self.to,
+            id: self.id,
+            bytes: self.sealer.seal(inner),
+            route: self.route,
+        }
+    }
 }
 
 /// What a [`HostBackend`] did with a request.
@@ -390,7 +419,8 @@ impl Work {
 /// flood's datagrams to be opened first.
 #[derive(Default)]
 struct Turns {
-    /// Per tenant (its credential's tag, from the server's configuration): its waiting work.
+    /// Per tenant (its credential's tag, from the server's configuration): its waiting work;
+    /// empty for a tenant whose turn has no work.
     queues: IntMap<u32, VecDeque<Work>>,
     /// Tenants with work waiting, in turn order.
     ring: VecDeque<u32>,
@@ -419,9 +449,9 @@ impl Turns {
         let tenant = self.ring.pop_front()?;
         let q = self.queues.get_mut(&tenant)?;
         let w = q.pop_front()?;
-        if q.is_empty() {
-            self.queues.remove(&tenant);
-        } else {
+        // An emptied queue stays (one per configured tenant at most), so the next request
+        // does not allocate it again.
+        if !q.is_empty() {
             self.ring.push_back(tenant);
         }
         if let Some(n) = self.per_session.get_mut(&w.sid()) {
@@ -785,8 +815,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// one envelope as far as a datagram holds them.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         if !self.outbox.is_empty() {
-            let out = std::mem::take(&mut self.outbox);
-            self.stats.batches += coalesce(out, self.datagram_payload, &mut self.transmits);
+            self.stats.batches +=
+                coalesce(&mut self.outbox, self.datagram_payload, &mut self.transmits);
         }
         self.transmits.pop_front()
     }
@@ -1533,12 +1563,52 @@ mod coalescing_tests {
     use crate::session::{Sender, SessionKey};
 
     #[test]
+    fn one_session_s_window_is_coalesced_in_order_and_the_outbox_keeps_its_capacity() {
+        let key = Arc::new(SessionKey::new(5, 1, [3; 32]));
+        let sealer = Arc::new(Sealer::new(key.clone(), Sender::Server));
+        let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut out: Vec<Outgoing> = (0..3u64)
+            .map(|i| Outgoing {
+                to,
+                sealer: sealer.clone(),
+                id: 10 + i,
+                inner: Bytes::from(vec![i as u8 + 1; 100]),
+                route: None,
+            })
+            .collect();
+        let capacity = out.capacity();
+        let mut t = VecDeque::new();
+        assert_eq!(coalesce(&mut out, 8948, &mut t), 1, "one batch of three");
+        assert!(out.is_empty());
+        assert_eq!(
+            out.capacity(),
+            capacity,
+            "the outbox is reused, not reallocated"
+        );
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].id, 10, "the first message names the batch");
+        let parts = crate::batch::split(&key.open(&t[0].bytes).unwrap().1).unwrap();
+        let firsts: Vec<u8> = parts.iter().map(|p| p[0]).collect();
+        assert_eq!(firsts, vec![1, 2, 3]);
+        // A lone message goes as itself, not as a batch of one.
+        out.push(Outgoing {
+            to,
+            sealer,
+            id: 20,
+            inner: Bytes::from_static(b"alone"),
+            route: None,
+        });
+        assert_eq!(coalesce(&mut out, 8948, &mut t), 0);
+        assert_eq!(&key.open(&t[1].bytes).unwrap().1[..], b"alone");
+    }
+
+    #[test]
     fn answers_for_one_session_share_datagrams_up_to_the_limit() {
         let key = Arc::new(SessionKey::new(5, 1, [3; 32]));
         let sealer = Arc::new(Sealer::new(key.clone(), Sender::Server));
         let other = Arc::new(Sealer::new(key.clone(), Sender::Server));
         let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        let out: Vec<Outgoing> = (0..10u64)
+        let mut out: Vec<Outgoing> = (0..10u64)
             .map(|i| Outgoing {
                 to,
                 sealer: if i == 4 {
@@ -1552,7 +1622,7 @@ mod coalescing_tests {
             })
             .collect();
         let mut t = VecDeque::new();
-        coalesce(out, 8948, &mut t);
+        coalesce(&mut out, 8948, &mut t);
         // Nine for one sealer: eight in the first datagram (4 + 8 x 1,002 bytes fit in
         // 8,152; nine do not), one in the next; the other sealer's one alone.
         assert_eq!(
