@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use naam_proto::intmap::IntMap;
 use naam_proto::steering::{HandlerKey, Weights};
 use naam_proto::wire::Status;
 use naam_proto::Nanos;
@@ -99,7 +100,7 @@ pub struct TransportCounts {
 /// One shard's histograms and counts.
 struct Shard {
     placement: [Histogram<u64>; 3],
-    handler: HashMap<HandlerKey, Histogram<u32>>,
+    handler: IntMap<HandlerKey, Histogram<u32>>,
     ops: [u64; 3],
     errors: HashMap<Status, u64>,
 }
@@ -108,7 +109,7 @@ impl Shard {
     fn new() -> Shard {
         Shard {
             placement: [histogram(), histogram(), histogram()],
-            handler: HashMap::new(),
+            handler: IntMap::default(),
             ops: [0; 3],
             errors: HashMap::new(),
         }

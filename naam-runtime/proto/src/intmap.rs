@@ -1,10 +1,11 @@
 //! Hash maps keyed by integers that are already well distributed or not chosen by whoever sends
 //! the datagrams (random rkeys and session ids, FNV handler ids, app ids, a client's own request
-//! ids): one multiply per key instead of SipHash on every message. A peer may look up any key
+//! ids and handler keys, the addresses a process itself sends to or binds): one multiply per
+//! integer instead of SipHash on every message. A peer may look up any key
 //! (a session id in a datagram's header), but never chooses the keys stored, so it cannot
 //! crowd a table's buckets. Iteration order follows the keys alone, the same in every run.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A multiplicative hasher for integer keys.
@@ -38,6 +39,9 @@ impl Hasher for IntHasher {
 
 /// A `HashMap` with [`IntHasher`].
 pub type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
+
+/// A `HashSet` with [`IntHasher`].
+pub type IntSet<K> = HashSet<K, BuildHasherDefault<IntHasher>>;
 
 #[cfg(test)]
 mod tests {

@@ -9,9 +9,7 @@
 //! silent for longer than [`UdpConfig::liveness`] makes every call fail with
 //! [`ClientError::ServerGone`].
 
-use std::collections::{HashMap, HashSet};
-
-use crate::intmap::IntMap;
+use crate::intmap::{IntMap, IntSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -386,15 +384,15 @@ pub struct UdpClient {
     path: ClientPath<Conn>,
     manifest: Manifest,
     registry: Registry,
-    kinds: HashMap<HandlerKey, HandlerKind>,
+    kinds: IntMap<HandlerKey, HandlerKind>,
     vm: Vm,
     clock: SystemClock,
     limits: Limits,
-    weights: HashMap<HandlerKey, Weights>,
-    selectors: HashMap<HandlerKey, Selector>,
+    weights: IntMap<HandlerKey, Weights>,
+    selectors: IntMap<HandlerKey, Selector>,
     refresh: Duration,
     last_refresh: Instant,
-    apps_used: HashSet<u32>,
+    apps_used: IntSet<u32>,
     /// `apps_used` in first-use order, and where the next refresh starts in it.
     refresh_order: Vec<u32>,
     refresh_cursor: usize,
@@ -483,7 +481,7 @@ impl UdpClient {
                 }
             }
         }
-        let mut kinds = HashMap::new();
+        let mut kinds = IntMap::default();
         for a in &manifest.apps {
             for h in &a.handlers {
                 let k = if h.write {
@@ -502,11 +500,11 @@ impl UdpClient {
             vm: Vm::new(),
             clock: SystemClock::new(),
             limits: Limits::default(),
-            weights: HashMap::new(),
-            selectors: HashMap::new(),
+            weights: IntMap::default(),
+            selectors: IntMap::default(),
             refresh: config.refresh,
             last_refresh: Instant::now() - config.refresh,
-            apps_used: HashSet::new(),
+            apps_used: IntSet::default(),
             refresh_order: Vec::new(),
             refresh_cursor: 0,
             agent_down_until: None,

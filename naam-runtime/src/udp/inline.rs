@@ -96,17 +96,20 @@ impl<E: InlineEndpoint> Inline<E> {
     /// Runs `f` on what the lock holds, then sends what the endpoint asked for with the lock
     /// released.
     fn with<T>(&self, f: impl FnOnce(&mut State<E>) -> T) -> T {
-        let (t, out): (T, Vec<Transmit>) = {
+        // The first transmit apart: a lone answer, the usual case, allocates no vector.
+        let (t, first, rest): (T, Option<Transmit>, Vec<Transmit>) = {
             let mut s = self.lock();
             let t = f(&mut s);
             s.endpoint.report_events();
-            (
-                t,
-                std::iter::from_fn(|| s.endpoint.poll_transmit()).collect(),
-            )
+            let first = s.endpoint.poll_transmit();
+            let rest = match first {
+                Some(_) => std::iter::from_fn(|| s.endpoint.poll_transmit()).collect(),
+                None => Vec::new(),
+            };
+            (t, first, rest)
         };
-        for t in out {
-            let _ = self.sender.send_transmit(&t);
+        for t in first.iter().chain(&rest) {
+            let _ = self.sender.send_transmit(t);
         }
         t
     }

@@ -19,7 +19,7 @@
 //! and a chain of answers is a loop, not a recursion).
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
+use naam_proto::intmap::IntMap;
 
 /// Mode label of everything measured over a [`MemoryNet`].
 pub const MEMORY_MODE: &str = "inproc-endpoints (one process; the UDP fabric's endpoints, \
@@ -69,7 +70,7 @@ enum Port {
 
 #[derive(Default)]
 struct Ports {
-    bound: HashMap<SocketAddr, Port>,
+    bound: IntMap<SocketAddr, Port>,
     next_ephemeral: u16,
 }
 

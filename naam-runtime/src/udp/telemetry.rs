@@ -5,6 +5,7 @@
 //! serves it. Rendering is pure; the endpoint is a thin thread over a `TcpListener` that
 //! treats every request as hostile (bounded, timed out, GET /metrics only).
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{Read, Write};
@@ -70,15 +71,20 @@ impl Telemetry {
             return;
         };
         let key = (app, handler, placement);
-        if !m.contains_key(&key) && m.len() >= MAX_SERIES {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        let s = m.entry(key).or_insert_with(|| Series {
-            by_status: Vec::new(),
-            latency: Histogram::new_with_bounds(1, crate::MAX_LATENCY_NS, 2).expect("valid bounds"),
-            sum_ns: 0,
-        });
+        let full = m.len() >= MAX_SERIES;
+        let s = match m.entry(key) {
+            Entry::Occupied(o) => o.into_mut(),
+            Entry::Vacant(_) if full => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+            Entry::Vacant(v) => v.insert(Series {
+                by_status: Vec::new(),
+                latency: Histogram::new_with_bounds(1, crate::MAX_LATENCY_NS, 2)
+                    .expect("valid bounds"),
+                sum_ns: 0,
+            }),
+        };
         match s.by_status.iter_mut().find(|(st, _)| *st == status) {
             Some((_, n)) => *n += 1,
             None => s.by_status.push((status, 1)),

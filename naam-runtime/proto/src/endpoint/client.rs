@@ -15,8 +15,8 @@
 //! resends what was outstanding, once. A server silent for longer than
 //! [`ClientConfig::liveness`] fails every new exchange with [`ExchangeError::ServerGone`].
 
-use crate::intmap::IntMap;
-use std::collections::{HashMap, VecDeque};
+use crate::intmap::{IntMap, IntSet};
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -283,7 +283,7 @@ pub struct ClientEndpoint {
     transmits: VecDeque<Transmit>,
     events: VecDeque<ClientEvent>,
     /// Round trips per destination (the server, the NIC's agent).
-    paths: HashMap<SocketAddr, RttEstimator>,
+    paths: IntMap<SocketAddr, RttEstimator>,
     /// Requests the server may have outstanding from this session (its welcome's grant).
     window: u32,
     stats: ClientStats,
@@ -299,7 +299,7 @@ pub struct ClientEndpoint {
     /// Handlers whose answers legitimately overtake others' (a write queued for its owner,
     /// while reads run at once), learnt from a spurious early resend: their exchanges are
     /// declared lost by their probe timeout only, never by later answers.
-    reordering: std::collections::HashSet<(u32, u32)>,
+    reordering: IntSet<(u32, u32)>,
 }
 
 /// Counters of a client endpoint.
@@ -352,14 +352,14 @@ impl ClientEndpoint {
             last_heard: now,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
-            paths: HashMap::new(),
+            paths: IntMap::default(),
             window: crate::limits::SESSION_CREDIT,
             stats: ClientStats::default(),
             outbox: Vec::new(),
             send_seq: 0,
             datagram_payload: crate::frame::MIN_DATAGRAM - crate::frame::HEADER,
             answered_resends: VecDeque::new(),
-            reordering: std::collections::HashSet::new(),
+            reordering: IntSet::default(),
         }
     }
 
