@@ -264,6 +264,9 @@ struct World {
     events: Vec<ClientEvent>,
     /// The NIC's events, in order.
     nic_events: Vec<NicEvent>,
+    /// The server takes each datagram as an inline driver does
+    /// (`ServerEndpoint::handle_alone`), not as a receive loop (`handle`, then `run`).
+    alone: bool,
 }
 
 fn server(credential: &Credential, pairing: &Credential, epoch: u64) -> ServerEndpoint<ModelHost> {
@@ -301,6 +304,7 @@ impl World {
             nic: None,
             events: Vec::new(),
             nic_events: Vec::new(),
+            alone: false,
         }
     }
 
@@ -355,7 +359,9 @@ impl World {
             };
             self.now = self.now.max(next);
             for (from, to, bytes) in self.net.take_due(self.now) {
-                if to == server_addr() {
+                if to == server_addr() && self.alone {
+                    self.server.handle_alone(self.now, from, bytes);
+                } else if to == server_addr() {
                     self.server.handle(self.now, from, bytes);
                     self.server.run(usize::MAX);
                 } else if to == client_addr() {
@@ -461,6 +467,48 @@ fn a_session_is_set_up_and_requests_are_answered() {
     assert_eq!(counter(&r), 1);
     assert_eq!(w.server.stats().sessions, 1);
     assert_eq!(w.server.stats().host, 2);
+}
+
+#[test]
+fn datagrams_taken_alone_are_answered_as_through_the_turns() {
+    for alone in [false, true] {
+        let mut w = World::new(3);
+        w.alone = alone;
+        w.net.loss = 0.2;
+        w.connected();
+        let ids: Vec<u64> = (0..20).map(|_| w.call(INCREMENT)).collect();
+        for id in ids {
+            assert_eq!(w.reply(id).expect("answered").status, Status::Ok);
+        }
+        let r = w.roundtrip(READ).expect("answered");
+        assert_eq!(counter(&r), 20, "alone: {alone}: every write applied once");
+        assert!(w.server.stats().host >= 21);
+        assert!(!w.server.has_waiting());
+    }
+}
+
+#[test]
+fn a_datagram_taken_alone_waits_behind_work_already_waiting() {
+    let mut w = World::new(4);
+    w.connected();
+    let write = w.call(INCREMENT);
+    w.flush();
+    let read = w.call(READ);
+    w.flush();
+    w.now += 1_000 * MS;
+    let due = w.net.take_due(w.now);
+    assert_eq!(due.len(), 2, "one datagram per call");
+    let mut due = due.into_iter();
+    let (from, _, first) = due.next().expect("the write");
+    let (_, _, second) = due.next().expect("the read");
+    // A receive loop took the write in and has not run it yet.
+    w.server.handle(w.now, from, first);
+    assert!(w.server.has_waiting());
+    // The read must not overtake it: it waits for its turn, after the write.
+    w.server.handle_alone(w.now, from, second);
+    assert!(!w.server.has_waiting());
+    assert_eq!(w.reply(write).map(|r| counter(&r)), Ok(1));
+    assert_eq!(w.reply(read).map(|r| counter(&r)), Ok(1), "the read ran after the write");
 }
 
 #[test]

@@ -469,8 +469,15 @@ fn run_host_loop(
         // admission sees every tenant's datagrams, refuses what is over credit at once, and a
         // flood cannot hide another tenant's request behind it in the kernel's queue.
         let mut full = batch.len() >= super::socket::RECV_BATCH;
+        let alone = batch.len() == 1;
         for (peer, msg) in batch {
-            endpoint.handle(clock.now(), peer, msg);
+            if alone {
+                // Nothing came with it to take turns with: it runs as it is taken in (when
+                // nothing waits from before either), as the turns would run it next.
+                endpoint.handle_alone(clock.now(), peer, msg);
+            } else {
+                endpoint.handle(clock.now(), peer, msg);
+            }
         }
         let mut drained = 0;
         while full && drained < MAX_DRAIN {
@@ -531,9 +538,8 @@ pub struct InlineServer {
 
 impl InlineEndpoint for ServerEndpoint<ClusterHost> {
     fn handle(&mut self, now: Nanos, from: SocketAddr, msg: Bytes) {
-        ServerEndpoint::handle(self, now, from, msg);
         // One datagram at a time in a MemoryNet: its request, if admitted, runs at once.
-        self.run(usize::MAX);
+        self.handle_alone(now, from, msg);
     }
     fn handle_timeout(&mut self, now: Nanos) {
         ServerEndpoint::handle_timeout(self, now)
