@@ -508,7 +508,11 @@ fn a_datagram_taken_alone_waits_behind_work_already_waiting() {
     w.server.handle_alone(w.now, from, second);
     assert!(!w.server.has_waiting());
     assert_eq!(w.reply(write).map(|r| counter(&r)), Ok(1));
-    assert_eq!(w.reply(read).map(|r| counter(&r)), Ok(1), "the read ran after the write");
+    assert_eq!(
+        w.reply(read).map(|r| counter(&r)),
+        Ok(1),
+        "the read ran after the write"
+    );
 }
 
 #[test]

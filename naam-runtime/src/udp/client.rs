@@ -235,10 +235,13 @@ impl Conn {
         let spin = self.poller.spin();
         let got = self.socket.recv_polling(spin.min(wait), wait)?;
         self.poller.arrived(!got.is_empty());
+        // One reading for the whole batch and the timers after it: they were all taken in at
+        // this moment.
+        let now = self.clock.now();
         for (from, m) in got {
-            self.endpoint.handle(self.clock.now(), from, m);
+            self.endpoint.handle(now, from, m);
         }
-        self.endpoint.handle_timeout(self.clock.now());
+        self.endpoint.handle_timeout(now);
         Ok(())
     }
 
