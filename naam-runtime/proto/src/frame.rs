@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use crate::limits::MAX_MESSAGE;
 use crate::Nanos;
@@ -209,9 +210,13 @@ pub fn pieces(
     }))
 }
 
+/// A message's datagrams, in order: one, for all but the largest messages, held without a
+/// heap allocation.
+pub type Fragments = SmallVec<[Bytes; 1]>;
+
 /// Splits `message` into datagrams of at most `datagram` bytes each, routed to its session's
 /// receive loop ([`crate::shard::route_of`]).
-pub fn fragment(message: u64, bytes: &[u8], datagram: usize) -> Result<Vec<Bytes>, FrameError> {
+pub fn fragment(message: u64, bytes: &[u8], datagram: usize) -> Result<Fragments, FrameError> {
     fragment_routed(message, bytes, datagram, crate::shard::route_of(bytes))
 }
 
@@ -222,7 +227,7 @@ pub fn fragment_routed(
     bytes: &[u8],
     datagram: usize,
     route: u8,
-) -> Result<Vec<Bytes>, FrameError> {
+) -> Result<Fragments, FrameError> {
     Ok(pieces(message, bytes.len(), datagram, route)?
         .map(|p| {
             let mut b = BytesMut::with_capacity(HEADER + p.range.len());
@@ -756,7 +761,7 @@ mod tests {
             }
             let first = frags[0].clone();
             frags.insert(n / 2, first);
-            let got = reassemble(frags);
+            let got = reassemble(frags.into_vec());
             prop_assert_eq!(got.as_deref(), Some(&msg[..]));
         }
 
