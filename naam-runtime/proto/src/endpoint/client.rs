@@ -23,7 +23,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use naam_ebpf::abi::Descriptor;
 
-use super::server::{coalesce, Outgoing};
+use super::server::{coalesce, Inner, Outgoing};
 use super::Transmit;
 use crate::control::Control;
 use crate::frame::{Retransmit, RttEstimator, Timeout};
@@ -377,7 +377,7 @@ impl ClientEndpoint {
                 to,
                 sealer: s.sealer.clone(),
                 id,
-                inner,
+                inner: Inner::Encoded(inner),
                 route: None,
             });
         }

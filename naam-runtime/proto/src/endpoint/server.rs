@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use serde::Serialize;
 
 use super::directory::{PairedNic, SessionDirectory, TenantSession};
@@ -70,9 +70,64 @@ pub(super) struct Outgoing {
     pub(super) to: SocketAddr,
     pub(super) sealer: Arc<Sealer>,
     pub(super) id: u64,
-    pub(super) inner: Bytes,
+    pub(super) inner: Inner,
     /// [`Transmit::route`] of the envelope it goes in.
     pub(super) route: Option<u8>,
+}
+
+/// An outgoing message: encoded, or a reply encoded only when it is sealed, straight into its
+/// envelope (a reply that goes alone, the usual case, is then copied once, not twice).
+#[derive(Clone, Debug)]
+pub(super) enum Inner {
+    Encoded(Bytes),
+    /// A reply whose payload fits the wire's limit (checked when it was queued).
+    Reply(Reply),
+}
+
+impl Inner {
+    /// `r`, to be encoded when sealed; a reply that cannot be encoded goes out empty (the
+    /// client's retransmission repairs it), as [`Channel::reply`] sends it.
+    pub(super) fn reply(r: Reply) -> Inner {
+        match r.payload.len() <= naam_ebpf::abi::REPLY_CAP {
+            true => Inner::Reply(r),
+            false => Inner::Encoded(Bytes::new()),
+        }
+    }
+
+    /// Its encoded length.
+    fn len(&self) -> usize {
+        match self {
+            Inner::Encoded(b) => b.len(),
+            Inner::Reply(r) => crate::limits::REPLY_HEADER + r.payload.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends its encoding to `b`.
+    fn write(&self, b: &mut BytesMut) {
+        match self {
+            Inner::Encoded(m) => b.put_slice(m),
+            // Cannot fail: the payload was checked when the reply was queued.
+            Inner::Reply(r) => {
+                let _ = r.encode(b);
+            }
+        }
+    }
+
+    /// Its encoding, borrowed where it is already encoded.
+    fn encoded(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            Inner::Encoded(m) => std::borrow::Cow::Borrowed(&m[..]),
+            Inner::Reply(_) => {
+                let mut b = BytesMut::with_capacity(self.len());
+                self.write(&mut b);
+                std::borrow::Cow::Owned(b.to_vec())
+            }
+        }
+    }
 }
 
 /// Seals `out` into transmits: every message for the same peer, sealer and route is
@@ -131,7 +186,8 @@ fn coalesce_group(g: &[Outgoing], budget: usize, into: &mut VecDeque<Transmit>) 
         let first = &g[i];
         let batched = (j - i > 1)
             .then(|| {
-                let parts: Vec<&[u8]> = g[i..j].iter().map(|o| &o.inner[..]).collect();
+                let encoded: Vec<_> = g[i..j].iter().map(|o| o.inner.encoded()).collect();
+                let parts: Vec<&[u8]> = encoded.iter().map(|e| &e[..]).collect();
                 crate::batch::encode(&parts).ok()
             })
             .flatten();
@@ -142,7 +198,14 @@ fn coalesce_group(g: &[Outgoing], budget: usize, into: &mut VecDeque<Transmit>) 
                 j
             }
             None => {
-                into.push_back(first.transmit(&first.inner));
+                into.push_back(Transmit {
+                    to: first.to,
+                    id: first.id,
+                    bytes: first
+                        .sealer
+                        .seal_with(first.inner.len(), |b| first.inner.write(b)),
+                    route: first.route,
+                });
                 i + 1
             }
         };
@@ -861,6 +924,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
 
     /// Queues `inner` for `ch`'s peer, to be sealed in its session (and coalesced).
     fn send_on(&mut self, ch: &Channel, id: u64, inner: Bytes) {
+        self.queue_on(ch, id, Inner::Encoded(inner));
+    }
+
+    fn queue_on(&mut self, ch: &Channel, id: u64, inner: Inner) {
         self.outbox.push(Outgoing {
             to: ch.to,
             sealer: ch.sealer.clone(),
@@ -872,9 +939,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
 
     /// Queues reply `r` for `ch`'s peer (a reply that does not encode goes out empty: the
     /// client's retransmission repairs it).
-    fn reply_on(&mut self, ch: &Channel, r: &Reply) {
-        let bytes = r.to_bytes().unwrap_or_default();
-        self.send_on(ch, r.request_id, bytes);
+    fn reply_on(&mut self, ch: &Channel, r: Reply) {
+        self.queue_on(ch, r.request_id, Inner::reply(r));
     }
 
     /// When [`ServerEndpoint::handle_timeout`] is next due.
@@ -1257,7 +1323,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             Ok(req) => req,
             Err(no) => {
                 let r = no.counted(&mut self.stats.malformed, &mut self.stats.refused);
-                self.reply_on(&ch, &r);
+                self.reply_on(&ch, r);
                 return;
             }
         };
@@ -1273,7 +1339,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 format!("the tenant has {by_tenant} requests waiting, its credit: retry later")
             };
             let r = error_reply(&req, Status::Busy, Placement::Host, why);
-            self.reply_on(&ch, &r);
+            self.reply_on(&ch, r);
             return;
         }
         self.take_turn(
@@ -1326,7 +1392,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         {
             Routed::Answered(r) => {
                 self.stats.host += 1;
-                self.reply_on(&ch, &r);
+                self.reply_on(&ch, r);
             }
             Routed::Queued(_) => self.stats.host += 1,
             Routed::Remote(req) => match self.live_nic() {
@@ -1345,7 +1411,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         to: agent,
                         sealer: nic.sealer.clone(),
                         id,
-                        inner: f,
+                        inner: Inner::Encoded(f),
                         route: Some(crate::shard::route_of_session(sid)),
                     });
                 }
@@ -1353,12 +1419,12 @@ impl<B: HostBackend> ServerEndpoint<B> {
                     self.stats.refused += 1;
                     let why = "the NIC is down".to_string();
                     let r = error_reply(&req, Status::Unavailable, Placement::Nic, why);
-                    self.reply_on(&ch, &r);
+                    self.reply_on(&ch, r);
                 }
             },
             Routed::Refused(r) => {
                 self.stats.refused += 1;
-                self.reply_on(&ch, &r);
+                self.reply_on(&ch, r);
             }
         }
     }
@@ -1601,6 +1667,55 @@ mod coalescing_tests {
     use crate::session::{Sender, SessionKey};
 
     #[test]
+    fn replies_encoded_in_their_envelope_open_as_the_replies() {
+        let key = Arc::new(SessionKey::new(5, 1, [3; 32]));
+        let sealer = Arc::new(Sealer::new(key.clone(), Sender::Server));
+        let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let reply = |id: u64, n: usize| Reply {
+            app: 1,
+            request_id: id,
+            status: Status::Ok,
+            code: 7,
+            steps: 2,
+            placement: Placement::Host,
+            load: LoadFeedback {
+                queue_depth: 3,
+                utilisation_permille: 500,
+                queue_delay_ns: 11,
+                service_ns: 13,
+            },
+            payload: Bytes::from(vec![id as u8; n]),
+        };
+        let outgoing = |inner: Inner, id: u64| Outgoing {
+            to,
+            sealer: sealer.clone(),
+            id,
+            inner,
+            route: None,
+        };
+        let mut t = VecDeque::new();
+        // Alone: encoded straight into the envelope.
+        let mut out = vec![outgoing(Inner::reply(reply(1, 1000)), 1)];
+        coalesce(&mut out, 8948, &mut t);
+        let opened = key.open(&t[0].bytes).unwrap().1;
+        assert_eq!(Reply::decode(opened).unwrap(), reply(1, 1000));
+        // In a batch with a message encoded before.
+        let mut out = vec![
+            outgoing(Inner::reply(reply(2, 10)), 2),
+            outgoing(Inner::Encoded(reply(3, 20).to_bytes().unwrap()), 3),
+        ];
+        assert_eq!(coalesce(&mut out, 8948, &mut t), 1);
+        let opened = key.open(&t[1].bytes).unwrap().1;
+        let parts = crate::batch::split(&opened).unwrap();
+        assert_eq!(Reply::decode(parts[0].clone()).unwrap(), reply(2, 10));
+        assert_eq!(Reply::decode(parts[1].clone()).unwrap(), reply(3, 20));
+        // A payload over the wire's limit goes out empty, as an eager encoding did.
+        let over = reply(4, naam_ebpf::abi::REPLY_CAP + 1);
+        assert!(over.to_bytes().is_err());
+        assert!(Inner::reply(over).is_empty());
+    }
+
+    #[test]
     fn one_session_s_window_is_coalesced_in_order_and_the_outbox_keeps_its_capacity() {
         let key = Arc::new(SessionKey::new(5, 1, [3; 32]));
         let sealer = Arc::new(Sealer::new(key.clone(), Sender::Server));
@@ -1610,7 +1725,7 @@ mod coalescing_tests {
                 to,
                 sealer: sealer.clone(),
                 id: 10 + i,
-                inner: Bytes::from(vec![i as u8 + 1; 100]),
+                inner: Inner::Encoded(Bytes::from(vec![i as u8 + 1; 100])),
                 route: None,
             })
             .collect();
@@ -1633,7 +1748,7 @@ mod coalescing_tests {
             to,
             sealer,
             id: 20,
-            inner: Bytes::from_static(b"alone"),
+            inner: Inner::Encoded(Bytes::from_static(b"alone")),
             route: None,
         });
         assert_eq!(coalesce(&mut out, 8948, &mut t), 0);
@@ -1655,7 +1770,7 @@ mod coalescing_tests {
                     sealer.clone()
                 },
                 id: i,
-                inner: Bytes::from(vec![i as u8 + 1; 1000]),
+                inner: Inner::Encoded(Bytes::from(vec![i as u8 + 1; 1000])),
                 route: None,
             })
             .collect();

@@ -217,7 +217,20 @@ impl SessionKey {
 
     /// Seals `inner` as packet `packet` from `sender`.
     pub fn seal(&self, sender: Sender, packet: u64, inner: &[u8]) -> Bytes {
-        let mut b = BytesMut::with_capacity(SEAL_OVERHEAD + inner.len());
+        self.seal_with(sender, packet, inner.len(), |b| b.put_slice(inner))
+    }
+
+    /// [`SessionKey::seal`] of the inner message `write` appends, about `len` bytes (the
+    /// buffer's first capacity): a message encoded straight into its envelope, not encoded
+    /// apart and then copied in.
+    pub fn seal_with(
+        &self,
+        sender: Sender,
+        packet: u64,
+        len: usize,
+        write: impl FnOnce(&mut BytesMut),
+    ) -> Bytes {
+        let mut b = BytesMut::with_capacity(SEAL_OVERHEAD + len);
         let mut header = Fields::<SEAL_HEADER>::new();
         header
             .u8(VERSION)
@@ -228,12 +241,13 @@ impl SessionKey {
             .u64(self.id)
             .u64(packet);
         b.put_slice(header.as_slice());
-        b.put_slice(inner);
+        write(&mut b);
         if !self.authentication.seals() {
             b.put_slice(&[0; TAG_LEN]);
             return b.freeze();
         }
-        let (clear, secret) = b.split_at_mut(clear_end(SEAL_HEADER + inner.len()));
+        let written = b.len();
+        let (clear, secret) = b.split_at_mut(clear_end(written));
         let tag = self
             .aead
             .seal_in_place_separate_tag(
@@ -379,6 +393,12 @@ impl Sealer {
 
     /// Seals `inner` as the next packet.
     pub fn seal(&self, inner: &[u8]) -> Bytes {
+        self.seal_with(inner.len(), |b| b.put_slice(inner))
+    }
+
+    /// Seals the inner message `write` appends (about `len` bytes) as the next packet
+    /// ([`SessionKey::seal_with`]).
+    pub fn seal_with(&self, len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         // A packet number is never reused: past the last one, nothing is sealed (an empty
         // answer, which the peer drops).
@@ -386,7 +406,7 @@ impl Sealer {
             self.next.store(u64::MAX, Ordering::Relaxed);
             return Bytes::new();
         }
-        self.key.seal(self.sender, n, inner)
+        self.key.seal_with(self.sender, n, len, write)
     }
 
     /// The key of the session it seals for.
