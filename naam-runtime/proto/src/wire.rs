@@ -28,6 +28,12 @@ use serde::Serialize;
 use crate::fields::Fields;
 use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
 use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
+
+/// Where a request's flags (a little-endian `u16`), app and handler ids (`u32`s) lie in its
+/// header, as [`Request::encode`] writes it.
+const FLAGS_AT: usize = 2;
+const APP_AT: usize = 4;
+const HANDLER_AT: usize = 8;
 use crate::Placement;
 
 /// Bits of [`Request::flags`]; a request with a bit outside [`flags::ALL`] does not decode.
@@ -273,6 +279,31 @@ impl Request {
         } else {
             None
         }
+    }
+
+    /// The (app, handler) encoded request `encoded` calls, read without decoding it; `None`
+    /// if it is not a request.
+    pub fn peek_handler(encoded: &[u8]) -> Option<(u32, u32)> {
+        let h = Request::encoded_header(encoded)?;
+        let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        Some((u32_at(APP_AT), u32_at(HANDLER_AT)))
+    }
+
+    /// A copy of encoded request `encoded` with `flag` set as well (a resend marked
+    /// [`flags::RETRY`] without decoding and encoding the request again); `None` if it is not a
+    /// request.
+    pub fn with_flag(encoded: &[u8], flag: u16) -> Option<Bytes> {
+        let h = Request::encoded_header(encoded)?;
+        let old = u16::from_le_bytes([h[FLAGS_AT], h[FLAGS_AT + 1]]);
+        let mut b = BytesMut::from(encoded);
+        b[FLAGS_AT..FLAGS_AT + 2].copy_from_slice(&(old | flag).to_le_bytes());
+        Some(b.freeze())
+    }
+
+    /// The fixed header of an encoded request, if `encoded` starts with one.
+    fn encoded_header(encoded: &[u8]) -> Option<&[u8]> {
+        let h = encoded.get(..REQUEST_HEADER)?;
+        (h[0] == VERSION && h[1] == KIND_REQUEST).then_some(h)
     }
 
     /// Encoded size in bytes.
@@ -783,6 +814,24 @@ mod tests {
             let bytes = r.to_bytes().unwrap();
             prop_assert_eq!(bytes.len(), r.encoded_len());
             prop_assert_eq!(Request::decode(bytes).unwrap(), r);
+        }
+
+        #[test]
+        fn a_flag_set_in_the_encoding_is_the_request_encoded_with_it(r in request()) {
+            let encoded = r.to_bytes().unwrap();
+            prop_assert_eq!(Request::peek_handler(&encoded), Some((r.app, r.handler)));
+            let mut retried = r.clone();
+            retried.flags |= flags::RETRY;
+            prop_assert_eq!(
+                Request::with_flag(&encoded, flags::RETRY),
+                Some(retried.to_bytes().unwrap())
+            );
+            // Not a request: another kind, or shorter than a request's header.
+            let mut other = encoded.to_vec();
+            other[1] = KIND_REPLY;
+            prop_assert_eq!(Request::with_flag(&other, flags::RETRY), None);
+            prop_assert_eq!(Request::peek_handler(&other), None);
+            prop_assert_eq!(Request::with_flag(&encoded[..REQUEST_HEADER - 1], flags::RETRY), None);
         }
 
         #[test]

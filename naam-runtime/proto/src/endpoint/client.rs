@@ -193,9 +193,9 @@ struct Exchange {
     want: MessageKind,
     /// The message's first send (unsealed).
     first: Bytes,
-    /// What resends carry instead, if different: the request with RETRY set, encoded only
+    /// Whether `first` is a request: its resends are copies of it with RETRY set, made only
     /// when a resend happens (most exchanges are answered the first time).
-    resend: Option<Request>,
+    request: bool,
     started: Nanos,
     /// Whether this exchange already lived through a session renewal.
     renewed: bool,
@@ -227,7 +227,9 @@ struct AnsweredResend {
 impl Exchange {
     /// The (app, handler) a request exchange calls.
     fn handler(&self) -> Option<(u32, u32)> {
-        self.resend.as_ref().map(|r| (r.app, r.handler))
+        self.request
+            .then(|| Request::peek_handler(&self.first))
+            .flatten()
     }
 }
 
@@ -499,11 +501,10 @@ impl ClientEndpoint {
         self.check_alive(now)?;
         req.request_id = self.next_id();
         let first = req.to_bytes()?;
-        // Resends say so (the owner answers a retried write from its dedup table); they are
-        // encoded only if one is needed.
-        req.flags |= flags::RETRY;
+        // Resends say so (the owner answers a retried write from its dedup table): see
+        // `resend`.
         let (server, id) = (self.config.server, req.request_id);
-        Ok(self.start(now, server, id, MessageKind::Reply, first, Some(req)))
+        Ok(self.start(now, server, id, MessageKind::Reply, first, true))
     }
 
     /// Sends a one-sided READ of `descs` (of `app`'s regions) to the NIC's agent; its answer
@@ -523,7 +524,14 @@ impl ClientEndpoint {
             op: Op::Read(descs.to_vec()),
         }
         .to_bytes()?;
-        Ok(self.start(now, agent, id, MessageKind::OneSidedCompletion, bytes, None))
+        Ok(self.start(
+            now,
+            agent,
+            id,
+            MessageKind::OneSidedCompletion,
+            bytes,
+            false,
+        ))
     }
 
     /// Sends control query `message` to the server; its answer is a control message.
@@ -532,7 +540,7 @@ impl ClientEndpoint {
         let id = self.next_id();
         let server = self.config.server;
         let bytes = message.to_bytes(id);
-        Ok(self.start(now, server, id, MessageKind::Control, bytes, None))
+        Ok(self.start(now, server, id, MessageKind::Control, bytes, false))
     }
 
     /// Sends control message `message` to the server once, expecting nothing in particular:
@@ -674,7 +682,10 @@ impl ClientEndpoint {
             return;
         };
         self.stats.resends += 1;
-        let again = x.resend.as_ref().and_then(|r| r.to_bytes().ok());
+        let again = x
+            .request
+            .then(|| Request::with_flag(&x.first, flags::RETRY))
+            .flatten();
         let (to, m) = (x.to, again.unwrap_or_else(|| x.first.clone()));
         self.send_sealed(to, id, m);
         self.send_seq += 1;
@@ -768,7 +779,7 @@ impl ClientEndpoint {
         id: u64,
         want: MessageKind,
         first: Bytes,
-        resend: Option<Request>,
+        request: bool,
     ) -> u64 {
         self.exchanges.insert(
             id,
@@ -776,7 +787,7 @@ impl ClientEndpoint {
                 to,
                 want,
                 first,
-                resend,
+                request,
                 started: now,
                 renewed: false,
                 sent_seq: 0,
