@@ -695,18 +695,11 @@ impl UdpClient {
     }
 }
 
-/// Where [`UdpClient::place`] put a message.
-enum Placed {
-    /// The client ran it (one-sided reads): its reply.
-    Here(Reply),
-    /// For the server, with the pin flags set.
-    Server(Box<Request>),
-}
-
 impl UdpClient {
     /// Steers `req` (of handler `key`): runs a read here when the weights say Client and the
-    /// agent is up, else marks where the server should run it.
-    fn place(&mut self, mut req: Request, key: HandlerKey) -> Placed {
+    /// agent is up, and returns its reply; else marks in `req` where the server should run
+    /// it, for the caller to send (the request stays where it was built, not moved or boxed).
+    fn place(&mut self, req: &mut Request, key: HandlerKey) -> Option<Reply> {
         let (app, _) = key;
         if self.apps_used.insert(app) {
             // Ask for the new app's weights first, at once.
@@ -738,12 +731,12 @@ impl UdpClient {
         };
         if choice == Some(Placement::Client) && client_ok {
             req.request_id = self.path.transport().endpoint.next_id();
-            let r = self.run_locally(&req);
+            let r = self.run_locally(req);
             if r.status == Status::Unavailable && self.pin != Some(Placement::Client) {
                 // The agent is gone: stop using it for a while and let the server answer.
                 self.agent_down_until = Some(Instant::now() + Duration::from_millis(200));
             } else {
-                return Placed::Here(r);
+                return Some(r);
             }
         }
         match choice {
@@ -751,7 +744,7 @@ impl UdpClient {
             Some(Placement::Nic) => req.flags |= flags::PIN_NIC,
             _ => {}
         }
-        Placed::Server(Box::new(req))
+        None
     }
 
     /// Counts `reply` in the metrics: `start` is this client's clock's time when the call
@@ -800,12 +793,12 @@ impl Transport for UdpClient {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let req = Request::for_call(app, handler, 0, args, descs)?;
+        let mut req = Request::for_call(app, handler, 0, args, descs)?;
         let key = (app, handler);
         let start = self.clock.now();
-        let reply = match self.place(req, key) {
-            Placed::Here(r) => r,
-            Placed::Server(req) => self.call_server(*req)?,
+        let reply = match self.place(&mut req, key) {
+            Some(r) => r,
+            None => self.call_server(req)?,
         };
         self.record(key, start, &reply);
         Ok(reply)
@@ -827,21 +820,21 @@ impl naam_proto::transport::Pipeline for UdpClient {
         if self.pending.len() >= self.window() {
             return Err(ClientError::Busy(Placement::Host));
         }
-        let req = Request::for_call(app, handler, 0, args, descs)?;
+        let mut req = Request::for_call(app, handler, 0, args, descs)?;
         let key = (app, handler);
         let start = self.clock.now();
-        match self.place(req, key) {
-            Placed::Here(r) => {
+        match self.place(&mut req, key) {
+            Some(r) => {
                 self.record(key, start, &r);
                 let id = r.request_id;
                 self.ready.push((id, Ok(r)));
                 Ok(id)
             }
-            Placed::Server(req) => {
+            None => {
                 let conn = self.path.transport();
                 let id = conn
                     .endpoint
-                    .request(conn.clock.now(), *req)
+                    .request(conn.clock.now(), req)
                     .map_err(|e| conn.client_error(e))?;
                 // It goes out at the next poll, coalesced with whatever else is submitted
                 // before it (a window refilled after a batch of answers travels together).
