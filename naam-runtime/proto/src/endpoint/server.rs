@@ -79,6 +79,7 @@ pub(super) struct Outgoing {
 /// envelope (a reply that goes alone, the usual case, is then copied once, not twice).
 #[derive(Clone, Debug)]
 pub(super) enum Inner {
+    /// Encoded already (a control message, a forward, a client's request).
     Encoded(Bytes),
     /// A reply whose payload fits the wire's limit (checked when it was queued).
     Reply(Reply),
@@ -124,7 +125,7 @@ impl Inner {
             Inner::Reply(_) => {
                 let mut b = BytesMut::with_capacity(self.len());
                 self.write(&mut b);
-                std::borrow::Cow::Owned(b.to_vec())
+                std::borrow::Cow::Owned(Vec::from(b))
             }
         }
     }
