@@ -361,6 +361,7 @@ impl World {
             for (from, to, bytes) in self.net.take_due(self.now) {
                 if to == server_addr() && self.alone {
                     self.server.handle_alone(self.now, from, bytes);
+                    self.server.run(usize::MAX);
                 } else if to == server_addr() {
                     self.server.handle(self.now, from, bytes);
                     self.server.run(usize::MAX);
@@ -504,8 +505,14 @@ fn a_datagram_taken_alone_waits_behind_work_already_waiting() {
     // A receive loop took the write in and has not run it yet.
     w.server.handle(w.now, from, first);
     assert!(w.server.has_waiting());
-    // The read must not overtake it: it waits for its turn, after the write.
+    // The read must not overtake it: it waits for its turn, after the write, and what
+    // waits is left for the driver's run (a receive loop bounds its runs).
     w.server.handle_alone(w.now, from, second);
+    assert!(
+        w.server.has_waiting(),
+        "nothing waiting was run by handle_alone"
+    );
+    w.server.run(usize::MAX);
     assert!(!w.server.has_waiting());
     assert_eq!(w.reply(write).map(|r| counter(&r)), Ok(1));
     assert_eq!(

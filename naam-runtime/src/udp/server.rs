@@ -540,6 +540,7 @@ impl InlineEndpoint for ServerEndpoint<ClusterHost> {
     fn handle(&mut self, now: Nanos, from: SocketAddr, msg: Bytes) {
         // One datagram at a time in a MemoryNet: its request, if admitted, runs at once.
         self.handle_alone(now, from, msg);
+        self.run(usize::MAX);
     }
     fn handle_timeout(&mut self, now: Nanos) {
         ServerEndpoint::handle_timeout(self, now)

@@ -842,14 +842,14 @@ impl<B: HostBackend> ServerEndpoint<B> {
         n
     }
 
-    /// [`ServerEndpoint::handle`] of one datagram, then [`ServerEndpoint::run`] of everything
-    /// waiting: for a driver that takes datagrams one at a time and runs each to completion
-    /// (an endpoint bound inline in the sender's thread). When no other work waits, the
-    /// datagram is opened and its requests are dispatched as they are taken in: the turns
-    /// would give them the next turns anyway, and skipping the queue saves moving each
-    /// request in and out of it twice. Returns how many waiting items [`ServerEndpoint::run`]
-    /// ran after it.
-    pub fn handle_alone(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) -> usize {
+    /// [`ServerEndpoint::handle`] of a datagram that came alone (an endpoint bound inline in
+    /// the sender's thread; a receive loop's batch of one). When no other work waits, it is
+    /// opened and its requests are dispatched as they are taken in: the turns would give them
+    /// the next turns anyway, and skipping the queue saves moving each request in and out of
+    /// it twice. When work waits, the datagram queues behind it as [`ServerEndpoint::handle`]
+    /// queues it, for the driver's next [`ServerEndpoint::run`], which it bounds as it bounds
+    /// any other.
+    pub fn handle_alone(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
         self.at_once = self.turns.is_empty();
         let before = (self.stats.host, self.stats.forwarded);
         self.handle(now, peer, msg);
@@ -857,7 +857,6 @@ impl<B: HostBackend> ServerEndpoint<B> {
         if (self.stats.host, self.stats.forwarded) != before {
             self.publish_switched();
         }
-        self.run(usize::MAX)
     }
 
     /// Queues `w` for `tenant`'s turn, or does it now (see [`ServerEndpoint::handle_alone`]).
