@@ -28,13 +28,13 @@ use serde::Serialize;
 use crate::fields::Fields;
 use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
 use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
+use crate::Placement;
 
 /// Where a request's flags (a little-endian `u16`), app and handler ids (`u32`s) lie in its
 /// header, as [`Request::encode`] writes it.
 const FLAGS_AT: usize = 2;
 const APP_AT: usize = 4;
 const HANDLER_AT: usize = 8;
-use crate::Placement;
 
 /// Bits of [`Request::flags`]; a request with a bit outside [`flags::ALL`] does not decode.
 pub mod flags {
