@@ -284,8 +284,9 @@ impl Request {
     /// The (app, handler) encoded request `encoded` calls, read without decoding it; `None`
     /// if it is not a request.
     pub fn peek_handler(encoded: &[u8]) -> Option<(u32, u32)> {
-        let h = Request::encoded_header(encoded)?;
-        let u32_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]);
+        header(encoded, REQUEST_HEADER, KIND_REQUEST).ok()?;
+        let e = encoded;
+        let u32_at = |i: usize| u32::from_le_bytes([e[i], e[i + 1], e[i + 2], e[i + 3]]);
         Some((u32_at(APP_AT), u32_at(HANDLER_AT)))
     }
 
@@ -293,17 +294,11 @@ impl Request {
     /// [`flags::RETRY`] without decoding and encoding the request again); `None` if it is not a
     /// request.
     pub fn with_flag(encoded: &[u8], flag: u16) -> Option<Bytes> {
-        let h = Request::encoded_header(encoded)?;
-        let old = u16::from_le_bytes([h[FLAGS_AT], h[FLAGS_AT + 1]]);
+        header(encoded, REQUEST_HEADER, KIND_REQUEST).ok()?;
+        let old = u16::from_le_bytes([encoded[FLAGS_AT], encoded[FLAGS_AT + 1]]);
         let mut b = BytesMut::from(encoded);
         b[FLAGS_AT..FLAGS_AT + 2].copy_from_slice(&(old | flag).to_le_bytes());
         Some(b.freeze())
-    }
-
-    /// The fixed header of an encoded request, if `encoded` starts with one.
-    fn encoded_header(encoded: &[u8]) -> Option<&[u8]> {
-        let h = encoded.get(..REQUEST_HEADER)?;
-        (h[0] == VERSION && h[1] == KIND_REQUEST).then_some(h)
     }
 
     /// Encoded size in bytes.
