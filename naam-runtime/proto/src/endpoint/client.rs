@@ -191,11 +191,9 @@ pub enum ClientEvent {
 struct Exchange {
     to: SocketAddr,
     want: MessageKind,
-    /// The message's first send (unsealed).
+    /// The message's first send (unsealed). A request's resends are copies of it with RETRY
+    /// set, made only when a resend happens (most exchanges are answered the first time).
     first: Bytes,
-    /// Whether `first` is a request: its resends are copies of it with RETRY set, made only
-    /// when a resend happens (most exchanges are answered the first time).
-    request: bool,
     started: Nanos,
     /// Whether this exchange already lived through a session renewal.
     renewed: bool,
@@ -227,9 +225,7 @@ struct AnsweredResend {
 impl Exchange {
     /// The (app, handler) a request exchange calls.
     fn handler(&self) -> Option<(u32, u32)> {
-        self.request
-            .then(|| Request::peek_handler(&self.first))
-            .flatten()
+        Request::peek_handler(&self.first)
     }
 }
 
@@ -501,10 +497,8 @@ impl ClientEndpoint {
         self.check_alive(now)?;
         req.request_id = self.next_id();
         let first = req.to_bytes()?;
-        // Resends say so (the owner answers a retried write from its dedup table): see
-        // `resend`.
         let (server, id) = (self.config.server, req.request_id);
-        Ok(self.start(now, server, id, MessageKind::Reply, first, true))
+        Ok(self.start(now, server, id, MessageKind::Reply, first))
     }
 
     /// Sends a one-sided READ of `descs` (of `app`'s regions) to the NIC's agent; its answer
@@ -524,14 +518,7 @@ impl ClientEndpoint {
             op: Op::Read(descs.to_vec()),
         }
         .to_bytes()?;
-        Ok(self.start(
-            now,
-            agent,
-            id,
-            MessageKind::OneSidedCompletion,
-            bytes,
-            false,
-        ))
+        Ok(self.start(now, agent, id, MessageKind::OneSidedCompletion, bytes))
     }
 
     /// Sends control query `message` to the server; its answer is a control message.
@@ -540,7 +527,7 @@ impl ClientEndpoint {
         let id = self.next_id();
         let server = self.config.server;
         let bytes = message.to_bytes(id);
-        Ok(self.start(now, server, id, MessageKind::Control, bytes, false))
+        Ok(self.start(now, server, id, MessageKind::Control, bytes))
     }
 
     /// Sends control message `message` to the server once, expecting nothing in particular:
@@ -682,10 +669,9 @@ impl ClientEndpoint {
             return;
         };
         self.stats.resends += 1;
-        let again = x
-            .request
-            .then(|| Request::with_flag(&x.first, flags::RETRY))
-            .flatten();
+        // A request's resend says so (the owner answers a retried write from its dedup
+        // table); anything else goes again as it was.
+        let again = Request::with_flag(&x.first, flags::RETRY);
         let (to, m) = (x.to, again.unwrap_or_else(|| x.first.clone()));
         self.send_sealed(to, id, m);
         self.send_seq += 1;
@@ -779,7 +765,6 @@ impl ClientEndpoint {
         id: u64,
         want: MessageKind,
         first: Bytes,
-        request: bool,
     ) -> u64 {
         self.exchanges.insert(
             id,
@@ -787,7 +772,6 @@ impl ClientEndpoint {
                 to,
                 want,
                 first,
-                request,
                 started: now,
                 renewed: false,
                 sent_seq: 0,
