@@ -195,18 +195,11 @@ fn coalesce_group(g: &[Outgoing], budget: usize, into: &mut VecDeque<Transmit>) 
         let next = match batched {
             Some(b) => {
                 batches += 1;
-                into.push_back(first.transmit(&b));
+                into.push_back(first.transmit(b.len(), |out| out.put_slice(&b)));
                 j
             }
             None => {
-                into.push_back(Transmit {
-                    to: first.to,
-                    id: first.id,
-                    bytes: first
-                        .sealer
-                        .seal_with(first.inner.len(), |b| first.inner.write(b)),
-                    route: first.route,
-                });
+                into.push_back(first.transmit(first.inner.len(), |out| first.inner.write(out)));
                 i + 1
             }
         };
@@ -216,12 +209,13 @@ fn coalesce_group(g: &[Outgoing], budget: usize, into: &mut VecDeque<Transmit>) 
 }
 
 impl Outgoing {
-    /// `inner` (this message, or a batch it leads) sealed for this message's peer.
-    fn transmit(&self, inner: &[u8]) -> Transmit {
+    /// What `write` appends (about `len` bytes: this message, or a batch it leads) sealed for
+    /// this message's peer.
+    fn transmit(&self, len: usize, write: impl FnOnce(&mut BytesMut)) -> Transmit {
         Transmit {
             to: self.to,
             id: self.id,
-            bytes: self.sealer.seal(inner),
+            bytes: self.sealer.seal_with(len, write),
             route: self.route,
         }
     }
