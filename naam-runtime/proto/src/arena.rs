@@ -1,6 +1,8 @@
-//! Small byte strings that outlive the call that made them (a write's answer kept for
-//! deduplication, a request's args handed to another thread), copied without an allocation
-//! each.
+//! Byte strings written into shared chunks instead of an allocation each: small ones that
+//! outlive the call that made them (a write's answer kept for deduplication, a request's args
+//! handed to another thread), and messages on their way out (encodings, envelopes,
+//! fragments), which are dropped before long, so that their chunk is taken back and written
+//! again.
 
 use bytes::{Bytes, BytesMut};
 
@@ -13,19 +15,46 @@ const CHUNK: usize = 16 * naam_ebpf::abi::REPLY_CAP;
 /// taken back whole once every copy is dropped. So copies that are dropped before the next
 /// ones are made reuse the same memory, and copies that are kept cost their own length plus
 /// at most one partly used chunk, not an allocation each.
-#[derive(Debug, Default)]
+///
+/// Slicing or cloning what it made only counts a reference (the chunk is shared already),
+/// where a `Bytes` made from a `Vec` allocates its shared header at its first clone.
+#[derive(Debug)]
 pub struct ByteArena {
     free: BytesMut,
+    chunk: usize,
+}
+
+impl Default for ByteArena {
+    fn default() -> ByteArena {
+        ByteArena::with_chunk(CHUNK)
+    }
 }
 
 impl ByteArena {
+    /// An arena that allocates chunks of `chunk` bytes (or of one string, when it is longer).
+    pub fn with_chunk(chunk: usize) -> ByteArena {
+        ByteArena {
+            free: BytesMut::new(),
+            chunk,
+        }
+    }
+
     /// A copy of `bytes`, sharing a chunk with the other copies made here.
     pub fn copy(&mut self, bytes: &[u8]) -> Bytes {
-        if self.free.capacity() < bytes.len() {
+        self.write(bytes.len(), |b| b.extend_from_slice(bytes))
+    }
+
+    /// What `write` appends to an empty buffer with room for at least `len` bytes, sharing a
+    /// chunk with the other strings made here (`write` may append more than `len`: the
+    /// buffer grows, into an allocation of its own if it must).
+    pub fn write(&mut self, len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
+        // Whatever a `write` that panicked left behind.
+        self.free.clear();
+        if self.free.capacity() < len {
             // Takes the chunk back if nothing holds it any more, else starts a new one.
-            self.free.reserve(CHUNK.max(bytes.len()));
+            self.free.reserve(self.chunk.max(len));
         }
-        self.free.extend_from_slice(bytes);
+        write(&mut self.free);
         self.free.split().freeze()
     }
 }
@@ -75,5 +104,26 @@ mod tests {
         }
         let big = a.copy(&vec![5u8; CHUNK + 1]);
         assert_eq!(big.len(), CHUNK + 1);
+    }
+
+    #[test]
+    fn a_write_past_its_estimate_is_whole_and_spares_its_neighbours() {
+        let mut a = ByteArena::with_chunk(64);
+        let before = a.copy(&[1u8; 40]);
+        let long = a.write(4, |b| b.extend_from_slice(&[2u8; 100]));
+        let after = a.copy(&[3u8; 10]);
+        assert_eq!(&before[..], &[1u8; 40][..]);
+        assert_eq!(&long[..], &[2u8; 100][..]);
+        assert_eq!(&after[..], &[3u8; 10][..]);
+    }
+
+    #[test]
+    fn clones_and_slices_of_its_strings_share_their_chunk() {
+        let mut a = ByteArena::default();
+        let s = a.write(8, |b| b.extend_from_slice(b"abcdefgh"));
+        let part = s.slice(2..5);
+        assert_eq!(&part[..], b"cde");
+        assert_eq!(part.as_ptr(), s[2..].as_ptr(), "sliced in place");
+        assert_eq!(s.clone().as_ptr(), s.as_ptr());
     }
 }

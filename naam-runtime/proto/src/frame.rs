@@ -15,11 +15,12 @@
 //! fragment of the message ([`crate::shard`]): its session's, or 0 for none. It is a hint for
 //! delivery only; nothing is trusted on it.
 
+use crate::arena::ByteArena;
 use crate::intmap::IntMap;
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes};
 use smallvec::SmallVec;
 
 use crate::limits::MAX_MESSAGE;
@@ -221,8 +222,23 @@ pub fn fragment(message: u64, bytes: &[u8], datagram: usize) -> Result<Fragments
 }
 
 /// [`fragment`], every fragment carrying `route` (a message routed as another session than
-/// the one it is sealed in: [`crate::endpoint::Transmit::route`]).
+/// the one it is sealed in: [`crate::endpoint::Transmit::route`]). The fragments share one
+/// allocation.
 pub fn fragment_routed(
+    message: u64,
+    bytes: &[u8],
+    datagram: usize,
+    route: u8,
+) -> Result<Fragments, FrameError> {
+    let count = bytes.len().div_ceil(datagram.saturating_sub(HEADER).max(1));
+    let mut arena = ByteArena::with_chunk(bytes.len() + HEADER * count.max(1));
+    fragment_routed_in(&mut arena, message, bytes, datagram, route)
+}
+
+/// [`fragment_routed`] into `arena`'s chunks: a driver that sends each message's fragments
+/// before it makes the next one's writes them with no allocation.
+pub fn fragment_routed_in(
+    arena: &mut ByteArena,
     message: u64,
     bytes: &[u8],
     datagram: usize,
@@ -230,10 +246,10 @@ pub fn fragment_routed(
 ) -> Result<Fragments, FrameError> {
     Ok(pieces(message, bytes.len(), datagram, route)?
         .map(|p| {
-            let mut b = BytesMut::with_capacity(HEADER + p.range.len());
-            b.put_slice(&p.header);
-            b.put_slice(&bytes[p.range]);
-            b.freeze()
+            arena.write(HEADER + p.range.len(), |b| {
+                b.put_slice(&p.header);
+                b.put_slice(&bytes[p.range]);
+            })
         })
         .collect())
 }

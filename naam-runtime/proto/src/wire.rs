@@ -25,6 +25,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use naam_ebpf::abi::{Descriptor, ACCESS_MASK, ARGS_CAP, MAX_NEXT, REPLY_CAP, STATE_WORDS};
 use serde::Serialize;
 
+use crate::arena::ByteArena;
 use crate::fields::Fields;
 use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
 use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
@@ -254,6 +255,26 @@ impl Request {
             handler,
             id,
             Bytes::copy_from_slice(args),
+            Descriptors::from_slice(descs)?,
+        ))
+    }
+
+    /// [`Request::for_call`] with `args` copied into a chunk of `arena`, not into an
+    /// allocation of their own.
+    pub fn for_call_in(
+        arena: &mut ByteArena,
+        app: u32,
+        handler: u32,
+        id: u64,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Request, WireError> {
+        Request::check_call(args, descs)?;
+        Ok(Request::new(
+            app,
+            handler,
+            id,
+            arena.copy(args),
             Descriptors::from_slice(descs)?,
         ))
     }

@@ -10,6 +10,7 @@
 //! [`ClientError::ServerGone`].
 
 use crate::intmap::{IntMap, IntSet};
+use naam_proto::arena::ByteArena;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -179,6 +180,8 @@ pub(crate) struct Conn {
     rtt: Ewma,
     /// One-sided READs over a direct path (RDMA verbs: `use_rdma`) instead of the agent.
     direct_reads: Option<Box<dyn OneSided + Send>>,
+    /// The messages of one receive (kept for its capacity).
+    received: Vec<(SocketAddr, Bytes)>,
 }
 
 impl Conn {
@@ -195,7 +198,7 @@ impl Conn {
             sent = true;
         }
         if sent {
-            self.poller.served();
+            self.poller.served(self.clock.now());
         }
         Ok(())
     }
@@ -233,14 +236,16 @@ impl Conn {
         // wake this thread to deliver it. When they come later (a busy server, many clients),
         // sleep at once and leave the cores to the server.
         let spin = self.poller.spin();
-        let got = self.socket.recv_polling(spin.min(wait), wait)?;
-        self.poller.arrived(!got.is_empty());
+        let mut got = std::mem::take(&mut self.received);
+        self.socket.recv_into(spin.min(wait), wait, &mut got)?;
         // One reading for the whole batch and the timers after it: they were all taken in at
         // this moment.
         let now = self.clock.now();
-        for (from, m) in got {
+        self.poller.arrived(now, !got.is_empty());
+        for (from, m) in got.drain(..) {
             self.endpoint.handle(now, from, m);
         }
+        self.received = got;
         self.endpoint.handle_timeout(now);
         Ok(())
     }
@@ -394,7 +399,8 @@ pub struct UdpClient {
     weights: IntMap<HandlerKey, Weights>,
     selectors: IntMap<HandlerKey, Selector>,
     refresh: Duration,
-    last_refresh: Instant,
+    /// When the weights are next refreshed, on [`UdpClient::clock`] (0: at the next call).
+    next_refresh: Nanos,
     apps_used: IntSet<u32>,
     /// `apps_used` in first-use order, and where the next refresh starts in it.
     refresh_order: Vec<u32>,
@@ -407,6 +413,9 @@ pub struct UdpClient {
     pending: IntMap<u64, (HandlerKey, Nanos)>,
     /// Answers ready for the next poll (messages the client ran itself, failures).
     ready: Vec<(u64, Result<Reply, ClientError>)>,
+    /// Where calls' args are copied into their requests: a request is encoded and dropped
+    /// when it is sent (or run here), so its chunk is written again.
+    args: ByteArena,
 }
 
 impl UdpClient {
@@ -450,6 +459,7 @@ impl UdpClient {
             poller: super::socket::Poller::new(CLIENT_SPIN),
             rtt: Ewma::default(),
             direct_reads: None,
+            received: Vec::new(),
         };
         let refused = |message: String| UdpError::Refused {
             server: config.server,
@@ -506,7 +516,7 @@ impl UdpClient {
             weights: IntMap::default(),
             selectors: IntMap::default(),
             refresh: config.refresh,
-            last_refresh: Instant::now() - config.refresh,
+            next_refresh: 0,
             apps_used: IntSet::default(),
             refresh_order: Vec::new(),
             refresh_cursor: 0,
@@ -516,6 +526,7 @@ impl UdpClient {
             pin: config.pin,
             pending: IntMap::default(),
             ready: Vec::new(),
+            args: ByteArena::default(),
         })
     }
 
@@ -622,11 +633,11 @@ impl UdpClient {
         self.path.transport().endpoint.agent()
     }
 
-    fn refresh_weights(&mut self) {
-        if self.last_refresh.elapsed() < self.refresh {
+    fn refresh_weights(&mut self, now: Nanos) {
+        if now < self.next_refresh {
             return;
         }
-        self.last_refresh = Instant::now();
+        self.next_refresh = now.saturating_add(self.refresh.as_nanos() as Nanos);
         let report = self.tracker.report();
         let conn = self.path.transport();
         let rtt_ns = conn.rtt.get();
@@ -699,15 +710,15 @@ impl UdpClient {
     /// Steers `req` (of handler `key`): runs a read here when the weights say Client and the
     /// agent is up, and returns its reply; else marks in `req` where the server should run
     /// it, for the caller to send (the request stays where it was built, not moved or boxed).
-    fn place(&mut self, req: &mut Request, key: HandlerKey) -> Option<Reply> {
+    fn place(&mut self, req: &mut Request, key: HandlerKey, now: Nanos) -> Option<Reply> {
         let (app, _) = key;
         if self.apps_used.insert(app) {
             // Ask for the new app's weights first, at once.
             let at = self.refresh_cursor.min(self.refresh_order.len());
             self.refresh_order.insert(at, app);
-            self.last_refresh = Instant::now() - self.refresh;
+            self.next_refresh = 0;
         }
-        self.refresh_weights();
+        self.refresh_weights(now);
         self.take_inbox();
         let read = self.kinds.get(&key) == Some(&HandlerKind::Read);
         let client_ok = read && self.client_ok(key);
@@ -793,10 +804,10 @@ impl Transport for UdpClient {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let mut req = Request::for_call(app, handler, 0, args, descs)?;
+        let mut req = Request::for_call_in(&mut self.args, app, handler, 0, args, descs)?;
         let key = (app, handler);
         let start = self.clock.now();
-        let reply = match self.place(&mut req, key) {
+        let reply = match self.place(&mut req, key, start) {
             Some(r) => r,
             None => self.call_server(req)?,
         };
@@ -820,10 +831,10 @@ impl naam_proto::transport::Pipeline for UdpClient {
         if self.pending.len() >= self.window() {
             return Err(ClientError::Busy(Placement::Host));
         }
-        let mut req = Request::for_call(app, handler, 0, args, descs)?;
+        let mut req = Request::for_call_in(&mut self.args, app, handler, 0, args, descs)?;
         let key = (app, handler);
         let start = self.clock.now();
-        match self.place(&mut req, key) {
+        match self.place(&mut req, key, start) {
             Some(r) => {
                 self.record(key, start, &r);
                 let id = r.request_id;

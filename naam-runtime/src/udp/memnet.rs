@@ -290,17 +290,17 @@ impl MemoryPort {
     }
 
     /// Waits up to `timeout` for a datagram (polling for [`POLL_BEFORE_BLOCKING`] before it
-    /// blocks), then takes up to `max` in all without waiting.
-    pub(crate) fn recv(&self, timeout: Duration, max: usize) -> Vec<Datagram> {
-        let mut out = Vec::new();
-        let start = Instant::now();
+    /// blocks), then takes up to `max` in all without waiting, appended to `out`.
+    pub(crate) fn recv_into(&self, timeout: Duration, max: usize, out: &mut Vec<Datagram>) {
+        // The clock is read only once there is something to wait for.
+        let mut start = None;
         let first = loop {
             match self.queue.try_recv() {
                 Ok(d) => break Some(d),
                 Err(TryRecvError::Disconnected) => break None,
                 Err(TryRecvError::Empty) => {}
             }
-            let waited = start.elapsed();
+            let waited = start.get_or_insert_with(Instant::now).elapsed();
             if waited >= timeout {
                 break None;
             }
@@ -310,16 +310,15 @@ impl MemoryPort {
             std::hint::spin_loop();
         };
         let Some(d) = first else {
-            return out;
+            return;
         };
         out.push(d);
-        while out.len() < max {
+        for _ in 1..max {
             match self.queue.try_recv() {
                 Ok(d) => out.push(d),
                 Err(_) => break,
             }
         }
-        out
     }
 }
 
@@ -367,7 +366,8 @@ mod tests {
         assert_ne!(c1.addr(), c2.addr());
         assert!(c1.addr().port() >= EPHEMERAL_FIRST);
         assert!(net.send(c1.addr(), server.addr(), Bytes::from_static(b"hi")));
-        let got = server.recv(Duration::from_millis(10), 8);
+        let mut got = Vec::new();
+        server.recv_into(Duration::from_millis(10), 8, &mut got);
         assert_eq!(got, vec![(c1.addr(), Bytes::from_static(b"hi"))]);
         // Nobody at the address: dropped.
         assert!(!net.send(c1.addr(), a("10.0.0.9:1"), Bytes::from_static(b"x")));
@@ -375,7 +375,9 @@ mod tests {
         drop(server);
         assert!(!net.send(c1.addr(), a("10.0.0.1:7000"), Bytes::from_static(b"x")));
         let again = net.bind(a("10.0.0.1:7000")).unwrap();
-        assert!(again.recv(Duration::from_millis(1), 8).is_empty());
+        got.clear();
+        again.recv_into(Duration::from_millis(1), 8, &mut got);
+        assert!(got.is_empty());
     }
 
     /// Records what it was given; answers each datagram to `answer_to`, if set, until
@@ -525,7 +527,8 @@ mod tests {
         assert!(!net.send(from, port.addr(), Bytes::from_static(b".")));
         let mut taken = 0;
         loop {
-            let got = port.recv(Duration::from_millis(1), 1000);
+            let mut got = Vec::new();
+            port.recv_into(Duration::from_millis(1), 1000, &mut got);
             if got.is_empty() {
                 break;
             }

@@ -428,6 +428,8 @@ fn run_host_loop(
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
     let mut out: Vec<Transmit> = Vec::new();
+    // The messages of one receive (reused, as `out` is).
+    let mut batch = Vec::new();
     let mut poller = Poller::new(SERVER_SPIN);
     loop {
         if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
@@ -453,12 +455,12 @@ fn run_host_loop(
             .poll_timeout()
             .map_or(IDLE_WAIT, |t| Duration::from_nanos(t.saturating_sub(now)))
             .clamp(Duration::from_micros(1), IDLE_WAIT);
-        let batch = if endpoint.has_waiting() {
-            socket.try_recv()?
+        if endpoint.has_waiting() {
+            socket.try_recv_into(&mut batch)?;
         } else {
-            socket.recv_polling(poller.spin(), wait)?
-        };
-        poller.arrived(!batch.is_empty());
+            socket.recv_into(poller.spin(), wait, &mut batch)?;
+        }
+        poller.arrived(clock.now(), !batch.is_empty());
         if batch.is_empty() {
             // Nothing came: what the loop ran reaches the steering now, not at the next busy
             // moment.
@@ -470,7 +472,7 @@ fn run_host_loop(
         // flood cannot hide another tenant's request behind it in the kernel's queue.
         let mut full = batch.len() >= super::socket::RECV_BATCH;
         let alone = batch.len() == 1;
-        for (peer, msg) in batch {
+        for (peer, msg) in batch.drain(..) {
             if alone {
                 // Nothing came with it to take turns with: it runs as it is taken in (when
                 // nothing waits from before either), as the turns would run it next.
@@ -481,10 +483,10 @@ fn run_host_loop(
         }
         let mut drained = 0;
         while full && drained < MAX_DRAIN {
-            let more = socket.try_recv()?;
-            full = more.len() >= super::socket::RECV_BATCH;
+            socket.try_recv_into(&mut batch)?;
+            full = batch.len() >= super::socket::RECV_BATCH;
             drained += 1;
-            for (peer, msg) in more {
+            for (peer, msg) in batch.drain(..) {
                 endpoint.handle(clock.now(), peer, msg);
             }
         }
@@ -501,7 +503,7 @@ fn run_host_loop(
             socket.send_batch(&out);
             out.clear();
         }
-        poller.served();
+        poller.served(clock.now());
     }
 }
 

@@ -7,13 +7,16 @@ use std::io;
 use std::mem::MaybeUninit;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 
+use naam_proto::arena::ByteArena;
 use naam_proto::endpoint::Transmit;
-use naam_proto::frame::{fragment_routed, Fragment, Pushed, Reassembler};
+use naam_proto::frame::{fragment_routed_in, Fragment, Pushed, Reassembler};
 use naam_proto::limits::MAX_MESSAGE;
+use naam_proto::Nanos;
+use std::cell::RefCell;
 
 use super::memnet::{MemoryNet, MemoryPort};
 
@@ -215,6 +218,11 @@ pub struct Socket {
     datagram: usize,
     bufs: Option<Box<RecvBuffers>>,
     inbound: Inbound,
+    /// Where datagrams from the kernel are copied: a chunk is written again once the
+    /// messages cut from it are dropped, with no allocation per datagram.
+    arena: ByteArena,
+    /// The datagrams of one receive, before they are taken in (kept for its capacity).
+    raw: Vec<(SocketAddr, Bytes)>,
 }
 
 /// What a receiver does with each datagram: loss injection, fragment decoding, reassembly, and
@@ -324,6 +332,8 @@ impl Socket {
             datagram: clamp_datagram(datagram),
             bufs,
             inbound: Inbound::new(),
+            arena: ByteArena::default(),
+            raw: Vec::new(),
         }
     }
 
@@ -436,27 +446,31 @@ impl Socket {
     /// Waits up to `timeout` for datagrams and returns the messages they complete, with their
     /// senders. Foreign or inconsistent datagrams are counted and dropped.
     pub fn recv(&mut self, timeout: Duration) -> io::Result<Vec<(SocketAddr, Bytes)>> {
-        self.recv_polling(Duration::ZERO, timeout)
+        let mut out = Vec::new();
+        self.recv_into(Duration::ZERO, timeout, &mut out)?;
+        Ok(out)
     }
 
     /// The datagrams already waiting, without blocking (the messages they complete).
     pub fn try_recv(&mut self) -> io::Result<Vec<(SocketAddr, Bytes)>> {
-        let datagrams: Vec<(SocketAddr, Bytes)> = match (&self.link, &mut self.bufs) {
-            (Link::Kernel(sock), Some(b)) => b
-                .recv(sock, libc::MSG_DONTWAIT)?
-                .into_iter()
-                .enumerate()
-                .map(|(i, (peer, len))| (peer, Bytes::copy_from_slice(b.datagram(i, len))))
-                .collect(),
-            (Link::Memory(port), _) => port.recv(Duration::ZERO, RECV_BATCH),
-            (Link::Kernel(_), None) => Vec::new(),
-        };
-        let out = datagrams
-            .into_iter()
-            .filter_map(|(peer, d)| Some((peer, self.inbound.take(peer, d)?)))
-            .collect();
-        self.inbound.expire();
+        let mut out = Vec::new();
+        self.try_recv_into(&mut out)?;
         Ok(out)
+    }
+
+    /// [`Socket::try_recv`], the messages appended to `out` (a driver's, reused).
+    pub fn try_recv_into(&mut self, out: &mut Vec<(SocketAddr, Bytes)>) -> io::Result<()> {
+        let mut raw = std::mem::take(&mut self.raw);
+        match (&self.link, &mut self.bufs) {
+            (Link::Kernel(sock), Some(b)) => {
+                b.recv_into(sock, libc::MSG_DONTWAIT, &mut self.arena, &mut raw)?
+            }
+            (Link::Memory(port), _) => port.recv_into(Duration::ZERO, RECV_BATCH, &mut raw),
+            (Link::Kernel(_), None) => {}
+        }
+        self.take_in(&mut raw, out);
+        self.raw = raw;
+        Ok(())
     }
 
     /// [`Socket::recv`], polling the socket without sleeping for up to `spin` first: a peer
@@ -468,15 +482,27 @@ impl Socket {
         spin: Duration,
         timeout: Duration,
     ) -> io::Result<Vec<(SocketAddr, Bytes)>> {
+        let mut out = Vec::new();
+        self.recv_into(spin, timeout, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Socket::recv_polling`], the messages appended to `out` (a driver's, reused).
+    pub fn recv_into(
+        &mut self,
+        spin: Duration,
+        timeout: Duration,
+        out: &mut Vec<(SocketAddr, Bytes)>,
+    ) -> io::Result<()> {
         let timeout = timeout.max(Duration::from_micros(1));
-        let datagrams: Vec<(SocketAddr, Bytes)> = match (&self.link, &mut self.bufs) {
+        let mut raw = std::mem::take(&mut self.raw);
+        match (&self.link, &mut self.bufs) {
             (Link::Kernel(sock), Some(b)) => {
-                let mut got = Vec::new();
                 if !spin.is_zero() {
                     let start = std::time::Instant::now();
                     loop {
-                        got = b.recv(sock, libc::MSG_DONTWAIT)?;
-                        if !got.is_empty() || start.elapsed() >= spin {
+                        b.recv_into(sock, libc::MSG_DONTWAIT, &mut self.arena, &mut raw)?;
+                        if !raw.is_empty() || start.elapsed() >= spin {
                             break;
                         }
                         // Another thread that can run (a client, an executor, on a machine
@@ -484,23 +510,27 @@ impl Socket {
                         std::thread::yield_now();
                     }
                 }
-                if got.is_empty() && wait_readable(sock, timeout.saturating_sub(spin))? {
-                    got = b.recv(sock, libc::MSG_DONTWAIT)?;
+                if raw.is_empty() && wait_readable(sock, timeout.saturating_sub(spin))? {
+                    b.recv_into(sock, libc::MSG_DONTWAIT, &mut self.arena, &mut raw)?;
                 }
-                got.into_iter()
-                    .enumerate()
-                    .map(|(i, (peer, len))| (peer, Bytes::copy_from_slice(b.datagram(i, len))))
-                    .collect()
             }
-            (Link::Memory(port), _) => port.recv(timeout, RECV_BATCH),
-            (Link::Kernel(_), None) => Vec::new(),
-        };
-        let out = datagrams
-            .into_iter()
-            .filter_map(|(peer, d)| Some((peer, self.inbound.take(peer, d)?)))
-            .collect();
+            (Link::Memory(port), _) => port.recv_into(timeout, RECV_BATCH, &mut raw),
+            (Link::Kernel(_), None) => {}
+        }
+        self.take_in(&mut raw, out);
+        self.raw = raw;
+        Ok(())
+    }
+
+    /// Takes in the datagrams of `raw` (leaving it empty) and appends the messages they
+    /// complete to `out`.
+    fn take_in(&mut self, raw: &mut Vec<(SocketAddr, Bytes)>, out: &mut Vec<(SocketAddr, Bytes)>) {
+        for (peer, d) in raw.drain(..) {
+            if let Some(m) = self.inbound.take(peer, d) {
+                out.push((peer, m));
+            }
+        }
         self.inbound.expire();
-        Ok(out)
     }
 }
 
@@ -510,8 +540,8 @@ impl Socket {
 /// it sleeps at once, so an idle loop costs nothing.
 #[derive(Debug)]
 pub(crate) struct Poller {
-    /// When the loop last finished serving (or sending).
-    served_at: Option<Instant>,
+    /// When the loop last finished serving (or sending), on the loop's clock.
+    served_at: Option<Nanos>,
     /// Smoothed time from finishing to the next datagram, nanoseconds.
     gap_ns: f64,
     /// The most it polls before it sleeps.
@@ -537,13 +567,13 @@ impl Poller {
         Duration::from_nanos((3.0 * self.gap_ns) as u64 + 5_000).min(self.max_spin)
     }
 
-    /// A receive returned; `got`: with datagrams.
-    pub(crate) fn arrived(&mut self, got: bool) {
+    /// A receive returned at `now`; `got`: with datagrams.
+    pub(crate) fn arrived(&mut self, now: Nanos, got: bool) {
         let Some(at) = self.served_at.take() else {
             return;
         };
         // A receive that came back empty waited the whole time: the gap is at least that.
-        let gap = at.elapsed().as_nanos() as f64;
+        let gap = now.saturating_sub(at) as f64;
         let gap = if got {
             gap
         } else {
@@ -552,9 +582,9 @@ impl Poller {
         self.gap_ns = 0.75 * self.gap_ns + 0.25 * gap;
     }
 
-    /// The loop finished serving what it received.
-    pub(crate) fn served(&mut self) {
-        self.served_at = Some(Instant::now());
+    /// The loop finished serving what it received, at `now`.
+    pub(crate) fn served(&mut self, now: Nanos) {
+        self.served_at = Some(now);
     }
 }
 
@@ -604,6 +634,13 @@ impl Sender {
     }
 }
 
+thread_local! {
+    /// Where this thread writes the fragments it sends. The kernel is done with them when
+    /// the send returns, and a receiver in memory soon after, so the same chunk is written
+    /// again rather than a buffer allocated per datagram.
+    static FRAGMENTS: RefCell<ByteArena> = RefCell::new(ByteArena::default());
+}
+
 /// Where one send's fragments go, borrowed from a [`Socket`] or a [`Sender`].
 #[derive(Clone, Copy)]
 enum Outlet<'a> {
@@ -632,7 +669,10 @@ impl Outlet<'_> {
                 format!("message of {} bytes over {MAX_MESSAGE}", message.len()),
             ));
         }
-        let frags = fragment_routed(id, message, datagram, route)
+        // Made before anything is sent: a delivery in memory may send again from this
+        // thread, into the same arena.
+        let frags = FRAGMENTS
+            .with(|a| fragment_routed_in(&mut a.borrow_mut(), id, message, datagram, route))
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         match self {
             Outlet::Kernel(sock) => send_fragments(sock, peer, &frags),
@@ -858,19 +898,15 @@ impl RecvBuffers {
         b
     }
 
-    /// Datagram `i` of the last receive, `len` bytes long.
-    fn datagram(&self, i: usize, len: usize) -> &[u8] {
-        &self.bufs[i][..len]
-    }
-
-    /// One `recvmmsg` with `flags`: `MSG_WAITFORONE` blocks (up to the socket's read timeout)
-    /// for the first datagram only, `MSG_DONTWAIT` does not block at all. Returns the sender
-    /// and length of each datagram received.
-    fn recv(
+    /// One `recvmmsg` with `flags` (`MSG_DONTWAIT`: it does not block): each datagram
+    /// received is copied into `arena` and appended to `out` with its sender.
+    fn recv_into(
         &mut self,
         sock: &UdpSocket,
         flags: libc::c_int,
-    ) -> io::Result<Vec<(SocketAddr, usize)>> {
+        arena: &mut ByteArena,
+        out: &mut Vec<(SocketAddr, Bytes)>,
+    ) -> io::Result<()> {
         let n = self.msgs.len();
         for m in &mut self.msgs[..self.filled] {
             m.msg_hdr.msg_namelen = ADDR_LEN;
@@ -893,23 +929,24 @@ impl RecvBuffers {
             return match e.kind() {
                 io::ErrorKind::WouldBlock
                 | io::ErrorKind::TimedOut
-                | io::ErrorKind::Interrupted => Ok(Vec::new()),
+                | io::ErrorKind::Interrupted => Ok(()),
                 // An ICMP error from an earlier send surfaces here on Linux; not this socket's
                 // fault.
-                io::ErrorKind::ConnectionRefused => Ok(Vec::new()),
+                io::ErrorKind::ConnectionRefused => Ok(()),
                 _ => Err(e),
             };
         }
         self.filled = got as usize;
-        let mut out = Vec::with_capacity(got as usize);
-        for (m, a) in self.msgs.iter().zip(self.addrs.iter()).take(got as usize) {
+        let received = self.msgs.iter().zip(&self.addrs).zip(&self.bufs);
+        for ((m, a), buf) in received.take(self.filled) {
             // SAFETY: the kernel filled the address of every returned message.
             let ss = unsafe { a.assume_init_ref() };
             if let Some(peer) = from_sockaddr(ss) {
-                out.push((peer, (m.msg_len as usize).min(MAX_DATAGRAM)));
+                let len = (m.msg_len as usize).min(MAX_DATAGRAM);
+                out.push((peer, arena.copy(&buf[..len])));
             }
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -1050,16 +1087,15 @@ mod tests {
         let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
         let to = rx.local_addr().unwrap();
         let mut bufs = RecvBuffers::new();
+        let mut arena = ByteArena::default();
         for (count, from) in [(3usize, 0usize), (RECV_BATCH, 1), (1, 0), (5, 1)] {
             for i in 0..count {
                 senders[from].send_to(&vec![i as u8; 10 + i], to).unwrap();
             }
             let mut got = Vec::new();
             for _ in 0..200 {
-                let batch = bufs.recv(&rx, libc::MSG_DONTWAIT).unwrap();
-                for (j, (peer, len)) in batch.iter().enumerate() {
-                    got.push((*peer, bufs.datagram(j, *len).to_vec()));
-                }
+                bufs.recv_into(&rx, libc::MSG_DONTWAIT, &mut arena, &mut got)
+                    .unwrap();
                 if got.len() >= count {
                     break;
                 }
@@ -1069,9 +1105,12 @@ mod tests {
             assert_eq!(got.len(), count);
             for (i, (peer, bytes)) in got.iter().enumerate() {
                 assert_eq!(*peer, want, "batch of {count}, datagram {i}");
-                assert_eq!(bytes, &vec![i as u8; 10 + i]);
+                assert_eq!(&bytes[..], &vec![i as u8; 10 + i][..]);
             }
-            assert!(bufs.recv(&rx, libc::MSG_DONTWAIT).unwrap().is_empty());
+            let mut more = Vec::new();
+            bufs.recv_into(&rx, libc::MSG_DONTWAIT, &mut arena, &mut more)
+                .unwrap();
+            assert!(more.is_empty());
         }
     }
 

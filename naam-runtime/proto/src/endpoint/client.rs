@@ -15,6 +15,7 @@
 //! resends what was outstanding, once. A server silent for longer than
 //! [`ClientConfig::liveness`] fails every new exchange with [`ExchangeError::ServerGone`].
 
+use crate::arena::ByteArena;
 use crate::intmap::{IntMap, IntSet};
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -288,6 +289,9 @@ pub struct ClientEndpoint {
     /// Messages of the session not yet sealed: those for the same peer that are ready
     /// together are coalesced into one envelope when transmitted.
     outbox: Vec<Outgoing>,
+    /// Where requests are encoded and envelopes written: once an exchange is answered and
+    /// its datagrams sent, their chunk is written again, with no allocation per message.
+    arena: ByteArena,
     /// Exchange sends so far (first sends and resends), numbering them.
     send_seq: u64,
     /// The most bytes one sealed datagram may carry (the driver's datagram, less framing).
@@ -354,6 +358,7 @@ impl ClientEndpoint {
             window: crate::limits::SESSION_CREDIT,
             stats: ClientStats::default(),
             outbox: Vec::new(),
+            arena: ByteArena::default(),
             send_seq: 0,
             datagram_payload: crate::frame::MIN_DATAGRAM - crate::frame::HEADER,
             answered_resends: VecDeque::new(),
@@ -496,7 +501,11 @@ impl ClientEndpoint {
     pub fn request(&mut self, now: Nanos, mut req: Request) -> Result<u64, ExchangeError> {
         self.check_alive(now)?;
         req.request_id = self.next_id();
-        let first = req.to_bytes()?;
+        let mut encoded = Ok(());
+        let first = self
+            .arena
+            .write(req.encoded_len(), |b| encoded = req.encode(b));
+        encoded?;
         let (server, id) = (self.config.server, req.request_id);
         Ok(self.start(now, server, id, MessageKind::Reply, first))
     }
@@ -599,7 +608,12 @@ impl ClientEndpoint {
     /// coalesced into one envelope as far as a datagram holds them.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         if !self.outbox.is_empty() {
-            coalesce(&mut self.outbox, self.datagram_payload, &mut self.transmits);
+            coalesce(
+                &mut self.outbox,
+                self.datagram_payload,
+                &mut self.transmits,
+                &mut self.arena,
+            );
         }
         self.transmits.pop_front()
     }

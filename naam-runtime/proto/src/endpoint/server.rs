@@ -8,6 +8,7 @@
 //! endpoint itself answers (refusals, control answers, forwards) comes out of
 //! [`ServerEndpoint::poll_transmit`].
 
+use crate::arena::ByteArena;
 use crate::intmap::IntMap;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -135,11 +136,12 @@ impl Inner {
 /// coalesced, in order, into batches whose sealed size stays within `limit` bytes (a message
 /// over it goes alone, to be fragmented); the first message's id names each batch. Returns
 /// how many batches of several messages were made. `out` is left empty with its capacity,
-/// so an endpoint's outbox is allocated once.
+/// so an endpoint's outbox is allocated once; the envelopes are written in `arena`'s chunks.
 pub(super) fn coalesce(
     out: &mut Vec<Outgoing>,
     limit: usize,
     into: &mut VecDeque<Transmit>,
+    arena: &mut ByteArena,
 ) -> u64 {
     use crate::limits::{MAX_MESSAGE, SEAL_OVERHEAD};
     let budget = limit.min(MAX_MESSAGE).saturating_sub(SEAL_OVERHEAD);
@@ -148,7 +150,9 @@ pub(super) fn coalesce(
     };
     // The usual case, one message or one session's window: a single group, in place.
     let batches = match out.first() {
-        Some(first) if out.iter().all(|o| together(first, o)) => coalesce_group(out, budget, into),
+        Some(first) if out.iter().all(|o| together(first, o)) => {
+            coalesce_group(out, budget, into, arena)
+        }
         Some(_) => {
             // Groups in order of first appearance; within a group, arrival order.
             let mut groups: Vec<Vec<Outgoing>> = Vec::new();
@@ -158,7 +162,10 @@ pub(super) fn coalesce(
                     None => groups.push(vec![o]),
                 }
             }
-            groups.iter().map(|g| coalesce_group(g, budget, into)).sum()
+            groups
+                .iter()
+                .map(|g| coalesce_group(g, budget, into, arena))
+                .sum()
         }
         None => 0,
     };
@@ -168,7 +175,12 @@ pub(super) fn coalesce(
 
 /// [`coalesce`] of messages that all go to one peer, sealer and route: as many as fit in
 /// `budget` bytes per envelope.
-fn coalesce_group(g: &[Outgoing], budget: usize, into: &mut VecDeque<Transmit>) -> u64 {
+fn coalesce_group(
+    g: &[Outgoing],
+    budget: usize,
+    into: &mut VecDeque<Transmit>,
+    arena: &mut ByteArena,
+) -> u64 {
     let mut batches = 0;
     let mut i = 0;
     while i < g.len() {
@@ -195,11 +207,13 @@ fn coalesce_group(g: &[Outgoing], budget: usize, into: &mut VecDeque<Transmit>) 
         let next = match batched {
             Some(b) => {
                 batches += 1;
-                into.push_back(first.transmit(b.len(), |out| out.put_slice(&b)));
+                into.push_back(first.transmit(arena, b.len(), |out| out.put_slice(&b)));
                 j
             }
             None => {
-                into.push_back(first.transmit(first.inner.len(), |out| first.inner.write(out)));
+                into.push_back(
+                    first.transmit(arena, first.inner.len(), |out| first.inner.write(out)),
+                );
                 i + 1
             }
         };
@@ -210,12 +224,17 @@ fn coalesce_group(g: &[Outgoing], budget: usize, into: &mut VecDeque<Transmit>) 
 
 impl Outgoing {
     /// What `write` appends (about `len` bytes: this message, or a batch it leads) sealed for
-    /// this message's peer.
-    fn transmit(&self, len: usize, write: impl FnOnce(&mut BytesMut)) -> Transmit {
+    /// this message's peer, in a chunk of `arena`.
+    fn transmit(
+        &self,
+        arena: &mut ByteArena,
+        len: usize,
+        write: impl FnOnce(&mut BytesMut),
+    ) -> Transmit {
         Transmit {
             to: self.to,
             id: self.id,
-            bytes: self.sealer.seal_with(len, write),
+            bytes: self.sealer.seal_with(arena, len, write),
             route: self.route,
         }
     }
@@ -763,6 +782,9 @@ pub struct ServerEndpoint<B> {
     at_once: bool,
     /// Messages for sessions' peers, sealed (and coalesced) when transmitted.
     outbox: Vec<Outgoing>,
+    /// Where envelopes are written: once a driver has sent them, their chunk is written
+    /// again, with no allocation per message.
+    arena: ByteArena,
     /// Sessions refused beyond their credit lately (flooders are muted for a while).
     floods: IntMap<u64, Flood>,
     /// What strangers may still make the server do.
@@ -806,6 +828,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             turns: Turns::default(),
             at_once: false,
             outbox: Vec::new(),
+            arena: ByteArena::default(),
             floods: IntMap::default(),
             strangers: Strangers::new(now),
             datagram_payload: frame::MIN_DATAGRAM - frame::HEADER,
@@ -910,8 +933,12 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// one envelope as far as a datagram holds them.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         if !self.outbox.is_empty() {
-            self.stats.batches +=
-                coalesce(&mut self.outbox, self.datagram_payload, &mut self.transmits);
+            self.stats.batches += coalesce(
+                &mut self.outbox,
+                self.datagram_payload,
+                &mut self.transmits,
+                &mut self.arena,
+            );
         }
         self.transmits.pop_front()
     }
@@ -1690,7 +1717,7 @@ mod coalescing_tests {
         let mut t = VecDeque::new();
         // Alone: encoded straight into the envelope.
         let mut out = vec![outgoing(Inner::reply(reply(1, 1000)), 1)];
-        coalesce(&mut out, 8948, &mut t);
+        coalesce(&mut out, 8948, &mut t, &mut ByteArena::default());
         let opened = key.open(&t[0].bytes).unwrap().1;
         assert_eq!(Reply::decode(opened).unwrap(), reply(1, 1000));
         // In a batch with a message encoded before.
@@ -1698,7 +1725,10 @@ mod coalescing_tests {
             outgoing(Inner::reply(reply(2, 10)), 2),
             outgoing(Inner::Encoded(reply(3, 20).to_bytes().unwrap()), 3),
         ];
-        assert_eq!(coalesce(&mut out, 8948, &mut t), 1);
+        assert_eq!(
+            coalesce(&mut out, 8948, &mut t, &mut ByteArena::default()),
+            1
+        );
         let opened = key.open(&t[1].bytes).unwrap().1;
         let parts = crate::batch::split(&opened).unwrap();
         assert_eq!(Reply::decode(parts[0].clone()).unwrap(), reply(2, 10));
@@ -1725,7 +1755,11 @@ mod coalescing_tests {
             .collect();
         let capacity = out.capacity();
         let mut t = VecDeque::new();
-        assert_eq!(coalesce(&mut out, 8948, &mut t), 1, "one batch of three");
+        assert_eq!(
+            coalesce(&mut out, 8948, &mut t, &mut ByteArena::default()),
+            1,
+            "one batch of three"
+        );
         assert!(out.is_empty());
         assert_eq!(
             out.capacity(),
@@ -1745,7 +1779,10 @@ mod coalescing_tests {
             inner: Inner::Encoded(Bytes::from_static(b"alone")),
             route: None,
         });
-        assert_eq!(coalesce(&mut out, 8948, &mut t), 0);
+        assert_eq!(
+            coalesce(&mut out, 8948, &mut t, &mut ByteArena::default()),
+            0
+        );
         assert_eq!(&key.open(&t[1].bytes).unwrap().1[..], b"alone");
     }
 
@@ -1769,7 +1806,7 @@ mod coalescing_tests {
             })
             .collect();
         let mut t = VecDeque::new();
-        coalesce(&mut out, 8948, &mut t);
+        coalesce(&mut out, 8948, &mut t, &mut ByteArena::default());
         // Nine for one sealer: eight in the first datagram (4 + 8 x 1,002 bytes fit in
         // 8,152; nine do not), one in the next; the other sealer's one alone.
         assert_eq!(

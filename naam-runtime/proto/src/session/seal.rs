@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use crate::arena::ByteArena;
 use crate::fields::Fields;
 
 /// The two fresh nonces of one handshake.
@@ -231,6 +232,20 @@ impl SessionKey {
         write: impl FnOnce(&mut BytesMut),
     ) -> Bytes {
         let mut b = BytesMut::with_capacity(SEAL_OVERHEAD + len);
+        self.seal_into(&mut b, sender, packet, write);
+        b.freeze()
+    }
+
+    /// Appends to `b` the envelope of the inner message `write` appends, sealed as packet
+    /// `packet` from `sender` ([`SessionKey::seal_with`] into a buffer the caller owns).
+    pub fn seal_into(
+        &self,
+        b: &mut BytesMut,
+        sender: Sender,
+        packet: u64,
+        write: impl FnOnce(&mut BytesMut),
+    ) {
+        let start = b.len();
         let mut header = Fields::<SEAL_HEADER>::new();
         header
             .u8(VERSION)
@@ -241,13 +256,13 @@ impl SessionKey {
             .u64(self.id)
             .u64(packet);
         b.put_slice(header.as_slice());
-        write(&mut b);
+        write(b);
         if !self.authentication.seals() {
             b.put_slice(&[0; TAG_LEN]);
-            return b.freeze();
+            return;
         }
-        let written = b.len();
-        let (clear, secret) = b.split_at_mut(clear_end(written));
+        let written = b.len() - start;
+        let (clear, secret) = b[start..].split_at_mut(clear_end(written));
         let tag = self
             .aead
             .seal_in_place_separate_tag(
@@ -257,7 +272,6 @@ impl SessionKey {
             )
             .expect("AES-GCM seals any message the framing carries");
         b.put_slice(tag.as_ref());
-        b.freeze()
     }
 
     /// Checks the tag of a sealed message of this session, decrypts it and returns its header
@@ -393,20 +407,40 @@ impl Sealer {
 
     /// Seals `inner` as the next packet.
     pub fn seal(&self, inner: &[u8]) -> Bytes {
-        self.seal_with(inner.len(), |b| b.put_slice(inner))
+        match self.next_packet() {
+            Some(n) => self
+                .key
+                .seal_with(self.sender, n, inner.len(), |b| b.put_slice(inner)),
+            None => Bytes::new(),
+        }
     }
 
-    /// Seals the inner message `write` appends (about `len` bytes) as the next packet
-    /// ([`SessionKey::seal_with`]).
-    pub fn seal_with(&self, len: usize, write: impl FnOnce(&mut BytesMut)) -> Bytes {
+    /// Seals the inner message `write` appends (about `len` bytes) as the next packet, in a
+    /// chunk of `arena` ([`SessionKey::seal_into`]).
+    pub fn seal_with(
+        &self,
+        arena: &mut ByteArena,
+        len: usize,
+        write: impl FnOnce(&mut BytesMut),
+    ) -> Bytes {
+        match self.next_packet() {
+            Some(n) => arena.write(SEAL_OVERHEAD + len, |b| {
+                self.key.seal_into(b, self.sender, n, write)
+            }),
+            None => Bytes::new(),
+        }
+    }
+
+    /// The number of the next packet, `None` once they are spent: a packet number is never
+    /// reused, so past the last one nothing is sealed (an empty answer, which the peer
+    /// drops).
+    fn next_packet(&self) -> Option<u64> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        // A packet number is never reused: past the last one, nothing is sealed (an empty
-        // answer, which the peer drops).
         if n == u64::MAX {
             self.next.store(u64::MAX, Ordering::Relaxed);
-            return Bytes::new();
+            return None;
         }
-        self.key.seal_with(self.sender, n, len, write)
+        Some(n)
     }
 
     /// The key of the session it seals for.
