@@ -194,21 +194,41 @@ pub fn pieces(
     Ok((0..count).map(move |index| {
         let start = index * chunk;
         let end = (start + chunk).min(len);
-        let mut h = [0u8; HEADER];
-        h[..4].copy_from_slice(&MAGIC.to_le_bytes());
-        h[4] = VERSION;
-        h[5] = index as u8;
-        h[6] = count as u8;
-        h[ROUTE] = route;
-        h[8..16].copy_from_slice(&message.to_le_bytes());
-        h[16..18].copy_from_slice(&(len as u16).to_le_bytes());
-        h[18..20].copy_from_slice(&(start as u16).to_le_bytes());
-        h[20..22].copy_from_slice(&((end - start) as u16).to_le_bytes());
         Piece {
-            header: h,
+            header: header(message, index as u8, count as u8, route, len, start..end),
             range: start..end,
         }
     }))
+}
+
+/// The header of fragment `index` of `count` of a `len`-byte message, carrying `range` of it.
+/// `len` is at most [`MAX_MESSAGE`].
+fn header(
+    message: u64,
+    index: u8,
+    count: u8,
+    route: u8,
+    len: usize,
+    range: std::ops::Range<usize>,
+) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..4].copy_from_slice(&MAGIC.to_le_bytes());
+    h[4] = VERSION;
+    h[5] = index;
+    h[6] = count;
+    h[ROUTE] = route;
+    h[8..16].copy_from_slice(&message.to_le_bytes());
+    h[16..18].copy_from_slice(&(len as u16).to_le_bytes());
+    h[18..20].copy_from_slice(&(range.start as u16).to_le_bytes());
+    h[20..22].copy_from_slice(&(range.len() as u16).to_le_bytes());
+    h
+}
+
+/// The header of a message that travels alone in one datagram ([`fragment`] of a message
+/// that fits gives this header and the message), for an endpoint that writes the message
+/// straight after it; `None` when `len` is over [`MAX_MESSAGE`].
+pub fn lone_header(message: u64, len: usize, route: u8) -> Option<[u8; HEADER]> {
+    (len <= MAX_MESSAGE).then(|| header(message, 0, 1, route, len, 0..len))
 }
 
 /// A message's datagrams, in order: one, for all but the largest messages, held without a

@@ -173,6 +173,7 @@ mod tests {
                 id: 1,
                 bytes: msg,
                 route: None,
+                datagram: None,
             });
         }
         fn handle_timeout(&mut self, _now: Nanos) {}

@@ -579,7 +579,9 @@ pub fn serve_host_inline(
         options.telemetry.clone(),
         publish_every,
         |local, replies, now| {
-            host_endpoint(
+            // Answers are coalesced, and framed, up to the datagrams the replies go out in.
+            let payload = replies.datagram() - naam_proto::frame::HEADER;
+            let mut endpoint = host_endpoint(
                 cluster,
                 replies,
                 &options,
@@ -587,7 +589,9 @@ pub fn serve_host_inline(
                 true,
                 now,
                 LoopPlace::sole()?,
-            )
+            )?;
+            endpoint.set_datagram_payload(payload);
+            Ok(endpoint)
         },
     )?;
     Ok(InlineServer {

@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use naam_proto::arena::ByteArena;
 use naam_proto::endpoint::Transmit;
-use naam_proto::frame::{fragment_routed_in, Fragment, Pushed, Reassembler};
+use naam_proto::frame::{fragment_routed_in, Fragment, Fragments, Pushed, Reassembler};
 use naam_proto::limits::MAX_MESSAGE;
 use naam_proto::Nanos;
 use std::cell::RefCell;
@@ -387,9 +387,11 @@ impl Socket {
         self.send_routed(peer, id, route, message)
     }
 
-    /// Sends what an endpoint asked for: [`Socket::send`], with the transmit's route.
+    /// Sends what an endpoint asked for: the datagram it framed, or [`Socket::send`] with
+    /// the transmit's route.
     pub fn send_transmit(&mut self, t: &Transmit) -> io::Result<()> {
-        self.send_routed(t.to, t.id, t.frame_route(), &t.bytes)
+        let r = self.outlet().send_transmit(self.datagram, t);
+        self.count_sent(r)
     }
 
     fn send_routed(
@@ -399,14 +401,23 @@ impl Socket {
         route: u8,
         message: &[u8],
     ) -> io::Result<()> {
-        let outlet = match &self.link {
+        let r = self.outlet().send(self.datagram, peer, id, route, message);
+        self.count_sent(r)
+    }
+
+    /// Where this socket's sends go.
+    fn outlet(&self) -> Outlet<'_> {
+        match &self.link {
             Link::Kernel(sock) => Outlet::Kernel(sock),
             Link::Memory(port) => Outlet::Memory {
                 net: port.net(),
                 from: port.addr(),
             },
-        };
-        let r = outlet.send(self.datagram, peer, id, route, message);
+        }
+    }
+
+    /// Counts a send's datagrams, or its failure.
+    fn count_sent(&mut self, r: io::Result<usize>) -> io::Result<()> {
         match &r {
             Ok(n) => self.inbound.stats.sent += *n as u64,
             Err(_) => self.inbound.stats.send_errors += 1,
@@ -431,7 +442,7 @@ impl Socket {
                 };
                 let mut failed = 0;
                 for t in batch {
-                    match outlet.send(self.datagram, t.to, t.id, t.frame_route(), &t.bytes) {
+                    match outlet.send_transmit(self.datagram, t) {
                         Ok(n) => self.inbound.stats.sent += n as u64,
                         Err(_) => failed += 1,
                     }
@@ -613,24 +624,34 @@ impl Sender {
         }
     }
 
+    /// The most bytes one of its datagrams carries.
+    pub fn datagram(&self) -> usize {
+        self.datagram
+    }
+
     /// Sends `message` (id `id`) to `peer`, fragmented, in one system call.
     pub fn send(&self, peer: SocketAddr, id: u64, message: &[u8]) -> io::Result<()> {
         self.send_routed(peer, id, naam_proto::shard::route_of(message), message)
     }
 
-    /// Sends what an endpoint asked for: [`Sender::send`], with the transmit's route.
+    /// Sends what an endpoint asked for: the datagram it framed, or [`Sender::send`] with
+    /// the transmit's route.
     pub fn send_transmit(&self, t: &Transmit) -> io::Result<()> {
-        self.send_routed(t.to, t.id, t.frame_route(), &t.bytes)
+        self.outlet().send_transmit(self.datagram, t).map(|_| ())
     }
 
     fn send_routed(&self, peer: SocketAddr, id: u64, route: u8, message: &[u8]) -> io::Result<()> {
-        let outlet = match &self.link {
-            SendLink::Kernel(sock) => Outlet::Kernel(sock),
-            SendLink::Memory { net, from } => Outlet::Memory { net, from: *from },
-        };
-        outlet
+        self.outlet()
             .send(self.datagram, peer, id, route, message)
             .map(|_| ())
+    }
+
+    /// Where this handle's sends go.
+    fn outlet(&self) -> Outlet<'_> {
+        match &self.link {
+            SendLink::Kernel(sock) => Outlet::Kernel(sock),
+            SendLink::Memory { net, from } => Outlet::Memory { net, from: *from },
+        }
     }
 }
 
@@ -674,6 +695,20 @@ impl Outlet<'_> {
         let frags = FRAGMENTS
             .with(|a| fragment_routed_in(&mut a.borrow_mut(), id, message, datagram, route))
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        self.send_datagrams(peer, frags)
+    }
+
+    /// Sends what an endpoint asked for: the one datagram it framed, when that fits
+    /// `datagram` bytes ([`Transmit::framed`]), else its bytes in fragments.
+    fn send_transmit(self, datagram: usize, t: &Transmit) -> io::Result<usize> {
+        match t.framed(datagram) {
+            Some(d) => self.send_datagrams(t.to, Fragments::from_elem(d.clone(), 1)),
+            None => self.send(datagram, t.to, t.id, t.frame_route(), &t.bytes),
+        }
+    }
+
+    /// Sends `frags` to `peer` as they are; returns how many went out.
+    fn send_datagrams(self, peer: SocketAddr, frags: Fragments) -> io::Result<usize> {
         match self {
             Outlet::Kernel(sock) => send_fragments(sock, peer, &frags),
             Outlet::Memory { net, from } => {
@@ -999,6 +1034,7 @@ mod tests {
             id,
             bytes: Bytes::from(vec![9u8; len]),
             route,
+            datagram: None,
         };
         a.send_transmit(&t(1, 3000, Some(0x2b))).unwrap();
         a.sender()

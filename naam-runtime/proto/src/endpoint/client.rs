@@ -762,6 +762,7 @@ impl ClientEndpoint {
             id,
             bytes,
             route: None,
+            datagram: None,
         });
     }
 

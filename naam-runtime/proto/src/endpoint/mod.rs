@@ -51,6 +51,11 @@ pub struct Transmit {
     /// own datagrams takes them too, in order, and the forwards of many sessions spread over
     /// the NIC's loops instead of all reaching the pairing session's. `None` for the rest.
     pub route: Option<u8>,
+    /// The one datagram that carries the whole message, when the endpoint wrote it so: a
+    /// fragment header, then `bytes` (which is a slice of it). Endpoints frame what they seal
+    /// when it fits their datagram, so that a driver sends it without a copy; a driver takes
+    /// it through [`Transmit::framed`], which checks that it still matches.
+    pub datagram: Option<Bytes>,
 }
 
 impl Transmit {
@@ -58,5 +63,21 @@ impl Transmit {
     pub fn frame_route(&self) -> u8 {
         self.route
             .unwrap_or_else(|| crate::shard::route_of(&self.bytes))
+    }
+
+    /// [`Transmit::datagram`], when it is at most `limit` bytes and frames this transmit as
+    /// it is (its id, route and bytes: a caller may have changed them after the endpoint made
+    /// it); `None` tells the driver to fragment [`Transmit::bytes`] itself.
+    pub fn framed(&self, limit: usize) -> Option<&Bytes> {
+        use crate::frame::{lone_header, HEADER};
+        let d = self.datagram.as_ref()?;
+        let carries_bytes = d.len() <= limit
+            && d.get(HEADER..)
+                .is_some_and(|m| m.as_ptr() == self.bytes.as_ptr() && m.len() == self.bytes.len());
+        let header_matches = || {
+            lone_header(self.id, self.bytes.len(), self.frame_route())
+                .is_some_and(|h| d[..HEADER] == h)
+        };
+        (carries_bytes && header_matches()).then_some(d)
     }
 }

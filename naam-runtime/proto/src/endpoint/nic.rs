@@ -544,6 +544,7 @@ impl<B: NicBackend> NicEndpoint<B> {
             id,
             bytes,
             route: None,
+            datagram: None,
         });
     }
 

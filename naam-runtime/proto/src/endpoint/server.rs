@@ -54,6 +54,7 @@ impl Channel {
             id,
             bytes: self.sealer.seal(bytes),
             route: None,
+            datagram: None,
         }
     }
 
@@ -151,7 +152,7 @@ pub(super) fn coalesce(
     // The usual case, one message or one session's window: a single group, in place.
     let batches = match out.first() {
         Some(first) if out.iter().all(|o| together(first, o)) => {
-            coalesce_group(out, budget, into, arena)
+            coalesce_group(out, budget, limit, into, arena)
         }
         Some(_) => {
             // Groups in order of first appearance; within a group, arrival order.
@@ -164,7 +165,7 @@ pub(super) fn coalesce(
             }
             groups
                 .iter()
-                .map(|g| coalesce_group(g, budget, into, arena))
+                .map(|g| coalesce_group(g, budget, limit, into, arena))
                 .sum()
         }
         None => 0,
@@ -178,6 +179,7 @@ pub(super) fn coalesce(
 fn coalesce_group(
     g: &[Outgoing],
     budget: usize,
+    limit: usize,
     into: &mut VecDeque<Transmit>,
     arena: &mut ByteArena,
 ) -> u64 {
@@ -207,13 +209,13 @@ fn coalesce_group(
         let next = match batched {
             Some(b) => {
                 batches += 1;
-                into.push_back(first.transmit(arena, b.len(), |out| out.put_slice(&b)));
+                into.push_back(first.transmit(arena, limit, b.len(), |out| out.put_slice(&b)));
                 j
             }
             None => {
-                into.push_back(
-                    first.transmit(arena, first.inner.len(), |out| first.inner.write(out)),
-                );
+                into.push_back(first.transmit(arena, limit, first.inner.len(), |out| {
+                    first.inner.write(out)
+                }));
                 i + 1
             }
         };
@@ -224,18 +226,37 @@ fn coalesce_group(
 
 impl Outgoing {
     /// What `write` appends (about `len` bytes: this message, or a batch it leads) sealed for
-    /// this message's peer, in a chunk of `arena`.
+    /// this message's peer, in a chunk of `arena`. When the envelope fits in `limit` bytes (a
+    /// datagram's payload) it is written behind its fragment header, framed as the one
+    /// datagram that carries it ([`Transmit::datagram`]).
     fn transmit(
         &self,
         arena: &mut ByteArena,
+        limit: usize,
         len: usize,
         write: impl FnOnce(&mut BytesMut),
     ) -> Transmit {
+        use crate::frame::{lone_header, HEADER};
+        let mut lone = false;
+        let datagram = arena.write(HEADER + limits::SEAL_OVERHEAD + len, |b| {
+            b.put_slice(&[0; HEADER]);
+            if !self.sealer.seal_into(b, write) {
+                return;
+            }
+            let sealed = &b[HEADER..];
+            let route = self.route.unwrap_or_else(|| crate::shard::route_of(sealed));
+            if let Some(h) = lone_header(self.id, sealed.len(), route) {
+                lone = sealed.len() <= limit;
+                b[..HEADER].copy_from_slice(&h);
+            }
+        });
         Transmit {
             to: self.to,
             id: self.id,
-            bytes: self.sealer.seal_with(arena, len, write),
+            // Empty when the session's packet numbers are spent: the peer drops it.
+            bytes: datagram.slice(HEADER.min(datagram.len())..),
             route: self.route,
+            datagram: lone.then_some(datagram),
         }
     }
 }
@@ -1038,6 +1059,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 id,
                 bytes,
                 route: None,
+                datagram: None,
             });
         } else {
             self.stats.amplification_drops += 1;
@@ -1737,6 +1759,51 @@ mod coalescing_tests {
         let over = reply(4, naam_ebpf::abi::REPLY_CAP + 1);
         assert!(over.to_bytes().is_err());
         assert!(Inner::reply(over).is_empty());
+    }
+
+    #[test]
+    fn an_envelope_that_fits_a_datagram_is_framed_as_the_one_fragment_a_driver_would_make() {
+        let key = Arc::new(SessionKey::new(5, 1, [3; 32]));
+        let sealer = Arc::new(Sealer::new(key.clone(), Sender::Server));
+        let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let outgoing = |n: usize, id: u64, route: Option<u8>| Outgoing {
+            to,
+            sealer: sealer.clone(),
+            id,
+            inner: Inner::Encoded(Bytes::from(vec![7u8; n])),
+            route,
+        };
+        let limit = 1448;
+        let mut t = VecDeque::new();
+        let mut arena = ByteArena::default();
+        let mut out = vec![outgoing(1000, 41, None), outgoing(5000, 42, Some(9))];
+        coalesce(&mut out, limit, &mut t, &mut arena);
+        let (fits, over) = (&t[0], &t[1]);
+        let d = fits.framed(limit + frame::HEADER).expect("framed");
+        let want = frame::fragment(41, &fits.bytes, limit + frame::HEADER).unwrap();
+        assert_eq!(want.len(), 1);
+        assert_eq!(d, &want[0], "the driver's own fragment, byte for byte");
+        let f = frame::Fragment::decode(d.clone()).unwrap();
+        assert_eq!(
+            (f.message, f.count, f.data.clone()),
+            (41, 1, fits.bytes.clone())
+        );
+        assert_eq!(key.open(&fits.bytes).unwrap().1, vec![7u8; 1000]);
+        // Too big for one datagram: the driver fragments it.
+        assert!(over.datagram.is_none() && over.framed(usize::MAX).is_none());
+        // A datagram the driver's is smaller than, or a transmit changed after it was made,
+        // is not sent as framed.
+        assert!(fits.framed(d.len() - 1).is_none());
+        let rerouted = Transmit {
+            route: Some(3),
+            ..fits.clone()
+        };
+        assert!(rerouted.framed(usize::MAX).is_none());
+        let renamed = Transmit {
+            id: 40,
+            ..fits.clone()
+        };
+        assert!(renamed.framed(usize::MAX).is_none());
     }
 
     #[test]

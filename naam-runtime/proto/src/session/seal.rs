@@ -3,7 +3,6 @@
 
 #[allow(unused_imports)]
 use super::*;
-use crate::arena::ByteArena;
 use crate::fields::Fields;
 
 /// The two fresh nonces of one handshake.
@@ -415,19 +414,16 @@ impl Sealer {
         }
     }
 
-    /// Seals the inner message `write` appends (about `len` bytes) as the next packet, in a
-    /// chunk of `arena` ([`SessionKey::seal_into`]).
-    pub fn seal_with(
-        &self,
-        arena: &mut ByteArena,
-        len: usize,
-        write: impl FnOnce(&mut BytesMut),
-    ) -> Bytes {
+    /// Appends to `b` the envelope of the inner message `write` appends, sealed as the next
+    /// packet ([`SessionKey::seal_into`]); appends nothing and returns false once the packet
+    /// numbers are spent.
+    pub fn seal_into(&self, b: &mut BytesMut, write: impl FnOnce(&mut BytesMut)) -> bool {
         match self.next_packet() {
-            Some(n) => arena.write(SEAL_OVERHEAD + len, |b| {
-                self.key.seal_into(b, self.sender, n, write)
-            }),
-            None => Bytes::new(),
+            Some(n) => {
+                self.key.seal_into(b, self.sender, n, write);
+                true
+            }
+            None => false,
         }
     }
 
