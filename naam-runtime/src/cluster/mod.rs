@@ -673,6 +673,7 @@ pub(crate) fn reply_for(
 }
 
 pub(crate) use naam_proto::endpoint::error_reply;
+use naam_proto::endpoint::error_reply_for;
 use naam_proto::endpoint::Routed;
 
 impl Cluster {
@@ -805,7 +806,7 @@ impl Cluster {
         forced: Option<Placement>,
         on_reply: impl FnOnce(Reply) + Send + 'static,
     ) -> Routed {
-        let keep = req.clone();
+        let echo = Echo::of(&req);
         match submit(
             &self.inner,
             req,
@@ -815,7 +816,7 @@ impl Cluster {
         ) {
             Ok(p) => Routed::Queued(p),
             Err(Refusal::Remote(r)) => Routed::Remote(r),
-            Err(refusal) => Routed::Refused(refusal.reply(&keep)),
+            Err(refusal) => Routed::Refused(refusal.reply_to(echo)),
         }
     }
 
@@ -823,17 +824,19 @@ impl Cluster {
     /// (naam-server's receive loop for the host, naam-nic's for the NIC): a message routed
     /// there runs at once on this thread, to completion, and its reply comes back as
     /// [`Routed::Answered`] with no hand-off; a message routed elsewhere is queued or handed
-    /// back for forwarding as `dispatch` does, its reply going to `on_reply`.
-    pub fn dispatch_here(
+    /// back for forwarding as `dispatch` does, its reply going to the callback `on_reply`
+    /// makes. `on_reply` is called only for a message that waits at an executor: one
+    /// answered here pays nothing for a callback it would never use.
+    pub fn dispatch_here<F: FnOnce(Reply) + Send + 'static>(
         &self,
         runner: &mut HereRunner,
         req: Request,
         sel: &mut Selector,
         forced: Option<Placement>,
-        on_reply: impl FnOnce(Reply) + Send + 'static,
+        on_reply: impl FnOnce() -> F,
     ) -> Routed {
         let inner = &*self.inner;
-        let keep = req.clone();
+        let echo = Echo::of(&req);
         match admit_here(inner, req, sel, forced, Some(runner.placement)) {
             Ok(Admitted::Here(p, req, _)) => match runner.run(inner, &req) {
                 Ran::Answered(r) => Routed::Answered(r),
@@ -843,7 +846,7 @@ impl Cluster {
                     let job = Job {
                         req,
                         enqueued: inner.clock.now(),
-                        sink: ReplySink::Func(Box::new(on_reply)),
+                        sink: ReplySink::Func(Box::new(on_reply())),
                         parked: Some((run, write)),
                     };
                     park_at(inner, p, job)
@@ -851,18 +854,18 @@ impl Cluster {
             },
             Ok(Admitted::Queue(p, req, write)) => {
                 let app = req.app;
-                match enqueue(inner, p, req, ReplySink::Func(Box::new(on_reply))) {
+                match enqueue(inner, p, req, ReplySink::Func(Box::new(on_reply()))) {
                     Ok(()) => Routed::Queued(p),
                     Err(e) => {
                         if write {
                             release_owner(inner, app);
                         }
-                        Routed::Refused(Refusal::Client(e).reply(&keep))
+                        Routed::Refused(Refusal::Client(e).reply_to(echo))
                     }
                 }
             }
             Err(Refusal::Remote(r)) => Routed::Remote(r),
-            Err(refusal) => Routed::Refused(refusal.reply(&keep)),
+            Err(refusal) => Routed::Refused(refusal.reply_to(echo)),
         }
     }
 
@@ -984,32 +987,55 @@ enum Refusal {
     Budget(&'static str),
 }
 
+/// What a refusal's reply echoes of its request: kept by a caller that hands the request on,
+/// in place of a copy of it.
+#[derive(Clone, Copy, Debug)]
+struct Echo {
+    app: u32,
+    request_id: u64,
+    steps: u16,
+}
+
+impl Echo {
+    fn of(req: &Request) -> Echo {
+        Echo {
+            app: req.app,
+            request_id: req.request_id,
+            steps: req.steps,
+        }
+    }
+}
+
 impl Refusal {
     fn reply(self, req: &Request) -> Reply {
+        self.reply_to(Echo::of(req))
+    }
+
+    /// The reply to the request `to` echoes.
+    fn reply_to(self, to: Echo) -> Reply {
+        let answer = |status, placement, why| {
+            error_reply_for(to.app, to.request_id, to.steps, status, placement, why)
+        };
         match self {
-            Refusal::Status(s) => {
-                error_reply(req, s, Placement::Host, format!("not routed: {s:?}"))
-            }
+            Refusal::Status(s) => answer(s, Placement::Host, format!("not routed: {s:?}")),
             Refusal::Client(e) => {
                 let status = match e {
                     ClientError::Busy(_) => Status::Busy,
                     _ => Status::Unavailable,
                 };
-                error_reply(req, status, Placement::Host, e.to_string())
+                answer(status, Placement::Host, e.to_string())
             }
-            Refusal::Remote(_) => error_reply(
-                req,
+            Refusal::Remote(_) => answer(
                 Status::Unavailable,
                 Placement::Nic,
                 "the NIC runs in another process and this caller cannot forward".into(),
             ),
-            Refusal::Budget(what) => error_reply(
-                req,
+            Refusal::Budget(what) => answer(
                 Status::Busy,
                 Placement::Host,
                 format!(
                     "app {} spent its {what} budget for this period: retry later",
-                    req.app
+                    to.app
                 ),
             ),
         }

@@ -103,33 +103,30 @@ impl Replies {
         forced: Option<Placement>,
         ch: Channel,
     ) -> Routed {
-        let (s, n, t) = (
-            self.sender.clone(),
-            self.inflight.clone(),
-            self.telemetry.clone(),
-        );
-        n.fetch_add(1, Ordering::SeqCst);
         let clock = self.clock;
         let (app, handler, arrived) = (req.app, req.handler, clock.now());
-        let on_reply = move |r: Reply| {
-            if let Ok(b) = r.to_bytes() {
-                let _ = s.send(ch.to, r.request_id, &ch.sealer.seal(&b));
+        // Made only for a request that waits at an executor: counted in flight until its
+        // reply is sent, or until the job is dropped unanswered.
+        let on_reply = || {
+            let (s, t) = (self.sender.clone(), self.telemetry.clone());
+            let in_flight = InFlight::count(&self.inflight);
+            move |r: Reply| {
+                if let Ok(b) = r.to_bytes() {
+                    let _ = s.send(ch.to, r.request_id, &ch.sealer.seal(&b));
+                }
+                let service = clock.now().saturating_sub(arrived);
+                t.record(app, handler, r.placement, r.status, service);
+                drop(in_flight);
             }
-            let service = clock.now().saturating_sub(arrived);
-            t.record(app, handler, r.placement, r.status, service);
-            n.fetch_sub(1, Ordering::SeqCst);
         };
         let d = match runner {
             Some(runner) => cluster.dispatch_here(runner, req, sel, forced, on_reply),
-            None => cluster.dispatch(req, sel, forced, on_reply),
+            None => cluster.dispatch(req, sel, forced, on_reply()),
         };
         if let Routed::Answered(r) = &d {
             let service = self.clock.now().saturating_sub(arrived);
             self.telemetry
                 .record(app, handler, r.placement, r.status, service);
-        }
-        if !matches!(d, Routed::Queued(_)) {
-            self.inflight.fetch_sub(1, Ordering::SeqCst);
         }
         d
     }
@@ -137,6 +134,22 @@ impl Replies {
     /// Whether every queued request has been answered.
     pub(crate) fn idle(&self) -> bool {
         self.inflight.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// One request counted in [`Replies`]' in-flight count, until this is dropped.
+struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    fn count(inflight: &Arc<AtomicU64>) -> InFlight {
+        inflight.fetch_add(1, Ordering::SeqCst);
+        InFlight(inflight.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -690,12 +690,25 @@ impl ServerStats {
 
 /// A reply with status `status` and `why` as its payload, answering `req`.
 pub fn error_reply(req: &Request, status: Status, placement: Placement, why: String) -> Reply {
+    error_reply_for(req.app, req.request_id, req.steps, status, placement, why)
+}
+
+/// [`error_reply`] to request `request_id` of `app`, after `steps` steps: for a caller that
+/// handed the request on and kept only what its answer echoes.
+pub fn error_reply_for(
+    app: u32,
+    request_id: u64,
+    steps: u16,
+    status: Status,
+    placement: Placement,
+    why: String,
+) -> Reply {
     Reply {
-        app: req.app,
-        request_id: req.request_id,
+        app,
+        request_id,
         status,
         code: 0,
-        steps: req.steps,
+        steps,
         placement,
         load: LoadFeedback::default(),
         payload: Bytes::from(why.into_bytes()),
