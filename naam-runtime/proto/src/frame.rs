@@ -149,14 +149,18 @@ impl Fragment {
                 FrameError::Header("datagram longer than its fragment")
             });
         }
+        let route = d[ROUTE];
+        // The data is what is left of the datagram (no reference counted for a slice).
+        let mut data = datagram;
+        bytes::Buf::advance(&mut data, HEADER);
         Ok(Fragment {
             message: u64::from_le_bytes(id),
             index,
             count,
             total,
             offset,
-            route: d[ROUTE],
-            data: datagram.slice(HEADER..),
+            route,
+            data,
         })
     }
 }

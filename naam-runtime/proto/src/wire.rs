@@ -419,9 +419,7 @@ impl Request {
         check_len("partial reply length", reply_len, REPLY_CAP)?;
         let expected = REQUEST_HEADER + args_len + 8 * words + DESCRIPTOR_SIZE * ndesc + reply_len;
         check_exact(have, expected)?;
-        let mut at = REQUEST_HEADER;
-        let args = buf.slice(at..at + args_len);
-        at += args_len;
+        let mut at = REQUEST_HEADER + args_len;
         let mut body = &buf[at..];
         let mut state = [0u64; STATE_WORDS];
         for w in state.iter_mut().take(words) {
@@ -447,6 +445,10 @@ impl Request {
         }
         at += 8 * words + DESCRIPTOR_SIZE * ndesc;
         let partial_reply = buf.slice(at..at + reply_len);
+        // The args are what is left of `buf` (no reference counted for a slice of it).
+        let mut args = buf;
+        args.truncate(REQUEST_HEADER + args_len);
+        args.advance(REQUEST_HEADER);
         Ok(Request {
             app,
             handler,
@@ -736,7 +738,12 @@ impl Reply {
                 queue_delay_ns,
                 service_ns,
             },
-            payload: buf.slice(REPLY_HEADER..),
+            payload: {
+                // The payload is what is left of `buf` (no reference counted for a slice).
+                let mut payload = buf;
+                payload.advance(REPLY_HEADER);
+                payload
+            },
         })
     }
 }

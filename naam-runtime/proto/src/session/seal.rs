@@ -292,7 +292,12 @@ impl SessionKey {
         }
         let end = sealed.len() - TAG_LEN;
         if !self.authentication.seals() {
-            return Ok((h, sealed.slice(SEAL_HEADER..end)));
+            // The inner message is what is left of `sealed` (no reference counted for a
+            // slice).
+            let mut inner = sealed;
+            inner.truncate(end);
+            bytes::Buf::advance(&mut inner, SEAL_HEADER);
+            return Ok((h, inner));
         }
         let tag =
             ring::aead::Tag::try_from(&sealed[end..]).map_err(|_| SealError::BadTag(h.session))?;
