@@ -228,6 +228,20 @@ fn header(
     h
 }
 
+/// The message id and route of `datagram` when it is a whole message alone in one datagram
+/// whose header says so (one fragment of one, at offset 0, carrying the rest of the
+/// datagram); `None` otherwise. A cheap check of a datagram an endpoint framed
+/// ([`lone_header`]), not a validation of one received.
+pub fn lone_frame(datagram: &[u8]) -> Option<(u64, u8)> {
+    let d = datagram.get(..HEADER)?;
+    let u16_at = |i: usize| u16::from_le_bytes([d[i], d[i + 1]]) as usize;
+    let len = datagram.len() - HEADER;
+    let lone = d[5] == 0 && d[6] == 1 && u16_at(16) == len && u16_at(18) == 0 && u16_at(20) == len;
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&d[8..16]);
+    lone.then(|| (u64::from_le_bytes(id), d[ROUTE]))
+}
+
 /// The header of a message that travels alone in one datagram ([`fragment`] of a message
 /// that fits gives this header and the message), for an endpoint that writes the message
 /// straight after it; `None` when `len` is over [`MAX_MESSAGE`].
@@ -807,7 +821,27 @@ mod tests {
 
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = lone_frame(&bytes);
             let _ = Fragment::decode(Bytes::from(bytes));
+        }
+
+        /// A message framed alone is the one fragment `fragment` makes of it, and
+        /// `lone_frame` names it; a message in several fragments is not framed alone.
+        #[test]
+        fn a_lone_frame_is_the_single_fragment_and_says_what_it_carries(
+            len in 0..3000usize,
+            id in any::<u64>(),
+            route in any::<u8>(),
+        ) {
+            let msg = vec![5u8; len];
+            let frags = fragment_routed(id, &msg, 1500, route).unwrap();
+            let header = lone_header(id, len, route).unwrap();
+            if frags.len() == 1 {
+                prop_assert_eq!(&frags[0][..HEADER], &header[..]);
+                prop_assert_eq!(lone_frame(&frags[0]), Some((id, route)));
+            } else {
+                prop_assert!(frags.iter().all(|f| lone_frame(f).is_none()));
+            }
         }
     }
 

@@ -69,15 +69,11 @@ impl Transmit {
     /// it is (its id, route and bytes: a caller may have changed them after the endpoint made
     /// it); `None` tells the driver to fragment [`Transmit::bytes`] itself.
     pub fn framed(&self, limit: usize) -> Option<&Bytes> {
-        use crate::frame::{lone_header, HEADER};
         let d = self.datagram.as_ref()?;
         let carries_bytes = d.len() <= limit
-            && d.get(HEADER..)
+            && d.get(crate::frame::HEADER..)
                 .is_some_and(|m| m.as_ptr() == self.bytes.as_ptr() && m.len() == self.bytes.len());
-        let header_matches = || {
-            lone_header(self.id, self.bytes.len(), self.frame_route())
-                .is_some_and(|h| d[..HEADER] == h)
-        };
-        (carries_bytes && header_matches()).then_some(d)
+        let names_it = || crate::frame::lone_frame(d) == Some((self.id, self.frame_route()));
+        (carries_bytes && names_it()).then_some(d)
     }
 }

@@ -244,7 +244,10 @@ impl Outgoing {
                 return;
             }
             let sealed = &b[HEADER..];
-            let route = self.route.unwrap_or_else(|| crate::shard::route_of(sealed));
+            // The route `route_of` reads from the envelope: its session's.
+            let route = self
+                .route
+                .unwrap_or_else(|| crate::shard::route_of_session(self.sealer.key().session()));
             if let Some(h) = lone_header(self.id, sealed.len(), route) {
                 lone = sealed.len() <= limit;
                 b[..HEADER].copy_from_slice(&h);
