@@ -4,7 +4,8 @@
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use naam_proto::frame::{Fragment, Pushed, Reassembler, MAX_MESSAGE};
+use naam_proto::frame::{Fragment, Pushed, Reassembler};
+use naam_proto::limits::MAX_MESSAGE;
 
 fuzz_target!(|data: &[u8]| {
     let mut r = Reassembler::<u8>::new(4, 4 * MAX_MESSAGE, 1_000);
