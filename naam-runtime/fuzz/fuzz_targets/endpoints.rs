@@ -27,7 +27,7 @@ impl HostBackend for Unreachable {
         _: Request,
         _: &mut Selector,
         _: Option<Placement>,
-        _: Channel,
+        _: &Channel,
     ) -> Routed {
         panic!("a datagram reached the host executors without a session");
     }

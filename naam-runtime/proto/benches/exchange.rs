@@ -76,7 +76,7 @@ impl HostBackend for AnsweringHost {
         req: Request,
         _sel: &mut Selector,
         _forced: Option<Placement>,
-        reply_to_channel: Channel,
+        reply_to_channel: &Channel,
     ) -> Routed {
         self.outbox.push(reply_to_channel.reply(&reply_to(&req)));
         Routed::Queued(Placement::Host)

@@ -87,7 +87,7 @@ impl HostBackend for ModelHost {
         req: Request,
         _sel: &mut Selector,
         forced: Option<Placement>,
-        reply_to: Channel,
+        reply_to: &Channel,
     ) -> Routed {
         if req.flags & naam_proto::wire::flags::RETRY != 0 {
             self.retried += 1;

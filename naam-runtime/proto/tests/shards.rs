@@ -60,7 +60,7 @@ impl HostBackend for LoopHost {
         req: Request,
         _sel: &mut Selector,
         _forced: Option<Placement>,
-        _reply_to: Channel,
+        _reply_to: &Channel,
     ) -> Routed {
         let mut h = self.0.lock().unwrap();
         if req.handler == READ && h.congested {

@@ -147,7 +147,7 @@ impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
     ) -> Routed {
         self.cluster();
         self.replies
-            .dispatch(&self.cluster, None, req, sel, forced, reply_to)
+            .dispatch(&self.cluster, None, req, sel, forced, &reply_to)
     }
 
     fn one_sided(&mut self, op: &Operation) -> Completion {

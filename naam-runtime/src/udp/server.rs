@@ -101,14 +101,14 @@ impl Replies {
         req: Request,
         sel: &mut Selector,
         forced: Option<Placement>,
-        ch: Channel,
+        ch: &Channel,
     ) -> Routed {
         let clock = self.clock;
         let (app, handler, arrived) = (req.app, req.handler, clock.now());
         // Made only for a request that waits at an executor: counted in flight until its
         // reply is sent, or until the job is dropped unanswered.
         let on_reply = || {
-            let (s, t) = (self.sender.clone(), self.telemetry.clone());
+            let (s, t, ch) = (self.sender.clone(), self.telemetry.clone(), ch.clone());
             let in_flight = InFlight::count(&self.inflight);
             move |r: Reply| {
                 if let Ok(b) = r.to_bytes() {
@@ -180,7 +180,7 @@ impl HostBackend for ClusterHost {
         req: Request,
         sel: &mut Selector,
         forced: Option<Placement>,
-        reply_to: Channel,
+        reply_to: &Channel,
     ) -> Routed {
         self.replies.dispatch(
             &self.cluster,

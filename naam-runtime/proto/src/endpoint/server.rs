@@ -321,13 +321,14 @@ pub trait VerbsAcceptor: Send + Sync {
 pub trait HostBackend {
     /// Steers `req` (with `sel`, the switch's round-robin memory, unless `forced` pins it) and
     /// queues it at a host executor, whose reply goes out sealed on `reply_to`; or hands it
-    /// back to forward to the NIC, or refuses it.
+    /// back to forward to the NIC, or refuses it. A backend that queues it keeps a clone of
+    /// `reply_to`; one that answers at once ([`Routed::Answered`]) needs none.
     fn dispatch(
         &mut self,
         req: Request,
         sel: &mut Selector,
         forced: Option<Placement>,
-        reply_to: Channel,
+        reply_to: &Channel,
     ) -> Routed;
     /// A fresh client id for a new session (the top 24 bits of its request ids).
     fn next_client_id(&mut self) -> u32;
@@ -925,7 +926,12 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// Does one item whose turn came: opens a datagram, or dispatches a request.
     fn work(&mut self, w: Work) {
         match w {
-            Work::Request(w) => self.dispatch(w),
+            Work::Request(Waiting {
+                sid,
+                req,
+                ch,
+                forward,
+            }) => self.dispatch(sid, req, ch, forward),
             Work::Sealed { peer, msg, at, .. } => self.sealed(at, peer, &msg),
         }
     }
@@ -1401,15 +1407,19 @@ impl<B: HostBackend> ServerEndpoint<B> {
             self.reply_on(&ch, r);
             return;
         }
-        self.take_turn(
-            tenant,
-            Work::Request(Waiting {
+        if self.at_once && self.turns.is_empty() {
+            // Nothing waits: its turn is now, as `take_turn` would give it (without moving
+            // it into a turn and out again).
+            self.dispatch(sid, req, ch, forward);
+        } else {
+            let w = Work::Request(Waiting {
                 sid,
                 req,
                 ch,
                 forward,
-            }),
-        );
+            });
+            self.turns.push(tenant, w);
+        }
     }
 
     /// Counts a refusal of session `sid` over its credit; one that keeps sending long past it
@@ -1433,22 +1443,13 @@ impl<B: HostBackend> ServerEndpoint<B> {
 
     /// Runs a request whose turn came: the switch places it at the host (run or queued by the
     /// backend) or forwards it to the NIC.
-    fn dispatch(&mut self, w: Waiting) {
-        let Waiting {
-            sid,
-            req,
-            ch,
-            forward,
-        } = w;
+    fn dispatch(&mut self, sid: u64, req: Request, ch: Channel, forward: ForwardAs) {
         // Behind an eSwitch, what reaches the host's port was steered here.
         let pinned = req
             .pinned()
             .or(self.backend.switch().map(|_| Placement::Host));
         let id = req.request_id;
-        match self
-            .backend
-            .dispatch(req, &mut self.switch, pinned, ch.clone())
-        {
+        match self.backend.dispatch(req, &mut self.switch, pinned, &ch) {
             Routed::Answered(r) => {
                 self.stats.host += 1;
                 self.reply_on(&ch, r);
