@@ -241,7 +241,8 @@ impl Request {
     }
 
     /// The request a client call makes: `args` and `descs` for `handler` of `app`, request id
-    /// `id`, checked against the wire limits.
+    /// `id`, checked against the wire limits. Its args get an allocation of their own; a
+    /// caller that makes many requests copies them into its arena ([`Request::for_call_in`]).
     pub fn for_call(
         app: u32,
         handler: u32,
@@ -249,14 +250,8 @@ impl Request {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Request, WireError> {
-        Request::check_call(args, descs)?;
-        Ok(Request::new(
-            app,
-            handler,
-            id,
-            Bytes::copy_from_slice(args),
-            Descriptors::from_slice(descs)?,
-        ))
+        let mut own = ByteArena::with_chunk(args.len());
+        Request::for_call_in(&mut own, app, handler, id, args, descs)
     }
 
     /// [`Request::for_call`] with `args` copied into a chunk of `arena`, not into an
