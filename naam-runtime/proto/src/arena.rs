@@ -13,8 +13,10 @@ const CHUNK: usize = 16 * naam_ebpf::abi::REPLY_CAP;
 /// Copies byte strings into shared chunks. Each copy is a [`Bytes`] that shares its chunk;
 /// the chunk is freed with its last copy, and while this arena still writes into it, it is
 /// taken back whole once every copy is dropped. So copies that are dropped before the next
-/// ones are made reuse the same memory, and copies that are kept cost their own length plus
-/// at most one partly used chunk, not an allocation each.
+/// ones are made reuse the same memory, with no allocation each. A copy that is kept keeps its
+/// whole chunk: copies kept together cost about their own length, but one kept out of many
+/// (a value received and cached for long) holds a chunk of its own, and whoever keeps such
+/// strings for long copies them out.
 ///
 /// Slicing or cloning what it made only counts a reference (the chunk is shared already),
 /// where a `Bytes` made from a `Vec` allocates its shared header at its first clone.

@@ -219,7 +219,8 @@ pub struct Socket {
     bufs: Option<Box<RecvBuffers>>,
     inbound: Inbound,
     /// Where datagrams from the kernel are copied: a chunk is written again once the
-    /// messages cut from it are dropped, with no allocation per datagram.
+    /// messages cut from it are dropped, with no allocation per datagram (a message kept for
+    /// long keeps its chunk: [`ByteArena`]).
     arena: ByteArena,
     /// The datagrams of one receive, before they are taken in (kept for its capacity).
     raw: Vec<(SocketAddr, Bytes)>,
