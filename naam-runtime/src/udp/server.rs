@@ -285,6 +285,8 @@ fn host_endpoint(
         .authentication
         .check_fabric(local, in_memory)
         .map_err(invalid)?;
+    // Answers are coalesced, and framed, up to the datagrams the replies go out in.
+    let payload = replies.datagram() - naam_proto::frame::HEADER;
     let host = ClusterHost {
         runner: Some(cluster.here_runner(Placement::Host)),
         cluster,
@@ -302,7 +304,10 @@ fn host_endpoint(
     let capacity = host.cluster.config().queue_capacity.min(u32::MAX as usize) as u32;
     config.session_credit = config.session_credit.min(capacity).max(1);
     config.tenant_credit = config.tenant_credit.min(capacity).max(1);
-    ServerEndpoint::new(config, host, place.cookies, now).map_err(|e| invalid(e.to_string()))
+    let mut endpoint = ServerEndpoint::new(config, host, place.cookies, now)
+        .map_err(|e| invalid(e.to_string()))?;
+    endpoint.set_datagram_payload(payload);
+    Ok(endpoint)
 }
 
 /// Runs the host driver on `socket` until `stop` is set, then drains: new requests get
@@ -437,7 +442,6 @@ fn run_host_loop(
         clock.now(),
         place,
     )?;
-    endpoint.set_datagram_payload(socket.datagram() - naam_proto::frame::HEADER);
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
     let mut out: Vec<Transmit> = Vec::new();
@@ -592,9 +596,7 @@ pub fn serve_host_inline(
         options.telemetry.clone(),
         publish_every,
         |local, replies, now| {
-            // Answers are coalesced, and framed, up to the datagrams the replies go out in.
-            let payload = replies.datagram() - naam_proto::frame::HEADER;
-            let mut endpoint = host_endpoint(
+            host_endpoint(
                 cluster,
                 replies,
                 &options,
@@ -602,9 +604,7 @@ pub fn serve_host_inline(
                 true,
                 now,
                 LoopPlace::sole()?,
-            )?;
-            endpoint.set_datagram_payload(payload);
-            Ok(endpoint)
+            )
         },
     )?;
     Ok(InlineServer {
