@@ -916,11 +916,17 @@ impl<B: HostBackend> ServerEndpoint<B> {
 
     /// Queues `w` for `tenant`'s turn, or does it now (see [`ServerEndpoint::handle_alone`]).
     fn take_turn(&mut self, tenant: u32, w: Work) {
-        if self.at_once && self.turns.is_empty() {
+        if self.turn_is_now() {
             self.work(w);
         } else {
             self.turns.push(tenant, w);
         }
+    }
+
+    /// Whether work taken in now has its turn at once: inside
+    /// [`ServerEndpoint::handle_alone`], with nothing waiting.
+    fn turn_is_now(&self) -> bool {
+        self.at_once && self.turns.is_empty()
     }
 
     /// Does one item whose turn came: opens a datagram, or dispatches a request.
@@ -1407,9 +1413,9 @@ impl<B: HostBackend> ServerEndpoint<B> {
             self.reply_on(&ch, r);
             return;
         }
-        if self.at_once && self.turns.is_empty() {
-            // Nothing waits: its turn is now, as `take_turn` would give it (without moving
-            // it into a turn and out again).
+        if self.turn_is_now() {
+            // As `take_turn` would do it, without moving the request into a turn and out
+            // again.
             self.dispatch(sid, req, ch, forward);
         } else {
             let w = Work::Request(Waiting {
