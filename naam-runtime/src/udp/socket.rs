@@ -472,17 +472,7 @@ impl Socket {
 
     /// [`Socket::try_recv`], the messages appended to `out` (a driver's, reused).
     pub fn try_recv_into(&mut self, out: &mut Vec<(SocketAddr, Bytes)>) -> io::Result<()> {
-        let mut raw = std::mem::take(&mut self.raw);
-        match (&self.link, &mut self.bufs) {
-            (Link::Kernel(sock), Some(b)) => {
-                b.recv_into(sock, libc::MSG_DONTWAIT, &mut self.arena, &mut raw)?
-            }
-            (Link::Memory(port), _) => port.recv_into(Duration::ZERO, RECV_BATCH, &mut raw),
-            (Link::Kernel(_), None) => {}
-        }
-        self.take_in(&mut raw, out);
-        self.raw = raw;
-        Ok(())
+        self.receive(None, out)
     }
 
     /// [`Socket::recv`], polling the socket without sleeping for up to `spin` first: a peer
@@ -506,27 +496,47 @@ impl Socket {
         timeout: Duration,
         out: &mut Vec<(SocketAddr, Bytes)>,
     ) -> io::Result<()> {
-        let timeout = timeout.max(Duration::from_micros(1));
+        self.receive(Some((spin, timeout.max(Duration::from_micros(1)))), out)
+    }
+
+    /// Receives what is waiting or, with `wait` = (spin, timeout), what comes within it
+    /// ([`Socket::recv_polling`]), and appends the messages it completes to `out`.
+    fn receive(
+        &mut self,
+        wait: Option<(Duration, Duration)>,
+        out: &mut Vec<(SocketAddr, Bytes)>,
+    ) -> io::Result<()> {
         let mut raw = std::mem::take(&mut self.raw);
         match (&self.link, &mut self.bufs) {
             (Link::Kernel(sock), Some(b)) => {
-                if !spin.is_zero() {
-                    let start = std::time::Instant::now();
-                    loop {
-                        b.recv_into(sock, libc::MSG_DONTWAIT, &mut self.arena, &mut raw)?;
-                        if !raw.is_empty() || start.elapsed() >= spin {
-                            break;
+                let mut take =
+                    |raw: &mut Vec<_>| b.recv_into(sock, libc::MSG_DONTWAIT, &mut self.arena, raw);
+                match wait {
+                    None => take(&mut raw)?,
+                    Some((spin, timeout)) => {
+                        if !spin.is_zero() {
+                            let start = std::time::Instant::now();
+                            loop {
+                                take(&mut raw)?;
+                                if !raw.is_empty() || start.elapsed() >= spin {
+                                    break;
+                                }
+                                // Another thread that can run (a client, an executor, on a
+                                // machine with fewer cores than busy threads) gets the core
+                                // meanwhile.
+                                std::thread::yield_now();
+                            }
                         }
-                        // Another thread that can run (a client, an executor, on a machine
-                        // with fewer cores than busy threads) gets the core meanwhile.
-                        std::thread::yield_now();
+                        if raw.is_empty() && wait_readable(sock, timeout.saturating_sub(spin))? {
+                            take(&mut raw)?;
+                        }
                     }
                 }
-                if raw.is_empty() && wait_readable(sock, timeout.saturating_sub(spin))? {
-                    b.recv_into(sock, libc::MSG_DONTWAIT, &mut self.arena, &mut raw)?;
-                }
             }
-            (Link::Memory(port), _) => port.recv_into(timeout, RECV_BATCH, &mut raw),
+            (Link::Memory(port), _) => {
+                let timeout = wait.map_or(Duration::ZERO, |(_, timeout)| timeout);
+                port.recv_into(timeout, RECV_BATCH, &mut raw);
+            }
             (Link::Kernel(_), None) => {}
         }
         self.take_in(&mut raw, out);
