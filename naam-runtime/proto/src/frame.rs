@@ -96,20 +96,25 @@ impl Fragment {
                 have: datagram.len(),
             });
         }
-        let d = &datagram[..];
-        let u16_at = |i: usize| u16::from_le_bytes([d[i], d[i + 1]]);
-        let magic = u32::from_le_bytes([d[0], d[1], d[2], d[3]]);
+        let RawHeader {
+            magic,
+            version,
+            index,
+            count,
+            route,
+            message,
+            total,
+            offset,
+            len,
+            reserved,
+        } = RawHeader::read(&datagram);
         if magic != MAGIC {
             return Err(FrameError::Magic(magic));
         }
-        if d[4] != VERSION {
-            return Err(FrameError::Version(d[4]));
+        if version != VERSION {
+            return Err(FrameError::Version(version));
         }
-        let (index, count) = (d[5], d[6]);
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&d[8..16]);
-        let (total, offset, len) = (u16_at(16), u16_at(18), u16_at(20));
-        if u16_at(22) != 0 {
+        if reserved != 0 {
             return Err(FrameError::Header("reserved bytes are not zero"));
         }
         if count == 0 || count as usize > MAX_FRAGMENTS || index >= count {
@@ -149,12 +154,11 @@ impl Fragment {
                 FrameError::Header("datagram longer than its fragment")
             });
         }
-        let route = d[ROUTE];
         // The data is what is left of the datagram (no reference counted for a slice).
         let mut data = datagram;
         bytes::Buf::advance(&mut data, HEADER);
         Ok(Fragment {
-            message: u64::from_le_bytes(id),
+            message,
             index,
             count,
             total,
@@ -162,6 +166,41 @@ impl Fragment {
             route,
             data,
         })
+    }
+}
+
+/// A fragment header's fields as they lie, unchecked: what [`header`] writes.
+struct RawHeader {
+    magic: u32,
+    version: u8,
+    index: u8,
+    count: u8,
+    route: u8,
+    message: u64,
+    total: u16,
+    offset: u16,
+    len: u16,
+    reserved: u16,
+}
+
+impl RawHeader {
+    /// The header at the start of `d`, which is at least [`HEADER`] bytes long.
+    fn read(d: &[u8]) -> RawHeader {
+        let u16_at = |i: usize| u16::from_le_bytes([d[i], d[i + 1]]);
+        let mut message = [0u8; 8];
+        message.copy_from_slice(&d[8..16]);
+        RawHeader {
+            magic: u32::from_le_bytes([d[0], d[1], d[2], d[3]]),
+            version: d[4],
+            index: d[5],
+            count: d[6],
+            route: d[ROUTE],
+            message: u64::from_le_bytes(message),
+            total: u16_at(16),
+            offset: u16_at(18),
+            len: u16_at(20),
+            reserved: u16_at(22),
+        }
     }
 }
 
@@ -233,13 +272,14 @@ fn header(
 /// datagram); `None` otherwise. A cheap check of a datagram an endpoint framed
 /// ([`lone_header`]), not a validation of one received.
 pub fn lone_frame(datagram: &[u8]) -> Option<(u64, u8)> {
-    let d = datagram.get(..HEADER)?;
-    let u16_at = |i: usize| u16::from_le_bytes([d[i], d[i + 1]]) as usize;
+    let h = RawHeader::read(datagram.get(..HEADER)?);
     let len = datagram.len() - HEADER;
-    let lone = d[5] == 0 && d[6] == 1 && u16_at(16) == len && u16_at(18) == 0 && u16_at(20) == len;
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&d[8..16]);
-    lone.then(|| (u64::from_le_bytes(id), d[ROUTE]))
+    let lone = h.index == 0
+        && h.count == 1
+        && h.total as usize == len
+        && h.offset == 0
+        && h.len as usize == len;
+    lone.then_some((h.message, h.route))
 }
 
 /// The header of a message that travels alone in one datagram ([`fragment`] of a message
