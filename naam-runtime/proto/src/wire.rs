@@ -250,8 +250,7 @@ impl Request {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Request, WireError> {
-        let mut own = ByteArena::with_chunk(args.len());
-        Request::for_call_in(&mut own, app, handler, id, args, descs)
+        Request::checked_call((app, handler, id), args, descs, Bytes::copy_from_slice)
     }
 
     /// [`Request::for_call`] with `args` copied into a chunk of `arena`, not into an
@@ -264,12 +263,23 @@ impl Request {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Request, WireError> {
+        Request::checked_call((app, handler, id), args, descs, |a| arena.copy(a))
+    }
+
+    /// The request for `(app, handler, id)` with `args`, copied by `copy` once they are
+    /// checked, and `descs`.
+    fn checked_call(
+        (app, handler, id): (u32, u32, u64),
+        args: &[u8],
+        descs: &[Descriptor],
+        copy: impl FnOnce(&[u8]) -> Bytes,
+    ) -> Result<Request, WireError> {
         Request::check_call(args, descs)?;
         Ok(Request::new(
             app,
             handler,
             id,
-            arena.copy(args),
+            copy(args),
             Descriptors::from_slice(descs)?,
         ))
     }
