@@ -35,6 +35,20 @@ impl Hasher for IntHasher {
     fn write_u32(&mut self, n: u32) {
         self.write_u64(n as u64);
     }
+
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(n as u64);
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(n as u64);
+    }
+
+    // Also what a fieldless enum's derived `Hash` writes (its discriminant, as `isize`), and a
+    // slice's length: one multiply instead of one per byte.
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
 }
 
 /// A `HashMap` with [`IntHasher`].

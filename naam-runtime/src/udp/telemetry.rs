@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 
 use crate::cluster::Cluster;
+use naam_proto::intmap::IntMap;
 use naam_proto::wire::Status;
 use naam_proto::Placement;
 
@@ -41,8 +42,9 @@ struct Series {
 /// Live measurements of a driver.
 #[derive(Default)]
 pub struct Telemetry {
-    // Recorded by executor threads as replies leave; read by the endpoint.
-    series: Mutex<HashMap<SeriesKey, Series>>,
+    // Recorded by executor threads as replies leave; read by the endpoint. Keyed by installed
+    // apps and handlers only (see `MAX_SERIES`), so an integer hash does: no SipHash per reply.
+    series: Mutex<IntMap<SeriesKey, Series>>,
     dropped: std::sync::atomic::AtomicU64,
     counters: Mutex<Vec<(&'static str, &'static str, u64)>>,
 }
