@@ -837,8 +837,9 @@ impl Cluster {
     ) -> Routed {
         let inner = &*self.inner;
         let echo = Echo::of(&req);
-        match admit_here(inner, req, sel, forced, Some(runner.placement)) {
-            Ok(Admitted::Here(p, req, _)) => match runner.run(inner, &req) {
+        match admit_here(inner, &req, sel, forced, Some(runner.placement)) {
+            Ok(Admitted::Remote) => Routed::Remote(Box::new(req)),
+            Ok(Admitted::Here(p, _)) => match runner.run(inner, &req) {
                 Ran::Answered(r) => Routed::Answered(r),
                 Ran::Parked(run, write) => {
                     // A torn read waits at an executor, not on the thread that serves
@@ -852,7 +853,7 @@ impl Cluster {
                     park_at(inner, p, job)
                 }
             },
-            Ok(Admitted::Queue(p, req, write)) => {
+            Ok(Admitted::Queue(p, write)) => {
                 let app = req.app;
                 match enqueue(inner, p, req, ReplySink::Func(Box::new(on_reply()))) {
                     Ok(()) => Routed::Queued(p),
@@ -864,7 +865,6 @@ impl Cluster {
                     }
                 }
             }
-            Err(Refusal::Remote(r)) => Routed::Remote(r),
             Err(refusal) => Routed::Refused(refusal.reply_to(echo)),
         }
     }
@@ -1052,9 +1052,10 @@ fn submit(
     forced: Option<Placement>,
     sink: ReplySink,
 ) -> Result<Placement, Refusal> {
-    match admit_here(inner, req, sel, forced, None)? {
+    match admit_here(inner, &req, sel, forced, None)? {
+        Admitted::Remote => Err(Refusal::Remote(Box::new(req))),
         // Without a placement of its own, the caller runs nothing: "here" is a queue.
-        Admitted::Here(p, req, write) | Admitted::Queue(p, req, write) => {
+        Admitted::Here(p, write) | Admitted::Queue(p, write) => {
             let app = req.app;
             let result = enqueue(inner, p, req, sink);
             if result.is_err() && write {
@@ -1067,25 +1068,28 @@ fn submit(
 
 /// Where an admitted message runs.
 enum Admitted {
-    /// Here, at placement `.0`, the caller's; `.2`: a write, counted in flight at its owner
+    /// Here, at placement `.0`, the caller's; `.1`: a write, counted in flight at its owner
     /// (its run releases it).
-    Here(Placement, Request, bool),
-    /// Queued at placement `.0`'s executors; `.2`: a write, counted in flight at its owner.
-    Queue(Placement, Request, bool),
+    Here(Placement, bool),
+    /// Queued at placement `.0`'s executors; `.1`: a write, counted in flight at its owner.
+    Queue(Placement, bool),
+    /// A read routed to a NIC in another process: the fabric driver forwards it.
+    Remote,
 }
 
 /// Routes `req` and admits it: the app's budget, a write's owner (counted in flight from here
 /// until its run finishes; an owner handoff waits for the count to drain), a read steered to
 /// a NIC in another process. It runs here when it is routed to `here`, whose executors are
-/// the caller; otherwise it is for a queue.
+/// the caller; otherwise it is for a queue. The request stays with the caller (it is large:
+/// admission reads it, and moving it in and back out cost two copies per message).
 fn admit_here(
     inner: &Inner,
-    req: Request,
+    req: &Request,
     sel: &mut Selector,
     forced: Option<Placement>,
     here: Option<Placement>,
 ) -> Result<Admitted, Refusal> {
-    let (routed, kind) = route(inner, &req, sel).map_err(Refusal::Status)?;
+    let (routed, kind) = route(inner, req, sel).map_err(Refusal::Status)?;
     let p = match (kind, forced) {
         (HandlerKind::Read, Some(p)) => p,
         _ => routed,
@@ -1099,7 +1103,7 @@ fn admit_here(
         if write {
             return Err(Refusal::Status(Status::NotOwner));
         }
-        return Err(Refusal::Remote(Box::new(req)));
+        return Ok(Admitted::Remote);
     }
     if write {
         let o = inner
@@ -1118,9 +1122,9 @@ fn admit_here(
         }
     }
     if here == Some(p) && inner.queues[p.index()].is_some() {
-        Ok(Admitted::Here(p, req, write))
+        Ok(Admitted::Here(p, write))
     } else {
-        Ok(Admitted::Queue(p, req, write))
+        Ok(Admitted::Queue(p, write))
     }
 }
 
