@@ -203,18 +203,21 @@ impl Conn {
         Ok(())
     }
 
-    /// The driver loop: sends, receives and fires timers until `until` takes an event.
-    /// Answers it does not take (other exchanges of a pipelined client) are kept for
-    /// [`Conn::take_answers`].
-    fn drive<T>(&mut self, mut until: impl FnMut(&ClientEvent) -> Option<T>) -> std::io::Result<T> {
+    /// The driver loop: sends, receives and fires timers until `until` takes an event
+    /// (`Ok`; it gives back, as `Err`, one it does not take). Answers it does not take (other
+    /// exchanges of a pipelined client) are kept for [`Conn::take_answers`].
+    fn drive<T>(
+        &mut self,
+        mut until: impl FnMut(ClientEvent) -> Result<T, ClientEvent>,
+    ) -> std::io::Result<T> {
         loop {
             self.flush()?;
             while let Some(event) = self.endpoint.poll_event() {
                 match event {
                     ClientEvent::Control(c) => self.inbox.push(c),
-                    event => match until(&event) {
-                        Some(t) => return Ok(t),
-                        None => self.answers.push(event),
+                    event => match until(event) {
+                        Ok(t) => return Ok(t),
+                        Err(event) => self.answers.push(event),
                     },
                 }
             }
@@ -266,9 +269,9 @@ impl Conn {
     fn connect(&mut self) -> Result<Control, UdpError> {
         self.endpoint.connect(self.clock.now());
         let r = self.drive(|event| match event {
-            ClientEvent::Connected(welcome) => Some(Ok(welcome.clone())),
-            ClientEvent::ConnectFailed(e) => Some(Err(e.clone())),
-            _ => None,
+            ClientEvent::Connected(welcome) => Ok(Ok(welcome)),
+            ClientEvent::ConnectFailed(e) => Ok(Err(e)),
+            other => Err(other),
         })?;
         r.map_err(|e| match e {
             ConnectError::NoServer { server, waited_ns } => UdpError::NoServer {
@@ -288,9 +291,9 @@ impl Conn {
         let id = id.map_err(|e| self.client_error(e))?;
         let r = self
             .drive(|event| match event {
-                ClientEvent::Answered { id: i, message } if *i == id => Some(Ok(message.clone())),
-                ClientEvent::Failed { id: i, error } if *i == id => Some(Err(error.clone())),
-                _ => None,
+                ClientEvent::Answered { id: i, message } if i == id => Ok(Ok(message)),
+                ClientEvent::Failed { id: i, error } if i == id => Ok(Err(error)),
+                other => Err(other),
             })
             .map_err(|_| ClientError::Shutdown)?;
         r.map_err(|e| self.client_error(e))
