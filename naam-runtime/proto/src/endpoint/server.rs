@@ -914,15 +914,6 @@ impl<B: HostBackend> ServerEndpoint<B> {
         }
     }
 
-    /// Queues `w` for `tenant`'s turn, or does it now (see [`ServerEndpoint::handle_alone`]).
-    fn take_turn(&mut self, tenant: u32, w: Work) {
-        if self.turn_is_now() {
-            self.work(w);
-        } else {
-            self.turns.push(tenant, w);
-        }
-    }
-
     /// Whether work taken in now has its turn at once: inside
     /// [`ServerEndpoint::handle_alone`], with nothing waiting.
     fn turn_is_now(&self) -> bool {
@@ -1268,13 +1259,20 @@ impl<B: HostBackend> ServerEndpoint<B> {
         if by_session >= self.config.session_credit || by_tenant >= self.config.tenant_credit {
             return self.sealed(now, peer, &msg);
         }
-        let w = Work::Sealed {
-            sid: h.session,
-            peer,
-            msg,
-            at: now,
-        };
-        self.take_turn(tenant, w);
+        if self.turn_is_now() {
+            // Opened at once (see `ServerEndpoint::handle_alone`), never built into a `Work`:
+            // that enum is as large as a waiting request, and moving it cost more than the
+            // opening's own bookkeeping.
+            self.sealed(now, peer, &msg);
+        } else {
+            let w = Work::Sealed {
+                sid: h.session,
+                peer,
+                msg,
+                at: now,
+            };
+            self.turns.push(tenant, w);
+        }
     }
 
     /// Whether session `sid` is muted for flooding at `now`; its datagram is then counted as
@@ -1414,7 +1412,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             return;
         }
         if self.turn_is_now() {
-            // As `take_turn` would do it, without moving the request into a turn and out
+            // Its turn is now: dispatched without moving the request into a turn and out
             // again.
             self.dispatch(sid, req, ch, forward);
         } else {
