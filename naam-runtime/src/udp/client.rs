@@ -194,7 +194,7 @@ impl Conn {
     fn flush(&mut self) -> std::io::Result<()> {
         let mut sent = false;
         while let Some(t) = self.endpoint.poll_transmit() {
-            self.socket.send_transmit(&t)?;
+            self.socket.send_transmit(t)?;
             sent = true;
         }
         if sent {

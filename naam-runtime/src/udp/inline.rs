@@ -108,7 +108,7 @@ impl<E: InlineEndpoint> Inline<E> {
             };
             (t, first, rest)
         };
-        for t in first.iter().chain(&rest) {
+        for t in first.into_iter().chain(rest) {
             let _ = self.sender.send_transmit(t);
         }
         t

@@ -307,7 +307,7 @@ fn run_nic_loop<R: FnMut(u64) -> Result<NicCluster, String>>(
         }
         nic.handle_timeout(clock.now());
         while let Some(t) = nic.poll_transmit() {
-            let _ = sender.send_transmit(&t);
+            let _ = sender.send_transmit(t);
         }
         while let Some(e) = nic.poll_event() {
             log(e, options.server);
@@ -329,7 +329,7 @@ fn run_nic_loop<R: FnMut(u64) -> Result<NicCluster, String>>(
         for (peer, msg) in socket.recv(wait)? {
             nic.handle(clock.now(), peer, msg);
             while let Some(t) = nic.poll_transmit() {
-                let _ = sender.send_transmit(&t);
+                let _ = sender.send_transmit(t);
             }
         }
     }

@@ -517,8 +517,7 @@ fn run_host_loop(
             out.push(t);
         }
         if !out.is_empty() {
-            socket.send_batch(&out);
-            out.clear();
+            socket.send_batch(&mut out);
         }
         poller.served(clock.now());
     }

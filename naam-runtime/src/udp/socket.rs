@@ -389,8 +389,8 @@ impl Socket {
     }
 
     /// Sends what an endpoint asked for: the datagram it framed, or [`Socket::send`] with
-    /// the transmit's route.
-    pub fn send_transmit(&mut self, t: &Transmit) -> io::Result<()> {
+    /// the transmit's route. Taken by value: in memory, its datagram is handed on as it is.
+    pub fn send_transmit(&mut self, t: Transmit) -> io::Result<()> {
         let r = self.outlet().send_transmit(self.datagram, t);
         self.count_sent(r)
     }
@@ -427,12 +427,14 @@ impl Socket {
     }
 
     /// Sends every transmit of `batch`, fragmented, in as few system calls as the kernel
-    /// allows (one `sendmmsg` for a whole loop's answers); returns how many messages could not
-    /// be sent (each is counted in `send_errors`).
-    pub fn send_batch(&mut self, batch: &[Transmit]) -> usize {
+    /// allows (one `sendmmsg` for a whole loop's answers), and leaves `batch` empty with its
+    /// capacity; returns how many messages could not be sent (each is counted in
+    /// `send_errors`).
+    pub fn send_batch(&mut self, batch: &mut Vec<Transmit>) -> usize {
         let failed = match &self.link {
             Link::Kernel(sock) => {
                 let (sent, failed) = send_messages(sock, self.datagram, batch);
+                batch.clear();
                 self.inbound.stats.sent += sent as u64;
                 failed
             }
@@ -442,7 +444,7 @@ impl Socket {
                     from: port.addr(),
                 };
                 let mut failed = 0;
-                for t in batch {
+                for t in batch.drain(..) {
                     match outlet.send_transmit(self.datagram, t) {
                         Ok(n) => self.inbound.stats.sent += n as u64,
                         Err(_) => failed += 1,
@@ -646,8 +648,8 @@ impl Sender {
     }
 
     /// Sends what an endpoint asked for: the datagram it framed, or [`Sender::send`] with
-    /// the transmit's route.
-    pub fn send_transmit(&self, t: &Transmit) -> io::Result<()> {
+    /// the transmit's route (see [`Socket::send_transmit`]).
+    pub fn send_transmit(&self, t: Transmit) -> io::Result<()> {
         self.outlet().send_transmit(self.datagram, t).map(|_| ())
     }
 
@@ -711,10 +713,12 @@ impl Outlet<'_> {
 
     /// Sends what an endpoint asked for: the one datagram it framed, when that fits
     /// `datagram` bytes ([`Transmit::framed`]), else its bytes in fragments.
-    fn send_transmit(self, datagram: usize, t: &Transmit) -> io::Result<usize> {
-        match t.framed(datagram) {
-            Some(d) => self.send_datagrams(t.to, Fragments::from_elem(d.clone(), 1)),
-            None => self.send(datagram, t.to, t.id, t.frame_route(), &t.bytes),
+    fn send_transmit(self, datagram: usize, t: Transmit) -> io::Result<usize> {
+        let framed = t.framed(datagram).is_some();
+        match t.datagram {
+            // Moved on, not cloned: no reference count taken and given back per send.
+            Some(d) if framed => self.send_datagrams(t.to, Fragments::from_buf([d])),
+            _ => self.send(datagram, t.to, t.id, t.frame_route(), &t.bytes),
         }
     }
 
@@ -1047,12 +1051,15 @@ mod tests {
             route,
             datagram: None,
         };
-        a.send_transmit(&t(1, 3000, Some(0x2b))).unwrap();
+        a.send_transmit(t(1, 3000, Some(0x2b))).unwrap();
         a.sender()
             .unwrap()
-            .send_transmit(&t(2, 10, Some(7)))
+            .send_transmit(t(2, 10, Some(7)))
             .unwrap();
-        assert_eq!(a.send_batch(&[t(3, 2000, Some(5)), t(4, 10, None)]), 0);
+        assert_eq!(
+            a.send_batch(&mut vec![t(3, 2000, Some(5)), t(4, 10, None)]),
+            0
+        );
         // 3,000 bytes in three fragments, 10 in one, 2,000 in two, 10 in one.
         let mut routes: Vec<(u64, u8)> = Vec::new();
         let mut buf = [0u8; 2048];
