@@ -17,6 +17,7 @@
 
 use crate::arena::ByteArena;
 use crate::intmap::{IntMap, IntSet};
+use std::collections::hash_map::Entry;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -806,17 +807,16 @@ impl ClientEndpoint {
     }
 
     fn send_exchange(&mut self, now: Nanos, id: u64) {
-        let Some(x) = self.exchanges.get(&id) else {
+        // One lookup: the exchange is stamped with its send before the message is queued.
+        let seq = self.send_seq + 1;
+        let Some(x) = self.exchanges.get_mut(&id) else {
             return;
         };
+        x.sent_seq = seq;
+        x.sent_at = now;
         let (to, first) = (x.to, x.first.clone());
+        self.send_seq = seq;
         self.send_sealed(to, id, first);
-        self.send_seq += 1;
-        let seq = self.send_seq;
-        if let Some(x) = self.exchanges.get_mut(&id) {
-            x.sent_seq = seq;
-            x.sent_at = now;
-        }
         let rto = self.path(to).rto();
         self.timers.sent_with(id, now, rto);
         self.stats.sent += 1;
@@ -840,29 +840,31 @@ impl ClientEndpoint {
             return;
         }
         if let Some(id) = answered_id(kind, &inner) {
-            if self.exchanges.get(&id).is_some_and(|x| x.want == kind) {
-                if let Some(x) = self.exchanges.remove(&id) {
-                    if let Some(Some(rtt)) = self.timers.answered_at(id, now) {
-                        self.path(x.to).sample(rtt);
+            let answered = match self.exchanges.entry(id) {
+                Entry::Occupied(e) if e.get().want == kind => Some(e.remove()),
+                _ => None,
+            };
+            if let Some(x) = answered {
+                if let Some(Some(rtt)) = self.timers.answered_at(id, now) {
+                    self.path(x.to).sample(rtt);
+                }
+                // The path delivers: its other exchanges' waits fall back to their
+                // first timeout (RFC 9002's backoff reset on an acknowledgement).
+                let (exchanges, to) = (&self.exchanges, x.to);
+                self.timers
+                    .progressed(|id| exchanges.get(&id).is_some_and(|e| e.to == to));
+                if let Some(why) = x.resent {
+                    if self.answered_resends.len() >= RESENDS_REMEMBERED {
+                        self.answered_resends.pop_front();
                     }
-                    // The path delivers: its other exchanges' waits fall back to their
-                    // first timeout (RFC 9002's backoff reset on an acknowledgement).
-                    let (exchanges, to) = (&self.exchanges, x.to);
-                    self.timers
-                        .progressed(|id| exchanges.get(&id).is_some_and(|e| e.to == to));
-                    if let Some(why) = x.resent {
-                        if self.answered_resends.len() >= RESENDS_REMEMBERED {
-                            self.answered_resends.pop_front();
-                        }
-                        self.answered_resends.push_back(AnsweredResend {
-                            id,
-                            handler: x.handler(),
-                            why,
-                        });
-                    }
-                    if !self.exchanges.is_empty() {
-                        self.detect_losses(now, x.to, x.sent_seq);
-                    }
+                    self.answered_resends.push_back(AnsweredResend {
+                        id,
+                        handler: x.handler(),
+                        why,
+                    });
+                }
+                if !self.exchanges.is_empty() {
+                    self.detect_losses(now, x.to, x.sent_seq);
                 }
                 self.events
                     .push_back(ClientEvent::Answered { id, message: inner });
