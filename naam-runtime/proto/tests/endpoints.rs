@@ -842,7 +842,8 @@ fn after_a_server_restart_the_client_sets_up_a_new_session_by_itself() {
     assert!(
         w.events
             .iter()
-            .any(|e| matches!(e, ClientEvent::Connected(Control::Welcome { epoch: 2, .. }))),
+            .any(|e| matches!(e, ClientEvent::Connected(w)
+                if matches!(**w, Control::Welcome { epoch: 2, .. }))),
         "{:?}",
         w.events
     );

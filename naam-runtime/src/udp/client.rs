@@ -214,7 +214,7 @@ impl Conn {
             self.flush()?;
             while let Some(event) = self.endpoint.poll_event() {
                 match event {
-                    ClientEvent::Control(c) => self.inbox.push(c),
+                    ClientEvent::Control(c) => self.inbox.push(*c),
                     event => match until(event) {
                         Ok(t) => return Ok(t),
                         Err(event) => self.answers.push(event),
@@ -258,7 +258,7 @@ impl Conn {
     fn take_answers(&mut self) -> Vec<ClientEvent> {
         while let Some(event) = self.endpoint.poll_event() {
             match event {
-                ClientEvent::Control(c) => self.inbox.push(c),
+                ClientEvent::Control(c) => self.inbox.push(*c),
                 event => self.answers.push(event),
             }
         }
@@ -269,7 +269,7 @@ impl Conn {
     fn connect(&mut self) -> Result<Control, UdpError> {
         self.endpoint.connect(self.clock.now());
         let r = self.drive(|event| match event {
-            ClientEvent::Connected(welcome) => Ok(Ok(welcome)),
+            ClientEvent::Connected(welcome) => Ok(Ok(*welcome)),
             ClientEvent::ConnectFailed(e) => Ok(Err(e)),
             other => Err(other),
         })?;

@@ -165,7 +165,9 @@ pub enum ExchangeError {
 #[non_exhaustive]
 pub enum ClientEvent {
     /// A session is set up; the server's welcome (manifest page 0, client id, agent).
-    Connected(Control),
+    /// Boxed, as [`ClientEvent::Control`]: an event moves a few times on its way to the
+    /// driver, and every answer would otherwise be as large as the largest control message.
+    Connected(Box<Control>),
     /// A handshake failed.
     ConnectFailed(ConnectError),
     /// Exchange `id` was answered with `message` (a reply, a completion or a control
@@ -185,7 +187,7 @@ pub enum ClientEvent {
         error: ExchangeError,
     },
     /// A control message in the session that answers no exchange (weights, errors).
-    Control(Control),
+    Control(Box<Control>),
 }
 
 /// One outstanding exchange.
@@ -877,7 +879,7 @@ impl ClientEndpoint {
         }
         if kind == MessageKind::Control {
             if let Ok((_, c)) = Control::decode(&inner) {
-                self.events.push_back(ClientEvent::Control(c));
+                self.events.push_back(ClientEvent::Control(Box::new(c)));
             }
         }
         // Anything else answers an exchange given up on, or answered already.
@@ -997,7 +999,8 @@ impl ClientEndpoint {
                 self.window = *window;
             }
         }
-        self.events.push_back(ClientEvent::Connected(welcome));
+        self.events
+            .push_back(ClientEvent::Connected(Box::new(welcome)));
         for id in std::mem::take(&mut self.parked) {
             self.send_exchange(now, id);
         }
