@@ -601,3 +601,62 @@ fn a_cheap_app_is_served_past_another_apps_expensive_backlog() {
         "five cheap messages waited for {hog_done} of the other app's {BACKLOG}"
     );
 }
+
+/// A message a thread runs itself (`dispatch_here`, as naam-server's loops and the inline
+/// server run reads) books its steps against its app's budget once, in the thread's
+/// periodic report; they were also booked at the run, twice in all, so an app was refused at
+/// half its budget.
+#[test]
+fn steps_of_messages_run_here_count_once_against_the_budget() {
+    use naam_proto::endpoint::Routed;
+    use naam_proto::steering::Selector;
+    use naam_proto::wire::Reply;
+    use naam_runtime::cluster::TenantBudget;
+    let probe = cluster(ClusterConfig::functional());
+    let run = |c: &Cluster, runner: &mut naam_runtime::cluster::HereRunner, id: u64| {
+        let sorted = c.region_key(APP, "sorted").unwrap();
+        let req = Request::for_call(
+            APP,
+            handler_id("bsearch"),
+            id,
+            &words(&[3]),
+            &[rd(sorted, 0, 4096)],
+        )
+        .unwrap();
+        let mut sel = Selector::default();
+        match c.dispatch_here(runner, req, &mut sel, Some(Placement::Host), || {
+            |_: Reply| {}
+        }) {
+            Routed::Answered(r) | Routed::Refused(r) => (r.status, u64::from(r.steps)),
+            other => panic!("neither run nor refused: {other:?}"),
+        }
+    };
+    let mut runner = probe.here_runner(Placement::Host);
+    let (status, steps) = run(&probe, &mut runner, 1);
+    assert_eq!(status, Status::Ok);
+    assert!(steps > 0);
+
+    let mut config = ClusterConfig::functional();
+    config.tenant_budget = TenantBudget {
+        period: Duration::from_secs(3600),
+        retries: 1_000,
+        steps: 10 * steps,
+    };
+    let c = cluster(config);
+    let mut runner = c.here_runner(Placement::Host);
+    for id in 1..=6 {
+        assert_eq!(run(&c, &mut runner, id).0, Status::Ok);
+    }
+    runner.flush(&c);
+    // Six messages' steps of ten spent (twelve, when they were booked twice).
+    assert_eq!(run(&c, &mut runner, 7).0, Status::Ok, "refused at 6 of 10");
+    for id in 8..=10 {
+        assert_eq!(run(&c, &mut runner, id).0, Status::Ok);
+    }
+    runner.flush(&c);
+    assert_eq!(
+        run(&c, &mut runner, 11).0,
+        Status::Busy,
+        "ten messages' steps spent the budget"
+    );
+}

@@ -123,7 +123,10 @@ pub(super) fn resume_served<P: DataPath>(
 }
 
 /// Books a driven message: a parked one counts a retry against its app; a finished write
-/// records its answer for deduplication and leaves its owner's in-flight count.
+/// records its answer for deduplication and leaves its owner's in-flight count. A finished
+/// message's steps are the caller's to book: an executor's at once, a thread that runs
+/// messages itself in its periodic report ([`super::here::LocalLoad`]), which took them a
+/// second time when they were also booked here (and took the app's budget lock per message).
 pub(super) fn served(inner: &Inner, req: &Request, driven: Driven, write: bool) -> Served {
     match driven {
         Driven::Parked(run) => {
@@ -131,7 +134,6 @@ pub(super) fn served(inner: &Inner, req: &Request, driven: Driven, write: bool) 
             Served::Parked { run, write }
         }
         Driven::Done(c, cost) => {
-            inner.spend(req.app, 0, c.steps as u64);
             if write {
                 let mut t = inner.dedup[&req.app]
                     .lock()
@@ -308,6 +310,7 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
             }
             Served::Done(c, _) => c,
         };
+        inner.spend(job.req.app, 0, c.steps as u64);
         rx.record(job.req.app, busy);
         let load = {
             let mut t = inner.lock_tracker(placement);

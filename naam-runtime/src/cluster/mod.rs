@@ -1189,6 +1189,7 @@ fn refuse_queued(inner: &Inner, job: Job, p: Placement, why: String) {
                 String::from_utf8_lossy(&reply.payload),
                 job.req.steps,
             );
+            inner.spend(job.req.app, 0, job.req.steps as u64);
             let _ = served(inner, &job.req, Driven::Done(c, RunCost::default()), write);
         }
         None => {
