@@ -24,17 +24,64 @@ pub const LATENCY_BUCKETS_US: [u64; 14] = [
     5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 50_000, 100_000, 1_000_000,
 ];
 
-/// Most distinct (app, handler, placement) series kept; later ones are counted in
+/// Most distinct (app, handler, placement) series kept (each recording shard keeps its
+/// share, [`SHARDS`] of them in all); later ones are counted in
 /// `naam_series_dropped_total` (a hostile client cannot grow a server's memory through names
 /// it makes up: only installed handlers are ever dispatched, this is a second fence).
 pub const MAX_SERIES: usize = 16_384;
 
 type SeriesKey = (u32, u32, Placement);
 
+#[derive(Clone, Default)]
 struct Series {
     by_status: Vec<(Status, u64)>,
     latency: LatencyBuckets,
     sum_ns: u128,
+}
+
+impl Series {
+    /// Adds `other`'s counts (the same series, recorded in another shard).
+    fn absorb(&mut self, other: &Series) {
+        for &(status, n) in &other.by_status {
+            match self.by_status.iter_mut().find(|(st, _)| *st == status) {
+                Some((_, m)) => *m += n,
+                None => self.by_status.push((status, n)),
+            }
+        }
+        for (mine, theirs) in self.latency.counts.iter_mut().zip(other.latency.counts) {
+            *mine += theirs;
+        }
+        self.sum_ns += other.sum_ns;
+    }
+}
+
+/// Shards the series are recorded in: each thread records into one of its own (chosen when
+/// it first records), so that the threads that answer requests (a loop per core, client
+/// threads running an inline server) never wait for one another's lock nor pass its cache
+/// line around; a scrape merges them.
+const SHARDS: usize = 8;
+
+/// One shard, alone on its cache lines.
+#[derive(Default)]
+#[repr(align(128))]
+struct SeriesShard(Mutex<IntMap<SeriesKey, Series>>);
+
+/// This thread's shard index (see [`SHARDS`]).
+fn shard_of_thread() -> usize {
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicUsize;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static SLOT: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+    SLOT.with(|slot| match slot.get() {
+        Some(i) => i,
+        None => {
+            let i = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+            slot.set(Some(i));
+            i
+        }
+    })
 }
 
 /// Service times counted in the exposition's buckets themselves: exact at every bound (a
@@ -66,16 +113,17 @@ impl LatencyBuckets {
 /// Live measurements of a driver.
 #[derive(Default)]
 pub struct Telemetry {
-    // Recorded by executor threads as replies leave; read by the endpoint. Keyed by installed
-    // apps and handlers only (see `MAX_SERIES`), so an integer hash does: no SipHash per reply.
-    series: Mutex<IntMap<SeriesKey, Series>>,
+    // Recorded by the threads that answer as replies leave, each into its shard; merged when
+    // read. Keyed by installed apps and handlers only (see `MAX_SERIES`), so an integer hash
+    // does: no SipHash per reply.
+    series: [SeriesShard; SHARDS],
     dropped: std::sync::atomic::AtomicU64,
     counters: Mutex<Vec<(&'static str, &'static str, u64)>>,
 }
 
 impl std::fmt::Debug for Telemetry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let series = self.series.lock().map_or(0, |m| m.len());
+        let series = self.merged().len();
         f.debug_struct("Telemetry")
             .field("series", &series)
             .finish()
@@ -93,11 +141,12 @@ impl Telemetry {
         status: Status,
         service_ns: u64,
     ) {
-        let Ok(mut m) = self.series.lock() else {
+        let Ok(mut m) = self.series[shard_of_thread()].0.lock() else {
             return;
         };
         let key = (app, handler, placement);
-        let full = m.len() >= MAX_SERIES;
+        // Each shard holds its share of the bound: the merged series stay within it.
+        let full = m.len() >= MAX_SERIES / SHARDS;
         let s = match m.entry(key) {
             Entry::Occupied(o) => o.into_mut(),
             Entry::Vacant(_) if full => {
@@ -117,6 +166,20 @@ impl Telemetry {
         let v = service_ns.clamp(1, crate::MAX_LATENCY_NS);
         s.latency.record(v);
         s.sum_ns += u128::from(v);
+    }
+
+    /// Every shard's series, summed.
+    fn merged(&self) -> IntMap<SeriesKey, Series> {
+        let mut all: IntMap<SeriesKey, Series> = IntMap::default();
+        for shard in &self.series {
+            let Ok(m) = shard.0.lock() else {
+                continue;
+            };
+            for (k, s) in m.iter() {
+                all.entry(*k).or_default().absorb(s);
+            }
+        }
+        all
     }
 
     /// Publishes the driver's counters: `(name, help, value)`; names become
@@ -144,15 +207,15 @@ impl Telemetry {
         );
         let _ = writeln!(out, "# TYPE naam_up gauge");
         let _ = writeln!(out, "naam_up{{role=\"{role}\"}} 1");
-        let series = self.series.lock().map(|m| {
-            let mut v: Vec<_> = m
-                .iter()
-                .map(|(k, s)| (*k, s.by_status.clone(), s.latency, s.sum_ns))
+        let series = {
+            let mut v: Vec<_> = self
+                .merged()
+                .into_iter()
+                .map(|(k, s)| (k, s.by_status, s.latency, s.sum_ns))
                 .collect();
             v.sort_by_key(|(k, ..)| (k.0, k.1, k.2.index()));
             v
-        });
-        let series = series.unwrap_or_default();
+        };
         let _ = writeln!(
             out,
             "# HELP naam_messages_total Messages answered, by app, handler, placement and status."
@@ -425,6 +488,37 @@ mod tests {
         assert_eq!(status_name(Status::Ok), "ok");
         assert_eq!(status_name(Status::HandlerError), "handler_error");
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn series_recorded_by_several_threads_are_read_summed() {
+        let t = Telemetry::default();
+        std::thread::scope(|s| {
+            for i in 0..(SHARDS as u64 + 3) {
+                let t = &t;
+                s.spawn(move || {
+                    t.record(1, 7, Placement::Host, Status::Ok, 3_000 + i);
+                    t.record(1, 7, Placement::Host, Status::Busy, 20_000);
+                    t.record(2, 9, Placement::Nic, Status::Ok, 1);
+                });
+            }
+        });
+        let all = t.merged();
+        let threads = SHARDS as u64 + 3;
+        let s = &all[&(1, 7, Placement::Host)];
+        let count = |st| s.by_status.iter().find(|(x, _)| *x == st).map(|(_, n)| *n);
+        assert_eq!(count(Status::Ok), Some(threads));
+        assert_eq!(count(Status::Busy), Some(threads));
+        assert_eq!(s.latency.len(), 2 * threads);
+        assert_eq!(
+            s.latency.at_most(0),
+            threads,
+            "the 3 µs times, at most 5 µs"
+        );
+        let sum: u128 = (0..threads).map(|i| 3_000 + i as u128 + 20_000).sum();
+        assert_eq!(s.sum_ns, sum);
+        assert_eq!(all[&(2, 9, Placement::Nic)].latency.len(), threads);
+        assert_eq!(all.len(), 2);
     }
 
     #[test]
