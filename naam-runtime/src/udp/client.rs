@@ -25,6 +25,7 @@ use naam_proto::Nanos;
 use super::socket::Socket;
 use crate::cluster::run_at_client;
 use crate::executor::ClientPath;
+use crate::metrics::MetricsShard;
 use crate::Metrics;
 use crate::{Clock, SystemClock};
 use crate::{HandlerSpec, Registry};
@@ -410,7 +411,9 @@ pub struct UdpClient {
     refresh_cursor: usize,
     agent_down_until: Option<Instant>,
     tracker: LoadTracker,
-    metrics: Option<Arc<Metrics>>,
+    /// Where calls are recorded: a shard of the metrics of this client's own (another
+    /// client thread's never takes its lock), and the metrics, for the transport's counts.
+    metrics: Option<(Arc<Metrics>, MetricsShard)>,
     pin: Option<Placement>,
     /// Submitted messages not yet answered: their handler and when they were sent.
     pending: IntMap<u64, (HandlerKey, Nanos)>,
@@ -540,7 +543,8 @@ impl UdpClient {
 
     /// Records every call's latency and placement into `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = Some(metrics);
+        let shard = metrics.shard();
+        self.metrics = Some((metrics, shard));
         self
     }
 
@@ -765,7 +769,7 @@ impl UdpClient {
     /// began (the clock reads the time-stamp counter where it can: `Instant` costs a
     /// `clock_gettime` in a VM, twice per call).
     fn record(&self, key: HandlerKey, start: Nanos, reply: &Reply) {
-        if let Some(m) = &self.metrics {
+        if let Some((_, m)) = &self.metrics {
             m.record(
                 reply.placement,
                 key,
@@ -900,7 +904,7 @@ impl naam_proto::transport::Pipeline for UdpClient {
 
 impl Drop for UdpClient {
     fn drop(&mut self) {
-        if let Some(m) = &self.metrics {
+        if let Some((m, _)) = &self.metrics {
             let s = self.path.transport_ref().endpoint.stats();
             m.add_transport(crate::TransportCounts {
                 sent: s.sent,
