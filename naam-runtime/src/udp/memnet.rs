@@ -22,7 +22,8 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -63,6 +64,7 @@ pub(crate) trait Service: Send + Sync {
     fn tick(&self) -> Option<Duration>;
 }
 
+#[derive(Clone)]
 enum Port {
     Queue(Sender<Datagram>),
     Service(Arc<dyn Service>),
@@ -74,10 +76,57 @@ struct Ports {
     next_ephemeral: u16,
 }
 
+/// What the clones of a [`MemoryNet`] share.
+struct Shared {
+    ports: RwLock<Ports>,
+    /// Changed, under the write lock, by every bind and close: what each thread's [`ROUTES`]
+    /// compares its entries with.
+    generation: AtomicU64,
+}
+
+impl Default for Shared {
+    fn default() -> Shared {
+        Shared {
+            ports: RwLock::default(),
+            generation: AtomicU64::new(next_generation()),
+        }
+    }
+}
+
+/// Generations come from one count for the whole process, so that no two networks ever
+/// share one: not even a network allocated where a dropped one was, whose address a thread's
+/// [`ROUTES`] may still hold.
+fn next_generation() -> u64 {
+    static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A port this thread sent to, as it was bound in generation `generation` of the network
+/// at `net` (its shared state's address).
+struct Route {
+    net: usize,
+    generation: u64,
+    to: SocketAddr,
+    port: Rc<Port>,
+}
+
+/// The most ports a thread remembers (a client sends to a server and its NIC; a server's
+/// thread to a few clients at a time); the oldest is forgotten first.
+const ROUTES_KEPT: usize = 8;
+
+thread_local! {
+    /// The ports this thread sent to lately, so that a send in a generation already seen
+    /// takes neither the network's lock nor a reference on the port's service: neither
+    /// writes memory another core's sends read (with two client threads both did, on every
+    /// datagram). An entry of an older generation is looked up again, and dropped; an entry
+    /// keeps its port's queue or service alive until then, or until the thread ends.
+    static ROUTES: RefCell<Vec<Route>> = const { RefCell::new(Vec::new()) };
+}
+
 /// An in-process datagram network (see the module documentation). Clones share the network.
 #[derive(Clone, Default)]
 pub struct MemoryNet {
-    ports: Arc<RwLock<Ports>>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for MemoryNet {
@@ -104,7 +153,7 @@ pub(crate) struct ServedPort {
 }
 
 /// Datagrams for services, sent while this thread was delivering to one.
-type Pending = VecDeque<(Arc<dyn Service>, SocketAddr, Bytes)>;
+type Pending = VecDeque<(Rc<Port>, SocketAddr, Bytes)>;
 
 thread_local! {
     /// `Some` while this thread is inside a service's `deliver`.
@@ -128,11 +177,66 @@ impl MemoryNet {
 
     // The map stays consistent under any panic (every change is one insert or remove).
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Ports> {
-        self.ports.read().unwrap_or_else(PoisonError::into_inner)
+        self.shared
+            .ports
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Ports> {
-        self.ports.write().unwrap_or_else(PoisonError::into_inner)
+        self.shared
+            .ports
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Puts `port` at `addr` in `ports` (the write lock held), a new generation.
+    fn insert(&self, ports: &mut Ports, addr: SocketAddr, port: Port) {
+        ports.bound.insert(addr, port);
+        self.shared
+            .generation
+            .store(next_generation(), Ordering::Release);
+    }
+
+    /// Closes the port at `addr`, a new generation.
+    fn unbind(&self, addr: SocketAddr) {
+        let mut ports = self.write();
+        ports.bound.remove(&addr);
+        self.shared
+            .generation
+            .store(next_generation(), Ordering::Release);
+    }
+
+    /// The port bound at `to`, from this thread's [`ROUTES`] when it looked it up in the
+    /// network's current generation.
+    fn port(&self, to: SocketAddr) -> Option<Rc<Port>> {
+        let net = Arc::as_ptr(&self.shared) as usize;
+        // Read before the lock below: an entry is never newer than the generation it names.
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        let known = ROUTES.with(|r| {
+            let r = r.borrow();
+            r.iter()
+                .find(|e| e.net == net && e.to == to && e.generation == generation)
+                .map(|e| e.port.clone())
+        });
+        if known.is_some() {
+            return known;
+        }
+        let port = Rc::new(self.read().bound.get(&to)?.clone());
+        ROUTES.with(|r| {
+            let mut r = r.borrow_mut();
+            r.retain(|e| e.net != net || (e.generation == generation && e.to != to));
+            if r.len() >= ROUTES_KEPT {
+                r.remove(0);
+            }
+            r.push(Route {
+                net,
+                generation,
+                to,
+                port: port.clone(),
+            });
+        });
+        Some(port)
     }
 
     /// Claims `addr` for `port`. An unspecified IP (`0.0.0.0`, `::`) binds the loopback
@@ -141,7 +245,7 @@ impl MemoryNet {
     fn claim(&self, addr: SocketAddr, port: Port) -> io::Result<SocketAddr> {
         let mut ports = self.write();
         let addr = Self::free(&mut ports, addr)?;
-        ports.bound.insert(addr, port);
+        self.insert(&mut ports, addr, port);
         Ok(addr)
     }
 
@@ -201,7 +305,7 @@ impl MemoryNet {
             let mut ports = self.write();
             let addr = Self::free(&mut ports, addr)?;
             let made = make(addr)?;
-            ports.bound.insert(addr, Port::Service(made.clone()));
+            self.insert(&mut ports, addr, Port::Service(made.clone()));
             (addr, made)
         };
         let service: Arc<dyn Service> = made.clone();
@@ -226,7 +330,7 @@ impl MemoryNet {
                 made,
             )),
             Err(e) => {
-                self.write().bound.remove(&addr);
+                self.unbind(addr);
                 Err(e)
             }
         }
@@ -236,45 +340,51 @@ impl MemoryNet {
     /// full (the datagram is dropped, as UDP drops it). A service takes it in this thread, or
     /// after the service this thread is delivering to returns.
     pub(crate) fn send(&self, from: SocketAddr, to: SocketAddr, datagram: Bytes) -> bool {
-        let service = {
-            let ports = self.read();
-            match ports.bound.get(&to) {
-                None => return false,
-                Some(Port::Queue(q)) => {
-                    return match q.try_send((from, datagram)) {
-                        Ok(()) => true,
-                        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
-                    }
-                }
-                Some(Port::Service(s)) => s.clone(),
-            }
+        let Some(port) = self.port(to) else {
+            return false;
         };
+        if let Port::Queue(q) = &*port {
+            return match q.try_send((from, datagram)) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+            };
+        }
         // Inside another delivery: queue it for that delivery's loop. Otherwise this thread
         // starts one.
         let outermost = DELIVERING.with(|d| {
             let mut d = d.borrow_mut();
             match d.as_mut() {
                 Some(pending) => {
-                    pending.push_back((service, from, datagram));
+                    pending.push_back((port, from, datagram));
                     None
                 }
                 None => {
                     *d = Some(VecDeque::new());
-                    Some((service, datagram))
+                    Some((port, datagram))
                 }
             }
         });
-        let Some((service, datagram)) = outermost else {
+        let Some((port, datagram)) = outermost else {
             return true;
         };
         let _guard = DeliveryGuard;
-        service.deliver(from, datagram);
-        while let Some((s, from, d)) =
+        port.deliver(from, datagram);
+        while let Some((p, from, d)) =
             DELIVERING.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
         {
-            s.deliver(from, d);
+            p.deliver(from, d);
         }
         true
+    }
+}
+
+impl Port {
+    /// Hands `datagram` to a service in this thread; a queue's datagrams are never delivered
+    /// here (`send` queues them).
+    fn deliver(&self, from: SocketAddr, datagram: Bytes) {
+        if let Port::Service(s) = self {
+            s.deliver(from, datagram);
+        }
     }
 }
 
@@ -324,7 +434,7 @@ impl MemoryPort {
 
 impl Drop for MemoryPort {
     fn drop(&mut self) {
-        self.net.write().bound.remove(&self.addr);
+        self.net.unbind(self.addr);
     }
 }
 
@@ -337,7 +447,7 @@ impl ServedPort {
 
 impl Drop for ServedPort {
     fn drop(&mut self) {
-        self.net.write().bound.remove(&self.addr);
+        self.net.unbind(self.addr);
         self.stop.store(true, Ordering::Release);
         if let Some(t) = self.timers.take() {
             let _ = t.join();
@@ -378,6 +488,37 @@ mod tests {
         got.clear();
         again.recv_into(Duration::from_millis(1), 8, &mut got);
         assert!(got.is_empty());
+    }
+
+    #[test]
+    fn a_send_after_a_close_and_a_new_bind_reaches_the_new_port_only() {
+        let net = MemoryNet::new();
+        let client = net.bind(a("10.0.0.2:0")).unwrap();
+        let server = a("10.0.0.1:7000");
+        let first = net.bind(server).unwrap();
+        let recv = |p: &MemoryPort| {
+            let mut got = Vec::new();
+            p.recv_into(Duration::from_millis(1), 8, &mut got);
+            got.into_iter().map(|(_, d)| d).collect::<Vec<_>>()
+        };
+        // This thread now remembers the port.
+        assert!(net.send(client.addr(), server, Bytes::from_static(b"one")));
+        assert_eq!(recv(&first), vec![Bytes::from_static(b"one")]);
+        drop(first);
+        assert!(!net.send(client.addr(), server, Bytes::from_static(b"lost")));
+        let second = net.bind(server).unwrap();
+        assert!(net.send(client.addr(), server, Bytes::from_static(b"two")));
+        assert_eq!(recv(&second), vec![Bytes::from_static(b"two")]);
+        // Another network binds the same address: its own port, not the one remembered.
+        let other = MemoryNet::new();
+        let third = other.bind(server).unwrap();
+        assert!(other.send(client.addr(), server, Bytes::from_static(b"three")));
+        assert_eq!(recv(&third), vec![Bytes::from_static(b"three")]);
+        assert!(recv(&second).is_empty());
+        // And a network dropped and made again (perhaps at the same place in memory).
+        drop((third, other));
+        let again = MemoryNet::new();
+        assert!(!again.send(client.addr(), server, Bytes::from_static(b"nobody")));
     }
 
     /// Records what it was given; answers each datagram to `answer_to`, if set, until
