@@ -4,7 +4,9 @@
 //! binaries do (`auth-cost`). Over an in-memory network ([`MemoryNet`], `ycsb --fabric
 //! inproc-endpoints`), the two endpoints are bound as inline services: a client's datagram is
 //! handled in the client's thread, so a request reaches an executor with one hand-off, as in
-//! the in-process cluster. Everything above the datagram is the code the two binaries run.
+//! the in-process cluster; naam-server's with one endpoint per receive loop, as the binary
+//! runs them by default, its sessions sharded over them. Everything above the datagram is the
+//! code the two binaries run.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -57,6 +59,14 @@ pub struct InProcessDeployment {
     shm: PathBuf,
 }
 
+/// naam-server's receive loops by default: one per core this process may run on (its
+/// `receive_loops` unset).
+fn loops() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(naam_runtime::proto::limits::MAX_LOOPS)
+}
+
 impl InProcessDeployment {
     /// Starts `plan` with regions under `shm`, then waits until the NIC has paired with the
     /// server (clients are told its agent), so every run has it from the first operation.
@@ -76,7 +86,7 @@ impl InProcessDeployment {
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
         let stop = Arc::new(AtomicBool::new(false));
         let (server, threads, inline_server) = match &plan.network {
-            Some(net) => match udp::serve_host_inline(cluster, net, loopback, options) {
+            Some(net) => match udp::serve_host_inline(cluster, net, loopback, options, loops()) {
                 Ok(s) => (s.addr(), Vec::new(), Some(s)),
                 Err(e) => {
                     udp::cleanup(&shm);

@@ -7,6 +7,12 @@
 //! delivered while this one is held (the server forwards to the NIC, the NIC reports to the
 //! server). The port's timer thread fires `handle_timeout` and publishes the endpoint's
 //! counters for `--metrics`.
+//!
+//! A driver with several receive loops binds one endpoint per loop on one address
+//! ([`InlineGroup`]), as its sockets share one address in an `SO_REUSEPORT` group: each
+//! datagram goes to the loop its route names, the way the group's route filter sends it
+//! ([`super::bind_group`]), so client threads whose sessions belong to different loops take
+//! different locks.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -17,6 +23,7 @@ use naam_proto::endpoint::Transmit;
 use naam_proto::Nanos;
 
 use super::memnet::{MemoryNet, ServedPort, Service};
+use super::server::LoopCounters;
 use super::socket::{Inbound, Sender, DEFAULT_DATAGRAM};
 use super::telemetry::Telemetry;
 use crate::{Clock, SystemClock};
@@ -43,6 +50,8 @@ pub(crate) struct Inline<E> {
     clock: SystemClock,
     sender: Sender,
     telemetry: Arc<Telemetry>,
+    /// This endpoint's slot among its group's counters, published summed.
+    counters: LoopCounters,
     publish_every: Nanos,
 }
 
@@ -57,6 +66,7 @@ struct State<E> {
 impl<E: InlineEndpoint> Inline<E> {
     /// Binds the endpoint `make` builds at `addr` in `net` (port 0: a free one). `make` gets
     /// the address bound, a sender from it for the executors' replies, and the clock's now.
+    #[cfg(test)]
     pub(crate) fn bind(
         net: &MemoryNet,
         addr: SocketAddr,
@@ -64,21 +74,41 @@ impl<E: InlineEndpoint> Inline<E> {
         publish_every: Duration,
         make: impl FnOnce(SocketAddr, Sender, Nanos) -> std::io::Result<E>,
     ) -> std::io::Result<(ServedPort, Arc<Inline<E>>)> {
-        let clock = SystemClock::new();
-        net.serve(addr, |local| {
-            let replies = Sender::memory(net, local, DEFAULT_DATAGRAM);
-            let endpoint = make(local, replies, clock.now())?;
-            Ok(Arc::new(Inline {
-                state: Mutex::new(State {
-                    endpoint,
-                    inbound: Inbound::new(),
-                    next_publish: 0,
-                }),
-                clock,
-                sender: Sender::memory(net, local, DEFAULT_DATAGRAM),
-                telemetry,
-                publish_every: publish_every.as_nanos() as Nanos,
-            }))
+        let mut make = Some(make);
+        let (port, group) =
+            InlineGroup::bind(net, addr, 1, telemetry, publish_every, |_, a, s, n| {
+                let make = make.take().ok_or_else(|| {
+                    std::io::Error::other("a group of one loop makes one endpoint")
+                })?;
+                make(a, s, n)
+            })?;
+        let sole = group.members[0].clone();
+        Ok((port, sole))
+    }
+
+    /// The endpoint `make` builds for `local`, with a sender from it and its counters' slot.
+    fn new(
+        net: &MemoryNet,
+        local: SocketAddr,
+        clock: SystemClock,
+        telemetry: Arc<Telemetry>,
+        counters: LoopCounters,
+        publish_every: Duration,
+        make: impl FnOnce(SocketAddr, Sender, Nanos) -> std::io::Result<E>,
+    ) -> std::io::Result<Inline<E>> {
+        let replies = Sender::memory(net, local, DEFAULT_DATAGRAM);
+        let endpoint = make(local, replies, clock.now())?;
+        Ok(Inline {
+            state: Mutex::new(State {
+                endpoint,
+                inbound: Inbound::new(),
+                next_publish: 0,
+            }),
+            clock,
+            sender: Sender::memory(net, local, DEFAULT_DATAGRAM),
+            telemetry,
+            counters,
+            publish_every: publish_every.as_nanos() as Nanos,
         })
     }
 
@@ -113,16 +143,6 @@ impl<E: InlineEndpoint> Inline<E> {
         }
         t
     }
-
-    /// Refuses new work, then waits, at most `drain`, until every queued request has been
-    /// answered.
-    pub(crate) fn drain(&self, drain: Duration) {
-        self.with(|s| s.endpoint.start_drain());
-        let deadline = Instant::now() + drain;
-        while !self.read(E::idle) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-    }
 }
 
 impl<E: InlineEndpoint> Service for Inline<E> {
@@ -142,11 +162,93 @@ impl<E: InlineEndpoint> Service for Inline<E> {
             s.inbound.expire();
             if now >= s.next_publish {
                 s.next_publish = now + self.publish_every;
-                self.telemetry.publish_counters(s.endpoint.counters());
+                self.counters
+                    .publish(&self.telemetry, s.endpoint.counters());
             }
             s.endpoint.poll_timeout()
         });
         next.map(|t| Duration::from_nanos(t.saturating_sub(now)))
+    }
+}
+
+/// One inline endpoint per receive loop, bound to one address (see the module
+/// documentation): loop `i` serves the sessions of shard `i`.
+pub(crate) struct InlineGroup<E> {
+    members: Vec<Arc<Inline<E>>>,
+}
+
+impl<E: InlineEndpoint> InlineGroup<E> {
+    /// Binds `loops` endpoints at `addr` in `net` (port 0: a free one); `make` builds loop
+    /// `i`'s from its index, the address bound, a sender from it and the clock's now. Their
+    /// counters are published summed.
+    pub(crate) fn bind(
+        net: &MemoryNet,
+        addr: SocketAddr,
+        loops: usize,
+        telemetry: Arc<Telemetry>,
+        publish_every: Duration,
+        mut make: impl FnMut(usize, SocketAddr, Sender, Nanos) -> std::io::Result<E>,
+    ) -> std::io::Result<(ServedPort, Arc<InlineGroup<E>>)> {
+        let clock = SystemClock::new();
+        net.serve(addr, |local| {
+            let members = LoopCounters::group(loops)
+                .into_iter()
+                .enumerate()
+                .map(|(i, counters)| {
+                    let (t, every) = (telemetry.clone(), publish_every);
+                    let make = |a, s, n| make(i, a, s, n);
+                    Inline::new(net, local, clock, t, counters, every, make).map(Arc::new)
+                })
+                .collect::<std::io::Result<Vec<_>>>()?;
+            if members.is_empty() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "an inline group needs a loop",
+                ));
+            }
+            Ok(Arc::new(InlineGroup { members }))
+        })
+    }
+
+    /// The loop that takes a datagram from `from`: the one its route names, or for route 0
+    /// (a handshake, unsealed) one chosen by the sender's address, so a client's handshake
+    /// stays on one loop (as the kernel's hash keeps it in an `SO_REUSEPORT` group).
+    fn member(&self, from: SocketAddr, datagram: &[u8]) -> &Inline<E> {
+        let n = self.members.len();
+        let route = datagram.get(naam_proto::frame::ROUTE).copied().unwrap_or(0);
+        let i = naam_proto::shard::loop_of_route(route, n).unwrap_or_else(|| {
+            use std::hash::BuildHasher;
+            let hasher = std::hash::BuildHasherDefault::<naam_proto::intmap::IntHasher>::default();
+            (hasher.hash_one(from) % n as u64) as usize
+        });
+        &self.members[i]
+    }
+
+    /// Reads every loop's endpoint, in loop order.
+    pub(crate) fn read<T>(&self, f: impl Fn(&E) -> T) -> Vec<T> {
+        self.members.iter().map(|m| m.read(&f)).collect()
+    }
+
+    /// Refuses new work on every loop, then waits, at most `drain`, until every queued
+    /// request has been answered.
+    pub(crate) fn drain(&self, drain: Duration) {
+        for m in &self.members {
+            m.with(|s| s.endpoint.start_drain());
+        }
+        let deadline = Instant::now() + drain;
+        while !self.read(E::idle).into_iter().all(|idle| idle) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl<E: InlineEndpoint> Service for InlineGroup<E> {
+    fn deliver(&self, from: SocketAddr, datagram: Bytes) {
+        self.member(from, &datagram).deliver(from, datagram);
+    }
+
+    fn tick(&self) -> Option<Duration> {
+        self.members.iter().filter_map(|m| m.tick()).min()
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::inline::{Inline, InlineEndpoint};
+use super::inline::{InlineEndpoint, InlineGroup};
 use super::memnet::{MemoryNet, ServedPort};
 use super::server::{run_loops, LoopCounters, Replies};
 use super::socket::{Sender, Socket};
@@ -351,7 +351,7 @@ pub type Remap = Box<dyn FnMut(u64) -> Result<NicCluster, String> + Send>;
 /// server and drains first.
 pub struct InlineNic {
     port: ServedPort,
-    service: Arc<Inline<NicInline>>,
+    service: Arc<InlineGroup<NicInline>>,
     drain: Duration,
 }
 
@@ -403,14 +403,26 @@ pub fn serve_nic_inline(
     remap: Remap,
 ) -> std::io::Result<InlineNic> {
     let (telemetry, report_every) = (options.telemetry.clone(), options.report_every);
-    let (port, service) =
-        Inline::bind(net, addr, telemetry, report_every, |local, replies, now| {
+    // One loop: naam-nic's further loops are made from its first endpoint
+    // (`NicEndpoint::another_loop`), which an inline group does not do yet.
+    let mut once = Some((start, remap));
+    let (port, service) = InlineGroup::bind(
+        net,
+        addr,
+        1,
+        telemetry,
+        report_every,
+        |_, local, replies, now| {
+            let (start, remap) = once
+                .take()
+                .ok_or_else(|| std::io::Error::other("naam-nic inline runs one loop"))?;
             options.advertise = local;
             Ok(NicInline {
                 endpoint: nic_endpoint(start, replies, &options, local, true, now, remap)?,
                 server: options.server,
             })
-        })?;
+        },
+    )?;
     Ok(InlineNic {
         port,
         service,
@@ -426,12 +438,17 @@ impl InlineNic {
 
     /// Whether the NIC is paired with the server.
     pub fn is_paired(&self) -> bool {
-        self.service.read(|n| n.endpoint.is_paired())
+        let paired = self.service.read(|n| n.endpoint.is_paired());
+        !paired.is_empty() && paired.into_iter().all(|p| p)
     }
 
     /// The endpoint's counters so far.
     pub fn stats(&self) -> NicStats {
-        self.service.read(|n| n.endpoint.stats())
+        let mut sum = NicStats::default();
+        for s in self.service.read(|n| n.endpoint.stats()) {
+            sum += s;
+        }
+        sum
     }
 
     /// Says goodbye to the server, refuses new work, waits (at most the drain time of its

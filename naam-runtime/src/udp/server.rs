@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::inline::{Inline, InlineEndpoint};
+use super::inline::{InlineEndpoint, InlineGroup};
 use super::memnet::{MemoryNet, ServedPort};
 use super::socket::{Poller, Sender, Socket};
 use crate::cluster::{Cluster, HereRunner};
@@ -252,18 +252,6 @@ struct LoopPlace {
     directory: Arc<SessionDirectory>,
     cookies: CookieJar,
     clock: SystemClock,
-}
-
-impl LoopPlace {
-    /// The only loop of a server.
-    fn sole() -> std::io::Result<LoopPlace> {
-        Ok(LoopPlace {
-            shard: Shard::SOLE,
-            directory: SessionDirectory::new(),
-            cookies: CookieJar::new().map_err(|e| invalid(e.to_string()))?,
-            clock: SystemClock::new(),
-        })
-    }
 }
 
 fn invalid(e: String) -> std::io::Error {
@@ -550,7 +538,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// [`InlineServer::stop`] drains first.
 pub struct InlineServer {
     port: ServedPort,
-    service: Arc<Inline<ServerEndpoint<ClusterHost>>>,
+    service: Arc<InlineGroup<ServerEndpoint<ClusterHost>>>,
     drain: Duration,
 }
 
@@ -580,30 +568,36 @@ impl InlineEndpoint for ServerEndpoint<ClusterHost> {
     }
 }
 
-/// Binds naam-server's endpoint over `cluster` at `addr` in `net` as an inline service (see
-/// [`InlineServer`]); `addr` with port 0 takes a free port.
+/// Binds naam-server's endpoints over `cluster` at `addr` in `net` as an inline service (see
+/// [`InlineServer`]), one per receive loop as [`serve_host_loops`] runs them: `loops`
+/// endpoints, each with its shard of the sessions, sharing the cluster, the cookie key and the
+/// clock. `addr` with port 0 takes a free port.
 pub fn serve_host_inline(
     cluster: Arc<Cluster>,
     net: &MemoryNet,
     addr: SocketAddr,
     options: ServerOptions,
+    loops: usize,
 ) -> std::io::Result<InlineServer> {
     let publish_every = Duration::from_secs(1);
-    let (port, service) = Inline::bind(
+    let shards = Shard::all(loops).map_err(|e| invalid(e.to_string()))?;
+    let directory = SessionDirectory::new();
+    let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
+    let clock = SystemClock::new();
+    let (port, service) = InlineGroup::bind(
         net,
         addr,
+        loops,
         options.telemetry.clone(),
         publish_every,
-        |local, replies, now| {
-            host_endpoint(
-                cluster,
-                replies,
-                &options,
-                local,
-                true,
-                now,
-                LoopPlace::sole()?,
-            )
+        |i, local, replies, now| {
+            let place = LoopPlace {
+                shard: shards[i],
+                directory: directory.clone(),
+                cookies: cookies.clone(),
+                clock,
+            };
+            host_endpoint(cluster.clone(), replies, &options, local, true, now, place)
         },
     )?;
     Ok(InlineServer {
@@ -619,9 +613,13 @@ impl InlineServer {
         self.port.addr()
     }
 
-    /// The endpoint's counters so far.
+    /// The endpoints' counters so far, summed over the loops.
     pub fn stats(&self) -> ServerStats {
-        self.service.read(ServerEndpoint::stats)
+        let mut sum = ServerStats::default();
+        for s in self.service.read(ServerEndpoint::stats) {
+            sum += s;
+        }
+        sum
     }
 
     /// Refuses new requests with `Unavailable`, waits (at most the drain time of its
