@@ -295,6 +295,50 @@ mod tests {
     }
 
     #[test]
+    fn a_group_sends_each_route_to_its_loop_and_a_handshake_by_its_sender() {
+        use naam_proto::frame::fragment_routed;
+        let net = MemoryNet::new();
+        let loops = 3;
+        let (port, group) = InlineGroup::bind(
+            &net,
+            "10.0.0.1:7000".parse().unwrap(),
+            loops,
+            Arc::default(),
+            Duration::from_secs(1),
+            |_, _, _, _| Ok(Echo::default()),
+        )
+        .unwrap();
+        let to = port.addr();
+        let from: SocketAddr = "10.0.0.2:5000".parse().unwrap();
+        for route in 1..=12u8 {
+            let d = fragment_routed(u64::from(route), &[route], DEFAULT_DATAGRAM, route).unwrap();
+            assert!(net.send(from, to, d[0].clone()));
+        }
+        let got = group.read(|e| e.got.iter().map(|(_, m)| m[0]).collect::<Vec<u8>>());
+        for (i, routes) in got.iter().enumerate() {
+            assert!(!routes.is_empty(), "loop {i} got nothing");
+            assert!(
+                routes.iter().all(|&r| r as usize % loops == i),
+                "loop {i} got routes {routes:?}"
+            );
+        }
+        // Route 0 (a handshake): every datagram of one sender to one loop.
+        let before: Vec<usize> = group.read(|e| e.got.len());
+        for n in 0..5u64 {
+            let d = fragment_routed(100 + n, b"hello", DEFAULT_DATAGRAM, 0).unwrap();
+            assert!(net.send(from, to, d[0].clone()));
+        }
+        let grew: Vec<usize> = group
+            .read(|e| e.got.len())
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a - b)
+            .collect();
+        assert_eq!(grew.iter().sum::<usize>(), 5);
+        assert_eq!(grew.iter().filter(|&&n| n > 0).count(), 1, "{grew:?}");
+    }
+
+    #[test]
     fn hostile_datagrams_never_reach_the_endpoint_and_the_service_keeps_serving() {
         let net = MemoryNet::new();
         let at: SocketAddr = "10.0.0.1:7000".parse().unwrap();
