@@ -23,9 +23,9 @@ use naam_proto::endpoint::Transmit;
 use naam_proto::Nanos;
 
 use super::memnet::{MemoryNet, ServedPort, Service};
-use super::server::LoopCounters;
 use super::socket::{Inbound, Sender, DEFAULT_DATAGRAM};
-use super::telemetry::Telemetry;
+use super::telemetry::{LoopCounters, Telemetry};
+
 use crate::{Clock, SystemClock};
 
 /// What an inline service needs of the endpoint it drives.

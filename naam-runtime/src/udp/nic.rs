@@ -13,8 +13,9 @@ use bytes::Bytes;
 
 use super::inline::{InlineEndpoint, InlineGroup};
 use super::memnet::{MemoryNet, ServedPort};
-use super::server::{run_loops, LoopCounters, Replies};
+use super::server::{run_loops, Replies};
 use super::socket::{Sender, Socket};
+use super::telemetry::LoopCounters;
 use crate::cluster::Cluster;
 use crate::onesided;
 use crate::{Clock, SystemClock};

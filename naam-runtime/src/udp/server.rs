@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -14,6 +14,7 @@ use bytes::Bytes;
 use super::inline::{InlineEndpoint, InlineGroup};
 use super::memnet::{MemoryNet, ServedPort};
 use super::socket::{Poller, Sender, Socket};
+use super::telemetry::LoopCounters;
 use crate::cluster::{Cluster, HereRunner};
 use crate::{Clock, SystemClock};
 use naam_proto::control::Manifest;
@@ -370,44 +371,6 @@ pub(crate) fn run_loops<S: std::ops::AddAssign + Send>(
         }
         Ok(total)
     })
-}
-
-/// Counters as `(name, help, value)`.
-type Counters = Vec<(&'static str, &'static str, u64)>;
-
-/// Where the receive loops publish their counters: each its own slot; the published series
-/// are the sums.
-pub(crate) struct LoopCounters {
-    index: usize,
-    all: Arc<Mutex<Vec<Counters>>>,
-}
-
-impl LoopCounters {
-    /// The slots of `loops` loops, in loop order.
-    pub(crate) fn group(loops: usize) -> Vec<LoopCounters> {
-        let all = Arc::new(Mutex::new(vec![Vec::new(); loops]));
-        (0..loops)
-            .map(|index| LoopCounters {
-                index,
-                all: all.clone(),
-            })
-            .collect()
-    }
-
-    /// Records this loop's counters and publishes every loop's, summed by name.
-    pub(crate) fn publish(&self, telemetry: &super::telemetry::Telemetry, mine: Counters) {
-        let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
-        all[self.index] = mine;
-        let mut sum: Counters = Vec::new();
-        for (name, help, value) in all.iter().flatten() {
-            match sum.iter_mut().find(|(n, _, _)| n == name) {
-                Some(s) => s.2 += value,
-                None => sum.push((name, help, *value)),
-            }
-        }
-        drop(all);
-        telemetry.publish_counters(sum);
-    }
 }
 
 /// One receive loop of naam-server (see [`serve_host_loops`]).

@@ -130,6 +130,44 @@ impl std::fmt::Debug for Telemetry {
     }
 }
 
+/// Counters as `(name, help, value)`.
+type Counters = Vec<(&'static str, &'static str, u64)>;
+
+/// Where the receive loops publish their counters: each its own slot; the published series
+/// are the sums.
+pub(crate) struct LoopCounters {
+    index: usize,
+    all: Arc<Mutex<Vec<Counters>>>,
+}
+
+impl LoopCounters {
+    /// The slots of `loops` loops, in loop order.
+    pub(crate) fn group(loops: usize) -> Vec<LoopCounters> {
+        let all = Arc::new(Mutex::new(vec![Vec::new(); loops]));
+        (0..loops)
+            .map(|index| LoopCounters {
+                index,
+                all: all.clone(),
+            })
+            .collect()
+    }
+
+    /// Records this loop's counters and publishes every loop's, summed by name.
+    pub(crate) fn publish(&self, telemetry: &Telemetry, mine: Counters) {
+        let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
+        all[self.index] = mine;
+        let mut sum: Counters = Vec::new();
+        for (name, help, value) in all.iter().flatten() {
+            match sum.iter_mut().find(|(n, _, _)| n == name) {
+                Some(s) => s.2 += value,
+                None => sum.push((name, help, *value)),
+            }
+        }
+        drop(all);
+        telemetry.publish_counters(sum);
+    }
+}
+
 impl Telemetry {
     /// Records a message of `app`'s `handler` that ended at `placement` with `status` after
     /// `service_ns` in this process (queueing and execution).
