@@ -112,7 +112,7 @@ impl AsyncClient {
             action = match action {
                 Action::Complete => {
                     let c = m.outcome();
-                    return reply_for(req, &c, Placement::Client, LoadFeedback::default());
+                    return reply_for(req, c, Placement::Client, LoadFeedback::default());
                 }
                 Action::Write => m.writes_applied(Err(WriteError::NotOwner)),
                 Action::Fetch => {

@@ -293,7 +293,7 @@ impl Client {
             .completed(inner, (req.app, req.handler), service, c.steps, end);
         reply_for(
             req,
-            &c,
+            c,
             Placement::Host,
             LoadFeedback {
                 service_ns: service,
@@ -433,16 +433,17 @@ pub(crate) fn run_at_client<T: OneSided>(
         .now()
         .saturating_sub(begin)
         .saturating_sub(cost.fetch_ns);
+    let steps = c.steps;
     let reply = reply_for(
         req,
-        &c,
+        c,
         Placement::Client,
         LoadFeedback {
             service_ns: service,
             ..LoadFeedback::default()
         },
     );
-    (reply, Some((service, c.steps)))
+    (reply, Some((service, steps)))
 }
 
 /// What a client runs host messages with: its engine state, its view of host memory, and

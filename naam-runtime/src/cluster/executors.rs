@@ -323,7 +323,7 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
             }
         };
         last_done = inner.clock.now();
-        job.sink.send(reply_for(&job.req, &c, placement, load));
+        job.sink.send(reply_for(&job.req, c, placement, load));
     }
 }
 

@@ -158,7 +158,7 @@ impl HereRunner {
             .completed(inner, (req.app, req.handler), service, c.steps, end);
         Ran::Answered(reply_for(
             req,
-            &c,
+            c,
             self.placement,
             LoadFeedback {
                 service_ns: service,

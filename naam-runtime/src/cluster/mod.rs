@@ -654,9 +654,10 @@ pub fn install_with(
     })
 }
 
+/// The reply to `req` that outcome `c` makes; its payload is moved in, not shared again.
 pub(crate) fn reply_for(
     req: &Request,
-    c: &Outcome,
+    c: Outcome,
     placement: Placement,
     load: LoadFeedback,
 ) -> Reply {
@@ -668,7 +669,7 @@ pub(crate) fn reply_for(
         steps: c.steps,
         placement,
         load,
-        payload: c.payload.clone(),
+        payload: c.payload,
     }
 }
 
@@ -757,7 +758,7 @@ impl Cluster {
     /// The switch's choice for a server-bound message, without sending it: writes go to the
     /// owner, reads split between Host and NIC by the weights.
     pub fn route(&self, req: &Request) -> Result<Placement, Status> {
-        route(&self.inner, req, &mut Selector::default()).map(|(p, _)| p)
+        route(&self.inner, req, &mut Selector::default(), None).map(|(p, _)| p)
     }
 
     /// Submits raw request bytes as a NIC would receive them, and waits for the reply. Malformed
@@ -952,11 +953,13 @@ impl Drop for Cluster {
     }
 }
 
-/// Where a server-bound message goes, and its handler's kind; no side effects.
+/// Where a server-bound message goes, and its handler's kind; no side effects. A read
+/// `forced` to a placement goes there (the caller pinned it).
 fn route(
     inner: &Inner,
     req: &Request,
     sel: &mut Selector,
+    forced: Option<Placement>,
 ) -> Result<(Placement, HandlerKind), Status> {
     let handler = inner
         .registry
@@ -968,6 +971,10 @@ fn route(
     if handler.kind == HandlerKind::Write {
         let owner = inner.owner_of(req.app).ok_or(Status::UnknownApp)?;
         return Ok((owner, HandlerKind::Write));
+    }
+    if let Some(p) = forced {
+        // A read pinned where it runs: the weights (a lock and a lookup) would not be used.
+        return Ok((p, HandlerKind::Read));
     }
     let w = inner.weights((req.app, req.handler));
     sel.pick(&w, |p| p != Placement::Client && inner.available(p))
@@ -1089,7 +1096,7 @@ fn admit_here(
     forced: Option<Placement>,
     here: Option<Placement>,
 ) -> Result<Admitted, Refusal> {
-    let (routed, kind) = route(inner, req, sel).map_err(Refusal::Status)?;
+    let (routed, kind) = route(inner, req, sel, forced).map_err(Refusal::Status)?;
     let p = match (kind, forced) {
         (HandlerKind::Read, Some(p)) => p,
         _ => routed,
