@@ -929,7 +929,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 ch,
                 forward,
             }) => self.dispatch(sid, req, ch, forward),
-            Work::Sealed { peer, msg, at, .. } => self.sealed(at, peer, &msg),
+            Work::Sealed { peer, msg, at, .. } => self.sealed(at, peer, msg),
         }
     }
 
@@ -1002,6 +1002,18 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// client's retransmission repairs it).
     fn reply_on(&mut self, ch: &Channel, r: Reply) {
         self.queue_on(ch, r.request_id, Inner::reply(r));
+    }
+
+    /// [`ServerEndpoint::reply_on`] of a channel that is not used again: its sealer moves
+    /// into the outgoing message instead of being shared once more.
+    fn reply_into(&mut self, ch: Channel, r: Reply) {
+        self.outbox.push(Outgoing {
+            to: ch.to,
+            sealer: ch.sealer,
+            id: r.request_id,
+            inner: Inner::reply(r),
+            route: None,
+        });
     }
 
     /// When [`ServerEndpoint::handle_timeout`] is next due.
@@ -1243,7 +1255,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// a session over its credit its `Busy` answers, which count towards muting it).
     fn take_sealed(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
         let Ok(h) = crate::session::peek_sealed(&msg) else {
-            return self.sealed(now, peer, &msg);
+            return self.sealed(now, peer, msg);
         };
         if self.drop_if_muted(now, h.session) {
             return;
@@ -1253,17 +1265,17 @@ impl<B: HostBackend> ServerEndpoint<B> {
             .session(h.session)
             .map(|s| s.sealer.key().tenant_tag())
         else {
-            return self.sealed(now, peer, &msg);
+            return self.sealed(now, peer, msg);
         };
         let (by_tenant, by_session) = self.turns.waiting(tenant, h.session);
         if by_session >= self.config.session_credit || by_tenant >= self.config.tenant_credit {
-            return self.sealed(now, peer, &msg);
+            return self.sealed(now, peer, msg);
         }
         if self.turn_is_now() {
             // Opened at once (see `ServerEndpoint::handle_alone`), never built into a `Work`:
             // that enum is as large as a waiting request, and moving it cost more than the
             // opening's own bookkeeping.
-            self.sealed(now, peer, &msg);
+            self.sealed(now, peer, msg);
         } else {
             let w = Work::Sealed {
                 sid: h.session,
@@ -1285,21 +1297,19 @@ impl<B: HostBackend> ServerEndpoint<B> {
         muted
     }
 
-    fn sealed(&mut self, now: Nanos, peer: SocketAddr, msg: &Bytes) {
+    /// Opens `msg`, a sealed datagram from `peer`, and takes the messages inside. The
+    /// datagram is taken by value: a request forwarded to the NIC goes as it came, and one
+    /// answered here drops it, with no reference taken for the rare forward.
+    fn sealed(&mut self, now: Nanos, peer: SocketAddr, msg: Bytes) {
         // A session that ignores Busy is not heard for a while: its datagrams are dropped
         // before they cost an opening (only an authenticated flood mutes a session).
-        if let Ok(h) = crate::session::peek_sealed(msg) {
+        if let Ok(h) = crate::session::peek_sealed(&msg) {
             if self.drop_if_muted(now, h.session) {
                 return;
             }
         }
-        let (sid, role, sealer, inner) = match self.gate.open(now, peer, msg) {
-            Ok(o) => (
-                o.session.id,
-                o.session.role.clone(),
-                o.session.sealer.clone(),
-                o.inner,
-            ),
+        let (sid, sealer, inner) = match self.gate.open(now, peer, &msg) {
+            Ok(o) => (o.session.id, o.session.sealer.clone(), o.inner),
             Err(SealError::UnknownSession {
                 session,
                 tenant_tag,
@@ -1327,29 +1337,35 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 Ok(members) => {
                     for m in members {
                         let forward = ForwardAs::Member(m.clone());
-                        self.session_message(now, sid, &role, ch.clone(), m, forward);
+                        self.session_message(now, sid, ch.clone(), m, forward);
                     }
                 }
                 Err(_) => self.stats.malformed += 1,
             }
             return;
         }
-        self.session_message(now, sid, &role, ch, inner, ForwardAs::Sealed(msg.clone()));
+        self.session_message(now, sid, ch, inner, ForwardAs::Sealed(msg));
     }
 
-    /// One message of session `sid` (alone in its envelope, or one of a batch).
+    /// One message of session `sid` (alone in its envelope, or one of a batch). The
+    /// session's role is read where a message needs it, not carried along.
     fn session_message(
         &mut self,
         now: Nanos,
         sid: u64,
-        role: &Role,
         ch: Channel,
         inner: Bytes,
         forward: ForwardAs,
     ) {
         match MessageKind::peek(&inner) {
-            Some(MessageKind::Request) => self.request(now, sid, role, ch, inner, forward),
-            Some(MessageKind::Control) => self.control(sid, role, ch, &inner),
+            Some(MessageKind::Request) => self.request(now, sid, ch, inner, forward),
+            Some(MessageKind::Control) => {
+                // A control message of a batch may have closed the session before this one.
+                match self.gate.session(sid).map(|s| s.role.clone()) {
+                    Some(role) => self.control(sid, &role, ch, &inner),
+                    None => self.stats.malformed += 1,
+                }
+            }
             Some(MessageKind::OneSidedOp) => {
                 // One-sided operations are the NIC's job, never the host cores'.
                 self.stats.refused += 1;
@@ -1371,19 +1387,13 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// Admits request `inner` of session `sid` and queues it for its tenant's turn: beyond
     /// the session's or the tenant's credit it is answered `Busy` at once (admission), so a
     /// flood costs the server a refusal per datagram, never a run.
-    fn request(
-        &mut self,
-        now: Nanos,
-        sid: u64,
-        role: &Role,
-        ch: Channel,
-        inner: Bytes,
-        forward: ForwardAs,
-    ) {
+    fn request(&mut self, now: Nanos, sid: u64, ch: Channel, inner: Bytes, forward: ForwardAs) {
+        let gate = &self.gate;
         let admitted = admit(
             inner,
             sid,
-            |app| role.may_use(app),
+            // A session closed by an earlier member of its batch may use nothing.
+            |app| gate.session(sid).is_some_and(|s| s.role.may_use(app)),
             self.draining,
             "the server",
             Placement::Host,
@@ -1456,7 +1466,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         match self.backend.dispatch(req, &mut self.switch, pinned, &ch) {
             Routed::Answered(r) => {
                 self.stats.host += 1;
-                self.reply_on(&ch, r);
+                self.reply_into(ch, r);
             }
             Routed::Queued(_) => self.stats.host += 1,
             Routed::Remote(req) => match self.live_nic() {
@@ -1488,7 +1498,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             },
             Routed::Refused(r) => {
                 self.stats.refused += 1;
-                self.reply_on(&ch, r);
+                self.reply_into(ch, r);
             }
         }
     }
