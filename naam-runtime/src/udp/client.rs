@@ -728,7 +728,9 @@ impl UdpClient {
         self.refresh_weights(now);
         self.take_inbox();
         let read = self.kinds.get(&key) == Some(&HandlerKind::Read);
-        let client_ok = read && self.client_ok(key);
+        // Only a read this client may run itself asks the registry (pinned elsewhere, none does).
+        let client_ok =
+            read && matches!(self.pin, None | Some(Placement::Client)) && self.client_ok(key);
         let agent_up = self.path.transport().one_sided_up();
         let choice = match self.pin {
             Some(p) if read => Some(p),

@@ -570,6 +570,9 @@ pub(crate) struct Poller {
     gap_ns: f64,
     /// The most it polls before it sleeps.
     max_spin: Duration,
+    /// `max_spin` in nanoseconds, as the gap is kept (converted once: a `u128` to `f64` is a
+    /// library call, and this is read on every receive).
+    max_spin_ns: f64,
 }
 
 impl Poller {
@@ -579,13 +582,13 @@ impl Poller {
             served_at: None,
             gap_ns: 0.0,
             max_spin,
+            max_spin_ns: max_spin.as_nanos() as f64,
         }
     }
 
     /// How long to poll before sleeping now: three times the usual gap, when that is short.
     pub(crate) fn spin(&self) -> Duration {
-        let max = self.max_spin.as_nanos() as f64;
-        if self.served_at.is_none() || self.gap_ns >= max {
+        if self.served_at.is_none() || self.gap_ns >= self.max_spin_ns {
             return Duration::ZERO;
         }
         Duration::from_nanos((3.0 * self.gap_ns) as u64 + 5_000).min(self.max_spin)
@@ -601,7 +604,7 @@ impl Poller {
         let gap = if got {
             gap
         } else {
-            gap.max(2.0 * self.max_spin.as_nanos() as f64)
+            gap.max(2.0 * self.max_spin_ns)
         };
         self.gap_ns = 0.75 * self.gap_ns + 0.25 * gap;
     }
