@@ -1360,7 +1360,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         match MessageKind::peek(&inner) {
             Some(MessageKind::Request) => self.request(now, sid, ch, inner, forward),
             Some(MessageKind::Control) => {
-                // A control message of a batch may have closed the session before this one.
+                // The session was opened just before (no message of its own closes it).
                 match self.gate.session(sid).map(|s| s.role.clone()) {
                     Some(role) => self.control(sid, &role, ch, &inner),
                     None => self.stats.malformed += 1,
@@ -1392,7 +1392,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         let admitted = admit(
             inner,
             sid,
-            // A session closed by an earlier member of its batch may use nothing.
+            // The session was opened just before; were it gone, it could use nothing.
             |app| gate.session(sid).is_some_and(|s| s.role.may_use(app)),
             self.draining,
             "the server",
