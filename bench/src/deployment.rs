@@ -59,14 +59,6 @@ pub struct InProcessDeployment {
     shm: PathBuf,
 }
 
-/// naam-server's receive loops by default: one per core this process may run on (its
-/// `receive_loops` unset).
-fn loops() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(naam_runtime::proto::limits::MAX_LOOPS)
-}
-
 impl InProcessDeployment {
     /// Starts `plan` with regions under `shm`, then waits until the NIC has paired with the
     /// server (clients are told its agent), so every run has it from the first operation.
@@ -86,7 +78,13 @@ impl InProcessDeployment {
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
         let stop = Arc::new(AtomicBool::new(false));
         let (server, threads, inline_server) = match &plan.network {
-            Some(net) => match udp::serve_host_inline(cluster, net, loopback, options, loops()) {
+            Some(net) => match udp::serve_host_inline(
+                cluster,
+                net,
+                loopback,
+                options,
+                udp::default_receive_loops(),
+            ) {
                 Ok(s) => (s.addr(), Vec::new(), Some(s)),
                 Err(e) => {
                     udp::cleanup(&shm);

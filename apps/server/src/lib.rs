@@ -275,11 +275,8 @@ impl Config {
     /// The receive loops the server runs: the configured number, else one per core it may
     /// run on (at most [`naam_runtime::proto::limits::MAX_LOOPS`]).
     pub fn loops(&self) -> usize {
-        self.receive_loops.unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get())
-                .min(naam_runtime::proto::limits::MAX_LOOPS)
-        })
+        self.receive_loops
+            .unwrap_or_else(naam_runtime::udp::default_receive_loops)
     }
 
     /// The datagram size the server sends: the configured one, else the listen address's

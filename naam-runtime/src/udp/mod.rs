@@ -38,7 +38,7 @@ pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
 pub use nic::{
     serve_nic, serve_nic_inline, serve_nic_loops, InlineNic, NicCluster, NicOptions, Remap,
 };
-pub use reuseport::bind_group;
+pub use reuseport::{bind_group, default_receive_loops};
 pub use server::{serve_host, serve_host_inline, serve_host_loops, InlineServer, ServerOptions};
 pub use signal::stop_flag;
 pub use socket::{

@@ -18,6 +18,15 @@ use naam_proto::limits::MAX_LOOPS;
 
 use super::socket::{sockaddr, Socket};
 
+/// The receive loops a driver runs when none are configured: one per core this process may
+/// run on, at most [`MAX_LOOPS`] (naam-server's and naam-nic's default, and the in-process
+/// deployment's).
+pub fn default_receive_loops() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_LOOPS)
+}
+
 /// Binds `loops` sockets to `addr` in one `SO_REUSEPORT` group with the route filter, in
 /// loop order (socket `i` takes the sessions of [`naam_proto::shard::Shard`] `i`); `addr`
 /// with port 0 takes a free port for all of them. One loop binds one plain socket.

@@ -171,7 +171,7 @@ fn main() -> ExitCode {
                 listen,
                 &shm_dir,
                 cores,
-                receive_loops.map_or_else(default_loops, usize::from),
+                receive_loops.map_or_else(naam_runtime::udp::default_receive_loops, usize::from),
                 naam_smartnic::bluefield2_model(core_slowdown, dma_ns, !no_cost_model),
                 datagram,
                 Duration::from_secs(wait),
@@ -187,13 +187,6 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// One receive loop per core this process may run on.
-fn default_loops() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(naam_runtime::proto::limits::MAX_LOOPS)
 }
 
 #[allow(clippy::too_many_arguments)]
