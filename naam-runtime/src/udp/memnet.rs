@@ -193,15 +193,19 @@ impl MemoryNet {
     /// Puts `port` at `addr` in `ports` (the write lock held), a new generation.
     fn insert(&self, ports: &mut Ports, addr: SocketAddr, port: Port) {
         ports.bound.insert(addr, port);
-        self.shared
-            .generation
-            .store(next_generation(), Ordering::Release);
+        self.new_generation();
     }
 
     /// Closes the port at `addr`, a new generation.
     fn unbind(&self, addr: SocketAddr) {
         let mut ports = self.write();
         ports.bound.remove(&addr);
+        self.new_generation();
+    }
+
+    /// Starts a new generation (the write lock held): every thread's [`ROUTES`] entries of
+    /// this network are looked up again.
+    fn new_generation(&self) {
         self.shared
             .generation
             .store(next_generation(), Ordering::Release);

@@ -43,15 +43,20 @@ impl Series {
     /// Adds `other`'s counts (the same series, recorded in another shard).
     fn absorb(&mut self, other: &Series) {
         for &(status, n) in &other.by_status {
-            match self.by_status.iter_mut().find(|(st, _)| *st == status) {
-                Some((_, m)) => *m += n,
-                None => self.by_status.push((status, n)),
-            }
+            self.count(status, n);
         }
         for (mine, theirs) in self.latency.counts.iter_mut().zip(other.latency.counts) {
             *mine += theirs;
         }
         self.sum_ns += other.sum_ns;
+    }
+
+    /// Counts `n` more messages ended with `status`.
+    fn count(&mut self, status: Status, n: u64) {
+        match self.by_status.iter_mut().find(|(st, _)| *st == status) {
+            Some((_, m)) => *m += n,
+            None => self.by_status.push((status, n)),
+        }
     }
 }
 
@@ -197,10 +202,7 @@ impl Telemetry {
                 sum_ns: 0,
             }),
         };
-        match s.by_status.iter_mut().find(|(st, _)| *st == status) {
-            Some((_, n)) => *n += 1,
-            None => s.by_status.push((status, 1)),
-        }
+        s.count(status, 1);
         let v = service_ns.clamp(1, crate::MAX_LATENCY_NS);
         s.latency.record(v);
         s.sum_ns += u128::from(v);
