@@ -1096,11 +1096,8 @@ fn admit_here(
     forced: Option<Placement>,
     here: Option<Placement>,
 ) -> Result<Admitted, Refusal> {
-    let (routed, kind) = route(inner, req, sel, forced).map_err(Refusal::Status)?;
-    let p = match (kind, forced) {
-        (HandlerKind::Read, Some(p)) => p,
-        _ => routed,
-    };
+    // A read `forced` somewhere is routed there; a write always goes to its owner.
+    let (p, kind) = route(inner, req, sel, forced).map_err(Refusal::Status)?;
     let app = req.app;
     let write = kind == HandlerKind::Write;
     if let Some(what) = inner.over_budget(app) {

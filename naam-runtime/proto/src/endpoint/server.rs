@@ -989,9 +989,15 @@ impl<B: HostBackend> ServerEndpoint<B> {
     }
 
     fn queue_on(&mut self, ch: &Channel, id: u64, inner: Inner) {
+        self.queue_into(ch.clone(), id, inner);
+    }
+
+    /// [`ServerEndpoint::queue_on`] of a channel that is not used again: its sealer moves
+    /// into the outgoing message instead of being shared once more.
+    fn queue_into(&mut self, ch: Channel, id: u64, inner: Inner) {
         self.outbox.push(Outgoing {
             to: ch.to,
-            sealer: ch.sealer.clone(),
+            sealer: ch.sealer,
             id,
             inner,
             route: None,
@@ -1004,16 +1010,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
         self.queue_on(ch, r.request_id, Inner::reply(r));
     }
 
-    /// [`ServerEndpoint::reply_on`] of a channel that is not used again: its sealer moves
-    /// into the outgoing message instead of being shared once more.
+    /// [`ServerEndpoint::reply_on`] of a channel that is not used again (see
+    /// [`ServerEndpoint::queue_into`]).
     fn reply_into(&mut self, ch: Channel, r: Reply) {
-        self.outbox.push(Outgoing {
-            to: ch.to,
-            sealer: ch.sealer,
-            id: r.request_id,
-            inner: Inner::reply(r),
-            route: None,
-        });
+        self.queue_into(ch, r.request_id, Inner::reply(r));
     }
 
     /// When [`ServerEndpoint::handle_timeout`] is next due.
