@@ -17,6 +17,7 @@ use common::{rd, words};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::control::{self, Control};
 use naam_proto::handler_id;
+use naam_proto::kind::MessageKind;
 use naam_proto::onesided::{self, Op};
 use naam_proto::session::{Credential, HELLO_PADDING};
 use naam_proto::transport::Transport;
@@ -44,30 +45,32 @@ fn wait_for_agent(c: &mut UdpClient, app: u32) -> SocketAddr {
     }
 }
 
-fn recv_sealed_one(c: &mut UdpClient) -> Option<Bytes> {
+/// The next sealed message for `c` of kind `kind` that answers id `id`, within half a second.
+/// Late answers to `c`'s earlier calls are passed over: a call resent while the NIC was
+/// pairing is answered once per send, and the answers after the first may still be on their
+/// way.
+fn recv_answer(c: &mut UdpClient, kind: MessageKind, id: u64) -> Option<Bytes> {
     let deadline = Instant::now() + Duration::from_millis(500);
     while Instant::now() < deadline {
-        if let Some(m) = c.recv_sealed(Duration::from_millis(10)).unwrap().pop() {
+        let got = c.recv_sealed(Duration::from_millis(10)).unwrap();
+        if let Some(m) = got
+            .into_iter()
+            .find(|m| naam_proto::peek::message_id(m) == Some((kind, id)))
+        {
             return Some(m);
         }
     }
     None
 }
 
-/// The next sealed message for `c` that answers request `id`, within half a second. Late
-/// answers to `c`'s earlier calls are passed over: a call resent while the NIC was pairing is
-/// answered once per send, and the answers after the first may still be on their way.
+/// The reply to request `id`: see [`recv_answer`].
 fn recv_answer_to(c: &mut UdpClient, id: u64) -> Option<Bytes> {
-    let deadline = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < deadline {
-        let got = c.recv_sealed(Duration::from_millis(10)).unwrap();
-        if let Some(m) = got.into_iter().find(|m| {
-            naam_proto::peek::message_id(m) == Some((naam_proto::kind::MessageKind::Reply, id))
-        }) {
-            return Some(m);
-        }
-    }
-    None
+    recv_answer(c, MessageKind::Reply, id)
+}
+
+/// The completion of one-sided operation `id`: see [`recv_answer`].
+fn recv_completion(c: &mut UdpClient, id: u64) -> Option<Bytes> {
+    recv_answer(c, MessageKind::OneSidedCompletion, id)
 }
 
 /// Tenant A writes its `data` region's first words (A's app lets clients write one-sided):
@@ -85,7 +88,8 @@ fn seed_data_of_a(a: &mut UdpClient) {
     };
     let agent = wait_for_agent(a, A);
     a.send_sealed(agent, 901, &op.to_bytes().unwrap()).unwrap();
-    let c = onesided::Completion::decode(recv_sealed_one(a).expect("A writes its data")).unwrap();
+    let c =
+        onesided::Completion::decode(recv_completion(a, 901).expect("A writes its data")).unwrap();
     assert_eq!(c.status, Status::Ok);
 }
 
@@ -103,7 +107,8 @@ fn data_of_a(a: &mut UdpClient) -> Vec<u8> {
     };
     let agent = wait_for_agent(a, A);
     a.send_sealed(agent, 900, &op.to_bytes().unwrap()).unwrap();
-    let c = onesided::Completion::decode(recv_sealed_one(a).expect("A reads its data")).unwrap();
+    let c =
+        onesided::Completion::decode(recv_completion(a, 900).expect("A reads its data")).unwrap();
     assert_eq!(c.status, Status::Ok);
     c.data.to_vec()
 }
@@ -157,7 +162,8 @@ fn strangers_and_other_tenants_can_neither_read_nor_change_a_tenants_memory(d: &
     for (i, op) in ops(A).chain(ops(B)).enumerate() {
         b.send_sealed(agent, i as u64, &op.to_bytes().unwrap())
             .unwrap();
-        let c = onesided::Completion::decode(recv_sealed_one(&mut b).expect("an answer")).unwrap();
+        let c = onesided::Completion::decode(recv_completion(&mut b, op.id).expect("an answer"))
+            .unwrap();
         let want = if op.app == A {
             Status::UnknownApp
         } else {
@@ -253,7 +259,7 @@ fn guessed_request_ids_poison_no_one_elses_writes(d: &mut Deployment) {
     victim
         .send_sealed(agent, 5, &op.to_bytes().unwrap())
         .unwrap();
-    let c = onesided::Completion::decode(recv_sealed_one(&mut victim).unwrap()).unwrap();
+    let c = onesided::Completion::decode(recv_completion(&mut victim, 5).unwrap()).unwrap();
     assert_eq!(
         c.data[..],
         20u64.to_le_bytes()[..],
