@@ -10,6 +10,11 @@
 //! - `endpoints_unsealed`: the same with [`Authentication::OffForMeasurement`] (tags neither
 //!   computed nor checked; loopback addresses, where the drivers allow it), so that the
 //!   difference from `endpoints` is what the four seals and opens cost.
+//! - `inline_unsealed/{100,1000}`: the path a request takes when it runs to completion where
+//!   it is received (the in-process deployment's inline service, a receive loop's batch of
+//!   one): the server takes the datagram with `handle_alone` and the host answers in the call
+//!   (`Routed::Answered`), unsealed, with a 100-byte value and with YCSB's 1,000-byte record.
+//!   This is the protocol core's share of `--fabric inproc-endpoints` (no driver, no network).
 //!
 //! What `endpoints` adds to `codec` is what routing in-process messages through the endpoints
 //! adds to each one (docs/ARCHITECTURE.md, "the main job's direct path").
@@ -63,11 +68,14 @@ fn reply_to(req: &Request) -> Reply {
     }
 }
 
-/// A host that answers every request at once, on the request's channel.
+/// A host that answers every request at once: on the request's channel (as an executor
+/// does), or, when `inline`, in the call (as a host that runs it to completion does).
 #[derive(Default)]
 struct AnsweringHost {
     outbox: Vec<Transmit>,
     next_client: u32,
+    inline: bool,
+    value: Bytes,
 }
 
 impl HostBackend for AnsweringHost {
@@ -78,7 +86,12 @@ impl HostBackend for AnsweringHost {
         _forced: Option<Placement>,
         reply_to_channel: &Channel,
     ) -> Routed {
-        self.outbox.push(reply_to_channel.reply(&reply_to(&req)));
+        let mut reply = reply_to(&req);
+        reply.payload = self.value.clone();
+        if self.inline {
+            return Routed::Answered(reply);
+        }
+        self.outbox.push(reply_to_channel.reply(&reply));
         Routed::Queued(Placement::Host)
     }
     fn next_client_id(&mut self) -> u32 {
@@ -115,10 +128,16 @@ struct Pair {
     now: Nanos,
     client: ClientEndpoint,
     server: ServerEndpoint<AnsweringHost>,
+    inline: bool,
 }
 
 impl Pair {
     fn connected(authentication: Authentication) -> Pair {
+        Pair::connected_with(authentication, false, Bytes::from_static(&VALUE))
+    }
+
+    /// A pair whose host answers `inline` (see [`AnsweringHost`]) with `value`.
+    fn connected_with(authentication: Authentication, inline: bool, value: Bytes) -> Pair {
         let credential = Credential::generate().expect("randomness");
         let manifest = Manifest {
             apps: vec![AppManifest {
@@ -140,7 +159,11 @@ impl Pair {
         config.authentication = authentication;
         let server = ServerEndpoint::new(
             config,
-            AnsweringHost::default(),
+            AnsweringHost {
+                inline,
+                value,
+                ..AnsweringHost::default()
+            },
             CookieJar::with_key([7; 32]),
             0,
         )
@@ -152,6 +175,7 @@ impl Pair {
             now: 0,
             client,
             server,
+            inline,
         };
         pair.client.connect(0);
         for _ in 0..100 {
@@ -169,7 +193,14 @@ impl Pair {
     /// Delivers everything in flight once, both ways; returns the client's events.
     fn pump(&mut self) -> Vec<ClientEvent> {
         while let Some(t) = self.client.poll_transmit() {
-            self.server.handle(self.now, client_addr(), t.bytes);
+            match self.inline {
+                true => self
+                    .server
+                    .handle_alone(self.now, client_addr(), t.into_message()),
+                false => self
+                    .server
+                    .handle(self.now, client_addr(), t.into_message()),
+            }
         }
         // Admitted requests wait for their tenant's turn, as in naam-server's loop.
         self.server.run(usize::MAX);
@@ -178,7 +209,8 @@ impl Pair {
             back.push(t);
         }
         for t in back {
-            self.client.handle(self.now, server_addr(), t.bytes);
+            self.client
+                .handle(self.now, server_addr(), t.into_message());
         }
         let mut events = Vec::new();
         while let Some(e) = self.client.poll_event() {
@@ -233,6 +265,13 @@ fn exchange(c: &mut Criterion) {
         let mut pair = Pair::connected(Authentication::OffForMeasurement);
         b.iter(|| black_box(pair.exchange(get_request(0))))
     });
+    for len in [100, 1000] {
+        g.bench_function(format!("inline_unsealed/{len}"), |b| {
+            let value = Bytes::from(vec![0x5a; len]);
+            let mut pair = Pair::connected_with(Authentication::OffForMeasurement, true, value);
+            b.iter(|| black_box(pair.exchange(get_request(0))))
+        });
+    }
     g.finish();
 }
 

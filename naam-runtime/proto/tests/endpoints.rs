@@ -221,8 +221,7 @@ impl Net {
         for _ in 0..copies {
             let at = now + self.delay + (self.random() * self.jitter as f64) as Nanos;
             self.seq += 1;
-            self.in_flight
-                .push((at, self.seq, from, t.to, t.bytes.clone()));
+            self.in_flight.push((at, self.seq, from, t.to, t.message()));
         }
     }
 

@@ -186,9 +186,9 @@ impl World {
     }
 
     fn send(&mut self, from: SocketAddr, t: Transmit) {
-        let route = t.frame_route();
+        let (route, to) = (t.frame_route(), t.to);
         self.wire
-            .push((self.now + 50_000, from, t.to, route, t.bytes));
+            .push((self.now + 50_000, from, to, route, t.into_message()));
     }
 
     fn flush(&mut self) {

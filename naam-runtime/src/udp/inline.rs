@@ -270,13 +270,7 @@ mod tests {
     impl InlineEndpoint for Echo {
         fn handle(&mut self, _now: Nanos, from: SocketAddr, msg: Bytes) {
             self.got.push((from, msg.clone()));
-            self.out.push_back(Transmit {
-                to: from,
-                id: 1,
-                bytes: msg,
-                route: None,
-                datagram: None,
-            });
+            self.out.push_back(Transmit::new(from, 1, msg));
         }
         fn handle_timeout(&mut self, _now: Nanos) {}
         fn poll_timeout(&self) -> Option<Nanos> {

@@ -717,11 +717,11 @@ impl Outlet<'_> {
     /// Sends what an endpoint asked for: the one datagram it framed, when that fits
     /// `datagram` bytes ([`Transmit::framed`]), else its bytes in fragments.
     fn send_transmit(self, datagram: usize, t: Transmit) -> io::Result<usize> {
-        let framed = t.framed(datagram).is_some();
-        match t.datagram {
+        let to = t.to;
+        match t.into_framed(datagram) {
             // Moved on, not cloned: no reference count taken and given back per send.
-            Some(d) if framed => self.send_datagrams(t.to, Fragments::from_buf([d])),
-            _ => self.send(datagram, t.to, t.id, t.frame_route(), &t.bytes),
+            Ok(d) => self.send_datagrams(to, Fragments::from_buf([d])),
+            Err(t) => self.send(datagram, t.to, t.id, t.frame_route(), t.bytes()),
         }
     }
 
@@ -807,7 +807,7 @@ fn send_messages(sock: &UdpSocket, datagram: usize, batch: &[Transmit]) -> (usiz
     // Per fragment: its message's index in `batch`, its header and its range.
     let mut frags: Vec<(usize, naam_proto::frame::Piece)> = Vec::new();
     for (m, t) in batch.iter().enumerate() {
-        match naam_proto::frame::pieces(t.id, t.bytes.len(), datagram, t.frame_route()) {
+        match naam_proto::frame::pieces(t.id, t.bytes().len(), datagram, t.frame_route()) {
             Ok(pieces) => frags.extend(pieces.map(|p| (m, p))),
             Err(_) => failed += 1,
         }
@@ -816,7 +816,7 @@ fn send_messages(sock: &UdpSocket, datagram: usize, batch: &[Transmit]) -> (usiz
     let mut iovs: Vec<[libc::iovec; 2]> = frags
         .iter()
         .map(|(m, p)| {
-            let bytes = &batch[*m].bytes;
+            let bytes = batch[*m].bytes();
             [
                 libc::iovec {
                     iov_base: p.header.as_ptr() as *mut libc::c_void,
@@ -1047,12 +1047,10 @@ mod tests {
         let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
         raw.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
         let to = raw.local_addr().unwrap();
-        let t = |id: u64, len: usize, route: Option<u8>| Transmit {
-            to,
-            id,
-            bytes: Bytes::from(vec![9u8; len]),
-            route,
-            datagram: None,
+        let t = |id: u64, len: usize, route: Option<u8>| {
+            let mut t = Transmit::new(to, id, Bytes::from(vec![9u8; len]));
+            t.route = route;
+            t
         };
         a.send_transmit(t(1, 3000, Some(0x2b))).unwrap();
         a.sender()

@@ -378,10 +378,11 @@ impl ClientEndpoint {
     /// Queues `inner` for `to`, to be sealed in the session (and coalesced) when transmitted;
     /// nothing goes without a session.
     fn send_sealed(&mut self, to: SocketAddr, id: u64, inner: Bytes) {
-        if let Some(s) = &self.session {
+        if self.session.is_some() {
+            // Sealed in the session when it is sent ([`ClientEndpoint::poll_transmit`]).
             self.outbox.push(Outgoing {
                 to,
-                sealer: s.sealer.clone(),
+                sealer: None,
                 id,
                 inner: Inner::Encoded(inner),
                 route: None,
@@ -418,6 +419,8 @@ impl ClientEndpoint {
     /// Starts a handshake (dropping any session): hello now, the rest as answers arrive. Its
     /// end is a [`ClientEvent::Connected`] or [`ClientEvent::ConnectFailed`].
     pub fn connect(&mut self, now: Nanos) {
+        // What was queued in the session goes out sealed in it, as if polled before.
+        self.seal_outbox();
         self.session = None;
         let server = self.config.server;
         if let Some(h) = self.handshake.take() {
@@ -610,15 +613,22 @@ impl ClientEndpoint {
     /// The next datagram to send. Messages of the session waiting for the same peer are
     /// coalesced into one envelope as far as a datagram holds them.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.seal_outbox();
+        self.transmits.pop_front()
+    }
+
+    /// Seals what waits in the outbox, coalesced, in the session it was queued in (the
+    /// current one: a new handshake seals the outbox before it drops the session).
+    fn seal_outbox(&mut self) {
         if !self.outbox.is_empty() {
             coalesce(
                 &mut self.outbox,
                 self.datagram_payload,
                 &mut self.transmits,
                 &mut self.arena,
+                self.session.as_ref().map(|s| &s.sealer),
             );
         }
-        self.transmits.pop_front()
     }
 
     /// The oldest event not yet taken, if any.
@@ -760,13 +770,7 @@ impl ClientEndpoint {
     }
 
     fn push(&mut self, to: SocketAddr, id: u64, bytes: Bytes) {
-        self.transmits.push_back(Transmit {
-            to,
-            id,
-            bytes,
-            route: None,
-            datagram: None,
-        });
+        self.transmits.push_back(Transmit::new(to, id, bytes));
     }
 
     fn fail(&mut self, id: u64, error: ExchangeError) {

@@ -539,13 +539,7 @@ impl<B: NicBackend> NicEndpoint<B> {
             Pairing::Paired { .. } | Pairing::Idle => return,
         };
         drop(link);
-        self.push(Transmit {
-            to: server,
-            id,
-            bytes,
-            route: None,
-            datagram: None,
-        });
+        self.push(Transmit::new(server, id, bytes));
     }
 
     /// The pairing channel, when paired with the server start the executors were built for.

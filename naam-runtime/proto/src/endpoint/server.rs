@@ -49,13 +49,7 @@ pub struct Channel {
 impl Channel {
     /// `bytes` sealed in this session, addressed to its peer.
     pub fn transmit(&self, id: u64, bytes: &[u8]) -> Transmit {
-        Transmit {
-            to: self.to,
-            id,
-            bytes: self.sealer.seal(bytes),
-            route: None,
-            datagram: None,
-        }
+        Transmit::new(self.to, id, self.sealer.seal(bytes))
     }
 
     /// Reply `r` sealed in this session (a reply that does not encode goes out empty: the
@@ -70,7 +64,10 @@ impl Channel {
 #[derive(Clone, Debug)]
 pub(super) struct Outgoing {
     pub(super) to: SocketAddr,
-    pub(super) sealer: Arc<Sealer>,
+    /// The session it is sealed in; `None` for the endpoint's own session (a client's one
+    /// session, which [`coalesce`] is given), so that queueing a message takes no reference
+    /// on its sealer.
+    pub(super) sealer: Option<Arc<Sealer>>,
     pub(super) id: u64,
     pub(super) inner: Inner,
     /// [`Transmit::route`] of the envelope it goes in.
@@ -138,21 +135,25 @@ impl Inner {
 /// over it goes alone, to be fragmented); the first message's id names each batch. Returns
 /// how many batches of several messages were made. `out` is left empty with its capacity,
 /// so an endpoint's outbox is allocated once; the envelopes are written in `arena`'s chunks.
+/// `own` seals the messages queued for the endpoint's own session (sealer `None`); without
+/// it they are dropped (the session is gone).
 pub(super) fn coalesce(
     out: &mut Vec<Outgoing>,
     limit: usize,
     into: &mut VecDeque<Transmit>,
     arena: &mut ByteArena,
+    own: Option<&Arc<Sealer>>,
 ) -> u64 {
     use crate::limits::{MAX_MESSAGE, SEAL_OVERHEAD};
     let budget = limit.min(MAX_MESSAGE).saturating_sub(SEAL_OVERHEAD);
+    let sealer_of = |o: &Outgoing| o.sealer.as_ref().or(own).map(Arc::as_ptr);
     let together = |a: &Outgoing, b: &Outgoing| {
-        a.to == b.to && a.route == b.route && Arc::ptr_eq(&a.sealer, &b.sealer)
+        a.to == b.to && a.route == b.route && sealer_of(a) == sealer_of(b)
     };
     // The usual case, one message or one session's window: a single group, in place.
     let batches = match out.first() {
         Some(first) if out.iter().all(|o| together(first, o)) => {
-            coalesce_group(out, budget, limit, into, arena)
+            coalesce_group(out, budget, limit, into, arena, own)
         }
         Some(_) => {
             // Groups in order of first appearance; within a group, arrival order.
@@ -165,7 +166,7 @@ pub(super) fn coalesce(
             }
             groups
                 .iter()
-                .map(|g| coalesce_group(g, budget, limit, into, arena))
+                .map(|g| coalesce_group(g, budget, limit, into, arena, own))
                 .sum()
         }
         None => 0,
@@ -182,7 +183,11 @@ fn coalesce_group(
     limit: usize,
     into: &mut VecDeque<Transmit>,
     arena: &mut ByteArena,
+    own: Option<&Arc<Sealer>>,
 ) -> u64 {
+    let Some(sealer) = g.first().and_then(|o| o.sealer.as_ref().or(own)) else {
+        return 0;
+    };
     let mut batches = 0;
     let mut i = 0;
     while i < g.len() {
@@ -209,13 +214,17 @@ fn coalesce_group(
         let next = match batched {
             Some(b) => {
                 batches += 1;
-                into.push_back(first.transmit(arena, limit, b.len(), |out| out.put_slice(&b)));
+                into.push_back(
+                    first.transmit(sealer, arena, limit, b.len(), |out| out.put_slice(&b)),
+                );
                 j
             }
             None => {
-                into.push_back(first.transmit(arena, limit, first.inner.len(), |out| {
-                    first.inner.write(out)
-                }));
+                into.push_back(
+                    first.transmit(sealer, arena, limit, first.inner.len(), |out| {
+                        first.inner.write(out)
+                    }),
+                );
                 i + 1
             }
         };
@@ -225,12 +234,13 @@ fn coalesce_group(
 }
 
 impl Outgoing {
-    /// What `write` appends (about `len` bytes: this message, or a batch it leads) sealed for
-    /// this message's peer, in a chunk of `arena`. When the envelope fits in `limit` bytes (a
-    /// datagram's payload) it is written behind its fragment header, framed as the one
-    /// datagram that carries it ([`Transmit::datagram`]).
+    /// What `write` appends (about `len` bytes: this message, or a batch it leads) sealed by
+    /// `sealer` (its session's) for this message's peer, in a chunk of `arena`. When the
+    /// envelope fits in `limit` bytes (a datagram's payload) it is written behind its
+    /// fragment header, framed as the one datagram that carries it ([`Transmit::framed`]).
     fn transmit(
         &self,
+        sealer: &Sealer,
         arena: &mut ByteArena,
         limit: usize,
         len: usize,
@@ -240,27 +250,21 @@ impl Outgoing {
         let mut lone = false;
         let datagram = arena.write(HEADER + limits::SEAL_OVERHEAD + len, |b| {
             b.put_slice(&[0; HEADER]);
-            if !self.sealer.seal_into(b, write) {
+            if !sealer.seal_into(b, write) {
                 return;
             }
             let sealed = &b[HEADER..];
             // The route `route_of` reads from the envelope: its session's.
             let route = self
                 .route
-                .unwrap_or_else(|| crate::shard::route_of_session(self.sealer.key().session()));
+                .unwrap_or_else(|| crate::shard::route_of_session(sealer.key().session()));
             if let Some(h) = lone_header(self.id, sealed.len(), route) {
                 lone = sealed.len() <= limit;
                 b[..HEADER].copy_from_slice(&h);
             }
         });
-        Transmit {
-            to: self.to,
-            id: self.id,
-            // Empty when the session's packet numbers are spent: the peer drops it.
-            bytes: datagram.slice(HEADER.min(datagram.len())..),
-            route: self.route,
-            datagram: lone.then_some(datagram),
-        }
+        // Empty when the session's packet numbers are spent: the peer drops it.
+        Transmit::behind_header(self.to, self.id, self.route, datagram, lone)
     }
 }
 
@@ -973,11 +977,13 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// one envelope as far as a datagram holds them.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
         if !self.outbox.is_empty() {
+            // Every message names its session's sealer: the server has none of its own.
             self.stats.batches += coalesce(
                 &mut self.outbox,
                 self.datagram_payload,
                 &mut self.transmits,
                 &mut self.arena,
+                None,
             );
         }
         self.transmits.pop_front()
@@ -997,7 +1003,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
     fn queue_into(&mut self, ch: Channel, id: u64, inner: Inner) {
         self.outbox.push(Outgoing {
             to: ch.to,
-            sealer: ch.sealer,
+            sealer: Some(ch.sealer),
             id,
             inner,
             route: None,
@@ -1085,13 +1091,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// the amplification limit of what the peer sent.
     fn send_unproven(&mut self, peer: SocketAddr, received: usize, id: u64, bytes: Bytes) {
         if within_amplification(datagram_len(received), datagram_len(bytes.len())) {
-            self.push(Transmit {
-                to: peer,
-                id,
-                bytes,
-                route: None,
-                datagram: None,
-            });
+            self.push(Transmit::new(peer, id, bytes));
         } else {
             self.stats.amplification_drops += 1;
         }
@@ -1483,7 +1483,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                     // Routed as the client session it belongs to: see `Transmit::route`.
                     self.outbox.push(Outgoing {
                         to: agent,
-                        sealer: nic.sealer.clone(),
+                        sealer: Some(nic.sealer.clone()),
                         id,
                         inner: Inner::Encoded(f),
                         route: Some(crate::shard::route_of_session(sid)),
@@ -1762,7 +1762,7 @@ mod coalescing_tests {
         };
         let outgoing = |inner: Inner, id: u64| Outgoing {
             to,
-            sealer: sealer.clone(),
+            sealer: Some(sealer.clone()),
             id,
             inner,
             route: None,
@@ -1770,8 +1770,8 @@ mod coalescing_tests {
         let mut t = VecDeque::new();
         // Alone: encoded straight into the envelope.
         let mut out = vec![outgoing(Inner::reply(reply(1, 1000)), 1)];
-        coalesce(&mut out, 8948, &mut t, &mut ByteArena::default());
-        let opened = key.open(&t[0].bytes).unwrap().1;
+        coalesce(&mut out, 8948, &mut t, &mut ByteArena::default(), None);
+        let opened = key.open(&t[0].message()).unwrap().1;
         assert_eq!(Reply::decode(opened).unwrap(), reply(1, 1000));
         // In a batch with a message encoded before.
         let mut out = vec![
@@ -1779,10 +1779,10 @@ mod coalescing_tests {
             outgoing(Inner::Encoded(reply(3, 20).to_bytes().unwrap()), 3),
         ];
         assert_eq!(
-            coalesce(&mut out, 8948, &mut t, &mut ByteArena::default()),
+            coalesce(&mut out, 8948, &mut t, &mut ByteArena::default(), None),
             1
         );
-        let opened = key.open(&t[1].bytes).unwrap().1;
+        let opened = key.open(&t[1].message()).unwrap().1;
         let parts = crate::batch::split(&opened).unwrap();
         assert_eq!(Reply::decode(parts[0].clone()).unwrap(), reply(2, 10));
         assert_eq!(Reply::decode(parts[1].clone()).unwrap(), reply(3, 20));
@@ -1799,7 +1799,7 @@ mod coalescing_tests {
         let to: SocketAddr = "127.0.0.1:9".parse().unwrap();
         let outgoing = |n: usize, id: u64, route: Option<u8>| Outgoing {
             to,
-            sealer: sealer.clone(),
+            sealer: Some(sealer.clone()),
             id,
             inner: Inner::Encoded(Bytes::from(vec![7u8; n])),
             route,
@@ -1808,20 +1808,20 @@ mod coalescing_tests {
         let mut t = VecDeque::new();
         let mut arena = ByteArena::default();
         let mut out = vec![outgoing(1000, 41, None), outgoing(5000, 42, Some(9))];
-        coalesce(&mut out, limit, &mut t, &mut arena);
+        coalesce(&mut out, limit, &mut t, &mut arena, None);
         let (fits, over) = (&t[0], &t[1]);
         let d = fits.framed(limit + frame::HEADER).expect("framed");
-        let want = frame::fragment(41, &fits.bytes, limit + frame::HEADER).unwrap();
+        let want = frame::fragment(41, fits.bytes(), limit + frame::HEADER).unwrap();
         assert_eq!(want.len(), 1);
         assert_eq!(d, &want[0], "the driver's own fragment, byte for byte");
         let f = frame::Fragment::decode(d.clone()).unwrap();
         assert_eq!(
             (f.message, f.count, f.data.clone()),
-            (41, 1, fits.bytes.clone())
+            (41, 1, fits.message())
         );
-        assert_eq!(key.open(&fits.bytes).unwrap().1, vec![7u8; 1000]);
+        assert_eq!(key.open(&fits.message()).unwrap().1, vec![7u8; 1000]);
         // Too big for one datagram: the driver fragments it.
-        assert!(over.datagram.is_none() && over.framed(usize::MAX).is_none());
+        assert!(over.framed(usize::MAX).is_none());
         // A datagram the driver's is smaller than, or a transmit changed after it was made,
         // is not sent as framed.
         assert!(fits.framed(d.len() - 1).is_none());
@@ -1845,7 +1845,7 @@ mod coalescing_tests {
         let mut out: Vec<Outgoing> = (0..3u64)
             .map(|i| Outgoing {
                 to,
-                sealer: sealer.clone(),
+                sealer: Some(sealer.clone()),
                 id: 10 + i,
                 inner: Inner::Encoded(Bytes::from(vec![i as u8 + 1; 100])),
                 route: None,
@@ -1854,7 +1854,7 @@ mod coalescing_tests {
         let capacity = out.capacity();
         let mut t = VecDeque::new();
         assert_eq!(
-            coalesce(&mut out, 8948, &mut t, &mut ByteArena::default()),
+            coalesce(&mut out, 8948, &mut t, &mut ByteArena::default(), None),
             1,
             "one batch of three"
         );
@@ -1866,22 +1866,22 @@ mod coalescing_tests {
         );
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].id, 10, "the first message names the batch");
-        let parts = crate::batch::split(&key.open(&t[0].bytes).unwrap().1).unwrap();
+        let parts = crate::batch::split(&key.open(&t[0].message()).unwrap().1).unwrap();
         let firsts: Vec<u8> = parts.iter().map(|p| p[0]).collect();
         assert_eq!(firsts, vec![1, 2, 3]);
         // A lone message goes as itself, not as a batch of one.
         out.push(Outgoing {
             to,
-            sealer,
+            sealer: Some(sealer),
             id: 20,
             inner: Inner::Encoded(Bytes::from_static(b"alone")),
             route: None,
         });
         assert_eq!(
-            coalesce(&mut out, 8948, &mut t, &mut ByteArena::default()),
+            coalesce(&mut out, 8948, &mut t, &mut ByteArena::default(), None),
             0
         );
-        assert_eq!(&key.open(&t[1].bytes).unwrap().1[..], b"alone");
+        assert_eq!(&key.open(&t[1].message()).unwrap().1[..], b"alone");
     }
 
     #[test]
@@ -1893,33 +1893,33 @@ mod coalescing_tests {
         let mut out: Vec<Outgoing> = (0..10u64)
             .map(|i| Outgoing {
                 to,
-                sealer: if i == 4 {
+                sealer: Some(if i == 4 {
                     other.clone()
                 } else {
                     sealer.clone()
-                },
+                }),
                 id: i,
                 inner: Inner::Encoded(Bytes::from(vec![i as u8 + 1; 1000])),
                 route: None,
             })
             .collect();
         let mut t = VecDeque::new();
-        coalesce(&mut out, 8948, &mut t, &mut ByteArena::default());
+        coalesce(&mut out, 8948, &mut t, &mut ByteArena::default(), None);
         // Nine for one sealer: eight in the first datagram (4 + 8 x 1,002 bytes fit in
         // 8,152; nine do not), one in the next; the other sealer's one alone.
         assert_eq!(
             t.len(),
             3,
             "{:?}",
-            t.iter().map(|t| t.bytes.len()).collect::<Vec<_>>()
+            t.iter().map(|t| t.bytes().len()).collect::<Vec<_>>()
         );
-        let opened = key.open(&t[0].bytes).unwrap().1;
+        let opened = key.open(&t[0].message()).unwrap().1;
         let parts = crate::batch::split(&opened).unwrap();
         assert_eq!(parts.len(), 8);
         assert_eq!(
             parts[4][0], 6,
             "arrival order kept, the other sealer's skipped"
         );
-        assert_eq!(key.open(&t[1].bytes).unwrap().1.len(), 1000);
+        assert_eq!(key.open(&t[1].message()).unwrap().1.len(), 1000);
     }
 }
