@@ -117,6 +117,23 @@ impl Deployment {
                 return None;
             }
         };
+        // The ports are free when picked, not reserved: another test's socket may take one
+        // before the process binds it. That start is given up and tried on other ports.
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match Deployment::start_processes(&bin) {
+                Ok(p) => return Some(Deployment::Processes(p)),
+                Err(why) if attempts < 3 => eprintln!("{test}: starting again: {why}"),
+                Err(why) => panic!("{test}: the processes did not start: {why}"),
+            }
+        }
+    }
+
+    /// naam-server and naam-nic on ports free a moment ago, serving; `Err` when one of them
+    /// exited because its port was taken in the meantime.
+    fn start_processes(bin: &Path) -> Result<Processes, String> {
+        let bin = bin.to_path_buf();
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
         for (name, key) in [
@@ -161,7 +178,7 @@ impl Deployment {
             .stderr(log(d, "naam-nic.log"))
             .spawn()
             .expect("naam-nic starts");
-        let p = Processes {
+        let mut p = Processes {
             dir,
             bin,
             server,
@@ -171,8 +188,7 @@ impl Deployment {
             server_metrics,
             nic_metrics,
         };
-        p.wait_until_serving();
-        Some(Deployment::Processes(p))
+        p.wait_until_serving().map(|()| p)
     }
 
     /// naam-server's address.
@@ -224,9 +240,12 @@ impl Processes {
     /// Waits until the server answers a session handshake (it has loaded its apps), then
     /// until naam-nic has paired and reported (the weights name its agent), so a test's first
     /// call pinned to the NIC does not meet a NIC still pairing.
-    fn wait_until_serving(&self) {
+    /// `Err` when a process exited because an address it was given was taken (see
+    /// [`Deployment::start_processes`]).
+    fn wait_until_serving(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
+            self.exited_on_a_taken_port()?;
             let mut cfg = naam_runtime::udp::UdpConfig::new(self.server_addr, "a", key_a());
             cfg.rto = Duration::from_millis(50);
             if let Ok(mut c) = naam_runtime::udp::UdpClient::connect(&cfg) {
@@ -242,8 +261,9 @@ impl Processes {
                     if let Ok(naam_proto::control::Control::Weights { agent: Some(_), .. }) =
                         c.control(&query)
                     {
-                        return;
+                        return Ok(());
                     }
+                    self.exited_on_a_taken_port()?;
                     assert!(
                         Instant::now() < deadline,
                         "naam-nic did not pair within 30 s:\n{}",
@@ -261,6 +281,26 @@ impl Processes {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+}
+
+impl Processes {
+    /// `Err` with its log when naam-server or naam-nic has exited saying an address was in
+    /// use; any other exit is left to the caller's deadline, whose message shows the logs.
+    fn exited_on_a_taken_port(&mut self) -> Result<(), String> {
+        for (child, name) in [
+            (&mut self.server, "naam-server"),
+            (&mut self.nic, "naam-nic"),
+        ] {
+            if let Ok(Some(status)) = child.try_wait() {
+                let log = std::fs::read_to_string(self.dir.path().join(format!("{name}.log")))
+                    .unwrap_or_default();
+                if log.to_lowercase().contains("in use") {
+                    return Err(format!("{name} exited ({status}):\n{log}"));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -336,16 +376,29 @@ fn log(dir: &Path, name: &str) -> Stdio {
         .into()
 }
 
-/// A loopback TCP port free a moment ago (for `--metrics`).
+/// A loopback TCP port free a moment ago (for `--metrics`), never handed out before in this
+/// process.
 fn free_tcp_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("a free loopback port")
+    unused_port(|| std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr()))
 }
 
-/// A loopback UDP port free a moment ago.
+/// A loopback UDP port free a moment ago, never handed out before in this process.
 fn free_loopback_port() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("a free loopback port")
+    unused_port(|| UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()))
+}
+
+/// An address `pick` finds free whose port this process has not handed out yet. The kernel
+/// may give a port closed a moment ago to the next bind, and the servers' receive loops bind
+/// with `SO_REUSEPORT`: two deployments of parallel tests given one port would both bind it
+/// and share its datagrams.
+fn unused_port(pick: impl Fn() -> std::io::Result<SocketAddr>) -> SocketAddr {
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let a = pick().expect("a free loopback port");
+        let mut used = HANDED_OUT.lock().unwrap_or_else(|p| p.into_inner());
+        if !used.contains(&a.port()) {
+            used.push(a.port());
+            return a;
+        }
+    }
 }
