@@ -781,6 +781,13 @@ impl UdpClient {
         }
     }
 
+    /// Fails every submitted call with `Shutdown`, into `ready`: the socket is gone.
+    fn fail_pending(&mut self) {
+        for (id, _) in self.pending.drain() {
+            self.ready.push((id, Err(ClientError::Shutdown)));
+        }
+    }
+
     /// The answers the endpoint has for submitted messages, into `ready`.
     fn collect(&mut self) {
         let conn = self.path.transport();
@@ -866,11 +873,7 @@ impl naam_proto::transport::Pipeline for UdpClient {
 
     fn poll(&mut self, block: bool) -> Vec<(u64, Result<Reply, ClientError>)> {
         if self.path.transport().flush().is_err() {
-            let failed: Vec<u64> = self.pending.keys().copied().collect();
-            for id in failed {
-                self.pending.remove(&id);
-                self.ready.push((id, Err(ClientError::Shutdown)));
-            }
+            self.fail_pending();
         }
         self.collect();
         if block && self.ready.is_empty() && !self.pending.is_empty() {
@@ -882,11 +885,7 @@ impl naam_proto::transport::Pipeline for UdpClient {
                 }
                 let conn = self.path.transport();
                 if conn.flush().and_then(|_| conn.turn(left)).is_err() {
-                    let failed: Vec<u64> = self.pending.keys().copied().collect();
-                    for id in failed {
-                        self.pending.remove(&id);
-                        self.ready.push((id, Err(ClientError::Shutdown)));
-                    }
+                    self.fail_pending();
                     break;
                 }
                 self.collect();
