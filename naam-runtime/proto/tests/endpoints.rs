@@ -469,6 +469,27 @@ fn a_session_is_set_up_and_requests_are_answered() {
     assert_eq!(w.server.stats().host, 2);
 }
 
+/// A request queued when a new handshake starts (a renewal) leaves sealed in the session it
+/// was queued in, ahead of the hello, as it would have had it been polled first.
+#[test]
+fn what_waits_when_a_handshake_starts_leaves_sealed_in_its_own_session() {
+    let mut w = World::new(1);
+    w.connected();
+    let probe = w.client.seal(b"probe");
+    let old = naam_proto::session::peek_sealed(&probe)
+        .expect("sealed in the session")
+        .session;
+    let id = w.call(INCREMENT);
+    w.client.connect(w.now);
+    let first = w.client.poll_transmit().expect("the queued request");
+    assert_eq!(first.id, id);
+    let h = naam_proto::session::peek_sealed(first.bytes()).expect("sealed");
+    assert_eq!(h.session, old);
+    // Then the new handshake, outside any session.
+    let hello = w.client.poll_transmit().expect("the hello");
+    assert!(naam_proto::session::peek_sealed(hello.bytes()).is_err());
+}
+
 #[test]
 fn datagrams_taken_alone_are_answered_as_through_the_turns() {
     for alone in [false, true] {
