@@ -45,32 +45,18 @@ fn wait_for_agent(c: &mut UdpClient, app: u32) -> SocketAddr {
     }
 }
 
-/// The next sealed message for `c` of kind `kind` that answers id `id`, within half a second.
-/// Late answers to `c`'s earlier calls are passed over: a call resent while the NIC was
-/// pairing is answered once per send, and the answers after the first may still be on their
-/// way.
-fn recv_answer(c: &mut UdpClient, kind: MessageKind, id: u64) -> Option<Bytes> {
-    let deadline = Instant::now() + Duration::from_millis(500);
-    while Instant::now() < deadline {
-        let got = c.recv_sealed(Duration::from_millis(10)).unwrap();
-        if let Some(m) = got
-            .into_iter()
-            .find(|m| naam_proto::peek::message_id(m) == Some((kind, id)))
-        {
-            return Some(m);
-        }
-    }
-    None
-}
+/// How long a test waits for an answer (and, where it asserts there is none, how long it
+/// waits to be sure).
+const ANSWER_WAIT: Duration = Duration::from_millis(500);
 
-/// The reply to request `id`: see [`recv_answer`].
+/// The reply to request `id`, within [`ANSWER_WAIT`] ([`common::recv_answer`]).
 fn recv_answer_to(c: &mut UdpClient, id: u64) -> Option<Bytes> {
-    recv_answer(c, MessageKind::Reply, id)
+    common::recv_answer(c, MessageKind::Reply, id, ANSWER_WAIT)
 }
 
-/// The completion of one-sided operation `id`: see [`recv_answer`].
+/// The completion of one-sided operation `id`, within [`ANSWER_WAIT`].
 fn recv_completion(c: &mut UdpClient, id: u64) -> Option<Bytes> {
-    recv_answer(c, MessageKind::OneSidedCompletion, id)
+    common::recv_answer(c, MessageKind::OneSidedCompletion, id, ANSWER_WAIT)
 }
 
 /// Tenant A writes its `data` region's first words (A's app lets clients write one-sided):

@@ -13,6 +13,7 @@ use bytes::Bytes;
 use common::{examples, rd, words};
 use naam_proto::control::Control;
 use naam_proto::handler_id;
+use naam_proto::kind::MessageKind;
 use naam_proto::onesided::{self, Op};
 use naam_proto::transport::Transport;
 use naam_proto::wire::Status;
@@ -217,38 +218,24 @@ fn bad_input_gets_clear_errors_and_the_server_keeps_serving() {
     assert_eq!(&r.payload[..], &words(&[5])[..]);
 }
 
-/// The reply to request `id` that opens in `c`'s session. Other sealed datagrams (a late
-/// reply to a call `wait_for_agent` retransmitted) are skipped, as in [`recv_completion`].
+/// The reply to request `id`, within 5 s ([`common::recv_answer`]: a late reply to a call
+/// `wait_for_agent` retransmitted is passed over).
 fn recv_reply_to(c: &mut UdpClient, id: u64) -> Bytes {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no reply to request {id}");
-        for m in c.recv_sealed(left.min(Duration::from_millis(10))).unwrap() {
-            if naam_proto::peek::message_id(&m) == Some((naam_proto::kind::MessageKind::Reply, id))
-            {
-                return m;
-            }
-        }
-    }
+    common::recv_answer(c, MessageKind::Reply, id, Duration::from_secs(5))
+        .unwrap_or_else(|| panic!("no reply to request {id}"))
 }
 
-/// The completion of one-sided operation `id`. Sealed datagrams that are not one (a late
-/// reply to a call `wait_for_agent` retransmitted) are skipped: a run once failed decoding
-/// such a reply as the completion.
+/// The completion of one-sided operation `id`, within 5 s (other sealed datagrams passed
+/// over: a run once failed decoding a late reply as the completion).
 fn recv_completion(c: &mut UdpClient, id: u64) -> onesided::Completion {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "no completion of operation {id}");
-        for m in c.recv_sealed(left.min(Duration::from_millis(10))).unwrap() {
-            if let Ok(done) = onesided::Completion::decode(m) {
-                if done.id == id {
-                    return done;
-                }
-            }
-        }
-    }
+    let m = common::recv_answer(
+        c,
+        MessageKind::OneSidedCompletion,
+        id,
+        Duration::from_secs(5),
+    )
+    .unwrap_or_else(|| panic!("no completion of operation {id}"));
+    onesided::Completion::decode(m).expect("a completion")
 }
 
 fn recv_one(s: &mut Socket) -> Bytes {
@@ -487,9 +474,7 @@ fn a_full_host_queue_answers_busy_and_keeps_serving() {
         for m in c.recv_sealed(Duration::from_millis(10)).unwrap() {
             // Only the answers to these twenty: a late duplicate answer to an earlier call
             // may still arrive (see `recv_reply_to`).
-            if let Some((naam_proto::kind::MessageKind::Reply, 1..=20)) =
-                naam_proto::peek::message_id(&m)
-            {
+            if let Some((MessageKind::Reply, 1..=20)) = naam_proto::peek::message_id(&m) {
                 statuses.push(naam_proto::wire::Reply::decode(m).unwrap().status);
             }
         }

@@ -271,6 +271,34 @@ pub(crate) fn udp_nic(shm: &Path, server: std::net::SocketAddr) -> Driver {
 }
 
 /// A read descriptor.
+/// The next sealed message for `c` of kind `kind` that answers id `id` (a reply's request id,
+/// a completion's operation id), if one comes `within`. Other sealed datagrams are passed
+/// over: a call resent (while the NIC paired, or after a pause) is answered once per send,
+/// and the answers after the first may still be on their way.
+pub(crate) fn recv_answer(
+    c: &mut naam_runtime::udp::UdpClient,
+    kind: naam_proto::kind::MessageKind,
+    id: u64,
+    within: std::time::Duration,
+) -> Option<bytes::Bytes> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        let got = c
+            .recv_sealed(left.min(std::time::Duration::from_millis(10)))
+            .expect("a client's receive");
+        if let Some(m) = got
+            .into_iter()
+            .find(|m| naam_proto::peek::message_id(m) == Some((kind, id)))
+        {
+            return Some(m);
+        }
+    }
+}
+
 pub(crate) fn rd(rkey: u64, offset: u64, len: u32) -> naam_ebpf::abi::Descriptor {
     naam_ebpf::abi::Descriptor {
         rkey,
