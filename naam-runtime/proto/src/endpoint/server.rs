@@ -146,7 +146,7 @@ pub(super) fn coalesce(
 ) -> u64 {
     use crate::limits::{MAX_MESSAGE, SEAL_OVERHEAD};
     let budget = limit.min(MAX_MESSAGE).saturating_sub(SEAL_OVERHEAD);
-    let sealer_of = |o: &Outgoing| o.sealer.as_ref().or(own).map(Arc::as_ptr);
+    let sealer_of = |o: &Outgoing| o.sealer_in(own).map(Arc::as_ptr);
     let together = |a: &Outgoing, b: &Outgoing| {
         a.to == b.to && a.route == b.route && sealer_of(a) == sealer_of(b)
     };
@@ -185,7 +185,7 @@ fn coalesce_group(
     arena: &mut ByteArena,
     own: Option<&Arc<Sealer>>,
 ) -> u64 {
-    let Some(sealer) = g.first().and_then(|o| o.sealer.as_ref().or(own)) else {
+    let Some(sealer) = g.first().and_then(|o| o.sealer_in(own)) else {
         return 0;
     };
     let mut batches = 0;
@@ -234,6 +234,12 @@ fn coalesce_group(
 }
 
 impl Outgoing {
+    /// The sealer of its session: its own, else `own` (the endpoint's session, for a
+    /// message that names none); `None` when that session is gone.
+    fn sealer_in<'a>(&'a self, own: Option<&'a Arc<Sealer>>) -> Option<&'a Arc<Sealer>> {
+        self.sealer.as_ref().or(own)
+    }
+
     /// What `write` appends (about `len` bytes: this message, or a batch it leads) sealed by
     /// `sealer` (its session's) for this message's peer, in a chunk of `arena`. When the
     /// envelope fits in `limit` bytes (a datagram's payload) it is written behind its
