@@ -172,6 +172,11 @@ pub(crate) struct Conn {
     socket: Socket,
     endpoint: ClientEndpoint,
     clock: SystemClock,
+    /// The latest reading of `clock` ([`Conn::stamp`]): when the call being served began,
+    /// or when the driver last took messages in. Sends and the receive's timer bound use it
+    /// rather than reading the counter again (a read costs 15-20 ns in a VM, and a call used
+    /// to make six); it is at most one round of the driver old.
+    now: Nanos,
     /// Control messages that answered no exchange (weights after a refresh).
     inbox: Vec<Control>,
     /// Answers and failures of exchanges no one was waiting for by name.
@@ -191,6 +196,12 @@ impl Conn {
         self.direct_reads.is_some() || self.endpoint.agent().is_some()
     }
 
+    /// Reads the clock and keeps the reading as [`Conn::now`].
+    fn stamp(&mut self) -> Nanos {
+        self.now = self.clock.now();
+        self.now
+    }
+
     /// Sends what the endpoint asks for.
     fn flush(&mut self) -> std::io::Result<()> {
         let mut sent = false;
@@ -199,7 +210,7 @@ impl Conn {
             sent = true;
         }
         if sent {
-            self.poller.served(self.clock.now());
+            self.poller.served(self.now);
         }
         Ok(())
     }
@@ -229,7 +240,10 @@ impl Conn {
     /// One round of the driver: receives for up to `wait` (less when a timer is due sooner),
     /// then fires the timers that are due.
     fn turn(&mut self, wait: Duration) -> std::io::Result<()> {
-        let now = self.clock.now();
+        // The timers are bounded from the latest reading: at most one driver round old, so a
+        // due timer fires that much late at worst, against a retransmission floor of tens of
+        // microseconds.
+        let now = self.now;
         let wait = self
             .endpoint
             .poll_timeout()
@@ -244,7 +258,7 @@ impl Conn {
         self.socket.recv_into(spin.min(wait), wait, &mut got)?;
         // One reading for the whole batch and the timers after it: they were all taken in at
         // this moment.
-        let now = self.clock.now();
+        let now = self.stamp();
         self.poller.arrived(now, !got.is_empty());
         for (from, m) in got.drain(..) {
             self.endpoint.handle(now, from, m);
@@ -268,7 +282,8 @@ impl Conn {
 
     /// Sets up a session and returns the server's welcome.
     fn connect(&mut self) -> Result<Control, UdpError> {
-        self.endpoint.connect(self.clock.now());
+        let now = self.stamp();
+        self.endpoint.connect(now);
         let r = self.drive(|event| match event {
             ClientEvent::Connected(welcome) => Ok(Ok(*welcome)),
             ClientEvent::ConnectFailed(e) => Ok(Err(e)),
@@ -328,7 +343,8 @@ impl Conn {
 
     /// Sends control query `message` to the server in the session and waits for the answer.
     fn ask(&mut self, message: &Control) -> Result<Bytes, ClientError> {
-        let id = self.endpoint.query(self.clock.now(), message);
+        let now = self.stamp();
+        let id = self.endpoint.query(now, message);
         self.wait(id)
     }
 }
@@ -357,7 +373,8 @@ impl OneSided for Conn {
             FetchError::Unavailable("no one-sided agent: the server reports no naam-nic".into())
         })?;
         let start = Instant::now();
-        let id = self.endpoint.read(self.clock.now(), app, descs);
+        let now = self.stamp();
+        let id = self.endpoint.read(now, app, descs);
         let m = self
             .wait(id)
             .map_err(|e| FetchError::Unavailable(format!("the one-sided agent at {agent}: {e}")))?;
@@ -454,12 +471,14 @@ impl UdpClient {
         endpoint_config.connect_timeout = config.connect_timeout.as_nanos() as Nanos;
         endpoint_config.liveness = config.liveness.as_nanos() as Nanos;
         endpoint_config.authentication = config.authentication;
-        let mut endpoint = ClientEndpoint::new(endpoint_config, clock.now());
+        let now = clock.now();
+        let mut endpoint = ClientEndpoint::new(endpoint_config, now);
         endpoint.set_datagram_payload(socket.datagram() - naam_proto::frame::HEADER);
         let mut conn = Conn {
             socket,
             endpoint,
             clock,
+            now,
             inbox: Vec::new(),
             answers: Vec::new(),
             poller: super::socket::Poller::new(CLIENT_SPIN),
@@ -517,7 +536,9 @@ impl UdpClient {
             registry: Registry::new(),
             kinds,
             vm: Vm::new(),
-            clock: SystemClock::new(),
+            // The connection's clock: a call's start and its answer's arrival are read on
+            // one clock, whichever of the two read them.
+            clock,
             limits: Limits::default(),
             weights: IntMap::default(),
             selectors: IntMap::default(),
@@ -705,11 +726,14 @@ impl UdpClient {
         reply
     }
 
-    fn call_server(&mut self, req: Request) -> Result<Reply, ClientError> {
+    /// Sends `req` to the server and waits for its reply; `start` is the connection's
+    /// reading when the call began ([`Conn::stamp`]). Returns the reply and when it was
+    /// taken in.
+    fn call_server(&mut self, req: Request, start: Nanos) -> Result<(Reply, Nanos), ClientError> {
         let conn = self.path.transport();
-        let id = conn.endpoint.request(conn.clock.now(), req);
+        let id = conn.endpoint.request(start, req);
         let m = conn.wait(id)?;
-        Ok(Reply::decode(m)?)
+        Ok((Reply::decode(m)?, conn.now))
     }
 }
 
@@ -768,14 +792,14 @@ impl UdpClient {
     }
 
     /// Counts `reply` in the metrics: `start` is this client's clock's time when the call
-    /// began (the clock reads the time-stamp counter where it can: `Instant` costs a
-    /// `clock_gettime` in a VM, twice per call).
-    fn record(&self, key: HandlerKey, start: Nanos, reply: &Reply) {
+    /// began and `end` when its reply was taken in (the clock reads the time-stamp counter
+    /// where it can: `Instant` costs a `clock_gettime` in a VM).
+    fn record(&self, key: HandlerKey, start: Nanos, end: Nanos, reply: &Reply) {
         if let Some((_, m)) = &self.metrics {
             m.record(
                 reply.placement,
                 key,
-                self.clock.now().saturating_sub(start),
+                end.saturating_sub(start),
                 reply.status,
             );
         }
@@ -804,7 +828,9 @@ impl UdpClient {
             };
             if let Some((key, start)) = self.pending.remove(&id) {
                 if let Ok(r) = &result {
-                    self.record(key, start, r);
+                    // Taken in by the driver's latest round.
+                    let end = self.path.transport().now;
+                    self.record(key, start, end, r);
                 }
                 self.ready.push((id, result));
             }
@@ -822,12 +848,13 @@ impl Transport for UdpClient {
     ) -> Result<Reply, ClientError> {
         let mut req = Request::for_call_in(&mut self.args, app, handler, 0, args, descs)?;
         let key = (app, handler);
-        let start = self.clock.now();
-        let reply = match self.place(&mut req, key, start) {
-            Some(r) => r,
-            None => self.call_server(req)?,
+        // The call's start is the connection's latest reading, which its sends use.
+        let start = self.path.transport().stamp();
+        let (reply, end) = match self.place(&mut req, key, start) {
+            Some(r) => (r, self.clock.now()),
+            None => self.call_server(req, start)?,
         };
-        self.record(key, start, &reply);
+        self.record(key, start, end, &reply);
         Ok(reply)
     }
 
@@ -849,10 +876,10 @@ impl naam_proto::transport::Pipeline for UdpClient {
         }
         let mut req = Request::for_call_in(&mut self.args, app, handler, 0, args, descs)?;
         let key = (app, handler);
-        let start = self.clock.now();
+        let start = self.path.transport().stamp();
         match self.place(&mut req, key, start) {
             Some(r) => {
-                self.record(key, start, &r);
+                self.record(key, start, self.clock.now(), &r);
                 let id = r.request_id;
                 self.ready.push((id, Ok(r)));
                 Ok(id)
@@ -861,7 +888,7 @@ impl naam_proto::transport::Pipeline for UdpClient {
                 let conn = self.path.transport();
                 let id = conn
                     .endpoint
-                    .request(conn.clock.now(), req)
+                    .request(start, req)
                     .map_err(|e| conn.client_error(e))?;
                 // It goes out at the next poll, coalesced with whatever else is submitted
                 // before it (a window refilled after a batch of answers travels together).
@@ -877,14 +904,23 @@ impl naam_proto::transport::Pipeline for UdpClient {
         }
         self.collect();
         if block && self.ready.is_empty() && !self.pending.is_empty() {
-            let deadline = Instant::now() + MAX_WAIT;
+            // On the connection's clock, which each receive reads anyway.
+            let deadline = self
+                .path
+                .transport()
+                .stamp()
+                .saturating_add(MAX_WAIT.as_nanos() as Nanos);
             while self.ready.is_empty() && !self.pending.is_empty() {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
+                let conn = self.path.transport();
+                let left = deadline.saturating_sub(conn.now);
+                if left == 0 {
                     break;
                 }
-                let conn = self.path.transport();
-                if conn.flush().and_then(|_| conn.turn(left)).is_err() {
+                if conn
+                    .flush()
+                    .and_then(|_| conn.turn(Duration::from_nanos(left)))
+                    .is_err()
+                {
                     self.fail_pending();
                     break;
                 }
