@@ -220,9 +220,12 @@ impl Pair {
     }
 
     /// One GET, end to end.
-    fn exchange(&mut self, req: Request) -> Bytes {
+    fn exchange(&mut self, mut req: Request) -> Bytes {
         self.now += 1_000;
-        let id = self.client.request(self.now, req).expect("session is up");
+        let id = self
+            .client
+            .request(self.now, &mut req)
+            .expect("session is up");
         for e in self.pump() {
             if let ClientEvent::Answered { id: got, message } = e {
                 if got == id {

@@ -4,7 +4,10 @@
 //! `BytesMut`'s `put_u16_le` and its kind each go through `put_slice`: a capacity check and a
 //! call to `memcpy` per field, dozens per exchange on a request's path (a request's and a
 //! reply's headers, their descriptors, the seal's header). Fields stored into an array compile
-//! to plain stores, and the codecs append the array with one `put_slice`.
+//! to plain stores, and the codecs append the array with one copy
+//! ([`Fields::put_into`]: a constant-size move for a layout that fills its array).
+
+use bytes::{BufMut, BytesMut};
 
 /// Up to `N` bytes of fields, in the order written.
 pub(crate) struct Fields<const N: usize> {
@@ -60,6 +63,26 @@ impl<const N: usize> Fields<N> {
     pub(crate) fn as_slice(&self) -> &[u8] {
         &self.buf[..self.len]
     }
+
+    /// Appends the bytes written so far to `out`. A layout that fills its array (every
+    /// header) is copied as a move of constant size, a few instructions: `put_slice` of a
+    /// length the compiler does not see calls libc's `memcpy`, which for these sizes costs
+    /// more than the copy (three calls per operation through the endpoints).
+    #[inline]
+    pub(crate) fn put_into(&self, out: &mut BytesMut) {
+        if self.len != N {
+            out.put_slice(self.as_slice());
+            return;
+        }
+        out.reserve(N);
+        let spare = &mut out.spare_capacity_mut()[..N];
+        for (d, s) in spare.iter_mut().zip(self.buf) {
+            d.write(s);
+        }
+        // SAFETY: the `N` bytes past the buffer's length, within its capacity (reserved
+        // above), were all written just above.
+        unsafe { out.set_len(out.len() + N) };
+    }
 }
 
 #[cfg(test)]
@@ -81,6 +104,23 @@ mod tests {
         b.put_u32_le(0xdead_beef);
         b.put_u64_le(0x0102_0304_0506_0708);
         assert_eq!(f.as_slice(), &b[..]);
+    }
+
+    #[test]
+    fn put_into_appends_what_was_written_full_or_not() {
+        let mut full = Fields::<12>::new();
+        full.u32(7).u64(u64::MAX);
+        let mut part = Fields::<12>::new();
+        part.u16(0x0102);
+        let mut b = BytesMut::from(&b"ab"[..]);
+        full.put_into(&mut b);
+        part.put_into(&mut b);
+        full.put_into(&mut b);
+        let mut want = b"ab".to_vec();
+        want.extend_from_slice(full.as_slice());
+        want.extend_from_slice(&[2, 1]);
+        want.extend_from_slice(full.as_slice());
+        assert_eq!(&b[..], &want[..]);
     }
 
     #[test]

@@ -371,7 +371,7 @@ impl Request {
             .u16(self.args.len() as u16)
             .u16(self.partial_reply.len() as u16)
             .u32(0);
-        out.put_slice(header.as_slice());
+        header.put_into(out);
         out.put_slice(&self.args);
         let mut tail = Fields::<{ 8 * STATE_WORDS + DESCRIPTOR_SIZE * MAX_NEXT }>::new();
         for w in &self.state[..words] {
@@ -683,7 +683,7 @@ impl Reply {
             .u16(0)
             .u64(self.load.queue_delay_ns)
             .u64(self.load.service_ns);
-        out.put_slice(header.as_slice());
+        header.put_into(out);
         out.put_slice(&self.payload);
         Ok(())
     }

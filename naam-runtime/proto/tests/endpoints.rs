@@ -392,8 +392,8 @@ impl World {
 
     /// Sends a request for `handler` and returns its id.
     fn call(&mut self, handler: u32) -> u64 {
-        let req = Request::for_call(APP, handler, 0, b"", &[]).expect("small request");
-        self.client.request(self.now, req).expect("sent")
+        let mut req = Request::for_call(APP, handler, 0, b"", &[]).expect("small request");
+        self.client.request(self.now, &mut req).expect("sent")
     }
 
     /// The outcome of exchange `id`, once there is one.
@@ -842,9 +842,9 @@ fn a_silent_server_times_out_then_is_declared_gone() {
         other => panic!("{other:?}"),
     }
     w.run_until(20_000 * MS, |_| false);
-    let req = Request::for_call(APP, READ, 0, b"", &[]).expect("small");
+    let mut req = Request::for_call(APP, READ, 0, b"", &[]).expect("small");
     assert!(matches!(
-        w.client.request(w.now, req),
+        w.client.request(w.now, &mut req),
         Err(ExchangeError::ServerGone { .. })
     ));
 }

@@ -292,8 +292,8 @@ impl World {
     fn everyone_calls(&mut self, handler: u32) -> Vec<Reply> {
         let ids: Vec<u64> = (0..CLIENTS as usize)
             .map(|i| {
-                let req = Request::for_call(APP, handler, 0, b"", &[]).expect("small");
-                self.clients[i].request(self.now, req).expect("sent")
+                let mut req = Request::for_call(APP, handler, 0, b"", &[]).expect("small");
+                self.clients[i].request(self.now, &mut req).expect("sent")
             })
             .collect();
         let all = |w: &World| {

@@ -729,7 +729,11 @@ impl UdpClient {
     /// Sends `req` to the server and waits for its reply; `start` is the connection's
     /// reading when the call began ([`Conn::stamp`]). Returns the reply and when it was
     /// taken in.
-    fn call_server(&mut self, req: Request, start: Nanos) -> Result<(Reply, Nanos), ClientError> {
+    fn call_server(
+        &mut self,
+        req: &mut Request,
+        start: Nanos,
+    ) -> Result<(Reply, Nanos), ClientError> {
         let conn = self.path.transport();
         let id = conn.endpoint.request(start, req);
         let m = conn.wait(id)?;
@@ -852,7 +856,7 @@ impl Transport for UdpClient {
         let start = self.path.transport().stamp();
         let (reply, end) = match self.place(&mut req, key, start) {
             Some(r) => (r, self.clock.now()),
-            None => self.call_server(req, start)?,
+            None => self.call_server(&mut req, start)?,
         };
         self.record(key, start, end, &reply);
         Ok(reply)
@@ -888,7 +892,7 @@ impl naam_proto::transport::Pipeline for UdpClient {
                 let conn = self.path.transport();
                 let id = conn
                     .endpoint
-                    .request(start, req)
+                    .request(start, &mut req)
                     .map_err(|e| conn.client_error(e))?;
                 // It goes out at the next poll, coalesced with whatever else is submitted
                 // before it (a window refilled after a batch of answers travels together).

@@ -503,8 +503,10 @@ impl ClientEndpoint {
         Ok(())
     }
 
-    /// Sends request `req` to the server under a fresh id (returned); its answer is a reply.
-    pub fn request(&mut self, now: Nanos, mut req: Request) -> Result<u64, ExchangeError> {
+    /// Sends request `req` to the server under a fresh id (returned, and set in `req`); its
+    /// answer is a reply. The request is encoded where it lies: a `Request` is 360 bytes, and
+    /// taken by value it was copied in and out with a call to `memcpy` each way.
+    pub fn request(&mut self, now: Nanos, req: &mut Request) -> Result<u64, ExchangeError> {
         self.check_alive(now)?;
         req.request_id = self.next_id();
         let mut encoded = Ok(());

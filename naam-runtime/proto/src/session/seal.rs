@@ -254,7 +254,7 @@ impl SessionKey {
             .u32(self.tenant_tag)
             .u64(self.id)
             .u64(packet);
-        b.put_slice(header.as_slice());
+        header.put_into(b);
         write(b);
         if !self.authentication.seals() {
             b.put_slice(&[0; TAG_LEN]);
