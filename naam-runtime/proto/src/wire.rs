@@ -211,6 +211,12 @@ pub struct Request {
 }
 
 impl Request {
+    /// What is left where a request was taken from (`std::mem::replace`): app 0, nothing in
+    /// it, allocating nothing.
+    pub fn taken() -> Request {
+        Request::new(0, 0, 0, Bytes::new(), Descriptors::new())
+    }
+
     /// A fresh request (step 0, no state, no partial reply).
     pub fn new(
         app: u32,

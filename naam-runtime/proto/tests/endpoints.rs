@@ -15,8 +15,8 @@ use bytes::Bytes;
 use naam_proto::control::Control;
 use naam_proto::dedup::RecentAnswers;
 use naam_proto::endpoint::{
-    Channel, ClientConfig, ClientEndpoint, ClientEvent, ExchangeError, HostBackend, NicConfig,
-    NicEndpoint, NicEvent, Routed, ServerConfig, ServerEndpoint, SwitchHandle, Transmit,
+    Channel, ClientConfig, ClientEndpoint, ClientEvent, ExchangeError, HostBackend, InProcess,
+    NicConfig, NicEndpoint, NicEvent, Routed, ServerConfig, ServerEndpoint, SwitchHandle, Transmit,
     VerbsAcceptor,
 };
 use naam_proto::limits;
@@ -423,6 +423,19 @@ impl World {
             .outcome(id)
             .expect("an outcome within a virtual minute")?;
         Ok(Reply::decode(m).expect("a reply"))
+    }
+
+    /// Hands a request for `app`'s `handler` to the server as a client in its process does
+    /// (no datagram); the server's verdict and the request's id.
+    fn call_in_process(&mut self, app: u32, handler: u32) -> (Option<InProcess>, u64) {
+        let mut req = Request::for_call(app, handler, 0, b"", &[]).expect("small request");
+        let sid = self
+            .client
+            .request_in_process(self.now, &mut req)
+            .expect("alive")
+            .expect("a session is up");
+        let id = req.request_id;
+        (self.server.request_in_process(self.now, sid, &mut req), id)
     }
 
     /// Calls `handler` and waits for the reply.
@@ -1125,4 +1138,88 @@ fn forwards_that_share_a_datagram_all_reach_the_nic() {
         "the forwards were coalesced"
     );
     assert_eq!(w.nic.as_ref().map(|n| n.stats().malformed), Some(0));
+}
+
+#[test]
+fn a_request_handed_in_process_is_answered_as_one_in_a_datagram() {
+    // The host runs what arrives where it arrives (naam-server's run to completion): the
+    // answer comes back from the call, and a write is applied once whichever way it came.
+    let mut w = World::new(41);
+    w.server.backend_mut().inline = true;
+    w.connected();
+    let by_datagram = w.roundtrip(INCREMENT).expect("answered");
+    assert_eq!(by_datagram.payload[..], 1u64.to_le_bytes());
+    let (verdict, id) = w.call_in_process(APP, INCREMENT);
+    let r = match verdict {
+        Some(InProcess::Answered(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((r.status, r.request_id), (Status::Ok, id));
+    assert_eq!(r.payload[..], 2u64.to_le_bytes());
+    let applied = &w.server.backend().applied;
+    assert!(applied.values().all(|&n| n == 1), "{applied:?}");
+    assert_eq!(applied.len(), 2);
+    // Nothing went over the network for it, and the client keeps no exchange.
+    assert_eq!(w.client.outstanding(), 0);
+}
+
+#[test]
+fn a_request_handed_in_process_may_use_only_its_session_s_apps() {
+    let mut w = World::new(42);
+    w.server.backend_mut().inline = true;
+    w.connected();
+    let (verdict, id) = w.call_in_process(APP + 1, READ);
+    match verdict {
+        Some(InProcess::Answered(r)) => {
+            assert_eq!((r.status, r.request_id), (Status::UnknownApp, id));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(w.server.backend().applied.is_empty());
+}
+
+#[test]
+fn a_session_the_server_does_not_hold_gets_its_request_back() {
+    let mut w = World::new(43);
+    w.server.backend_mut().inline = true;
+    w.connected();
+    let mut req = Request::for_call(APP, INCREMENT, 0, b"", &[]).expect("small request");
+    let verdict = w.server.request_in_process(w.now, 0xdead_beef, &mut req);
+    assert!(verdict.is_none(), "{verdict:?}");
+    assert_eq!(
+        (req.app, req.handler),
+        (APP, INCREMENT),
+        "left with the caller"
+    );
+    assert!(w.server.backend().applied.is_empty());
+}
+
+#[test]
+fn an_answer_that_comes_later_reaches_the_exchange_the_client_expects() {
+    // The host answers on the session's channel, from its "executors": the server takes the
+    // request and answers it later, as a datagram the client's expected exchange takes.
+    let mut w = World::new(44);
+    w.connected();
+    let (verdict, id) = w.call_in_process(APP, INCREMENT);
+    assert!(matches!(verdict, Some(InProcess::Pending)), "{verdict:?}");
+    w.client.expect_in_process(w.now, id);
+    let r = w.reply(id).expect("answered");
+    assert_eq!((r.status, r.request_id), (Status::Ok, id));
+    assert_eq!(w.outcomes(id), 1);
+    assert_eq!(w.server.backend().applied.len(), 1);
+}
+
+#[test]
+fn an_expected_answer_that_never_comes_times_out_without_a_resend() {
+    // Held writes are never released: the exchange has nothing to send again, and fails
+    // once its attempts are spent, as a lost datagram's would.
+    let mut w = World::new(45);
+    w.connected();
+    w.server.backend_mut().hold_writes = true;
+    let (verdict, id) = w.call_in_process(APP, INCREMENT);
+    assert!(matches!(verdict, Some(InProcess::Pending)), "{verdict:?}");
+    w.client.expect_in_process(w.now, id);
+    assert!(matches!(w.reply(id), Err(ExchangeError::TimedOut { .. })));
+    assert_eq!(w.client.stats().resends, 0);
+    assert_eq!(w.server.backend().retried, 0);
 }

@@ -518,6 +518,52 @@ impl ClientEndpoint {
         Ok(self.start(now, server, id, MessageKind::Reply, first))
     }
 
+    /// For a server endpoint in this process, which takes requests handed over as they are
+    /// (see `ServerEndpoint::request_in_process`): gives `req` a fresh id and returns the
+    /// session to hand it in under; `None` while no session is up (then send it with
+    /// [`ClientEndpoint::request`], which sets one up).
+    pub fn request_in_process(
+        &mut self,
+        now: Nanos,
+        req: &mut Request,
+    ) -> Result<Option<u64>, ExchangeError> {
+        self.check_alive(now)?;
+        let Some(session) = &self.session else {
+            return Ok(None);
+        };
+        let sid = session.key.session();
+        req.request_id = self.next_id();
+        Ok(Some(sid))
+    }
+
+    /// The server in this process answered a request handed in at `now`: it is alive.
+    pub fn answered_in_process(&mut self, now: Nanos) {
+        self.last_heard = self.last_heard.max(now);
+    }
+
+    /// The server in this process took request `id`, handed in at `now`, without answering
+    /// yet: its answer comes as a datagram of the session, and this waits for it as for an
+    /// exchange sent then. There is nothing to send again (the handing over loses nothing),
+    /// so a timeout fails it once its attempts are spent, as a lost datagram's would.
+    pub fn expect_in_process(&mut self, now: Nanos, id: u64) -> u64 {
+        let to = self.config.server;
+        self.exchanges.insert(
+            id,
+            Exchange {
+                to,
+                want: MessageKind::Reply,
+                first: Bytes::new(),
+                started: now,
+                renewed: false,
+                sent_seq: 0,
+                sent_at: now,
+                resent: None,
+            },
+        );
+        self.mark_sent(now, id);
+        id
+    }
+
     /// Sends a one-sided READ of `descs` (of `app`'s regions) to the NIC's agent; its answer
     /// is a completion carrying the bytes.
     pub fn read(
@@ -697,6 +743,11 @@ impl ClientEndpoint {
         let Some(x) = self.exchanges.get(&id) else {
             return;
         };
+        if x.first.is_empty() {
+            // Handed to a server in this process ([`ClientEndpoint::expect_in_process`]):
+            // nothing was lost, nothing to send again; its timer runs out.
+            return;
+        }
         self.stats.resends += 1;
         // A request's resend says so (the owner answers a retried write from its dedup
         // table); anything else goes again as it was.
@@ -815,19 +866,29 @@ impl ClientEndpoint {
     }
 
     fn send_exchange(&mut self, now: Nanos, id: u64) {
+        if let Some((to, first)) = self.mark_sent(now, id) {
+            if first.is_empty() {
+                // Handed to a server in this process: nothing to send again.
+                return;
+            }
+            self.send_sealed(to, id, first);
+        }
+    }
+
+    /// Stamps exchange `id` as sent at `now` and starts its timer; returns where it goes and
+    /// its message, for the caller to send.
+    fn mark_sent(&mut self, now: Nanos, id: u64) -> Option<(SocketAddr, Bytes)> {
         // One lookup: the exchange is stamped with its send before the message is queued.
         let seq = self.send_seq + 1;
-        let Some(x) = self.exchanges.get_mut(&id) else {
-            return;
-        };
+        let x = self.exchanges.get_mut(&id)?;
         x.sent_seq = seq;
         x.sent_at = now;
         let (to, first) = (x.to, x.first.clone());
         self.send_seq = seq;
-        self.send_sealed(to, id, first);
         let rto = self.path(to).rto();
         self.timers.sent_with(id, now, rto);
         self.stats.sent += 1;
+        Some((to, first))
     }
 
     /// A message sealed in the session: an answer, a control message, a late duplicate, or

@@ -416,6 +416,24 @@ enum ForwardAs {
     /// Its own bytes, vouched for by the server: it came in a batch, the rest of which is not
     /// the NIC's.
     Member(Bytes),
+    /// Handed in by a client in this process ([`ServerEndpoint::request_in_process`]): it has
+    /// no bytes, and is encoded, as a member vouched for, only if it is forwarded.
+    InProcess,
+}
+
+/// What became of a request a client in this process handed in
+/// ([`ServerEndpoint::request_in_process`]).
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum InProcess {
+    /// Run here to completion, or refused: the reply, to the caller, sealed for no one.
+    Answered(Reply),
+    /// Queued at an executor, forwarded to the NIC, or behind other work's turns: its answer
+    /// comes on the session as a datagram, as the answer to one sent would.
+    Pending,
+    /// Dropped, as a datagram of the session would be now (a session muted for ignoring
+    /// `Busy`): nothing answers it.
+    Dropped,
 }
 
 use crate::limits::{
@@ -767,25 +785,30 @@ pub(super) fn admit(
     let mut req = Request::decode(inner)
         .map_err(|e| Inadmissible::Malformed(malformed(0, 0, placement, e.to_string())))?;
     req.origin = sid;
-    if !may_use(req.app) {
+    match refusal(&req, may_use(req.app), draining, who, placement) {
+        Some(r) => Err(Inadmissible::Refused(r)),
+        None => Ok(req),
+    }
+}
+
+/// The refusal of a decoded `req`: of an app the session may not use (answered as an app
+/// that does not exist), or while `draining`; `None` when it is admitted.
+fn refusal(
+    req: &Request,
+    may_use: bool,
+    draining: bool,
+    who: &str,
+    placement: Placement,
+) -> Option<Reply> {
+    if !may_use {
         let why = format!("no app {} in this session", req.app);
-        return Err(Inadmissible::Refused(error_reply(
-            &req,
-            Status::UnknownApp,
-            placement,
-            why,
-        )));
+        return Some(error_reply(req, Status::UnknownApp, placement, why));
     }
     if draining {
         let why = format!("{who} is shutting down");
-        return Err(Inadmissible::Refused(error_reply(
-            &req,
-            Status::Unavailable,
-            placement,
-            why,
-        )));
+        return Some(error_reply(req, Status::Unavailable, placement, why));
     }
-    Ok(req)
+    None
 }
 
 /// The longest time a load report may state (a minute), nanoseconds.
@@ -1413,17 +1436,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             }
         };
         let tenant = ch.sealer.key().tenant_tag();
-        let (by_tenant, by_session) = self.turns.waiting(tenant, sid);
-        if by_session >= self.config.session_credit || by_tenant >= self.config.tenant_credit {
-            self.stats.refused += 1;
-            self.stats.over_credit += 1;
-            self.refused_over_credit(sid, now);
-            let why = if by_session >= self.config.session_credit {
-                format!("the session has {by_session} requests waiting, its credit: retry later")
-            } else {
-                format!("the tenant has {by_tenant} requests waiting, its credit: retry later")
-            };
-            let r = error_reply(&req, Status::Busy, Placement::Host, why);
+        if let Some(r) = self.over_credit(now, sid, tenant, &req) {
             self.reply_on(&ch, r);
             return;
         }
@@ -1440,6 +1453,93 @@ impl<B: HostBackend> ServerEndpoint<B> {
             });
             self.turns.push(tenant, w);
         }
+    }
+
+    /// The `Busy` answer to `req` of session `sid` (of `tenant`) when the session or the tenant
+    /// has as many requests waiting as its credit (admission: a flood costs a refusal, never a
+    /// run); counted.
+    fn over_credit(&mut self, now: Nanos, sid: u64, tenant: u32, req: &Request) -> Option<Reply> {
+        let (by_tenant, by_session) = self.turns.waiting(tenant, sid);
+        if by_session < self.config.session_credit && by_tenant < self.config.tenant_credit {
+            return None;
+        }
+        self.stats.refused += 1;
+        self.stats.over_credit += 1;
+        self.refused_over_credit(sid, now);
+        let why = if by_session >= self.config.session_credit {
+            format!("the session has {by_session} requests waiting, its credit: retry later")
+        } else {
+            format!("the tenant has {by_tenant} requests waiting, its credit: retry later")
+        };
+        Some(error_reply(req, Status::Busy, Placement::Host, why))
+    }
+
+    /// Takes request `req` of session `sid` from a client in this process, which hands it
+    /// over as it is, with no envelope and no encoding (one address space: what a seal and a
+    /// codec would guard, the process guards). It is admitted as a request in a datagram of
+    /// that session would be (the session's apps only, validity, credit, the tenants'
+    /// turns, a muted session's silence) and, when its turn is now, dispatched at once; the
+    /// reply of a run here comes back to the caller. Whatever is answered later (queued,
+    /// forwarded, behind other work) is answered on the session as a datagram. `now` is when
+    /// this endpoint's clock read. The request is taken from where it lies only when it is
+    /// dispatched or queued (a `Request` is 360 bytes: passed by value through each layer it
+    /// was copied at each). A session this endpoint does not hold (expired, or the server
+    /// restarted) leaves it with the caller (`None`), to send as a datagram, which sets up a
+    /// session again.
+    pub fn request_in_process(
+        &mut self,
+        now: Nanos,
+        sid: u64,
+        req: &mut Request,
+    ) -> Option<InProcess> {
+        let session = self.gate.heard_from(sid, now)?;
+        let ch = Channel {
+            to: session.peer,
+            sealer: session.sealer.clone(),
+        };
+        let may_use = session.role.may_use(req.app);
+        if self.drop_if_muted(now, sid) {
+            return Some(InProcess::Dropped);
+        }
+        req.origin = sid;
+        let refused = if let Err(e) = req.validate() {
+            self.stats.malformed += 1;
+            Some(malformed(
+                req.app,
+                req.request_id,
+                Placement::Host,
+                e.to_string(),
+            ))
+        } else {
+            match refusal(req, may_use, self.draining, "the server", Placement::Host) {
+                Some(r) => {
+                    self.stats.refused += 1;
+                    Some(r)
+                }
+                None => self.over_credit(now, sid, ch.sealer.key().tenant_tag(), req),
+            }
+        };
+        if let Some(r) = refused {
+            return Some(InProcess::Answered(r));
+        }
+        let req = std::mem::replace(req, Request::taken());
+        if !self.turns.is_empty() {
+            let tenant = ch.sealer.key().tenant_tag();
+            let w = Work::Request(Waiting {
+                sid,
+                req,
+                ch,
+                forward: ForwardAs::InProcess,
+            });
+            self.turns.push(tenant, w);
+            return Some(InProcess::Pending);
+        }
+        let before = (self.stats.host, self.stats.forwarded);
+        let answer = self.route(sid, req, &ch, ForwardAs::InProcess);
+        if (self.stats.host, self.stats.forwarded) != before {
+            self.publish_switched();
+        }
+        Some(answer.map_or(InProcess::Pending, InProcess::Answered))
     }
 
     /// Counts a refusal of session `sid` over its credit; one that keeps sending long past it
@@ -1464,28 +1564,47 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// Runs a request whose turn came: the switch places it at the host (run or queued by the
     /// backend) or forwards it to the NIC.
     fn dispatch(&mut self, sid: u64, req: Request, ch: Channel, forward: ForwardAs) {
+        if let Some(r) = self.route(sid, req, &ch, forward) {
+            self.reply_into(ch, r);
+        }
+    }
+
+    /// [`ServerEndpoint::dispatch`] but for the reply to send now (run here, or refused),
+    /// which it returns rather than sends.
+    fn route(&mut self, sid: u64, req: Request, ch: &Channel, forward: ForwardAs) -> Option<Reply> {
         // Behind an eSwitch, what reaches the host's port was steered here.
         let pinned = req
             .pinned()
             .or(self.backend.switch().map(|_| Placement::Host));
         let id = req.request_id;
-        match self.backend.dispatch(req, &mut self.switch, pinned, &ch) {
+        match self.backend.dispatch(req, &mut self.switch, pinned, ch) {
             Routed::Answered(r) => {
                 self.stats.host += 1;
-                self.reply_into(ch, r);
+                Some(r)
             }
-            Routed::Queued(_) => self.stats.host += 1,
+            Routed::Queued(_) => {
+                self.stats.host += 1;
+                None
+            }
             Routed::Remote(req) => match self.live_nic() {
                 Some(PairedNic {
                     channel: nic,
                     agent,
                     ..
                 }) => {
-                    self.stats.forwarded += 1;
                     let f = match &forward {
                         ForwardAs::Sealed(sealed) => control::forward(sealed),
                         ForwardAs::Member(bytes) => control::forward_member(sid, bytes),
+                        ForwardAs::InProcess => match req.to_bytes() {
+                            Ok(bytes) => control::forward_member(sid, &bytes),
+                            Err(e) => {
+                                self.stats.malformed += 1;
+                                let why = e.to_string();
+                                return Some(malformed(req.app, id, Placement::Host, why));
+                            }
+                        },
                     };
+                    self.stats.forwarded += 1;
                     // Routed as the client session it belongs to: see `Transmit::route`.
                     self.outbox.push(Outgoing {
                         to: agent,
@@ -1494,17 +1613,17 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         inner: Inner::Encoded(f),
                         route: Some(crate::shard::route_of_session(sid)),
                     });
+                    None
                 }
                 None => {
                     self.stats.refused += 1;
                     let why = "the NIC is down".to_string();
-                    let r = error_reply(&req, Status::Unavailable, Placement::Nic, why);
-                    self.reply_on(&ch, r);
+                    Some(error_reply(&req, Status::Unavailable, Placement::Nic, why))
                 }
             },
             Routed::Refused(r) => {
                 self.stats.refused += 1;
-                self.reply_into(ch, r);
+                Some(r)
             }
         }
     }
