@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use naam_ebpf::abi::{Descriptor, ACCESS_READ};
 use naam_proto::endpoint::{
-    ClientConfig, ClientEndpoint, ClientEvent, ConnectError, ExchangeError,
+    ClientConfig, ClientEndpoint, ClientEvent, ConnectError, ExchangeError, InProcess,
 };
 use naam_proto::Nanos;
 
@@ -91,6 +91,13 @@ pub struct UdpConfig {
     /// Send through this in-process network instead of the kernel's UDP (a deployment in one
     /// process, see [`super::MemoryNet`]); `None`: a UDP socket.
     pub network: Option<super::MemoryNet>,
+    /// With a `network`: hand requests to a server endpoint bound in it as they are, in
+    /// this thread, with no encoding, envelope or datagram (one address space); its answer
+    /// comes back from the call when the server runs the request at once, as a datagram
+    /// otherwise. The handshake, control messages and one-sided reads stay datagrams, and
+    /// the server admits such a request as one in a datagram of the session. Off: every
+    /// request is a datagram, as over UDP.
+    pub in_process: bool,
 }
 
 impl UdpConfig {
@@ -112,6 +119,7 @@ impl UdpConfig {
             authentication: session::Authentication::On,
             inject_loss: None,
             network: None,
+            in_process: false,
         }
     }
 }
@@ -188,6 +196,9 @@ pub(crate) struct Conn {
     direct_reads: Option<Box<dyn OneSided + Send>>,
     /// The messages of one receive (kept for its capacity).
     received: Vec<(SocketAddr, Bytes)>,
+    /// The network whose server endpoint takes this client's requests as they are
+    /// ([`UdpConfig::in_process`]).
+    in_process: Option<super::MemoryNet>,
 }
 
 impl Conn {
@@ -341,6 +352,38 @@ impl Conn {
         }
     }
 
+    /// Hands `req` to the server endpoint in this process ([`UdpConfig::in_process`]) at
+    /// `start` and returns its reply and when it came; `None`, the request left where it
+    /// is, when it must go as a datagram (no session yet, none the server holds, or no such
+    /// endpoint).
+    fn call_in_process(
+        &mut self,
+        net: &super::MemoryNet,
+        start: Nanos,
+        req: &mut Request,
+    ) -> Result<Option<(Reply, Nanos)>, ClientError> {
+        let sid = match self.endpoint.request_in_process(start, req) {
+            Ok(Some(sid)) => sid,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(self.client_error(e)),
+        };
+        let id = req.request_id;
+        let Some(answer) = net.request_in_process(self.endpoint.server(), sid, req) else {
+            return Ok(None);
+        };
+        self.endpoint.answered_in_process(start);
+        match answer {
+            InProcess::Answered(r) => Ok(Some((r, self.stamp()))),
+            // Its answer comes as a datagram (or, dropped for a muted session, never: the
+            // wait times out as a dropped datagram's would).
+            _ => {
+                let id = self.endpoint.expect_in_process(start, id);
+                let m = self.wait(Ok(id))?;
+                Ok(Some((Reply::decode(m)?, self.now)))
+            }
+        }
+    }
+
     /// Sends control query `message` to the server in the session and waits for the answer.
     fn ask(&mut self, message: &Control) -> Result<Bytes, ClientError> {
         let now = self.stamp();
@@ -485,6 +528,7 @@ impl UdpClient {
             rtt: Ewma::default(),
             direct_reads: None,
             received: Vec::new(),
+            in_process: config.network.clone().filter(|_| config.in_process),
         };
         let refused = |message: String| UdpError::Refused {
             server: config.server,
@@ -735,6 +779,14 @@ impl UdpClient {
         start: Nanos,
     ) -> Result<(Reply, Nanos), ClientError> {
         let conn = self.path.transport();
+        // Taken out for the call and put back: cloning it would count a reference per call.
+        if let Some(net) = conn.in_process.take() {
+            let handed = conn.call_in_process(&net, start, req);
+            conn.in_process = Some(net);
+            if let Some(answered) = handed? {
+                return Ok(answered);
+            }
+        }
         let id = conn.endpoint.request(start, req);
         let m = conn.wait(id)?;
         Ok((Reply::decode(m)?, conn.now))

@@ -19,7 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use naam_proto::endpoint::Transmit;
+use naam_proto::endpoint::{InProcess, Transmit};
+use naam_proto::wire::Request;
 use naam_proto::Nanos;
 
 use super::memnet::{MemoryNet, ServedPort, Service};
@@ -42,6 +43,16 @@ pub(crate) trait InlineEndpoint: Send + 'static {
     fn start_drain(&mut self);
     /// Whether every request the executors took has been answered.
     fn idle(&self) -> bool;
+    /// Takes request `req` of session `sid` from a client in this process (see
+    /// [`Service::request_in_process`]); an endpoint that takes none gives it back.
+    fn request_in_process(
+        &mut self,
+        _now: Nanos,
+        _sid: u64,
+        _req: &mut Request,
+    ) -> Option<InProcess> {
+        None
+    }
 }
 
 /// An endpoint bound inline (see the module documentation).
@@ -249,6 +260,16 @@ impl<E: InlineEndpoint> Service for InlineGroup<E> {
 
     fn tick(&self) -> Option<Duration> {
         self.members.iter().filter_map(|m| m.tick()).min()
+    }
+
+    /// Goes to the loop that holds the session, as its datagrams would (their route is the
+    /// session's).
+    fn request_in_process(&self, sid: u64, req: &mut Request) -> Option<InProcess> {
+        let route = naam_proto::shard::route_of_session(sid);
+        let i = naam_proto::shard::loop_of_route(route, self.members.len()).unwrap_or(0);
+        let m = &self.members[i];
+        let now = m.clock.now();
+        m.with(|s| s.endpoint.request_in_process(now, sid, req))
     }
 }
 

@@ -17,6 +17,12 @@
 //! executor, and the executor's reply goes to the client's queue. What a service sends while it
 //! is delivering is delivered after it returns (one thread never holds two services at once,
 //! and a chain of answers is a loop, not a recursion).
+//!
+//! A client may also hand a request to the server's endpoint as it is, with no encoding,
+//! envelope or datagram ([`MemoryNet::request_in_process`], `UdpConfig::in_process`): one
+//! address space needs no wire, as it needs no seal. The endpoint admits it as it admits a
+//! request in a datagram of the same session, and what it cannot answer at once is answered
+//! on the session as a datagram.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -30,12 +36,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
+use naam_proto::endpoint::InProcess;
 use naam_proto::intmap::IntMap;
+use naam_proto::wire::Request;
 
 /// Mode label of everything measured over a [`MemoryNet`].
-pub const MEMORY_MODE: &str = "inproc-endpoints (one process; the UDP fabric's endpoints, \
-drivers and framing over an in-memory datagram network; NIC cores, DMA and one-sided RDMA \
-emulated)";
+pub const MEMORY_MODE: &str = "inproc-endpoints (one process; the UDP fabric's endpoints and \
+drivers over an in-memory datagram network, requests handed to the server endpoint in the \
+client's thread without encoding; NIC cores, DMA and one-sided RDMA emulated)";
 
 /// Datagrams a port's queue holds before new ones are dropped: about what a 4 MiB socket
 /// buffer holds of 1472-byte datagrams.
@@ -62,6 +70,13 @@ pub(crate) trait Service: Send + Sync {
     /// Fires the timers that are due and says how long until the next one (`None`: none
     /// armed). Called from the port's timer thread.
     fn tick(&self) -> Option<Duration>;
+    /// Takes request `req` of session `sid` from a client in this process, handed over as
+    /// it is (see [`naam_proto::endpoint::ServerEndpoint::request_in_process`]); `None`, the
+    /// request left with the caller, when this service takes datagrams only, or holds no
+    /// such session.
+    fn request_in_process(&self, _sid: u64, _req: &mut Request) -> Option<InProcess> {
+        None
+    }
 }
 
 #[derive(Clone)]
@@ -379,6 +394,44 @@ impl MemoryNet {
             p.deliver(from, d);
         }
         true
+    }
+}
+
+impl MemoryNet {
+    /// Hands request `req` of session `sid` to the service bound at `to`, in this thread,
+    /// as [`MemoryNet::send`] hands it a datagram: what the service sends meanwhile is
+    /// delivered after it returns. `None`, the request left with the caller, when `to` is no
+    /// service that takes requests so, or when this thread is inside another delivery (a
+    /// service never calls into another while it delivers).
+    pub(crate) fn request_in_process(
+        &self,
+        to: SocketAddr,
+        sid: u64,
+        req: &mut Request,
+    ) -> Option<InProcess> {
+        let port = self.port(to)?;
+        let Port::Service(service) = &*port else {
+            return None;
+        };
+        let outermost = DELIVERING.with(|d| {
+            let mut d = d.borrow_mut();
+            if d.is_some() {
+                return false;
+            }
+            *d = Some(VecDeque::new());
+            true
+        });
+        if !outermost {
+            return None;
+        }
+        let _guard = DeliveryGuard;
+        let answer = service.request_in_process(sid, req);
+        while let Some((p, from, d)) =
+            DELIVERING.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
+        {
+            p.deliver(from, d);
+        }
+        answer
     }
 }
 
