@@ -181,6 +181,8 @@ impl InProcessDeployment {
         c.authentication = self.authentication;
         c.liveness = crate::udp_client::DEFAULT_LIVENESS;
         c.network = self.network.clone();
+        // One process: requests are handed to the server endpoint as they are.
+        c.in_process = c.network.is_some();
         c
     }
 
