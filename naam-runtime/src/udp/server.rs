@@ -14,7 +14,7 @@ use bytes::Bytes;
 use super::inline::{InlineEndpoint, InlineGroup};
 use super::memnet::{MemoryNet, ServedPort};
 use super::socket::{Poller, Sender, Socket};
-use super::telemetry::LoopCounters;
+use super::telemetry::{LoopCounters, PendingSeries};
 use crate::cluster::{Cluster, HereRunner};
 use crate::{Clock, SystemClock};
 use naam_proto::control::Manifest;
@@ -82,6 +82,9 @@ pub(crate) struct Replies {
     /// Times each request's service for the telemetry (the time-stamp counter where it can:
     /// `Instant` costs a `clock_gettime` in a VM, twice per request).
     clock: SystemClock,
+    /// The replies of requests this thread ran itself, until they are handed to the
+    /// telemetry ([`Replies::hand_over`]).
+    pending: PendingSeries,
 }
 
 impl Replies {
@@ -91,14 +94,21 @@ impl Replies {
             inflight: Arc::new(AtomicU64::new(0)),
             telemetry,
             clock: SystemClock::new(),
+            pending: PendingSeries::default(),
         }
+    }
+
+    /// Hands the replies this thread recorded to the telemetry (its timers fired, or it
+    /// goes idle).
+    pub(crate) fn hand_over(&mut self) {
+        self.pending.hand_to(&self.telemetry);
     }
 
     /// Dispatches `req` on `cluster`: a request for `runner`'s placement runs here, on the
     /// calling thread (its reply is the endpoint's to send); a queued request's reply goes
     /// out sealed on `ch` from the executor.
     pub(crate) fn dispatch(
-        &self,
+        &mut self,
         cluster: &Cluster,
         runner: Option<&mut HereRunner>,
         req: Request,
@@ -130,8 +140,9 @@ impl Replies {
             None => cluster.dispatch(req, sel, forced, on_reply()),
         };
         if let Routed::Answered(r) = &d {
-            self.telemetry
-                .record(app, handler, r.placement, r.status, r.load.service_ns);
+            let key = (app, handler, r.placement);
+            self.pending
+                .record(&self.telemetry, key, r.status, r.load.service_ns);
         }
         d
     }
@@ -176,6 +187,7 @@ impl ClusterHost {
         if let Some(r) = &mut self.runner {
             r.flush(&self.cluster);
         }
+        self.replies.hand_over();
     }
 }
 
@@ -416,6 +428,7 @@ fn run_host_loop(
         }
         if Instant::now() >= next_publish {
             next_publish = Instant::now() + Duration::from_secs(1);
+            endpoint.backend_mut().replies.hand_over();
             let mut mine = endpoint.stats().counters();
             mine.extend(socket.stats().counters());
             counters.publish(&options.telemetry, mine);
@@ -516,7 +529,8 @@ impl InlineEndpoint for ServerEndpoint<ClusterHost> {
         self.run(usize::MAX);
     }
     fn handle_timeout(&mut self, now: Nanos) {
-        ServerEndpoint::handle_timeout(self, now)
+        ServerEndpoint::handle_timeout(self, now);
+        self.backend_mut().replies.hand_over();
     }
     fn poll_timeout(&self) -> Option<Nanos> {
         ServerEndpoint::poll_timeout(self)
