@@ -862,6 +862,9 @@ pub struct ServerEndpoint<B> {
     strangers: Strangers,
     /// The most bytes one sealed datagram may carry (the driver's datagram, less framing).
     datagram_payload: usize,
+    /// The channel of the session whose request was last handed in by a client in this
+    /// process ([`ServerEndpoint::request_in_process`]), kept for its next one.
+    in_process_channel: Option<(u64, Channel)>,
 }
 
 impl<B: HostBackend> ServerEndpoint<B> {
@@ -903,6 +906,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             floods: IntMap::default(),
             strangers: Strangers::new(now),
             datagram_payload: frame::MIN_DATAGRAM - frame::HEADER,
+            in_process_channel: None,
         })
     }
 
@@ -1065,6 +1069,13 @@ impl<B: HostBackend> ServerEndpoint<B> {
         self.gate.expire(now);
         let (gate, shard, directory) = (&self.gate, self.config.shard, &self.config.directory);
         self.shares.retain(|sid, _| gate.session(*sid).is_some());
+        if self
+            .in_process_channel
+            .as_ref()
+            .is_some_and(|(sid, _)| gate.session(*sid).is_none())
+        {
+            self.in_process_channel = None;
+        }
         // This loop's sessions that are gone (expired, evicted) leave the directory.
         directory.retain_tenants(|id| shard.owns(id), |id| gate.session(id).is_some());
         if let Some(nic) = directory.nic() {
@@ -1493,13 +1504,34 @@ impl<B: HostBackend> ServerEndpoint<B> {
         req: &mut Request,
     ) -> Option<InProcess> {
         let session = self.gate.heard_from(sid, now)?;
-        let ch = Channel {
-            to: session.peer,
-            sealer: session.sealer.clone(),
-        };
         let may_use = session.role.may_use(req.app);
+        // The session's channel as the last request handed in left it: made again (its
+        // sealer's count taken and given back, two locked instructions) only for another
+        // session.
+        let ch = match self.in_process_channel.take() {
+            Some((s, ch)) if s == sid => ch,
+            _ => Channel {
+                to: session.peer,
+                sealer: session.sealer.clone(),
+            },
+        };
+        let answer = self.take_in_process(now, sid, may_use, &ch, req);
+        self.in_process_channel = Some((sid, ch));
+        Some(answer)
+    }
+
+    /// [`ServerEndpoint::request_in_process`] of a session that is held, on its channel;
+    /// `may_use`: whether the session may use the request's app.
+    fn take_in_process(
+        &mut self,
+        now: Nanos,
+        sid: u64,
+        may_use: bool,
+        ch: &Channel,
+        req: &mut Request,
+    ) -> InProcess {
         if self.drop_if_muted(now, sid) {
-            return Some(InProcess::Dropped);
+            return InProcess::Dropped;
         }
         req.origin = sid;
         let refused = if let Err(e) = req.validate() {
@@ -1520,7 +1552,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             }
         };
         if let Some(r) = refused {
-            return Some(InProcess::Answered(r));
+            return InProcess::Answered(r);
         }
         let req = std::mem::replace(req, Request::taken());
         if !self.turns.is_empty() {
@@ -1528,18 +1560,18 @@ impl<B: HostBackend> ServerEndpoint<B> {
             let w = Work::Request(Waiting {
                 sid,
                 req,
-                ch,
+                ch: ch.clone(),
                 forward: ForwardAs::InProcess,
             });
             self.turns.push(tenant, w);
-            return Some(InProcess::Pending);
+            return InProcess::Pending;
         }
         let before = (self.stats.host, self.stats.forwarded);
-        let answer = self.route(sid, req, &ch, ForwardAs::InProcess);
+        let answer = self.route(sid, req, ch, ForwardAs::InProcess);
         if (self.stats.host, self.stats.forwarded) != before {
             self.publish_switched();
         }
-        Some(answer.map_or(InProcess::Pending, InProcess::Answered))
+        answer.map_or(InProcess::Pending, InProcess::Answered)
     }
 
     /// Counts a refusal of session `sid` over its credit; one that keeps sending long past it
