@@ -197,8 +197,8 @@ pub(crate) struct Conn {
     /// The messages of one receive (kept for its capacity).
     received: Vec<(SocketAddr, Bytes)>,
     /// The network whose server endpoint takes this client's requests as they are
-    /// ([`UdpConfig::in_process`]).
-    in_process: Option<super::MemoryNet>,
+    /// ([`UdpConfig::in_process`]), and the way to that endpoint in it.
+    in_process: Option<(super::MemoryNet, super::memnet::ServiceRoute)>,
 }
 
 impl Conn {
@@ -358,7 +358,7 @@ impl Conn {
     /// endpoint).
     fn call_in_process(
         &mut self,
-        net: &super::MemoryNet,
+        (net, route): &mut (super::MemoryNet, super::memnet::ServiceRoute),
         start: Nanos,
         req: &mut Request,
     ) -> Result<Option<(Reply, Nanos)>, ClientError> {
@@ -368,7 +368,7 @@ impl Conn {
             Err(e) => return Err(self.client_error(e)),
         };
         let id = req.request_id;
-        let Some(answer) = net.request_in_process(self.endpoint.server(), sid, req) else {
+        let Some(answer) = net.request_in_process(route, sid, req) else {
             return Ok(None);
         };
         self.endpoint.answered_in_process(start);
@@ -528,7 +528,11 @@ impl UdpClient {
             rtt: Ewma::default(),
             direct_reads: None,
             received: Vec::new(),
-            in_process: config.network.clone().filter(|_| config.in_process),
+            in_process: config
+                .network
+                .clone()
+                .filter(|_| config.in_process)
+                .map(|net| (net, super::memnet::ServiceRoute::new(config.server))),
         };
         let refused = |message: String| UdpError::Refused {
             server: config.server,
@@ -780,9 +784,9 @@ impl UdpClient {
     ) -> Result<(Reply, Nanos), ClientError> {
         let conn = self.path.transport();
         // Taken out for the call and put back: cloning it would count a reference per call.
-        if let Some(net) = conn.in_process.take() {
-            let handed = conn.call_in_process(&net, start, req);
-            conn.in_process = Some(net);
+        if let Some(mut link) = conn.in_process.take() {
+            let handed = conn.call_in_process(&mut link, start, req);
+            conn.in_process = Some(link);
             if let Some(answered) = handed? {
                 return Ok(answered);
             }

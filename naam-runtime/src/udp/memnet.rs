@@ -397,22 +397,48 @@ impl MemoryNet {
     }
 }
 
+/// A client's way to the service bound at one address, for the requests it hands in
+/// ([`MemoryNet::request_in_process`]): the service is looked up again only when the
+/// network's bindings changed (a server restarted), so a request costs one atomic read to
+/// find it, not a search of this thread's routes and a reference taken and given back.
+pub(crate) struct ServiceRoute {
+    to: SocketAddr,
+    /// The service, and the generation of the network it was bound in.
+    found: Option<(u64, Arc<dyn Service>)>,
+}
+
+impl ServiceRoute {
+    /// The way to the service at `to` (looked up at its first use).
+    pub(crate) fn new(to: SocketAddr) -> ServiceRoute {
+        ServiceRoute { to, found: None }
+    }
+}
+
 impl MemoryNet {
-    /// Hands request `req` of session `sid` to the service bound at `to`, in this thread,
-    /// as [`MemoryNet::send`] hands it a datagram: what the service sends meanwhile is
-    /// delivered after it returns. `None`, the request left with the caller, when `to` is no
-    /// service that takes requests so, or when this thread is inside another delivery (a
-    /// service never calls into another while it delivers).
+    /// The service `route` leads to, looked up again when the bindings changed since.
+    fn service<'r>(&self, route: &'r mut ServiceRoute) -> Option<&'r Arc<dyn Service>> {
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        if route.found.as_ref().is_none_or(|(g, _)| *g != generation) {
+            route.found = match self.read().bound.get(&route.to) {
+                Some(Port::Service(s)) => Some((generation, s.clone())),
+                _ => None,
+            };
+        }
+        route.found.as_ref().map(|(_, s)| s)
+    }
+
+    /// Hands request `req` of session `sid` to the service `route` leads to, in this
+    /// thread, as [`MemoryNet::send`] hands it a datagram: what the service sends meanwhile
+    /// is delivered after it returns. `None`, the request left with the caller, when there
+    /// is no service that takes requests so, or when this thread is inside another delivery
+    /// (a service never calls into another while it delivers).
     pub(crate) fn request_in_process(
         &self,
-        to: SocketAddr,
+        route: &mut ServiceRoute,
         sid: u64,
         req: &mut Request,
     ) -> Option<InProcess> {
-        let port = self.port(to)?;
-        let Port::Service(service) = &*port else {
-            return None;
-        };
+        let service = self.service(route)?;
         let outermost = DELIVERING.with(|d| {
             let mut d = d.borrow_mut();
             if d.is_some() {

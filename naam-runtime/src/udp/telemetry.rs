@@ -123,7 +123,9 @@ impl LatencyBuckets {
 /// that late.
 #[derive(Default)]
 pub(crate) struct PendingSeries {
-    series: IntMap<SeriesKey, Series>,
+    /// A list, not a map: a thread answers a few handlers at a time, and finding one of
+    /// them in a list costs less than hashing its key (at most `HANDED_EVERY` of them).
+    series: Vec<(SeriesKey, Series)>,
     recorded: u32,
 }
 
@@ -139,7 +141,14 @@ impl PendingSeries {
         status: Status,
         service_ns: u64,
     ) {
-        let s = self.series.entry(key).or_default();
+        let s = match self.series.iter().position(|(k, _)| *k == key) {
+            Some(i) => &mut self.series[i].1,
+            None => {
+                self.series.push((key, Series::default()));
+                let last = self.series.len() - 1;
+                &mut self.series[last].1
+            }
+        };
         s.count(status, 1);
         let v = service_ns.clamp(1, crate::MAX_LATENCY_NS);
         s.latency.record(v);
@@ -255,11 +264,11 @@ impl Telemetry {
 
     /// Adds the series a thread recorded on its own ([`PendingSeries`]) to its shard, within
     /// the bound of [`MAX_SERIES`], and empties them.
-    fn absorb(&self, pending: &mut IntMap<SeriesKey, Series>) {
+    fn absorb(&self, pending: &mut Vec<(SeriesKey, Series)>) {
         let Ok(mut m) = self.series[shard_of_thread()].0.lock() else {
             return;
         };
-        for (key, s) in pending.drain() {
+        for (key, s) in pending.drain(..) {
             let full = m.len() >= MAX_SERIES / SHARDS;
             match m.entry(key) {
                 Entry::Occupied(o) => o.into_mut().absorb(&s),
