@@ -38,6 +38,15 @@ impl SystemClock {
             epoch: Instant::now(),
         }
     }
+
+    /// The process's clock: every clock this returns has one epoch (when the first was
+    /// made), so what one thread reads on it another may use as its own reading (a request
+    /// handed from a client's thread to a server endpoint in the same process carries the
+    /// time its client read, and the server reads no clock again).
+    pub fn of_process() -> Self {
+        static PROCESS: std::sync::OnceLock<SystemClock> = std::sync::OnceLock::new();
+        *PROCESS.get_or_init(SystemClock::new)
+    }
 }
 
 /// The time-stamp counter: whether it can be a clock here, and its rate.

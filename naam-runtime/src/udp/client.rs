@@ -368,7 +368,7 @@ impl Conn {
             Err(e) => return Err(self.client_error(e)),
         };
         let id = req.request_id;
-        let Some(answer) = net.request_in_process(route, sid, req) else {
+        let Some(answer) = net.request_in_process(route, start, sid, req) else {
             return Ok(None);
         };
         self.endpoint.answered_in_process(start);
@@ -504,7 +504,9 @@ impl UdpClient {
             None => Socket::bind(bind, config.datagram)?,
         };
         socket.inject_loss(config.inject_loss);
-        let clock = SystemClock::new();
+        // The process's clock, which a server endpoint in the process reads too: a request
+        // handed to it in process carries this client's reading.
+        let clock = SystemClock::of_process();
         let mut endpoint_config =
             ClientConfig::new(config.server, &config.tenant, config.credential.clone());
         endpoint_config.rto = config.rto.as_nanos() as Nanos;
@@ -596,7 +598,7 @@ impl UdpClient {
             refresh_order: Vec::new(),
             refresh_cursor: 0,
             agent_down_until: None,
-            tracker: LoadTracker::new(1, 0),
+            tracker: LoadTracker::new(1, now),
             metrics: None,
             pin: config.pin,
             pending: IntMap::default(),

@@ -200,7 +200,8 @@ impl<E: InlineEndpoint> InlineGroup<E> {
         publish_every: Duration,
         mut make: impl FnMut(usize, SocketAddr, Sender, Nanos) -> std::io::Result<E>,
     ) -> std::io::Result<(ServedPort, Arc<InlineGroup<E>>)> {
-        let clock = SystemClock::new();
+        // The process's clock: a client in the process hands requests in with its reading.
+        let clock = SystemClock::of_process();
         net.serve(addr, |local| {
             let members = LoopCounters::group(loops)
                 .into_iter()
@@ -264,12 +265,11 @@ impl<E: InlineEndpoint> Service for InlineGroup<E> {
 
     /// Goes to the loop that holds the session, as its datagrams would (their route is the
     /// session's).
-    fn request_in_process(&self, sid: u64, req: &mut Request) -> Option<InProcess> {
+    fn request_in_process(&self, now: Nanos, sid: u64, req: &mut Request) -> Option<InProcess> {
         let route = naam_proto::shard::route_of_session(sid);
         let i = naam_proto::shard::loop_of_route(route, self.members.len()).unwrap_or(0);
-        let m = &self.members[i];
-        let now = m.clock.now();
-        m.with(|s| s.endpoint.request_in_process(now, sid, req))
+        // `now` is on the process's clock, which the group's endpoints read too.
+        self.members[i].with(|s| s.endpoint.request_in_process(now, sid, req))
     }
 }
 

@@ -39,6 +39,7 @@ use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
 use naam_proto::endpoint::InProcess;
 use naam_proto::intmap::IntMap;
 use naam_proto::wire::Request;
+use naam_proto::Nanos;
 
 /// Mode label of everything measured over a [`MemoryNet`].
 pub const MEMORY_MODE: &str = "inproc-endpoints (one process; the UDP fabric's endpoints and \
@@ -71,10 +72,11 @@ pub(crate) trait Service: Send + Sync {
     /// armed). Called from the port's timer thread.
     fn tick(&self) -> Option<Duration>;
     /// Takes request `req` of session `sid` from a client in this process, handed over as
-    /// it is (see [`naam_proto::endpoint::ServerEndpoint::request_in_process`]); `None`, the
-    /// request left with the caller, when this service takes datagrams only, or holds no
-    /// such session.
-    fn request_in_process(&self, _sid: u64, _req: &mut Request) -> Option<InProcess> {
+    /// it is (see [`naam_proto::endpoint::ServerEndpoint::request_in_process`]), at `now`
+    /// on [`crate::SystemClock::of_process`] (the caller's reading); `None`, the request
+    /// left with the caller, when this service takes datagrams only, or holds no such
+    /// session.
+    fn request_in_process(&self, _now: Nanos, _sid: u64, _req: &mut Request) -> Option<InProcess> {
         None
     }
 }
@@ -435,6 +437,7 @@ impl MemoryNet {
     pub(crate) fn request_in_process(
         &self,
         route: &mut ServiceRoute,
+        now: Nanos,
         sid: u64,
         req: &mut Request,
     ) -> Option<InProcess> {
@@ -451,7 +454,7 @@ impl MemoryNet {
             return None;
         }
         let _guard = DeliveryGuard;
-        let answer = service.request_in_process(sid, req);
+        let answer = service.request_in_process(now, sid, req);
         while let Some((p, from, d)) =
             DELIVERING.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
         {
