@@ -137,19 +137,17 @@ impl<E: InlineEndpoint> Inline<E> {
     /// Runs `f` on what the lock holds, then sends what the endpoint asked for with the lock
     /// released.
     fn with<T>(&self, f: impl FnOnce(&mut State<E>) -> T) -> T {
-        // The first transmit apart: a lone answer, the usual case, allocates no vector.
-        let (t, first, rest): (T, Option<Transmit>, Vec<Transmit>) = {
-            let mut s = self.lock();
-            let t = f(&mut s);
-            s.endpoint.report_events();
-            let first = s.endpoint.poll_transmit();
-            let rest = match first {
-                Some(_) => std::iter::from_fn(|| s.endpoint.poll_transmit()).collect(),
-                None => Vec::new(),
-            };
-            (t, first, rest)
+        let mut s = self.lock();
+        let t = f(&mut s);
+        s.endpoint.report_events();
+        // Nothing to send (a request handed in and answered in the call): done. The first
+        // transmit apart: a lone answer, the usual case for a datagram, allocates no vector.
+        let Some(first) = s.endpoint.poll_transmit() else {
+            return t;
         };
-        for t in first.into_iter().chain(rest) {
+        let rest: Vec<Transmit> = std::iter::from_fn(|| s.endpoint.poll_transmit()).collect();
+        drop(s);
+        for t in std::iter::once(first).chain(rest) {
             let _ = self.sender.send_transmit(t);
         }
         t
