@@ -1491,8 +1491,9 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// that session would be (the session's apps only, validity, credit, the tenants'
     /// turns, a muted session's silence) and, when its turn is now, dispatched at once; the
     /// reply of a run here comes back to the caller. Whatever is answered later (queued,
-    /// forwarded, behind other work) is answered on the session as a datagram. `now` is when
-    /// this endpoint's clock read. The request is taken from where it lies only when it is
+    /// forwarded, behind other work) is answered on the session as a datagram. `now` is the
+    /// time on this endpoint's clock (the caller's own reading, when the two share a clock).
+    /// The request is taken from where it lies only when it is
     /// dispatched or queued (a `Request` is 360 bytes: passed by value through each layer it
     /// was copied at each). A session this endpoint does not hold (expired, or the server
     /// restarted) leaves it with the caller (`None`), to send as a datagram, which sets up a
