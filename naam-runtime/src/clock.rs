@@ -225,6 +225,20 @@ mod tests {
     }
 
     #[test]
+    fn clocks_of_the_process_read_one_time() {
+        // Made apart, read apart: a reading on one is a reading on the other.
+        let a = SystemClock::of_process();
+        let before = a.now();
+        let b = SystemClock::of_process();
+        let between = b.now();
+        let after = a.now();
+        assert!(
+            before <= between && between <= after,
+            "{before} {between} {after}"
+        );
+    }
+
+    #[test]
     fn waiting_on_the_system_clock_reaches_the_deadline() {
         let c = SystemClock::new();
         let deadline = c.now() + 20_000;

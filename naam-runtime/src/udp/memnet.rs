@@ -763,4 +763,63 @@ mod tests {
         }
         assert_eq!(taken, PORT_QUEUE);
     }
+
+    /// Takes requests handed in and answers each with its own name.
+    struct Taker(&'static str);
+
+    impl Service for Taker {
+        fn deliver(&self, _from: SocketAddr, _datagram: Bytes) {}
+        fn tick(&self) -> Option<Duration> {
+            None
+        }
+        fn request_in_process(
+            &self,
+            _now: Nanos,
+            _sid: u64,
+            req: &mut Request,
+        ) -> Option<InProcess> {
+            let r = naam_proto::endpoint::error_reply(
+                req,
+                naam_proto::wire::Status::Ok,
+                naam_proto::Placement::Host,
+                self.0.to_string(),
+            );
+            Some(InProcess::Answered(r))
+        }
+    }
+
+    fn hand_in(net: &MemoryNet, route: &mut ServiceRoute) -> Option<String> {
+        let mut req = Request::for_call(1, 2, 3, b"", &[]).unwrap();
+        match net.request_in_process(route, 0, 7, &mut req)? {
+            InProcess::Answered(r) => Some(String::from_utf8(r.payload.to_vec()).unwrap()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_handed_in_finds_the_service_bound_now_and_only_a_service() {
+        let net = MemoryNet::new();
+        let queue = net.bind(a("10.0.0.1:7000")).unwrap();
+        let mut to_queue = ServiceRoute::new(queue.addr());
+        assert_eq!(
+            hand_in(&net, &mut to_queue),
+            None,
+            "a queue takes datagrams only"
+        );
+        let mut route = ServiceRoute::new(a("10.0.0.1:7100"));
+        assert_eq!(hand_in(&net, &mut route), None, "nothing bound there");
+        let first = net
+            .serve(a("10.0.0.1:7100"), |_| Ok(Arc::new(Taker("first"))))
+            .unwrap();
+        assert_eq!(hand_in(&net, &mut route).as_deref(), Some("first"));
+        assert_eq!(hand_in(&net, &mut route).as_deref(), Some("first"));
+        // The server goes and another takes its address (a restart): the route finds the
+        // new one, never the old.
+        drop(first);
+        assert_eq!(hand_in(&net, &mut route), None);
+        let _second = net
+            .serve(a("10.0.0.1:7100"), |_| Ok(Arc::new(Taker("second"))))
+            .unwrap();
+        assert_eq!(hand_in(&net, &mut route).as_deref(), Some("second"));
+    }
 }
