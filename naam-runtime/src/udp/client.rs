@@ -167,6 +167,14 @@ pub enum UdpError {
     Handlers(u32, String),
 }
 
+/// What became of a request handed to the server endpoint in this process.
+enum HandedIn {
+    /// Answered in the call: the reply, and when it came.
+    Answered(Reply, Nanos),
+    /// Taken, to be answered as a datagram to the exchange of this id.
+    Later(u64),
+}
+
 /// The longest the driver blocks in one receive, so that it notices due timers promptly.
 const MAX_WAIT: Duration = Duration::from_millis(1);
 
@@ -353,15 +361,15 @@ impl Conn {
     }
 
     /// Hands `req` to the server endpoint in this process ([`UdpConfig::in_process`]) at
-    /// `start` and returns its reply and when it came; `None`, the request left where it
-    /// is, when it must go as a datagram (no session yet, none the server holds, or no such
-    /// endpoint).
-    fn call_in_process(
+    /// `start`: its reply and when it came, or the id of the exchange its answer will come
+    /// to as a datagram; `None`, the request left where it is, when it must go as a datagram
+    /// (no session yet, none the server holds, or no such endpoint).
+    fn hand_in(
         &mut self,
         (net, route): &mut (super::MemoryNet, super::memnet::ServiceRoute),
         start: Nanos,
         req: &mut Request,
-    ) -> Result<Option<(Reply, Nanos)>, ClientError> {
+    ) -> Result<Option<HandedIn>, ClientError> {
         let sid = match self.endpoint.request_in_process(start, req) {
             Ok(Some(sid)) => sid,
             Ok(None) => return Ok(None),
@@ -372,12 +380,25 @@ impl Conn {
             return Ok(None);
         };
         self.endpoint.answered_in_process(start);
-        match answer {
-            InProcess::Answered(r) => Ok(Some((r, self.stamp()))),
+        Ok(Some(match answer {
+            InProcess::Answered(r) => HandedIn::Answered(r, self.stamp()),
             // Its answer comes as a datagram (or, dropped for a muted session, never: the
             // wait times out as a dropped datagram's would).
-            _ => {
-                let id = self.endpoint.expect_in_process(start, id);
+            _ => HandedIn::Later(self.endpoint.expect_in_process(start, id)),
+        }))
+    }
+
+    /// [`Conn::hand_in`] of a call that waits for its answer.
+    fn call_in_process(
+        &mut self,
+        link: &mut (super::MemoryNet, super::memnet::ServiceRoute),
+        start: Nanos,
+        req: &mut Request,
+    ) -> Result<Option<(Reply, Nanos)>, ClientError> {
+        match self.hand_in(link, start, req)? {
+            None => Ok(None),
+            Some(HandedIn::Answered(r, end)) => Ok(Some((r, end))),
+            Some(HandedIn::Later(id)) => {
                 let m = self.wait(Ok(id))?;
                 Ok(Some((Reply::decode(m)?, self.now)))
             }
@@ -947,6 +968,26 @@ impl naam_proto::transport::Pipeline for UdpClient {
                 Ok(id)
             }
             None => {
+                let conn = self.path.transport();
+                // Handed in when the server is in this process (taken out for the call and
+                // put back, as in a call).
+                if let Some(mut link) = conn.in_process.take() {
+                    let handed = conn.hand_in(&mut link, start, &mut req);
+                    conn.in_process = Some(link);
+                    match handed? {
+                        Some(HandedIn::Answered(r, end)) => {
+                            self.record(key, start, end, &r);
+                            let id = r.request_id;
+                            self.ready.push((id, Ok(r)));
+                            return Ok(id);
+                        }
+                        Some(HandedIn::Later(id)) => {
+                            self.pending.insert(id, (key, start));
+                            return Ok(id);
+                        }
+                        None => {}
+                    }
+                }
                 let conn = self.path.transport();
                 let id = conn
                     .endpoint
