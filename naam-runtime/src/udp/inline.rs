@@ -44,7 +44,8 @@ pub(crate) trait InlineEndpoint: Send + 'static {
     /// Whether every request the executors took has been answered.
     fn idle(&self) -> bool;
     /// Takes request `req` of session `sid` from a client in this process (see
-    /// [`Service::request_in_process`]); an endpoint that takes none gives it back.
+    /// [`Service::request_in_process`]); an endpoint that takes none leaves it with the
+    /// caller (`None`).
     fn request_in_process(
         &mut self,
         _now: Nanos,
