@@ -118,9 +118,9 @@ impl LatencyBuckets {
 /// Replies recorded before they reach a [`Telemetry`]: those that one thread answers itself
 /// (a receive loop running requests to completion, or the inline endpoint a client's thread
 /// serves), kept by that thread and handed over every [`PendingSeries::HANDED_EVERY`]
-/// replies and whenever the thread's timers fire, so that a reply costs no lock (two locked
-/// instructions, after the reply's copy, per operation before). A scrape sees them at most
-/// that late.
+/// replies, when its loop goes idle, when the inline endpoint's timers fire and before the
+/// thread's counters are published, so that a reply costs no lock (two locked instructions,
+/// after the reply's copy, per operation before). A scrape sees them at most that late.
 #[derive(Default)]
 pub(crate) struct PendingSeries {
     /// A list, not a map: a thread answers a few handlers at a time, and finding one of
