@@ -372,31 +372,44 @@ impl MemoryNet {
         }
         // Inside another delivery: queue it for that delivery's loop. Otherwise this thread
         // starts one.
-        let outermost = DELIVERING.with(|d| {
-            let mut d = d.borrow_mut();
-            match d.as_mut() {
-                Some(pending) => {
+        let mut outermost = Some((port, datagram));
+        DELIVERING.with(|d| {
+            if let Some(pending) = d.borrow_mut().as_mut() {
+                if let Some((port, datagram)) = outermost.take() {
                     pending.push_back((port, from, datagram));
-                    None
-                }
-                None => {
-                    *d = Some(VecDeque::new());
-                    Some((port, datagram))
                 }
             }
         });
-        let Some((port, datagram)) = outermost else {
-            return true;
-        };
-        let _guard = DeliveryGuard;
-        port.deliver(from, datagram);
-        while let Some((p, from, d)) =
-            DELIVERING.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
-        {
-            p.deliver(from, d);
+        if let Some((port, datagram)) = outermost {
+            delivering(|| port.deliver(from, datagram));
         }
         true
     }
+}
+
+/// Runs `f` as this thread's outermost delivery: what services send meanwhile is queued and
+/// delivered after it returns, in order, until nothing more is sent. `None` (and `f` not
+/// run) when this thread is inside a delivery already.
+fn delivering<T>(f: impl FnOnce() -> T) -> Option<T> {
+    let started = DELIVERING.with(|d| {
+        let mut d = d.borrow_mut();
+        if d.is_some() {
+            return false;
+        }
+        *d = Some(VecDeque::new());
+        true
+    });
+    if !started {
+        return None;
+    }
+    let _guard = DeliveryGuard;
+    let t = f();
+    while let Some((p, from, d)) =
+        DELIVERING.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
+    {
+        p.deliver(from, d);
+    }
+    Some(t)
 }
 
 /// A client's way to the service bound at one address, for the requests it hands in
@@ -442,25 +455,7 @@ impl MemoryNet {
         req: &mut Request,
     ) -> Option<InProcess> {
         let service = self.service(route)?;
-        let outermost = DELIVERING.with(|d| {
-            let mut d = d.borrow_mut();
-            if d.is_some() {
-                return false;
-            }
-            *d = Some(VecDeque::new());
-            true
-        });
-        if !outermost {
-            return None;
-        }
-        let _guard = DeliveryGuard;
-        let answer = service.request_in_process(now, sid, req);
-        while let Some((p, from, d)) =
-            DELIVERING.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
-        {
-            p.deliver(from, d);
-        }
-        answer
+        delivering(|| service.request_in_process(now, sid, req)).flatten()
     }
 }
 
