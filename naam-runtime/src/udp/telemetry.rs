@@ -51,6 +51,14 @@ impl Series {
         self.sum_ns += other.sum_ns;
     }
 
+    /// One more message ended with `status` after `service_ns` in this process.
+    fn add(&mut self, status: Status, service_ns: u64) {
+        self.count(status, 1);
+        let v = service_ns.clamp(1, crate::MAX_LATENCY_NS);
+        self.latency.record(v);
+        self.sum_ns += u128::from(v);
+    }
+
     /// Counts `n` more messages ended with `status`.
     fn count(&mut self, status: Status, n: u64) {
         match self.by_status.iter_mut().find(|(st, _)| *st == status) {
@@ -149,10 +157,7 @@ impl PendingSeries {
                 &mut self.series[last].1
             }
         };
-        s.count(status, 1);
-        let v = service_ns.clamp(1, crate::MAX_LATENCY_NS);
-        s.latency.record(v);
-        s.sum_ns += u128::from(v);
+        s.add(status, service_ns);
         self.recorded += 1;
         if self.recorded >= Self::HANDED_EVERY {
             self.hand_to(telemetry);
@@ -256,10 +261,7 @@ impl Telemetry {
                 sum_ns: 0,
             }),
         };
-        s.count(status, 1);
-        let v = service_ns.clamp(1, crate::MAX_LATENCY_NS);
-        s.latency.record(v);
-        s.sum_ns += u128::from(v);
+        s.add(status, service_ns);
     }
 
     /// Adds the series a thread recorded on its own ([`PendingSeries`]) to its shard, within
