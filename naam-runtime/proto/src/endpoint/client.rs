@@ -546,22 +546,9 @@ impl ClientEndpoint {
     /// exchange sent then. There is nothing to send again (the handing over loses nothing),
     /// so a timeout fails it once its attempts are spent, as a lost datagram's would.
     pub fn expect_in_process(&mut self, now: Nanos, id: u64) -> u64 {
-        let to = self.config.server;
-        self.exchanges.insert(
-            id,
-            Exchange {
-                to,
-                want: MessageKind::Reply,
-                first: Bytes::new(),
-                started: now,
-                renewed: false,
-                sent_seq: 0,
-                sent_at: now,
-                resent: None,
-            },
-        );
-        self.mark_sent(now, id);
-        id
+        // An exchange with no message: started as any other, and never sent.
+        let server = self.config.server;
+        self.start(now, server, id, MessageKind::Reply, Bytes::new())
     }
 
     /// Sends a one-sided READ of `descs` (of `app`'s regions) to the NIC's agent; its answer
@@ -866,29 +853,23 @@ impl ClientEndpoint {
     }
 
     fn send_exchange(&mut self, now: Nanos, id: u64) {
-        if let Some((to, first)) = self.mark_sent(now, id) {
-            if first.is_empty() {
-                // Handed to a server in this process: nothing to send again.
-                return;
-            }
-            self.send_sealed(to, id, first);
-        }
-    }
-
-    /// Stamps exchange `id` as sent at `now` and starts its timer; returns where it goes and
-    /// its message, for the caller to send.
-    fn mark_sent(&mut self, now: Nanos, id: u64) -> Option<(SocketAddr, Bytes)> {
         // One lookup: the exchange is stamped with its send before the message is queued.
         let seq = self.send_seq + 1;
-        let x = self.exchanges.get_mut(&id)?;
+        let Some(x) = self.exchanges.get_mut(&id) else {
+            return;
+        };
         x.sent_seq = seq;
         x.sent_at = now;
         let (to, first) = (x.to, x.first.clone());
         self.send_seq = seq;
+        // An exchange with no message was handed to a server in this process
+        // ([`ClientEndpoint::expect_in_process`]): timed as if sent, nothing to send.
+        if !first.is_empty() {
+            self.send_sealed(to, id, first);
+        }
         let rto = self.path(to).rto();
         self.timers.sent_with(id, now, rto);
         self.stats.sent += 1;
-        Some((to, first))
     }
 
     /// A message sealed in the session: an answer, a control message, a late duplicate, or
