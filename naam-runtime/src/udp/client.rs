@@ -363,8 +363,24 @@ impl Conn {
     /// Hands `req` to the server endpoint in this process ([`UdpConfig::in_process`]) at
     /// `start`: its reply and when it came, or the id of the exchange its answer will come
     /// to as a datagram; `None`, the request left where it is, when it must go as a datagram
-    /// (no session yet, none the server holds, or no such endpoint).
+    /// (not [`UdpConfig::in_process`], no session yet, none the server holds, or no such
+    /// endpoint).
     fn hand_in(
+        &mut self,
+        start: Nanos,
+        req: &mut Request,
+    ) -> Result<Option<HandedIn>, ClientError> {
+        // Taken out for the call and put back: cloning it would count a reference per call.
+        let Some(mut link) = self.in_process.take() else {
+            return Ok(None);
+        };
+        let handed = self.hand_in_over(&mut link, start, req);
+        self.in_process = Some(link);
+        handed
+    }
+
+    /// [`Conn::hand_in`] over `link`, the network and the way to its server endpoint.
+    fn hand_in_over(
         &mut self,
         (net, route): &mut (super::MemoryNet, super::memnet::ServiceRoute),
         start: Nanos,
@@ -391,11 +407,10 @@ impl Conn {
     /// [`Conn::hand_in`] of a call that waits for its answer.
     fn call_in_process(
         &mut self,
-        link: &mut (super::MemoryNet, super::memnet::ServiceRoute),
         start: Nanos,
         req: &mut Request,
     ) -> Result<Option<(Reply, Nanos)>, ClientError> {
-        match self.hand_in(link, start, req)? {
+        match self.hand_in(start, req)? {
             None => Ok(None),
             Some(HandedIn::Answered(r, end)) => Ok(Some((r, end))),
             Some(HandedIn::Later(id)) => {
@@ -806,13 +821,8 @@ impl UdpClient {
         start: Nanos,
     ) -> Result<(Reply, Nanos), ClientError> {
         let conn = self.path.transport();
-        // Taken out for the call and put back: cloning it would count a reference per call.
-        if let Some(mut link) = conn.in_process.take() {
-            let handed = conn.call_in_process(&mut link, start, req);
-            conn.in_process = Some(link);
-            if let Some(answered) = handed? {
-                return Ok(answered);
-            }
+        if let Some(answered) = conn.call_in_process(start, req)? {
+            return Ok(answered);
         }
         let id = conn.endpoint.request(start, req);
         let m = conn.wait(id)?;
@@ -968,25 +978,19 @@ impl naam_proto::transport::Pipeline for UdpClient {
                 Ok(id)
             }
             None => {
-                let conn = self.path.transport();
-                // Handed in when the server is in this process (taken out for the call and
-                // put back, as in a call).
-                if let Some(mut link) = conn.in_process.take() {
-                    let handed = conn.hand_in(&mut link, start, &mut req);
-                    conn.in_process = Some(link);
-                    match handed? {
-                        Some(HandedIn::Answered(r, end)) => {
-                            self.record(key, start, end, &r);
-                            let id = r.request_id;
-                            self.ready.push((id, Ok(r)));
-                            return Ok(id);
-                        }
-                        Some(HandedIn::Later(id)) => {
-                            self.pending.insert(id, (key, start));
-                            return Ok(id);
-                        }
-                        None => {}
+                // Handed in when the server is in this process, as in a call.
+                match self.path.transport().hand_in(start, &mut req)? {
+                    Some(HandedIn::Answered(r, end)) => {
+                        self.record(key, start, end, &r);
+                        let id = r.request_id;
+                        self.ready.push((id, Ok(r)));
+                        return Ok(id);
                     }
+                    Some(HandedIn::Later(id)) => {
+                        self.pending.insert(id, (key, start));
+                        return Ok(id);
+                    }
+                    None => {}
                 }
                 let conn = self.path.transport();
                 let id = conn
