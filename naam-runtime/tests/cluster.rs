@@ -615,7 +615,7 @@ fn steps_of_messages_run_here_count_once_against_the_budget() {
     let probe = cluster(ClusterConfig::functional());
     let run = |c: &Cluster, runner: &mut naam_runtime::cluster::HereRunner, id: u64| {
         let sorted = c.region_key(APP, "sorted").unwrap();
-        let req = Request::for_call(
+        let mut req = Request::for_call(
             APP,
             handler_id("bsearch"),
             id,
@@ -624,10 +624,14 @@ fn steps_of_messages_run_here_count_once_against_the_budget() {
         )
         .unwrap();
         let mut sel = Selector::default();
-        match c.dispatch_here(runner, req, &mut sel, Some(Placement::Host), || {
+        match c.dispatch_here(runner, &mut req, &mut sel, Some(Placement::Host), || {
             |_: Reply| {}
         }) {
-            Routed::Answered(r) | Routed::Refused(r) => (r.status, u64::from(r.steps)),
+            Routed::Answered(r) | Routed::Refused(r) => {
+                // Answered at once: the request stays with the caller, as it was.
+                assert_eq!((req.request_id, &req.args[..]), (id, &words(&[3])[..]));
+                (r.status, u64::from(r.steps))
+            }
             other => panic!("neither run nor refused: {other:?}"),
         }
     };

@@ -24,7 +24,7 @@ struct Unreachable;
 impl HostBackend for Unreachable {
     fn dispatch(
         &mut self,
-        _: Request,
+        _: &mut Request,
         _: &mut Selector,
         _: Option<Placement>,
         _: &Channel,

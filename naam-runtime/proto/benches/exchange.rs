@@ -81,12 +81,12 @@ struct AnsweringHost {
 impl HostBackend for AnsweringHost {
     fn dispatch(
         &mut self,
-        req: Request,
+        req: &mut Request,
         _sel: &mut Selector,
         _forced: Option<Placement>,
         reply_to_channel: &Channel,
     ) -> Routed {
-        let mut reply = reply_to(&req);
+        let mut reply = reply_to(req);
         reply.payload = self.value.clone();
         if self.inline {
             return Routed::Answered(reply);

@@ -84,7 +84,7 @@ impl ModelHost {
 impl HostBackend for ModelHost {
     fn dispatch(
         &mut self,
-        req: Request,
+        req: &mut Request,
         _sel: &mut Selector,
         forced: Option<Placement>,
         reply_to: &Channel,
@@ -93,7 +93,7 @@ impl HostBackend for ModelHost {
             self.retried += 1;
         }
         if req.handler == READ && self.congested && forced != Some(Placement::Host) {
-            return Routed::Remote(Box::new(req));
+            return Routed::Remote(Box::new(std::mem::replace(req, Request::taken())));
         }
         let r = if req.handler == INCREMENT {
             let key = (req.origin, req.request_id);
@@ -103,7 +103,7 @@ impl HostBackend for ModelHost {
                 None => {
                     self.counter += 1;
                     *self.applied.entry(key).or_default() += 1;
-                    let r = self.reply(&req);
+                    let r = self.reply(req);
                     if let Some(a) = self.answers.as_mut() {
                         a.insert(key, r.clone());
                     }
@@ -111,7 +111,7 @@ impl HostBackend for ModelHost {
                 }
             }
         } else {
-            self.reply(&req)
+            self.reply(req)
         };
         if self.hold_writes && req.handler == INCREMENT {
             self.held.push(reply_to.reply(&r));

@@ -57,14 +57,14 @@ struct LoopHost(Arc<Mutex<HostState>>);
 impl HostBackend for LoopHost {
     fn dispatch(
         &mut self,
-        req: Request,
+        req: &mut Request,
         _sel: &mut Selector,
         _forced: Option<Placement>,
         _reply_to: &Channel,
     ) -> Routed {
         let mut h = self.0.lock().unwrap();
         if req.handler == READ && h.congested {
-            return Routed::Remote(Box::new(req));
+            return Routed::Remote(Box::new(std::mem::replace(req, Request::taken())));
         }
         if req.handler == INCREMENT {
             h.counter += 1;

@@ -832,26 +832,29 @@ impl Cluster {
     /// [`Routed::Answered`] with no hand-off; a message routed elsewhere is queued or handed
     /// back for forwarding as `dispatch` does, its reply going to the callback `on_reply`
     /// makes. `on_reply` is called only for a message that waits at an executor: one
-    /// answered here pays nothing for a callback it would never use.
+    /// answered here pays nothing for a callback it would never use. `req` is taken (leaving
+    /// [`Request::taken`]) only when it is kept: queued, parked or handed back; one run here
+    /// stays where it is.
     pub fn dispatch_here<F: FnOnce(Reply) + Send + 'static>(
         &self,
         runner: &mut HereRunner,
-        req: Request,
+        req: &mut Request,
         sel: &mut Selector,
         forced: Option<Placement>,
         on_reply: impl FnOnce() -> F,
     ) -> Routed {
         let inner = &*self.inner;
-        let echo = Echo::of(&req);
-        match admit_here(inner, &req, sel, forced, Some(runner.placement)) {
-            Ok(Admitted::Remote) => Routed::Remote(Box::new(req)),
-            Ok(Admitted::Here(p, _)) => match runner.run(inner, &req) {
+        let echo = Echo::of(req);
+        let take = |req: &mut Request| std::mem::replace(req, Request::taken());
+        match admit_here(inner, req, sel, forced, Some(runner.placement)) {
+            Ok(Admitted::Remote) => Routed::Remote(Box::new(take(req))),
+            Ok(Admitted::Here(p, _)) => match runner.run(inner, req) {
                 Ran::Answered(r) => Routed::Answered(r),
                 Ran::Parked(run, write) => {
                     // A torn read waits at an executor, not on the thread that serves
                     // everyone's datagrams.
                     let job = Job {
-                        req,
+                        req: take(req),
                         enqueued: inner.clock.now(),
                         sink: ReplySink::Func(Box::new(on_reply())),
                         parked: Some((run, write)),
@@ -861,7 +864,7 @@ impl Cluster {
             },
             Ok(Admitted::Queue(p, write)) => {
                 let app = req.app;
-                match enqueue(inner, p, req, ReplySink::Func(Box::new(on_reply()))) {
+                match enqueue(inner, p, take(req), ReplySink::Func(Box::new(on_reply()))) {
                     Ok(()) => Routed::Queued(p),
                     Err(e) => {
                         if write {

@@ -141,14 +141,14 @@ impl<R> NicHost<R> {
 impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
     fn dispatch(
         &mut self,
-        req: Request,
+        mut req: Request,
         sel: &mut Selector,
         forced: Option<Placement>,
         reply_to: Channel,
     ) -> Routed {
         self.cluster();
         self.replies
-            .dispatch(&self.cluster, None, req, sel, forced, &reply_to)
+            .dispatch(&self.cluster, None, &mut req, sel, forced, &reply_to)
     }
 
     fn one_sided(&mut self, op: &Operation) -> Completion {

@@ -105,13 +105,14 @@ impl Replies {
     }
 
     /// Dispatches `req` on `cluster`: a request for `runner`'s placement runs here, on the
-    /// calling thread (its reply is the endpoint's to send); a queued request's reply goes
-    /// out sealed on `ch` from the executor.
+    /// calling thread (its reply is the endpoint's to send; `req` stays where it is); a
+    /// queued request (taken from `req`) has its reply go out sealed on `ch` from the
+    /// executor.
     pub(crate) fn dispatch(
         &mut self,
         cluster: &Cluster,
         runner: Option<&mut HereRunner>,
-        req: Request,
+        req: &mut Request,
         sel: &mut Selector,
         forced: Option<Placement>,
         ch: &Channel,
@@ -137,7 +138,12 @@ impl Replies {
         };
         let d = match runner {
             Some(runner) => cluster.dispatch_here(runner, req, sel, forced, on_reply),
-            None => cluster.dispatch(req, sel, forced, on_reply()),
+            None => cluster.dispatch(
+                std::mem::replace(req, Request::taken()),
+                sel,
+                forced,
+                on_reply(),
+            ),
         };
         if let Routed::Answered(r) = &d {
             let key = (app, handler, r.placement);
@@ -194,7 +200,7 @@ impl ClusterHost {
 impl HostBackend for ClusterHost {
     fn dispatch(
         &mut self,
-        req: Request,
+        req: &mut Request,
         sel: &mut Selector,
         forced: Option<Placement>,
         reply_to: &Channel,

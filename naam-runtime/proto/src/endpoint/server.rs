@@ -333,9 +333,13 @@ pub trait HostBackend {
     /// queues it at a host executor, whose reply goes out sealed on `reply_to`; or hands it
     /// back to forward to the NIC, or refuses it. A backend that queues it keeps a clone of
     /// `reply_to`; one that answers at once ([`Routed::Answered`]) needs none.
+    ///
+    /// `req` is borrowed: a backend takes it (leaving [`Request::taken`]) only to keep it
+    /// (queued, or handed back), so that one answered at once stays with its caller, unmoved,
+    /// its buffers free to be written again (a client in process builds its next call in it).
     fn dispatch(
         &mut self,
-        req: Request,
+        req: &mut Request,
         sel: &mut Selector,
         forced: Option<Placement>,
         reply_to: &Channel,
@@ -1493,9 +1497,11 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// reply of a run here comes back to the caller. Whatever is answered later (queued,
     /// forwarded, behind other work) is answered on the session as a datagram. `now` is the
     /// time on this endpoint's clock (the caller's own reading, when the two share a clock).
-    /// The request is taken from where it lies only when it is
-    /// dispatched or queued (a `Request` is 360 bytes: passed by value through each layer it
-    /// was copied at each). A session this endpoint does not hold (expired, or the server
+    /// The request is taken from where it lies (leaving [`Request::taken`]) only when it is
+    /// kept: queued here or at an executor, parked, or forwarded. One answered at once stays
+    /// with the caller as it was handed in (a `Request` is 360 bytes: passed by value through
+    /// each layer it was copied at each), and the caller may build its next call in it, its
+    /// args' buffer included. A session this endpoint does not hold (expired, or the server
     /// restarted) leaves it with the caller (`None`), to send as a datagram, which sets up a
     /// session again.
     pub fn request_in_process(
@@ -1555,12 +1561,11 @@ impl<B: HostBackend> ServerEndpoint<B> {
         if let Some(r) = refused {
             return InProcess::Answered(r);
         }
-        let req = std::mem::replace(req, Request::taken());
         if !self.turns.is_empty() {
             let tenant = ch.sealer.key().tenant_tag();
             let w = Work::Request(Waiting {
                 sid,
-                req,
+                req: std::mem::replace(req, Request::taken()),
                 ch: ch.clone(),
                 forward: ForwardAs::InProcess,
             });
@@ -1596,15 +1601,21 @@ impl<B: HostBackend> ServerEndpoint<B> {
 
     /// Runs a request whose turn came: the switch places it at the host (run or queued by the
     /// backend) or forwards it to the NIC.
-    fn dispatch(&mut self, sid: u64, req: Request, ch: Channel, forward: ForwardAs) {
-        if let Some(r) = self.route(sid, req, &ch, forward) {
+    fn dispatch(&mut self, sid: u64, mut req: Request, ch: Channel, forward: ForwardAs) {
+        if let Some(r) = self.route(sid, &mut req, &ch, forward) {
             self.reply_into(ch, r);
         }
     }
 
     /// [`ServerEndpoint::dispatch`] but for the reply to send now (run here, or refused),
     /// which it returns rather than sends.
-    fn route(&mut self, sid: u64, req: Request, ch: &Channel, forward: ForwardAs) -> Option<Reply> {
+    fn route(
+        &mut self,
+        sid: u64,
+        req: &mut Request,
+        ch: &Channel,
+        forward: ForwardAs,
+    ) -> Option<Reply> {
         // Behind an eSwitch, what reaches the host's port was steered here.
         let pinned = req
             .pinned()
