@@ -25,7 +25,6 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use naam_ebpf::abi::{Descriptor, ACCESS_MASK, ARGS_CAP, MAX_NEXT, REPLY_CAP, STATE_WORDS};
 use serde::Serialize;
 
-use crate::arena::ByteArena;
 use crate::fields::Fields;
 use crate::kind::{REPLY as KIND_REPLY, REQUEST as KIND_REQUEST, VERSION};
 use crate::limits::{DESCRIPTOR_SIZE, REPLY_HEADER, REQUEST_HEADER};
@@ -98,8 +97,10 @@ pub enum WireError {
     },
 }
 
-/// Up to [`MAX_NEXT`] descriptors, stored inline.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// Up to [`MAX_NEXT`] descriptors, stored inline. Two lists are equal when they hold the
+/// same descriptors (what an [`Descriptors::assign`] of a shorter list left behind its end
+/// does not count).
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Descriptors {
     items: [Descriptor; MAX_NEXT],
     len: u8,
@@ -182,6 +183,14 @@ impl Descriptors {
     }
 }
 
+impl PartialEq for Descriptors {
+    fn eq(&self, other: &Descriptors) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Descriptors {}
+
 /// An active message: a handler of an app to run over the descriptors' ranges; a
 /// continuation also carries the state words and reply bytes of the steps run so far.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,7 +257,7 @@ impl Request {
 
     /// The request a client call makes: `args` and `descs` for `handler` of `app`, request id
     /// `id`, checked against the wire limits. Its args get an allocation of their own; a
-    /// caller that makes many requests copies them into its arena ([`Request::for_call_in`]).
+    /// caller that makes many requests builds each in the last ([`Request::refill_call`]).
     pub fn for_call(
         app: u32,
         handler: u32,
@@ -256,38 +265,49 @@ impl Request {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Request, WireError> {
-        Request::checked_call((app, handler, id), args, descs, Bytes::copy_from_slice)
-    }
-
-    /// [`Request::for_call`] with `args` copied into a chunk of `arena`, not into an
-    /// allocation of their own.
-    pub fn for_call_in(
-        arena: &mut ByteArena,
-        app: u32,
-        handler: u32,
-        id: u64,
-        args: &[u8],
-        descs: &[Descriptor],
-    ) -> Result<Request, WireError> {
-        Request::checked_call((app, handler, id), args, descs, |a| arena.copy(a))
-    }
-
-    /// The request for `(app, handler, id)` with `args`, copied by `copy` once they are
-    /// checked, and `descs`.
-    fn checked_call(
-        (app, handler, id): (u32, u32, u64),
-        args: &[u8],
-        descs: &[Descriptor],
-        copy: impl FnOnce(&[u8]) -> Bytes,
-    ) -> Result<Request, WireError> {
         Request::check_call(args, descs)?;
+        let descriptors = Descriptors::from_slice(descs)?;
         Ok(Request::new(
             app,
             handler,
             id,
-            copy(args),
-            Descriptors::from_slice(descs)?,
+            Bytes::copy_from_slice(args),
+            descriptors,
         ))
+    }
+
+    /// Makes this request the fresh call [`Request::for_call`] would make, in place, for a
+    /// caller that builds each call in the request of its last one. The args' buffer is
+    /// written again when nothing else holds it and it is of their length: no allocation, no
+    /// reference counted (keys of one length, as most of a workload's are). Else the args get
+    /// a buffer of exactly their length, for the calls after: `Bytes` keeps a buffer with room
+    /// to spare behind a shared header, which it would allocate at every call. A call that
+    /// does not pass the checks leaves the request as it was.
+    pub fn refill_call(
+        &mut self,
+        (app, handler, id): (u32, u32, u64),
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<(), WireError> {
+        Request::check_call(args, descs)?;
+        self.descriptors.assign(descs)?;
+        self.args = match std::mem::take(&mut self.args).try_into_mut() {
+            Ok(mut buf) if buf.capacity() == args.len() => {
+                buf.clear();
+                buf.extend_from_slice(args);
+                buf.freeze()
+            }
+            _ => Bytes::from(args.to_vec()),
+        };
+        self.app = app;
+        self.handler = handler;
+        self.request_id = id;
+        self.flags = 0;
+        self.steps = 0;
+        self.state = [0; STATE_WORDS];
+        self.partial_reply = Bytes::new();
+        self.origin = 0;
+        Ok(())
     }
 
     /// Checks what a fresh call would carry, as [`Request::validate`] would, without building
@@ -771,6 +791,7 @@ pub fn request_id(client: u32, seq: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use naam_ebpf::abi::ACCESS_READ;
     use proptest::prelude::*;
 
     fn descriptor() -> impl Strategy<Value = Descriptor> {
@@ -840,6 +861,54 @@ mod tests {
                     payload: Bytes::from(payload),
                 },
             )
+    }
+
+    #[test]
+    fn a_refilled_call_writes_its_last_args_buffer_again_when_it_alone_holds_it() {
+        let d = Descriptor {
+            rkey: 7,
+            offset: 8,
+            len: 16,
+            access: ACCESS_READ,
+        };
+        let mut req = Request::taken();
+        req.refill_call((1, 2, 3), b"key-0001", &[d]).unwrap();
+        assert_eq!(req, Request::for_call(1, 2, 3, b"key-0001", &[d]).unwrap());
+        let first = req.args.as_ptr();
+        // Continuation fields of an earlier run do not survive a refill.
+        req.steps = 4;
+        req.flags = flags::RETRY;
+        req.partial_reply = Bytes::from_static(b"partial");
+        req.refill_call((1, 5, 9), b"key-0002", &[]).unwrap();
+        assert_eq!(req, Request::for_call(1, 5, 9, b"key-0002", &[]).unwrap());
+        assert_eq!(req.args.as_ptr(), first, "the buffer was not reused");
+        // Held elsewhere: never written, a new buffer instead.
+        let held = req.args.clone();
+        req.refill_call((1, 2, 3), b"key-0003", &[]).unwrap();
+        assert_eq!(&held[..], b"key-0002");
+        assert_eq!(&req.args[..], b"key-0003");
+        // Another length: a buffer of that length, written again by the calls after.
+        req.refill_call((1, 2, 3), b"a longer key", &[d, d])
+            .unwrap();
+        assert_eq!(&req.args[..], b"a longer key");
+        assert_eq!(req.descriptors.as_slice(), &[d, d]);
+        let longer = req.args.as_ptr();
+        req.refill_call((1, 2, 3), b"another key!", &[d]).unwrap();
+        assert_eq!(
+            (&req.args[..], req.args.as_ptr()),
+            (&b"another key!"[..], longer)
+        );
+        assert_eq!(
+            req,
+            Request::for_call(1, 2, 3, b"another key!", &[d]).unwrap()
+        );
+        req.refill_call((1, 2, 3), b"", &[]).unwrap();
+        assert_eq!(req, Request::for_call(1, 2, 3, b"", &[]).unwrap());
+        // Refused by the checks: left as it was.
+        let before = req.clone();
+        let too_long = vec![0u8; ARGS_CAP + 1];
+        assert!(req.refill_call((9, 9, 9), &too_long, &[]).is_err());
+        assert_eq!(req, before);
     }
 
     proptest! {

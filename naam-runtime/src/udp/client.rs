@@ -10,7 +10,6 @@
 //! [`ClientError::ServerGone`].
 
 use crate::intmap::{IntMap, IntSet};
-use naam_proto::arena::ByteArena;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -515,9 +514,12 @@ pub struct UdpClient {
     pending: IntMap<u64, (HandlerKey, Nanos)>,
     /// Answers ready for the next poll (messages the client ran itself, failures).
     ready: Vec<(u64, Result<Reply, ClientError>)>,
-    /// Where calls' args are copied into their requests: a request is encoded and dropped
-    /// when it is sent (or run here), so its chunk is written again.
-    args: ByteArena,
+    /// The request the last call was built in, for the next to be built in
+    /// ([`Request::refill_call`]): one the server in this process answered at once is left
+    /// here as it was handed in, its args' buffer ready to be written again; one that was
+    /// sent as a datagram was only encoded. Boxed, so that taking it out for a call and
+    /// putting it back moves a pointer, not 360 bytes.
+    spare: Option<Box<Request>>,
 }
 
 impl UdpClient {
@@ -639,7 +641,7 @@ impl UdpClient {
             pin: config.pin,
             pending: IntMap::default(),
             ready: Vec::new(),
-            args: ByteArena::default(),
+            spare: None,
         })
     }
 
@@ -833,7 +835,7 @@ impl UdpClient {
 impl UdpClient {
     /// Steers `req` (of handler `key`): runs a read here when the weights say Client and the
     /// agent is up, and returns its reply; else marks in `req` where the server should run
-    /// it, for the caller to send (the request stays where it was built, not moved or boxed).
+    /// it, for the caller to send (the request stays where it was built, not moved).
     fn place(&mut self, req: &mut Request, key: HandlerKey, now: Nanos) -> Option<Reply> {
         let (app, _) = key;
         if self.apps_used.insert(app) {
@@ -898,6 +900,65 @@ impl UdpClient {
         }
     }
 
+    /// Builds the request of a call in the one the last call was built in.
+    fn call_request(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Box<Request>, ClientError> {
+        let mut req = self
+            .spare
+            .take()
+            .unwrap_or_else(|| Box::new(Request::taken()));
+        match req.refill_call((app, handler, 0), args, descs) {
+            Ok(()) => Ok(req),
+            Err(e) => {
+                self.spare = Some(req);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Submits `req` of handler `key` (see [`naam_proto::transport::Pipeline::submit`]).
+    fn submit_request(&mut self, req: &mut Request, key: HandlerKey) -> Result<u64, ClientError> {
+        let start = self.path.transport().stamp();
+        match self.place(req, key, start) {
+            Some(r) => {
+                self.record(key, start, self.clock.now(), &r);
+                let id = r.request_id;
+                self.ready.push((id, Ok(r)));
+                Ok(id)
+            }
+            None => {
+                // Handed in when the server is in this process, as in a call.
+                match self.path.transport().hand_in(start, req)? {
+                    Some(HandedIn::Answered(r, end)) => {
+                        self.record(key, start, end, &r);
+                        let id = r.request_id;
+                        self.ready.push((id, Ok(r)));
+                        return Ok(id);
+                    }
+                    Some(HandedIn::Later(id)) => {
+                        self.pending.insert(id, (key, start));
+                        return Ok(id);
+                    }
+                    None => {}
+                }
+                let conn = self.path.transport();
+                let id = conn
+                    .endpoint
+                    .request(start, req)
+                    .map_err(|e| conn.client_error(e))?;
+                // It goes out at the next poll, coalesced with whatever else is submitted
+                // before it (a window refilled after a batch of answers travels together).
+                self.pending.insert(id, (key, start));
+                Ok(id)
+            }
+        }
+    }
+
     /// Fails every submitted call with `Shutdown`, into `ready`: the socket is gone.
     fn fail_pending(&mut self) {
         for (id, _) in self.pending.drain() {
@@ -939,14 +1000,16 @@ impl Transport for UdpClient {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let mut req = Request::for_call_in(&mut self.args, app, handler, 0, args, descs)?;
+        let mut req = self.call_request(app, handler, args, descs)?;
         let key = (app, handler);
         // The call's start is the connection's latest reading, which its sends use.
         let start = self.path.transport().stamp();
-        let (reply, end) = match self.place(&mut req, key, start) {
-            Some(r) => (r, self.clock.now()),
-            None => self.call_server(&mut req, start)?,
+        let answered = match self.place(&mut req, key, start) {
+            Some(r) => Ok((r, self.clock.now())),
+            None => self.call_server(&mut req, start),
         };
+        self.spare = Some(req);
+        let (reply, end) = answered?;
         self.record(key, start, end, &reply);
         Ok(reply)
     }
@@ -967,42 +1030,10 @@ impl naam_proto::transport::Pipeline for UdpClient {
         if self.pending.len() >= self.window() {
             return Err(ClientError::Busy(Placement::Host));
         }
-        let mut req = Request::for_call_in(&mut self.args, app, handler, 0, args, descs)?;
-        let key = (app, handler);
-        let start = self.path.transport().stamp();
-        match self.place(&mut req, key, start) {
-            Some(r) => {
-                self.record(key, start, self.clock.now(), &r);
-                let id = r.request_id;
-                self.ready.push((id, Ok(r)));
-                Ok(id)
-            }
-            None => {
-                // Handed in when the server is in this process, as in a call.
-                match self.path.transport().hand_in(start, &mut req)? {
-                    Some(HandedIn::Answered(r, end)) => {
-                        self.record(key, start, end, &r);
-                        let id = r.request_id;
-                        self.ready.push((id, Ok(r)));
-                        return Ok(id);
-                    }
-                    Some(HandedIn::Later(id)) => {
-                        self.pending.insert(id, (key, start));
-                        return Ok(id);
-                    }
-                    None => {}
-                }
-                let conn = self.path.transport();
-                let id = conn
-                    .endpoint
-                    .request(start, &mut req)
-                    .map_err(|e| conn.client_error(e))?;
-                // It goes out at the next poll, coalesced with whatever else is submitted
-                // before it (a window refilled after a batch of answers travels together).
-                self.pending.insert(id, (key, start));
-                Ok(id)
-            }
-        }
+        let mut req = self.call_request(app, handler, args, descs)?;
+        let submitted = self.submit_request(&mut req, (app, handler));
+        self.spare = Some(req);
+        submitted
     }
 
     fn poll(&mut self, block: bool) -> Vec<(u64, Result<Reply, ClientError>)> {
