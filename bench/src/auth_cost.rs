@@ -103,7 +103,7 @@ pub fn auth_cost(out: &Path, c: &AuthCostConfig) -> anyhow::Result<serde_json::V
             [Authentication::OffForMeasurement, Authentication::On]
         };
         for auth in order {
-            let shm = std::env::temp_dir().join(format!(
+            let shm = crate::deployment::shm_dir(&format!(
                 "naam-auth-cost-{}-{round}-{}",
                 std::process::id(),
                 label(auth)

@@ -1,5 +1,7 @@
 //! A whole deployment inside this process: naam-server's and naam-nic's endpoints over their
-//! executors, regions in a scratch directory, credentials made for the run. Over the kernel's
+//! executors, the manifest and the handlers' objects in a scratch directory, credentials
+//! made for the run. The regions are the host's own memory, which the NIC's cluster sees
+//! as its DMA would (one process: no file between them, and the host's huge pages). Over the kernel's
 //! UDP on loopback, the two drivers run their socket loops on threads of their own, as the
 //! binaries do (`auth-cost`). Over an in-memory network ([`MemoryNet`], `ycsb --fabric
 //! inproc-endpoints`), the two endpoints are bound as inline services: a client's datagram is
@@ -16,9 +18,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use naam_runtime::cluster::ClusterConfig;
+use naam_runtime::cluster::{Cluster, ClusterConfig};
 use naam_runtime::proto::session::{self, Authentication, Credential};
-use naam_runtime::udp::{self, InlineNic, InlineServer, MemoryNet, Socket, UdpClient, UdpConfig};
+use naam_runtime::udp::{
+    self, HostRegions, InlineNic, InlineServer, MemoryNet, Socket, UdpClient, UdpConfig,
+};
 
 /// What to deploy.
 pub struct DeploymentPlan {
@@ -59,8 +63,22 @@ pub struct InProcessDeployment {
     shm: PathBuf,
 }
 
+/// Where an in-process deployment puts its directory of regions, `name`: under `/dev/shm`,
+/// as naam-server's default, when there is one. Regions are mapped shared (the NIC maps the
+/// host's files); on a disk's file system their pages would be written back to the disk
+/// while they serve, and faulted again at the next store after each write-back.
+pub fn shm_dir(name: &str) -> PathBuf {
+    let tmpfs = std::path::Path::new("/dev/shm");
+    let root = if tmpfs.is_dir() {
+        tmpfs.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    root.join(name)
+}
+
 impl InProcessDeployment {
-    /// Starts `plan` with regions under `shm`, then waits until the NIC has paired with the
+    /// Starts `plan` with regions under `shm` (see [`shm_dir`]), then waits until the NIC has paired with the
     /// server (clients are told its agent), so every run has it from the first operation.
     pub fn start(shm: PathBuf, plan: DeploymentPlan) -> anyhow::Result<InProcessDeployment> {
         let app = plan.app.spec.id;
@@ -70,7 +88,10 @@ impl InProcessDeployment {
             None,
             Some(pairing.clone()),
         );
-        let (cluster, manifest) = udp::start_host(vec![plan.app], plan.host, &shm)?;
+        // One process: the NIC sees the host's own regions, not files both map.
+        let (cluster, manifest) =
+            udp::start_host_with(vec![plan.app], plan.host, &shm, HostRegions::InProcess)?;
+        let host = cluster.clone();
         let mut options = udp::ServerOptions::new(manifest, tenants);
         options.drain = Duration::from_secs(1);
         options.congestion_control = plan.congestion_control;
@@ -124,7 +145,7 @@ impl InProcessDeployment {
             shm,
         };
         // From here on a failure stops the server and removes the regions.
-        let nic = d.start_nic_driver(plan.nic, pairing, stop);
+        let nic = d.start_nic_driver(&host, plan.nic, pairing, stop);
         match nic.and_then(|()| d.wait_for_nic()) {
             Ok(()) => Ok(d),
             Err(e) => {
@@ -134,14 +155,15 @@ impl InProcessDeployment {
         }
     }
 
-    /// Starts naam-nic's driver for the host that wrote this deployment's regions.
+    /// Starts naam-nic's driver over the regions of `host`, the server's cluster.
     fn start_nic_driver(
         &mut self,
+        host: &Cluster,
         config: ClusterConfig,
         pairing: Credential,
         stop: Arc<AtomicBool>,
     ) -> anyhow::Result<()> {
-        let (nic_cluster, nic_manifest) = udp::start_nic(&self.shm, config)?;
+        let (nic_cluster, nic_manifest) = udp::start_nic_in_process(&self.shm, config, host)?;
         let start = udp::NicCluster {
             cluster: nic_cluster,
             manifest: nic_manifest,

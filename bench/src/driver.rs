@@ -821,7 +821,7 @@ pub fn run_inproc_endpoints(
     };
     // One directory per deployment: runs may overlap within a process (tests).
     static DEPLOYMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let shm = std::env::temp_dir().join(format!(
+    let shm = crate::deployment::shm_dir(&format!(
         "naam-bench-inproc-endpoints-{}-{}",
         std::process::id(),
         DEPLOYMENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)

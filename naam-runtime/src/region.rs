@@ -33,6 +33,13 @@ enum Storage {
         ptr: *mut AtomicU64,
         words: usize,
     },
+    /// The `words` words of another region's memory, which `_region` keeps alive
+    /// ([`RegionMemory::view_of`]).
+    View {
+        ptr: *const AtomicU64,
+        words: usize,
+        _region: Arc<Region>,
+    },
 }
 
 // The mapping is plain memory accessed only through atomics, like the heap variant.
@@ -236,6 +243,23 @@ impl RegionMemory {
         matches!(self.storage, Storage::Mapped { .. })
     }
 
+    /// Another handle on `region`'s memory, which it keeps alive: a second cluster in the
+    /// same process (an in-process naam-nic) sees the host's memory as a NIC sees it through
+    /// DMA, with no shared file between them, and on the host's own pages: huge ones where
+    /// the host has them, where a file on `/dev/shm` gets huge pages only from a kernel that
+    /// gives them to shared memory (`shmem_enabled`, `never` by default).
+    pub fn view_of(region: &Arc<Region>) -> RegionMemory {
+        let words = region.mem.words();
+        RegionMemory {
+            storage: Storage::View {
+                ptr: words.as_ptr(),
+                words: words.len(),
+                _region: region.clone(),
+            },
+            len: region.mem.len,
+        }
+    }
+
     /// The memory as words, each only ever accessed atomically.
     pub(crate) fn words(&self) -> &[AtomicU64] {
         match &self.storage {
@@ -244,6 +268,8 @@ impl RegionMemory {
             Storage::Mapped { ptr, words } | Storage::Anonymous { ptr, words } => unsafe {
                 std::slice::from_raw_parts(*ptr, *words)
             },
+            // SAFETY: the words of `_region`'s memory, which the view keeps alive.
+            Storage::View { ptr, words, .. } => unsafe { std::slice::from_raw_parts(*ptr, *words) },
         }
     }
 
@@ -682,6 +708,44 @@ mod tests {
             RegionMemory::zeroed(HUGE_PAGE - 8).storage,
             Storage::Heap(_)
         ));
+    }
+
+    /// A view of another table's region (an in-process NIC's) reads and changes the same
+    /// words, under its own table's rkey, and keeps the memory alive after the first table
+    /// is gone.
+    #[test]
+    fn a_view_shares_its_regions_memory_and_keeps_it_alive() {
+        let len = HUGE_PAGE + 24;
+        let mut host = RegionTable::new();
+        let region = host.register(
+            1,
+            "log",
+            ACCESS_READ | ACCESS_WRITE,
+            RegionMemory::zeroed(len),
+        );
+        let mut nic = RegionTable::new();
+        let seen = nic
+            .register_with_key(
+                region.rkey,
+                1,
+                "log",
+                ACCESS_READ,
+                RegionMemory::view_of(&region),
+            )
+            .unwrap();
+        assert_eq!((seen.mem.len(), seen.mem.addr()), (len, region.mem.addr()));
+        region.mem.write(len as u64 - 8, &[5; 8]).unwrap();
+        assert_eq!(
+            seen.mem.load_u64(len as u64 - 8).unwrap(),
+            0x0505_0505_0505_0505
+        );
+        assert_eq!(seen.mem.cas(0, 0, 7).unwrap(), 0);
+        assert_eq!(region.mem.load_u64(0).unwrap(), 7);
+        drop((host, region));
+        assert_eq!(seen.mem.load_u64(0).unwrap(), 7);
+        let mut tail = [0u8; 8];
+        seen.mem.read(len as u64 - 8, &mut tail).unwrap();
+        assert_eq!(tail, [5; 8]);
     }
 
     #[test]

@@ -690,3 +690,50 @@ fn a_pipelined_session_keeps_its_window_in_flight_and_gets_every_answer() {
     assert_eq!(c.in_flight(), 0);
     assert!(c.transport_counts().sent >= window as u64);
 }
+
+/// A host that keeps its regions in process writes no region file and names none in its
+/// manifest: a NIC process cannot map them (and says why), a NIC in the same process sees
+/// the host's own memory under the same rkeys.
+#[test]
+fn a_nic_in_the_hosts_process_sees_the_hosts_own_regions() {
+    use naam_runtime::udp;
+    let shm = tempfile::tempdir().unwrap();
+    let app = udp::HostApp {
+        spec: common::examples_app(1),
+        kind: "object".into(),
+        params: serde_json::Value::Null,
+        object_bytes: std::fs::read(&examples().0).unwrap(),
+        client_writes: false,
+        credential: Some(common::tenant_key()),
+    };
+    let (host, manifest) = udp::start_host_with(
+        vec![app],
+        ClusterConfig::functional(),
+        shm.path(),
+        udp::HostRegions::InProcess,
+    )
+    .unwrap();
+    let regions = &manifest.apps[0].regions;
+    assert!(!regions.is_empty());
+    assert!(regions.iter().all(|r| r.path.is_none()), "{regions:?}");
+    let files: Vec<_> = std::fs::read_dir(shm.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(files.iter().all(|f| !f.ends_with(".region")), "{files:?}");
+    match udp::start_nic(shm.path(), ClusterConfig::functional()) {
+        Err(e) => assert!(e.to_string().contains("no shared-memory file"), "{e}"),
+        Ok(_) => panic!("a NIC mapped regions the host keeps in process"),
+    }
+    let (nic, _) =
+        udp::start_nic_in_process(shm.path(), ClusterConfig::functional(), &host).unwrap();
+    for r in regions {
+        let mine = host.regions().get(1, r.rkey).unwrap();
+        let seen = nic.regions().get(1, r.rkey).unwrap();
+        assert_eq!(seen.mem.addr(), mine.mem.addr(), "{}", r.name);
+        if mine.mem.len() >= 8 {
+            mine.mem.write(0, &[0x5a; 8]).unwrap();
+            assert_eq!(seen.mem.load_u64(0).unwrap(), 0x5a5a_5a5a_5a5a_5a5a);
+        }
+    }
+}

@@ -78,12 +78,35 @@ fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> DeployError + '_ {
     }
 }
 
+/// Where a host keeps its regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HostRegions {
+    /// Each a file in the shared-memory directory, which a naam-nic process maps
+    /// ([`start_nic`]).
+    SharedFiles,
+    /// The host's own memory (anonymous, on huge pages when large), for a naam-nic in the
+    /// same process ([`start_nic_in_process`]); the manifest names no file.
+    InProcess,
+}
+
 /// Builds the host's cluster (host executors only; the NIC is remote) with every region in
 /// `shm_dir`, and writes the manifest there.
 pub fn start_host(
     apps: Vec<HostApp>,
+    config: ClusterConfig,
+    shm_dir: &Path,
+) -> Result<(Arc<Cluster>, Manifest), DeployError> {
+    start_host_with(apps, config, shm_dir, HostRegions::SharedFiles)
+}
+
+/// [`start_host`] with its regions kept as `kept` says (the manifest, with the handlers'
+/// objects, is written in `shm_dir` either way).
+pub fn start_host_with(
+    apps: Vec<HostApp>,
     mut config: ClusterConfig,
     shm_dir: &Path,
+    kept: HostRegions,
 ) -> Result<(Arc<Cluster>, Manifest), DeployError> {
     config.remote_nic = true;
     config.remote_clients = true;
@@ -102,13 +125,16 @@ pub fn start_host(
             .region_backing(Box::new(move |app, r: &RegionSpec| {
                 let path = rp(app, &r.name);
                 let rkey = credentials.get(&app).map(|c| c.region_key(app, &r.name));
-                RegionMemory::create_shared(&path, &r.contents)
-                    .map(|m| (m, rkey))
-                    .map_err(|e| ClusterError::Region {
-                        app,
-                        region: r.name.clone(),
-                        message: e.to_string(),
-                    })
+                match kept {
+                    HostRegions::SharedFiles => RegionMemory::create_shared(&path, &r.contents)
+                        .map(|m| (m, rkey))
+                        .map_err(|e| ClusterError::Region {
+                            app,
+                            region: r.name.clone(),
+                            message: e.to_string(),
+                        }),
+                    HostRegions::InProcess => Ok((RegionMemory::from_bytes(&r.contents), rkey)),
+                }
             }));
     let mut manifest = Manifest {
         apps: Vec::new(),
@@ -173,7 +199,8 @@ pub fn start_host(
                         r.access & naam_ebpf::abi::ACCESS_READ
                     },
                     len: r.contents.len() as u64,
-                    path: Some(region_path(id, &r.name).display().to_string()),
+                    path: (kept == HostRegions::SharedFiles)
+                        .then(|| region_path(id, &r.name).display().to_string()),
                 })
                 .collect(),
         });
@@ -204,7 +231,27 @@ pub fn read_manifest(shm_dir: &Path) -> Result<Manifest, DeployError> {
 /// `shm_dir`: the same handlers, the host's regions mapped under the same rkeys.
 pub fn start_nic(
     shm_dir: &Path,
+    config: ClusterConfig,
+) -> Result<(Arc<Cluster>, Manifest), DeployError> {
+    start_nic_over(shm_dir, config, None)
+}
+
+/// [`start_nic`] for a NIC in the host's process, over `host`'s own regions (kept by
+/// [`HostRegions::InProcess`]): each seen through [`RegionMemory::view_of`], not mapped
+/// from a file.
+pub fn start_nic_in_process(
+    shm_dir: &Path,
+    config: ClusterConfig,
+    host: &Cluster,
+) -> Result<(Arc<Cluster>, Manifest), DeployError> {
+    start_nic_over(shm_dir, config, Some(host.regions().clone()))
+}
+
+/// [`start_nic`] over the regions of `host` when given, else over the manifest's files.
+fn start_nic_over(
+    shm_dir: &Path,
     mut config: ClusterConfig,
+    host: Option<Arc<crate::region::RegionTable>>,
 ) -> Result<(Arc<Cluster>, Manifest), DeployError> {
     let manifest = read_manifest(shm_dir)?;
     let mpath = shm_dir.join(MANIFEST_FILE);
@@ -228,6 +275,12 @@ pub fn start_nic(
                     message,
                 };
                 let m = m.ok_or_else(|| fail("not in the manifest".into()))?;
+                if let Some(host) = &host {
+                    let region = host.get(app, m.rkey).ok_or_else(|| {
+                        fail("the host in this process has no such region".into())
+                    })?;
+                    return Ok((RegionMemory::view_of(region), Some(m.rkey)));
+                }
                 let path = m
                     .path
                     .as_ref()

@@ -31,8 +31,8 @@ mod telemetry;
 
 pub use client::{UdpClient, UdpConfig, UdpError};
 pub use deploy::{
-    cleanup, read_manifest, start_host, start_nic, DeployError, HostApp, MANIFEST_FILE,
-    SERVER_EXECUTOR_POLL,
+    cleanup, read_manifest, start_host, start_host_with, start_nic, start_nic_in_process,
+    DeployError, HostApp, HostRegions, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
 };
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
 pub use nic::{
