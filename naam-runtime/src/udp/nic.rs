@@ -403,7 +403,13 @@ pub fn serve_nic_inline(
     mut options: NicOptions,
     remap: Remap,
 ) -> std::io::Result<InlineNic> {
-    let (telemetry, report_every) = (options.telemetry.clone(), options.report_every);
+    // Counters published as the socket loops publish them: a publication every report
+    // (a millisecond) woke the timer thread, and took the endpoint's lock, a thousand times a
+    // second for figures scraped every few seconds.
+    let (telemetry, publish_every) = (
+        options.telemetry.clone(),
+        options.report_every.max(PUBLISH_EVERY),
+    );
     // One loop: naam-nic's further loops are made from its first endpoint
     // (`NicEndpoint::another_loop`), which an inline group does not do yet.
     let mut once = Some((start, remap));
@@ -412,7 +418,7 @@ pub fn serve_nic_inline(
         addr,
         1,
         telemetry,
-        report_every,
+        publish_every,
         |_, local, replies, now| {
             let (start, remap) = once
                 .take()
