@@ -23,7 +23,7 @@ use naam_proto::endpoint::{InProcess, Transmit};
 use naam_proto::wire::Request;
 use naam_proto::Nanos;
 
-use super::memnet::{MemoryNet, ServedPort, Service};
+use super::memnet::{MemoryNet, ServedPort, Service, TimerWake};
 use super::socket::{Inbound, Sender, DEFAULT_DATAGRAM};
 use super::telemetry::{LoopCounters, Telemetry};
 
@@ -136,38 +136,42 @@ impl<E: InlineEndpoint> Inline<E> {
     }
 
     /// Runs `f` on what the lock holds, then sends what the endpoint asked for with the lock
-    /// released.
-    fn with<T>(&self, f: impl FnOnce(&mut State<E>) -> T) -> T {
+    /// released. Returns what `f` returned, and when the endpoint's next timer is due after
+    /// it (read under the lock), for the timer thread to be woken if it sleeps past it.
+    fn with<T>(&self, f: impl FnOnce(&mut State<E>) -> T) -> (T, Option<Nanos>) {
         let mut s = self.lock();
         let t = f(&mut s);
         s.endpoint.report_events();
+        let next = s.endpoint.poll_timeout();
         // Nothing to send (a request handed in and answered in the call): done. The first
         // transmit apart: a lone answer, the usual case for a datagram, allocates no vector.
         let Some(first) = s.endpoint.poll_transmit() else {
-            return t;
+            return (t, next);
         };
         let rest: Vec<Transmit> = std::iter::from_fn(|| s.endpoint.poll_transmit()).collect();
         drop(s);
         for t in std::iter::once(first).chain(rest) {
             let _ = self.sender.send_transmit(t);
         }
-        t
+        (t, next)
     }
-}
 
-impl<E: InlineEndpoint> Service for Inline<E> {
-    fn deliver(&self, from: SocketAddr, datagram: Bytes) {
+    /// Takes one datagram from `from`; returns when the endpoint's next timer is due.
+    fn deliver(&self, from: SocketAddr, datagram: Bytes) -> Option<Nanos> {
         let now = self.clock.now();
-        self.with(|s| {
+        let ((), next) = self.with(|s| {
             if let Some(msg) = s.inbound.take(from, datagram) {
                 s.endpoint.handle(now, from, msg);
             }
         });
+        next
     }
 
-    fn tick(&self) -> Option<Duration> {
+    /// Fires the timers that are due and publishes the counters when that is due; returns
+    /// when either is next due.
+    fn tick(&self) -> Option<Nanos> {
         let now = self.clock.now();
-        let next = self.with(|s| {
+        let (next_publish, next) = self.with(|s| {
             s.endpoint.handle_timeout(now);
             s.inbound.expire();
             if now >= s.next_publish {
@@ -175,9 +179,9 @@ impl<E: InlineEndpoint> Service for Inline<E> {
                 self.counters
                     .publish(&self.telemetry, s.endpoint.counters());
             }
-            s.endpoint.poll_timeout()
+            s.next_publish
         });
-        next.map(|t| Duration::from_nanos(t.saturating_sub(now)))
+        Some(next.map_or(next_publish, |t| t.min(next_publish)))
     }
 }
 
@@ -185,6 +189,10 @@ impl<E: InlineEndpoint> Service for Inline<E> {
 /// documentation): loop `i` serves the sessions of shard `i`.
 pub(crate) struct InlineGroup<E> {
     members: Vec<Arc<Inline<E>>>,
+    /// The members' clock (the process's), on which their timers are due.
+    clock: SystemClock,
+    /// How the port's timer thread, which fires every member's timers, is woken.
+    wake: TimerWake,
 }
 
 impl<E: InlineEndpoint> InlineGroup<E> {
@@ -217,7 +225,11 @@ impl<E: InlineEndpoint> InlineGroup<E> {
                     "an inline group needs a loop",
                 ));
             }
-            Ok(Arc::new(InlineGroup { members }))
+            Ok(Arc::new(InlineGroup {
+                members,
+                clock,
+                wake: TimerWake::default(),
+            }))
         })
     }
 
@@ -244,7 +256,8 @@ impl<E: InlineEndpoint> InlineGroup<E> {
     /// request has been answered.
     pub(crate) fn drain(&self, drain: Duration) {
         for m in &self.members {
-            m.with(|s| s.endpoint.start_drain());
+            let ((), next) = m.with(|s| s.endpoint.start_drain());
+            self.wake.armed(next);
         }
         let deadline = Instant::now() + drain;
         while !self.read(E::idle).into_iter().all(|idle| idle) && Instant::now() < deadline {
@@ -255,11 +268,20 @@ impl<E: InlineEndpoint> InlineGroup<E> {
 
 impl<E: InlineEndpoint> Service for InlineGroup<E> {
     fn deliver(&self, from: SocketAddr, datagram: Bytes) {
-        self.member(from, &datagram).deliver(from, datagram);
+        let next = self.member(from, &datagram).deliver(from, datagram);
+        self.wake.armed(next);
     }
 
     fn tick(&self) -> Option<Duration> {
-        self.members.iter().filter_map(|m| m.tick()).min()
+        self.wake.firing();
+        let next = self.members.iter().filter_map(|m| m.tick()).min();
+        let now = self.clock.now();
+        self.wake.sleeps_until(next.unwrap_or(u64::MAX));
+        next.map(|t| Duration::from_nanos(t.saturating_sub(now)))
+    }
+
+    fn timer_wake(&self) -> Option<&TimerWake> {
+        Some(&self.wake)
     }
 
     /// Goes to the loop that holds the session, as its datagrams would (their route is the
@@ -268,7 +290,9 @@ impl<E: InlineEndpoint> Service for InlineGroup<E> {
         let route = naam_proto::shard::route_of_session(sid);
         let i = naam_proto::shard::loop_of_route(route, self.members.len()).unwrap_or(0);
         // `now` is on the process's clock, which the group's endpoints read too.
-        self.members[i].with(|s| s.endpoint.request_in_process(now, sid, req))
+        let (answer, next) = self.members[i].with(|s| s.endpoint.request_in_process(now, sid, req));
+        self.wake.armed(next);
+        answer
     }
 }
 
