@@ -73,6 +73,11 @@ struct State<E> {
     endpoint: E,
     inbound: Inbound,
     next_publish: Nanos,
+    /// When the timer thread wakes for this endpoint by itself, as its last tick left it
+    /// (0 before the first: the thread ticks as it starts). Read and written under the lock,
+    /// so a message that arms a sooner timer sees either the tick before it, and wakes the
+    /// thread, or the tick after it, which sees that timer.
+    timer_wakes_at: Nanos,
 }
 
 impl<E: InlineEndpoint> Inline<E> {
@@ -115,6 +120,7 @@ impl<E: InlineEndpoint> Inline<E> {
                 endpoint,
                 inbound: Inbound::new(),
                 next_publish: 0,
+                timer_wakes_at: 0,
             }),
             clock,
             sender: Sender::memory(net, local, DEFAULT_DATAGRAM),
@@ -136,42 +142,45 @@ impl<E: InlineEndpoint> Inline<E> {
     }
 
     /// Runs `f` on what the lock holds, then sends what the endpoint asked for with the lock
-    /// released. Returns what `f` returned, and when the endpoint's next timer is due after
-    /// it (read under the lock), for the timer thread to be woken if it sleeps past it.
-    fn with<T>(&self, f: impl FnOnce(&mut State<E>) -> T) -> (T, Option<Nanos>) {
+    /// released. Returns what `f` returned, and whether `f` armed a timer sooner than the
+    /// timer thread wakes by itself (it must be woken).
+    fn with<T>(&self, f: impl FnOnce(&mut State<E>) -> T) -> (T, bool) {
         let mut s = self.lock();
         let t = f(&mut s);
         s.endpoint.report_events();
-        let next = s.endpoint.poll_timeout();
+        let wake = s
+            .endpoint
+            .poll_timeout()
+            .is_some_and(|at| at < s.timer_wakes_at);
         // Nothing to send (a request handed in and answered in the call): done. The first
         // transmit apart: a lone answer, the usual case for a datagram, allocates no vector.
         let Some(first) = s.endpoint.poll_transmit() else {
-            return (t, next);
+            return (t, wake);
         };
         let rest: Vec<Transmit> = std::iter::from_fn(|| s.endpoint.poll_transmit()).collect();
         drop(s);
         for t in std::iter::once(first).chain(rest) {
             let _ = self.sender.send_transmit(t);
         }
-        (t, next)
+        (t, wake)
     }
 
-    /// Takes one datagram from `from`; returns when the endpoint's next timer is due.
-    fn deliver(&self, from: SocketAddr, datagram: Bytes) -> Option<Nanos> {
+    /// Takes one datagram from `from`; returns whether the timer thread must be woken.
+    fn deliver(&self, from: SocketAddr, datagram: Bytes) -> bool {
         let now = self.clock.now();
-        let ((), next) = self.with(|s| {
+        let ((), wake) = self.with(|s| {
             if let Some(msg) = s.inbound.take(from, datagram) {
                 s.endpoint.handle(now, from, msg);
             }
         });
-        next
+        wake
     }
 
     /// Fires the timers that are due and publishes the counters when that is due; returns
-    /// when either is next due.
-    fn tick(&self) -> Option<Nanos> {
+    /// when either is next due (the timer thread wakes for this endpoint then, or sooner).
+    fn tick(&self) -> Nanos {
         let now = self.clock.now();
-        let (next_publish, next) = self.with(|s| {
+        let (next, _) = self.with(|s| {
             s.endpoint.handle_timeout(now);
             s.inbound.expire();
             if now >= s.next_publish {
@@ -179,9 +188,14 @@ impl<E: InlineEndpoint> Inline<E> {
                 self.counters
                     .publish(&self.telemetry, s.endpoint.counters());
             }
-            s.next_publish
+            let next = s
+                .endpoint
+                .poll_timeout()
+                .map_or(s.next_publish, |t| t.min(s.next_publish));
+            s.timer_wakes_at = next;
+            next
         });
-        Some(next.map_or(next_publish, |t| t.min(next_publish)))
+        next
     }
 }
 
@@ -189,6 +203,9 @@ impl<E: InlineEndpoint> Inline<E> {
 /// documentation): loop `i` serves the sessions of shard `i`.
 pub(crate) struct InlineGroup<E> {
     members: Vec<Arc<Inline<E>>>,
+    /// The member each route goes to ([`naam_proto::shard::loop_of_route`] for every route,
+    /// worked out once: a division per message otherwise); route 0 has none.
+    by_route: Box<[usize; 256]>,
     /// The members' clock (the process's), on which their timers are due.
     clock: SystemClock,
     /// How the port's timer thread, which fires every member's timers, is woken.
@@ -225,8 +242,13 @@ impl<E: InlineEndpoint> InlineGroup<E> {
                     "an inline group needs a loop",
                 ));
             }
+            let mut by_route = Box::new([0; 256]);
+            for (route, member) in by_route.iter_mut().enumerate() {
+                *member = naam_proto::shard::loop_of_route(route as u8, members.len()).unwrap_or(0);
+            }
             Ok(Arc::new(InlineGroup {
                 members,
+                by_route,
                 clock,
                 wake: TimerWake::default(),
             }))
@@ -238,12 +260,15 @@ impl<E: InlineEndpoint> InlineGroup<E> {
     /// stays on one loop (as the kernel's hash keeps it in an `SO_REUSEPORT` group).
     fn member(&self, from: SocketAddr, datagram: &[u8]) -> &Inline<E> {
         let n = self.members.len();
-        let route = datagram.get(naam_proto::frame::ROUTE).copied().unwrap_or(0);
-        let i = naam_proto::shard::loop_of_route(route, n).unwrap_or_else(|| {
-            use std::hash::BuildHasher;
-            let hasher = std::hash::BuildHasherDefault::<naam_proto::intmap::IntHasher>::default();
-            (hasher.hash_one(from) % n as u64) as usize
-        });
+        let i = match datagram.get(naam_proto::frame::ROUTE).copied().unwrap_or(0) {
+            0 => {
+                use std::hash::BuildHasher;
+                let hasher =
+                    std::hash::BuildHasherDefault::<naam_proto::intmap::IntHasher>::default();
+                (hasher.hash_one(from) % n as u64) as usize
+            }
+            route => self.by_route[route as usize],
+        };
         &self.members[i]
     }
 
@@ -256,8 +281,9 @@ impl<E: InlineEndpoint> InlineGroup<E> {
     /// request has been answered.
     pub(crate) fn drain(&self, drain: Duration) {
         for m in &self.members {
-            let ((), next) = m.with(|s| s.endpoint.start_drain());
-            self.wake.armed(next);
+            if m.with(|s| s.endpoint.start_drain()).1 {
+                self.wake.wake();
+            }
         }
         let deadline = Instant::now() + drain;
         while !self.read(E::idle).into_iter().all(|idle| idle) && Instant::now() < deadline {
@@ -268,15 +294,14 @@ impl<E: InlineEndpoint> InlineGroup<E> {
 
 impl<E: InlineEndpoint> Service for InlineGroup<E> {
     fn deliver(&self, from: SocketAddr, datagram: Bytes) {
-        let next = self.member(from, &datagram).deliver(from, datagram);
-        self.wake.armed(next);
+        if self.member(from, &datagram).deliver(from, datagram) {
+            self.wake.wake();
+        }
     }
 
     fn tick(&self) -> Option<Duration> {
-        self.wake.firing();
-        let next = self.members.iter().filter_map(|m| m.tick()).min();
+        let next = self.members.iter().map(|m| m.tick()).min();
         let now = self.clock.now();
-        self.wake.sleeps_until(next.unwrap_or(u64::MAX));
         next.map(|t| Duration::from_nanos(t.saturating_sub(now)))
     }
 
@@ -288,10 +313,13 @@ impl<E: InlineEndpoint> Service for InlineGroup<E> {
     /// session's).
     fn request_in_process(&self, now: Nanos, sid: u64, req: &mut Request) -> Option<InProcess> {
         let route = naam_proto::shard::route_of_session(sid);
-        let i = naam_proto::shard::loop_of_route(route, self.members.len()).unwrap_or(0);
+        // Route 0 (none) goes to the first member, as the table says.
+        let i = self.by_route[route as usize];
         // `now` is on the process's clock, which the group's endpoints read too.
-        let (answer, next) = self.members[i].with(|s| s.endpoint.request_in_process(now, sid, req));
-        self.wake.armed(next);
+        let (answer, wake) = self.members[i].with(|s| s.endpoint.request_in_process(now, sid, req));
+        if wake {
+            self.wake.wake();
+        }
         answer
     }
 }
@@ -348,7 +376,7 @@ mod tests {
         .unwrap();
         let to = port.addr();
         let from: SocketAddr = "10.0.0.2:5000".parse().unwrap();
-        for route in 1..=12u8 {
+        for route in 1..=u8::MAX {
             let d = fragment_routed(u64::from(route), &[route], DEFAULT_DATAGRAM, route).unwrap();
             assert!(net.send(from, to, d[0].clone()));
         }

@@ -67,50 +67,24 @@ const MAX_TIMER_SLEEP: Duration = Duration::from_millis(1);
 /// on its ticks without a timer of its own (expiring partial reassemblies).
 const MAX_WOKEN_TIMER_SLEEP: Duration = Duration::from_millis(20);
 
-/// How a service tells its port's timer thread that a timer came due sooner than the thread
-/// sleeps for. The thread sleeps, parked, until the service's next timer; whatever arms an
-/// earlier one (a datagram or a request taken in another thread) wakes it. A thread that
-/// woke every millisecond instead, two per in-process deployment, took the endpoint's lock
-/// and a core from the threads serving messages two thousand times a second.
+/// How a service wakes its port's timer thread for a timer that came due sooner than the
+/// thread sleeps for. The thread sleeps, parked, until the service's next timer; whatever
+/// arms an earlier one (a datagram or a request taken in another thread) wakes it. The
+/// service decides when: it knows, under its own lock, when the thread last said it would
+/// wake. A thread that woke every millisecond instead, two per in-process deployment, took
+/// the endpoint's lock and a core from the threads serving messages two thousand times a
+/// second.
 #[derive(Debug, Default)]
 pub(crate) struct TimerWake {
     thread: std::sync::OnceLock<std::thread::Thread>,
-    /// When the timer thread next wakes by itself, on the service's clock; [`Self::AWAKE`]
-    /// while it fires timers (its next wake is not known yet).
-    wakes_at: AtomicU64,
 }
 
 impl TimerWake {
-    const AWAKE: Nanos = 0;
-
-    /// The timer thread is about to fire the service's timers.
-    pub(crate) fn firing(&self) {
-        self.wakes_at.store(Self::AWAKE, Ordering::SeqCst);
-    }
-
-    /// The timer thread has fired the timers and sleeps until `at` (or less).
-    pub(crate) fn sleeps_until(&self, at: Nanos) {
-        self.wakes_at.store(at.max(1), Ordering::SeqCst);
-    }
-
-    /// The service's state changed, its next timer is `next`: the thread is woken when it
-    /// would sleep past it, or when it is firing timers now (it may have read the state
-    /// before the change). Reads one atomic otherwise.
-    pub(crate) fn armed(&self, next: Option<Nanos>) {
-        let Some(next) = next else {
-            return;
-        };
-        if Self::must_wake(self.wakes_at.load(Ordering::SeqCst), next) {
-            if let Some(t) = self.thread.get() {
-                t.unpark();
-            }
+    /// Wakes the timer thread (once it runs).
+    pub(crate) fn wake(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
         }
-    }
-
-    /// Whether a thread that wakes by itself at `wakes_at` must be woken for a timer due at
-    /// `next`.
-    fn must_wake(wakes_at: Nanos, next: Nanos) -> bool {
-        wakes_at == Self::AWAKE || next < wakes_at
     }
 }
 
@@ -614,39 +588,21 @@ mod tests {
         s.parse().expect("literal address")
     }
 
-    /// A timer armed sooner than the timer thread sleeps for, or while it fires timers,
-    /// wakes it; one armed later, or none, does not.
+    /// A parked timer thread wakes when its service wakes it, long before its own wake.
     #[test]
-    fn only_a_timer_armed_sooner_wakes_the_timer_thread() {
-        assert!(TimerWake::must_wake(1_000, 999));
-        assert!(!TimerWake::must_wake(1_000, 1_000));
-        assert!(!TimerWake::must_wake(1_000, 5_000));
-        assert!(TimerWake::must_wake(TimerWake::AWAKE, 5_000));
-        let wake = TimerWake::default();
-        wake.sleeps_until(0);
-        assert!(!TimerWake::must_wake(
-            wake.wakes_at.load(Ordering::SeqCst),
-            5
-        ));
-    }
-
-    /// The parked timer thread of a service wakes for a timer armed sooner, long before
-    /// its own wake.
-    #[test]
-    fn a_timer_armed_sooner_unparks_the_timer_thread() {
+    fn a_woken_timer_thread_wakes_at_once() {
         let wake = Arc::new(TimerWake::default());
         let (tx, rx) = std::sync::mpsc::channel();
         let w = wake.clone();
         let sleeper = std::thread::spawn(move || {
             let _ = w.thread.set(std::thread::current());
-            w.sleeps_until(u64::MAX);
             tx.send(()).expect("the test waits");
             let parked = Instant::now();
             std::thread::park_timeout(Duration::from_secs(60));
             parked.elapsed()
         });
         rx.recv().unwrap();
-        wake.armed(Some(1_000));
+        wake.wake();
         let slept = sleeper.join().unwrap();
         assert!(slept < Duration::from_secs(30), "slept {slept:?}");
     }
