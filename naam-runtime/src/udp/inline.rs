@@ -142,45 +142,53 @@ impl<E: InlineEndpoint> Inline<E> {
     }
 
     /// Runs `f` on what the lock holds, then sends what the endpoint asked for with the lock
-    /// released. Returns what `f` returned, and whether `f` armed a timer sooner than the
-    /// timer thread wakes by itself (it must be woken).
-    fn with<T>(&self, f: impl FnOnce(&mut State<E>) -> T) -> (T, bool) {
+    /// released. With `timers` (not the timer thread itself), wakes the timer thread when `f`
+    /// armed a timer sooner than the thread wakes by itself.
+    fn with<T>(&self, timers: Option<&TimerWake>, f: impl FnOnce(&mut State<E>) -> T) -> T {
         let mut s = self.lock();
         let t = f(&mut s);
         s.endpoint.report_events();
-        let wake = s
-            .endpoint
-            .poll_timeout()
-            .is_some_and(|at| at < s.timer_wakes_at);
+        // Woken once the lock is released (the thread takes it first thing).
+        let wake = timers.filter(|_| {
+            s.endpoint
+                .poll_timeout()
+                .is_some_and(|at| at < s.timer_wakes_at)
+        });
         // Nothing to send (a request handed in and answered in the call): done. The first
         // transmit apart: a lone answer, the usual case for a datagram, allocates no vector.
         let Some(first) = s.endpoint.poll_transmit() else {
-            return (t, wake);
+            drop(s);
+            if let Some(timers) = wake {
+                timers.wake();
+            }
+            return t;
         };
         let rest: Vec<Transmit> = std::iter::from_fn(|| s.endpoint.poll_transmit()).collect();
         drop(s);
+        if let Some(timers) = wake {
+            timers.wake();
+        }
         for t in std::iter::once(first).chain(rest) {
             let _ = self.sender.send_transmit(t);
         }
-        (t, wake)
+        t
     }
 
-    /// Takes one datagram from `from`; returns whether the timer thread must be woken.
-    fn deliver(&self, from: SocketAddr, datagram: Bytes) -> bool {
+    /// Takes one datagram from `from` (see [`Inline::with`] for `timers`).
+    fn deliver(&self, timers: &TimerWake, from: SocketAddr, datagram: Bytes) {
         let now = self.clock.now();
-        let ((), wake) = self.with(|s| {
+        self.with(Some(timers), |s| {
             if let Some(msg) = s.inbound.take(from, datagram) {
                 s.endpoint.handle(now, from, msg);
             }
         });
-        wake
     }
 
     /// Fires the timers that are due and publishes the counters when that is due; returns
     /// when either is next due (the timer thread wakes for this endpoint then, or sooner).
     fn tick(&self) -> Nanos {
         let now = self.clock.now();
-        let (next, _) = self.with(|s| {
+        self.with(None, |s| {
             s.endpoint.handle_timeout(now);
             s.inbound.expire();
             if now >= s.next_publish {
@@ -194,8 +202,7 @@ impl<E: InlineEndpoint> Inline<E> {
                 .map_or(s.next_publish, |t| t.min(s.next_publish));
             s.timer_wakes_at = next;
             next
-        });
-        next
+        })
     }
 }
 
@@ -281,9 +288,7 @@ impl<E: InlineEndpoint> InlineGroup<E> {
     /// request has been answered.
     pub(crate) fn drain(&self, drain: Duration) {
         for m in &self.members {
-            if m.with(|s| s.endpoint.start_drain()).1 {
-                self.wake.wake();
-            }
+            m.with(Some(&self.wake), |s| s.endpoint.start_drain());
         }
         let deadline = Instant::now() + drain;
         while !self.read(E::idle).into_iter().all(|idle| idle) && Instant::now() < deadline {
@@ -294,9 +299,8 @@ impl<E: InlineEndpoint> InlineGroup<E> {
 
 impl<E: InlineEndpoint> Service for InlineGroup<E> {
     fn deliver(&self, from: SocketAddr, datagram: Bytes) {
-        if self.member(from, &datagram).deliver(from, datagram) {
-            self.wake.wake();
-        }
+        self.member(from, &datagram)
+            .deliver(&self.wake, from, datagram);
     }
 
     fn tick(&self) -> Option<Duration> {
@@ -316,11 +320,9 @@ impl<E: InlineEndpoint> Service for InlineGroup<E> {
         // Route 0 (none) goes to the first member, as the table says.
         let i = self.by_route[route as usize];
         // `now` is on the process's clock, which the group's endpoints read too.
-        let (answer, wake) = self.members[i].with(|s| s.endpoint.request_in_process(now, sid, req));
-        if wake {
-            self.wake.wake();
-        }
-        answer
+        self.members[i].with(Some(&self.wake), |s| {
+            s.endpoint.request_in_process(now, sid, req)
+        })
     }
 }
 
