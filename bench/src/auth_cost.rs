@@ -2,8 +2,8 @@
 //! against the same build with datagram authentication off, in one run.
 //!
 //! Each run starts a whole deployment in this process on loopback (naam-server's driver and
-//! naam-nic's driver on their own threads, regions in a scratch directory, credentials made
-//! for the run), loads the records and runs the workload, then stops it. Rounds alternate the
+//! naam-nic's driver on their own threads, the NIC over the host's own regions, credentials
+//! made for the run), loads the records and runs the workload, then stops it. Rounds alternate the
 //! order of the two modes (on/off, then off/on) so drift on the machine falls on both alike.
 //! Authentication can be turned off only on loopback ([`Authentication::check_scope`]), and
 //! nothing but this measurement does it.
