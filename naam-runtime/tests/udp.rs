@@ -359,14 +359,7 @@ fn unsealed_in_process_sessions_are_refused_on_real_sockets() {
     }
     // So does a server bound to a kernel socket.
     let shm = tempfile::tempdir().unwrap();
-    let app = udp::HostApp {
-        spec: common::examples_app(1),
-        kind: "object".into(),
-        params: serde_json::Value::Null,
-        object_bytes: std::fs::read(&examples().0).unwrap(),
-        client_writes: false,
-        credential: Some(common::tenant_key()),
-    };
+    let app = examples_host_app();
     let (cluster, manifest) =
         udp::start_host(vec![app], ClusterConfig::default(), shm.path()).unwrap();
     let socket = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
@@ -698,14 +691,7 @@ fn a_pipelined_session_keeps_its_window_in_flight_and_gets_every_answer() {
 fn a_nic_in_the_hosts_process_sees_the_hosts_own_regions() {
     use naam_runtime::udp;
     let shm = tempfile::tempdir().unwrap();
-    let app = udp::HostApp {
-        spec: common::examples_app(1),
-        kind: "object".into(),
-        params: serde_json::Value::Null,
-        object_bytes: std::fs::read(&examples().0).unwrap(),
-        client_writes: false,
-        credential: Some(common::tenant_key()),
-    };
+    let app = examples_host_app();
     let (host, manifest) = udp::start_host_with(
         vec![app],
         ClusterConfig::functional(),
@@ -735,5 +721,17 @@ fn a_nic_in_the_hosts_process_sees_the_hosts_own_regions() {
             mine.mem.write(0, &[0x5a; 8]).unwrap();
             assert_eq!(seen.mem.load_u64(0).unwrap(), 0x5a5a_5a5a_5a5a_5a5a);
         }
+    }
+}
+
+/// The examples' app as app 1 of the tenant, as naam-server deploys an app.
+fn examples_host_app() -> naam_runtime::udp::HostApp {
+    naam_runtime::udp::HostApp {
+        spec: common::examples_app(1),
+        kind: "object".into(),
+        params: serde_json::Value::Null,
+        object_bytes: std::fs::read(&examples().0).unwrap(),
+        client_writes: false,
+        credential: Some(common::tenant_key()),
     }
 }
