@@ -219,8 +219,16 @@ pub struct Request {
     pub origin: u64,
 }
 
+impl Default for Request {
+    /// [`Request::taken`], so that a request is taken from where it lies with
+    /// `std::mem::take`.
+    fn default() -> Request {
+        Request::taken()
+    }
+}
+
 impl Request {
-    /// What is left where a request was taken from (`std::mem::replace`): app 0, nothing in
+    /// What is left where a request was taken from (`std::mem::take`): app 0, nothing in
     /// it, allocating nothing.
     pub fn taken() -> Request {
         Request::new(0, 0, 0, Bytes::new(), Descriptors::new())
@@ -871,7 +879,8 @@ mod tests {
             len: 16,
             access: ACCESS_READ,
         };
-        let mut req = Request::taken();
+        let mut req = Request::default();
+        assert_eq!(req, Request::taken());
         req.refill_call((1, 2, 3), b"key-0001", &[d]).unwrap();
         assert_eq!(req, Request::for_call(1, 2, 3, b"key-0001", &[d]).unwrap());
         let first = req.args.as_ptr();

@@ -93,7 +93,7 @@ impl HostBackend for ModelHost {
             self.retried += 1;
         }
         if req.handler == READ && self.congested && forced != Some(Placement::Host) {
-            return Routed::Remote(Box::new(std::mem::replace(req, Request::taken())));
+            return Routed::Remote(Box::new(std::mem::take(req)));
         }
         let r = if req.handler == INCREMENT {
             let key = (req.origin, req.request_id);

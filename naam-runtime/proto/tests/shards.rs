@@ -64,7 +64,7 @@ impl HostBackend for LoopHost {
     ) -> Routed {
         let mut h = self.0.lock().unwrap();
         if req.handler == READ && h.congested {
-            return Routed::Remote(Box::new(std::mem::replace(req, Request::taken())));
+            return Routed::Remote(Box::new(std::mem::take(req)));
         }
         if req.handler == INCREMENT {
             h.counter += 1;

@@ -845,16 +845,15 @@ impl Cluster {
     ) -> Routed {
         let inner = &*self.inner;
         let echo = Echo::of(req);
-        let take = |req: &mut Request| std::mem::replace(req, Request::taken());
         match admit_here(inner, req, sel, forced, Some(runner.placement)) {
-            Ok(Admitted::Remote) => Routed::Remote(Box::new(take(req))),
+            Ok(Admitted::Remote) => Routed::Remote(Box::new(std::mem::take(req))),
             Ok(Admitted::Here(p, _)) => match runner.run(inner, req) {
                 Ran::Answered(r) => Routed::Answered(r),
                 Ran::Parked(run, write) => {
                     // A torn read waits at an executor, not on the thread that serves
                     // everyone's datagrams.
                     let job = Job {
-                        req: take(req),
+                        req: std::mem::take(req),
                         enqueued: inner.clock.now(),
                         sink: ReplySink::Func(Box::new(on_reply())),
                         parked: Some((run, write)),
@@ -864,7 +863,12 @@ impl Cluster {
             },
             Ok(Admitted::Queue(p, write)) => {
                 let app = req.app;
-                match enqueue(inner, p, take(req), ReplySink::Func(Box::new(on_reply()))) {
+                match enqueue(
+                    inner,
+                    p,
+                    std::mem::take(req),
+                    ReplySink::Func(Box::new(on_reply())),
+                ) {
                     Ok(()) => Routed::Queued(p),
                     Err(e) => {
                         if write {

@@ -908,10 +908,7 @@ impl UdpClient {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Box<Request>, ClientError> {
-        let mut req = self
-            .spare
-            .take()
-            .unwrap_or_else(|| Box::new(Request::taken()));
+        let mut req = self.spare.take().unwrap_or_default();
         match req.refill_call((app, handler, 0), args, descs) {
             Ok(()) => Ok(req),
             Err(e) => {

@@ -138,12 +138,7 @@ impl Replies {
         };
         let d = match runner {
             Some(runner) => cluster.dispatch_here(runner, req, sel, forced, on_reply),
-            None => cluster.dispatch(
-                std::mem::replace(req, Request::taken()),
-                sel,
-                forced,
-                on_reply(),
-            ),
+            None => cluster.dispatch(std::mem::take(req), sel, forced, on_reply()),
         };
         if let Routed::Answered(r) = &d {
             let key = (app, handler, r.placement);

@@ -1565,7 +1565,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             let tenant = ch.sealer.key().tenant_tag();
             let w = Work::Request(Waiting {
                 sid,
-                req: std::mem::replace(req, Request::taken()),
+                req: std::mem::take(req),
                 ch: ch.clone(),
                 forward: ForwardAs::InProcess,
             });
