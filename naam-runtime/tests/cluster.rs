@@ -624,16 +624,27 @@ fn steps_of_messages_run_here_count_once_against_the_budget() {
         )
         .unwrap();
         let mut sel = Selector::default();
-        match c.dispatch_here(runner, &mut req, &mut sel, Some(Placement::Host), || {
-            |_: Reply| {}
-        }) {
-            Routed::Answered(r) | Routed::Refused(r) => {
-                // Answered at once: the request stays with the caller, as it was.
+        let mut out = Reply::unanswered();
+        let routed = c.dispatch_here(
+            runner,
+            &mut req,
+            &mut sel,
+            Some(Placement::Host),
+            || |_: Reply| {},
+            &mut out,
+        );
+        let r = match routed {
+            Routed::Answered => {
+                // Answered at once: the request stays with the caller, as it was, and the
+                // reply is where the caller keeps it.
                 assert_eq!((req.request_id, &req.args[..]), (id, &words(&[3])[..]));
-                (r.status, u64::from(r.steps))
+                assert_eq!(out.request_id, id);
+                out
             }
+            Routed::Refused(r) => r,
             other => panic!("neither run nor refused: {other:?}"),
-        }
+        };
+        (r.status, u64::from(r.steps))
     };
     let mut runner = probe.here_runner(Placement::Host);
     let (status, steps) = run(&probe, &mut runner, 1);

@@ -15,7 +15,7 @@ use naam_proto::endpoint::{
 use naam_proto::onesided::{Completion, Operation};
 use naam_proto::session::{tenant_entries, CookieJar, Credential};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
-use naam_proto::wire::Request;
+use naam_proto::wire::{Reply, Request};
 use naam_proto::Placement;
 
 /// Executors that must never be reached.
@@ -28,6 +28,7 @@ impl HostBackend for Unreachable {
         _: &mut Selector,
         _: Option<Placement>,
         _: &Channel,
+        _: &mut Reply,
     ) -> Routed {
         panic!("a datagram reached the host executors without a session");
     }
@@ -71,6 +72,7 @@ impl NicBackend for Unreachable {
         _: &mut Selector,
         _: Option<Placement>,
         _: Channel,
+        _: &mut Reply,
     ) -> Routed {
         panic!("a datagram reached the NIC executors without a session");
     }

@@ -85,11 +85,13 @@ impl HostBackend for AnsweringHost {
         _sel: &mut Selector,
         _forced: Option<Placement>,
         reply_to_channel: &Channel,
+        out: &mut Reply,
     ) -> Routed {
         let mut reply = reply_to(req);
         reply.payload = self.value.clone();
         if self.inline {
-            return Routed::Answered(reply);
+            *out = reply;
+            return Routed::Answered;
         }
         self.outbox.push(reply_to_channel.reply(&reply));
         Routed::Queued(Placement::Host)

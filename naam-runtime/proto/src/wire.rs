@@ -684,6 +684,24 @@ pub struct ReplyView<'a> {
 }
 
 impl Reply {
+    /// A slot that a reply answered at once is written into ([`crate::endpoint::Routed`]):
+    /// no answer yet, so `Unavailable` with no payload, from app 0 at the host. The layers a
+    /// request handed in crosses write its reply where the caller keeps it instead of
+    /// returning it: a reply is about 90 bytes, and moved out of each layer it was copied at
+    /// each, in wide loads of what narrow stores had just written (which stalled).
+    pub fn unanswered() -> Reply {
+        Reply {
+            app: 0,
+            request_id: 0,
+            status: Status::Unavailable,
+            code: 0,
+            steps: 0,
+            placement: Placement::Host,
+            load: LoadFeedback::default(),
+            payload: Bytes::new(),
+        }
+    }
+
     /// The reply as a [`ReplyView`] of its own payload.
     pub fn view(&self) -> ReplyView<'_> {
         ReplyView {

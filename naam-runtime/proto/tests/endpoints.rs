@@ -88,6 +88,7 @@ impl HostBackend for ModelHost {
         _sel: &mut Selector,
         forced: Option<Placement>,
         reply_to: &Channel,
+        out: &mut Reply,
     ) -> Routed {
         if req.flags & naam_proto::wire::flags::RETRY != 0 {
             self.retried += 1;
@@ -118,7 +119,8 @@ impl HostBackend for ModelHost {
             return Routed::Queued(Placement::Host);
         }
         if self.inline {
-            return Routed::Answered(r);
+            *out = r;
+            return Routed::Answered;
         }
         self.outbox.push(reply_to.reply(&r));
         Routed::Queued(Placement::Host)
@@ -426,8 +428,9 @@ impl World {
     }
 
     /// Hands a request for `app`'s `handler` to the server as a client in its process does
-    /// (no datagram); the server's verdict and the request's id.
-    fn call_in_process(&mut self, app: u32, handler: u32) -> (Option<InProcess>, u64) {
+    /// (no datagram); the server's verdict, the request's id, and the caller's reply slot
+    /// after it (the reply of one answered at once).
+    fn call_in_process(&mut self, app: u32, handler: u32) -> (Option<InProcess>, u64, Reply) {
         let mut req = Request::for_call(app, handler, 0, b"", &[]).expect("small request");
         let sid = self
             .client
@@ -435,7 +438,11 @@ impl World {
             .expect("alive")
             .expect("a session is up");
         let id = req.request_id;
-        (self.server.request_in_process(self.now, sid, &mut req), id)
+        let mut out = Reply::unanswered();
+        let verdict = self
+            .server
+            .request_in_process(self.now, sid, &mut req, &mut out);
+        (verdict, id, out)
     }
 
     /// Calls `handler` and waits for the reply.
@@ -1149,11 +1156,8 @@ fn a_request_handed_in_process_is_answered_as_one_in_a_datagram() {
     w.connected();
     let by_datagram = w.roundtrip(INCREMENT).expect("answered");
     assert_eq!(by_datagram.payload[..], 1u64.to_le_bytes());
-    let (verdict, id) = w.call_in_process(APP, INCREMENT);
-    let r = match verdict {
-        Some(InProcess::Answered(r)) => r,
-        other => panic!("{other:?}"),
-    };
+    let (verdict, id, r) = w.call_in_process(APP, INCREMENT);
+    assert!(matches!(verdict, Some(InProcess::Answered)), "{verdict:?}");
     assert_eq!((r.status, r.request_id), (Status::Ok, id));
     assert_eq!(r.payload[..], 2u64.to_le_bytes());
     let applied = &w.server.backend().applied;
@@ -1168,13 +1172,9 @@ fn a_request_handed_in_process_may_use_only_its_session_s_apps() {
     let mut w = World::new(42);
     w.server.backend_mut().inline = true;
     w.connected();
-    let (verdict, id) = w.call_in_process(APP + 1, READ);
-    match verdict {
-        Some(InProcess::Answered(r)) => {
-            assert_eq!((r.status, r.request_id), (Status::UnknownApp, id));
-        }
-        other => panic!("{other:?}"),
-    }
+    let (verdict, id, r) = w.call_in_process(APP + 1, READ);
+    assert!(matches!(verdict, Some(InProcess::Answered)), "{verdict:?}");
+    assert_eq!((r.status, r.request_id), (Status::UnknownApp, id));
     assert!(w.server.backend().applied.is_empty());
 }
 
@@ -1184,7 +1184,10 @@ fn a_session_the_server_does_not_hold_gets_its_request_back() {
     w.server.backend_mut().inline = true;
     w.connected();
     let mut req = Request::for_call(APP, INCREMENT, 0, b"", &[]).expect("small request");
-    let verdict = w.server.request_in_process(w.now, 0xdead_beef, &mut req);
+    let mut out = Reply::unanswered();
+    let verdict = w
+        .server
+        .request_in_process(w.now, 0xdead_beef, &mut req, &mut out);
     assert!(verdict.is_none(), "{verdict:?}");
     assert_eq!(
         (req.app, req.handler),
@@ -1200,7 +1203,7 @@ fn an_answer_that_comes_later_reaches_the_exchange_the_client_expects() {
     // request and answers it later, as a datagram the client's expected exchange takes.
     let mut w = World::new(44);
     w.connected();
-    let (verdict, id) = w.call_in_process(APP, INCREMENT);
+    let (verdict, id, _) = w.call_in_process(APP, INCREMENT);
     assert!(matches!(verdict, Some(InProcess::Pending)), "{verdict:?}");
     w.client.expect_in_process(w.now, id);
     let r = w.reply(id).expect("answered");
@@ -1216,7 +1219,7 @@ fn an_expected_answer_that_never_comes_times_out_without_a_resend() {
     let mut w = World::new(45);
     w.connected();
     w.server.backend_mut().hold_writes = true;
-    let (verdict, id) = w.call_in_process(APP, INCREMENT);
+    let (verdict, id, _) = w.call_in_process(APP, INCREMENT);
     assert!(matches!(verdict, Some(InProcess::Pending)), "{verdict:?}");
     w.client.expect_in_process(w.now, id);
     assert!(matches!(w.reply(id), Err(ExchangeError::TimedOut { .. })));

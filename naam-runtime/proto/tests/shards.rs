@@ -61,6 +61,7 @@ impl HostBackend for LoopHost {
         _sel: &mut Selector,
         _forced: Option<Placement>,
         _reply_to: &Channel,
+        out: &mut Reply,
     ) -> Routed {
         let mut h = self.0.lock().unwrap();
         if req.handler == READ && h.congested {
@@ -69,7 +70,7 @@ impl HostBackend for LoopHost {
         if req.handler == INCREMENT {
             h.counter += 1;
         }
-        Routed::Answered(Reply {
+        *out = Reply {
             app: req.app,
             request_id: req.request_id,
             status: Status::Ok,
@@ -78,7 +79,8 @@ impl HostBackend for LoopHost {
             placement: Placement::Host,
             load: LoadFeedback::default(),
             payload: Bytes::copy_from_slice(&h.counter.to_le_bytes()),
-        })
+        };
+        Routed::Answered
     }
     fn next_client_id(&mut self) -> u32 {
         let mut h = self.0.lock().unwrap();

@@ -88,8 +88,8 @@ impl LocalLoad {
 
 /// What running a message here left.
 pub(super) enum Ran {
-    /// It finished: the reply.
-    Answered(Reply),
+    /// It finished: its reply is in the caller's slot.
+    Answered,
     /// A torn read must wait out a backoff: the run and whether it is a write (holding its
     /// dedup entry and owner count), for an executor to park.
     Parked(Box<ParkedRun>, bool),
@@ -130,8 +130,10 @@ impl HereRunner {
     /// Runs admitted `req` here (a write counted in flight at its owner: `serve` releases
     /// it), as an executor of the placement would: the host's congestion, the NIC's modelled
     /// DMA time and core slowdown included. A torn read that must wait is handed back, never
-    /// waited for on this thread (it serves everyone's datagrams).
-    pub(super) fn run(&mut self, inner: &Inner, req: &Request) -> Ran {
+    /// waited for on this thread (it serves everyone's datagrams). The reply of a run that
+    /// finished is written into `out`, field by field where it lies: built apart and moved
+    /// in, each of the layers above would copy it again.
+    pub(super) fn run(&mut self, inner: &Inner, req: &Request, out: &mut Reply) -> Ran {
         let start = inner.clock.now();
         if self.placement == Placement::Host {
             let extra = inner.congestion.host_extra_ns();
@@ -156,15 +158,12 @@ impl HereRunner {
         let service = end.saturating_sub(start);
         self.local
             .completed(inner, (req.app, req.handler), service, c.steps, end);
-        Ran::Answered(reply_for(
-            req,
-            c,
-            self.placement,
-            LoadFeedback {
-                service_ns: service,
-                ..LoadFeedback::default()
-            },
-        ))
+        let load = LoadFeedback {
+            service_ns: service,
+            ..LoadFeedback::default()
+        };
+        write_reply_for(out, req, c, self.placement, load);
+        Ran::Answered
     }
 
     /// Hands what this runner measured to the cluster now (its loop goes idle, or stops).

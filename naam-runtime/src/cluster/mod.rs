@@ -666,16 +666,29 @@ pub(crate) fn reply_for(
     placement: Placement,
     load: LoadFeedback,
 ) -> Reply {
-    Reply {
-        app: req.app,
-        request_id: req.request_id,
-        status: c.status,
-        code: c.code,
-        steps: c.steps,
-        placement,
-        load,
-        payload: c.payload,
-    }
+    let mut r = Reply::unanswered();
+    write_reply_for(&mut r, req, c, placement, load);
+    r
+}
+
+/// [`reply_for`], written over `out` field by field where it lies (a reply built apart and
+/// moved in is copied, in wide loads of what narrow stores had just written).
+#[inline(always)]
+pub(crate) fn write_reply_for(
+    out: &mut Reply,
+    req: &Request,
+    c: Outcome,
+    placement: Placement,
+    load: LoadFeedback,
+) {
+    out.app = req.app;
+    out.request_id = req.request_id;
+    out.status = c.status;
+    out.code = c.code;
+    out.steps = c.steps;
+    out.placement = placement;
+    out.load = load;
+    out.payload = c.payload;
 }
 
 pub(crate) use naam_proto::endpoint::error_reply;
@@ -828,8 +841,8 @@ impl Cluster {
 
     /// [`Cluster::dispatch`] for a thread that is itself one of `runner`'s placement's cores
     /// (naam-server's receive loop for the host, naam-nic's for the NIC): a message routed
-    /// there runs at once on this thread, to completion, and its reply comes back as
-    /// [`Routed::Answered`] with no hand-off; a message routed elsewhere is queued or handed
+    /// there runs at once on this thread, to completion, and its reply is written into `out`
+    /// ([`Routed::Answered`]) with no hand-off; a message routed elsewhere is queued or handed
     /// back for forwarding as `dispatch` does, its reply going to the callback `on_reply`
     /// makes. `on_reply` is called only for a message that waits at an executor: one
     /// answered here pays nothing for a callback it would never use. `req` is taken (leaving
@@ -842,13 +855,14 @@ impl Cluster {
         sel: &mut Selector,
         forced: Option<Placement>,
         on_reply: impl FnOnce() -> F,
+        out: &mut Reply,
     ) -> Routed {
         let inner = &*self.inner;
         let echo = Echo::of(req);
         match admit_here(inner, req, sel, forced, Some(runner.placement)) {
             Ok(Admitted::Remote) => Routed::Remote(Box::new(std::mem::take(req))),
-            Ok(Admitted::Here(p, _)) => match runner.run(inner, req) {
-                Ran::Answered(r) => Routed::Answered(r),
+            Ok(Admitted::Here(p, _)) => match runner.run(inner, req, out) {
+                Ran::Answered => Routed::Answered,
                 Ran::Parked(run, write) => {
                     // A torn read waits at an executor, not on the thread that serves
                     // everyone's datagrams.

@@ -37,7 +37,7 @@ use naam_proto::step::HandlerKind;
 use naam_proto::step::{FetchError, Limits, OneSided};
 use naam_proto::transport::ClientError;
 use naam_proto::transport::Transport;
-use naam_proto::wire::{flags, Reply, Request, Status};
+use naam_proto::wire::{flags, Reply, ReplyView, Request, Status};
 use naam_proto::Placement;
 use naam_vm::VerifierConfig;
 use naam_vm::Vm;
@@ -168,8 +168,8 @@ pub enum UdpError {
 
 /// What became of a request handed to the server endpoint in this process.
 enum HandedIn {
-    /// Answered in the call: the reply, and when it came.
-    Answered(Reply, Nanos),
+    /// Answered in the call: its reply is in the caller's slot; when it came.
+    Answered(Nanos),
     /// Taken, to be answered as a datagram to the exchange of this id.
     Later(u64),
 }
@@ -360,20 +360,21 @@ impl Conn {
     }
 
     /// Hands `req` to the server endpoint in this process ([`UdpConfig::in_process`]) at
-    /// `start`: its reply and when it came, or the id of the exchange its answer will come
-    /// to as a datagram; `None`, the request left where it is, when it must go as a datagram
-    /// (not [`UdpConfig::in_process`], no session yet, none the server holds, or no such
-    /// endpoint).
+    /// `start`: when its reply came (written into `out`), or the id of the exchange its
+    /// answer will come to as a datagram; `None`, the request left where it is, when it must
+    /// go as a datagram (not [`UdpConfig::in_process`], no session yet, none the server
+    /// holds, or no such endpoint).
     fn hand_in(
         &mut self,
         start: Nanos,
         req: &mut Request,
+        out: &mut Reply,
     ) -> Result<Option<HandedIn>, ClientError> {
         // Taken out for the call and put back: cloning it would count a reference per call.
         let Some(mut link) = self.in_process.take() else {
             return Ok(None);
         };
-        let handed = self.hand_in_over(&mut link, start, req);
+        let handed = self.hand_in_over(&mut link, start, req, out);
         self.in_process = Some(link);
         handed
     }
@@ -384,6 +385,7 @@ impl Conn {
         (net, route): &mut (super::MemoryNet, super::memnet::ServiceRoute),
         start: Nanos,
         req: &mut Request,
+        out: &mut Reply,
     ) -> Result<Option<HandedIn>, ClientError> {
         let sid = match self.endpoint.request_in_process(start, req) {
             Ok(Some(sid)) => sid,
@@ -391,30 +393,33 @@ impl Conn {
             Err(e) => return Err(self.client_error(e)),
         };
         let id = req.request_id;
-        let Some(answer) = net.request_in_process(route, start, sid, req) else {
+        let Some(answer) = net.request_in_process(route, start, sid, req, out) else {
             return Ok(None);
         };
         self.endpoint.answered_in_process(start);
         Ok(Some(match answer {
-            InProcess::Answered(r) => HandedIn::Answered(r, self.stamp()),
+            InProcess::Answered => HandedIn::Answered(self.stamp()),
             // Its answer comes as a datagram (or, dropped for a muted session, never: the
             // wait times out as a dropped datagram's would).
             _ => HandedIn::Later(self.endpoint.expect_in_process(start, id)),
         }))
     }
 
-    /// [`Conn::hand_in`] of a call that waits for its answer.
+    /// [`Conn::hand_in`] of a call that waits for its answer (written into `out`): when it
+    /// came.
     fn call_in_process(
         &mut self,
         start: Nanos,
         req: &mut Request,
-    ) -> Result<Option<(Reply, Nanos)>, ClientError> {
-        match self.hand_in(start, req)? {
+        out: &mut Reply,
+    ) -> Result<Option<Nanos>, ClientError> {
+        match self.hand_in(start, req, out)? {
             None => Ok(None),
-            Some(HandedIn::Answered(r, end)) => Ok(Some((r, end))),
+            Some(HandedIn::Answered(end)) => Ok(Some(end)),
             Some(HandedIn::Later(id)) => {
                 let m = self.wait(Ok(id))?;
-                Ok(Some((Reply::decode(m)?, self.now)))
+                *out = Reply::decode(m)?;
+                Ok(Some(self.now))
             }
         }
     }
@@ -520,6 +525,10 @@ pub struct UdpClient {
     /// sent as a datagram was only encoded. Boxed, so that taking it out for a call and
     /// putting it back moves a pointer, not 360 bytes.
     spare: Option<Box<Request>>,
+    /// Where the reply of the call under way is written, by the server in this process or
+    /// by the decoder ([`Reply::unanswered`] between calls): read in place, not moved out
+    /// of each layer it crosses.
+    answer: Reply,
 }
 
 impl UdpClient {
@@ -642,6 +651,7 @@ impl UdpClient {
             pending: IntMap::default(),
             ready: Vec::new(),
             spare: None,
+            answer: Reply::unanswered(),
         })
     }
 
@@ -814,21 +824,22 @@ impl UdpClient {
         reply
     }
 
-    /// Sends `req` to the server and waits for its reply; `start` is the connection's
-    /// reading when the call began ([`Conn::stamp`]). Returns the reply and when it was
-    /// taken in.
+    /// Sends `req` to the server over `conn` and waits for its reply, written into `out`;
+    /// `start` is the connection's reading when the call began ([`Conn::stamp`]). Returns
+    /// when the reply was taken in.
     fn call_server(
-        &mut self,
+        conn: &mut Conn,
         req: &mut Request,
         start: Nanos,
-    ) -> Result<(Reply, Nanos), ClientError> {
-        let conn = self.path.transport();
-        if let Some(answered) = conn.call_in_process(start, req)? {
-            return Ok(answered);
+        out: &mut Reply,
+    ) -> Result<Nanos, ClientError> {
+        if let Some(end) = conn.call_in_process(start, req, out)? {
+            return Ok(end);
         }
         let id = conn.endpoint.request(start, req);
         let m = conn.wait(id)?;
-        Ok((Reply::decode(m)?, conn.now))
+        *out = Reply::decode(m)?;
+        Ok(conn.now)
     }
 }
 
@@ -930,8 +941,13 @@ impl UdpClient {
             }
             None => {
                 // Handed in when the server is in this process, as in a call.
-                match self.path.transport().hand_in(start, req)? {
-                    Some(HandedIn::Answered(r, end)) => {
+                match self
+                    .path
+                    .transport()
+                    .hand_in(start, req, &mut self.answer)?
+                {
+                    Some(HandedIn::Answered(end)) => {
+                        let r = std::mem::replace(&mut self.answer, Reply::unanswered());
                         self.record(key, start, end, &r);
                         let id = r.request_id;
                         self.ready.push((id, Ok(r)));
@@ -989,6 +1005,33 @@ impl UdpClient {
     }
 }
 
+impl UdpClient {
+    /// Makes one call and leaves its reply in [`UdpClient::answer`].
+    fn call_into(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<(), ClientError> {
+        let mut req = self.call_request(app, handler, args, descs)?;
+        let key = (app, handler);
+        // The call's start is the connection's latest reading, which its sends use.
+        let start = self.path.transport().stamp();
+        let answered = match self.place(&mut req, key, start) {
+            Some(r) => {
+                self.answer = r;
+                Ok(self.clock.now())
+            }
+            None => Self::call_server(self.path.transport(), &mut req, start, &mut self.answer),
+        };
+        self.spare = Some(req);
+        let end = answered?;
+        self.record(key, start, end, &self.answer);
+        Ok(())
+    }
+}
+
 impl Transport for UdpClient {
     fn call(
         &mut self,
@@ -997,18 +1040,24 @@ impl Transport for UdpClient {
         args: &[u8],
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
-        let mut req = self.call_request(app, handler, args, descs)?;
-        let key = (app, handler);
-        // The call's start is the connection's latest reading, which its sends use.
-        let start = self.path.transport().stamp();
-        let answered = match self.place(&mut req, key, start) {
-            Some(r) => Ok((r, self.clock.now())),
-            None => self.call_server(&mut req, start),
-        };
-        self.spare = Some(req);
-        let (reply, end) = answered?;
-        self.record(key, start, end, &reply);
-        Ok(reply)
+        self.call_into(app, handler, args, descs)?;
+        Ok(std::mem::replace(&mut self.answer, Reply::unanswered()))
+    }
+
+    /// Lends `read` the reply where the call left it, then lets its payload go (it may share
+    /// the server's reply buffer, which the next reply reuses only once nothing holds it).
+    fn call_with<R>(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+        read: impl FnOnce(ReplyView<'_>) -> R,
+    ) -> Result<R, ClientError> {
+        self.call_into(app, handler, args, descs)?;
+        let r = read(self.answer.view());
+        self.answer.payload = Bytes::new();
+        Ok(r)
     }
 
     fn backoff(&mut self, attempt: u32) {

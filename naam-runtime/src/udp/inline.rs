@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use naam_proto::endpoint::{InProcess, Transmit};
-use naam_proto::wire::Request;
+use naam_proto::wire::{Reply, Request};
 use naam_proto::Nanos;
 
 use super::memnet::{MemoryNet, ServedPort, Service, TimerWake};
@@ -44,13 +44,14 @@ pub(crate) trait InlineEndpoint: Send + 'static {
     /// Whether every request the executors took has been answered.
     fn idle(&self) -> bool;
     /// Takes request `req` of session `sid` from a client in this process (see
-    /// [`Service::request_in_process`]); an endpoint that takes none leaves it with the
-    /// caller (`None`).
+    /// [`Service::request_in_process`]), a reply answered at once written into `out`; an
+    /// endpoint that takes none leaves it with the caller (`None`).
     fn request_in_process(
         &mut self,
         _now: Nanos,
         _sid: u64,
         _req: &mut Request,
+        _out: &mut Reply,
     ) -> Option<InProcess> {
         None
     }
@@ -315,13 +316,19 @@ impl<E: InlineEndpoint> Service for InlineGroup<E> {
 
     /// Goes to the loop that holds the session, as its datagrams would (their route is the
     /// session's).
-    fn request_in_process(&self, now: Nanos, sid: u64, req: &mut Request) -> Option<InProcess> {
+    fn request_in_process(
+        &self,
+        now: Nanos,
+        sid: u64,
+        req: &mut Request,
+        out: &mut Reply,
+    ) -> Option<InProcess> {
         let route = naam_proto::shard::route_of_session(sid);
         // Route 0 (none) goes to the first member, as the table says.
         let i = self.by_route[route as usize];
         // `now` is on the process's clock, which the group's endpoints read too.
         self.members[i].with(Some(&self.wake), |s| {
-            s.endpoint.request_in_process(now, sid, req)
+            s.endpoint.request_in_process(now, sid, req, out)
         })
     }
 }

@@ -38,7 +38,7 @@ use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, Sender, TryRecvError, TrySendError};
 use naam_proto::endpoint::InProcess;
 use naam_proto::intmap::IntMap;
-use naam_proto::wire::Request;
+use naam_proto::wire::{Reply, Request};
 use naam_proto::Nanos;
 
 /// Mode label of everything measured over a [`MemoryNet`].
@@ -100,10 +100,16 @@ pub(crate) trait Service: Send + Sync {
     fn tick(&self) -> Option<Duration>;
     /// Takes request `req` of session `sid` from a client in this process, handed over as
     /// it is (see [`naam_proto::endpoint::ServerEndpoint::request_in_process`]), at `now`
-    /// on [`crate::SystemClock::of_process`] (the caller's reading); `None`, the request
-    /// left with the caller, when this service takes datagrams only, or holds no such
-    /// session.
-    fn request_in_process(&self, _now: Nanos, _sid: u64, _req: &mut Request) -> Option<InProcess> {
+    /// on [`crate::SystemClock::of_process`] (the caller's reading), a reply answered at once
+    /// written into `out` ([`InProcess::Answered`]); `None`, the request left with the
+    /// caller, when this service takes datagrams only, or holds no such session.
+    fn request_in_process(
+        &self,
+        _now: Nanos,
+        _sid: u64,
+        _req: &mut Request,
+        _out: &mut Reply,
+    ) -> Option<InProcess> {
         None
     }
     /// How this service wakes its timer thread for a timer armed sooner than the thread
@@ -485,18 +491,20 @@ impl MemoryNet {
 
     /// Hands request `req` of session `sid` to the service `route` leads to, in this
     /// thread, as [`MemoryNet::send`] hands it a datagram: what the service sends meanwhile
-    /// is delivered after it returns. `None`, the request left with the caller, when there
-    /// is no service that takes requests so, or when this thread is inside another delivery
-    /// (a service never calls into another while it delivers).
+    /// is delivered after it returns; a reply answered at once is written into `out`. `None`,
+    /// the request left with the caller, when there is no service that takes requests so,
+    /// or when this thread is inside another delivery (a service never calls into another
+    /// while it delivers).
     pub(crate) fn request_in_process(
         &self,
         route: &mut ServiceRoute,
         now: Nanos,
         sid: u64,
         req: &mut Request,
+        out: &mut Reply,
     ) -> Option<InProcess> {
         let service = self.service(route)?;
-        delivering(|| service.request_in_process(now, sid, req)).flatten()
+        delivering(|| service.request_in_process(now, sid, req, out)).flatten()
     }
 }
 
@@ -833,21 +841,23 @@ mod tests {
             _now: Nanos,
             _sid: u64,
             req: &mut Request,
+            out: &mut Reply,
         ) -> Option<InProcess> {
-            let r = naam_proto::endpoint::error_reply(
+            *out = naam_proto::endpoint::error_reply(
                 req,
                 naam_proto::wire::Status::Ok,
                 naam_proto::Placement::Host,
                 self.0.to_string(),
             );
-            Some(InProcess::Answered(r))
+            Some(InProcess::Answered)
         }
     }
 
     fn hand_in(net: &MemoryNet, route: &mut ServiceRoute) -> Option<String> {
         let mut req = Request::for_call(1, 2, 3, b"", &[]).unwrap();
-        match net.request_in_process(route, 0, 7, &mut req)? {
-            InProcess::Answered(r) => Some(String::from_utf8(r.payload.to_vec()).unwrap()),
+        let mut out = Reply::unanswered();
+        match net.request_in_process(route, 0, 7, &mut req, &mut out)? {
+            InProcess::Answered => Some(String::from_utf8(out.payload.to_vec()).unwrap()),
             other => panic!("{other:?}"),
         }
     }

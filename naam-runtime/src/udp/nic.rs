@@ -25,7 +25,7 @@ use naam_proto::endpoint::{NicBackend, NicConfig, NicEndpoint, NicEvent, Routed}
 use naam_proto::onesided::{Completion, Operation};
 use naam_proto::session::Credential;
 use naam_proto::steering::{RemoteLoad, Selector};
-use naam_proto::wire::Request;
+use naam_proto::wire::{Reply, Request};
 use naam_proto::Placement;
 use std::sync::Arc;
 
@@ -145,10 +145,11 @@ impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
         sel: &mut Selector,
         forced: Option<Placement>,
         reply_to: Channel,
+        out: &mut Reply,
     ) -> Routed {
         self.cluster();
         self.replies
-            .dispatch(&self.cluster, None, &mut req, sel, forced, &reply_to)
+            .dispatch(&self.cluster, None, &mut req, sel, forced, &reply_to, out)
     }
 
     fn one_sided(&mut self, op: &Operation) -> Completion {

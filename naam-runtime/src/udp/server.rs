@@ -107,7 +107,9 @@ impl Replies {
     /// Dispatches `req` on `cluster`: a request for `runner`'s placement runs here, on the
     /// calling thread (its reply is the endpoint's to send; `req` stays where it is); a
     /// queued request (taken from `req`) has its reply go out sealed on `ch` from the
-    /// executor.
+    /// executor; the reply of one run here is written into `out`. (The endpoint's
+    /// dispatch, with the cluster and runner it goes to: the arguments are the layers'.)
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn dispatch(
         &mut self,
         cluster: &Cluster,
@@ -116,6 +118,7 @@ impl Replies {
         sel: &mut Selector,
         forced: Option<Placement>,
         ch: &Channel,
+        out: &mut Reply,
     ) -> Routed {
         let clock = self.clock;
         let (app, handler) = (req.app, req.handler);
@@ -137,13 +140,13 @@ impl Replies {
             }
         };
         let d = match runner {
-            Some(runner) => cluster.dispatch_here(runner, req, sel, forced, on_reply),
+            Some(runner) => cluster.dispatch_here(runner, req, sel, forced, on_reply, out),
             None => cluster.dispatch(std::mem::take(req), sel, forced, on_reply()),
         };
-        if let Routed::Answered(r) = &d {
-            let key = (app, handler, r.placement);
+        if let Routed::Answered = d {
+            let key = (app, handler, out.placement);
             self.pending
-                .record(&self.telemetry, key, r.status, r.load.service_ns);
+                .record(&self.telemetry, key, out.status, out.load.service_ns);
         }
         d
     }
@@ -199,6 +202,7 @@ impl HostBackend for ClusterHost {
         sel: &mut Selector,
         forced: Option<Placement>,
         reply_to: &Channel,
+        out: &mut Reply,
     ) -> Routed {
         self.replies.dispatch(
             &self.cluster,
@@ -207,6 +211,7 @@ impl HostBackend for ClusterHost {
             sel,
             forced,
             reply_to,
+            out,
         )
     }
 
@@ -548,8 +553,14 @@ impl InlineEndpoint for ServerEndpoint<ClusterHost> {
     fn idle(&self) -> bool {
         self.backend().replies.idle()
     }
-    fn request_in_process(&mut self, now: Nanos, sid: u64, req: &mut Request) -> Option<InProcess> {
-        let answer = ServerEndpoint::request_in_process(self, now, sid, req);
+    fn request_in_process(
+        &mut self,
+        now: Nanos,
+        sid: u64,
+        req: &mut Request,
+        out: &mut Reply,
+    ) -> Option<InProcess> {
+        let answer = ServerEndpoint::request_in_process(self, now, sid, req, out);
         // Whatever waits its turn (nothing, between datagrams) runs now, as after one.
         if self.has_waiting() {
             self.run(usize::MAX);

@@ -40,7 +40,7 @@ use crate::session::{
     SessionKey, HELLO_PADDING, NIC_TENANT, NONCE_LEN,
 };
 use crate::steering::{RemoteLoad, Selector};
-use crate::wire::{Request, Status};
+use crate::wire::{Reply, Request, Status};
 use crate::{Nanos, Placement};
 
 /// Sessions the NIC holds at most (the server's own limit is per tenant).
@@ -60,13 +60,15 @@ const REMAP_RETRY: Nanos = 10_000_000;
 
 /// The NIC's executors and memory, as its endpoint uses them.
 pub trait NicBackend {
-    /// Queues `req` at a NIC executor (its reply goes out sealed on `reply_to`), or refuses.
+    /// Queues `req` at a NIC executor (its reply goes out sealed on `reply_to`), or refuses;
+    /// a reply run at once ([`Routed::Answered`]) is written into `out`.
     fn dispatch(
         &mut self,
         req: Request,
         sel: &mut Selector,
         forced: Option<Placement>,
         reply_to: Channel,
+        out: &mut Reply,
     ) -> Routed;
     /// Performs one-sided operation `op` (already checked against the session's grants).
     fn one_sided(&mut self, op: &Operation) -> Completion;
@@ -979,13 +981,17 @@ impl<B: NicBackend> NicEndpoint<B> {
                 return;
             }
         };
-        match self
-            .backend
-            .dispatch(req, &mut self.sel, Some(Placement::Nic), ch.clone())
-        {
-            Routed::Answered(r) => {
+        let mut out = Reply::unanswered();
+        match self.backend.dispatch(
+            req,
+            &mut self.sel,
+            Some(Placement::Nic),
+            ch.clone(),
+            &mut out,
+        ) {
+            Routed::Answered => {
                 self.stats.executed += 1;
-                self.push(ch.reply(&r));
+                self.push(ch.reply(&out));
             }
             Routed::Queued(_) => self.stats.executed += 1,
             Routed::Remote(req) => {

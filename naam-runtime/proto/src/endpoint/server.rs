@@ -278,9 +278,9 @@ impl Outgoing {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Routed {
-    /// Run already, to completion, by the thread that took it in (no hand-off): the
-    /// endpoint sends this reply.
-    Answered(Reply),
+    /// Run already, to completion, by the thread that took it in (no hand-off): its reply
+    /// is in the slot the caller passed (`out`), for the endpoint to send.
+    Answered,
     /// Queued at an executor of this placement; its reply goes out on the channel.
     Queued(Placement),
     /// Steered to the NIC in another process: the endpoint forwards it.
@@ -332,7 +332,8 @@ pub trait HostBackend {
     /// Steers `req` (with `sel`, the switch's round-robin memory, unless `forced` pins it) and
     /// queues it at a host executor, whose reply goes out sealed on `reply_to`; or hands it
     /// back to forward to the NIC, or refuses it. A backend that queues it keeps a clone of
-    /// `reply_to`; one that answers at once ([`Routed::Answered`]) needs none.
+    /// `reply_to`; one that answers at once ([`Routed::Answered`]) needs none, and writes
+    /// the reply into `out` (whatever was there is written over), where the caller keeps it.
     ///
     /// `req` is borrowed: a backend takes it (leaving [`Request::taken`]) only to keep it
     /// (queued, or handed back), so that one answered at once stays with its caller, unmoved,
@@ -343,6 +344,7 @@ pub trait HostBackend {
         sel: &mut Selector,
         forced: Option<Placement>,
         reply_to: &Channel,
+        out: &mut Reply,
     ) -> Routed;
     /// A fresh client id for a new session (the top 24 bits of its request ids).
     fn next_client_id(&mut self) -> u32;
@@ -430,8 +432,9 @@ enum ForwardAs {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum InProcess {
-    /// Run here to completion, or refused: the reply, to the caller, sealed for no one.
-    Answered(Reply),
+    /// Run here to completion, or refused: the reply is in the caller's slot (`out`),
+    /// sealed for no one.
+    Answered,
     /// Queued at an executor, forwarded to the NIC, or behind other work's turns: its answer
     /// comes on the session as a datagram, as the answer to one sent would.
     Pending,
@@ -1494,7 +1497,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// codec would guard, the process guards). It is admitted as a request in a datagram of
     /// that session would be (the session's apps only, validity, credit, the tenants'
     /// turns, a muted session's silence) and, when its turn is now, dispatched at once; the
-    /// reply of a run here comes back to the caller. Whatever is answered later (queued,
+    /// reply of a run here (or a refusal) is written into `out`, the caller's slot
+    /// ([`InProcess::Answered`]). Whatever is answered later (queued,
     /// forwarded, behind other work) is answered on the session as a datagram. `now` is the
     /// time on this endpoint's clock (the caller's own reading, when the two share a clock).
     /// The request is taken from where it lies (leaving [`Request::taken`]) only when it is
@@ -1509,6 +1513,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         now: Nanos,
         sid: u64,
         req: &mut Request,
+        out: &mut Reply,
     ) -> Option<InProcess> {
         let session = self.gate.heard_from(sid, now)?;
         let may_use = session.role.may_use(req.app);
@@ -1522,7 +1527,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 sealer: session.sealer.clone(),
             },
         };
-        let answer = self.take_in_process(now, sid, may_use, &ch, req);
+        let answer = self.take_in_process(now, sid, may_use, &ch, req, out);
         self.in_process_channel = Some((sid, ch));
         Some(answer)
     }
@@ -1536,6 +1541,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         may_use: bool,
         ch: &Channel,
         req: &mut Request,
+        out: &mut Reply,
     ) -> InProcess {
         if self.drop_if_muted(now, sid) {
             return InProcess::Dropped;
@@ -1559,7 +1565,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
             }
         };
         if let Some(r) = refused {
-            return InProcess::Answered(r);
+            *out = r;
+            return InProcess::Answered;
         }
         if !self.turns.is_empty() {
             let tenant = ch.sealer.key().tenant_tag();
@@ -1573,11 +1580,15 @@ impl<B: HostBackend> ServerEndpoint<B> {
             return InProcess::Pending;
         }
         let before = (self.stats.host, self.stats.forwarded);
-        let answer = self.route(sid, req, ch, ForwardAs::InProcess);
+        let answered = self.route(sid, req, ch, ForwardAs::InProcess, out);
         if (self.stats.host, self.stats.forwarded) != before {
             self.publish_switched();
         }
-        answer.map_or(InProcess::Pending, InProcess::Answered)
+        if answered {
+            InProcess::Answered
+        } else {
+            InProcess::Pending
+        }
     }
 
     /// Counts a refusal of session `sid` over its credit; one that keeps sending long past it
@@ -1602,33 +1613,38 @@ impl<B: HostBackend> ServerEndpoint<B> {
     /// Runs a request whose turn came: the switch places it at the host (run or queued by the
     /// backend) or forwards it to the NIC.
     fn dispatch(&mut self, sid: u64, mut req: Request, ch: Channel, forward: ForwardAs) {
-        if let Some(r) = self.route(sid, &mut req, &ch, forward) {
-            self.reply_into(ch, r);
+        let mut out = Reply::unanswered();
+        if self.route(sid, &mut req, &ch, forward, &mut out) {
+            self.reply_into(ch, out);
         }
     }
 
     /// [`ServerEndpoint::dispatch`] but for the reply to send now (run here, or refused),
-    /// which it returns rather than sends.
+    /// which it writes into `out` rather than sends: true when it did.
     fn route(
         &mut self,
         sid: u64,
         req: &mut Request,
         ch: &Channel,
         forward: ForwardAs,
-    ) -> Option<Reply> {
+        out: &mut Reply,
+    ) -> bool {
         // Behind an eSwitch, what reaches the host's port was steered here.
         let pinned = req
             .pinned()
             .or(self.backend.switch().map(|_| Placement::Host));
         let id = req.request_id;
-        match self.backend.dispatch(req, &mut self.switch, pinned, ch) {
-            Routed::Answered(r) => {
+        match self
+            .backend
+            .dispatch(req, &mut self.switch, pinned, ch, out)
+        {
+            Routed::Answered => {
                 self.stats.host += 1;
-                Some(r)
+                true
             }
             Routed::Queued(_) => {
                 self.stats.host += 1;
-                None
+                false
             }
             Routed::Remote(req) => match self.live_nic() {
                 Some(PairedNic {
@@ -1644,7 +1660,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
                             Err(e) => {
                                 self.stats.malformed += 1;
                                 let why = e.to_string();
-                                return Some(malformed(req.app, id, Placement::Host, why));
+                                *out = malformed(req.app, id, Placement::Host, why);
+                                return true;
                             }
                         },
                     };
@@ -1657,17 +1674,19 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         inner: Inner::Encoded(f),
                         route: Some(crate::shard::route_of_session(sid)),
                     });
-                    None
+                    false
                 }
                 None => {
                     self.stats.refused += 1;
                     let why = "the NIC is down".to_string();
-                    Some(error_reply(&req, Status::Unavailable, Placement::Nic, why))
+                    *out = error_reply(&req, Status::Unavailable, Placement::Nic, why);
+                    true
                 }
             },
             Routed::Refused(r) => {
                 self.stats.refused += 1;
-                Some(r)
+                *out = r;
+                true
             }
         }
     }

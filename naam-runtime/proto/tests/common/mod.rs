@@ -33,6 +33,7 @@ impl NicBackend for ModelNic {
         _sel: &mut Selector,
         _forced: Option<Placement>,
         reply_to: Channel,
+        _out: &mut Reply,
     ) -> Routed {
         self.executed += 1;
         let r = Reply {
