@@ -20,17 +20,29 @@ pub(super) fn serve<P: DataPath>(
     vm: &mut Vm,
     machine: &mut StepMachine,
 ) -> Served {
-    let placement = path.placement();
-    let handler = match inner.registry.handler(req.app, req.handler) {
-        Ok(h) => h,
+    match inner.registry.handler(req.app, req.handler) {
+        Ok(handler) => serve_handler(inner, req, handler, path, vm, machine),
         Err(e) => {
             let status = match e {
                 crate::LookupError::UnknownApp(_) => Status::UnknownApp,
                 _ => Status::UnknownHandler,
             };
-            return Served::Done(Outcome::error(status, 0, e.to_string(), req.steps), 0);
+            Served::Done(Outcome::error(status, 0, e.to_string(), req.steps), 0)
         }
-    };
+    }
+}
+
+/// [`serve`] of a request whose handler the caller has looked up already (the switch does,
+/// to route it).
+pub(super) fn serve_handler<P: DataPath>(
+    inner: &Inner,
+    req: &Request,
+    handler: &Arc<HandlerEntry>,
+    path: &mut P,
+    vm: &mut Vm,
+    machine: &mut StepMachine,
+) -> Served {
+    let placement = path.placement();
     let at = executor::Place {
         path,
         vm,

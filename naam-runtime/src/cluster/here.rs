@@ -132,8 +132,15 @@ impl HereRunner {
     /// DMA time and core slowdown included. A torn read that must wait is handed back, never
     /// waited for on this thread (it serves everyone's datagrams). The reply of a run that
     /// finished is written into `out`, field by field where it lies: built apart and moved
-    /// in, each of the layers above would copy it again.
-    pub(super) fn run(&mut self, inner: &Inner, req: &Request, out: &mut Reply) -> Ran {
+    /// in, each of the layers above would copy it again. `handler` is `req`'s, as admission
+    /// found it (the registry is not searched twice per message).
+    pub(super) fn run(
+        &mut self,
+        inner: &Inner,
+        req: &Request,
+        handler: &Arc<HandlerEntry>,
+        out: &mut Reply,
+    ) -> Ran {
         let start = inner.clock.now();
         if self.placement == Placement::Host {
             let extra = inner.congestion.host_extra_ns();
@@ -141,9 +148,10 @@ impl HereRunner {
                 spin_for(extra);
             }
         }
+        let (vm, machine) = (&mut self.vm, &mut self.machine);
         let served = match self.placement {
-            Placement::Nic => serve(inner, req, &mut self.nic, &mut self.vm, &mut self.machine),
-            _ => serve(inner, req, &mut self.host, &mut self.vm, &mut self.machine),
+            Placement::Nic => serve_handler(inner, req, handler, &mut self.nic, vm, machine),
+            _ => serve_handler(inner, req, handler, &mut self.host, vm, machine),
         };
         let c = match served {
             Served::Done(c, _) => c,

@@ -861,7 +861,7 @@ impl Cluster {
         let echo = Echo::of(req);
         match admit_here(inner, req, sel, forced, Some(runner.placement)) {
             Ok(Admitted::Remote) => Routed::Remote(Box::new(std::mem::take(req))),
-            Ok(Admitted::Here(p, _)) => match runner.run(inner, req, out) {
+            Ok(Admitted::Here(p, _, handler)) => match runner.run(inner, req, handler, out) {
                 Ran::Answered => Routed::Answered,
                 Ran::Parked(run, write) => {
                     // A torn read waits at an executor, not on the thread that serves
@@ -981,12 +981,12 @@ impl Drop for Cluster {
 
 /// Where a server-bound message goes, and its handler's kind; no side effects. A read
 /// `forced` to a placement goes there (the caller pinned it).
-fn route(
-    inner: &Inner,
+fn route<'a>(
+    inner: &'a Inner,
     req: &Request,
     sel: &mut Selector,
     forced: Option<Placement>,
-) -> Result<(Placement, HandlerKind), Status> {
+) -> Result<(Placement, &'a Arc<HandlerEntry>), Status> {
     let handler = inner
         .registry
         .handler(req.app, req.handler)
@@ -996,15 +996,15 @@ fn route(
         })?;
     if handler.kind == HandlerKind::Write {
         let owner = inner.owner_of(req.app).ok_or(Status::UnknownApp)?;
-        return Ok((owner, HandlerKind::Write));
+        return Ok((owner, handler));
     }
     if let Some(p) = forced {
         // A read pinned where it runs: the weights (a lock and a lookup) would not be used.
-        return Ok((p, HandlerKind::Read));
+        return Ok((p, handler));
     }
     let w = inner.weights((req.app, req.handler));
     sel.pick(&w, |p| p != Placement::Client && inner.available(p))
-        .map(|p| (p, HandlerKind::Read))
+        .map(|p| (p, handler))
         .ok_or(Status::Unavailable)
 }
 
@@ -1088,7 +1088,7 @@ fn submit(
     match admit_here(inner, &req, sel, forced, None)? {
         Admitted::Remote => Err(Refusal::Remote(Box::new(req))),
         // Without a placement of its own, the caller runs nothing: "here" is a queue.
-        Admitted::Here(p, write) | Admitted::Queue(p, write) => {
+        Admitted::Here(p, write, _) | Admitted::Queue(p, write) => {
             let app = req.app;
             let result = enqueue(inner, p, req, sink);
             if result.is_err() && write {
@@ -1100,10 +1100,11 @@ fn submit(
 }
 
 /// Where an admitted message runs.
-enum Admitted {
+enum Admitted<'a> {
     /// Here, at placement `.0`, the caller's; `.1`: a write, counted in flight at its owner
-    /// (its run releases it).
-    Here(Placement, bool),
+    /// (its run releases it); `.2`: its handler, as routing found it (the run looks it up
+    /// no more).
+    Here(Placement, bool, &'a Arc<HandlerEntry>),
     /// Queued at placement `.0`'s executors; `.1`: a write, counted in flight at its owner.
     Queue(Placement, bool),
     /// A read routed to a NIC in another process: the fabric driver forwards it.
@@ -1115,17 +1116,17 @@ enum Admitted {
 /// a NIC in another process. It runs here when it is routed to `here`, whose executors are
 /// the caller; otherwise it is for a queue. The request stays with the caller (it is large:
 /// admission reads it, and moving it in and back out cost two copies per message).
-fn admit_here(
-    inner: &Inner,
+fn admit_here<'a>(
+    inner: &'a Inner,
     req: &Request,
     sel: &mut Selector,
     forced: Option<Placement>,
     here: Option<Placement>,
-) -> Result<Admitted, Refusal> {
+) -> Result<Admitted<'a>, Refusal> {
     // A read `forced` somewhere is routed there; a write always goes to its owner.
-    let (p, kind) = route(inner, req, sel, forced).map_err(Refusal::Status)?;
+    let (p, handler) = route(inner, req, sel, forced).map_err(Refusal::Status)?;
     let app = req.app;
-    let write = kind == HandlerKind::Write;
+    let write = handler.kind == HandlerKind::Write;
     if let Some(what) = inner.over_budget(app) {
         return Err(Refusal::Budget(what));
     }
@@ -1152,7 +1153,7 @@ fn admit_here(
         }
     }
     if here == Some(p) && inner.queues[p.index()].is_some() {
-        Ok(Admitted::Here(p, write))
+        Ok(Admitted::Here(p, write, handler))
     } else {
         Ok(Admitted::Queue(p, write))
     }
