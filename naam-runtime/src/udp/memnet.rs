@@ -24,7 +24,7 @@
 //! request in a datagram of the same session, and what it cannot answer at once is answered
 //! on the session as a datagram.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -211,16 +211,20 @@ pub(crate) struct ServedPort {
 type Pending = VecDeque<(Rc<Port>, SocketAddr, Bytes)>;
 
 thread_local! {
-    /// `Some` while this thread is inside a service's `deliver`.
-    static DELIVERING: RefCell<Option<Pending>> = const { RefCell::new(None) };
+    /// Whether this thread is inside a service's `deliver`.
+    static DELIVERING: Cell<bool> = const { Cell::new(false) };
+    /// What services sent while this thread delivered, in order (kept for its capacity: a
+    /// delivery makes no queue of its own, and most send nothing).
+    static PENDING: RefCell<Pending> = const { RefCell::new(VecDeque::new()) };
 }
 
-/// Ends this thread's delivery, even when a service panicked.
+/// Ends this thread's delivery, even when a service panicked (what it left queued goes too).
 struct DeliveryGuard;
 
 impl Drop for DeliveryGuard {
     fn drop(&mut self) {
-        DELIVERING.with(|d| d.borrow_mut().take());
+        DELIVERING.with(|d| d.set(false));
+        PENDING.with(|p| p.borrow_mut().clear());
     }
 }
 
@@ -419,15 +423,9 @@ impl MemoryNet {
         }
         // Inside another delivery: queue it for that delivery's loop. Otherwise this thread
         // starts one.
-        let mut outermost = Some((port, datagram));
-        DELIVERING.with(|d| {
-            if let Some(pending) = d.borrow_mut().as_mut() {
-                if let Some((port, datagram)) = outermost.take() {
-                    pending.push_back((port, from, datagram));
-                }
-            }
-        });
-        if let Some((port, datagram)) = outermost {
+        if DELIVERING.with(Cell::get) {
+            PENDING.with(|p| p.borrow_mut().push_back((port, from, datagram)));
+        } else {
             delivering(|| port.deliver(from, datagram));
         }
         true
@@ -438,22 +436,12 @@ impl MemoryNet {
 /// delivered after it returns, in order, until nothing more is sent. `None` (and `f` not
 /// run) when this thread is inside a delivery already.
 fn delivering<T>(f: impl FnOnce() -> T) -> Option<T> {
-    let started = DELIVERING.with(|d| {
-        let mut d = d.borrow_mut();
-        if d.is_some() {
-            return false;
-        }
-        *d = Some(VecDeque::new());
-        true
-    });
-    if !started {
+    if DELIVERING.with(|d| d.replace(true)) {
         return None;
     }
     let _guard = DeliveryGuard;
     let t = f();
-    while let Some((p, from, d)) =
-        DELIVERING.with(|p| p.borrow_mut().as_mut().and_then(VecDeque::pop_front))
-    {
+    while let Some((p, from, d)) = PENDING.with(|p| p.borrow_mut().pop_front()) {
         p.deliver(from, d);
     }
     Some(t)
