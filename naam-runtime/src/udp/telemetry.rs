@@ -107,9 +107,22 @@ struct LatencyBuckets {
     counts: [u64; LATENCY_BUCKETS_US.len() + 1],
 }
 
+/// [`LATENCY_BUCKETS_US`] in nanoseconds, the unit replies are timed in.
+const LATENCY_BUCKETS_NS: [u64; LATENCY_BUCKETS_US.len()] = {
+    let mut ns = [0; LATENCY_BUCKETS_US.len()];
+    let mut i = 0;
+    while i < ns.len() {
+        ns[i] = LATENCY_BUCKETS_US[i] * 1000;
+        i += 1;
+    }
+    ns
+};
+
 impl LatencyBuckets {
     fn record(&mut self, ns: u64) {
-        let i = LATENCY_BUCKETS_US.partition_point(|&us| us.saturating_mul(1000) < ns);
+        // The bounds under `ns`, all fourteen compared (no branch to mispredict, no multiply):
+        // the index of its bucket, as a search of the sorted bounds would find it.
+        let i = LATENCY_BUCKETS_NS.iter().filter(|&&b| b < ns).count();
         self.counts[i] += 1;
     }
 
