@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod executor;
 pub mod experiment;
 mod fair;
+pub mod journal;
 use naam_proto::intmap;
 pub mod invoke;
 pub mod logging;

@@ -203,6 +203,60 @@ pub fn handlers() -> Result<LoadedObject, BTreeError> {
     Ok(naam_runtime::vm::load(HANDLERS_OBJECT)?)
 }
 
+/// Checks the regions of a tree that outlived its server (meta and nodes, as [`app_spec`]
+/// lists them) against `config` before a server serves them again: the meta holds `config`'s
+/// geometry and a root below its next free node; every node in use is whole (equal versions
+/// at both ends: the write journal undoes a batch a crash cut, so none is torn) and holds no
+/// more entries than fit; the root says it is one. Returns the nodes in use.
+#[cfg(feature = "host")]
+pub fn check_regions(
+    config: &BTreeConfig,
+    meta: &naam_runtime::RegionMemory,
+    nodes: &naam_runtime::RegionMemory,
+) -> Result<u64, String> {
+    let word = |m: &naam_runtime::RegionMemory, at: usize, what: &str| {
+        m.load_u64(at as u64)
+            .map_err(|e| format!("{what} at {at}: {e}"))
+    };
+    for (at, want, what) in [
+        (l::META_NODE_SIZE, config.node_size as u64, "node size"),
+        (l::META_MAX_NODES, config.max_nodes, "node count"),
+    ] {
+        let have = word(meta, at, "meta")?;
+        if have != want {
+            return Err(format!("the meta's {what} is {have}, the config's {want}"));
+        }
+    }
+    let root = word(meta, l::META_ROOT, "meta")?;
+    let next = word(meta, l::META_NEXT_NODE, "meta")?;
+    if next > config.max_nodes || root >= next {
+        return Err(format!(
+            "root {root} and next free node {next} do not fit {} nodes",
+            config.max_nodes
+        ));
+    }
+    let cap = l::capacity(config.node_size) as u64;
+    for id in 0..next {
+        let base = id as usize * config.node_size;
+        let front = word(nodes, base + l::NODE_FRONT, "node")?;
+        let back = word(nodes, base + l::node_back(config.node_size), "node")?;
+        if front != back {
+            return Err(format!("node {id} is torn (versions {front} and {back})"));
+        }
+        let header = word(nodes, base + l::NODE_HEADER, "node")?;
+        if l::count(header) > cap {
+            return Err(format!(
+                "node {id} holds {} entries, more than its {cap}",
+                l::count(header)
+            ));
+        }
+        if id == root && l::flags(header) & l::FLAG_ROOT == 0 {
+            return Err(format!("the root, node {id}, is not marked as one"));
+        }
+    }
+    Ok(next)
+}
+
 /// The app a cluster installs for a tree.
 #[cfg(feature = "host")]
 pub fn app_spec(

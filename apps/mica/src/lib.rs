@@ -277,6 +277,85 @@ pub fn app_spec(
     })
 }
 
+/// What [`check_regions`] found in a table's regions.
+#[cfg(feature = "host")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableCheck {
+    /// The log's tail: items written so far.
+    pub tail: u64,
+    /// Slots naming an item still in the log (the live items, and superseded copies a
+    /// bucket still names).
+    pub live: u64,
+}
+
+/// Checks the regions of a table that outlived its server (meta, index and log, as
+/// [`app_spec`] lists them) against `config` before a server serves them again: the meta
+/// holds `config`'s geometry; no bucket is locked (an odd version: a writer died holding it,
+/// which the write journal's undo rules out); every slot names an item below the tail, and
+/// each it names that the log still holds is whole (both versions its number + 1: writers
+/// publish an item in its bucket only after its front version). Reads every bucket and the
+/// ends of every item a slot names.
+#[cfg(feature = "host")]
+pub fn check_regions(
+    config: &MicaConfig,
+    meta: &naam_runtime::RegionMemory,
+    index: &naam_runtime::RegionMemory,
+    log: &naam_runtime::RegionMemory,
+) -> Result<TableCheck, String> {
+    let word = |m: &naam_runtime::RegionMemory, at: usize, what: &str| {
+        m.load_u64(at as u64)
+            .map_err(|e| format!("{what} at {at}: {e}"))
+    };
+    let expect = [
+        (l::META_BUCKETS, config.buckets, "bucket count"),
+        (l::META_LOG_ITEMS, config.log_items, "log items"),
+        (l::META_ITEM_SIZE, config.item_size() as u64, "item size"),
+        (l::META_KEY_CAP, config.key_cap as u64, "key capacity"),
+        (l::META_VALUE_CAP, config.value_cap as u64, "value capacity"),
+    ];
+    for (at, want, what) in expect {
+        let have = word(meta, at, "meta")?;
+        if have != want {
+            return Err(format!("the meta's {what} is {have}, the config's {want}"));
+        }
+    }
+    let tail = word(meta, l::META_TAIL, "meta")?;
+    let item_size = config.item_size();
+    let mut live = 0;
+    for b in 0..config.buckets as usize {
+        let at = b * l::BUCKET_SIZE;
+        let version = word(index, at, "bucket")?;
+        if version & 1 == 1 {
+            return Err(format!("bucket {b} is locked (version {version})"));
+        }
+        for i in 0..l::SLOTS {
+            let w = word(index, at + l::slot_offset(i), "slot")?;
+            if w == 0 {
+                continue;
+            }
+            let item = (w & l::ITEM_MASK).wrapping_sub(1);
+            if item >= tail {
+                return Err(format!(
+                    "bucket {b} slot {i} names item {item}, at or past the tail {tail}"
+                ));
+            }
+            if item + config.log_items <= tail {
+                continue; // evicted: the lossy log wrote over it
+            }
+            let base = (item % config.log_items) as usize * item_size;
+            let front = word(log, base + l::ITEM_FRONT, "item")?;
+            let back = word(log, base + l::item_back(item_size), "item")?;
+            if front != item + 1 || back != item + 1 {
+                return Err(format!(
+                    "bucket {b} slot {i} names item {item}, whose versions are {front} and {back}"
+                ));
+            }
+            live += 1;
+        }
+    }
+    Ok(TableCheck { tail, live })
+}
+
 /// What a client needs to address one MICA table.
 #[derive(Clone, Copy, Debug)]
 pub struct MicaHandle {

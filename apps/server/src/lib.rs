@@ -98,6 +98,50 @@ fn executor_poll_us() -> u64 {
     naam_runtime::udp::SERVER_EXECUTOR_POLL.as_micros() as u64
 }
 
+/// Checks one app's regions that an earlier start left, before naam-server serves them again
+/// ([`naam_runtime::udp::start_host_persistent`]): MICA's and the B-tree's own consistency
+/// checks ([`naam_mica::check_regions`], [`naam_btree::check_regions`]); an `object` app's
+/// regions have no structure naam-server knows, and pass.
+pub fn check_regions(
+    app: u32,
+    kind: &str,
+    params: &serde_json::Value,
+    regions: &[Arc<naam_runtime::Region>],
+) -> Result<(), String> {
+    let parse_err = |e: serde_json::Error| format!("app {app}'s parameters: {e}");
+    let want = |n: usize| {
+        if regions.len() == n {
+            Ok(())
+        } else {
+            Err(format!("{} regions, {kind} has {n}", regions.len()))
+        }
+    };
+    match kind {
+        "mica" => {
+            let c: naam_mica::MicaConfig =
+                serde_json::from_value(params.clone()).map_err(parse_err)?;
+            want(3)?;
+            let t =
+                naam_mica::check_regions(&c, &regions[0].mem, &regions[1].mem, &regions[2].mem)?;
+            tracing::info!(
+                "app {app} (mica): {} items written, {} slots name items in the log",
+                t.tail,
+                t.live
+            );
+            Ok(())
+        }
+        "btree" => {
+            let c: naam_btree::BTreeConfig =
+                serde_json::from_value(params.clone()).map_err(parse_err)?;
+            want(2)?;
+            let n = naam_btree::check_regions(&c, &regions[0].mem, &regions[1].mem)?;
+            tracing::info!("app {app} (btree): {n} nodes in use");
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
 /// One `[[app]]` entry; `kind` picks the variant, and `instances` may make it several apps.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]

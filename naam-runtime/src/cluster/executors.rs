@@ -2,6 +2,7 @@
 //! torn-read retry, write ownership and deduplication at the owner.
 
 use super::*;
+use naam_proto::step::{InPlace, WriteBatch};
 
 /// What serving a message left: an answer, or a message parked for a torn-read retry.
 pub(super) enum Served {
@@ -89,10 +90,24 @@ pub(super) fn serve_handler<P: DataPath>(
     let driven = {
         let _one_writer = inner.owners.get(&req.app).map(|o| o.writer.lock());
         executor::start(req, handler, at, &mut |batch, in_place| {
-            apply_owned(&regions, batch, in_place)
+            apply_journaled(inner, &regions, batch, in_place)
         })
     };
     served(inner, req, driven, true)
+}
+
+/// Applies `batch` as the write owner ([`apply_owned`]), under its app's undo journal when
+/// its regions outlive the process.
+fn apply_journaled(
+    inner: &Inner,
+    regions: &RegionTable,
+    batch: &WriteBatch<'_>,
+    in_place: Option<InPlace<'_>>,
+) -> Result<(), WriteError> {
+    match inner.journals.get(&batch.app) {
+        Some(journal) => journal.apply(batch, || apply_owned(regions, batch, in_place)),
+        None => apply_owned(regions, batch, in_place),
+    }
 }
 
 /// Resumes a parked message, its backoff served. An app past its retry budget gets no more
@@ -124,7 +139,7 @@ pub(super) fn resume_served<P: DataPath>(
         // its batch's CAS on the layout's version then fails (a conflict), as it must.
         let _one_writer = inner.owners.get(&req.app).map(|o| o.writer.lock());
         executor::resume(run, &req.args, path, vm, clock, &mut |batch, in_place| {
-            apply_owned(&regions, batch, in_place)
+            apply_journaled(inner, &regions, batch, in_place)
         })
     } else {
         executor::resume(run, &req.args, path, vm, clock, &mut |_, _| {

@@ -284,6 +284,9 @@ struct Inner {
     /// was decided with, from which each client's own Client share is decided.
     signals: RwLock<(SteeringInputs, HashMap<HandlerKey, HandlerLoad>)>,
     owners: IntMap<u32, Owner>,
+    /// Per app whose regions outlive the process: the undo journal its owner's write batches
+    /// are applied under ([`crate::journal`]).
+    journals: IntMap<u32, crate::journal::WriteJournal>,
     dedup: IntMap<u32, Mutex<DedupTable>>,
     /// Per app: what it spent of [`ClusterConfig::tenant_budget`] this period.
     spent: IntMap<u32, AppBudget>,
@@ -415,6 +418,18 @@ pub type RegionBackingFn =
 /// holding its `contents`.
 pub type RegionBacking = Box<RegionBackingFn>;
 
+/// Provides the undo journal of one app's write batches, given the app's regions in the
+/// order of its spec; `None`: its writes are applied unjournaled (memory that dies with the
+/// process needs none).
+pub type JournalBackingFn = dyn FnMut(
+    u32,
+    Vec<Arc<crate::Region>>,
+)
+    -> Result<Option<crate::journal::WriteJournal>, ClusterError>;
+
+/// A boxed [`JournalBackingFn`].
+pub type JournalBacking = Box<JournalBackingFn>;
+
 /// Builds a [`Cluster`].
 #[derive(Default)]
 pub struct ClusterBuilder {
@@ -422,6 +437,7 @@ pub struct ClusterBuilder {
     apps: Vec<AppSpec>,
     clock: Option<Arc<dyn Clock>>,
     backing: Option<RegionBacking>,
+    journals: Option<JournalBacking>,
 }
 
 impl ClusterBuilder {
@@ -484,6 +500,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Applies each app's write batches under the journal `journals` gives it (regions that
+    /// outlive the process: see [`crate::journal`]).
+    pub fn write_journals(mut self, journals: JournalBacking) -> Self {
+        self.journals = Some(journals);
+        self
+    }
+
     /// Registers everything and starts the threads.
     pub fn build(self) -> Result<Cluster, ClusterError> {
         let config = self.config;
@@ -505,6 +528,20 @@ impl ClusterBuilder {
             return Err(ClusterError::Config(
                 "with a remote NIC, writes are owned by the host (owner = host)".into(),
             ));
+        }
+        let mut journals = IntMap::default();
+        if let Some(mut backing) = self.journals {
+            for app in &self.apps {
+                let mine = app
+                    .regions
+                    .iter()
+                    .filter_map(|r| region_keys.get(&(app.id, r.name.clone())))
+                    .filter_map(|&k| regions.get(app.id, k).cloned())
+                    .collect();
+                if let Some(j) = backing(app.id, mine)? {
+                    journals.insert(app.id, j);
+                }
+            }
         }
         let mut owners = IntMap::default();
         let mut dedup = IntMap::default();
@@ -549,6 +586,7 @@ impl ClusterBuilder {
             weights: RwLock::new(IntMap::default()),
             signals: RwLock::new((SteeringInputs::default(), HashMap::new())),
             owners,
+            journals,
             dedup,
             spent,
             weights_version: AtomicU64::new(0),

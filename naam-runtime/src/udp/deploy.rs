@@ -8,7 +8,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::shm_dir::{
+    describe_layout, layout_hash, RegionsHeader, RegionsState, ShmDir, HEADER_FILE, REGIONS_FORMAT,
+};
 use crate::cluster::{AppSpec, Cluster, ClusterConfig, ClusterError, PolicyChoice, RegionSpec};
+use crate::journal::{RolledBack, WriteJournal, JOURNAL_SIZE};
 use crate::HandlerSpec;
 use crate::RegionMemory;
 use naam_proto::control::{object_hash, AppManifest, HandlerManifest, Manifest, RegionManifest};
@@ -41,6 +45,34 @@ pub enum DeployError {
         #[source]
         source: std::io::Error,
     },
+    /// Another server holds the directory.
+    #[error("{}: in use by another naam-server{} (one server per shm_dir: give this one another `shm_dir`)", dir.display(), pid.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    Locked {
+        /// The directory.
+        dir: PathBuf,
+        /// The holder's pid, as its lock file says.
+        pid: Option<u32>,
+    },
+    /// The directory holds regions of another layout than the config's.
+    #[error("{}: the regions there were made for another layout ({found}); the config now asks for {wanted}. Start with --reset-regions to discard them (their data is lost), or give this config another shm_dir", dir.display())]
+    LayoutChanged {
+        /// The directory.
+        dir: PathBuf,
+        /// What the regions there are (from their header).
+        found: String,
+        /// What the config asks for.
+        wanted: String,
+    },
+    /// Re-attached regions failed their app's consistency check.
+    #[error("{}: app {app}'s regions fail their check: {message}. Start with --reset-regions to discard them", dir.display())]
+    Inconsistent {
+        /// The directory.
+        dir: PathBuf,
+        /// The app.
+        app: u32,
+        /// What the check found.
+        message: String,
+    },
     /// The manifest is not valid.
     #[error("{path}: invalid manifest: {message}")]
     Manifest {
@@ -50,6 +82,24 @@ pub enum DeployError {
         /// object that changed since the host loaded it.
         message: String,
     },
+}
+
+impl DeployError {
+    /// The process exit code this error means (0 ok, 1 runtime failure, 2 bad input or
+    /// config, as every binary uses them): a directory another server holds, regions of
+    /// another layout or failing their check, and apps the cluster refuses (a handler that does
+    /// not verify, a bad setting) are 2; files, memory and threads that fail are 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            DeployError::Locked { .. }
+            | DeployError::LayoutChanged { .. }
+            | DeployError::Inconsistent { .. } => 2,
+            DeployError::Cluster(
+                ClusterError::Registry(_) | ClusterError::Config(_) | ClusterError::UnknownApp(_),
+            ) => 2,
+            _ => 1,
+        }
+    }
 }
 
 /// An app for the host, with what the manifest says about it.
@@ -104,14 +154,251 @@ pub fn start_host(
 /// objects, is written in `shm_dir` either way).
 pub fn start_host_with(
     apps: Vec<HostApp>,
-    mut config: ClusterConfig,
+    config: ClusterConfig,
     shm_dir: &Path,
     kept: HostRegions,
 ) -> Result<(Arc<Cluster>, Manifest), DeployError> {
+    std::fs::create_dir_all(shm_dir).map_err(file_err(shm_dir))?;
+    let made = Made::default();
+    let (cluster, manifest, _) = build_host(apps, config, shm_dir, kept, false, false, &made)?;
+    Ok((cluster, manifest))
+}
+
+/// How a persistent start ([`start_host_persistent`]) treats the regions its directory holds
+/// from an earlier start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RegionStart {
+    /// Uses them again when they have the config's layout (after a clean stop or a crash),
+    /// makes new ones when there are none, and refuses others
+    /// ([`DeployError::LayoutChanged`]).
+    Reattach,
+    /// Discards them and starts empty.
+    Reset,
+}
+
+/// What a persistent start began with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Started {
+    /// New regions, from the config's initial contents.
+    Fresh {
+        /// Region, journal and header files of an earlier start it removed
+        /// ([`RegionStart::Reset`]).
+        discarded: usize,
+    },
+    /// The regions an earlier start left, with their data.
+    Reattached {
+        /// Whether the server before stopped cleanly (else it crashed or was killed).
+        clean: bool,
+        /// The apps whose unfinished write batch was undone, and what was undone.
+        rolled_back: Vec<(u32, RolledBack)>,
+    },
+}
+
+/// A host started by [`start_host_persistent`]: it holds its directory until
+/// [`PersistentHost::stop`] (or until dropped, which leaves the regions marked as in use, as
+/// a crash would).
+pub struct PersistentHost {
+    /// The host's cluster.
+    pub cluster: Arc<Cluster>,
+    /// The manifest written for this start (a new epoch).
+    pub manifest: Manifest,
+    /// What the regions were at the start.
+    pub started: Started,
+    dir: ShmDir,
+    header: RegionsHeader,
+}
+
+impl std::fmt::Debug for PersistentHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PersistentHost")
+            .field("dir", &self.dir.path())
+            .field("started", &self.started)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PersistentHost {
+    /// Marks the regions stopped cleanly and removes this start's manifest and handler
+    /// objects (the next start writes its own); the regions, their journals and their header
+    /// stay for the next start. Then the directory is released.
+    pub fn stop(mut self) -> Result<(), DeployError> {
+        self.header.state = RegionsState::Stopped;
+        self.dir.write_header(&self.header)?;
+        let _ = std::fs::remove_file(self.dir.path().join(MANIFEST_FILE));
+        for a in &self.manifest.apps {
+            let _ = std::fs::remove_file(&a.object);
+        }
+        Ok(())
+    }
+}
+
+/// A check of one app's re-attached regions (its kind and parameters, and its regions in its
+/// spec's order): `Err` says what is inconsistent.
+pub type RegionsCheck<'a> =
+    &'a dyn Fn(u32, &str, &serde_json::Value, &[Arc<crate::Region>]) -> Result<(), String>;
+
+/// Starts a host whose regions outlive it, as naam-server runs one: the directory `shm_dir`
+/// locked for the process ([`DeployError::Locked`] if another server holds it); the regions
+/// an earlier start left there used again when their layout is the config's (`start`),
+/// after each app's unfinished write batch is undone ([`crate::journal`]) and `check`
+/// passes; every write batch journaled; the header ([`RegionsHeader`]) marking them in use.
+/// A start that fails removes what it made, and only that.
+pub fn start_host_persistent(
+    apps: Vec<HostApp>,
+    config: ClusterConfig,
+    shm_dir: &Path,
+    start: RegionStart,
+    check: RegionsCheck<'_>,
+) -> Result<PersistentHost, DeployError> {
+    let mut dir = ShmDir::lock(shm_dir)?;
+    let layout: Vec<String> = apps
+        .iter()
+        .map(|a| {
+            let regions: Vec<(String, u64, u32)> = a
+                .spec
+                .regions
+                .iter()
+                .map(|r| (r.name.clone(), r.contents.len() as u64, r.access))
+                .collect();
+            describe_layout(a.spec.id, &a.kind, &a.params, &regions)
+        })
+        .collect();
+    let hash = layout_hash(&layout);
+    let kinds: Vec<(u32, String, serde_json::Value)> = apps
+        .iter()
+        .map(|a| (a.spec.id, a.kind.clone(), a.params.clone()))
+        .collect();
+    let earlier = dir.region_files();
+    let (reattach, clean, discarded) = match (start, dir.header()) {
+        (RegionStart::Reset, _) => {
+            for f in &earlier {
+                std::fs::remove_file(f).map_err(file_err(f))?;
+            }
+            (false, false, earlier.len())
+        }
+        (RegionStart::Reattach, Ok(Some(h))) if h.format == REGIONS_FORMAT && h.layout == hash => {
+            (true, h.state == RegionsState::Stopped, 0)
+        }
+        (RegionStart::Reattach, Ok(Some(h))) => {
+            return Err(DeployError::LayoutChanged {
+                dir: shm_dir.to_path_buf(),
+                found: format!("format {}: {}", h.format, h.apps.join("; ")),
+                wanted: layout.join("; "),
+            })
+        }
+        (RegionStart::Reattach, Ok(None)) if !earlier.is_empty() => {
+            return Err(DeployError::LayoutChanged {
+                dir: shm_dir.to_path_buf(),
+                found: format!("{} region files and no {HEADER_FILE}", earlier.len()),
+                wanted: layout.join("; "),
+            })
+        }
+        (RegionStart::Reattach, Ok(None)) => (false, false, 0),
+        (RegionStart::Reattach, Err(e)) => return Err(e),
+    };
+    let made = Made::default();
+    let built = build_host(
+        apps,
+        config,
+        shm_dir,
+        HostRegions::SharedFiles,
+        reattach,
+        true,
+        &made,
+    );
+    for f in made.take() {
+        dir.made(f);
+    }
+    let (cluster, manifest, rolled_back) = match built {
+        Ok(b) => b,
+        Err(e) => {
+            dir.remove_made();
+            return Err(e);
+        }
+    };
+    if reattach {
+        for (id, kind, params) in &kinds {
+            let regions: Vec<_> = manifest
+                .app(*id)
+                .map(|a| {
+                    a.regions
+                        .iter()
+                        .filter_map(|r| cluster.regions().get(*id, r.rkey).cloned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if let Err(message) = check(*id, kind, params, &regions) {
+                drop(cluster);
+                dir.remove_made();
+                return Err(DeployError::Inconsistent {
+                    dir: shm_dir.to_path_buf(),
+                    app: *id,
+                    message,
+                });
+            }
+        }
+    }
+    let header = RegionsHeader {
+        format: REGIONS_FORMAT,
+        layout: hash,
+        apps: layout,
+        state: RegionsState::Serving,
+        pid: std::process::id(),
+    };
+    if let Err(e) = dir.write_header(&header) {
+        drop(cluster);
+        dir.remove_made();
+        return Err(e);
+    }
+    dir.keep_made();
+    let started = if reattach {
+        Started::Reattached { clean, rolled_back }
+    } else {
+        Started::Fresh { discarded }
+    };
+    Ok(PersistentHost {
+        cluster,
+        manifest,
+        started,
+        dir,
+        header,
+    })
+}
+
+/// Files a start made, gathered from inside the cluster's backing closures.
+#[derive(Clone, Default)]
+struct Made(Arc<std::sync::Mutex<Vec<PathBuf>>>);
+
+impl Made {
+    fn note(&self, path: PathBuf) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(path);
+    }
+    fn take(&self) -> Vec<PathBuf> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// A host's cluster, its manifest, and the apps whose unfinished batch its journals undid.
+type Built = (Arc<Cluster>, Manifest, Vec<(u32, RolledBack)>);
+
+/// The host's cluster over `shm_dir` (which exists) and its manifest there: regions made
+/// from their specs' contents, or, `reattach`, mapped from the files an earlier start made,
+/// each app's writes then under its journal there (files that outlive the process). Every
+/// file made is noted in `made`. `journaled`: each app's writes under a journal there.
+fn build_host(
+    apps: Vec<HostApp>,
+    mut config: ClusterConfig,
+    shm_dir: &Path,
+    kept: HostRegions,
+    reattach: bool,
+    journaled: bool,
+    made: &Made,
+) -> Result<Built, DeployError> {
     config.remote_nic = true;
     config.remote_clients = true;
     config.nic_executors = 0;
-    std::fs::create_dir_all(shm_dir).map_err(file_err(shm_dir))?;
     let dir = shm_dir.to_path_buf();
     let region_path = move |app: u32, name: &str| dir.join(format!("app{app}-{name}.region"));
     let rp = region_path.clone();
@@ -119,23 +406,67 @@ pub fn start_host_with(
         .iter()
         .filter_map(|a| a.credential.clone().map(|c| (a.spec.id, c)))
         .collect();
+    let made_regions = made.clone();
     let mut builder =
         Cluster::builder()
             .config(config)
             .region_backing(Box::new(move |app, r: &RegionSpec| {
                 let path = rp(app, &r.name);
                 let rkey = credentials.get(&app).map(|c| c.region_key(app, &r.name));
+                let fail = |e: crate::ShmError| ClusterError::Region {
+                    app,
+                    region: r.name.clone(),
+                    message: e.to_string(),
+                };
                 match kept {
-                    HostRegions::SharedFiles => RegionMemory::create_shared(&path, &r.contents)
-                        .map(|m| (m, rkey))
-                        .map_err(|e| ClusterError::Region {
-                            app,
-                            region: r.name.clone(),
-                            message: e.to_string(),
-                        }),
+                    HostRegions::SharedFiles if reattach => {
+                        RegionMemory::map_shared(&path, r.contents.len())
+                            .map(|m| (m, rkey))
+                            .map_err(fail)
+                    }
+                    HostRegions::SharedFiles => {
+                        let m = RegionMemory::create_shared(&path, &r.contents).map_err(fail)?;
+                        made_regions.note(path);
+                        Ok((m, rkey))
+                    }
                     HostRegions::InProcess => Ok((RegionMemory::from_bytes(&r.contents), rkey)),
                 }
             }));
+    let rolled_back = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // Regions that outlive the process (naam-server's) get journals; a test's or a
+    // benchmark's throwaway files need none.
+    if journaled {
+        let (dir, made, rolled) = (shm_dir.to_path_buf(), made.clone(), rolled_back.clone());
+        builder = builder.write_journals(Box::new(move |app, regions| {
+            let path = dir.join(format!("app{app}.journal"));
+            let fail = |message: String| ClusterError::Region {
+                app,
+                region: "(journal)".into(),
+                message: format!("{}: {message}", path.display()),
+            };
+            if reattach {
+                let mem =
+                    RegionMemory::map_shared(&path, JOURNAL_SIZE).map_err(|e| fail(e.to_string()))?;
+                let (j, undone) = WriteJournal::open(mem, regions).map_err(|e| fail(e.to_string()))?;
+                if let Some(u) = undone {
+                    tracing::warn!(
+                        "app {app}: undid write batch {} that the last server left unfinished ({} operations)",
+                        u.batch,
+                        u.entries
+                    );
+                    rolled.lock().unwrap_or_else(|e| e.into_inner()).push((app, u));
+                }
+                Ok(Some(j))
+            } else {
+                let mem = RegionMemory::create_shared(&path, &vec![0; JOURNAL_SIZE])
+                    .map_err(|e| fail(e.to_string()))?;
+                made.note(path.clone());
+                WriteJournal::create(mem, regions)
+                    .map(Some)
+                    .map_err(|e| fail(e.to_string()))
+            }
+        }));
+    }
     let mut manifest = Manifest {
         apps: Vec::new(),
         mode: super::MODE.into(),
@@ -152,6 +483,9 @@ pub fn start_host_with(
         let hash = object_hash(&a.object_bytes);
         let object_path = shm_dir.join(format!("object-{hash:016x}.o"));
         if written.insert(hash) {
+            if !object_path.exists() {
+                made.note(object_path.clone());
+            }
             std::fs::write(&object_path, &a.object_bytes).map_err(file_err(&object_path))?;
         }
         pending.push((
@@ -212,9 +546,17 @@ pub fn start_host_with(
     })?;
     // Written whole, then renamed: a NIC starting now never reads half a manifest.
     let tmp = shm_dir.join(".manifest.json.tmp");
-    std::fs::write(&tmp, json).map_err(file_err(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(file_err(&path))?;
-    Ok((cluster, manifest))
+    let written = std::fs::write(&tmp, json)
+        .map_err(file_err(&tmp))
+        .and_then(|()| std::fs::rename(&tmp, &path).map_err(file_err(&path)));
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        drop(cluster);
+        return Err(e);
+    }
+    made.note(path);
+    let rolled_back = std::mem::take(&mut *rolled_back.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok((cluster, manifest, rolled_back))
 }
 
 /// Reads the manifest a host wrote in `shm_dir`.

@@ -13,7 +13,8 @@
 //! - `naam-server`'s driver, the host executors behind the user-space switch: [`serve_host`];
 //! - `naam-nic`'s driver, the NIC executors and the one-sided agent: [`serve_nic`];
 //! - the client, a [`naam_proto::transport::Transport`]: [`UdpClient`];
-//! - deployment helpers shared by the binaries and the tests: [`start_host`], [`start_nic`];
+//! - deployment helpers shared by the binaries and the tests: [`start_host`], [`start_nic`],
+//!   and naam-server's start over regions that outlive it, [`start_host_persistent`];
 //! - SIGTERM/SIGINT as a stop flag, for draining: [`stop_flag`];
 //! - live measurements in Prometheus' format and the `--metrics` endpoint: [`Telemetry`],
 //!   [`spawn_metrics`].
@@ -25,14 +26,16 @@ mod memnet;
 mod nic;
 mod reuseport;
 mod server;
+mod shm_dir;
 mod signal;
 mod socket;
 mod telemetry;
 
 pub use client::{UdpClient, UdpConfig, UdpError};
 pub use deploy::{
-    cleanup, read_manifest, start_host, start_host_with, start_nic, start_nic_in_process,
-    DeployError, HostApp, HostRegions, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
+    cleanup, read_manifest, start_host, start_host_persistent, start_host_with, start_nic,
+    start_nic_in_process, DeployError, HostApp, HostRegions, PersistentHost, RegionStart,
+    RegionsCheck, Started, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
 };
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
 pub use nic::{
@@ -40,6 +43,7 @@ pub use nic::{
 };
 pub use reuseport::{bind_group, default_receive_loops};
 pub use server::{serve_host, serve_host_inline, serve_host_loops, InlineServer, ServerOptions};
+pub use shm_dir::{RegionsHeader, RegionsState, ShmDir, HEADER_FILE, LOCK_FILE, REGIONS_FORMAT};
 pub use signal::stop_flag;
 pub use socket::{
     datagram_for, injected_loss_from_env, parse_loss, Sender, Socket, SocketStats,

@@ -35,6 +35,11 @@ struct Args {
     /// Overrides the config's shared-memory directory.
     #[arg(long)]
     shm_dir: Option<PathBuf>,
+    /// Discards the regions an earlier start left in the shared-memory directory (their data
+    /// is lost) and starts empty. Without it, regions of the config's layout are used again,
+    /// data and all, and regions of another layout are refused.
+    #[arg(long)]
+    reset_regions: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (messages per app, handler and
     /// placement, errors by status, queue depths, steering weights, service-time histograms).
     #[arg(long, value_name = "ADDR")]
@@ -137,11 +142,21 @@ fn main() -> ExitCode {
             .find(|t| t.role.may_use(a.spec.id))
             .map(|t| t.credential.clone());
     }
-    match run(&config, apps, tenants, args.metrics, inject_loss) {
+    let start = if args.reset_regions {
+        udp::RegionStart::Reset
+    } else {
+        udp::RegionStart::Reattach
+    };
+    match run(&config, apps, tenants, args.metrics, inject_loss, start) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("naam-server: error: {e:#}");
-            ExitCode::from(1)
+            // A config the deployment cannot start from (a directory another server holds,
+            // regions of another layout, a handler that does not verify) is bad input.
+            let code = e
+                .downcast_ref::<udp::DeployError>()
+                .map_or(1, udp::DeployError::exit_code);
+            ExitCode::from(code)
         }
     }
 }
@@ -225,6 +240,7 @@ fn run(
     tenants: Vec<naam_runtime::proto::session::TenantEntry>,
     metrics: Option<std::net::SocketAddr>,
     inject_loss: Option<f64>,
+    start: udp::RegionStart,
 ) -> anyhow::Result<()> {
     let stop = udp::stop_flag();
     let mut cc = ClusterConfig::default();
@@ -238,17 +254,48 @@ fn run(
         s.inject_loss(inject_loss);
     }
     let listening = sockets[0].local_addr()?;
-    let (cluster, manifest) = udp::start_host(apps, cc, &config.shm_dir)?;
-    let switch = attach_eswitch(config, &cluster, stop);
-    let verbs = verbs_side(&cluster, &manifest);
+    // Bound before the regions exist, so that a port in use leaves nothing behind; it
+    // renders the cluster once there is one.
     let telemetry = Arc::new(naam_runtime::udp::Telemetry::default());
+    let serving: Arc<std::sync::OnceLock<Arc<naam_runtime::cluster::Cluster>>> = Arc::default();
     if let Some(addr) = metrics {
-        let (t, c) = (telemetry.clone(), cluster.clone());
-        let bound =
-            naam_runtime::udp::spawn_metrics(addr, stop, Arc::new(move || t.render("server", &c)))
-                .with_context(|| format!("--metrics {addr}"))?;
+        let (t, c) = (telemetry.clone(), serving.clone());
+        let render = move || c.get().map(|c| t.render("server", c)).unwrap_or_default();
+        let bound = naam_runtime::udp::spawn_metrics(addr, stop, Arc::new(render))
+            .with_context(|| format!("--metrics {addr}"))?;
         tracing::info!("metrics at http://{bound}/metrics");
     }
+    let host = udp::start_host_persistent(
+        apps,
+        cc,
+        &config.shm_dir,
+        start,
+        &naam_server::check_regions,
+    )?;
+    match &host.started {
+        udp::Started::Fresh { discarded: 0 } => {
+            tracing::info!("new regions in {}", config.shm_dir.display())
+        }
+        udp::Started::Fresh { discarded } => tracing::warn!(
+            "--reset-regions: discarded {discarded} files of the regions in {}; new regions",
+            config.shm_dir.display()
+        ),
+        udp::Started::Reattached { clean, rolled_back } => tracing::info!(
+            "re-attached the regions in {} ({}; {} unfinished write batch(es) undone)",
+            config.shm_dir.display(),
+            if *clean {
+                "the last server stopped cleanly"
+            } else {
+                "the last server did not stop cleanly"
+            },
+            rolled_back.len()
+        ),
+        _ => {}
+    }
+    let (cluster, manifest) = (host.cluster.clone(), host.manifest.clone());
+    let _ = serving.set(cluster.clone());
+    let switch = attach_eswitch(config, &cluster, stop);
+    let verbs = verbs_side(&cluster, &manifest);
     tracing::info!(
         "serving {} app(s) on udp://{} with {} receive loop(s) ({}); regions and manifest in {}; policy {}",
         manifest.apps.len(),
@@ -266,7 +313,11 @@ fn run(
     options.congestion_control = config.allow_congestion_control;
     options.telemetry = telemetry;
     let stats = udp::serve_host_loops(cluster, sockets, options, stop)?;
-    udp::cleanup(&config.shm_dir);
+    host.stop()?;
+    tracing::info!(
+        "regions kept in {} for the next start (--reset-regions discards them)",
+        config.shm_dir.display()
+    );
     tracing::info!(
         "stopped; {}",
         serde_json::to_string(&stats).unwrap_or_default()

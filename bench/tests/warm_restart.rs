@@ -1,0 +1,365 @@
+//! Nothing lost across naam-server's restarts, tried as an operator would, with real processes:
+//! a `kill -9` and a restart under running verifiers (MICA and the B-tree) loses no
+//! acknowledged write; a clean stop keeps the regions for the next start; a config of another
+//! layout is refused until `--reset-regions`; a second server on the same `shm_dir` is refused
+//! naming the first one's pid and deletes nothing; a start that fails leaves nothing behind.
+//! The binaries are the workspace's (`cargo build --workspace --bins`, as scripts/test.sh
+//! does first).
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_BIN_EXE_naam-bench"))
+        .parent()
+        .expect("bin dir")
+        .to_path_buf();
+    let b = dir.join(name);
+    assert!(
+        b.is_file(),
+        "no {} (run `cargo build --workspace --bins` first)",
+        b.display()
+    );
+    b
+}
+
+fn free_port() -> String {
+    let s = UdpSocket::bind("127.0.0.1:0").expect("free port");
+    s.local_addr().expect("addr").to_string()
+}
+
+/// A working directory with the tenants' keys and a config serving MICA (app 1) and a
+/// B-tree (app 2) from `shm`.
+struct Site {
+    dir: tempfile::TempDir,
+    addr: String,
+}
+
+impl Site {
+    fn new(mica_items: u64) -> Site {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let site = Site {
+            dir,
+            addr: free_port(),
+        };
+        for t in ["mica", "btree"] {
+            let out = site.run(
+                "naam-server",
+                &["keygen", "--out", &format!("keys/{t}.key")],
+            );
+            assert!(out.status.success(), "{}", text(&out.stderr));
+        }
+        site.config(mica_items);
+        site
+    }
+
+    fn config(&self, mica_items: u64) {
+        std::fs::write(
+            self.path("naam-server.toml"),
+            format!(
+                "listen = \"{}\"\nshm_dir = \"shm\"\n\n[[app]]\nkind = \"mica\"\nid = 1\n\
+                 credential = \"keys/mica.key\"\nitems = {mica_items}\nvalue_cap = 128\n\n\
+                 [[app]]\nkind = \"btree\"\nid = 2\ncredential = \"keys/btree.key\"\n\
+                 keys = 5000\n",
+                self.addr
+            ),
+        )
+        .expect("config");
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.dir.path().join(p)
+    }
+
+    fn command(&self, name: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(bin(name));
+        c.args(args).current_dir(self.dir.path());
+        c
+    }
+
+    fn run(&self, name: &str, args: &[&str]) -> Output {
+        self.command(name, args).output().expect("runs")
+    }
+
+    /// naam-server started on the config (extra `args`), its log appended to `server.log`.
+    fn start(&self, args: &[&str]) -> Server {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("server.log"))
+            .expect("log");
+        let child = self
+            .command(
+                "naam-server",
+                &[&["--config", "naam-server.toml"], args].concat(),
+            )
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("naam-server starts");
+        Server(Some(child))
+    }
+
+    /// Waits until `app`'s verifier gets an answer (the server has loaded and serves).
+    fn wait_serving(&self, server: &mut Server) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let out = self.verify("mica", 1, 1);
+            if out.status.success() {
+                return;
+            }
+            if let Some(Ok(Some(status))) = server.0.as_mut().map(Child::try_wait) {
+                panic!("naam-server exited {status}:\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "naam-server did not serve within 60 s:\n{}\n{}",
+                text(&out.stderr),
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn verify_command(&self, app: &str, seconds: u64, ops: u64) -> Command {
+        let mut c = self.command(
+            "naam-bench",
+            &[
+                "verify",
+                "--app",
+                app,
+                "--server",
+                &self.addr,
+                "--placement",
+                "host",
+                "--threads",
+                "2",
+                "--ops",
+                &ops.to_string(),
+                "--seconds",
+                &seconds.to_string(),
+                "--max-errors",
+                "1000",
+            ],
+        );
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    }
+
+    fn verify(&self, app: &str, seconds: u64, ops: u64) -> Output {
+        self.verify_command(app, seconds, ops)
+            .output()
+            .expect("verify runs")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("server.log")).unwrap_or_default()
+    }
+
+    fn shm_entries(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.path("shm"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
+
+/// A running naam-server, killed when dropped.
+struct Server(Option<Child>);
+
+impl Server {
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then its exit status.
+    fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.0.take().expect("running");
+        // SAFETY: signalling a child we started and have not reaped.
+        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+        c.wait().expect("exits")
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.as_ref().expect("running").id()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A verify run's result, asserting it lost nothing and read nothing wrong.
+fn lost_nothing(out: &Output, what: &str, log: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{what}: no result ({e}): {}\n{}\n{log}",
+            text(&out.stdout),
+            text(&out.stderr)
+        )
+    });
+    let r = &v["result"];
+    assert_eq!(
+        (r["wrong"].as_u64(), r["misses"].as_u64()),
+        (Some(0), Some(0)),
+        "{what}: {v}\n{log}"
+    );
+    assert!(r["ops"].as_u64() > Some(100), "{what}: {v}");
+    v
+}
+
+#[test]
+fn kill_9_and_restart_under_running_verifiers_lose_no_acknowledged_write() {
+    let site = Site::new(2000);
+    let mut server = site.start(&[]);
+    site.wait_serving(&mut server);
+    // Both verifiers write and read their own keys for 8 s; the server dies 2.5 s in and is
+    // back a moment later over the same regions.
+    let mica = site
+        .verify_command("mica", 8, 1_000_000)
+        .spawn()
+        .expect("verify");
+    let btree = site
+        .verify_command("btree", 8, 1_000_000)
+        .spawn()
+        .expect("verify");
+    std::thread::sleep(Duration::from_millis(2500));
+    server.kill9();
+    let mut server = site.start(&[]);
+    let (mica, btree) = (
+        mica.wait_with_output().expect("verify ends"),
+        btree.wait_with_output().expect("verify ends"),
+    );
+    let log = site.log();
+    lost_nothing(&mica, "MICA across kill -9", &log);
+    lost_nothing(&btree, "B-tree across kill -9", &log);
+    assert!(
+        log.contains("re-attached the regions") && log.contains("did not stop cleanly"),
+        "{log}"
+    );
+
+    // A clean stop keeps the regions (header marked stopped) and removes the rest; the next
+    // start takes them up again, under a verifier again.
+    let verifier = site
+        .verify_command("mica", 6, 1_000_000)
+        .spawn()
+        .expect("verify");
+    std::thread::sleep(Duration::from_millis(2000));
+    assert!(server.stop().success(), "{}", site.log());
+    let kept = site.shm_entries();
+    assert!(kept.contains(&"regions.json".to_string()), "{kept:?}");
+    assert!(
+        !kept
+            .iter()
+            .any(|f| f == "manifest.json" || f.starts_with('.')),
+        "{kept:?}"
+    );
+    let header = std::fs::read_to_string(site.path("shm/regions.json")).expect("header");
+    assert!(header.contains("\"stopped\""), "{header}");
+    let mut server = site.start(&[]);
+    lost_nothing(
+        &verifier.wait_with_output().expect("verify ends"),
+        "MICA across a clean restart",
+        &site.log(),
+    );
+    assert!(
+        site.log().contains("the last server stopped cleanly"),
+        "{}",
+        site.log()
+    );
+
+    // Another server on the same directory is refused, naming the first one, and removes
+    // nothing of it.
+    let before = site.shm_entries();
+    let other = site
+        .command(
+            "naam-server",
+            &["--config", "naam-server.toml", "--listen", &free_port()],
+        )
+        .output()
+        .expect("runs");
+    let err = text(&other.stderr);
+    assert_eq!(other.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(&format!("pid {}", server.pid())) && err.contains("shm_dir"),
+        "{err}"
+    );
+    assert_eq!(site.shm_entries(), before);
+    site.wait_serving(&mut server);
+    server.kill9();
+
+    // A config of another layout is refused, the regions left as they are, until
+    // --reset-regions discards them.
+    site.config(4000);
+    let refused = site.run("naam-server", &["--config", "naam-server.toml"]);
+    let err = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("another layout") && err.contains("--reset-regions"),
+        "{err}"
+    );
+    let mut server = site.start(&["--reset-regions"]);
+    site.wait_serving(&mut server);
+    assert!(
+        site.log().contains("--reset-regions: discarded"),
+        "{}",
+        site.log()
+    );
+}
+
+#[test]
+fn a_start_that_fails_leaves_nothing_behind() {
+    // A --metrics port in use (bound before any region is made).
+    let site = Site::new(2000);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let port = taken.local_addr().expect("addr").to_string();
+    let out = site.run(
+        "naam-server",
+        &["--config", "naam-server.toml", "--metrics", &port],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(!site.path("shm").exists(), "{:?}", site.shm_entries());
+
+    // An unknown handler in the second app: the first app's regions were made, and go.
+    std::fs::write(site.path("mica.o"), naam_mica::HANDLERS_OBJECT).expect("object");
+    std::fs::write(
+        site.path("naam-server.toml"),
+        format!(
+            "listen = \"{}\"\nshm_dir = \"shm\"\n\n[[app]]\nkind = \"mica\"\nid = 1\n\
+             credential = \"keys/mica.key\"\nitems = 2000\n\n[[app]]\nkind = \"object\"\n\
+             id = 3\nname = \"x\"\ncredential = \"keys/btree.key\"\nobject = \"mica.o\"\n\
+             handlers = [{{ name = \"no_such_handler\" }}]\n\
+             regions = [{{ name = \"r\", size = 64, access = \"r\" }}]\n",
+            site.addr
+        ),
+    )
+    .expect("config");
+    let out = site.run("naam-server", &["--config", "naam-server.toml"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no_such_handler"), "{err}");
+    assert!(!site.path("shm").exists(), "{:?}", site.shm_entries());
+
+    // A directory someone else made keeps what is theirs.
+    std::fs::create_dir(site.path("shm")).expect("dir");
+    std::fs::write(site.path("shm/notes.txt"), b"mine").expect("file");
+    let out = site.run("naam-server", &["--config", "naam-server.toml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert_eq!(site.shm_entries(), ["notes.txt"]);
+}

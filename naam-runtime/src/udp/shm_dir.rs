@@ -1,0 +1,335 @@
+//! A server's shared-memory directory as naam-server owns it: one server per directory (an
+//! advisory lock held for the process's life), a header saying which layout the regions there
+//! have and whether the last server to use them stopped cleanly, and the list of what this
+//! start created, so that a failed start removes exactly that and nothing another start made.
+
+use std::fs::File;
+use std::io::{Read as _, Write as _};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::deploy::DeployError;
+
+/// The lock file naam-server holds in its directory (its pid inside).
+pub const LOCK_FILE: &str = ".naam-server.lock";
+/// The header of the regions in a directory.
+pub const HEADER_FILE: &str = "regions.json";
+/// Layout version of [`RegionsHeader`] and of the region and journal files it describes.
+pub const REGIONS_FORMAT: u32 = 1;
+
+/// Whether the last server over a directory's regions stopped cleanly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum RegionsState {
+    /// A server is using them (or died using them: nobody holds the lock).
+    Serving,
+    /// The last server stopped cleanly.
+    Stopped,
+}
+
+/// `regions.json`: which layout the regions in the directory have.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionsHeader {
+    /// [`REGIONS_FORMAT`] of the server that made them.
+    pub format: u32,
+    /// The layout's hash ([`layout_hash`]), hex.
+    pub layout: String,
+    /// The layout in words, for the error a changed one gets.
+    pub apps: Vec<String>,
+    /// Whether their last server stopped cleanly.
+    pub state: RegionsState,
+    /// The pid of the server that wrote this.
+    pub pid: u32,
+}
+
+/// The directory, locked for this process (see the module documentation). Dropping it
+/// removes the lock file and releases the lock.
+#[derive(Debug)]
+pub struct ShmDir {
+    path: PathBuf,
+    lock: Option<File>,
+    /// Files this start made (removed if it fails), in the order made.
+    created: Vec<PathBuf>,
+    /// Whether this start made the directory itself.
+    created_dir: bool,
+}
+
+impl ShmDir {
+    /// Takes `path` for this process: made (owner only) when missing; locked, or
+    /// [`DeployError::Locked`] naming the pid of the server that holds it.
+    pub fn lock(path: &Path) -> Result<ShmDir, DeployError> {
+        let file_err = |p: &Path| {
+            let p = p.to_path_buf();
+            move |source| DeployError::File { path: p, source }
+        };
+        let created_dir = !path.exists();
+        if created_dir {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(path)
+                .map_err(file_err(path))?;
+        }
+        let mut dir = ShmDir {
+            path: path.to_path_buf(),
+            lock: None,
+            created: Vec::new(),
+            created_dir,
+        };
+        let lock_path = path.join(LOCK_FILE);
+        // A holder that stops removes the file while it holds the lock: whoever locked the
+        // old file then finds it gone and tries again on the new one.
+        for _ in 0..100 {
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&lock_path)
+                .map_err(file_err(&lock_path))?;
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                    return Err(DeployError::File {
+                        path: lock_path,
+                        source: e,
+                    });
+                }
+                let mut pid = String::new();
+                let _ = f.read_to_string(&mut pid);
+                return Err(DeployError::Locked {
+                    dir: path.to_path_buf(),
+                    pid: pid.trim().parse().ok(),
+                });
+            }
+            if !same_file(&f, &lock_path) {
+                continue;
+            }
+            f.set_len(0).map_err(file_err(&lock_path))?;
+            writeln!(f, "{}", std::process::id()).map_err(file_err(&lock_path))?;
+            dir.lock = Some(f);
+            return Ok(dir);
+        }
+        Err(DeployError::Locked {
+            dir: path.to_path_buf(),
+            pid: None,
+        })
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Notes that this start made `file` (removed should the start fail).
+    pub(crate) fn made(&mut self, file: PathBuf) {
+        if !self.created.contains(&file) {
+            self.created.push(file);
+        }
+    }
+
+    /// The header of the regions found here, if any: `Err` when it cannot be read as one.
+    pub fn header(&self) -> Result<Option<RegionsHeader>, DeployError> {
+        let path = self.path.join(HEADER_FILE);
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                serde_json::from_slice(&bytes)
+                    .map(Some)
+                    .map_err(|e| DeployError::Manifest {
+                        path,
+                        message: format!("not a regions header: {e}"),
+                    })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(DeployError::File { path, source }),
+        }
+    }
+
+    /// Writes the header (whole, then renamed into place).
+    pub fn write_header(&mut self, header: &RegionsHeader) -> Result<(), DeployError> {
+        let path = self.path.join(HEADER_FILE);
+        if !path.exists() {
+            self.made(path.clone());
+        }
+        let json = serde_json::to_vec_pretty(header).map_err(|e| DeployError::Manifest {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        let tmp = self.path.join(".regions.json.tmp");
+        std::fs::write(&tmp, json).map_err(|source| DeployError::File {
+            path: tmp.clone(),
+            source,
+        })?;
+        std::fs::rename(&tmp, &path).map_err(|source| DeployError::File { path, source })
+    }
+
+    /// The region, journal and header files of an earlier start, found here.
+    pub fn region_files(&self) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(&self.path) else {
+            return Vec::new();
+        };
+        let mut found: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name == HEADER_FILE
+                    || (name.starts_with("app")
+                        && (name.ends_with(".region") || name.ends_with(".journal")))
+            })
+            .map(|e| e.path())
+            .collect();
+        found.sort();
+        found
+    }
+
+    /// Removes what this start made, newest first, then the directory if this start made it
+    /// and nothing else is in it (a failed start leaves nothing behind).
+    pub fn remove_made(&mut self) {
+        for f in self.created.drain(..).rev() {
+            let _ = std::fs::remove_file(f);
+        }
+        if self.created_dir {
+            self.release();
+            let _ = std::fs::remove_dir(&self.path);
+        }
+    }
+
+    /// Forgets what this start made: it succeeded, and those files are the deployment's now.
+    pub(crate) fn keep_made(&mut self) {
+        self.created.clear();
+        self.created_dir = false;
+    }
+
+    /// Removes the lock file and releases the lock.
+    fn release(&mut self) {
+        if let Some(f) = self.lock.take() {
+            let _ = std::fs::remove_file(self.path.join(LOCK_FILE));
+            drop(f);
+        }
+    }
+}
+
+impl Drop for ShmDir {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Whether `f` is still the file at `path` (not removed or replaced since it was opened).
+fn same_file(f: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// The hash of a layout described by `apps` (one line per app, see [`describe_layout`]).
+pub(crate) fn layout_hash(apps: &[String]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(format!("naam regions format {REGIONS_FORMAT}\n"));
+    for a in apps {
+        h.update(a.as_bytes());
+        h.update(b"\n");
+    }
+    h.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// One line describing app `id`'s layout: its kind, its parameters and its regions' names,
+/// sizes and rights (what region files of an earlier start must match to be used again).
+pub(crate) fn describe_layout(
+    id: u32,
+    kind: &str,
+    params: &serde_json::Value,
+    regions: &[(String, u64, u32)],
+) -> String {
+    let regions: Vec<String> = regions
+        .iter()
+        .map(|(name, len, access)| format!("{name}:{len}:{access:#x}"))
+        .collect();
+    format!("app {id} {kind} {params} [{}]", regions.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_second_holder_is_refused_with_the_first_ones_pid() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("shm");
+        let first = ShmDir::lock(&dir).expect("locked");
+        match ShmDir::lock(&dir) {
+            Err(DeployError::Locked { pid, .. }) => assert_eq!(pid, Some(std::process::id())),
+            other => panic!("not refused: {other:?}"),
+        }
+        drop(first);
+        assert!(
+            !dir.join(LOCK_FILE).exists(),
+            "the lock file goes with its holder"
+        );
+        let again = ShmDir::lock(&dir).expect("free again");
+        drop(again);
+    }
+
+    #[test]
+    fn a_failed_start_removes_what_it_made_and_only_that() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("shm");
+        let mut d = ShmDir::lock(&dir).expect("locked");
+        std::fs::write(dir.join("app1-x.region"), b"x").expect("write");
+        d.made(dir.join("app1-x.region"));
+        d.remove_made();
+        drop(d);
+        assert!(!dir.exists(), "a directory it made goes too");
+        // A directory it did not make stays, with what others put there.
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("keep"), b"k").expect("write");
+        let mut d = ShmDir::lock(&dir).expect("locked");
+        std::fs::write(dir.join("app1-y.region"), b"y").expect("write");
+        d.made(dir.join("app1-y.region"));
+        d.remove_made();
+        drop(d);
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["keep"]);
+    }
+
+    #[test]
+    fn layouts_differ_by_any_size_or_right() {
+        let a = describe_layout(
+            1,
+            "mica",
+            &serde_json::json!({"buckets": 4}),
+            &[("index".into(), 64, 3)],
+        );
+        let b = describe_layout(
+            1,
+            "mica",
+            &serde_json::json!({"buckets": 4}),
+            &[("index".into(), 72, 3)],
+        );
+        let c = describe_layout(
+            1,
+            "mica",
+            &serde_json::json!({"buckets": 8}),
+            &[("index".into(), 64, 3)],
+        );
+        let h = |l: &str| layout_hash(&[l.to_string()]);
+        assert_ne!(h(&a), h(&b));
+        assert_ne!(h(&a), h(&c));
+        assert_eq!(h(&a), h(&a.clone()));
+    }
+}
