@@ -363,3 +363,87 @@ fn a_start_that_fails_leaves_nothing_behind() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert_eq!(site.shm_entries(), ["notes.txt"]);
 }
+
+/// MICA's client for `site`'s server, pinned at the host.
+fn mica_client(site: &Site) -> naam_mica::MicaClient<naam_runtime::udp::UdpClient> {
+    naam_bench::udp_client::set_dir(site.path("keys"));
+    let addr = site.addr.parse().expect("address");
+    let setup = naam_bench::driver::UdpSetup::new(
+        naam_bench::driver::App::Mica,
+        addr,
+        Some(naam_runtime::proto::Placement::Host),
+    )
+    .expect("the server answers");
+    naam_mica::MicaClient::new(
+        setup.connect().expect("a session"),
+        setup.mica().expect("MICA"),
+    )
+}
+
+#[test]
+fn a_snapshot_of_a_stopped_server_starts_another_with_the_same_data() {
+    let site = Site::new(2000);
+    let mut server = site.start(&[]);
+    site.wait_serving(&mut server);
+    let mut m = mica_client(&site);
+    for i in 0..200u32 {
+        m.put(format!("key{i}").as_bytes(), &i.to_le_bytes().repeat(8))
+            .expect("put");
+    }
+    drop(m);
+    // Not while the server runs over the directory.
+    let busy = site.run(
+        "naam-server",
+        &["snapshot", "--config", "naam-server.toml", "--out", "busy"],
+    );
+    assert_eq!(busy.status.code(), Some(2), "{}", text(&busy.stderr));
+    assert!(text(&busy.stderr).contains("in use by another naam-server"));
+    assert!(server.stop().success(), "{}", site.log());
+    let snap = site.path("snap");
+    let taken = site.run(
+        "naam-server",
+        &["snapshot", "--config", "naam-server.toml", "--out"],
+    );
+    assert_eq!(taken.status.code(), Some(2), "--out is required");
+    let taken = site
+        .command(
+            "naam-server",
+            &["snapshot", "--config", "naam-server.toml", "--out"],
+        )
+        .arg(&snap)
+        .output()
+        .expect("runs");
+    assert!(taken.status.success(), "{}", text(&taken.stderr));
+
+    // Another site (its own directory and port, the same config otherwise) starts from it.
+    let other = Site::new(2000);
+    for t in ["mica", "btree"] {
+        std::fs::copy(
+            site.path(&format!("keys/{t}.key")),
+            other.path(&format!("keys/{t}.key")),
+        )
+        .expect("the tenants' keys travel with their data");
+    }
+    let from = snap.to_string_lossy().into_owned();
+    let mut moved = other.start(&["--from-snapshot", &from]);
+    other.wait_serving(&mut moved);
+    assert!(
+        other.log().contains("re-attached the regions"),
+        "{}",
+        other.log()
+    );
+    let mut m = mica_client(&other);
+    for i in 0..200u32 {
+        let got = m.get(format!("key{i}").as_bytes()).expect("get");
+        assert_eq!(got, Some(i.to_le_bytes().repeat(8)), "key{i}");
+    }
+    drop(m);
+    moved.kill9();
+    // Not over regions that are there already.
+    let again = other.run(
+        "naam-server",
+        &["--config", "naam-server.toml", "--from-snapshot", &from],
+    );
+    assert_eq!(again.status.code(), Some(2), "{}", text(&again.stderr));
+    assert!(text(&again.stderr).contains("holds regions already"));
+}

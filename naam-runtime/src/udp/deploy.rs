@@ -73,6 +73,14 @@ pub enum DeployError {
         /// What the check found.
         message: String,
     },
+    /// A snapshot could not be taken or restored.
+    #[error("{}: {message}", path.display())]
+    Snapshot {
+        /// The directory at fault.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The manifest is not valid.
     #[error("{path}: invalid manifest: {message}")]
     Manifest {
@@ -93,7 +101,8 @@ impl DeployError {
         match self {
             DeployError::Locked { .. }
             | DeployError::LayoutChanged { .. }
-            | DeployError::Inconsistent { .. } => 2,
+            | DeployError::Inconsistent { .. }
+            | DeployError::Snapshot { .. } => 2,
             DeployError::Cluster(
                 ClusterError::Registry(_) | ClusterError::Config(_) | ClusterError::UnknownApp(_),
             ) => 2,
@@ -166,7 +175,7 @@ pub fn start_host_with(
 
 /// How a persistent start ([`start_host_persistent`]) treats the regions its directory holds
 /// from an earlier start.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RegionStart {
     /// Uses them again when they have the config's layout (after a clean stop or a crash),
@@ -175,6 +184,24 @@ pub enum RegionStart {
     Reattach,
     /// Discards them and starts empty.
     Reset,
+    /// Copies in the regions of a snapshot ([`snapshot`]) into a directory that holds none,
+    /// then uses them as [`RegionStart::Reattach`] would.
+    FromSnapshot(PathBuf),
+}
+
+/// Copies the regions a stopped server left in `shm_dir` (files, journals and header) into
+/// the new directory `out`, for a server on another machine to start from
+/// ([`RegionStart::FromSnapshot`]): taken under the directory's lock, so never while a server
+/// runs over it ([`DeployError::Locked`]). Returns the files copied.
+pub fn snapshot(shm_dir: &Path, out: &Path) -> Result<usize, DeployError> {
+    if !shm_dir.is_dir() {
+        return Err(DeployError::Snapshot {
+            path: shm_dir.to_path_buf(),
+            message: "no such directory: no regions to snapshot".into(),
+        });
+    }
+    let dir = ShmDir::lock(shm_dir)?;
+    dir.snapshot_to(out)
 }
 
 /// What a persistent start began with.
@@ -253,6 +280,12 @@ pub fn start_host_persistent(
     check: RegionsCheck<'_>,
 ) -> Result<PersistentHost, DeployError> {
     let mut dir = ShmDir::lock(shm_dir)?;
+    if let RegionStart::FromSnapshot(from) = &start {
+        if let Err(e) = dir.restore_from(from) {
+            dir.remove_made();
+            return Err(e);
+        }
+    }
     let layout: Vec<String> = apps
         .iter()
         .map(|a| {
@@ -271,32 +304,34 @@ pub fn start_host_persistent(
         .map(|a| (a.spec.id, a.kind.clone(), a.params.clone()))
         .collect();
     let earlier = dir.region_files();
-    let (reattach, clean, discarded) = match (start, dir.header()) {
-        (RegionStart::Reset, _) => {
-            for f in &earlier {
-                std::fs::remove_file(f).map_err(file_err(f))?;
-            }
-            (false, false, earlier.len())
+    let decided = match (&start, dir.header()) {
+        (RegionStart::Reset, _) => earlier
+            .iter()
+            .try_for_each(|f| std::fs::remove_file(f).map_err(file_err(f)))
+            .map(|()| (false, false, earlier.len())),
+        (_, Ok(Some(h))) if h.format == REGIONS_FORMAT && h.layout == hash => {
+            Ok((true, h.state == RegionsState::Stopped, 0))
         }
-        (RegionStart::Reattach, Ok(Some(h))) if h.format == REGIONS_FORMAT && h.layout == hash => {
-            (true, h.state == RegionsState::Stopped, 0)
+        (_, Ok(Some(h))) => Err(DeployError::LayoutChanged {
+            dir: shm_dir.to_path_buf(),
+            found: format!("format {}: {}", h.format, h.apps.join("; ")),
+            wanted: layout.join("; "),
+        }),
+        (_, Ok(None)) if !earlier.is_empty() => Err(DeployError::LayoutChanged {
+            dir: shm_dir.to_path_buf(),
+            found: format!("{} region files and no {HEADER_FILE}", earlier.len()),
+            wanted: layout.join("; "),
+        }),
+        (_, Ok(None)) => Ok((false, false, 0)),
+        (_, Err(e)) => Err(e),
+    };
+    // A snapshot copied in and refused goes again.
+    let (reattach, clean, discarded) = match decided {
+        Ok(d) => d,
+        Err(e) => {
+            dir.remove_made();
+            return Err(e);
         }
-        (RegionStart::Reattach, Ok(Some(h))) => {
-            return Err(DeployError::LayoutChanged {
-                dir: shm_dir.to_path_buf(),
-                found: format!("format {}: {}", h.format, h.apps.join("; ")),
-                wanted: layout.join("; "),
-            })
-        }
-        (RegionStart::Reattach, Ok(None)) if !earlier.is_empty() => {
-            return Err(DeployError::LayoutChanged {
-                dir: shm_dir.to_path_buf(),
-                found: format!("{} region files and no {HEADER_FILE}", earlier.len()),
-                wanted: layout.join("; "),
-            })
-        }
-        (RegionStart::Reattach, Ok(None)) => (false, false, 0),
-        (RegionStart::Reattach, Err(e)) => return Err(e),
     };
     let made = Made::default();
     let built = build_host(

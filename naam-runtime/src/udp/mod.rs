@@ -33,9 +33,9 @@ mod telemetry;
 
 pub use client::{UdpClient, UdpConfig, UdpError};
 pub use deploy::{
-    cleanup, read_manifest, start_host, start_host_persistent, start_host_with, start_nic,
-    start_nic_in_process, DeployError, HostApp, HostRegions, PersistentHost, RegionStart,
-    RegionsCheck, Started, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
+    cleanup, read_manifest, snapshot, start_host, start_host_persistent, start_host_with,
+    start_nic, start_nic_in_process, DeployError, HostApp, HostRegions, PersistentHost,
+    RegionStart, RegionsCheck, Started, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
 };
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
 pub use nic::{

@@ -187,6 +187,67 @@ impl ShmDir {
         found
     }
 
+    /// Copies the regions here (their files, journals and header, as they are) into the new
+    /// directory `out`, for a server elsewhere to start from ([`ShmDir::restore_from`]). The
+    /// caller holds this directory's lock, so no server writes them meanwhile. Returns the
+    /// files copied.
+    pub fn snapshot_to(&self, out: &Path) -> Result<usize, DeployError> {
+        let files = self.region_files();
+        if !files.iter().any(|f| f.ends_with(HEADER_FILE)) {
+            return Err(DeployError::Snapshot {
+                path: self.path.clone(),
+                message: "holds no regions to snapshot".into(),
+            });
+        }
+        if out.exists() {
+            return Err(DeployError::Snapshot {
+                path: out.to_path_buf(),
+                message: "exists already: a snapshot goes into a new directory".into(),
+            });
+        }
+        std::fs::create_dir_all(out).map_err(|source| DeployError::File {
+            path: out.to_path_buf(),
+            source,
+        })?;
+        for f in &files {
+            let to = out.join(f.file_name().unwrap_or_default());
+            std::fs::copy(f, &to).map_err(|source| DeployError::File { path: to, source })?;
+        }
+        Ok(files.len())
+    }
+
+    /// Copies a snapshot's regions ([`ShmDir::snapshot_to`]) here, where there must be none
+    /// (discard them first); a start then takes them up as its own. Returns the files copied.
+    pub fn restore_from(&mut self, snapshot: &Path) -> Result<usize, DeployError> {
+        if !self.region_files().is_empty() {
+            return Err(DeployError::Snapshot {
+                path: self.path.clone(),
+                message: "holds regions already: start with --reset-regions to discard them, \
+                          or restore into another shm_dir"
+                    .into(),
+            });
+        }
+        let from = ShmDir {
+            path: snapshot.to_path_buf(),
+            lock: None,
+            created: Vec::new(),
+            created_dir: false,
+        };
+        let files = from.region_files();
+        if !files.iter().any(|f| f.ends_with(HEADER_FILE)) {
+            return Err(DeployError::Snapshot {
+                path: snapshot.to_path_buf(),
+                message: format!("is not a snapshot: no {HEADER_FILE}"),
+            });
+        }
+        for f in &files {
+            let to = self.path.join(f.file_name().unwrap_or_default());
+            self.made(to.clone());
+            std::fs::copy(f, &to).map_err(|source| DeployError::File { path: to, source })?;
+        }
+        Ok(files.len())
+    }
+
     /// Removes what this start made, newest first, then the directory if this start made it
     /// and nothing else is in it (a failed start leaves nothing behind).
     pub fn remove_made(&mut self) {
@@ -305,6 +366,44 @@ mod tests {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(left, ["keep"]);
+    }
+
+    #[test]
+    fn a_snapshot_goes_to_a_new_directory_and_back_into_an_empty_one() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let mut d = ShmDir::lock(&base.path().join("a")).expect("locked");
+        assert!(
+            d.snapshot_to(&base.path().join("none")).is_err(),
+            "nothing to copy"
+        );
+        d.write_header(&RegionsHeader {
+            format: REGIONS_FORMAT,
+            layout: "x".into(),
+            apps: Vec::new(),
+            state: RegionsState::Stopped,
+            pid: 1,
+        })
+        .expect("header");
+        std::fs::write(base.path().join("a/app1-r.region"), b"data").expect("region");
+        std::fs::write(base.path().join("a/manifest.json"), b"{}").expect("manifest");
+        let snap = base.path().join("snap");
+        assert_eq!(d.snapshot_to(&snap).expect("copied"), 2);
+        assert!(
+            d.snapshot_to(&snap).is_err(),
+            "never into an existing directory"
+        );
+        assert!(!snap.join("manifest.json").exists(), "regions only");
+        assert!(d.restore_from(&snap).is_err(), "not over regions");
+        let mut b = ShmDir::lock(&base.path().join("b")).expect("locked");
+        assert_eq!(b.restore_from(&snap).expect("restored"), 2);
+        assert_eq!(
+            std::fs::read(base.path().join("b/app1-r.region")).expect("copied"),
+            b"data"
+        );
+        assert!(
+            b.restore_from(&base.path().join("a")).is_err(),
+            "b has regions now"
+        );
     }
 
     #[test]

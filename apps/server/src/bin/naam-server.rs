@@ -38,8 +38,12 @@ struct Args {
     /// Discards the regions an earlier start left in the shared-memory directory (their data
     /// is lost) and starts empty. Without it, regions of the config's layout are used again,
     /// data and all, and regions of another layout are refused.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from_snapshot")]
     reset_regions: bool,
+    /// Starts from the regions of a snapshot (`naam-server snapshot`), copied into the
+    /// shared-memory directory, which must hold none; their layout must be the config's.
+    #[arg(long, value_name = "DIR")]
+    from_snapshot: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (messages per app, handler and
     /// placement, errors by status, queue depths, steering weights, service-time histograms).
     #[arg(long, value_name = "ADDR")]
@@ -50,6 +54,21 @@ struct Args {
 
 #[derive(clap::Subcommand)]
 enum Command {
+    /// Copies the regions a stopped naam-server left in the config's shared-memory directory
+    /// (data, journals and header) into the new directory OUT, for a server elsewhere to start
+    /// from (`naam-server --config FILE --from-snapshot OUT`). Refused while a server runs
+    /// over the directory.
+    Snapshot {
+        /// The config file whose `shm_dir` holds the regions.
+        #[arg(long)]
+        config: PathBuf,
+        /// Overrides the config's shared-memory directory.
+        #[arg(long)]
+        shm_dir: Option<PathBuf>,
+        /// Where the snapshot goes (a new directory).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Writes a new random credential to FILE (mode 0600; an existing file is never replaced).
     Keygen {
         /// Where to write it.
@@ -88,6 +107,35 @@ fn main() -> ExitCode {
             Err(e) => {
                 eprintln!("naam-server: error: {e}");
                 ExitCode::from(2)
+            }
+        };
+    }
+    if let Some(Command::Snapshot {
+        config,
+        shm_dir,
+        out,
+    }) = &args.command
+    {
+        let dir = match (shm_dir, Config::load(config)) {
+            (Some(d), _) => d.clone(),
+            (None, Ok(c)) => c.shm_dir,
+            (None, Err(e)) => {
+                eprintln!("naam-server: error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        return match udp::snapshot(&dir, out) {
+            Ok(n) => {
+                eprintln!(
+                    "naam-server: copied {n} files of the regions in {} to {}",
+                    dir.display(),
+                    out.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("naam-server: error: {e}");
+                ExitCode::from(e.exit_code())
             }
         };
     }
@@ -142,10 +190,10 @@ fn main() -> ExitCode {
             .find(|t| t.role.may_use(a.spec.id))
             .map(|t| t.credential.clone());
     }
-    let start = if args.reset_regions {
-        udp::RegionStart::Reset
-    } else {
-        udp::RegionStart::Reattach
+    let start = match (&args.from_snapshot, args.reset_regions) {
+        (Some(from), _) => udp::RegionStart::FromSnapshot(from.clone()),
+        (None, true) => udp::RegionStart::Reset,
+        (None, false) => udp::RegionStart::Reattach,
     };
     match run(&config, apps, tenants, args.metrics, inject_loss, start) {
         Ok(()) => ExitCode::SUCCESS,
