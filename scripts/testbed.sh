@@ -122,9 +122,12 @@ start_nic() {
     say "naam-nic up on $NIC_ADDR (pid $(cat "$STATE/nic.pid"))"
 }
 
+# Extra arguments go to naam-server: `up` starts a fresh testbed with --reset-regions (its
+# config may size the apps anew); `start-server` after a kill takes up the regions the last
+# server left, data and all.
 start_server() {
     not_running "$STATE/server.pid" naam-server
-    ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" \
+    ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" "$@" \
         >"$STATE/server.log" 2>&1 &
     echo $! >"$STATE/server.pid"
     wait_for "$STATE/server.log" "serving" 600 "$STATE/server.pid" || {
@@ -178,7 +181,7 @@ keys = ${NAAM_BTREE_KEYS:-200000}
 $( [ "${NAAM_SCALE_APPS:-0}" = 0 ] || printf '\n[[app]]\nkind = "mica"\nid = 1000\ncredential = "keys/mica.key"\nitems = 32\nkey_cap = 8\nvalue_cap = 8\ninstances = %s\n' "$NAAM_SCALE_APPS" )
 CONF
     [ -z "${NAAM_INJECT_LOSS:-}" ] || say "injecting ${NAAM_INJECT_LOSS} datagram loss in every socket"
-    start_server
+    start_server --reset-regions
     start_nic
     trap - ERR
     say "up: client namespace $CLI_NS ($CLI_IP), server namespace $SRV_NS ($SRV_IP); MTU 9000"
