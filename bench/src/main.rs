@@ -37,7 +37,7 @@ enum Cmd {
     /// optionally pins the NIC share of every read handler in the eSwitch's map.
     Switch {
         /// naam-server's address.
-        #[arg(long)]
+        #[arg(value_parser = naam_runtime::addr::parse, long)]
         server: std::net::SocketAddr,
         /// Pin the NIC share, per mille (0..=1000).
         #[arg(long)]
@@ -54,7 +54,7 @@ enum Cmd {
         #[arg(long, default_value = "mica")]
         app: App,
         /// naam-server's address.
-        #[arg(long)]
+        #[arg(value_parser = naam_runtime::addr::parse, long)]
         server: std::net::SocketAddr,
         /// Where reads run: auto, host, nic or client.
         #[arg(long, default_value = "auto")]
@@ -99,7 +99,7 @@ enum Cmd {
         memcached_threads: usize,
         /// Also run NAAM over UDP against naam-server at this address (its config must serve a
         /// MICA app sized for the records).
-        #[arg(long)]
+        #[arg(value_parser = naam_runtime::addr::parse, long)]
         server: Option<std::net::SocketAddr>,
         /// Random seed for key and operation draws, shared by the NAAM and memcached runs.
         #[arg(long, default_value_t = 42)]
@@ -138,7 +138,7 @@ enum Cmd {
         #[arg(long, default_value = "inproc")]
         fabric: String,
         /// naam-server's address (with --fabric udp).
-        #[arg(long)]
+        #[arg(value_parser = naam_runtime::addr::parse, long)]
         server: Option<std::net::SocketAddr>,
         /// Rounds (auth-cost: each runs both modes once, in alternating order).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]

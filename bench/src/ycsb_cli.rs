@@ -66,7 +66,7 @@ pub struct YcsbArgs {
     #[arg(long, default_value = "inproc")]
     pub fabric: String,
     /// naam-server's address (with --fabric udp or rdma).
-    #[arg(long)]
+    #[arg(value_parser = naam_runtime::addr::parse, long)]
     pub server: Option<std::net::SocketAddr>,
     /// Host executor threads (in-process cluster).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]

@@ -254,17 +254,9 @@ pub fn run_local(m: LocalMessage<'_>) -> Result<(Reply, Vec<InstalledRegion>), I
     Ok((reply, rkeys))
 }
 
-/// A status as people read it (`ok`, `handler-error`).
+/// A status as people read it (`ok`, `handler-error`): [`Status::name`].
 pub fn status_name(s: Status) -> String {
-    let debug = format!("{s:?}");
-    let mut out = String::new();
-    for (i, c) in debug.chars().enumerate() {
-        if c.is_ascii_uppercase() && i > 0 {
-            out.push('-');
-        }
-        out.push(c.to_ascii_lowercase());
-    }
-    out
+    s.name().to_string()
 }
 
 /// The JSON a command prints for a reply: status and code by name, where it ran, its steps

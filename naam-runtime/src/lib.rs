@@ -9,6 +9,7 @@
 //! [`vm`]. Users need one dependency; each item has one path.
 #![deny(missing_docs)]
 
+pub mod addr;
 mod clock;
 pub mod cluster;
 pub mod executor;

@@ -43,6 +43,7 @@ fn call_runs_a_message_on_a_deployment() {
         args.extend_from_slice(extra);
         naam(&args)
     };
+    let too_long = "00".repeat(20_000);
     // add(5, 7) on the host, then pinned to the NIC.
     let five_seven = "05000000000000000700000000000000";
     let (code, out, err) = call(&["--handler", "add", "--args-hex", five_seven]);
@@ -93,6 +94,11 @@ fn call_runs_a_message_on_a_deployment() {
             &["--handler", "add", "--placement", "moon"],
             "--placement moon",
         ),
+        // Arguments past the wire's limit (20,000 bytes).
+        (
+            &["--handler", "add", "--args-hex", &too_long],
+            "args length",
+        ),
     ] {
         let (code, _, err) = call(extra);
         assert_eq!(code, 2, "{extra:?}: {err}");
@@ -127,6 +133,38 @@ fn call_runs_a_message_on_a_deployment() {
     ]);
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("/nonexistent.key"), "{err}");
+    // An app with no key file here: the app is named, and how to name another tenant.
+    let (code, _, err) = naam(&[
+        "call",
+        "--server",
+        &server,
+        "--app",
+        "nosuchapp",
+        "--handler",
+        "add",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("app `nosuchapp`") && err.contains("--tenant"),
+        "{err}"
+    );
+    // A host name where an address goes.
+    let by_name = format!("localhost:{}", d.server().port());
+    let (code, out, err) = naam(&[
+        "call",
+        "--server",
+        &by_name,
+        "--app",
+        "a",
+        "--key",
+        key.to_str().unwrap(),
+        "--handler",
+        "add",
+        "--args-hex",
+        five_seven,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(serde_json::from_str::<Value>(&out).unwrap()["status"], "ok");
 }
 
 #[test]

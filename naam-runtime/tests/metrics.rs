@@ -73,7 +73,7 @@ fn server_and_nic_metrics_can_be_scraped_while_serving() {
         counted(sample(&server, host_adds), 20.0, resent[0]),
         "resent {resent:?}: {server}"
     );
-    let host_errors = "naam_messages_total{role=\"server\",app=\"a\",handler=\"bsearch\",placement=\"host\",status=\"handler_error\"}";
+    let host_errors = "naam_messages_total{role=\"server\",app=\"a\",handler=\"bsearch\",placement=\"host\",status=\"handler-error\"}";
     assert!(
         counted(sample(&server, host_errors), 1.0, resent[0]),
         "resent {resent:?}: {server}"

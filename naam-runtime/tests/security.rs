@@ -303,6 +303,37 @@ fn the_nic_reflects_nothing_and_cannot_be_impersonated(d: &mut Deployment) {
     assert!(victim.recv(Duration::from_millis(10)).unwrap().is_empty());
 }
 
+/// A stranger's sealed datagram for a session the server does not know gets the same answer
+/// (a "no such session" notice of the same size) whether it carries a tenant's real tag or a
+/// random one: the answer confirms no guess. Only the tenant's own credential proves the
+/// notice.
+fn a_guessed_tenant_tag_gets_the_answer_a_random_one_gets(d: &mut Deployment) {
+    use naam_proto::session::{Sender, SessionKey};
+    let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
+    let mut answer = |tag: u32, session: u64| {
+        let forged = SessionKey::new(session, tag, [7; 32]).seal(Sender::Client, 1, &[0; 64]);
+        s.send(d.server(), 1, &forged).unwrap();
+        let got = s.recv(ANSWER_WAIT).unwrap();
+        assert_eq!(got.len(), 1, "one answer for tag {tag:#x}");
+        let m = got[0].1.clone();
+        match Control::decode(&m).unwrap().1 {
+            Control::Stale {
+                session: at, token, ..
+            } => {
+                assert_eq!(at, session);
+                (m.len(), token)
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    let real = key_a().tag();
+    let (guessed_len, guessed_token) = answer(real, 0x5151_0001);
+    let (random_len, random_token) = answer(real ^ 0x00c0_ffee, 0x5151_0002);
+    assert_eq!(guessed_len, random_len);
+    assert_eq!(guessed_token, key_a().reset_token(0x5151_0001));
+    assert_ne!(random_token, key_a().reset_token(0x5151_0002));
+}
+
 fn answers_to_unproven_peers_stay_within_the_amplification_limit(d: &mut Deployment) {
     let mut s = Socket::bind("127.0.0.1:0".parse().unwrap(), 1472).unwrap();
     let hello = |pad: usize| {
@@ -538,6 +569,7 @@ on_threads_and_as_processes!(
     guessed_request_ids_poison_no_one_elses_writes,
     the_nic_reflects_nothing_and_cannot_be_impersonated,
     answers_to_unproven_peers_stay_within_the_amplification_limit,
+    a_guessed_tenant_tag_gets_the_answer_a_random_one_gets,
     a_server_restart_recovers_by_itself_within_five_seconds,
     load_reports_are_range_checked_and_move_only_the_reporters_choices,
 );

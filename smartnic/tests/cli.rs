@@ -110,3 +110,76 @@ fn receive_loops_out_of_range_are_usage_errors() {
         assert!(err.contains("--receive-loops"), "{bad}: {err}");
     }
 }
+
+/// A pairing secret the server refuses every time: naam-nic stops after a bounded number of
+/// refusals and names the config key to check (exit 2), instead of retrying for ever.
+#[test]
+fn a_pairing_secret_the_server_refuses_stops_naam_nic_naming_nic_pairing() {
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for k in ["mica", "nic", "wrong"] {
+        naam_runtime::proto::session::Credential::generate()
+            .unwrap()
+            .write_new(&d.join(format!("{k}.key")))
+            .unwrap();
+    }
+    let addr = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    std::fs::write(
+        d.join("s.toml"),
+        format!(
+            "listen = \"{addr}\"\nshm_dir = \"shm\"\nnic_pairing = \"nic.key\"\n\
+             [[app]]\nkind = \"mica\"\nid = 1\ncredential = \"mica.key\"\nitems = 100\n"
+        ),
+    )
+    .unwrap();
+    let server_bin =
+        std::path::Path::new(env!("CARGO_BIN_EXE_naam-nic")).with_file_name("naam-server");
+    if !server_bin.is_file() {
+        eprintln!("skipped: no naam-server beside naam-nic (cargo build --workspace --bins)");
+        return;
+    }
+    let mut server = Command::new(server_bin)
+        .args(["--config", "s.toml"])
+        .current_dir(d)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for the manifest: the server has started.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !d.join("shm/manifest.json").exists() {
+        assert!(Instant::now() < deadline, "naam-server did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_naam-nic"))
+        .args([
+            "run",
+            "--server",
+            &addr.to_string(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--shm-dir")
+        .arg(d.join("shm"))
+        .arg("--pairing")
+        .arg(d.join("wrong.key"))
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("nic_pairing") && err.contains("refused pairing"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+}

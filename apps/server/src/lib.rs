@@ -27,9 +27,11 @@ pub mod eswitch;
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// Address to listen on (`10.77.0.1:7000`).
+    /// Address to listen on (`10.77.0.1:7000`, or a host name and port, resolved at start).
+    #[serde(deserialize_with = "naam_runtime::addr::deserialize")]
     pub listen: SocketAddr,
-    /// Directory for shared-memory regions and the manifest (default `/dev/shm/naam`).
+    /// Directory for shared-memory regions and the manifest (default `/dev/shm/naam`;
+    /// relative to the config file).
     #[serde(default = "default_shm")]
     pub shm_dir: PathBuf,
     /// Host executor threads (they run what the receive loops queue: writes at their owner's
@@ -310,9 +312,18 @@ pub enum ConfigError {
     /// Not valid TOML for this schema.
     #[error("{0}: {1}")]
     Parse(PathBuf, String),
-    /// Valid TOML, invalid meaning.
-    #[error("{0}: {1}")]
+    /// Valid TOML, invalid meaning: the file (empty when the caller names it) and why.
+    #[error("{prefix}{message}", prefix = path_prefix(.0), message = .1)]
     Invalid(PathBuf, String),
+}
+
+/// `path: `, or nothing for an empty path (an error its caller prefixes with the file).
+fn path_prefix(path: &Path) -> String {
+    if path.as_os_str().is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", path.display())
+    }
 }
 
 impl Config {
@@ -330,8 +341,8 @@ impl Config {
             .unwrap_or_else(|| naam_runtime::udp::datagram_for(self.listen))
     }
 
-    /// Reads and checks `path`; credential, object and region file paths are relative to its
-    /// directory.
+    /// Reads and checks `path`; credential, object and region file paths and `shm_dir` are
+    /// relative to its directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
         let mut c = Self::parse(&text).map_err(|e| match e {
@@ -367,6 +378,7 @@ impl Config {
         }
         c.nic_pairing.iter_mut().for_each(fix);
         c.operator_credential.iter_mut().for_each(fix);
+        fix(&mut c.shm_dir);
         Ok(c)
     }
 
@@ -748,6 +760,20 @@ impl AppConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listen_host_name_is_resolved_and_credential_errors_name_no_empty_field() {
+        let c = Config::parse(
+            "listen = \"localhost:7000\"\n[[app]]\nkind = \"mica\"\nid = 1\nitems = 10\n\
+             credential = \"/nonexistent/k.key\"\n",
+        )
+        .expect("a host name where an address goes");
+        assert!(c.listen.ip().is_loopback() && c.listen.port() == 7000);
+        let e = c.tenants().expect_err("no such credential").to_string();
+        assert!(e.starts_with("credential file /nonexistent/k.key"), "{e}");
+        let bad = Config::parse("listen = \"nowhere\"\n").expect_err("not HOST:PORT");
+        assert!(bad.to_string().contains("HOST:PORT"), "{bad}");
+    }
 
     #[test]
     fn object_regions_start_with_their_files_relative_to_the_config() {

@@ -78,3 +78,7 @@ pub const NIC_IDLE_REPORT: crate::Nanos = 20_000_000;
 /// How long a NIC may stay silent before the server takes it out of the weights: three
 /// heartbeats, nanoseconds.
 pub const NIC_SILENCE: crate::Nanos = 3 * NIC_IDLE_REPORT;
+
+/// Refusals of pairing in a row after which naam-nic stops (exit 2): the server answered each
+/// attempt, so it is there, and refused the secret every time (about a second of retries).
+pub const NIC_PAIRING_REFUSALS: u32 = 10;

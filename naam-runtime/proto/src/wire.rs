@@ -603,6 +603,32 @@ pub enum Status {
 }
 
 impl Status {
+    /// The status's name wherever people or tools read it (JSON, metrics' `status` label,
+    /// logs): kebab-case, `ok`, `handler-error`, as JSON serializes it.
+    pub fn name(self) -> &'static str {
+        use Status::*;
+        match self {
+            Ok => "ok",
+            HandlerError => "handler-error",
+            UnknownApp => "unknown-app",
+            UnknownHandler => "unknown-handler",
+            BadKey => "bad-key",
+            OutOfRange => "out-of-range",
+            AccessDenied => "access-denied",
+            Malformed => "malformed",
+            Busy => "busy",
+            HopLimit => "hop-limit",
+            Aborted => "aborted",
+            Fault => "fault",
+            NotOwner => "not-owner",
+            PlacementRefused => "placement-refused",
+            Refused => "refused",
+            Unavailable => "unavailable",
+            Conflict => "conflict",
+            NoSession => "no-session",
+        }
+    }
+
     /// From the wire value.
     pub fn from_u16(v: u16) -> Option<Status> {
         use Status::*;
@@ -812,6 +838,22 @@ pub const REQUEST_SEQ_BITS: u32 = 40;
 /// client, which is what write deduplication and reply matching key on.
 pub fn request_id(client: u32, seq: u64) -> u64 {
     ((client as u64) << REQUEST_SEQ_BITS) | (seq & ((1 << REQUEST_SEQ_BITS) - 1))
+}
+
+#[cfg(test)]
+mod status_names {
+    use super::Status;
+
+    #[test]
+    fn every_status_is_named_as_json_names_it() {
+        for v in 0..=u16::MAX {
+            let Some(s) = Status::from_u16(v) else {
+                continue;
+            };
+            let json = serde_json::to_string(&s).expect("serializes");
+            assert_eq!(json, format!("\"{}\"", s.name()), "{s:?}");
+        }
+    }
 }
 
 #[cfg(test)]

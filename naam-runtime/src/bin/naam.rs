@@ -127,7 +127,7 @@ enum Cmd {
 #[derive(clap::Args)]
 struct CallArgs {
     /// naam-server's address.
-    #[arg(long)]
+    #[arg(value_parser = naam_runtime::addr::parse, long)]
     server: std::net::SocketAddr,
     /// The app, by name (or id).
     #[arg(long)]
@@ -430,11 +430,18 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
         .key
         .clone()
         .unwrap_or_else(|| PathBuf::from("keys").join(format!("{tenant}.key")));
+    // Arguments past the wire's limit are bad input, refused before any work.
+    if let Err(e) = naam_proto::wire::Request::check_call(&args, &[]) {
+        return usage(format!("--args: {e}"));
+    }
     let credential = match naam_proto::session::Credential::load(&key_path) {
         Ok(c) => c,
         Err(e) => {
             return usage(format!(
-                "{e} (the tenant's credential: --key FILE, default keys/<tenant>.key)"
+                "app `{}`: no credential to authenticate as its tenant {tenant} ({e}). naam \
+                 call authenticates as the app's tenant: --tenant NAME and --key FILE name \
+                 another; if the server serves no app `{}`, check --app",
+                a.app, a.app
             ))
         }
     };

@@ -279,6 +279,8 @@ pub fn start_host_persistent(
     start: RegionStart,
     check: RegionsCheck<'_>,
 ) -> Result<PersistentHost, DeployError> {
+    // The manifest names files by this path, for a NIC started anywhere: absolute.
+    let shm_dir = &std::path::absolute(shm_dir).map_err(file_err(shm_dir))?;
     let mut dir = ShmDir::lock(shm_dir)?;
     if let RegionStart::FromSnapshot(from) = &start {
         if let Err(e) = dir.restore_from(from) {

@@ -302,6 +302,8 @@ fn run_nic_loop<R: FnMut(u64) -> Result<NicCluster, String>>(
     let sender = socket.sender()?;
     let mut drain_deadline: Option<Instant> = None;
     let mut next_publish = Instant::now();
+    // Refusals of pairing since the last success: a wrong secret is refused every time.
+    let mut refusals = 0u32;
     loop {
         if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
             drain_deadline = Some(Instant::now() + options.drain);
@@ -312,7 +314,15 @@ fn run_nic_loop<R: FnMut(u64) -> Result<NicCluster, String>>(
             let _ = sender.send_transmit(t);
         }
         while let Some(e) = nic.poll_event() {
+            match &e {
+                NicEvent::Refused(_) => refusals += 1,
+                NicEvent::Paired { .. } => refusals = 0,
+                _ => {}
+            }
             log(e, options.server);
+        }
+        if refusals >= naam_proto::limits::NIC_PAIRING_REFUSALS {
+            return Err(pairing_refused(options.server, refusals));
         }
         if let Some(d) = drain_deadline {
             if nic.backend().replies.idle() || Instant::now() >= d {
@@ -335,6 +345,18 @@ fn run_nic_loop<R: FnMut(u64) -> Result<NicCluster, String>>(
             }
         }
     }
+}
+
+/// The error a NIC whose pairing the server keeps refusing stops with
+/// ([`std::io::ErrorKind::PermissionDenied`]: naam-nic exits 2, a configuration error).
+fn pairing_refused(server: SocketAddr, times: u32) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!(
+            "naam-server at {server} refused pairing {times} times in a row: the --pairing \
+             file must hold the credential naam-server's config names as `nic_pairing`"
+        ),
+    )
 }
 
 /// How often a NIC loop publishes its counters for `--metrics` at most.

@@ -467,17 +467,10 @@ fn handler_names(cluster: &Cluster) -> HashMap<(u32, u32), (String, String)> {
     names
 }
 
-/// A status as a label value (`ok`, `handler_error`).
-fn status_name(s: Status) -> String {
-    let debug = format!("{s:?}");
-    let mut out = String::new();
-    for (i, c) in debug.chars().enumerate() {
-        if c.is_ascii_uppercase() && i > 0 {
-            out.push('_');
-        }
-        out.push(c.to_ascii_lowercase());
-    }
-    out
+/// A status as a label value (`ok`, `handler-error`): [`Status::name`], as JSON and logs
+/// name it.
+fn status_name(s: Status) -> &'static str {
+    s.name()
 }
 
 /// Escapes a label value (backslash, quote, newline).
@@ -616,7 +609,7 @@ mod tests {
     #[test]
     fn status_names_are_snake_case_and_labels_are_escaped() {
         assert_eq!(status_name(Status::Ok), "ok");
-        assert_eq!(status_name(Status::HandlerError), "handler_error");
+        assert_eq!(status_name(Status::HandlerError), "handler-error");
         assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
     }
 

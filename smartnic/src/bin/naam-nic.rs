@@ -29,10 +29,10 @@ enum Command {
     /// Runs the NIC executors and the one-sided agent.
     Run {
         /// naam-server's address (load reports go there).
-        #[arg(long)]
+        #[arg(value_parser = naam_runtime::addr::parse, long)]
         server: SocketAddr,
         /// Address to listen on for forwarded requests and one-sided operations.
-        #[arg(long)]
+        #[arg(value_parser = naam_runtime::addr::parse, long)]
         listen: SocketAddr,
         /// The server's shared-memory directory (its manifest and regions).
         #[arg(long, default_value = "/dev/shm/naam")]
@@ -63,7 +63,7 @@ enum Command {
         #[arg(long)]
         pairing: PathBuf,
         /// Serve Prometheus metrics at http://ADDR/metrics.
-        #[arg(long, value_name = "ADDR")]
+        #[arg(value_parser = naam_runtime::addr::parse, long, value_name = "ADDR")]
         metrics: Option<SocketAddr>,
     },
     /// Prints the BlueField-2 eSwitch rules (OVS and tc flower on the representors) that do
@@ -184,7 +184,15 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("naam-nic: error: {e:#}");
-            ExitCode::from(1)
+            // A pairing secret the server keeps refusing is a configuration error (2), as a
+            // manifest that does not load is; the rest fail at run time (1).
+            let refused = e
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied);
+            let bad_manifest = e
+                .downcast_ref::<udp::DeployError>()
+                .is_some_and(|e| e.exit_code() == 2);
+            ExitCode::from(if refused || bad_manifest { 2 } else { 1 })
         }
     }
 }

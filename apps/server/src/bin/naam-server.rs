@@ -30,7 +30,7 @@ struct Args {
     #[arg(long, required = true)]
     config: Option<PathBuf>,
     /// Overrides the config's listen address.
-    #[arg(long)]
+    #[arg(value_parser = naam_runtime::addr::parse, long)]
     listen: Option<std::net::SocketAddr>,
     /// Overrides the config's shared-memory directory.
     #[arg(long)]
@@ -46,7 +46,7 @@ struct Args {
     from_snapshot: Option<PathBuf>,
     /// Serve Prometheus metrics at http://ADDR/metrics (messages per app, handler and
     /// placement, errors by status, queue depths, steering weights, service-time histograms).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(value_parser = naam_runtime::addr::parse, long, value_name = "ADDR")]
     metrics: Option<std::net::SocketAddr>,
     #[command(flatten)]
     verbosity: naam_runtime::logging::Verbosity,

@@ -169,8 +169,10 @@ impl NicStats {
             ),
             ("malformed", "Messages that did not decode.", self.malformed),
             (
-                "refused",
-                "Requests refused (busy, shutting down, out of scope).",
+                "requests_not_run",
+                "Requests answered with an error before any handler ran (busy, shutting down, \
+                 out of scope); not the status \"refused\" of naam_messages_total, which a \
+                 run the runtime stopped gets.",
                 self.refused,
             ),
             (

@@ -692,8 +692,10 @@ impl ServerStats {
                 self.forwarded,
             ),
             (
-                "refused",
-                "Requests refused (unknown handler, busy, shutting down).",
+                "requests_not_run",
+                "Requests answered with an error before any handler ran (unknown app or \
+                 handler, busy, shutting down); not the status \"refused\" of \
+                 naam_messages_total, which a run the runtime stopped gets.",
                 self.refused,
             ),
             ("malformed", "Messages that did not decode.", self.malformed),

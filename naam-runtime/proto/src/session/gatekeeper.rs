@@ -449,15 +449,29 @@ impl Gatekeeper {
         Ok(Opened { session: s, inner })
     }
 
-    /// The reset token for a session this server does not know, if a credential it holds has
-    /// `tenant_tag` (a stranger's guess gets nothing).
+    /// The token of the "no such session" notice for `session`, which this server does not
+    /// know (`None` if it does): the real one when a credential it holds has `tenant_tag`,
+    /// which that tenant's clients check; else a decoy, a MAC under this process's cookie key
+    /// that no one without the key can tell from a real token. A stranger gets the same
+    /// answer whatever tag it guesses, so the answer confirms no tenant's tag.
     pub fn reset_token(&self, session: u64, tenant_tag: u32) -> Option<[u8; RESET_TOKEN_LEN]> {
         if self.sessions.contains_key(&session) {
             return None;
         }
-        self.tenants
+        let real = self
+            .tenants
             .iter()
             .find(|t| t.credential.tag() == tenant_tag)
-            .map(|t| t.credential.reset_token(session))
+            .map(|t| t.credential.reset_token(session));
+        Some(real.unwrap_or_else(|| {
+            let mut m = self.cookies.key.clone();
+            m.update(b"naam reset decoy v1");
+            m.update(&session.to_le_bytes());
+            m.update(&tenant_tag.to_le_bytes());
+            let out = m.finalize().into_bytes();
+            let mut t = [0u8; RESET_TOKEN_LEN];
+            t.copy_from_slice(&out[..RESET_TOKEN_LEN]);
+            t
+        }))
     }
 }

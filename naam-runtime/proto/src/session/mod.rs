@@ -339,6 +339,15 @@ mod tests {
             g.open(1, peer(), &echo).unwrap_err(),
             SealError::WrongSender(Sender::Server)
         ));
+        // The session's own key, with another tenant's tag in the header: refused, though
+        // the seal itself verifies.
+        let own = g.session(id).unwrap().sealer.key().raw;
+        let retagged = SessionKey::new(id, cred(2).tag(), own);
+        assert_eq!(
+            g.open(1, peer(), &retagged.seal(Sender::Client, 9, b"x"))
+                .unwrap_err(),
+            SealError::BadTag(id)
+        );
         // Another tenant's key cannot speak for this session.
         let (_, other_key) = handshake(&mut g, "btree", cred(2), 0);
         let forged = SessionKey::new(id, other_key.tenant_tag(), other_key.raw);
@@ -387,8 +396,19 @@ mod tests {
             Some(c.reset_token(42)),
             "a restarted server proves the notice with the tenant's credential"
         );
-        assert_eq!(g.reset_token(42, cred(3).tag()), None);
         assert_ne!(c.reset_token(42), cred(2).reset_token(42));
+        // A tag no tenant has gets an answer of the same form, which proves nothing and
+        // confirms nothing: a guessed tag and a random one are answered alike.
+        let stranger = cred(3);
+        let decoy = g.reset_token(42, stranger.tag()).expect("answered");
+        assert_ne!(decoy, stranger.reset_token(42));
+        assert_ne!(decoy, c.reset_token(42));
+        assert_eq!(
+            g.reset_token(42, stranger.tag()),
+            Some(decoy),
+            "the same each time"
+        );
+        assert_ne!(g.reset_token(43, stranger.tag()), Some(decoy));
     }
 
     #[test]

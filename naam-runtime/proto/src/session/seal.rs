@@ -290,6 +290,12 @@ impl SessionKey {
                 tenant_tag: h.tenant_tag,
             });
         }
+        // The tag names the session's tenant: another tenant's, sealed by whoever holds this
+        // session's key, is refused as a tag that does not verify (in every mode, sealed or
+        // not).
+        if h.tenant_tag != self.tenant_tag {
+            return Err(SealError::BadTag(h.session));
+        }
         let end = sealed.len() - TAG_LEN;
         if !self.authentication.seals() {
             // The inner message is what is left of `sealed` (no reference counted for a
