@@ -44,7 +44,8 @@ pub fn init(verbosity: Verbosity, default: LevelFilter) {
     use tracing_subscriber::EnvFilter;
     let level = verbosity.level(default);
     let (filter, bad) = match std::env::var("RUST_LOG") {
-        Ok(spec) if !spec.trim().is_empty() => match EnvFilter::try_new(&spec) {
+        Ok(spec) if !spec.trim().is_empty() => match EnvFilter::try_new(with_default(&spec, level))
+        {
             Ok(f) => (f, None),
             Err(e) => (
                 EnvFilter::new(level.to_string()),
@@ -60,6 +61,21 @@ pub fn init(verbosity: Verbosity, default: LevelFilter) {
         .try_init();
     if let Some(why) = bad {
         tracing::warn!("RUST_LOG ignored: {why}");
+    }
+}
+
+/// `spec` with `level` in front unless it names a level for every target itself: directives
+/// for some modules (`naam_runtime=debug`) then raise those and leave the rest at the
+/// binary's level, instead of silencing everything else (tracing's rule without a default).
+fn with_default(spec: &str, level: LevelFilter) -> String {
+    let has_default = spec
+        .split(',')
+        .map(str::trim)
+        .any(|d| !d.is_empty() && !d.contains('=') && !d.contains('[') && !d.contains(':'));
+    if has_default {
+        spec.to_string()
+    } else {
+        format!("{level},{spec}")
     }
 }
 
@@ -79,6 +95,19 @@ macro_rules! version_line {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_filter_for_some_modules_keeps_the_rest_at_the_default() {
+        assert_eq!(
+            with_default("naam_runtime=debug", LevelFilter::INFO),
+            "info,naam_runtime=debug"
+        );
+        assert_eq!(with_default("debug", LevelFilter::INFO), "debug");
+        assert_eq!(
+            with_default("warn,naam_proto=trace", LevelFilter::INFO),
+            "warn,naam_proto=trace"
+        );
+    }
 
     #[test]
     fn flags_move_the_level_one_step_each_within_bounds() {

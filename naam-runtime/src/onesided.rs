@@ -15,7 +15,15 @@ use naam_proto::step::resolve_status;
 /// of `req.app` granting the right the operation needs (READ: read, WRITE: write, CAS/FAA:
 /// atomic) and the range must lie inside it. Never panics on any input.
 pub fn execute(regions: &RegionTable, req: &Operation) -> Completion {
-    let fail = |status, msg: String| Completion::error(req.app, req.id, status, msg);
+    let fail = |status: Status, msg: String| {
+        tracing::debug!(
+            app = req.app,
+            id = req.id,
+            status = status.name(),
+            "one-sided operation refused: {msg}"
+        );
+        Completion::error(req.app, req.id, status, msg)
+    };
     let check = |rkey: u64, offset: u64, len: u64, access: u32| {
         let d = Descriptor {
             rkey,

@@ -64,6 +64,10 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
             > REMOTE_SILENCE.as_nanos() as u64
     {
         inner.remote_nic_up.store(false, Ordering::SeqCst);
+        tracing::warn!(
+            "naam-nic has been silent for {REMOTE_SILENCE:?}: it is out of the weights, \
+             and its share goes to the host"
+        );
     }
     let decisions = controller.tick(now, &mut Observed(inner), full);
     let active = decisions.inputs.total_rate > 0.0
@@ -84,6 +88,7 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
     if !changed.is_empty() {
         let mut table = inner.weights.write().unwrap_or_else(|e| e.into_inner());
         for (key, w) in changed {
+            log_shift(key, table.get(&key), &w, &decisions.inputs);
             inner.metrics.record_weights(now, key, w);
             table.insert(key, w);
         }
@@ -99,6 +104,61 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
         let _ = move_owner(inner, app, to, OWNER_DRAIN_TIMEOUT);
     }
     active
+}
+
+/// Logs (debug) a change of `key`'s weights from `was` to `now` that an operator would call a
+/// shift: where most messages go changes, or a placement's share moves by a quarter or more
+/// in one decision. Says why, from the load the decision saw.
+fn log_shift(key: HandlerKey, was: Option<&Weights>, now: &Weights, inputs: &SteeringInputs) {
+    let most = |w: &Weights| {
+        Placement::ALL
+            .into_iter()
+            .max_by(|a, b| w.of(*a).total_cmp(&w.of(*b)))
+            .unwrap_or(Placement::Host)
+    };
+    let shifted = match was {
+        None => true,
+        Some(w) => {
+            most(w) != most(now)
+                || Placement::ALL
+                    .iter()
+                    .any(|p| (w.of(*p) - now.of(*p)).abs() >= 0.25)
+        }
+    };
+    if !shifted {
+        return;
+    }
+    let load = |p: Placement| {
+        let l = &inputs.placements[p.index()];
+        format!(
+            "{p}: queue {} ({:.0} ns), busy {:.0}%{}",
+            l.queue_depth,
+            l.queue_delay_ns,
+            l.utilisation * 100.0,
+            if l.available { "" } else { ", down" }
+        )
+    };
+    tracing::debug!(
+        app = key.0,
+        handler = format_args!("{:#x}", key.1),
+        "steering: client {:.2} nic {:.2} host {:.2} (was {}); {} msg/s; {}; {}; {}",
+        now.of(Placement::Client),
+        now.of(Placement::Nic),
+        now.of(Placement::Host),
+        was.map_or_else(
+            || "none".to_string(),
+            |w| format!(
+                "{:.2}/{:.2}/{:.2}",
+                w.of(Placement::Client),
+                w.of(Placement::Nic),
+                w.of(Placement::Host)
+            )
+        ),
+        inputs.total_rate.round(),
+        load(Placement::Client),
+        load(Placement::Nic),
+        load(Placement::Host)
+    );
 }
 
 /// How long the controller waits for an owner handoff to drain.

@@ -162,6 +162,14 @@ impl PendingSeries {
         status: Status,
         service_ns: u64,
     ) {
+        tracing::trace!(
+            app = key.0,
+            handler = format_args!("{:#x}", key.1),
+            placement = key.2.name(),
+            status = status.name(),
+            service_ns,
+            "answered"
+        );
         let s = match self.series.iter().position(|(k, _)| *k == key) {
             Some(i) => &mut self.series[i].1,
             None => {
@@ -256,6 +264,14 @@ impl Telemetry {
         status: Status,
         service_ns: u64,
     ) {
+        tracing::trace!(
+            app,
+            handler = format_args!("{handler:#x}"),
+            placement = placement.name(),
+            status = status.name(),
+            service_ns,
+            "answered"
+        );
         let Ok(mut m) = self.series[shard_of_thread()].0.lock() else {
             return;
         };

@@ -345,13 +345,14 @@ fn run(
     let switch = attach_eswitch(config, &cluster, stop);
     let verbs = verbs_side(&cluster, &manifest);
     tracing::info!(
-        "serving {} app(s) on udp://{} with {} receive loop(s) ({}); regions and manifest in {}; policy {}",
+        "serving {} app(s) on udp://{} with {} receive loop(s) ({}); regions and manifest in {}; policy {}; epoch {:#x}",
         manifest.apps.len(),
         listening,
         sockets.len(),
         naam_runtime::udp::MODE,
         config.shm_dir.display(),
-        cluster.policy_name()
+        cluster.policy_name(),
+        manifest.epoch
     );
     let mut options = udp::ServerOptions::new(manifest, tenants);
     options.switch = switch

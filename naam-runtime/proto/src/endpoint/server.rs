@@ -677,6 +677,15 @@ impl std::ops::AddAssign for ServerStats {
     }
 }
 
+/// A session's role as logs name it: the tenant's name, `operator` or `nic`.
+fn role_name(role: &Role) -> &str {
+    match role {
+        Role::Tenant { name, .. } => name,
+        Role::Operator => "operator",
+        Role::Nic => "nic",
+    }
+}
+
 impl ServerStats {
     /// The counters as `(name, help, value)`, for metrics.
     pub fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
@@ -1089,7 +1098,15 @@ impl<B: HostBackend> ServerEndpoint<B> {
             return;
         }
         self.next_expiry = now + EXPIRY_PERIOD;
+        let before = self.gate.len();
         self.gate.expire(now);
+        if self.gate.len() < before {
+            tracing::debug!(
+                expired = before - self.gate.len(),
+                left = self.gate.len(),
+                "sessions closed after their idle limit"
+            );
+        }
         let (gate, shard, directory) = (&self.gate, self.config.shard, &self.config.directory);
         self.shares.retain(|sid, _| gate.session(*sid).is_some());
         if self
@@ -1207,6 +1224,12 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         let (sid, role, sealer) = (s.id, s.role.clone(), s.sealer.clone());
                         if self.gate.len() > before {
                             self.stats.sessions += 1;
+                            tracing::debug!(
+                                session = format_args!("{sid:#x}"),
+                                %peer,
+                                role = role_name(&role),
+                                "session opened"
+                            );
                             if let Role::Tenant { apps, .. } = &*role {
                                 let t = TenantSession {
                                     peer,
@@ -1220,9 +1243,12 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         self.welcome(id, sid, &role, Channel { to: peer, sealer });
                         return;
                     }
-                    Err(e) => Control::Error {
-                        message: e.to_string(),
-                    },
+                    Err(e) => {
+                        tracing::debug!(%peer, tenant = %tenant, "handshake refused: {e}");
+                        Control::Error {
+                            message: e.to_string(),
+                        }
+                    }
                 }
             }
             _ => {
@@ -1759,6 +1785,11 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 });
                 self.backend.nic_load(&load);
                 if fresh {
+                    tracing::info!(
+                        session = format_args!("{sid:#x}"),
+                        agent = %at,
+                        "naam-nic paired; its agent serves one-sided operations"
+                    );
                     // A newly paired NIC learns every tenant session at once, every loop's.
                     for s in self.config.directory.tenant_ids() {
                         self.announce(s);
@@ -1768,6 +1799,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             }
             (Control::NicBye, Role::Nic) => {
                 if self.config.directory.is_nic(sid) {
+                    tracing::info!("naam-nic said goodbye: its share goes to the host");
                     self.backend.nic_gone();
                 }
                 None

@@ -1,8 +1,10 @@
-//! Nothing lost across naam-server's restarts, tried as an operator would, with real processes:
+//! naam-server operated as an operator would, with real processes. Nothing lost across its
+//! restarts:
 //! a `kill -9` and a restart under running verifiers (MICA and the B-tree) loses no
 //! acknowledged write; a clean stop keeps the regions for the next start; a config of another
 //! layout is refused until `--reset-regions`; a second server on the same `shm_dir` is refused
 //! naming the first one's pid and deletes nothing; a start that fails leaves nothing behind.
+//! And its logs: what `-v` and `RUST_LOG` show of a session and a call.
 //! The binaries are the workspace's (`cargo build --workspace --bins`, as scripts/test.sh
 //! does first).
 
@@ -85,16 +87,23 @@ impl Site {
 
     /// naam-server started on the config (extra `args`), its log appended to `server.log`.
     fn start(&self, args: &[&str]) -> Server {
+        self.start_with_env(args, &[])
+    }
+
+    /// [`Site::start`] with environment variables `env`.
+    fn start_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> Server {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.path("server.log"))
             .expect("log");
-        let child = self
-            .command(
-                "naam-server",
-                &[&["--config", "naam-server.toml"], args].concat(),
-            )
+        let mut command = self.command(
+            "naam-server",
+            &[&["--config", "naam-server.toml"], args].concat(),
+        );
+        // The test's own RUST_LOG would override the flags under test.
+        command.env_remove("RUST_LOG").envs(env.iter().copied());
+        let child = command
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -446,4 +455,33 @@ fn a_snapshot_of_a_stopped_server_starts_another_with_the_same_data() {
     );
     assert_eq!(again.status.code(), Some(2), "{}", text(&again.stderr));
     assert!(text(&again.stderr).contains("holds regions already"));
+}
+
+#[test]
+fn debug_logs_show_a_session_and_its_calls() {
+    // -vvv: sessions at debug, each answer at trace.
+    let site = Site::new(2000);
+    let mut server = site.start(&["-vvv"]);
+    site.wait_serving(&mut server);
+    let out = site.verify("mica", 5, 200);
+    lost_nothing(&out, "a verify run", &site.log());
+    server.stop();
+    let log = site.log();
+    for needle in [
+        "epoch 0x",
+        "session opened",
+        "role=\"mica\"",
+        "answered",
+        "status=\"ok\"",
+        "placement=\"host\"",
+    ] {
+        assert!(log.contains(needle), "no {needle:?} in:\n{log}");
+    }
+    // A filter for one module keeps everything else at the default: INFO lines stay.
+    let site = Site::new(2000);
+    let mut server = site.start_with_env(&[], &[("RUST_LOG", "naam_runtime=debug")]);
+    site.wait_serving(&mut server);
+    server.stop();
+    let log = site.log();
+    assert!(log.contains("INFO") && log.contains("serving"), "{log}");
 }
