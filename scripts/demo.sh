@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
 bash scripts/setup.sh
-cargo build --release --locked -p naam-bench -p naam-runtime --bins
+cargo build --release --locked --workspace --bins   # naam, naam-bench, naam-server, naam-nic
 mkdir -p bench/out
 echo "== YCSB-B on MICA (in-process cluster)"
 target/release/naam-bench ycsb -P workloads/workloadb -p recordcount=10000 \

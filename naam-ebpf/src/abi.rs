@@ -41,6 +41,33 @@ pub const ACCESS_ATOMIC: u32 = 4;
 /// All defined access bits.
 pub const ACCESS_MASK: u32 = ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC;
 
+/// `ACCESS_*` bits as configs and command lines write them: `r`, `rw`, `rwa` (`-` for none;
+/// bits no right has follow in hex, `r+0x10`).
+pub struct Rights(pub u32);
+
+impl core::fmt::Display for Rights {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mut any = false;
+        for (bit, letter) in [
+            (ACCESS_READ, "r"),
+            (ACCESS_WRITE, "w"),
+            (ACCESS_ATOMIC, "a"),
+        ] {
+            if self.0 & bit != 0 {
+                f.write_str(letter)?;
+                any = true;
+            }
+        }
+        let other = self.0 & !ACCESS_MASK;
+        match (any, other) {
+            (false, 0) => f.write_str("-"),
+            (_, 0) => Ok(()),
+            (true, o) => write!(f, "+{o:#x}"),
+            (false, o) => write!(f, "{o:#x}"),
+        }
+    }
+}
+
 /// Where a step runs; stored in [`Context::placement`] for information only.
 pub mod placement {
     /// On the client, over data fetched by one-sided READs.

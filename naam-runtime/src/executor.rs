@@ -270,8 +270,9 @@ fn apply_op<'b, 'm>(
     let need = rights_for(op.kind);
     if target.access & need != need {
         return Err(invalid(format!(
-            "the descriptor grants {:#x}, the write needs {need:#x}",
-            target.access
+            "the descriptor grants {}, the write needs {}",
+            naam_ebpf::abi::Rights(target.access),
+            naam_ebpf::abi::Rights(need)
         )));
     }
     match op.kind {

@@ -266,13 +266,18 @@ pub fn reply_json(reply: &Reply) -> Value {
         "status": status_name(reply.status),
         "placement": reply.placement.name(),
         "steps": reply.steps,
-        "reply_hex": hex::encode(&reply.payload),
     });
-    if reply.status != Status::Ok {
-        v["code"] = json!(reply.code);
-        if reply.status == Status::HandlerError {
+    match reply.status {
+        // The handler's bytes: its reply, or what it wrote before its error.
+        Status::Ok => v["reply_hex"] = json!(hex::encode(&reply.payload)),
+        Status::HandlerError => {
+            v["reply_hex"] = json!(hex::encode(&reply.payload));
+            v["code"] = json!(reply.code);
             v["code_name"] = json!(naam_ebpf::abi::error_code::Describe(reply.code).to_string());
-        } else {
+        }
+        // The runtime's error: its text, as text, never hex.
+        _ => {
+            v["code"] = json!(reply.code);
             v["message"] = json!(String::from_utf8_lossy(&reply.payload));
         }
     }

@@ -232,6 +232,46 @@ fn build_writes_an_object_and_explains_a_missing_linker() {
     );
 }
 
+/// The user's guide's first steps from an empty directory: `naam new` writes a crate that
+/// needs no source tree, which builds, verifies and runs; a directory that exists is refused.
+#[test]
+fn a_new_crate_builds_verifies_and_runs_from_an_empty_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let crate_dir = dir.path().join("my-handlers");
+    let c = crate_dir.to_str().unwrap();
+    let (code, out, err) = naam(&["new", c]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("naam build"), "{out}");
+    let manifest = std::fs::read_to_string(crate_dir.join("Cargo.toml")).unwrap();
+    assert!(manifest.contains("[workspace]") && manifest.contains("path = \"naam-ebpf\""));
+    let (code, _, err) = naam(&["new", c]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("exists already"), "{err}");
+    let object = dir.path().join("my.o");
+    let o = object.to_str().unwrap();
+    let (code, out, err) = naam(&["build", c, "-o", o]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("sum_first"), "{out}");
+    let (code, out, _) = naam(&["verify", o]);
+    assert_eq!(code, 0);
+    assert!(out.contains("sum_first") && out.contains("\tok\t"), "{out}");
+    let data = dir.path().join("data.bin");
+    std::fs::write(&data, [1u64.to_le_bytes(), 2u64.to_le_bytes()].concat()).unwrap();
+    let (code, out, err) = naam(&[
+        "run",
+        o,
+        "--handler",
+        "sum_first",
+        "--args-hex",
+        "0200000000000000",
+        "--segment",
+        data.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["reply_hex"], "0300000000000000", "{v}");
+}
+
 #[test]
 fn c_handlers_from_clang_load_and_run() {
     use naam_ebpf::abi::Context;

@@ -36,6 +36,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Write a new handler crate in the new directory NAME: a `no_std` staticlib with an
+    /// example handler, its own `[workspace]`, and the naam-ebpf SDK this binary carries
+    /// (copied into NAME/naam-ebpf, so no source tree is needed). Then `naam build NAME`.
+    New {
+        /// The crate's directory (and, with `-` for `_`, its package name).
+        name: PathBuf,
+    },
     /// Build a Rust handler crate into an eBPF object (host staticlib + bpf-linker).
     Build {
         /// Directory of the handler crate.
@@ -212,10 +219,105 @@ fn main() -> ExitCode {
     }
 }
 
+/// The SDK's sources, as this binary was built with them: `naam new` writes them out.
+const NAAM_EBPF_FILES: [(&str, &str); 5] = [
+    ("src/lib.rs", include_str!("../../../naam-ebpf/src/lib.rs")),
+    ("src/abi.rs", include_str!("../../../naam-ebpf/src/abi.rs")),
+    ("src/sdk.rs", include_str!("../../../naam-ebpf/src/sdk.rs")),
+    (
+        "src/hash.rs",
+        include_str!("../../../naam-ebpf/src/hash.rs"),
+    ),
+    (
+        "src/eswitch.rs",
+        include_str!("../../../naam-ebpf/src/eswitch.rs"),
+    ),
+];
+
+/// The example handler a new crate starts with (the README's).
+const NEW_HANDLER: &str = r#"#![no_std]
+use naam_ebpf::{handler, Fault, Return};
+
+handler! {
+    /// Sums the first `arg0` little-endian words of segment 0 (a loop over a run-time count).
+    fn sum_first(ctx) {
+        let n = ctx.arg_u64(0)? as usize;
+        let seg = ctx.segment(0)?;
+        if n * 8 > seg.len() {
+            return Err(Fault::app(1)); // error code app(1) = 4097
+        }
+        let mut sum = 0u64;
+        for i in 0..n {
+            sum = sum.wrapping_add(seg.read_u64(i * 8)?); // bounds- and rights-checked
+        }
+        ctx.reply_u64(sum)?;
+        Ok(Return::Done)
+    }
+}
+"#;
+
+/// `naam new NAME` (see [`Cmd::New`]): refuses a directory that exists (exit 2).
+fn new_crate(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let package = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().replace('_', "-"))
+        .filter(|n| {
+            !n.is_empty()
+                && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && n.starts_with(|c: char| c.is_ascii_alphabetic())
+        });
+    let Some(package) = package else {
+        eprintln!(
+            "naam: error: {}: a crate name starts with a letter and has letters, digits, - and _",
+            dir.display()
+        );
+        return Ok(ExitCode::from(2));
+    };
+    if dir.exists() {
+        eprintln!("naam: error: {} exists already", dir.display());
+        return Ok(ExitCode::from(2));
+    }
+    let sdk_version = env!("CARGO_PKG_VERSION");
+    let manifest = format!(
+        "[package]\nname = \"{package}\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n\
+         [lib]\ncrate-type = [\"staticlib\"]\n\n\
+         [dependencies]\n# The SDK naam {sdk_version} carries, copied here by `naam new`.\n\
+         naam-ebpf = {{ path = \"naam-ebpf\", features = [\"handler\"] }}\n\n\
+         [profile.release]\noverflow-checks = false   # optional, for speed; `naam build` always aborts on panic\n\n\
+         # A workspace of its own: builds the same inside any other.\n[workspace]\n"
+    );
+    let sdk_manifest = format!(
+        "[package]\nname = \"naam-ebpf\"\nversion = \"{sdk_version}\"\nedition = \"2021\"\n\n\
+         [lib]\ndoctest = false\n\n[features]\nhandler = []\n"
+    );
+    let mut files = vec![
+        (dir.join("Cargo.toml"), manifest),
+        (dir.join("src/lib.rs"), NEW_HANDLER.to_string()),
+        (dir.join("naam-ebpf/Cargo.toml"), sdk_manifest),
+    ];
+    for (path, text) in NAAM_EBPF_FILES {
+        files.push((dir.join("naam-ebpf").join(path), text.to_string()));
+    }
+    for (path, text) in &files {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    println!(
+        "wrote {} (handler sum_first); next: naam build {} -o {package}.o",
+        dir.display(),
+        dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
         Cmd::Demo(args) => demo(args),
         Cmd::Call(args) => call(args),
+        Cmd::New { name } => new_crate(&name),
         Cmd::ConformancePlugin {
             memory_hex,
             engine,
@@ -745,7 +847,7 @@ fn report(
     v["next"] = json!(vm
         .next()
         .iter()
-        .map(|d| json!({ "rkey": d.rkey, "offset": d.offset, "len": d.len, "access": d.access }))
+        .map(|d| json!({ "rkey": d.rkey, "offset": d.offset, "len": d.len, "access": naam_ebpf::abi::Rights(d.access).to_string() }))
         .collect::<Vec<_>>());
     let data = vm.write_data();
     v["writes"] = json!(vm

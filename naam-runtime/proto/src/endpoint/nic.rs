@@ -1041,8 +1041,11 @@ impl<B: NicBackend> NicEndpoint<B> {
                     Some(have) if have & need != need => Some(deny(
                         Status::AccessDenied,
                         format!(
-                            "clients have rights {have:#x} on this region, the operation needs \
-                             {need:#x} (the app's config grants clients no one-sided writes)"
+                            "clients have rights {} on this region, the operation needs {} \
+                             (the app's config grants clients no one-sided writes: \
+                             client_writes = true)",
+                            naam_ebpf::abi::Rights(*have),
+                            naam_ebpf::abi::Rights(need)
                         ),
                     )),
                     Some(_) => None,

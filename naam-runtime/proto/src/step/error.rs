@@ -42,7 +42,7 @@ pub enum ResolveError {
     #[error("descriptor range runs past its region: {0}")]
     OutOfRange(MemError),
     /// Rights the region does not grant.
-    #[error("descriptor asks for access {need:#x}, region grants {have:#x}")]
+    #[error("descriptor asks for access {}, region grants {}", naam_ebpf::abi::Rights(*need), naam_ebpf::abi::Rights(*have))]
     AccessDenied {
         /// Rights asked for.
         need: u32,

@@ -511,7 +511,12 @@ impl StepMachine {
             }
             Some(Return::Write) => {
                 if self.kind != HandlerKind::Write {
-                    return self.fail(Status::Refused, "a read handler returned Write");
+                    return self.fail(
+                        Status::Refused,
+                        "a read handler returned Write: declare the handler a write handler \
+                         (`write = true` in naam-server's config, `HandlerSpec::write`, \
+                         `naam run --write`)",
+                    );
                 }
                 match check_writes(self.current.as_slice(), out) {
                     Ok(()) => Action::Write,
