@@ -12,7 +12,9 @@
 #   - gcc-aarch64-linux-gnu (with its static libc), which cross-compiles the harness that runs
 #     the JIT's aarch64 code, and qemu-user, which runs it: BlueField-2's Arm cores, emulated;
 #   - bpf-linker 0.13 (built from crates.io against LLVM 22), the last step of the
-#     Rust-to-eBPF handler pipeline (see DESIGN.md section 3).
+#     Rust-to-eBPF handler pipeline (see DESIGN.md section 3);
+#   - python3-venv, and in target/pytools a virtual environment with hdrhistogram 0.10.8
+#     (PyPI), HdrHistogram's Python reader, which a test reads naam-bench's interval logs with.
 set -euo pipefail
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -20,7 +22,7 @@ log() { printf '[setup] %s\n' "$*"; }
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-APT_PACKAGES=(llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22 pkg-config memcached fonts-dejavu-core iproute2 libibverbs-dev librdmacm-dev libclang1-14 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)
+APT_PACKAGES=(llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22 pkg-config memcached fonts-dejavu-core iproute2 libibverbs-dev librdmacm-dev libclang1-14 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user python3-venv)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -47,5 +49,13 @@ else
   log "building bpf-linker $BPF_LINKER_VERSION against LLVM 22 (about 2 minutes)"
   LLVM_PREFIX=/usr/lib/llvm-22 LLVM_SYS_221_PREFIX=/usr/lib/llvm-22 \
     cargo install "bpf-linker@$BPF_LINKER_VERSION" --locked --no-default-features --features llvm-22
+fi
+PYTOOLS="$(pwd)/target/pytools"
+if [ -x "$PYTOOLS/bin/python" ] && "$PYTOOLS/bin/python" -c 'import hdrh' 2>/dev/null; then
+  log "python hdrhistogram present"
+else
+  log "installing hdrhistogram 0.10.8 (PyPI) into $PYTOOLS"
+  python3 -m venv "$PYTOOLS"
+  "$PYTOOLS/bin/python" -m pip install --quiet --disable-pip-version-check "hdrhistogram==0.10.8"
 fi
 log "done"

@@ -135,9 +135,13 @@ pub struct RunOptions {
     /// Status lines on stderr this often.
     #[serde(skip)]
     pub status_interval: Option<Duration>,
-    /// HdrHistogram interval logs go here.
+    /// HdrHistogram interval logs: each file's path is this prefix, the phase and the
+    /// operation (`<prefix><phase>-<OP>.hdr`; `--hdr-log DIR` is the prefix `DIR/`).
     #[serde(skip)]
     pub hdr_log: Option<std::path::PathBuf>,
+    /// Percentiles the report prints per operation (`hdrhistogram.percentiles`; 95 and 99).
+    #[serde(skip)]
+    pub percentiles: Vec<f64>,
 }
 
 /// Latency summary of one operation type.
@@ -151,6 +155,8 @@ pub struct OpSummary {
     pub min: u64,
     /// 95th percentile, nanoseconds.
     pub p95: u64,
+    /// The report's percentiles (`hdrhistogram.percentiles`) and their values, nanoseconds.
+    pub percentiles: Vec<(f64, u64)>,
     /// Operations that failed (an error, not a miss).
     pub errors: u64,
     /// Reads that found no record (a valid answer, YCSB's `Return=NOT_FOUND`).
@@ -158,13 +164,23 @@ pub struct OpSummary {
 }
 
 impl OpSummary {
-    fn of(op: Op, s: &crate::phase::OpStats) -> OpSummary {
+    /// The summary of `s`, with `percentiles` (none given: YCSB's 95 and 99).
+    fn of(op: Op, s: &crate::phase::OpStats, percentiles: &[f64]) -> OpSummary {
         let h = &s.latency;
+        let percentiles = if percentiles.is_empty() {
+            &[95.0, 99.0][..]
+        } else {
+            percentiles
+        };
         OpSummary {
             op,
             latency: Percentiles::of(h),
             min: if h.is_empty() { 0 } else { h.min() },
             p95: h.value_at_quantile(0.95),
+            percentiles: percentiles
+                .iter()
+                .map(|&q| (q, h.value_at_quantile(q / 100.0)))
+                .collect(),
             errors: s.errors,
             not_found: s.not_found,
         }
@@ -182,6 +198,8 @@ pub struct PhaseSummary {
     pub ops: Vec<OpSummary>,
     /// Whether the time limit ended the phase.
     pub timed_out: bool,
+    /// Whether an interrupt ended the phase ([`crate::phase::stop_on`]).
+    pub interrupted: bool,
 }
 
 /// The outcome of a run.
@@ -197,6 +215,9 @@ pub struct YcsbResult {
     pub ran: bool,
     /// Whether the time limit ended the run phase.
     pub timed_out: bool,
+    /// Whether an interrupt ended the run (in either phase; a load phase interrupted runs
+    /// nothing after it).
+    pub interrupted: bool,
     /// Load phase: records per second (0 without a load phase).
     pub load_throughput: f64,
     /// Run phase: operations per second.
@@ -1142,7 +1163,7 @@ pub(crate) fn run_phases(
     let summaries = |ops: &[(Op, crate::phase::OpStats)]| -> Vec<OpSummary> {
         ops.iter()
             .filter(|(_, s)| !s.latency.is_empty() || s.errors > 0)
-            .map(|(op, s)| OpSummary::of(*op, s))
+            .map(|(op, s)| OpSummary::of(*op, s, &cfg.run.percentiles))
             .collect()
     };
     let succeeded = |ops: &[(Op, crate::phase::OpStats)]| -> u64 {
@@ -1160,12 +1181,14 @@ pub(crate) fn run_phases(
             throughput: succeeded(&outcome.ops) as f64 / outcome.seconds,
             ops: summaries(&outcome.ops),
             timed_out: outcome.timed_out,
+            interrupted: outcome.interrupted,
         });
     }
     let load_throughput = load.as_ref().map_or(0.0, |l| l.throughput);
     let empty = |load: Option<PhaseSummary>| YcsbResult {
         mode: mode.to_string(),
         config: cfg.clone(),
+        interrupted: load.as_ref().is_some_and(|l| l.interrupted),
         load,
         ran: false,
         timed_out: false,
@@ -1179,7 +1202,7 @@ pub(crate) fn run_phases(
         all: Percentiles::of(&crate::phase::histogram()),
         transport: Default::default(),
     };
-    if cfg.run.phases == Phases::Load {
+    if cfg.run.phases == Phases::Load || load.as_ref().is_some_and(|l| l.interrupted) {
         return Ok(empty(load));
     }
     if cfg.run.phases == Phases::Both {
@@ -1204,6 +1227,7 @@ pub(crate) fn run_phases(
         ran: true,
         transport,
         timed_out: outcome.timed_out,
+        interrupted: outcome.interrupted,
         throughput: succeeded(&outcome.ops) as f64 / outcome.seconds,
         seconds: outcome.seconds,
         ops: summaries(&outcome.ops),

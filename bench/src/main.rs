@@ -219,7 +219,12 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    // A YCSB command line as YCSB spells it (`-load`, `-threads 4`) reads as NAAM's.
+    let (args, notes) = naam_bench::ycsb_cli::with_ycsb_spellings(std::env::args_os());
+    let cli = Cli::parse_from(args);
+    for n in notes {
+        eprintln!("naam-bench: note: {n}");
+    }
     naam_runtime::logging::init(cli.verbosity, tracing::level_filters::LevelFilter::WARN);
     if !(cli.liveness.is_finite() && (0.1..=3600.0).contains(&cli.liveness)) {
         eprintln!("naam-bench: error: --liveness must be 0.1 to 3600 seconds");
@@ -315,7 +320,21 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             for w in &planned.warnings {
                 eprintln!("naam-bench: warning: {w}");
             }
-            let cfg = planned.config;
+            // An exportfile that cannot be written is refused before the run, not after it.
+            if let (Some(path), _) = &planned.export {
+                if let Err(e) = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                {
+                    eprintln!("naam-bench: error: exportfile {}: {e}", path.display());
+                    return Ok(ExitCode::from(2));
+                }
+            }
+            let cfg = planned.config.clone();
+            // Ctrl-C (or SIGTERM) ends the phase as its time limit would: the summary so far
+            // is printed, the JSON and HDR logs written, and the exit code is 130.
+            naam_bench::phase::stop_on(naam_runtime::udp::stop_flag());
             let result = match cfg.server {
                 Some(addr) => run_udp(&cfg, addr, &|_, _| {})?,
                 None if cfg.fabric == "inproc-endpoints" => {
@@ -323,7 +342,24 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 }
                 None => run_inproc(&cfg, &|_, _| {})?,
             };
-            print!("{}", naam_bench::report::text(&result));
+            let report = naam_bench::report::text(&result);
+            match &planned.export {
+                (None, naam_bench::properties::Exporter::Text) => print!("{report}"),
+                (None, naam_bench::properties::Exporter::JsonArray) => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&naam_bench::report::json_array(&report))?
+                ),
+                (Some(path), exporter) => {
+                    let bytes = match exporter {
+                        naam_bench::properties::Exporter::Text => report.into_bytes(),
+                        naam_bench::properties::Exporter::JsonArray => {
+                            serde_json::to_vec_pretty(&naam_bench::report::json_array(&report))?
+                        }
+                    };
+                    std::fs::write(path, bytes)
+                        .with_context(|| format!("exportfile {}", path.display()))?;
+                }
+            }
             if let Some(path) = args.json {
                 let names = naam_bench::driver::handler_names(cfg.app);
                 let doc = naam_bench::report::json(&result, &command_line(), &names);
@@ -336,7 +372,9 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 .chain(result.load.iter().flat_map(|l| l.ops.iter()))
                 .map(|o| o.errors)
                 .sum();
-            Ok(if errors == 0 {
+            Ok(if result.interrupted {
+                ExitCode::from(130)
+            } else if errors == 0 {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::from(1)

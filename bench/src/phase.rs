@@ -91,6 +91,22 @@ pub struct PhaseOutcome {
     pub seconds: f64,
     /// Whether the time limit ended it.
     pub timed_out: bool,
+    /// Whether an interrupt (SIGINT, SIGTERM: [`stop_on`]) ended it.
+    pub interrupted: bool,
+}
+
+/// The flag that ends phases early when set (a signal handler's), once given.
+static STOP: std::sync::OnceLock<&'static AtomicBool> = std::sync::OnceLock::new();
+
+/// Ends every phase early, as its time limit would, once `flag` is set (naam-bench gives
+/// the flag its SIGINT and SIGTERM handler sets): what ran is reported.
+pub fn stop_on(flag: &'static AtomicBool) {
+    let _ = STOP.set(flag);
+}
+
+/// Whether [`stop_on`]'s flag is set.
+pub fn stop_asked() -> bool {
+    STOP.get().is_some_and(|f| f.load(Ordering::Relaxed))
 }
 
 /// Latency histogram bounds: 1 ns to 60 s, 3 significant digits.
@@ -145,6 +161,8 @@ pub(crate) fn run_phase(
         PhaseKind::Run => plan.ops,
     };
     let per_thread = total.div_ceil(threads);
+    // A count to estimate completion against: none for a run bounded by time alone.
+    let counted = (total != u64::MAX).then_some(total);
     // Each thread writes its own per operation: padded, so that no two threads' statistics
     // share a cache line (they did, and the lock's line bounced between the cores).
     let intervals: Vec<CachePadded<Mutex<PerOp>>> = (0..threads)
@@ -160,7 +178,7 @@ pub(crate) fn run_phase(
     let per_op = plan
         .target_ops_per_sec
         .and_then(|t| Duration::try_from_secs_f64(threads as f64 / t).ok());
-    let mut log = IntervalLog::new(plan.kind.name(), start);
+    let mut log = IntervalLog::new(plan.kind.name(), start, plan.hdr_log);
     let (results, end) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
@@ -215,19 +233,24 @@ pub(crate) fn run_phase(
                                   stats: &mut PerOp|
                      -> bool {
                         let mut shared = interval.lock().unwrap_or_else(|p| p.into_inner());
+                        let counted_as = counted_as(slot);
                         match r {
                             Ok(found) => {
-                                let _ = stats[slot].1.latency.record(ns);
-                                let _ = shared[slot].1.latency.record(ns);
-                                if !found {
-                                    stats[slot].1.not_found += 1;
-                                    shared[slot].1.not_found += 1;
+                                for &at in counted_as {
+                                    let _ = stats[at].1.latency.record(ns);
+                                    let _ = shared[at].1.latency.record(ns);
+                                    if !found {
+                                        stats[at].1.not_found += 1;
+                                        shared[at].1.not_found += 1;
+                                    }
                                 }
                                 false
                             }
                             Err(e) => {
-                                stats[slot].1.errors += 1;
-                                shared[slot].1.errors += 1;
+                                for &at in counted_as {
+                                    stats[at].1.errors += 1;
+                                    shared[at].1.errors += 1;
+                                }
                                 if server_gone(&e) {
                                     *gone.lock().unwrap_or_else(|p| p.into_inner()) =
                                         Some(format!("{e:#}"));
@@ -247,6 +270,9 @@ pub(crate) fn run_phase(
                         }
                         if deadline.is_some_and(|d| Instant::now() >= d) {
                             timed_out.store(true, Ordering::Relaxed);
+                            break;
+                        }
+                        if stop_asked() {
                             break;
                         }
                         pacer.wait(i);
@@ -369,22 +395,36 @@ pub(crate) fn run_phase(
                 if status_due {
                     eprintln!(
                         "{}",
-                        status_line(now - start, n, n - last_done, now - last_status, &merged)
+                        status_line(
+                            now - start,
+                            n,
+                            n - last_done,
+                            now - last_status,
+                            counted,
+                            &merged
+                        )
                     );
                     last_status = now;
                     last_done = n;
                 }
                 if plan.hdr_log.is_some() {
-                    log.push(last_log, now, merged);
+                    log.push(last_log, now, &merged);
                     last_log = now;
                 }
             }
         }
-        let end = Instant::now();
         let results: Vec<(PerOp, Instant)> = handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| (empty_stats(), Instant::now())))
             .collect();
+        // When the last thread finished, not when this loop next looked (it sleeps 50 ms): a
+        // short phase's rate is its own.
+        let end = results
+            .iter()
+            .map(|(_, e)| *e)
+            .max()
+            .unwrap_or_else(Instant::now)
+            .max(last_status);
         // The last, partial interval.
         let merged = take_interval(&intervals);
         if let Some(every) = status_every {
@@ -392,18 +432,23 @@ pub(crate) fn run_phase(
             if end - last_status >= every / 10 || last_status == start {
                 eprintln!(
                     "{}",
-                    status_line(end - start, n, n - last_done, end - last_status, &merged)
+                    status_line(
+                        end - start,
+                        n,
+                        n - last_done,
+                        end - last_status,
+                        counted,
+                        &merged
+                    )
                 );
             }
         }
         if plan.hdr_log.is_some() {
-            log.push(last_log, end, merged);
+            log.push(last_log, end, &merged);
         }
         (results, end)
     });
-    if let Some(dir) = plan.hdr_log {
-        log.write(dir)?;
-    }
+    log.finish()?;
     if let Some(why) = gone.into_inner().unwrap_or_else(|p| p.into_inner()) {
         anyhow::bail!("the {} phase stopped: {why}", plan.kind.name());
     }
@@ -433,7 +478,29 @@ pub(crate) fn run_phase(
         ops,
         seconds: last.duration_since(start).as_secs_f64().max(1e-9),
         timed_out: timed_out.load(Ordering::Relaxed),
+        interrupted: stop_asked(),
     })
+}
+
+/// The slots of [`Op::ALL`] an operation in slot `slot` is counted in: its own, and for a
+/// read-modify-write also `READ` and `UPDATE`, as YCSB counts workload F (it measures the
+/// read and the update of an RMW apart; NAAM runs both in one message, whose time stands for
+/// each).
+fn counted_as(slot: usize) -> &'static [usize] {
+    const READ: usize = 0;
+    const UPDATE: usize = 1;
+    const RMW: usize = 4;
+    const _: () = assert!(
+        matches!(Op::ALL[READ], Op::Read)
+            && matches!(Op::ALL[UPDATE], Op::Update)
+            && matches!(Op::ALL[RMW], Op::Rmw)
+    );
+    const SLOTS: [[usize; 1]; 5] = [[0], [1], [2], [3], [4]];
+    match slot {
+        RMW => &[RMW, READ, UPDATE],
+        s if s < SLOTS.len() => &SLOTS[s],
+        _ => &[],
+    }
 }
 
 /// Takes every thread's interval statistics, leaving them empty.
@@ -460,6 +527,7 @@ pub fn status_line(
     ops: u64,
     interval_ops: u64,
     interval: Duration,
+    total: Option<u64>,
     stats: &[(Op, OpStats)],
 ) -> String {
     let rate = interval_ops as f64 / interval.as_secs_f64().max(1e-9);
@@ -468,6 +536,14 @@ pub fn status_line(
         utc_now(),
         elapsed.as_secs()
     );
+    // YCSB's estimate: the rest at the rate so far.
+    if let Some(total) = total.filter(|&t| ops > 0 && ops < t) {
+        let left = elapsed.as_secs_f64() * (total - ops) as f64 / ops as f64;
+        line.push_str(&format!(
+            " est completion in {}",
+            remaining_words(left as u64)
+        ));
+    }
     for (op, s) in stats {
         let h = &s.latency;
         if h.is_empty() {
@@ -488,6 +564,27 @@ pub fn status_line(
         ));
     }
     line
+}
+
+/// A time left as YCSB's status lines word it: days and hours, hours and minutes under a
+/// day, seconds only under a minute (`1 minute`, `2 hours 5 minutes`, `40 seconds`).
+pub fn remaining_words(secs: u64) -> String {
+    let unit = |n: u64, one: &str| format!("{n} {one}{}", if n == 1 { "" } else { "s" });
+    let (days, hours, minutes) = (secs / 86_400, secs % 86_400 / 3_600, secs % 3_600 / 60);
+    let mut parts = Vec::new();
+    if days > 0 {
+        parts.push(unit(days, "day"));
+    }
+    if hours > 0 {
+        parts.push(unit(hours, "hour"));
+    }
+    if days == 0 && minutes > 0 {
+        parts.push(unit(minutes, "minute"));
+    }
+    if parts.is_empty() {
+        parts.push(unit(secs, "second"));
+    }
+    parts.join(" ")
 }
 
 /// `YYYY-MM-DD HH:MM:SS:mmm` in UTC, YCSB's status-line clock.
@@ -516,71 +613,126 @@ pub fn utc_now() -> String {
     )
 }
 
-/// Interval histograms per operation type, written as HdrHistogram interval logs at the end
-/// of the phase (`<dir>/<phase>-<OP>.hdr`, values in nanoseconds).
+/// HdrHistogram interval logs of one phase, one file per operation type
+/// (`<prefix><phase>-<OP>.hdr`), in the format YCSB's `hdrhistogram` measurement writes (Java's
+/// `HistogramLogWriter`: a format-version line, the start time, a column legend, then one line
+/// per interval: start and length in seconds, the interval's maximum in seconds, and the
+/// interval's histogram, deflate-compressed V2 encoding in base64), latencies in
+/// microseconds. Each interval is appended as the run goes and flushed, so a run cut short
+/// leaves what it measured.
 struct IntervalLog {
     phase: &'static str,
+    /// Each file is this, the phase and the operation (`<prefix><phase>-<OP>.hdr`).
+    prefix: Option<PathBuf>,
     start: Instant,
     start_wall: SystemTime,
-    intervals: Vec<(Duration, Duration, PerOp)>,
+    /// Per operation slot, its file once it has a first interval.
+    files: Vec<Option<std::io::BufWriter<std::fs::File>>>,
+    /// The first write error (reported when the phase ends; the run goes on).
+    failed: Option<anyhow::Error>,
 }
 
 impl IntervalLog {
-    fn new(phase: &'static str, start: Instant) -> IntervalLog {
+    fn new(phase: &'static str, start: Instant, prefix: Option<&Path>) -> IntervalLog {
         IntervalLog {
             phase,
+            prefix: prefix.map(Path::to_path_buf),
             start,
             start_wall: SystemTime::now(),
-            intervals: Vec::new(),
+            files: (0..Op::ALL.len()).map(|_| None).collect(),
+            failed: None,
         }
     }
 
-    fn push(&mut self, from: Instant, to: Instant, stats: PerOp) {
-        self.intervals
-            .push((from - self.start, to.saturating_duration_since(from), stats));
+    /// Appends the interval `[from, to)`'s histograms.
+    fn push(&mut self, from: Instant, to: Instant, stats: &PerOp) {
+        if self.prefix.is_none() || self.failed.is_some() {
+            return;
+        }
+        if let Err(e) = self.append(from, to, stats) {
+            self.failed = Some(e);
+        }
     }
 
-    fn write(&self, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-        use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
-        use hdrhistogram::serialization::V2DeflateSerializer;
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let mut written = Vec::new();
-        for (slot, op) in Op::ALL.iter().enumerate() {
-            if self
-                .intervals
-                .iter()
-                .all(|(_, _, s)| s[slot].1.latency.is_empty())
-            {
+    fn append(&mut self, from: Instant, to: Instant, stats: &PerOp) -> anyhow::Result<()> {
+        use base64::Engine as _;
+        use hdrhistogram::serialization::{Serializer as _, V2DeflateSerializer};
+        use std::io::Write as _;
+        let Some(prefix) = self.prefix.clone() else {
+            return Ok(());
+        };
+        let at = from.saturating_duration_since(self.start).as_secs_f64();
+        let length = to.saturating_duration_since(from).as_secs_f64();
+        for (slot, (op, s)) in stats.iter().enumerate() {
+            if s.latency.is_empty() {
                 continue;
             }
-            let path = dir.join(format!("{}-{}.hdr", self.phase, op.ycsb_name()));
-            let mut file = std::io::BufWriter::new(
-                std::fs::File::create(&path)
-                    .with_context(|| format!("creating {}", path.display()))?,
-            );
-            let mut serializer = V2DeflateSerializer::new();
-            let mut writer = IntervalLogWriterBuilder::new()
-                .add_comment(&format!(
-                    "naam-bench {} phase, {} latencies in nanoseconds",
+            let mut name = prefix.clone().into_os_string();
+            name.push(format!("{}-{}.hdr", self.phase, op.ycsb_name()));
+            let path = PathBuf::from(name);
+            if self.files[slot].is_none() {
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .with_context(|| format!("creating {}", dir.display()))?;
+                }
+                let mut f = std::io::BufWriter::new(
+                    std::fs::File::create(&path)
+                        .with_context(|| format!("creating {}", path.display()))?,
+                );
+                let started = self
+                    .start_wall
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs_f64();
+                writeln!(
+                    f,
+                    "#[naam-bench {} phase, {} latencies in microseconds]",
                     self.phase,
                     op.ycsb_name()
-                ))
-                .with_start_time(self.start_wall)
-                .with_base_time(self.start_wall)
-                .begin_log_with(&mut file, &mut serializer)
-                .with_context(|| format!("writing {}", path.display()))?;
-            let tag = Tag::new(op.ycsb_name());
-            for (from, length, stats) in &self.intervals {
-                writer
-                    .write_histogram(&stats[slot].1.latency, *from, *length, tag)
-                    .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+                )?;
+                writeln!(f, "#[Histogram log format version 1.3]")?;
+                writeln!(
+                    f,
+                    "#[StartTime: {started:.3} (seconds since epoch), {}]",
+                    utc_now()
+                )?;
+                writeln!(
+                    f,
+                    "\"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\""
+                )?;
+                self.files[slot] = Some(f);
             }
-            drop(writer);
-            std::io::Write::flush(&mut file)
+            let mut us = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+            for v in s.latency.iter_recorded() {
+                let value = (v.value_iterated_to() / 1000).clamp(1, 60_000_000);
+                us.record_n(value, v.count_at_value())
+                    .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            }
+            let mut encoded = Vec::new();
+            V2DeflateSerializer::new()
+                .serialize(&us, &mut encoded)
+                .map_err(|e| {
+                    anyhow::anyhow!("encoding an interval of {}: {e:?}", path.display())
+                })?;
+            let f = self.files[slot].as_mut().expect("opened above");
+            writeln!(
+                f,
+                "{at:.3},{length:.3},{:.6},{}",
+                us.max() as f64 / 1e6,
+                base64::engine::general_purpose::STANDARD.encode(&encoded)
+            )?;
+            f.flush()
                 .with_context(|| format!("writing {}", path.display()))?;
-            written.push(path);
         }
-        Ok(written)
+        Ok(())
+    }
+
+    /// Ends the logs: any write error the phase met.
+    fn finish(self) -> anyhow::Result<()> {
+        match self.failed {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 }
 
@@ -598,6 +750,7 @@ mod tests {
             2,
             2,
             Duration::from_secs(10),
+            None,
             &stats,
         );
         let (date, rest) = line.split_at(23);
@@ -613,5 +766,26 @@ mod tests {
             "{line}"
         );
         assert!(!line.contains("UPDATE"), "{line}");
+        let line = status_line(
+            Duration::from_secs(10),
+            100,
+            100,
+            Duration::from_secs(10),
+            Some(700),
+            &stats,
+        );
+        assert!(
+            line.contains("current ops/sec; est completion in 1 minute ["),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn time_left_is_worded_as_ycsb_words_it() {
+        assert_eq!(remaining_words(40), "40 seconds");
+        assert_eq!(remaining_words(1), "1 second");
+        assert_eq!(remaining_words(60), "1 minute");
+        assert_eq!(remaining_words(7_500), "2 hours 5 minutes");
+        assert_eq!(remaining_words(90_061), "1 day 1 hour");
     }
 }

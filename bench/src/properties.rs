@@ -4,6 +4,7 @@
 //! are named in warnings, never silently dropped.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::ycsb::{Distribution, KeyNaming, Op, RecordShape, ScanLength, Workload};
@@ -162,6 +163,61 @@ pub const KNOWN_KEYS: [&str; 24] = [
 /// lines, YCSB's name) and `naam.pipeline` (operations each client thread keeps in flight).
 pub const NAAM_KEYS: [&str; 2] = ["status.interval", "naam.pipeline"];
 
+/// YCSB's measurement and export keys NAAM honours ([`Measurement`]).
+pub const MEASUREMENT_KEYS: [&str; 6] = [
+    "measurementtype",
+    "hdrhistogram.percentiles",
+    "hdrhistogram.fileoutput",
+    "hdrhistogram.output.path",
+    "exportfile",
+    "exporter",
+];
+
+/// YCSB keys that change nothing NAAM runs or reports (a table name, a histogram's bucket
+/// count, the JVM's tracking, retry knobs of other stores, the hot set of a distribution NAAM
+/// refuses anyway): accepted, and named once as ignored.
+pub const IGNORED_KEYS: [&str; 14] = [
+    "table",
+    "columnfamily",
+    "histogram.buckets",
+    "timeseries.granularity",
+    "measurement.interval",
+    "measurement.trackjvm",
+    "measurement.raw.output_file",
+    "hotspotdatafraction",
+    "hotspotopnfraction",
+    "reportlatencyforeacherror",
+    "latencytrackederrors",
+    "core_workload_insertion_retry_limit",
+    "core_workload_insertion_retry_interval",
+    "dataintegrity",
+];
+
+/// How results are measured and written, from YCSB's keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Measurement {
+    /// Percentiles printed per operation (`hdrhistogram.percentiles`, default 95 and 99).
+    pub percentiles: Vec<f64>,
+    /// Where HdrHistogram interval logs go: the directory and the file names' prefix
+    /// (`hdrhistogram.fileoutput=true` with `hdrhistogram.output.path`, as YCSB names them:
+    /// `<path><OP>.hdr`).
+    pub hdr_output: Option<PathBuf>,
+    /// Where the final report goes instead of stdout (`exportfile`).
+    pub export_file: Option<PathBuf>,
+    /// In which form (`exporter`).
+    pub exporter: Exporter,
+}
+
+/// YCSB's measurement exporters NAAM writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exporter {
+    /// `site.ycsb.measurements.exporter.TextMeasurementsExporter` (default): `[OP], metric,
+    /// value` lines.
+    Text,
+    /// `JSONArrayMeasurementsExporter`: one JSON array of `{metric, measurement, value}`.
+    JsonArray,
+}
+
 /// A YCSB run as its properties describe it.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -189,6 +245,8 @@ pub struct Settings {
     pub write_all_fields: bool,
     /// Time between status lines (`status.interval`, default 10 s).
     pub status_interval: Duration,
+    /// How results are measured and written.
+    pub measurement: Measurement,
     /// What was accepted but does not change a NAAM run, and keys nobody reads.
     pub warnings: Vec<String>,
 }
@@ -376,10 +434,21 @@ impl Settings {
         let write_all_fields = boolean("writeallfields", false)?;
         let status_interval = seconds("status.interval")?.unwrap_or(Duration::from_secs(10));
         let max_execution_time = seconds("maxexecutiontime")?;
+        let measurement = measurement(p)?;
+        let mut ignored = Vec::new();
         for key in p.keys() {
-            if !KNOWN_KEYS.contains(&key) && !NAAM_KEYS.contains(&key) {
+            if IGNORED_KEYS.contains(&key) {
+                ignored.push(key);
+            } else if !KNOWN_KEYS.contains(&key)
+                && !NAAM_KEYS.contains(&key)
+                && !MEASUREMENT_KEYS.contains(&key)
+            {
                 warnings.push(format!("unknown property `{key}` (ignored)"));
             }
+        }
+        if !ignored.is_empty() {
+            ignored.sort_unstable();
+            warnings.push(format!("ignored (not supported): {}", ignored.join(", ")));
         }
         Ok(Settings {
             workload: Workload {
@@ -408,9 +477,85 @@ impl Settings {
             insert_count,
             write_all_fields,
             status_interval,
+            measurement,
             warnings,
         })
     }
+}
+
+/// Reads YCSB's measurement and export keys: the measurement types whose output NAAM gives
+/// (`histogram`, YCSB's default, and `hdrhistogram`, with or without `+histogram`: the same
+/// percentile lines from an HdrHistogram), the percentiles, interval-log files and exporter.
+/// Types whose output NAAM does not write (`raw`, `timeseries`) and exporters it lacks are
+/// refused by name.
+fn measurement(p: &Properties) -> Result<Measurement, PropertyError> {
+    let kind = p.get("measurementtype").unwrap_or("histogram");
+    let hdr = match kind {
+        "histogram" => false,
+        "hdrhistogram" | "hdrhistogram+histogram" => true,
+        other => {
+            return Err(bad(
+                "measurementtype",
+                other,
+                "histogram or hdrhistogram (raw, timeseries and their mixes are not written)",
+            ))
+        }
+    };
+    let percentiles = match p.get("hdrhistogram.percentiles") {
+        None => vec![95.0, 99.0],
+        Some(list) => list
+            .split(',')
+            .map(|v| {
+                v.trim()
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|x| *x > 0.0 && *x < 100.0)
+                    .ok_or_else(|| {
+                        bad(
+                            "hdrhistogram.percentiles",
+                            list,
+                            "comma-separated percentiles, each above 0 and below 100",
+                        )
+                    })
+            })
+            .collect::<Result<Vec<f64>, _>>()?,
+    };
+    let file_output = match p.get("hdrhistogram.fileoutput") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Err(bad("hdrhistogram.fileoutput", other, "true or false")),
+    };
+    if file_output && !hdr {
+        return Err(bad(
+            "hdrhistogram.fileoutput",
+            "true",
+            "interval logs need measurementtype=hdrhistogram",
+        ));
+    }
+    let hdr_output =
+        file_output.then(|| PathBuf::from(p.get("hdrhistogram.output.path").unwrap_or("")));
+    let exporter = match p.get("exporter") {
+        None => Exporter::Text,
+        Some(e) if e.ends_with("TextMeasurementsExporter") => Exporter::Text,
+        Some(e) if e.ends_with("JSONArrayMeasurementsExporter") => Exporter::JsonArray,
+        Some(e) => {
+            return Err(bad(
+                "exporter",
+                e,
+                "site.ycsb.measurements.exporter.TextMeasurementsExporter or \
+                 JSONArrayMeasurementsExporter",
+            ))
+        }
+    };
+    Ok(Measurement {
+        percentiles,
+        hdr_output,
+        export_file: p
+            .get("exportfile")
+            .filter(|f| !f.is_empty())
+            .map(PathBuf::from),
+        exporter,
+    })
 }
 
 #[cfg(test)]

@@ -18,6 +18,40 @@ fn us_f(ns: f64) -> f64 {
     (ns / 1000.0 * 100.0).round() / 100.0
 }
 
+/// The text report ([`text`]) as YCSB's `JSONArrayMeasurementsExporter` writes it: one array
+/// of `{"metric", "measurement", "value"}`, numbers as numbers.
+pub fn json_array(text: &str) -> Value {
+    let rows: Vec<Value> = text
+        .lines()
+        .filter_map(|l| {
+            let (metric, rest) = l.strip_prefix('[')?.split_once("], ")?;
+            let (measurement, value) = rest.split_once(", ")?;
+            let value = value
+                .parse::<u64>()
+                .map(Value::from)
+                .or_else(|_| value.parse::<f64>().map(Value::from))
+                .unwrap_or_else(|_| Value::from(value));
+            Some(json!({ "metric": metric, "measurement": measurement, "value": value }))
+        })
+        .collect();
+    Value::Array(rows)
+}
+
+/// A percentile as YCSB's report names it: `95th`, `99th`, `1st`, `99.9`.
+fn ordinal(q: f64) -> String {
+    if q.fract() != 0.0 {
+        return format!("{q}");
+    }
+    let n = q as u64;
+    let suffix = match (n % 10, n % 100) {
+        (1, r) if r != 11 => "st",
+        (2, r) if r != 12 => "nd",
+        (3, r) if r != 13 => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
 /// YCSB's block for one phase: `[OVERALL]` then each operation's lines.
 fn phase_text(out: &mut String, seconds: f64, throughput: f64, ops: &[OpSummary]) {
     let _ = writeln!(
@@ -34,8 +68,14 @@ fn phase_text(out: &mut String, seconds: f64, throughput: f64, ops: &[OpSummary]
         let _ = writeln!(out, "[{name}], AverageLatency(us), {:.2}", us_f(l.mean));
         let _ = writeln!(out, "[{name}], MinLatency(us), {}", us(o.min));
         let _ = writeln!(out, "[{name}], MaxLatency(us), {}", us(l.max));
-        let _ = writeln!(out, "[{name}], 95thPercentileLatency(us), {}", us(o.p95));
-        let _ = writeln!(out, "[{name}], 99thPercentileLatency(us), {}", us(l.p99));
+        for &(q, ns) in &o.percentiles {
+            let _ = writeln!(
+                out,
+                "[{name}], {}PercentileLatency(us), {}",
+                ordinal(q),
+                us(ns)
+            );
+        }
         let _ = writeln!(
             out,
             "[{name}], Return=OK, {}",
@@ -92,6 +132,9 @@ pub fn text(r: &YcsbResult) -> String {
     }
     if r.timed_out || r.load.as_ref().is_some_and(|l| l.timed_out) {
         let _ = writeln!(out, "[NAAM], StoppedBy, maxexecutiontime");
+    }
+    if r.interrupted {
+        let _ = writeln!(out, "[NAAM], StoppedBy, interrupt");
     }
     if r.ran {
         for p in Placement::ALL {
@@ -163,6 +206,7 @@ fn phase_json(p: &PhaseSummary) -> Value {
         "run_time_ms": (p.seconds * 1000.0).round() as u64,
         "throughput_ops_per_sec": p.throughput,
         "stopped_by_time_limit": p.timed_out,
+        "stopped_by_interrupt": p.interrupted,
         "operations": ops_json(&p.ops),
     })
 }
@@ -188,6 +232,7 @@ pub fn json(r: &YcsbResult, command: &str, handler_names: &[(u32, String)]) -> V
             "run_time_ms": (r.seconds * 1000.0).round() as u64,
             "throughput_ops_per_sec": r.throughput,
             "stopped_by_time_limit": r.timed_out,
+            "stopped_by_interrupt": r.interrupted,
             "operations": ops_json(&r.ops),
             "all_operations_latency": latency_json(&r.all),
             "placements": Placement::ALL.iter().map(|p| json!({

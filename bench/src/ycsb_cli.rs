@@ -85,11 +85,50 @@ pub struct YcsbArgs {
     pub hdr_log: Option<PathBuf>,
 }
 
+/// The command line with YCSB's own spellings after `ycsb` taken as NAAM's (a copied YCSB
+/// command line runs): `-load` and `-t` (the phase), `-threads N`, `-target N`, `-s` (status
+/// lines, which NAAM always prints) and `-db CLASS` (NAAM is the store; dropped, and said so
+/// in the returned notes). Everything else is left as it is, for clap.
+pub fn with_ycsb_spellings(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> (Vec<std::ffi::OsString>, Vec<String>) {
+    let mut out = Vec::new();
+    let mut notes = Vec::new();
+    let mut in_ycsb = false;
+    let mut it = args.into_iter().peekable();
+    while let Some(a) = it.next() {
+        if !in_ycsb {
+            in_ycsb = a == "ycsb";
+            out.push(a);
+            continue;
+        }
+        match a.to_str() {
+            Some("-load") => out.push("load".into()),
+            Some("-t") => out.push("run".into()),
+            Some("-threads") => out.push("--threads".into()),
+            Some("-target") => out.push("--target".into()),
+            Some("-s") => {}
+            Some("-db") => {
+                if let Some(class) = it.next() {
+                    notes.push(format!(
+                        "-db {}: ignored (NAAM runs its own store: --app mica or btree)",
+                        class.to_string_lossy()
+                    ));
+                }
+            }
+            _ => out.push(a),
+        }
+    }
+    (out, notes)
+}
+
 /// A checked run and what the user should hear about it first.
 #[derive(Debug)]
 pub struct Planned {
     /// The run.
     pub config: YcsbConfig,
+    /// Where the report goes instead of stdout (`exportfile`), and in which form (`exporter`).
+    pub export: (Option<PathBuf>, crate::properties::Exporter),
     /// Warnings (unknown keys, settings without effect).
     pub warnings: Vec<String>,
 }
@@ -233,8 +272,51 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
             insert_count: Some(settings.insert_count),
             write_all_fields: settings.write_all_fields,
             status_interval: Some(settings.status_interval),
-            hdr_log: args.hdr_log.clone(),
+            // `--hdr-log DIR` wins over YCSB's hdrhistogram.output.path (a prefix).
+            hdr_log: args
+                .hdr_log
+                .as_ref()
+                .map(|d| d.join(""))
+                .or(settings.measurement.hdr_output.clone()),
+            percentiles: settings.measurement.percentiles.clone(),
         },
     };
-    Ok(Planned { config, warnings })
+    Ok(Planned {
+        config,
+        export: (
+            settings.measurement.export_file.clone(),
+            settings.measurement.exporter,
+        ),
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_ycsb_spellings;
+
+    fn spelled(line: &str) -> (Vec<String>, Vec<String>) {
+        let (args, notes) = with_ycsb_spellings(line.split_whitespace().map(Into::into));
+        let args = args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        (args, notes)
+    }
+
+    #[test]
+    fn a_copied_ycsb_command_line_reads_as_naams() {
+        let (args, notes) = spelled(
+            "naam-bench ycsb -load -db site.ycsb.BasicDB -s -threads 4 -target 1000 \
+             -P workloads/workloada -p recordcount=10",
+        );
+        assert_eq!(
+            args.join(" "),
+            "naam-bench ycsb load --threads 4 --target 1000 -P workloads/workloada -p recordcount=10"
+        );
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert_eq!(spelled("naam-bench ycsb -t -P w").0[2], "run");
+        // Only after `ycsb`: another command's arguments are left alone.
+        assert_eq!(spelled("naam-bench verify -t").0[2], "-t");
+    }
 }
