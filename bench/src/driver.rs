@@ -14,6 +14,7 @@ use naam_runtime::proto::Placement;
 use naam_runtime::{Percentiles, Snapshot};
 use serde::Serialize;
 
+use crate::phase::{PipedStore, Store, StoreFactory, StoreOp};
 use crate::ycsb::{KeyNaming, Op, RecordShape, Workload};
 
 /// Which application serves the records.
@@ -239,80 +240,21 @@ pub struct YcsbResult {
     pub transport: naam_runtime::TransportCounts,
 }
 
+/// Operations of the run phase that succeeded, each once: `ops` counts a read-modify-write
+/// under `READ` and `UPDATE` too, as YCSB reports workload F.
+pub fn completed(ops: &[OpSummary]) -> u64 {
+    let all: u64 = ops.iter().map(|o| o.latency.count).sum();
+    let rmw: u64 = ops
+        .iter()
+        .filter(|o| o.op == Op::Rmw)
+        .map(|o| o.latency.count)
+        .sum();
+    all - 2 * rmw
+}
+
 /// Latency of every operation of `r`'s run phase together.
 pub fn overall(r: &YcsbResult) -> Percentiles {
     r.all
-}
-
-/// One thread's view of the store.
-/// Whether `e` says the server has been silent past the client's liveness bound: the run
-/// stops at once and fails, rather than fail every remaining operation.
-pub(crate) fn server_gone(e: &anyhow::Error) -> bool {
-    use naam_runtime::proto::transport::ClientError;
-    e.chain().any(|c| {
-        let client = c
-            .downcast_ref::<ClientError>()
-            .or_else(|| match c.downcast_ref::<naam_mica::MicaError>() {
-                Some(naam_mica::MicaError::Client(ce)) => Some(ce),
-                _ => None,
-            })
-            .or_else(|| match c.downcast_ref::<naam_btree::BTreeError>() {
-                Some(naam_btree::BTreeError::Client(ce)) => Some(ce),
-                _ => None,
-            });
-        matches!(client, Some(ClientError::ServerGone { .. }))
-    })
-}
-
-pub(crate) trait Store {
-    fn read(&mut self, n: u64) -> anyhow::Result<bool>;
-    fn update(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
-    fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()>;
-    fn scan(&mut self, n: u64, len: usize) -> anyhow::Result<usize>;
-    fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
-
-    /// Runs `op` now; `Ok(false)`: a read (or read-modify-write) that found no record.
-    fn run(&mut self, op: StoreOp) -> anyhow::Result<bool> {
-        match op {
-            StoreOp::Read(n) => self.read(n),
-            StoreOp::Update(n, field, bytes) => self.update(n, field, &bytes).map(|()| true),
-            StoreOp::Rmw(n, field, bytes) => self.rmw(n, field, &bytes).map(|()| true),
-            StoreOp::Insert(n, record) => self.insert(n, &record).map(|()| true),
-            StoreOp::Scan(n, len) => self.scan(n, len).map(|_| true),
-        }
-    }
-
-    /// The store's pipelined side, when it keeps several operations in flight.
-    fn piped(&mut self) -> Option<&mut dyn PipedStore> {
-        None
-    }
-}
-
-/// One YCSB operation as the driver drew it.
-#[derive(Clone, Debug)]
-pub(crate) enum StoreOp {
-    /// Read the record of key number `.0`.
-    Read(u64),
-    /// Write `.2` over field `.1` (or the whole record) of key `.0`.
-    Update(u64, usize, Vec<u8>),
-    /// Read, then write `.2` over field `.1` of key `.0` (YCSB's read-modify-write).
-    Rmw(u64, usize, Vec<u8>),
-    /// Insert record `.1` as key `.0`.
-    Insert(u64, Vec<u8>),
-    /// Scan `.1` records from key `.0`.
-    Scan(u64, usize),
-}
-
-/// A store that keeps operations in flight (`--pipeline`): each started with a tag, handed
-/// back by tag when it finishes.
-pub(crate) trait PipedStore {
-    /// Starts `op`, tagged `tag`.
-    fn start(&mut self, tag: u64, op: StoreOp) -> anyhow::Result<()>;
-    /// Operations that finished, by tag (`Ok(false)`: found no record); with `block`, waits
-    /// a while for one when any is in flight.
-    fn finished(&mut self, block: bool) -> Vec<(u64, anyhow::Result<bool>)>;
-    /// Operations started and not yet handed back.
-    fn in_flight(&self) -> usize;
 }
 
 /// A [`PipedStore`] as a [`Store`]: each of its operations run alone is started and waited
@@ -614,10 +556,6 @@ fn objects(app: App) -> anyhow::Result<Objects> {
 }
 
 const APP_ID: u32 = 1;
-
-/// The cluster for `cfg`, and a way to make one store per thread.
-/// Makes one store per client thread.
-pub(crate) type StoreFactory = Arc<dyn Fn() -> anyhow::Result<Box<dyn Store + Send>> + Send + Sync>;
 
 /// The in-process cluster `cfg` runs on: its executors and steering policy. Both in-process
 /// fabrics use it (`--fabric inproc-endpoints` splits it into naam-server's and naam-nic's).
@@ -1166,8 +1104,16 @@ pub(crate) fn run_phases(
             .map(|(op, s)| OpSummary::of(*op, s, &cfg.run.percentiles))
             .collect()
     };
+    // Operations that succeeded, each once (a read-modify-write is also counted under READ
+    // and UPDATE, as YCSB reports it).
     let succeeded = |ops: &[(Op, crate::phase::OpStats)]| -> u64 {
-        ops.iter().map(|(_, s)| s.latency.len()).sum()
+        let all: u64 = ops.iter().map(|(_, s)| s.latency.len()).sum();
+        let rmw: u64 = ops
+            .iter()
+            .filter(|(op, _)| *op == Op::Rmw)
+            .map(|(_, s)| s.latency.len())
+            .sum();
+        all - 2 * rmw
     };
     let mut load = None;
     if cfg.run.phases != Phases::Run {

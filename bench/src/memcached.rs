@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
-use crate::driver::{run_phases, Store, StoreFactory, StoreOp, YcsbConfig, YcsbResult};
+use crate::driver::{run_phases, YcsbConfig, YcsbResult};
+use crate::phase::{PipedStore, Store, StoreFactory, StoreOp};
 use crate::ycsb::key_name;
 
 /// A memcached server on loopback, killed on drop.
@@ -244,7 +245,7 @@ impl MemcachedStore {
     }
 }
 
-impl crate::driver::PipedStore for MemcachedStore {
+impl PipedStore for MemcachedStore {
     fn start(&mut self, tag: u64, op: StoreOp) -> anyhow::Result<()> {
         match op {
             StoreOp::Read(n) => {
@@ -332,7 +333,7 @@ impl Store for MemcachedStore {
         let record = self.patched(old.as_deref(), field, bytes);
         self.c.set(&key, &record)
     }
-    fn piped(&mut self) -> Option<&mut dyn crate::driver::PipedStore> {
+    fn piped(&mut self) -> Option<&mut dyn PipedStore> {
         Some(self)
     }
 }

@@ -1,19 +1,93 @@
 //! One YCSB phase (load or run) on client threads: pacing to a target rate, a time limit,
 //! per-operation histograms, YCSB's status lines every interval and HdrHistogram interval logs.
-//! The stores come from the caller; this module owns only the loop and its measurements.
+//! The stores come from the caller through the [`Store`] interface defined here; this module
+//! owns the loop, that interface and the measurements.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use crossbeam_utils::CachePadded;
 use hdrhistogram::Histogram;
 
-use crate::driver::{server_gone, StoreFactory, StoreOp};
 use crate::ycsb::{KeyChooser, Op, RecordShape, Rng, Workload};
 use naam_runtime::{Clock, SystemClock};
+
+/// Whether `e` says the server has been silent past the client's liveness bound: the run
+/// stops at once and fails, rather than fail every remaining operation.
+pub(crate) fn server_gone(e: &anyhow::Error) -> bool {
+    use naam_runtime::proto::transport::ClientError;
+    e.chain().any(|c| {
+        let client = c
+            .downcast_ref::<ClientError>()
+            .or_else(|| match c.downcast_ref::<naam_mica::MicaError>() {
+                Some(naam_mica::MicaError::Client(ce)) => Some(ce),
+                _ => None,
+            })
+            .or_else(|| match c.downcast_ref::<naam_btree::BTreeError>() {
+                Some(naam_btree::BTreeError::Client(ce)) => Some(ce),
+                _ => None,
+            });
+        matches!(client, Some(ClientError::ServerGone { .. }))
+    })
+}
+
+/// One thread's view of the store.
+pub(crate) trait Store {
+    fn read(&mut self, n: u64) -> anyhow::Result<bool>;
+    fn update(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
+    fn insert(&mut self, n: u64, record: &[u8]) -> anyhow::Result<()>;
+    fn scan(&mut self, n: u64, len: usize) -> anyhow::Result<usize>;
+    fn rmw(&mut self, n: u64, field: usize, bytes: &[u8]) -> anyhow::Result<()>;
+
+    /// Runs `op` now; `Ok(false)`: a read (or read-modify-write) that found no record.
+    fn run(&mut self, op: StoreOp) -> anyhow::Result<bool> {
+        match op {
+            StoreOp::Read(n) => self.read(n),
+            StoreOp::Update(n, field, bytes) => self.update(n, field, &bytes).map(|()| true),
+            StoreOp::Rmw(n, field, bytes) => self.rmw(n, field, &bytes).map(|()| true),
+            StoreOp::Insert(n, record) => self.insert(n, &record).map(|()| true),
+            StoreOp::Scan(n, len) => self.scan(n, len).map(|_| true),
+        }
+    }
+
+    /// The store's pipelined side, when it keeps several operations in flight.
+    fn piped(&mut self) -> Option<&mut dyn PipedStore> {
+        None
+    }
+}
+
+/// One YCSB operation as the driver drew it.
+#[derive(Clone, Debug)]
+pub(crate) enum StoreOp {
+    /// Read the record of key number `.0`.
+    Read(u64),
+    /// Write `.2` over field `.1` (or the whole record) of key `.0`.
+    Update(u64, usize, Vec<u8>),
+    /// Read, then write `.2` over field `.1` of key `.0` (YCSB's read-modify-write).
+    Rmw(u64, usize, Vec<u8>),
+    /// Insert record `.1` as key `.0`.
+    Insert(u64, Vec<u8>),
+    /// Scan `.1` records from key `.0`.
+    Scan(u64, usize),
+}
+
+/// A store that keeps operations in flight (`--pipeline`): each started with a tag, handed
+/// back by tag when it finishes.
+pub(crate) trait PipedStore {
+    /// Starts `op`, tagged `tag`.
+    fn start(&mut self, tag: u64, op: StoreOp) -> anyhow::Result<()>;
+    /// Operations that finished, by tag (`Ok(false)`: found no record); with `block`, waits
+    /// a while for one when any is in flight.
+    fn finished(&mut self, block: bool) -> Vec<(u64, anyhow::Result<bool>)>;
+    /// Operations started and not yet handed back.
+    fn in_flight(&self) -> usize;
+}
+
+/// Makes one store per client thread.
+pub(crate) type StoreFactory = Arc<dyn Fn() -> anyhow::Result<Box<dyn Store + Send>> + Send + Sync>;
 
 /// Which phase a loop runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

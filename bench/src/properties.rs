@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::ycsb::{Distribution, KeyNaming, Op, RecordShape, ScanLength, Workload};
+use crate::ycsb::{Distribution, KeyNaming, Op, RecordShape, ScanLength, Workload, CORE_FILES};
 
 /// Why a property set was refused.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -483,6 +483,19 @@ impl Settings {
     }
 }
 
+impl Workload {
+    /// YCSB's core workload `letter` (a-f), from the shipped file, read by these properties'
+    /// rules (kept here, beside them: the generators in `ycsb` know nothing of files).
+    pub fn core(letter: char) -> Option<Workload> {
+        let letter = letter.to_ascii_lowercase();
+        let (_, text) = CORE_FILES.iter().find(|(l, _)| *l == letter)?;
+        let props = Properties::parse(text, "workload file").ok()?;
+        let mut w = Settings::from_properties(&props).ok()?.workload;
+        w.name = letter.to_string();
+        Some(w)
+    }
+}
+
 /// Reads YCSB's measurement and export keys: the measurement types whose output NAAM gives
 /// (`histogram`, YCSB's default, and `hdrhistogram`, with or without `+histogram`: the same
 /// percentile lines from an HdrHistogram), the percentiles, interval-log files and exporter.
@@ -628,6 +641,9 @@ mod tests {
             ("insertorder", "random"),
             ("operationcount", "0"),
             ("workload", "site.ycsb.workloads.RestWorkload"),
+            ("measurementtype", "raw"),
+            ("hdrhistogram.percentiles", "95,101"),
+            ("exporter", "site.ycsb.measurements.exporter.XmlExporter"),
         ] {
             let mut p = Properties::default();
             p.set(k, v);
@@ -636,8 +652,26 @@ mod tests {
         }
         let mut p = Properties::default();
         p.set("measurementtype", "hdrhistogram");
+        p.set("table", "usertable");
+        p.set("hotspotopnfraction", "0.8");
+        p.set("nosuchkey", "1");
         let s = Settings::from_properties(&p).unwrap();
-        assert!(s.warnings.iter().any(|w| w.contains("measurementtype")));
+        assert!(
+            !s.warnings.iter().any(|w| w.contains("measurementtype")),
+            "{:?}",
+            s.warnings
+        );
+        assert!(
+            s.warnings
+                .iter()
+                .any(|w| w == "ignored (not supported): hotspotopnfraction, table"),
+            "{:?}",
+            s.warnings
+        );
+        assert!(s
+            .warnings
+            .iter()
+            .any(|w| w.contains("unknown property `nosuchkey`")));
         p.set("operationcount", 0);
         p.set("maxexecutiontime", 5);
         assert_eq!(Settings::from_properties(&p).unwrap().operation_count, None);

@@ -242,7 +242,7 @@ fn check<C: Checked>(
                     r.errors += 1;
                     note(&mut r, format!("write {} v{v}: key missing", c.name(i)));
                 }
-                Err(e) if crate::driver::server_gone(&e) => return Err(e),
+                Err(e) if crate::phase::server_gone(&e) => return Err(e),
                 Err(e) => {
                     // The write may or may not have happened: the next read may see either.
                     r.errors += 1;
@@ -278,7 +278,7 @@ fn check<C: Checked>(
                     ),
                 );
             }
-            Err(e) if crate::driver::server_gone(&e) => return Err(e),
+            Err(e) if crate::phase::server_gone(&e) => return Err(e),
             Err(e) => {
                 r.errors += 1;
                 note(&mut r, format!("get {}: {e}", c.name(i)));

@@ -352,18 +352,6 @@ impl Workload {
         self.mix.iter().any(|(op, p)| *op == Op::Scan && *p > 0.0)
     }
 
-    /// YCSB's core workload `letter` (a-f), from the shipped file.
-    pub fn core(letter: char) -> Option<Workload> {
-        let letter = letter.to_ascii_lowercase();
-        let (_, text) = CORE_FILES.iter().find(|(l, _)| *l == letter)?;
-        let props = crate::properties::Properties::parse(text, "workload file").ok()?;
-        let mut w = crate::properties::Settings::from_properties(&props)
-            .ok()?
-            .workload;
-        w.name = letter.to_string();
-        Some(w)
-    }
-
     /// Draws a scan length.
     pub fn scan_length(&self, rng: &mut Rng, zipf: &mut Option<Zipfian>) -> u64 {
         if self.min_scan >= self.max_scan {

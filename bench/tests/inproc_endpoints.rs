@@ -18,7 +18,7 @@ fn cfg(app: App, w: char, placement: PlacementChoice) -> YcsbConfig {
 fn workloads_run_through_the_endpoints_without_errors() {
     for (app, w) in [(App::Mica, 'a'), (App::Mica, 'b'), (App::Btree, 'c')] {
         let r = run_inproc_endpoints(&cfg(app, w, PlacementChoice::Auto), &|_, _| {}).unwrap();
-        let done: u64 = r.ops.iter().map(|o| o.latency.count).sum();
+        let done = naam_bench::driver::completed(&r.ops);
         let errors: u64 = r.ops.iter().map(|o| o.errors).sum();
         assert_eq!((done, errors), (1500, 0), "{app:?} {w}");
         assert_eq!(r.mode, MEMORY_MODE);
@@ -58,7 +58,7 @@ fn pipelined_sessions_run_every_operation_kind_through_the_endpoints() {
         let mut c = cfg(app, w, PlacementChoice::Auto);
         c.pipeline = 8;
         let r = run_inproc_endpoints(&c, &|_, _| {}).unwrap();
-        let done: u64 = r.ops.iter().map(|o| o.latency.count).sum();
+        let done = naam_bench::driver::completed(&r.ops);
         let errors: u64 = r.ops.iter().map(|o| o.errors).sum();
         assert_eq!((done, errors), (1500, 0), "{app:?} {w}, pipeline 8");
     }

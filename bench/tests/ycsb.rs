@@ -26,7 +26,7 @@ fn every_workload_runs_without_errors() {
     ];
     for (app, w) in runs {
         let r = run_inproc(&cfg(app, w, PlacementChoice::Auto), &|_, _| {}).unwrap();
-        let done: u64 = r.ops.iter().map(|o| o.latency.count).sum();
+        let done = naam_bench::driver::completed(&r.ops);
         let errors: u64 = r.ops.iter().map(|o| o.errors).sum();
         assert_eq!((done, errors), (1500, 0), "{app:?} {w}");
         assert!(r.throughput > 0.0 && r.load_throughput > 0.0);
@@ -136,7 +136,7 @@ fn memcached_baseline_runs_the_same_workloads() {
         let mut c = cfg(App::Mica, w, PlacementChoice::Auto);
         c.pipeline = pipeline;
         let r = naam_bench::memcached::run_memcached(&c, 1, &|_, _| {}).unwrap();
-        let done: u64 = r.ops.iter().map(|o| o.latency.count).sum();
+        let done = naam_bench::driver::completed(&r.ops);
         let errors: u64 = r.ops.iter().map(|o| o.errors).sum();
         assert_eq!(
             (done, errors),

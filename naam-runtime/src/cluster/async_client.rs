@@ -2,7 +2,12 @@
 //! calls in flight, replies through tokio oneshots, and the Client placement awaiting its
 //! one-sided READs without blocking the runtime.
 
-use super::*;
+use super::{
+    error_reply, reply_for, submit, AgentJob, AgentSink, Arc, AtomicU64, ClientError, Cluster,
+    Descriptor, Duration, HandlerEntry, HandlerKey, HandlerKind, HashMap, Inner, Instant,
+    LoadFeedback, Mutex, Ordering, Placement, Refusal, Reply, ReplySink, Request, Selector, Status,
+    Vm, WriteError,
+};
 use crate::executor::run_step;
 use naam_proto::step::{Action, StepMachine};
 

@@ -1,6 +1,13 @@
 //! The synchronous in-process client and the Client placement's run.
 
-use super::*;
+use super::{
+    bounded, error_reply, executor, recv_polling, reply_for, resume_served, run_message, serve,
+    spin_for, submit, AgentJob, AgentResult, AgentSink, Arc, ByteArena, Bytes, ClientError,
+    ClientPath, Clock, Cluster, Descriptor, Descriptors, FetchError, HandlerEntry, HandlerKey,
+    HandlerKind, HostPath, Inner, Instant, IntMap, Limits, LoadFeedback, LocalLoad, MessageStart,
+    MetricsShard, Nanos, OneSided, Ordering, Placement, Receiver, Refusal, Registry, Reply,
+    ReplySink, Request, Selector, Sender, Served, Status, StepMachine, Vm, Weights, WriteError,
+};
 
 impl Cluster {
     /// A new synchronous client of this cluster, with its own id and reply channel.

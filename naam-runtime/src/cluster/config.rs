@@ -1,7 +1,10 @@
 //! The cluster's configuration: apps and their regions, policies, the NIC model, tenant
 //! budgets, and the errors of building a cluster and of calling it.
 
-use super::*;
+use super::{
+    Arc, CostPolicy, CostPolicyConfig, DmaModel, Duration, HandlerSpec, Limits, LoadedObject,
+    Nanos, Placement, Policy, RegistryError, StaticPolicy, VerifierConfig, POLL_BEFORE_BLOCKING,
+};
 
 /// A region to register for an app.
 #[derive(Clone, Debug)]

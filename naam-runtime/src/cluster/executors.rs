@@ -1,7 +1,13 @@
 //! The executor and one-sided agent threads: serving a message at a placement, parking a
 //! torn-read retry, write ownership and deduplication at the owner.
 
-use super::*;
+use super::{
+    apply_owned, error_reply, executor, one_sided_read, recv_polling, reply_for, spin_for,
+    AgentJob, AgentSink, Arc, DataPath, Dedup, Driven, Duration, FairQueue, HandlerEntry,
+    HandlerKind, HostPath, Inner, Instant, Job, LoadFeedback, Nanos, NicPath, Ordering, Outcome,
+    ParkedRun, Placement, Receiver, RegionTable, Request, RunCost, Status, StepMachine, Vm,
+    WriteError,
+};
 use naam_proto::step::{InPlace, WriteBatch};
 
 /// What serving a message left: an answer, or a message parked for a torn-read retry.

@@ -2,7 +2,11 @@
 //! process, naam-server's and naam-nic's receive loops over UDP. No queue, no hand-off; the
 //! load they put on their placement reaches the steering in periodic reports.
 
-use super::*;
+use super::{
+    serve_handler, spin_for, write_reply_for, Arc, Cluster, HandlerEntry, HandlerKey, HostPath,
+    Inner, LoadFeedback, Nanos, NicPath, ParkedRun, Placement, RemoteHandler, RemoteLoad, Reply,
+    Request, Served, StepMachine, Vm,
+};
 
 /// How often a thread that runs messages itself hands the load it measured to the cluster's
 /// tracker: well inside one steering period, so the controller always decides on fresh

@@ -1,7 +1,10 @@
 //! The steering thread's side of the cluster: what the [`Controller`] observes of it, and
 //! publishing its decisions (weights, client signals, owner handoffs).
 
-use super::*;
+use super::{
+    AppView, Arc, ClusterError, Controller, Duration, HandlerKey, HandlerKind, HandlerView, Inner,
+    Instant, LoadTracker, Observe, Ordering, Placement, SteeringInputs, Weights, REMOTE_SILENCE,
+};
 
 /// The cluster as the steering [`Controller`] observes it: trackers behind their locks, the
 /// executors' queues, the registry's apps and their current owners.

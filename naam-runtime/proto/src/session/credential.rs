@@ -1,8 +1,10 @@
 //! Credentials: a tenant's (or the NIC's, or the operator's) 256-bit secret, its file text, and
 //! the MACs derived from it; the operating system's randomness.
 
-#[allow(unused_imports)]
-use super::*;
+use super::{
+    hmac_with, HandshakeNonces, HmacSha256, Mac, Path, PathBuf, SessionKey, COOKIE_LEN,
+    CREDENTIAL_LEN, RESET_TOKEN_LEN,
+};
 
 /// Why a credential could not be read, written or made.
 #[derive(Debug, thiserror::Error)]

@@ -1,8 +1,12 @@
 //! The server's side of sessions: address cookies, the amplification limit, tenants and
 //! their roles, and the [`Gatekeeper`] that runs handshakes and opens sealed datagrams.
 
-#[allow(unused_imports)]
-use super::*;
+use super::{
+    hmac_with, peek_sealed, random_bytes, random_u64, Arc, Authentication, Bytes, Credential,
+    CredentialError, HandshakeNonces, HashMap, HmacSha256, Mac, Nanos, ReplayWindow, SealError,
+    Sealer, Sender, SocketAddr, AMPLIFICATION, COOKIE_LEN, COOKIE_LIFETIME, NIC_TENANT, NONCE_LEN,
+    OPERATOR_TENANT, RESET_TOKEN_LEN,
+};
 use crate::intmap::IntMap;
 
 /// Issues and checks address-validation cookies (stateless: a MAC under a key of this

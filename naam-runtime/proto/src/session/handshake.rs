@@ -1,7 +1,8 @@
 //! The client's side of the handshake.
 
-#[allow(unused_imports)]
-use super::*;
+use super::{
+    random_bytes, Credential, CredentialError, HandshakeNonces, SessionKey, COOKIE_LEN, NONCE_LEN,
+};
 
 /// The client's half of a handshake: its nonce, then the session it was given.
 #[derive(Debug)]

@@ -1,8 +1,11 @@
 //! Sealed envelopes: session keys, sealing and opening, the key wrap for the paired NIC, and
 //! replay windows.
 
-#[allow(unused_imports)]
-use super::*;
+use super::{
+    hmac_with, Aead, Arc, AtomicU64, BufMut, Bytes, BytesMut, ChaCha20Poly1305, HmacSha256, Mac,
+    Ordering, Payload, Sender, SocketAddr, KIND_SEALED, NONCE_LEN, REPLAY_WINDOW, SEAL_CLEAR,
+    SEAL_HEADER, SEAL_OVERHEAD, TAG_LEN, VERSION,
+};
 use crate::fields::Fields;
 
 /// The two fresh nonces of one handshake.

@@ -1,7 +1,10 @@
 //! An invocation as plain bytes for an engine in another process (the aarch64 harness under
 //! qemu), and the cross-check that replays sampled steps there and compares the results.
 
-use super::*;
+use super::{
+    expect_entry, slot, Context, Entry, Executable, GrantSlot, HelperSet, Invocation, StepError,
+    StepOutput, Target, Vm, CONTEXT_SIZE, REPLY_CAP, WRITE_DATA_CAP,
+};
 
 impl Vm {
     pub(super) fn run_cross_checked(
