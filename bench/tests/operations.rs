@@ -180,6 +180,32 @@ impl Site {
     }
 }
 
+/// An eBPF object whose one handler, `legacy`, the verifier refuses: a legacy packet load
+/// (`ldabsw`), which no NAAM handler may use.
+fn legacy_object() -> Vec<u8> {
+    use object::write::{Object, Symbol, SymbolSection};
+    use object::{Architecture, BinaryFormat, Endianness, SectionKind, SymbolFlags, SymbolKind};
+    let code = [
+        0xb7u8, 0, 0, 0, 0, 0, 0, 0, // r0 = 0
+        0x20, 0, 0, 0, 0, 0, 0, 0, // ldabsw 0
+        0x95, 0, 0, 0, 0, 0, 0, 0, // exit
+    ];
+    let mut obj = Object::new(BinaryFormat::Elf, Architecture::Bpf, Endianness::Little);
+    let id = obj.add_section(Vec::new(), b"naam/legacy".to_vec(), SectionKind::Text);
+    obj.append_section_data(id, &code, 8);
+    obj.add_symbol(Symbol {
+        name: b"legacy".to_vec(),
+        value: 0,
+        size: code.len() as u64,
+        kind: SymbolKind::Text,
+        scope: object::SymbolScope::Dynamic,
+        weak: false,
+        section: SymbolSection::Section(id),
+        flags: SymbolFlags::None,
+    });
+    obj.write().expect("an ELF object")
+}
+
 /// A running naam-server, killed when dropped.
 struct Server(Option<Child>);
 
@@ -363,6 +389,26 @@ fn a_start_that_fails_leaves_nothing_behind() {
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("no_such_handler"), "{err}");
+    assert!(!site.path("shm").exists(), "{:?}", site.shm_entries());
+
+    // A handler the verifier refuses (a legacy packet load), after MICA's regions were made.
+    std::fs::write(site.path("legacy.o"), legacy_object()).expect("object");
+    std::fs::write(
+        site.path("naam-server.toml"),
+        format!(
+            "listen = \"{}\"\nshm_dir = \"shm\"\n\n[[app]]\nkind = \"mica\"\nid = 1\n\
+             credential = \"keys/mica.key\"\nitems = 2000\n\n[[app]]\nkind = \"object\"\n\
+             id = 3\nname = \"x\"\ncredential = \"keys/btree.key\"\nobject = \"legacy.o\"\n\
+             handlers = [{{ name = \"legacy\" }}]\n\
+             regions = [{{ name = \"r\", size = 64, access = \"r\" }}]\n",
+            site.addr
+        ),
+    )
+    .expect("config");
+    let out = site.run("naam-server", &["--config", "naam-server.toml"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("legacy"), "{err}");
     assert!(!site.path("shm").exists(), "{:?}", site.shm_entries());
 
     // A directory someone else made keeps what is theirs.

@@ -82,8 +82,12 @@ impl ShmDir {
         };
         let lock_path = path.join(LOCK_FILE);
         // A holder that stops removes the file while it holds the lock: whoever locked the
-        // old file then finds it gone and tries again on the new one.
-        for _ in 0..100 {
+        // old file then finds it gone and tries again on the new one. A holder that was
+        // killed keeps the lock until its last thread has exited, which for a large server
+        // (regions to unmap) can be a while after its main thread shows as a zombie: while
+        // the pid in the file is gone or a zombie, the lock is waited for (a bounded time).
+        let patience = std::time::Instant::now() + HOLDER_EXIT_WAIT;
+        for _ in 0..100_000 {
             let mut f = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
@@ -100,11 +104,16 @@ impl ShmDir {
                         source: e,
                     });
                 }
-                let mut pid = String::new();
-                let _ = f.read_to_string(&mut pid);
+                let mut text = String::new();
+                let _ = f.read_to_string(&mut text);
+                let pid: Option<u32> = text.trim().parse().ok();
+                if pid.is_some_and(exiting) && std::time::Instant::now() < patience {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    continue;
+                }
                 return Err(DeployError::Locked {
                     dir: path.to_path_buf(),
-                    pid: pid.trim().parse().ok(),
+                    pid,
                 });
             }
             if !same_file(&f, &lock_path) {
@@ -281,6 +290,22 @@ impl Drop for ShmDir {
     }
 }
 
+/// How long a start waits for the lock of a holder that is exiting ([`exiting`]).
+const HOLDER_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether process `pid` is exiting or gone as this process sees it: no `/proc/PID`, or its
+/// main thread a zombie (its other threads may still hold its files).
+fn exiting(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .is_none_or(|state| state == 'Z' || state == 'X'),
+        Err(_) => true,
+    }
+}
+
 /// Whether `f` is still the file at `path` (not removed or replaced since it was opened).
 fn same_file(f: &File, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -340,6 +365,12 @@ mod tests {
         );
         let again = ShmDir::lock(&dir).expect("free again");
         drop(again);
+    }
+
+    #[test]
+    fn a_live_holder_is_not_exiting_and_a_missing_one_is() {
+        assert!(!exiting(std::process::id()));
+        assert!(exiting(u32::MAX));
     }
 
     #[test]
