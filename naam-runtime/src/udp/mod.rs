@@ -21,6 +21,7 @@
 
 mod client;
 mod deploy;
+mod deploy_error;
 mod inline;
 mod memnet;
 mod nic;
@@ -34,9 +35,10 @@ mod telemetry;
 pub use client::{UdpClient, UdpConfig, UdpError};
 pub use deploy::{
     cleanup, read_manifest, snapshot, start_host, start_host_persistent, start_host_with,
-    start_nic, start_nic_in_process, DeployError, HostApp, HostRegions, PersistentHost,
-    RegionStart, RegionsCheck, Started, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
+    start_nic, start_nic_in_process, HostApp, HostRegions, PersistentHost, RegionStart,
+    RegionsCheck, Started, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
 };
+pub use deploy_error::DeployError;
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
 pub use nic::{
     serve_nic, serve_nic_inline, serve_nic_loops, InlineNic, NicCluster, NicOptions, Remap,

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::deploy::DeployError;
+use super::deploy_error::DeployError;
 
 /// The lock file naam-server holds in its directory (its pid inside).
 pub const LOCK_FILE: &str = ".naam-server.lock";
