@@ -16,6 +16,7 @@
 //! each, so a journal of [`JOURNAL_SIZE`] bytes always holds one. Power loss is not covered:
 //! `/dev/shm` does not survive it either.
 
+use std::sync::atomic::{fence, Ordering};
 use std::sync::{Arc, Mutex};
 
 use naam_ebpf::abi::{write_kind, MAX_WRITES, WRITE_DATA_CAP};
@@ -26,7 +27,7 @@ use crate::region::{Region, RegionMemory};
 /// First word of a journal file: "NAAMUNDO".
 const MAGIC: u64 = u64::from_le_bytes(*b"NAAMUNDO");
 /// Layout version of the journal file.
-pub const JOURNAL_FORMAT: u64 = 1;
+pub const JOURNAL_FORMAT: u64 = 2;
 
 const AT_MAGIC: u64 = 0;
 const AT_FORMAT: u64 = 8;
@@ -36,11 +37,14 @@ const AT_ACTIVE: u64 = 16;
 const AT_ENTRIES: u64 = 24;
 /// Where the first entry starts.
 const HEADER: usize = 64;
-/// An entry: region slot, offset in the region, length, then the saved bytes (to a word).
+/// An entry: region slot, first word (its index in the region), word count, then the saved
+/// words: every word the operation's bytes touch, whole (a region is whole words, and only
+/// its write owner, which holds the journal, changes them during a batch).
 const ENTRY_HEADER: usize = 24;
 
 /// Bytes of a journal file: its header and one batch of the largest size the ABI allows.
-pub const JOURNAL_SIZE: usize = HEADER + MAX_WRITES * (ENTRY_HEADER + WRITE_DATA_CAP);
+/// An operation's words may start and end inside a word: one more word than its bytes fill.
+pub const JOURNAL_SIZE: usize = HEADER + MAX_WRITES * (ENTRY_HEADER + WRITE_DATA_CAP + 16);
 
 /// Why a journal could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -96,8 +100,6 @@ struct State {
     /// The app's regions in slot order (the app's spec order, the same at every start).
     regions: Vec<Arc<Region>>,
     next_batch: u64,
-    /// Scratch for one target's bytes.
-    saved: Vec<u8>,
 }
 
 impl std::fmt::Debug for WriteJournal {
@@ -147,7 +149,6 @@ impl WriteJournal {
                 mem,
                 regions,
                 next_batch: next_batch.max(1),
-                saved: Vec::with_capacity(WRITE_DATA_CAP),
             }),
         }
     }
@@ -170,22 +171,24 @@ impl WriteJournal {
 }
 
 impl State {
-    /// Saves what `batch` will overwrite and marks the journal active.
+    /// Saves what `batch` will overwrite and marks the journal active: each operation's
+    /// words copied word by word from the region into the journal (no buffer between), then
+    /// one release fence, the count, and the active mark.
     fn begin(&mut self, batch: &WriteBatch<'_>) -> Result<(), WriteError> {
         let State {
             mem,
             regions,
             next_batch,
-            saved,
         } = self;
-        let mut at = HEADER as u64;
+        let journal = mem.words();
+        let mut at = HEADER / 8;
         let mut entries = 0u64;
         for op in batch.ops {
             let Some(target) = batch.targets.get(op.segment as usize) else {
                 break;
             };
             let len = match op.kind {
-                write_kind::STORE => op.len as usize,
+                write_kind::STORE => u64::from(op.len),
                 _ => 8,
             };
             let Some(offset) = target.offset.checked_add(u64::from(op.offset)) else {
@@ -194,8 +197,16 @@ impl State {
             let Some(slot) = regions.iter().position(|r| r.rkey == target.rkey) else {
                 break;
             };
-            let words = len.div_ceil(8) * 8;
-            if at as usize + ENTRY_HEADER + words > mem.len() {
+            let region = &regions[slot].mem;
+            let Some(end) = offset
+                .checked_add(len)
+                .filter(|&e| e <= region.len() as u64)
+            else {
+                break;
+            };
+            let (first, last) = ((offset / 8) as usize, end.div_ceil(8) as usize);
+            let count = last - first;
+            if at + ENTRY_HEADER / 8 + count > journal.len() {
                 // Cannot happen within the ABI's limits (JOURNAL_SIZE); refused rather than
                 // applied unprotected.
                 return Err(WriteError::Invalid {
@@ -206,22 +217,21 @@ impl State {
                     ),
                 });
             }
-            saved.clear();
-            saved.resize(words, 0);
-            if regions[slot].mem.read(offset, &mut saved[..len]).is_err() {
-                break;
+            let header = [slot as u64, first as u64, count as u64];
+            for (w, v) in journal[at..at + 3].iter().zip(header) {
+                w.store(v, Ordering::Relaxed);
             }
-            write_word(mem, at, slot as u64);
-            write_word(mem, at + 8, offset);
-            write_word(mem, at + 16, len as u64);
-            mem.write(at + ENTRY_HEADER as u64, saved)
-                .expect("inside the journal: checked above");
-            at += (ENTRY_HEADER + words) as u64;
+            let saved = &journal[at + 3..at + 3 + count];
+            for (to, from) in saved.iter().zip(&region.words()[first..last]) {
+                to.store(from.load(Ordering::Relaxed), Ordering::Relaxed);
+            }
+            at += 3 + count;
             entries += 1;
         }
         // Entries first, then the count, then active: a journal found active holds them all.
-        write_word(mem, AT_ENTRIES, entries);
-        write_word(mem, AT_ACTIVE, *next_batch);
+        fence(Ordering::Release);
+        journal[AT_ENTRIES as usize / 8].store(entries, Ordering::Release);
+        journal[AT_ACTIVE as usize / 8].store(*next_batch, Ordering::Release);
         Ok(())
     }
 
@@ -264,49 +274,44 @@ fn undo(
         index,
         reason,
     };
+    let journal = mem.words();
     let mut found = Vec::new();
-    let mut at = HEADER as u64;
+    let mut at = HEADER / 8;
     for index in 0..entries {
-        if at as usize + ENTRY_HEADER > mem.len() {
+        let Some(header) = journal.get(at..at + 3) else {
             return Err(bad(index, "past the journal's end".into()));
-        }
-        let (slot, offset, len) = (
-            read_word(mem, at),
-            read_word(mem, at + 8),
-            read_word(mem, at + 16),
-        );
+        };
+        let [slot, first, count] = [0, 1, 2].map(|i| header[i].load(Ordering::Acquire));
         let region = regions
             .get(slot as usize)
             .ok_or_else(|| bad(index, format!("region slot {slot} of {}", regions.len())))?;
-        let words = len.div_ceil(8).saturating_mul(8);
-        let body = at + ENTRY_HEADER as u64;
-        if body.saturating_add(words) > mem.len() as u64 {
+        let body = at + 3;
+        let words = usize::try_from(count).unwrap_or(usize::MAX);
+        if body.saturating_add(words) > journal.len() {
             return Err(bad(
                 index,
-                format!("{len} bytes run past the journal's end"),
+                format!("{count} words run past the journal's end"),
             ));
         }
-        if offset.saturating_add(len) > region.mem.len() as u64 {
+        let first = usize::try_from(first).unwrap_or(usize::MAX);
+        if first.saturating_add(words) > region.mem.words().len() {
             return Err(bad(
                 index,
                 format!(
-                    "{len} bytes at {offset} outside region {} ({} bytes)",
+                    "{count} words at word {first} outside region {} ({} bytes)",
                     region.name,
                     region.mem.len()
                 ),
             ));
         }
-        let mut bytes = vec![0u8; len as usize];
-        mem.read(body, &mut bytes)
-            .expect("inside the journal: checked above");
-        found.push((slot as usize, offset, bytes));
+        found.push((slot as usize, first, body, words));
         at = body + words;
     }
-    for (slot, offset, bytes) in found.iter().rev() {
-        regions[*slot]
-            .mem
-            .write(*offset, bytes)
-            .expect("inside the region: checked above");
+    for &(slot, first, body, words) in found.iter().rev() {
+        let target = &regions[slot].mem.words()[first..first + words];
+        for (to, from) in target.iter().zip(&journal[body..body + words]) {
+            to.store(from.load(Ordering::Acquire), Ordering::Release);
+        }
     }
     Ok(())
 }
@@ -356,7 +361,7 @@ mod tests {
         fn a_batch_cut_anywhere_is_undone(
             before in proptest::collection::vec(any::<u8>(), 256),
             data in proptest::collection::vec(any::<u8>(), 64),
-            ops in proptest::collection::vec((0u32..2, 0u32..12, 1u32..5, 0u32..4, any::<bool>()), 1..MAX_WRITES),
+            ops in proptest::collection::vec((0u32..2, 0u32..11, 1u32..5, 0u32..4, any::<bool>()), 1..MAX_WRITES),
             cut in 0usize..=MAX_WRITES,
             finish in any::<bool>(),
         ) {
@@ -372,7 +377,8 @@ mod tests {
                 .map(|&(segment, word, words, from, atomic)| WriteOp {
                     kind: if atomic { write_kind::FAA } else { write_kind::STORE },
                     segment,
-                    offset: word * 8,
+                    // Stores may start inside a word; atomics are aligned.
+                    offset: word * 8 + if atomic { 0 } else { from },
                     len: if atomic { 8 } else { words * 8 },
                     data_offset: from * 8,
                     operand: 3,
@@ -467,15 +473,16 @@ mod tests {
         let j = WriteJournal::create(RegionMemory::zeroed(JOURNAL_SIZE), regions.clone())
             .expect("a journal");
         let mem = journal_of(j);
-        // Two entries: a good one, then one naming a slot the app does not have.
+        // Two entries (slot, first word, words, then the words): a good one, then one naming
+        // a slot the app does not have.
         for (at, v) in [
             (64, 0),
             (72, 0),
-            (80, 8),
+            (80, 1),
             (88, 0),
             (96, 3),
             (104, 0),
-            (112, 8),
+            (112, 1),
         ] {
             write_word(&mem, at, v);
         }
