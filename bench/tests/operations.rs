@@ -46,7 +46,7 @@ impl Site {
             dir,
             addr: free_port(),
         };
-        for t in ["mica", "btree"] {
+        for t in ["mica", "btree", "naam-nic"] {
             let out = site.run(
                 "naam-server",
                 &["keygen", "--out", &format!("keys/{t}.key")],
@@ -61,7 +61,7 @@ impl Site {
         std::fs::write(
             self.path("naam-server.toml"),
             format!(
-                "listen = \"{}\"\nshm_dir = \"shm\"\n\n[[app]]\nkind = \"mica\"\nid = 1\n\
+                "listen = \"{}\"\nshm_dir = \"shm\"\nnic_pairing = \"keys/naam-nic.key\"\n\n[[app]]\nkind = \"mica\"\nid = 1\n\
                  credential = \"keys/mica.key\"\nitems = {mica_items}\nvalue_cap = 128\n\n\
                  [[app]]\nkind = \"btree\"\nid = 2\ncredential = \"keys/btree.key\"\n\
                  keys = 5000\n",
@@ -111,6 +111,39 @@ impl Site {
         Server(Some(child))
     }
 
+    /// naam-nic paired with the site's server, mapping its regions, its log in `nic.log`.
+    fn start_nic(&self) -> Server {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("nic.log"))
+            .expect("log");
+        let mut command = self.command(
+            "naam-nic",
+            &[
+                "run",
+                "--server",
+                &self.addr,
+                "--listen",
+                &free_port(),
+                "--pairing",
+                "keys/naam-nic.key",
+                "--no-cost-model",
+            ],
+        );
+        command
+            .arg("--shm-dir")
+            .arg(self.path("shm"))
+            .env_remove("RUST_LOG");
+        Server(Some(
+            command
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("naam-nic starts"),
+        ))
+    }
+
     /// Waits until `app`'s verifier gets an answer (the server has loaded and serves).
     fn wait_serving(&self, server: &mut Server) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -133,6 +166,11 @@ impl Site {
     }
 
     fn verify_command(&self, app: &str, seconds: u64, ops: u64) -> Command {
+        self.verify_at(app, "host", seconds, ops)
+    }
+
+    /// A verifier whose reads run at `placement`.
+    fn verify_at(&self, app: &str, placement: &str, seconds: u64, ops: u64) -> Command {
         let mut c = self.command(
             "naam-bench",
             &[
@@ -142,7 +180,7 @@ impl Site {
                 "--server",
                 &self.addr,
                 "--placement",
-                "host",
+                placement,
                 "--threads",
                 "2",
                 "--ops",
@@ -264,10 +302,28 @@ fn kill_9_and_restart_under_running_verifiers_lose_no_acknowledged_write() {
     let site = Site::new(2000);
     let mut server = site.start(&[]);
     site.wait_serving(&mut server);
-    // Both verifiers write and read their own keys for 8 s; the server dies 2.5 s in and is
-    // back a moment later over the same regions.
+    let _nic = site.start_nic();
+    // MICA's reads at naam-nic once it has paired.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !site
+        .verify_at("mica", "nic", 1, 50)
+        .output()
+        .expect("verify")
+        .status
+        .success()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "naam-nic did not pair:\n{}",
+            site.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Both verifiers write and read their own keys for 8 s (MICA's reads at naam-nic, which
+    // keeps running); the server dies 2.5 s in and is back a moment later over the same
+    // regions, which naam-nic maps again.
     let mica = site
-        .verify_command("mica", 8, 1_000_000)
+        .verify_at("mica", "nic", 8, 1_000_000)
         .spawn()
         .expect("verify");
     let btree = site
@@ -282,7 +338,11 @@ fn kill_9_and_restart_under_running_verifiers_lose_no_acknowledged_write() {
         btree.wait_with_output().expect("verify ends"),
     );
     let log = site.log();
-    lost_nothing(&mica, "MICA across kill -9", &log);
+    let m = lost_nothing(&mica, "MICA across kill -9", &log);
+    assert!(
+        m["result"]["placement_fractions"][1].as_f64() > Some(0.1),
+        "MICA's reads ran at naam-nic: {m}"
+    );
     lost_nothing(&btree, "B-tree across kill -9", &log);
     assert!(
         log.contains("re-attached the regions") && log.contains("did not stop cleanly"),

@@ -418,3 +418,66 @@ fn oversized_object() -> Vec<u8> {
     code.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]); // exit
     common::elf_object(&[("naam/big", &code)])
 }
+
+/// A write handler run as a read one: the refusal says what to declare, as text (never hex
+/// in `reply_hex`); with `--write` it runs. A right the region lacks is named as `r`/`rw`.
+#[test]
+fn a_write_handler_needs_declaring_and_errors_read_as_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data.bin");
+    std::fs::write(&data, [0u8; 32]).unwrap();
+    let region = format!("data={},access=rwa", data.display());
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            &*obj(),
+            "--handler",
+            "store",
+            "--args-hex",
+            "0700000000000000",
+            "--region",
+            &region,
+            "--desc",
+            "data:0:32:rw",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        naam(&refs)
+    };
+    let (code, out, err) = run(&[]);
+    assert_eq!(code, 1, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "refused", "{v}");
+    let message = v["message"].as_str().unwrap();
+    assert!(
+        message.contains("write = true") && message.contains("--write"),
+        "{message}"
+    );
+    assert!(v.get("reply_hex").is_none(), "runtime errors are text: {v}");
+    let (code, out, err) = run(&["--write"]);
+    assert_eq!(code, 0, "{err}{out}");
+    // Writing through a read-only descriptor: the rights are named.
+    let region_r = format!("data={},access=r", data.display());
+    let (_, out, _) = naam(&[
+        "run",
+        &obj(),
+        "--handler",
+        "store",
+        "--args-hex",
+        "0700000000000000",
+        "--region",
+        &region_r,
+        "--desc",
+        "data:0:32:rw",
+        "--write",
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["status"], "access-denied", "{v}");
+    assert_eq!(
+        v["message"], "descriptor asks for access rw, region grants r",
+        "{v}"
+    );
+}
