@@ -468,3 +468,63 @@ fn an_interrupted_run_reports_what_it_measured_and_exits_130() {
     assert_eq!(doc["run"]["stopped_by_interrupt"], true, "{doc}");
     assert!(hdr.join("run-READ.hdr").is_file());
 }
+
+/// A property file with every key YCSB's `workload_template` sets, at its values (the file
+/// itself is YCSB's, not shipped here), runs unchanged: the keys that change nothing here are
+/// named once as ignored, none is refused.
+#[test]
+fn a_file_with_the_template_s_keys_runs_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("workload_template");
+    let keys = [
+        "workload=com.yahoo.ycsb.workloads.CoreWorkload",
+        "recordcount=1000000",
+        "operationcount=3000000",
+        "insertstart=0",
+        "fieldcount=10",
+        "fieldlength=100",
+        "readallfields=true",
+        "writeallfields=false",
+        "fieldlengthdistribution=constant",
+        "readproportion=0.95",
+        "updateproportion=0.05",
+        "insertproportion=0",
+        "readmodifywriteproportion=0",
+        "scanproportion=0",
+        "maxscanlength=1000",
+        "scanlengthdistribution=uniform",
+        "insertorder=hashed",
+        "requestdistribution=zipfian",
+        "hotspotdatafraction=0.2",
+        "hotspotopnfraction=0.8",
+        "table=usertable",
+        "measurementtype=histogram",
+        "histogram.buckets=1000",
+        "timeseries.granularity=1000",
+    ];
+    std::fs::write(&file, keys.join("\n")).unwrap();
+    // The template's sizes, scaled down for a test on the command line, as a user would.
+    let out = naam_bench(&[
+        "ycsb",
+        "-P",
+        file.to_str().unwrap(),
+        "-p",
+        "recordcount=500",
+        "-p",
+        "operationcount=2000",
+    ]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "ignored (not supported): histogram.buckets, hotspotdatafraction, \
+             hotspotopnfraction, table, timeseries.granularity"
+        ),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("unknown property"), "{stderr}");
+    assert!(metric(&stdout, "READ", "Operations").is_some(), "{stdout}");
+}
