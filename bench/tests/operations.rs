@@ -218,6 +218,29 @@ impl Site {
     }
 }
 
+/// Starts naam-server on a config of MICA (app 1, whose regions are made first) and an
+/// object app serving `handler` of `object`, which must fail: exit 2 and no `shm` left.
+/// Returns its stderr.
+fn refused_after_mica(site: &Site, object: &str, handler: &str) -> String {
+    std::fs::write(
+        site.path("naam-server.toml"),
+        format!(
+            "listen = \"{}\"\nshm_dir = \"shm\"\n\n[[app]]\nkind = \"mica\"\nid = 1\n\
+             credential = \"keys/mica.key\"\nitems = 2000\n\n[[app]]\nkind = \"object\"\n\
+             id = 3\nname = \"x\"\ncredential = \"keys/btree.key\"\nobject = \"{object}\"\n\
+             handlers = [{{ name = \"{handler}\" }}]\n\
+             regions = [{{ name = \"r\", size = 64, access = \"r\" }}]\n",
+            site.addr
+        ),
+    )
+    .expect("config");
+    let out = site.run("naam-server", &["--config", "naam-server.toml"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!site.path("shm").exists(), "{:?}", site.shm_entries());
+    err
+}
+
 /// An eBPF object whose one handler, `legacy`, the verifier refuses: a legacy packet load
 /// (`ldabsw`), which no NAAM handler may use.
 fn legacy_object() -> Vec<u8> {
@@ -433,43 +456,13 @@ fn a_start_that_fails_leaves_nothing_behind() {
 
     // An unknown handler in the second app: the first app's regions were made, and go.
     std::fs::write(site.path("mica.o"), naam_mica::HANDLERS_OBJECT).expect("object");
-    std::fs::write(
-        site.path("naam-server.toml"),
-        format!(
-            "listen = \"{}\"\nshm_dir = \"shm\"\n\n[[app]]\nkind = \"mica\"\nid = 1\n\
-             credential = \"keys/mica.key\"\nitems = 2000\n\n[[app]]\nkind = \"object\"\n\
-             id = 3\nname = \"x\"\ncredential = \"keys/btree.key\"\nobject = \"mica.o\"\n\
-             handlers = [{{ name = \"no_such_handler\" }}]\n\
-             regions = [{{ name = \"r\", size = 64, access = \"r\" }}]\n",
-            site.addr
-        ),
-    )
-    .expect("config");
-    let out = site.run("naam-server", &["--config", "naam-server.toml"]);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused_after_mica(&site, "mica.o", "no_such_handler");
     assert!(err.contains("no_such_handler"), "{err}");
-    assert!(!site.path("shm").exists(), "{:?}", site.shm_entries());
 
     // A handler the verifier refuses (a legacy packet load), after MICA's regions were made.
     std::fs::write(site.path("legacy.o"), legacy_object()).expect("object");
-    std::fs::write(
-        site.path("naam-server.toml"),
-        format!(
-            "listen = \"{}\"\nshm_dir = \"shm\"\n\n[[app]]\nkind = \"mica\"\nid = 1\n\
-             credential = \"keys/mica.key\"\nitems = 2000\n\n[[app]]\nkind = \"object\"\n\
-             id = 3\nname = \"x\"\ncredential = \"keys/btree.key\"\nobject = \"legacy.o\"\n\
-             handlers = [{{ name = \"legacy\" }}]\n\
-             regions = [{{ name = \"r\", size = 64, access = \"r\" }}]\n",
-            site.addr
-        ),
-    )
-    .expect("config");
-    let out = site.run("naam-server", &["--config", "naam-server.toml"]);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    let err = refused_after_mica(&site, "legacy.o", "legacy");
     assert!(err.contains("legacy"), "{err}");
-    assert!(!site.path("shm").exists(), "{:?}", site.shm_entries());
 
     // A directory someone else made keeps what is theirs.
     std::fs::create_dir(site.path("shm")).expect("dir");
