@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use super::inline::{InlineEndpoint, InlineGroup};
 use super::memnet::{MemoryNet, ServedPort};
-use super::server::{run_loops, Replies};
+use super::server::{run_loops, LoopStop, Replies};
 use super::socket::{Sender, Socket};
 use super::telemetry::LoopCounters;
 use crate::cluster::Cluster;
@@ -280,12 +280,13 @@ pub fn serve_nic_loops(
             let host: NicHost<fn(u64) -> Result<NicCluster, String>> =
                 first.backend().another_loop(replies);
             let endpoint = first.another_loop(host);
-            Ok(move || run_nic_loop(endpoint, socket, options, stop, counters))
+            Ok(move |stop: &LoopStop| run_nic_loop(endpoint, socket, options, stop, counters))
         })
         .collect::<std::io::Result<Vec<_>>>()?;
     run_loops(
         "naam-nic-loop",
-        || run_nic_loop(first, first_socket, options, stop, first_counters),
+        stop,
+        |stop| run_nic_loop(first, first_socket, options, stop, first_counters),
         others,
     )
 }
@@ -295,7 +296,7 @@ fn run_nic_loop<R: FnMut(u64) -> Result<NicCluster, String>>(
     mut nic: NicEndpoint<NicHost<R>>,
     mut socket: Socket,
     options: &NicOptions,
-    stop: &AtomicBool,
+    stop: &LoopStop,
     counters: LoopCounters,
 ) -> std::io::Result<NicStats> {
     let clock = SystemClock::new();
@@ -305,7 +306,7 @@ fn run_nic_loop<R: FnMut(u64) -> Result<NicCluster, String>>(
     // Refusals of pairing since the last success: a wrong secret is refused every time.
     let mut refusals = 0u32;
     loop {
-        if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
+        if stop.is_set() && drain_deadline.is_none() {
             drain_deadline = Some(Instant::now() + options.drain);
             nic.start_drain();
         }

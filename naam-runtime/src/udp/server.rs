@@ -350,7 +350,7 @@ pub fn serve_host_loops(
     let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
     let clock = SystemClock::new();
     let counters = LoopCounters::group(sockets.len());
-    let run = |((socket, shard), counters): ((Socket, Shard), LoopCounters)| {
+    let run = |((socket, shard), counters): ((Socket, Shard), LoopCounters), stop: &LoopStop| {
         let place = LoopPlace {
             shard,
             directory: directory.clone(),
@@ -363,35 +363,101 @@ pub fn serve_host_loops(
     let first = work
         .next()
         .ok_or_else(|| invalid("no socket to serve on".into()))?;
-    let others: Vec<_> = work.map(|w| move || run(w)).collect();
-    run_loops("naam-loop", || run(first), others)
+    let others: Vec<_> = work.map(|w| move |stop: &LoopStop| run(w, stop)).collect();
+    run_loops("naam-loop", stop, |stop| run(first, stop), others)
+}
+
+/// When a group of receive loops stops: at the caller's flag, or as soon as one loop of the
+/// group fails (returns an error or panics). Without the second, a loop that stops with an
+/// error (a NIC the server keeps refusing, a socket gone) would leave its siblings serving
+/// until somebody set the caller's flag, and the process would neither serve nor exit.
+pub(crate) struct LoopStop<'a> {
+    caller: &'a AtomicBool,
+    failed: AtomicBool,
+}
+
+impl<'a> LoopStop<'a> {
+    pub(crate) fn new(caller: &'a AtomicBool) -> Self {
+        LoopStop {
+            caller,
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// The loops are to drain and return.
+    pub(crate) fn is_set(&self) -> bool {
+        self.caller.load(Ordering::SeqCst) || self.failed.load(Ordering::SeqCst)
+    }
+}
+
+/// Sets the group's `failed` unless disarmed: dropped by an error's return or by a panic's
+/// unwinding alike.
+struct FailGuard<'s, 'a> {
+    stop: &'s LoopStop<'a>,
+    armed: bool,
+}
+
+impl Drop for FailGuard<'_, '_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.stop.failed.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Runs `run(stop)`, marking the group failed if it does not return `Ok`.
+fn run_guarded<S>(
+    stop: &LoopStop<'_>,
+    run: impl FnOnce(&LoopStop<'_>) -> std::io::Result<S>,
+) -> std::io::Result<S> {
+    let mut guard = FailGuard { stop, armed: true };
+    let out = run(stop);
+    guard.armed = out.is_err();
+    out
 }
 
 /// Runs `first` on the calling thread and each of `others` on a thread of its own (named
-/// `{name}-{i}`, `i` from 1), until all return; their counters, summed.
+/// `{name}-{i}`, `i` from 1), until all return; their counters, summed. The loops stop at
+/// `stop` or when any of them fails ([`LoopStop`]); then the first error (the calling
+/// thread's loop first, then the others in order) is the group's.
 pub(crate) fn run_loops<S: std::ops::AddAssign + Send>(
     name: &str,
-    first: impl FnOnce() -> std::io::Result<S>,
-    others: Vec<impl FnOnce() -> std::io::Result<S> + Send>,
+    stop: &AtomicBool,
+    first: impl FnOnce(&LoopStop<'_>) -> std::io::Result<S>,
+    others: Vec<impl FnOnce(&LoopStop<'_>) -> std::io::Result<S> + Send>,
 ) -> std::io::Result<S> {
+    let stop = LoopStop::new(stop);
+    let stop = &stop;
     std::thread::scope(|scope| {
-        let threads: Vec<_> = others
-            .into_iter()
-            .enumerate()
-            .map(|(i, run)| {
-                std::thread::Builder::new()
-                    .name(format!("{name}-{}", i + 1))
-                    .spawn_scoped(scope, run)
-            })
-            .collect::<std::io::Result<_>>()?;
-        let mut total = first()?;
-        for t in threads {
-            let stats = t
-                .join()
-                .map_err(|_| std::io::Error::other(format!("{name}: a receive loop panicked")))??;
-            total += stats;
+        let mut threads = Vec::with_capacity(others.len());
+        for (i, run) in others.into_iter().enumerate() {
+            let spawned = std::thread::Builder::new()
+                .name(format!("{name}-{}", i + 1))
+                .spawn_scoped(scope, move || run_guarded(stop, run));
+            match spawned {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    // The loops already started stop (and are joined as the scope ends).
+                    stop.failed.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+            }
         }
-        Ok(total)
+        let mut total = run_guarded(stop, first);
+        for t in threads {
+            let joined = t
+                .join()
+                .map_err(|_| std::io::Error::other(format!("{name}: a receive loop panicked")))
+                .and_then(|r| r);
+            total = match (total, joined) {
+                (Ok(mut sum), Ok(s)) => {
+                    sum += s;
+                    Ok(sum)
+                }
+                (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+            };
+        }
+        total
     })
 }
 
@@ -400,7 +466,7 @@ fn run_host_loop(
     cluster: Arc<Cluster>,
     mut socket: Socket,
     options: &ServerOptions,
-    stop: &AtomicBool,
+    stop: &LoopStop,
     place: LoopPlace,
     counters: LoopCounters,
 ) -> std::io::Result<ServerStats> {
@@ -422,7 +488,7 @@ fn run_host_loop(
     let mut batch = Vec::new();
     let mut poller = Poller::new(SERVER_SPIN);
     loop {
-        if stop.load(Ordering::SeqCst) && drain_deadline.is_none() {
+        if stop.is_set() && drain_deadline.is_none() {
             drain_deadline = Some(Instant::now() + options.drain);
             endpoint.start_drain();
         }
@@ -628,5 +694,80 @@ impl InlineServer {
     pub fn stop(self) -> ServerStats {
         self.service.drain(self.drain);
         self.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loop that serves until the group stops.
+    fn serve_until_stopped(stop: &LoopStop<'_>) -> std::io::Result<u32> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !stop.is_set() {
+            assert!(Instant::now() < deadline, "the loop was never stopped");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(1)
+    }
+
+    #[test]
+    fn loops_stop_at_the_callers_flag_and_sum_their_counters() {
+        let flag = AtomicBool::new(false);
+        let flag = &flag;
+        let others: Vec<_> = (0..2)
+            .map(|_| |stop: &LoopStop| serve_until_stopped(stop))
+            .collect();
+        let total = run_loops(
+            "t",
+            flag,
+            |stop| {
+                flag.store(true, Ordering::SeqCst);
+                serve_until_stopped(stop)
+            },
+            others,
+        );
+        assert_eq!(total.unwrap(), 3);
+    }
+
+    #[test]
+    fn the_first_loop_failing_stops_the_others_and_its_error_is_the_groups() {
+        let flag = AtomicBool::new(false);
+        let others: Vec<_> = (0..2)
+            .map(|_| |stop: &LoopStop| serve_until_stopped(stop))
+            .collect();
+        let err = run_loops(
+            "t",
+            &flag,
+            |_| {
+                Err::<u32, _>(std::io::Error::new(
+                    std::io::ErrorKind::PermissionDenied,
+                    "refused",
+                ))
+            },
+            others,
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(
+            !flag.load(Ordering::SeqCst),
+            "the caller's flag is the caller's"
+        );
+    }
+
+    #[test]
+    fn another_loop_failing_or_panicking_stops_the_first() {
+        let flag = AtomicBool::new(false);
+        let failing: Vec<Box<dyn FnOnce(&LoopStop) -> std::io::Result<u32> + Send>> = vec![
+            Box::new(|stop: &LoopStop| serve_until_stopped(stop)),
+            Box::new(|_: &LoopStop| Err(std::io::Error::other("socket gone"))),
+        ];
+        let err = run_loops("t", &flag, serve_until_stopped, failing).unwrap_err();
+        assert_eq!(err.to_string(), "socket gone");
+
+        let panicking: Vec<Box<dyn FnOnce(&LoopStop) -> std::io::Result<u32> + Send>> =
+            vec![Box::new(|_: &LoopStop| panic!("a bug in a loop"))];
+        let err = run_loops("t", &flag, serve_until_stopped, panicking).unwrap_err();
+        assert!(err.to_string().contains("a receive loop panicked"), "{err}");
     }
 }
