@@ -701,6 +701,9 @@ impl InlineServer {
 mod tests {
     use super::*;
 
+    /// A loop of the group, boxed so that loops of different kinds share one list.
+    type Loop = Box<dyn FnOnce(&LoopStop) -> std::io::Result<u32> + Send>;
+
     /// A loop that serves until the group stops.
     fn serve_until_stopped(stop: &LoopStop<'_>) -> std::io::Result<u32> {
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -758,15 +761,14 @@ mod tests {
     #[test]
     fn another_loop_failing_or_panicking_stops_the_first() {
         let flag = AtomicBool::new(false);
-        let failing: Vec<Box<dyn FnOnce(&LoopStop) -> std::io::Result<u32> + Send>> = vec![
+        let failing: Vec<Loop> = vec![
             Box::new(|stop: &LoopStop| serve_until_stopped(stop)),
             Box::new(|_: &LoopStop| Err(std::io::Error::other("socket gone"))),
         ];
         let err = run_loops("t", &flag, serve_until_stopped, failing).unwrap_err();
         assert_eq!(err.to_string(), "socket gone");
 
-        let panicking: Vec<Box<dyn FnOnce(&LoopStop) -> std::io::Result<u32> + Send>> =
-            vec![Box::new(|_: &LoopStop| panic!("a bug in a loop"))];
+        let panicking: Vec<Loop> = vec![Box::new(|_: &LoopStop| panic!("a bug in a loop"))];
         let err = run_loops("t", &flag, serve_until_stopped, panicking).unwrap_err();
         assert!(err.to_string().contains("a receive loop panicked"), "{err}");
     }
