@@ -94,7 +94,7 @@ pub fn auth_cost(out: &Path, c: &AuthCostConfig) -> anyhow::Result<serde_json::V
     }
     let loaded = naam_mica::handlers().context("loading MICA's embedded handlers")?;
     let built = (Arc::new(loaded), naam_mica::HANDLERS_OBJECT.to_vec());
-    let tenant = Credential::generate()?;
+    let tenant = Credential::generate(&naam_runtime::entropy::os())?;
     let mut runs = Vec::new();
     for round in 0..c.rounds {
         let order = if round % 2 == 0 {

@@ -82,7 +82,7 @@ impl InProcessDeployment {
     /// server (clients are told its agent), so every run has it from the first operation.
     pub fn start(shm: PathBuf, plan: DeploymentPlan) -> anyhow::Result<InProcessDeployment> {
         let app = plan.app.spec.id;
-        let pairing = Credential::generate()?;
+        let pairing = Credential::generate(&naam_runtime::entropy::os())?;
         let tenants = session::tenant_entries(
             &[(app, plan.tenant.clone(), plan.credential.clone())],
             None,

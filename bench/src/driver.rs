@@ -736,7 +736,7 @@ pub fn run_inproc_endpoints(
     // naam-server's part keeps the host executors and the policy, naam-nic's the NIC
     // executors (udp::start_host and udp::start_nic take each their share).
     let cluster = cluster_config(cfg);
-    let credential = Credential::generate()?;
+    let credential = Credential::generate(&naam_runtime::entropy::os())?;
     let objs = objects(cfg.app)?;
     let app = match cfg.app {
         App::Mica => {

@@ -82,7 +82,7 @@ fn replies_lent_in_place_read_as_returned_replies_do() {
 
     let mc = MicaConfig::preset_16_64(1024);
     let loaded = std::sync::Arc::new(naam_mica::handlers().unwrap());
-    let credential = Credential::generate().unwrap();
+    let credential = Credential::generate(&naam_runtime::entropy::os()).unwrap();
     let plan = DeploymentPlan {
         app: HostApp {
             spec: naam_mica::app_spec(1, &mc, loaded, Placement::Host).unwrap(),

@@ -64,7 +64,7 @@ mod tests {
     fn credential_files_are_private_and_strict() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("t.key");
-        let c = Credential::generate().unwrap();
+        let c = Credential::generate(&crate::entropy::os()).unwrap();
         c.write_new(&p).unwrap();
         assert_eq!(Credential::load(&p).unwrap(), c);
         assert!(c.write_new(&p).is_err(), "never overwrites");

@@ -1,5 +1,5 @@
 //! Structure the code must keep (docs/ARCHITECTURE.md): no import cycle between naam-runtime's
-//! modules, and no IO, thread or clock in naam-proto. Read from the source text, so a change
+//! modules, and no IO, thread, clock or OS randomness in naam-proto. Read from the source text, so a change
 //! that breaks either fails here with the modules that did it.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -229,13 +229,19 @@ fn naam_proto_does_no_io_and_reads_no_clock() {
         "std::env",
         "tokio",
         "libc",
+        // Randomness is injected (naam_proto::entropy), so that a simulation replays bit for bit.
+        "getrandom",
+        "SystemRandom",
+        "ring::rand",
+        "OsRng",
+        "thread_rng",
     ];
     for path in rust_files(&proto.join("src")) {
         let code = code_of(&path);
         for f in forbidden {
             assert!(
                 !code.contains(f),
-                "{} uses {f}: naam-proto is IO-free and takes time as an argument",
+                "{} uses {f}: naam-proto is IO-free and takes time and randomness as arguments",
                 path.display()
             );
         }
@@ -248,7 +254,7 @@ fn naam_proto_does_no_io_and_reads_no_clock() {
         .split("\n[")
         .next()
         .unwrap_or("");
-    for crate_name in ["tokio", "libc", "clap", "anyhow", "crossbeam"] {
+    for crate_name in ["tokio", "libc", "clap", "anyhow", "crossbeam", "getrandom", "rand"] {
         assert!(
             !deps.contains(crate_name),
             "naam-proto depends on {crate_name}"

@@ -496,7 +496,12 @@ fn a_server_claiming_endless_manifest_pages_is_refused() {
             None,
             None,
         );
-        let mut gate = Gatekeeper::new(1, tenants, session::CookieJar::new().unwrap());
+        let mut gate = Gatekeeper::new(
+            1,
+            tenants,
+            session::CookieJar::new(&naam_runtime::entropy::os()).unwrap(),
+            naam_runtime::entropy::os(),
+        );
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             for (peer, m) in fake.recv(Duration::from_millis(10)).unwrap() {

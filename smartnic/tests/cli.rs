@@ -7,7 +7,7 @@ use std::process::Command;
 fn nic(shm: &std::path::Path, extra: &[&str]) -> std::process::Output {
     let keys = tempfile::tempdir().unwrap();
     let pairing = keys.path().join("naam-nic.key");
-    naam_runtime::proto::session::Credential::generate()
+    naam_runtime::proto::session::Credential::generate(&naam_runtime::entropy::os())
         .unwrap()
         .write_new(&pairing)
         .unwrap();
@@ -119,7 +119,7 @@ fn a_pairing_secret_the_server_refuses_stops_naam_nic_naming_nic_pairing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     for k in ["mica", "nic", "wrong"] {
-        naam_runtime::proto::session::Credential::generate()
+        naam_runtime::proto::session::Credential::generate(&naam_runtime::entropy::os())
             .unwrap()
             .write_new(&d.join(format!("{k}.key")))
             .unwrap();

@@ -9,7 +9,7 @@ fn server(config: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("naam-server.toml");
     std::fs::write(&path, config).unwrap();
-    naam_runtime::proto::session::Credential::generate()
+    naam_runtime::proto::session::Credential::generate(&naam_runtime::entropy::os())
         .unwrap()
         .write_new(&dir.path().join("k.key"))
         .unwrap();

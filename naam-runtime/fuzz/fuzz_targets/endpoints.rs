@@ -13,6 +13,7 @@ use naam_proto::endpoint::{
     ServerConfig, ServerEndpoint, SwitchHandle, VerbsAcceptor,
 };
 use naam_proto::onesided::{Completion, Operation};
+use naam_proto::entropy::Entropy;
 use naam_proto::session::{tenant_entries, CookieJar, Credential};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_proto::wire::{Reply, Request};
@@ -103,7 +104,7 @@ fuzz_target!(|data: &[u8]| {
     );
     let manifest = Manifest::default();
     let Ok(mut s) = ServerEndpoint::new(
-        ServerConfig::new(manifest.clone(), tenants),
+        ServerConfig::new(manifest.clone(), tenants, Entropy::seeded(1)),
         Unreachable,
         CookieJar::with_key([5; 32]),
         0,
@@ -111,12 +112,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut n = NicEndpoint::new(
-        NicConfig::new(server, nic, pairing),
+        NicConfig::new(server, nic, pairing, Entropy::seeded(2)),
         Unreachable,
         &manifest,
         0,
     );
-    let mut c = ClientEndpoint::new(ClientConfig::new(server, "app", credential), 0);
+    let mut c = ClientEndpoint::new(ClientConfig::new(server, "app", credential, Entropy::seeded(3)), 0);
     c.connect(0);
     // Each chunk: one byte says who gets it and from where, the rest is the datagram.
     for (i, chunk) in data.split(|b| *b == 0xff).enumerate() {

@@ -38,6 +38,7 @@ use naam_proto::endpoint::{
     Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, Routed, ServerConfig,
     ServerEndpoint, SwitchHandle, Transmit, VerbsAcceptor,
 };
+use naam_proto::entropy::Entropy;
 use naam_proto::session::{tenant_entries, Authentication, CookieJar, Credential};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_proto::wire::{LoadFeedback, Reply, Request, Status};
@@ -140,7 +141,7 @@ impl Pair {
 
     /// A pair whose host answers `inline` (see [`AnsweringHost`]) with `value`.
     fn connected_with(authentication: Authentication, inline: bool, value: Bytes) -> Pair {
-        let credential = Credential::generate().expect("randomness");
+        let credential = Credential::generate(&Entropy::seeded(1)).expect("randomness");
         let manifest = Manifest {
             apps: vec![AppManifest {
                 id: APP,
@@ -157,7 +158,7 @@ impl Pair {
             epoch: 1,
         };
         let tenants = tenant_entries(&[(APP, "kv".into(), credential.clone())], None, None);
-        let mut config = ServerConfig::new(manifest, tenants);
+        let mut config = ServerConfig::new(manifest, tenants, Entropy::seeded(2));
         config.authentication = authentication;
         let server = ServerEndpoint::new(
             config,
@@ -170,7 +171,7 @@ impl Pair {
             0,
         )
         .expect("a one-page manifest");
-        let mut config = ClientConfig::new(server_addr(), "kv", credential);
+        let mut config = ClientConfig::new(server_addr(), "kv", credential, Entropy::seeded(3));
         config.authentication = authentication;
         let client = ClientEndpoint::new(config, 0);
         let mut pair = Pair {

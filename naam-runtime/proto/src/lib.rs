@@ -14,6 +14,7 @@
 //!   the header of requests forwarded to the NIC;
 //! - [`endpoint`]: the client's and the server's state machines (sessions, retransmission,
 //!   the control plane, the user-space switch), driven by datagrams and explicit time;
+//! - [`entropy`]: the randomness every endpoint draws from, passed in by its driver;
 //! - [`arena`]: byte strings copied into shared chunks, for what outlives its call;
 //! - [`dedup`]: answers to recent mutations, so retransmissions are not applied twice;
 //! - [`frame`]: datagram framing (fragments, bounded reassembly, retransmission timers);
@@ -34,6 +35,7 @@ pub mod control;
 pub mod dedup;
 pub mod endpoint;
 mod engine_kind;
+pub mod entropy;
 mod fields;
 pub mod frame;
 pub mod intmap;

@@ -19,6 +19,7 @@ use naam_proto::endpoint::{
     NicConfig, NicEndpoint, NicEvent, Routed, ServerConfig, ServerEndpoint, SwitchHandle, Transmit,
     VerbsAcceptor,
 };
+use naam_proto::entropy::Entropy;
 use naam_proto::limits;
 use naam_proto::session::{tenant_entries, CookieJar, Credential};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
@@ -258,6 +259,8 @@ struct World {
     net: Net,
     credential: Credential,
     pairing: Credential,
+    /// The client's and the NIC's randomness (the server has its own, per epoch).
+    entropy: Entropy,
     client: ClientEndpoint,
     server: ServerEndpoint<ModelHost>,
     nic: Option<NicEndpoint<ModelNic>>,
@@ -273,10 +276,10 @@ struct World {
 fn server(credential: &Credential, pairing: &Credential, epoch: u64) -> ServerEndpoint<ModelHost> {
     let tenants = tenant_entries(
         &[(APP, "counter".into(), credential.clone())],
-        Some(Credential::generate().expect("randomness")),
+        Some(Credential::generate(&Entropy::seeded(1_000 + epoch)).expect("randomness")),
         Some(pairing.clone()),
     );
-    let mut config = ServerConfig::new(manifest(epoch), tenants);
+    let mut config = ServerConfig::new(manifest(epoch), tenants, Entropy::seeded(2_000 + epoch));
     config.congestion_control = true;
     ServerEndpoint::new(
         config,
@@ -289,10 +292,16 @@ fn server(credential: &Credential, pairing: &Credential, epoch: u64) -> ServerEn
 
 impl World {
     fn new(seed: u64) -> World {
-        let credential = Credential::generate().expect("randomness");
-        let pairing = Credential::generate().expect("randomness");
+        let entropy = Entropy::seeded(seed);
+        let credential = Credential::generate(&entropy).expect("randomness");
+        let pairing = Credential::generate(&entropy).expect("randomness");
         let client = ClientEndpoint::new(
-            ClientConfig::new(server_addr(), "counter", credential.clone()),
+            ClientConfig::new(
+                server_addr(),
+                "counter",
+                credential.clone(),
+                entropy.clone(),
+            ),
             0,
         );
         World {
@@ -301,6 +310,7 @@ impl World {
             server: server(&credential, &pairing, 1),
             credential,
             pairing,
+            entropy,
             client,
             nic: None,
             events: Vec::new(),
@@ -454,7 +464,12 @@ impl World {
     /// Starts a (new) NIC and runs until it is paired, has reported its load, and knows the
     /// client's session.
     fn start_nic(&mut self) {
-        let config = NicConfig::new(server_addr(), nic_addr(), self.pairing.clone());
+        let config = NicConfig::new(
+            server_addr(),
+            nic_addr(),
+            self.pairing.clone(),
+            self.entropy.clone(),
+        );
         self.nic = Some(NicEndpoint::new(
             config,
             ModelNic::default(),
@@ -567,7 +582,12 @@ fn under_heavy_loss_every_write_is_answered_and_applied_once() {
     for seed in [7, 8, 9, 10] {
         let mut w = World::new(seed);
         // 30% loss each way: an attempt succeeds half the time, so allow 16 of them.
-        let mut config = ClientConfig::new(server_addr(), "counter", w.credential.clone());
+        let mut config = ClientConfig::new(
+            server_addr(),
+            "counter",
+            w.credential.clone(),
+            w.entropy.clone(),
+        );
         config.attempts = 16;
         w.client = ClientEndpoint::new(config, 0);
         w.connected();
@@ -703,7 +723,12 @@ fn a_handler_answered_out_of_order_is_resent_early_once_then_left_to_its_timeout
     // The network's delay never varies here, so the probe timeout would be about one round
     // trip, and the write's timer, not the later answers, would find it late: a floor of five
     // round trips leaves the finding to the answers (this test's subject).
-    let mut config = ClientConfig::new(server_addr(), "counter", w.credential.clone());
+    let mut config = ClientConfig::new(
+        server_addr(),
+        "counter",
+        w.credential.clone(),
+        w.entropy.clone(),
+    );
     config.min_rto = 500_000;
     w.client = ClientEndpoint::new(config, 0);
     w.connected();
@@ -756,7 +781,12 @@ fn an_answer_on_the_path_ends_another_exchange_s_backoff() {
     const RTO: Nanos = 200_000;
     let mut w = World::new(37);
     // A floor above the network's fixed 100 us round trip: every timeout here is RTO.
-    let mut config = ClientConfig::new(server_addr(), "counter", w.credential.clone());
+    let mut config = ClientConfig::new(
+        server_addr(),
+        "counter",
+        w.credential.clone(),
+        w.entropy.clone(),
+    );
     config.min_rto = RTO;
     w.client = ClientEndpoint::new(config, 0);
     w.connected();
@@ -992,7 +1022,13 @@ fn an_idle_nic_reports_rarely_and_a_working_one_every_period() {
     }
     assert!(on_nic, "the congested host sent no read to the NIC");
     let before = reports(&w);
-    let period = NicConfig::new(server_addr(), nic_addr(), w.pairing.clone()).report_every;
+    let period = NicConfig::new(
+        server_addr(),
+        nic_addr(),
+        w.pairing.clone(),
+        w.entropy.clone(),
+    )
+    .report_every;
     w.run_until(2 * period, |_| false);
     assert!(reports(&w) > before, "the NIC's work went unreported");
 }

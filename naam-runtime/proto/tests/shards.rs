@@ -20,6 +20,7 @@ use naam_proto::endpoint::{
     Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, NicConfig, NicEndpoint,
     Routed, ServerConfig, ServerEndpoint, SessionDirectory, SwitchHandle, Transmit, VerbsAcceptor,
 };
+use naam_proto::entropy::Entropy;
 use naam_proto::session::{tenant_entries, CookieJar, Credential};
 use naam_proto::shard::{loop_of_route, route_of_session, Shard};
 use naam_proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
@@ -139,8 +140,9 @@ struct World {
 
 impl World {
     fn new() -> World {
-        let credential = Credential::generate().expect("randomness");
-        let pairing = Credential::generate().expect("randomness");
+        let entropy = Entropy::seeded(1);
+        let credential = Credential::generate(&entropy).expect("randomness");
+        let pairing = Credential::generate(&entropy).expect("randomness");
         let tenants = tenant_entries(
             &[(APP, "counter".into(), credential.clone())],
             None,
@@ -152,7 +154,7 @@ impl World {
             .expect("two loops")
             .into_iter()
             .map(|shard| {
-                let mut config = ServerConfig::new(manifest(1), tenants.clone());
+                let mut config = ServerConfig::new(manifest(1), tenants.clone(), entropy.clone());
                 config.shard = shard;
                 config.directory = directory.clone();
                 ServerEndpoint::new(
@@ -167,7 +169,12 @@ impl World {
         let clients = (0..CLIENTS)
             .map(|_| {
                 ClientEndpoint::new(
-                    ClientConfig::new(server_addr(), "counter", credential.clone()),
+                    ClientConfig::new(
+                        server_addr(),
+                        "counter",
+                        credential.clone(),
+                        entropy.clone(),
+                    ),
                     0,
                 )
             })
@@ -317,7 +324,12 @@ impl World {
     }
 
     fn start_nic(&mut self) {
-        let config = NicConfig::new(server_addr(), nic_addr(), self.pairing.clone());
+        let config = NicConfig::new(
+            server_addr(),
+            nic_addr(),
+            self.pairing.clone(),
+            Entropy::seeded(2),
+        );
         let first = NicEndpoint::new(config, ModelNic::default(), &manifest(1), self.now);
         let others: Vec<_> = (1..NIC_LOOPS)
             .map(|_| first.another_loop(ModelNic::default()))

@@ -554,8 +554,12 @@ impl UdpClient {
         // The process's clock, which a server endpoint in the process reads too: a request
         // handed to it in process carries this client's reading.
         let clock = SystemClock::of_process();
-        let mut endpoint_config =
-            ClientConfig::new(config.server, &config.tenant, config.credential.clone());
+        let mut endpoint_config = ClientConfig::new(
+            config.server,
+            &config.tenant,
+            config.credential.clone(),
+            crate::entropy::os(),
+        );
         endpoint_config.rto = config.rto.as_nanos() as Nanos;
         endpoint_config.min_rto = config.min_rto.as_nanos() as Nanos;
         endpoint_config.max_rto = config.max_rto.as_nanos() as Nanos;

@@ -427,10 +427,12 @@ fn build_host(
         apps: Vec::new(),
         mode: super::MODE.into(),
         policy: String::new(),
-        epoch: naam_proto::session::random_u64().map_err(|e| DeployError::Manifest {
-            path: shm_dir.join(MANIFEST_FILE),
-            message: e.to_string(),
-        })?,
+        epoch: crate::entropy::os()
+            .nonzero_u64()
+            .map_err(|e| DeployError::Manifest {
+                path: shm_dir.join(MANIFEST_FILE),
+                message: e.to_string(),
+            })?,
     };
     let mut pending = Vec::new();
     let mut written = std::collections::HashSet::new();

@@ -218,7 +218,12 @@ fn nic_endpoint<R: FnMut(u64) -> Result<NicCluster, String>>(
         .authentication
         .check_fabric(local, in_memory)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut config = NicConfig::new(options.server, options.advertise, options.pairing.clone());
+    let mut config = NicConfig::new(
+        options.server,
+        options.advertise,
+        options.pairing.clone(),
+        crate::entropy::os(),
+    );
     config.authentication = options.authentication;
     config.report_every = options.report_every.as_nanos() as u64;
     let manifest = start.manifest.clone();

@@ -305,7 +305,11 @@ fn host_endpoint(
         switch: options.switch.clone(),
         verbs: options.verbs.clone(),
     };
-    let mut config = ServerConfig::new(options.manifest.clone(), options.tenants.clone());
+    let mut config = ServerConfig::new(
+        options.manifest.clone(),
+        options.tenants.clone(),
+        crate::entropy::os(),
+    );
     config.authentication = options.authentication;
     config.congestion_control = options.congestion_control;
     config.shard = place.shard;
@@ -347,7 +351,7 @@ pub fn serve_host_loops(
 ) -> std::io::Result<ServerStats> {
     let shards = Shard::all(sockets.len()).map_err(|e| invalid(e.to_string()))?;
     let directory = SessionDirectory::new();
-    let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
+    let cookies = CookieJar::new(&crate::entropy::os()).map_err(|e| invalid(e.to_string()))?;
     let clock = SystemClock::new();
     let counters = LoopCounters::group(sockets.len());
     let run = |((socket, shard), counters): ((Socket, Shard), LoopCounters), stop: &LoopStop| {
@@ -649,7 +653,7 @@ pub fn serve_host_inline(
     let publish_every = Duration::from_secs(1);
     let shards = Shard::all(loops).map_err(|e| invalid(e.to_string()))?;
     let directory = SessionDirectory::new();
-    let cookies = CookieJar::new().map_err(|e| invalid(e.to_string()))?;
+    let cookies = CookieJar::new(&crate::entropy::os()).map_err(|e| invalid(e.to_string()))?;
     let clock = SystemClock::new();
     let (port, service) = InlineGroup::bind(
         net,

@@ -97,7 +97,7 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
-        return match naam_runtime::proto::session::Credential::generate()
+        return match naam_runtime::proto::session::Credential::generate(&naam_runtime::entropy::os())
             .and_then(|c| c.write_new(out))
         {
             Ok(()) => {

@@ -28,6 +28,7 @@ use naam_ebpf::abi::Descriptor;
 use super::server::{coalesce, Inner, Outgoing};
 use super::Transmit;
 use crate::control::Control;
+use crate::entropy::Entropy;
 use crate::frame::{Retransmit, RttEstimator, Timeout};
 use crate::kind::MessageKind;
 use crate::onesided::{Op, Operation};
@@ -84,6 +85,8 @@ pub struct ClientConfig {
     pub liveness: Nanos,
     /// Datagram authentication (must match the server's).
     pub authentication: Authentication,
+    /// Handshake nonces are drawn from it.
+    pub entropy: Entropy,
 }
 
 impl ClientConfig {
@@ -91,7 +94,12 @@ impl ClientConfig {
     /// until a round trip is measured, then the estimate within 50 µs to 1 s, 8 attempts (and
     /// never giving up sooner than 20 ms doubling 8 times would), 2 s to connect, 10 s of
     /// silence tolerated.
-    pub fn new(server: SocketAddr, tenant: &str, credential: Credential) -> ClientConfig {
+    pub fn new(
+        server: SocketAddr,
+        tenant: &str,
+        credential: Credential,
+        entropy: Entropy,
+    ) -> ClientConfig {
         ClientConfig {
             server,
             tenant: tenant.to_string(),
@@ -103,6 +111,7 @@ impl ClientConfig {
             connect_timeout: 2_000 * MS,
             liveness: 10_000 * MS,
             authentication: Authentication::On,
+            entropy,
         }
     }
 }
@@ -430,7 +439,11 @@ impl ClientEndpoint {
             self.connect_failed(ConnectError::Refused { server, message });
             return;
         }
-        let hs = match ClientHandshake::new(&self.config.tenant, self.config.credential.clone()) {
+        let hs = match ClientHandshake::new(
+            &self.config.tenant,
+            self.config.credential.clone(),
+            &self.config.entropy,
+        ) {
             Ok(hs) => hs,
             Err(e) => {
                 let message = e.to_string();

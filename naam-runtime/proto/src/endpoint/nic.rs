@@ -33,6 +33,7 @@ use super::server::{admit, error_reply, Channel, Routed};
 use super::Transmit;
 use crate::control::{self, Control, Manifest};
 use crate::dedup::RecentAnswers;
+use crate::entropy::Entropy;
 use crate::kind::MessageKind;
 use crate::onesided::{Completion, Operation};
 use crate::session::{
@@ -95,17 +96,25 @@ pub struct NicConfig {
     pub authentication: Authentication,
     /// How often the NIC reports its load.
     pub report_every: Nanos,
+    /// Handshake nonces and the first packet number of each client session are drawn from it.
+    pub entropy: Entropy,
 }
 
 impl NicConfig {
     /// Pairs with `server` using `pairing`, advertising `advertise`, reporting every 5 ms.
-    pub fn new(server: SocketAddr, advertise: SocketAddr, pairing: Credential) -> NicConfig {
+    pub fn new(
+        server: SocketAddr,
+        advertise: SocketAddr,
+        pairing: Credential,
+        entropy: Entropy,
+    ) -> NicConfig {
         NicConfig {
             server,
             advertise,
             pairing,
             authentication: Authentication::On,
             report_every: 5_000_000,
+            entropy,
         }
     }
 }
@@ -508,7 +517,11 @@ impl<B: NicBackend> NicEndpoint<B> {
         let shared = self.shared.clone();
         let mut link = shared.link();
         link.last_pairing_send = now;
-        match ClientHandshake::new(NIC_TENANT, self.config.pairing.clone()) {
+        match ClientHandshake::new(
+            NIC_TENANT,
+            self.config.pairing.clone(),
+            &self.config.entropy,
+        ) {
             Ok(hs) => {
                 link.pairing = Pairing::Hello { hs, id };
                 drop(link);
@@ -854,7 +867,7 @@ impl<B: NicBackend> NicEndpoint<B> {
                     // This NIC may have sealed under this very key before it restarted: its
                     // packet numbers start at random in [2^61, 2^62), where two starts come
                     // within reach of each other with negligible probability.
-                    let Ok(first) = crate::session::random_u64() else {
+                    let Ok(first) = self.config.entropy.u64() else {
                         return;
                     };
                     let first = (first >> 2) | (1 << 61);

@@ -23,6 +23,7 @@ use crate::control::{
     self, AppManifest, Control, HandlerWeights, Manifest, ManifestError, QpEndpoint, RdmaRegion,
     SwitchCounters,
 };
+use crate::entropy::Entropy;
 use crate::kind::MessageKind;
 use crate::onesided::{Completion, Operation};
 use crate::session::{
@@ -402,12 +403,14 @@ pub struct ServerConfig {
     /// What it shares with the server's other receive loops; every loop's config holds the
     /// same one.
     pub directory: Arc<SessionDirectory>,
+    /// Server nonces and session ids are drawn from it.
+    pub entropy: Entropy,
 }
 
 impl ServerConfig {
     /// Serves `manifest` to sessions of `tenants`, authenticated, without congestion control,
     /// with the default credits ([`limits::SESSION_CREDIT`], [`limits::TENANT_CREDIT`]).
-    pub fn new(manifest: Manifest, tenants: Vec<TenantEntry>) -> ServerConfig {
+    pub fn new(manifest: Manifest, tenants: Vec<TenantEntry>, entropy: Entropy) -> ServerConfig {
         ServerConfig {
             manifest,
             tenants,
@@ -417,6 +420,7 @@ impl ServerConfig {
             tenant_credit: limits::TENANT_CREDIT,
             shard: Shard::SOLE,
             directory: SessionDirectory::new(),
+            entropy,
         }
     }
 }
@@ -908,9 +912,14 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 pages.insert(name.clone(), config.manifest.scoped(apps).pages()?);
             }
         }
-        let gate = Gatekeeper::new(config.manifest.epoch, config.tenants.clone(), cookies)
-            .with_authentication(config.authentication)
-            .with_shard(config.shard);
+        let gate = Gatekeeper::new(
+            config.manifest.epoch,
+            config.tenants.clone(),
+            cookies,
+            config.entropy.clone(),
+        )
+        .with_authentication(config.authentication)
+        .with_shard(config.shard);
         Ok(ServerEndpoint {
             backend,
             gate,

@@ -1,10 +1,11 @@
 //! Credentials: a tenant's (or the NIC's, or the operator's) 256-bit secret, its file text, and
-//! the MACs derived from it; the operating system's randomness.
+//! the MACs derived from it.
 
 use super::{
     hmac_with, HandshakeNonces, HmacSha256, Mac, Path, PathBuf, SessionKey, COOKIE_LEN,
     CREDENTIAL_LEN, RESET_TOKEN_LEN,
 };
+use crate::entropy::Entropy;
 
 /// Why a credential could not be read, written or made.
 #[derive(Debug, thiserror::Error)]
@@ -35,26 +36,9 @@ pub enum CredentialError {
         /// Its permission bits (`mode & 0o777`); any of `0o077` set is refused.
         mode: u32,
     },
-    /// The system's random source failed.
-    #[error("no randomness from the operating system: {0}")]
-    Random(String),
-}
-
-/// Fills `out` from the operating system's random source.
-pub fn random_bytes(out: &mut [u8]) -> Result<(), CredentialError> {
-    getrandom::fill(out).map_err(|e| CredentialError::Random(e.to_string()))
-}
-
-/// A fresh random 64-bit value, never 0.
-pub fn random_u64() -> Result<u64, CredentialError> {
-    loop {
-        let mut b = [0u8; 8];
-        random_bytes(&mut b)?;
-        let v = u64::from_le_bytes(b);
-        if v != 0 {
-            return Ok(v);
-        }
-    }
+    /// The random source failed.
+    #[error(transparent)]
+    Random(#[from] crate::entropy::EntropyError),
 }
 
 /// A tenant's secret (or the NIC's pairing secret, or the operator's). It never leaves the
@@ -69,11 +53,9 @@ impl std::fmt::Debug for Credential {
 }
 
 impl Credential {
-    /// A new random credential.
-    pub fn generate() -> Result<Credential, CredentialError> {
-        let mut b = [0u8; CREDENTIAL_LEN];
-        random_bytes(&mut b)?;
-        Ok(Credential(b))
+    /// A new random credential, from `entropy` (the OS's, but in simulations and tests).
+    pub fn generate(entropy: &Entropy) -> Result<Credential, CredentialError> {
+        Ok(Credential(entropy.array()?))
     }
 
     /// A credential from its raw bytes (tests and key stores).

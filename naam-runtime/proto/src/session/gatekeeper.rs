@@ -2,11 +2,12 @@
 //! their roles, and the [`Gatekeeper`] that runs handshakes and opens sealed datagrams.
 
 use super::{
-    hmac_with, peek_sealed, random_bytes, random_u64, Arc, Authentication, Bytes, Credential,
-    CredentialError, HandshakeNonces, HashMap, HmacSha256, Mac, Nanos, ReplayWindow, SealError,
-    Sealer, Sender, SocketAddr, AMPLIFICATION, COOKIE_LEN, COOKIE_LIFETIME, NIC_TENANT, NONCE_LEN,
-    OPERATOR_TENANT, RESET_TOKEN_LEN,
+    hmac_with, peek_sealed, Arc, Authentication, Bytes, Credential, CredentialError,
+    HandshakeNonces, HashMap, HmacSha256, Mac, Nanos, ReplayWindow, SealError, Sealer, Sender,
+    SocketAddr, AMPLIFICATION, COOKIE_LEN, COOKIE_LIFETIME, NIC_TENANT, NONCE_LEN, OPERATOR_TENANT,
+    RESET_TOKEN_LEN,
 };
+use crate::entropy::Entropy;
 use crate::intmap::IntMap;
 
 /// Issues and checks address-validation cookies (stateless: a MAC under a key of this
@@ -17,11 +18,9 @@ pub struct CookieJar {
 }
 
 impl CookieJar {
-    /// A jar with a fresh random key.
-    pub fn new() -> Result<CookieJar, CredentialError> {
-        let mut k = [0u8; 32];
-        random_bytes(&mut k)?;
-        Ok(CookieJar::with_key(k))
+    /// A jar with a fresh random key from `entropy`.
+    pub fn new(entropy: &Entropy) -> Result<CookieJar, CredentialError> {
+        Ok(CookieJar::with_key(entropy.array()?))
     }
 
     /// A jar with a given key (tests).
@@ -222,6 +221,8 @@ pub struct Gatekeeper {
     pub(super) authentication: Authentication,
     /// The receive loop it keeps sessions for: the ids it draws route to it.
     pub(super) shard: crate::shard::Shard,
+    /// Server nonces and session ids are drawn from it.
+    pub(super) entropy: Entropy,
 }
 
 /// What [`Gatekeeper::open`] found in a sealed message.
@@ -234,9 +235,16 @@ pub struct Opened<'a> {
 }
 
 impl Gatekeeper {
-    /// A gatekeeper for `tenants`, in server epoch `epoch` (random per start).
-    pub fn new(epoch: u64, tenants: Vec<TenantEntry>, cookies: CookieJar) -> Gatekeeper {
+    /// A gatekeeper for `tenants`, in server epoch `epoch` (random per start), drawing its
+    /// server nonces and session ids from `entropy`.
+    pub fn new(
+        epoch: u64,
+        tenants: Vec<TenantEntry>,
+        cookies: CookieJar,
+        entropy: Entropy,
+    ) -> Gatekeeper {
         Gatekeeper {
+            entropy,
             epoch,
             tenants,
             cookies,
@@ -307,8 +315,10 @@ impl Gatekeeper {
         peer: SocketAddr,
         client_nonce: [u8; NONCE_LEN],
     ) -> Result<([u8; NONCE_LEN], [u8; COOKIE_LEN]), HandshakeError> {
-        let mut server = [0u8; NONCE_LEN];
-        random_bytes(&mut server).map_err(|e| HandshakeError::Random(e.to_string()))?;
+        let server = self
+            .entropy
+            .array::<NONCE_LEN>()
+            .map_err(|e| HandshakeError::Random(e.to_string()))?;
         let n = HandshakeNonces {
             client: client_nonce,
             server,
@@ -347,7 +357,10 @@ impl Gatekeeper {
         let (role, credential) = (Arc::new(entry.role.clone()), entry.credential.clone());
         self.make_room(&role, now)?;
         let id = loop {
-            let draw = random_u64().map_err(|e| HandshakeError::Random(e.to_string()))?;
+            let draw = self
+                .entropy
+                .nonzero_u64()
+                .map_err(|e| HandshakeError::Random(e.to_string()))?;
             let id = self.shard.session_id(draw);
             if !self.sessions.contains_key(&id) {
                 break id;

@@ -1,8 +1,7 @@
 //! The client's side of the handshake.
 
-use super::{
-    random_bytes, Credential, CredentialError, HandshakeNonces, SessionKey, COOKIE_LEN, NONCE_LEN,
-};
+use super::{Credential, CredentialError, HandshakeNonces, SessionKey, COOKIE_LEN, NONCE_LEN};
+use crate::entropy::Entropy;
 
 /// The client's half of a handshake: its nonce, then the session it was given.
 #[derive(Debug)]
@@ -13,10 +12,13 @@ pub struct ClientHandshake {
 }
 
 impl ClientHandshake {
-    /// Starts a handshake as `tenant` with a fresh nonce.
-    pub fn new(tenant: &str, credential: Credential) -> Result<ClientHandshake, CredentialError> {
-        let mut nonce = [0u8; NONCE_LEN];
-        random_bytes(&mut nonce)?;
+    /// Starts a handshake as `tenant` with a fresh nonce from `entropy`.
+    pub fn new(
+        tenant: &str,
+        credential: Credential,
+        entropy: &Entropy,
+    ) -> Result<ClientHandshake, CredentialError> {
+        let nonce = entropy.array::<NONCE_LEN>()?;
         Ok(ClientHandshake {
             tenant: tenant.to_string(),
             credential,

@@ -1,8 +1,8 @@
 //! Sessions of the UDP fabric, IO-free: tenant credentials, the handshake that proves a peer
 //! holds one (and that it owns its address), the sealed envelope every later datagram travels
 //! in, replay windows, and the server's table of sessions with their scope. naam-runtime's UDP
-//! drivers call into it; time is always an argument, and the only call out of the process is
-//! for randomness (key material, nonces, session ids). Credential files are read and written by
+//! drivers call into it; time and randomness are always arguments (nonces, session ids and
+//! keys come from the [`crate::entropy::Entropy`] the driver passes). Credential files are read and written by
 //! the drivers (naam-runtime's `CredentialFile`).
 //!
 //! Handshake (control messages: `crate::control::Control`):
@@ -193,12 +193,16 @@ mod tests {
                 },
             ],
             CookieJar::with_key([7; 32]),
+            crate::entropy::Entropy::seeded(9),
         )
     }
 
     /// Runs a whole handshake; returns the session id and the client's key.
     fn handshake(g: &mut Gatekeeper, tenant: &str, c: Credential, now: Nanos) -> (u64, SessionKey) {
-        let hs = ClientHandshake::new(tenant, c).unwrap();
+        // A stream per handshake: two in one test never share a client nonce.
+        static NEXT: AtomicU64 = AtomicU64::new(100);
+        let entropy = crate::entropy::Entropy::seeded(NEXT.fetch_add(1, Ordering::Relaxed));
+        let hs = ClientHandshake::new(tenant, c, &entropy).unwrap();
         let (sn, cookie) = g.challenge(now, peer(), hs.nonce()).unwrap();
         let n = HandshakeNonces {
             client: hs.nonce(),
@@ -261,7 +265,8 @@ mod tests {
     #[test]
     fn a_wrong_credential_or_a_forged_cookie_gets_no_session() {
         let mut g = gate();
-        let hs = ClientHandshake::new("mica", cred(2)).unwrap();
+        let hs =
+            ClientHandshake::new("mica", cred(2), &crate::entropy::Entropy::seeded(1)).unwrap();
         let (sn, cookie) = g.challenge(0, peer(), hs.nonce()).unwrap();
         let n = HandshakeNonces {
             client: hs.nonce(),
@@ -293,7 +298,8 @@ mod tests {
     #[test]
     fn a_retransmitted_auth_finds_the_same_session() {
         let mut g = gate();
-        let hs = ClientHandshake::new("btree", cred(2)).unwrap();
+        let hs =
+            ClientHandshake::new("btree", cred(2), &crate::entropy::Entropy::seeded(2)).unwrap();
         let (sn, cookie) = g.challenge(0, peer(), hs.nonce()).unwrap();
         let n = HandshakeNonces {
             client: hs.nonce(),
@@ -511,7 +517,7 @@ mod tests {
 
     #[test]
     fn credential_text_is_strict_and_debug_hides_it() {
-        let c = Credential::generate().unwrap();
+        let c = Credential::generate(&crate::entropy::Entropy::seeded(3)).unwrap();
         let p = Path::new("t.key");
         assert_eq!(Credential::parse(&c.file_text(), p).unwrap(), c);
         assert!(matches!(
