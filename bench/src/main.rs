@@ -72,6 +72,13 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         max_errors: u64,
     },
+    /// The discrete-event simulator: the real endpoints, steering and handlers in virtual time
+    /// on a hardware profile's links and cores (figures labelled `sim:<profile>`: a model,
+    /// not a measurement).
+    Sim {
+        #[command(subcommand)]
+        what: SimCmd,
+    },
     /// YCSB: `ycsb [load|run] -P workloads/workloadb [-p key=value]...`; prints YCSB's output
     /// (status lines every 10 s on stderr), then NAAM's per-placement lines.
     Ycsb(naam_bench::ycsb_cli::YcsbArgs),
@@ -212,6 +219,44 @@ fn positive_usize() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
+#[derive(Subcommand)]
+enum SimCmd {
+    /// One YCSB run on MICA: loads the records, warms up, measures; prints the report as JSON
+    /// (the same bytes for the same arguments and seed).
+    Run {
+        /// A built-in profile (bluefield2-100g) or a profile file (TOML).
+        #[arg(long, default_value = "bluefield2-100g")]
+        profile: String,
+        /// Every random draw comes from it.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Client machines (one YCSB thread and session each).
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+        clients: u64,
+        /// Operations each client keeps outstanding.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        window: u64,
+        /// Records loaded first.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+        records: u64,
+        /// Target operations per second over all clients (YCSB's -target); none: closed loop.
+        #[arg(long)]
+        target: Option<f64>,
+        /// Core workload (a, b, c, d or f).
+        #[arg(long, default_value = "b")]
+        workload: char,
+        /// Virtual milliseconds measured.
+        #[arg(long, default_value_t = 50.0)]
+        measure_ms: f64,
+        /// Virtual milliseconds of warm-up after the load.
+        #[arg(long, default_value_t = 10.0)]
+        warmup_ms: f64,
+        /// Also write the report here.
+        #[arg(long)]
+        json_out: Option<std::path::PathBuf>,
+    },
+}
+
 fn main() -> ExitCode {
     // Die quietly of SIGPIPE, as command-line tools do, when the reader of stdout goes away
     // (`naam-bench ycsb | head`), instead of panicking in `println!`.
@@ -249,12 +294,86 @@ fn main() -> ExitCode {
     }
 }
 
+fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
+    match what {
+        SimCmd::Run {
+            profile,
+            seed,
+            clients,
+            window,
+            records,
+            target,
+            workload,
+            measure_ms,
+            warmup_ms,
+            json_out,
+        } => {
+            let bad = |name: &str| {
+                anyhow::anyhow!(
+                    "--{name} must be a positive number of milliseconds, at most 60,000"
+                )
+            };
+            let ms = |v: f64, name: &str| -> anyhow::Result<u64> {
+                if v.is_finite() && v > 0.0 && v <= 60_000.0 {
+                    Ok((v * 1e6) as u64)
+                } else {
+                    Err(bad(name))
+                }
+            };
+            let (measure_ns, warmup_ns) =
+                match (ms(measure_ms, "measure-ms"), ms(warmup_ms, "warmup-ms")) {
+                    (Ok(m), Ok(w)) => (m, w),
+                    (Err(e), _) | (_, Err(e)) => {
+                        eprintln!("naam-bench: error: {e}");
+                        return Ok(ExitCode::from(2));
+                    }
+                };
+            if let Some(t) = target {
+                if !(t.is_finite() && t > 0.0) {
+                    eprintln!("naam-bench: error: --target must be a positive rate");
+                    return Ok(ExitCode::from(2));
+                }
+            }
+            let profile = match naam_bench::sim::Profile::load(&profile) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("naam-bench: error: {e}");
+                    return Ok(ExitCode::from(2));
+                }
+            };
+            let mut cfg = naam_bench::sim::SimConfig::new(profile, seed, clients as usize);
+            cfg.window = window as usize;
+            cfg.records = records;
+            cfg.target_per_client = target.map(|t| t / clients as f64);
+            cfg.workload = workload;
+            cfg.measure_ns = measure_ns;
+            cfg.warmup_ns = warmup_ns;
+            let started = std::time::Instant::now();
+            let report = naam_bench::sim::run(&cfg)?;
+            let wall = started.elapsed().as_secs_f64();
+            let json = serde_json::to_string_pretty(&report)?;
+            println!("{json}");
+            if let Some(path) = json_out {
+                std::fs::write(&path, format!("{json}\n"))
+                    .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+            }
+            eprintln!(
+                "naam-bench: simulated {} events in {wall:.1} s of this machine ({:.0} events/s)",
+                report.events,
+                report.events as f64 / wall.max(1e-9)
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
 fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
 }
 
 fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
+        Cmd::Sim { what } => sim(what),
         Cmd::Switch {
             server,
             pin_nic_permille,

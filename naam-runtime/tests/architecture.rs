@@ -254,7 +254,15 @@ fn naam_proto_does_no_io_and_reads_no_clock() {
         .split("\n[")
         .next()
         .unwrap_or("");
-    for crate_name in ["tokio", "libc", "clap", "anyhow", "crossbeam", "getrandom", "rand"] {
+    for crate_name in [
+        "tokio",
+        "libc",
+        "clap",
+        "anyhow",
+        "crossbeam",
+        "getrandom",
+        "rand",
+    ] {
         assert!(
             !deps.contains(crate_name),
             "naam-proto depends on {crate_name}"

@@ -2,8 +2,9 @@
 //! budgets, and the errors of building a cluster and of calling it.
 
 use super::{
-    Arc, CostPolicy, CostPolicyConfig, DmaModel, Duration, HandlerSpec, Limits, LoadedObject,
-    Nanos, Placement, Policy, RegistryError, StaticPolicy, VerifierConfig, POLL_BEFORE_BLOCKING,
+    Arc, Clock, CostPolicy, CostPolicyConfig, DmaModel, Duration, HandlerSpec, Limits,
+    LoadedObject, Nanos, Placement, Policy, RegistryError, StaticPolicy, VerifierConfig,
+    POLL_BEFORE_BLOCKING,
 };
 
 /// A region to register for an app.
@@ -141,6 +142,53 @@ pub struct ClusterConfig {
     /// What one app may spend per period before its new messages are refused `Busy`: bounds
     /// the harm one tenant's torn records or retry storms do to the others.
     pub tenant_budget: TenantBudget,
+    /// Run inside a discrete-event simulation (`naam-sim`); `None`: on this machine's clock.
+    pub simulated: Option<Simulated>,
+}
+
+/// What a message that ran did, for a [`ServiceModel`] to turn into a service time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunFacts {
+    /// Interpreter instructions executed (the simulator runs handlers on the interpreter,
+    /// whose count is exact).
+    pub insns: u64,
+    /// Engine entries (steps, retried steps, a faulted step).
+    pub runs: u16,
+    /// Steps over the message's life.
+    pub steps: u16,
+    /// Modelled data-access time of every fetch ([`NicModel::dma`] at the NIC; 0 at the host).
+    pub fetch_ns: u64,
+    /// Bytes of the request's arguments.
+    pub args_bytes: u32,
+    /// Bytes of the reply's payload.
+    pub reply_bytes: u32,
+}
+
+/// Turns what a message did at a placement into the time it kept that placement's core busy:
+/// the simulator's cost model (its profile's instruction, DMA and fixed costs).
+pub trait ServiceModel: Send + Sync {
+    /// Nanoseconds of one core of `placement` that running the message took.
+    fn service_ns(&self, placement: Placement, run: &RunFacts) -> Nanos;
+}
+
+/// A cluster inside a simulation: time is the simulator's (a virtual clock that does not move
+/// while a handler runs), each message's service time comes from `service` instead of the
+/// clock, and the steering controller decides only when the simulator calls
+/// [`super::Cluster::steer`] (no thread of its own). Its executor counts are the simulator's
+/// cores, which run messages where they arrive ([`super::Cluster::dispatch_here`]): the
+/// cluster starts no executor, agent or steering thread.
+#[derive(Clone)]
+pub struct Simulated {
+    /// The simulator's virtual clock.
+    pub clock: Arc<dyn Clock>,
+    /// The cost model.
+    pub service: Arc<dyn ServiceModel>,
+}
+
+impl std::fmt::Debug for Simulated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Simulated { .. }")
+    }
 }
 
 /// How long a remote NIC may stay silent before the controller takes it out of the weights
@@ -165,6 +213,7 @@ impl Default for ClusterConfig {
             executor_poll: POLL_BEFORE_BLOCKING,
             cross_check: None,
             tenant_budget: TenantBudget::default(),
+            simulated: None,
         }
     }
 }

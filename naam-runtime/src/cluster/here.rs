@@ -146,11 +146,13 @@ impl HereRunner {
         out: &mut Reply,
     ) -> Ran {
         let start = inner.clock.now();
-        if self.placement == Placement::Host {
-            let extra = inner.congestion.host_extra_ns();
-            if extra > 0 {
-                spin_for(extra);
-            }
+        let congested = match self.placement {
+            Placement::Host => inner.congestion.host_extra_ns(),
+            _ => 0,
+        };
+        // A simulated core is busy for the congestion's extra time in virtual time, below.
+        if congested > 0 && inner.config.simulated.is_none() {
+            spin_for(congested);
         }
         let (vm, machine) = (&mut self.vm, &mut self.machine);
         let served = match self.placement {
@@ -161,13 +163,31 @@ impl HereRunner {
             Served::Done(c, _) => c,
             Served::Parked { run, write } => return Ran::Parked(run, write),
         };
-        if self.placement == Placement::Nic && inner.config.nic.emulate_costs {
+        if self.placement == Placement::Nic
+            && inner.config.nic.emulate_costs
+            && inner.config.simulated.is_none()
+        {
             let ran = inner.clock.now().saturating_sub(start);
             let slower = (ran as f64 * (inner.config.nic.core_slowdown - 1.0).max(0.0)) as u64;
             spin_for(c.fetch_ns + slower);
         }
         let end = inner.clock.now();
-        let service = end.saturating_sub(start);
+        let service = match &inner.config.simulated {
+            Some(s) => {
+                s.service.service_ns(
+                    self.placement,
+                    &super::RunFacts {
+                        insns: c.insns,
+                        runs: c.runs,
+                        steps: c.steps,
+                        fetch_ns: c.fetch_ns,
+                        args_bytes: req.args.len() as u32,
+                        reply_bytes: c.payload.len() as u32,
+                    },
+                ) + congested
+            }
+            None => end.saturating_sub(start),
+        };
         self.local
             .completed(inner, (req.app, req.handler), service, c.steps, end);
         let load = LoadFeedback {

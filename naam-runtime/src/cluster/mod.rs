@@ -301,6 +301,9 @@ struct Inner {
     policy_name: String,
     remote_nic_up: AtomicBool,
     remote_nic_seen: AtomicU64,
+    /// The controller of a simulated cluster, which decides when [`Cluster::steer`] is
+    /// called (no steering thread).
+    driven: Mutex<Option<Controller>>,
 }
 
 /// One app's spending of its [`TenantBudget`] in the current period. Spending is added
@@ -515,7 +518,10 @@ impl ClusterBuilder {
                 "queue capacity must be at least 1".into(),
             ));
         }
-        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
+        let clock = match &config.simulated {
+            Some(s) => s.clock.clone(),
+            None => self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
+        };
         let mut backing = self.backing.unwrap_or_else(|| {
             Box::new(|_, r: &RegionSpec| Ok((RegionMemory::from_bytes(&r.contents), None)))
         });
@@ -598,6 +604,7 @@ impl ClusterBuilder {
             policy_name,
             remote_nic_up: AtomicBool::new(false),
             remote_nic_seen: AtomicU64::new(0),
+            driven: Mutex::new(None),
         });
         // First decision with no measurements.
         let mut controller = Controller::new(
@@ -615,26 +622,32 @@ impl ClusterBuilder {
                 .spawn(f)
                 .map_err(|e| ClusterError::Thread(name, e))
         };
-        for i in 0..inner.config.host_executors {
+        // A simulated cluster's executors are the simulator's cores: it starts no thread.
+        let threaded = inner.config.simulated.is_none();
+        for i in (0..inner.config.host_executors).filter(|_| threaded) {
             let (inner2, rx) = (inner.clone(), host_q.clone());
             threads.push(spawn(
                 format!("naam-host-{i}"),
                 Box::new(move || executor_loop(inner2, rx, Placement::Host)),
             )?);
         }
-        for i in 0..inner.config.nic_executors {
+        for i in (0..inner.config.nic_executors).filter(|_| threaded) {
             let (inner2, rx) = (inner.clone(), nic_q.clone());
             threads.push(spawn(
                 format!("naam-nic-{i}"),
                 Box::new(move || executor_loop(inner2, rx, Placement::Nic)),
             )?);
         }
-        let inner2 = inner.clone();
-        threads.push(spawn(
-            "naam-one-sided-agent".into(),
-            Box::new(move || agent_loop(inner2, agent_rx)),
-        )?);
-        if inner.config.controller {
+        if threaded {
+            let inner2 = inner.clone();
+            threads.push(spawn(
+                "naam-one-sided-agent".into(),
+                Box::new(move || agent_loop(inner2, agent_rx)),
+            )?);
+        }
+        if inner.config.controller && inner.config.simulated.is_some() {
+            *inner.driven.lock().unwrap_or_else(|e| e.into_inner()) = Some(controller);
+        } else if inner.config.controller {
             let inner2 = inner.clone();
             threads.push(spawn(
                 "naam-steering".into(),
@@ -931,6 +944,18 @@ impl Cluster {
                 }
             }
             Err(refusal) => Routed::Refused(refusal.reply_to(echo)),
+        }
+    }
+
+    /// One steering decision now, for a simulated cluster ([`ClusterConfig::simulated`]),
+    /// whose simulator calls this every steering period of virtual time. Returns whether
+    /// anything ran or waited during the period; false, doing nothing, for a cluster whose
+    /// controller has a thread of its own or that runs none.
+    pub fn steer(&self) -> bool {
+        let mut driven = self.inner.driven.lock().unwrap_or_else(|e| e.into_inner());
+        match driven.as_mut() {
+            Some(controller) => decide_all(&self.inner, controller, false),
+            None => false,
         }
     }
 

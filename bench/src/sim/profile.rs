@@ -1,0 +1,246 @@
+//! Hardware profiles: the constants a simulation runs with (links, switch, host cores, the
+//! SmartNIC's Arm cores and DMA, clients, steering periods), read from TOML. The profiles this
+//! project ships live in `bench/profiles/`, each constant with its source; a user writes one
+//! for their own hardware (README, "Simulating your hardware").
+
+use serde::{Deserialize, Serialize};
+
+/// The profiles shipped with naam-bench, by name.
+const BUILT_IN: &[(&str, &str)] = &[(
+    "bluefield2-100g",
+    include_str!("../../profiles/bluefield2-100g.toml"),
+)];
+
+/// Why a profile could not be had.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProfileError {
+    /// Neither a built-in name nor a readable file.
+    #[error("no profile {name:?}: built in are {known}; or give a TOML file's path")]
+    Unknown {
+        /// What was asked for.
+        name: String,
+        /// The built-in names.
+        known: String,
+    },
+    /// The file could not be read.
+    #[error("reading profile {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML does not describe a profile.
+    #[error("profile {path}: {message}")]
+    Invalid {
+        /// The file (or built-in name).
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// Every link of the rack (each node has one, full duplex, to the switch).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LinkProfile {
+    /// Gigabits per second each way.
+    pub bandwidth_gbps: f64,
+    /// One way, cable and PHYs, nanoseconds.
+    pub propagation_ns: u64,
+    /// Largest Ethernet payload (IP packet), bytes.
+    pub mtu: usize,
+    /// Probability that a frame is lost, each way.
+    pub loss: f64,
+}
+
+/// The top-of-rack switch.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchProfile {
+    /// Port to port, nanoseconds (beyond the frames' serialisation on the links).
+    pub latency_ns: u64,
+}
+
+/// The server's host cores.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HostProfile {
+    /// Cores serving receive loops (one loop each, run to completion).
+    pub cores: usize,
+    /// Nanoseconds per eBPF instruction a handler executes.
+    pub ns_per_insn: f64,
+    /// Nanoseconds per helper call (not yet counted apart: see the README's model notes).
+    pub ns_per_helper: f64,
+    /// Nanoseconds per message beyond its handler (receive, open, decode, dispatch, seal, send).
+    pub per_message_ns: u64,
+    /// Picoseconds per byte of arguments and reply copied.
+    pub ps_per_byte: u64,
+    /// Nanoseconds per segment a step reads from memory.
+    pub access_ns: u64,
+}
+
+/// The SmartNIC's Arm cores and their DMA to host memory.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NicProfile {
+    /// Arm cores serving naam-nic's receive loops.
+    pub cores: usize,
+    /// Nanoseconds per eBPF instruction.
+    pub ns_per_insn: f64,
+    /// Nanoseconds per helper call.
+    pub ns_per_helper: f64,
+    /// Nanoseconds per message beyond its handler.
+    pub per_message_ns: u64,
+    /// Picoseconds per byte of arguments and reply copied.
+    pub ps_per_byte: u64,
+    /// Picoseconds per byte a DMA read moves.
+    pub dma_ps_per_byte: u64,
+    /// Nanoseconds a DMA read takes before its first byte (PCIe round trip).
+    pub dma_access_ns: u64,
+    /// Nanoseconds a message between the host's cores and the Arm cores takes (through the
+    /// eSwitch and PCIe, never the rack's links).
+    pub host_hop_ns: u64,
+}
+
+/// The clients' machines.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientProfile {
+    /// Nanoseconds per message a client sends or takes in.
+    pub per_message_ns: u64,
+}
+
+/// Steering and reporting periods.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SteeringProfile {
+    /// The controller's period, nanoseconds.
+    pub period_ns: u64,
+    /// How often the NIC reports its load, nanoseconds.
+    pub report_every_ns: u64,
+}
+
+/// A whole profile.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Its name (reports carry it).
+    pub name: String,
+    /// What hardware it describes.
+    pub description: String,
+    /// The links.
+    pub link: LinkProfile,
+    /// The switch.
+    pub switch: SwitchProfile,
+    /// The host cores.
+    pub host: HostProfile,
+    /// The SmartNIC.
+    pub nic: NicProfile,
+    /// The clients.
+    pub client: ClientProfile,
+    /// Steering.
+    pub steering: SteeringProfile,
+}
+
+impl Profile {
+    /// A built-in profile by name, or a TOML file by path.
+    pub fn load(name_or_path: &str) -> Result<Profile, ProfileError> {
+        if let Some((_, text)) = BUILT_IN.iter().find(|(n, _)| *n == name_or_path) {
+            return Profile::parse(text, name_or_path);
+        }
+        let path = std::path::Path::new(name_or_path);
+        if !path.is_file() {
+            return Err(ProfileError::Unknown {
+                name: name_or_path.into(),
+                known: BUILT_IN
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(|source| ProfileError::Read {
+            path: name_or_path.into(),
+            source,
+        })?;
+        Profile::parse(&text, name_or_path)
+    }
+
+    /// Parses and checks a profile's TOML text (`origin` names it in errors).
+    pub fn parse(text: &str, origin: &str) -> Result<Profile, ProfileError> {
+        let invalid = |message: String| ProfileError::Invalid {
+            path: origin.into(),
+            message,
+        };
+        let p: Profile = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
+        let positive = [
+            ("link.bandwidth_gbps", p.link.bandwidth_gbps),
+            ("host.ns_per_insn", p.host.ns_per_insn),
+            ("nic.ns_per_insn", p.nic.ns_per_insn),
+        ];
+        for (name, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(invalid(format!(
+                    "{name} must be a positive number, not {v}"
+                )));
+            }
+        }
+        if !(0.0..1.0).contains(&p.link.loss) {
+            return Err(invalid(format!(
+                "link.loss must be in [0, 1), not {}",
+                p.link.loss
+            )));
+        }
+        if p.link.mtu < 576 || p.link.mtu > 65_535 {
+            return Err(invalid(format!(
+                "link.mtu must be 576..=65535, not {}",
+                p.link.mtu
+            )));
+        }
+        for (name, n) in [("host.cores", p.host.cores), ("nic.cores", p.nic.cores)] {
+            if n == 0 || n > naam_runtime::proto::limits::MAX_LOOPS {
+                return Err(invalid(format!(
+                    "{name} must be 1..={}, not {n}",
+                    naam_runtime::proto::limits::MAX_LOOPS
+                )));
+            }
+        }
+        if p.steering.period_ns == 0 || p.steering.report_every_ns == 0 {
+            return Err(invalid("steering periods must be above 0".into()));
+        }
+        Ok(p)
+    }
+
+    /// The built-in profiles' names.
+    pub fn built_in() -> impl Iterator<Item = &'static str> {
+        BUILT_IN.iter().map(|(n, _)| *n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_built_in_profile_parses() {
+        for name in Profile::built_in() {
+            let p = Profile::load(name).unwrap();
+            assert_eq!(p.name, name);
+        }
+    }
+
+    #[test]
+    fn bad_profiles_are_refused_naming_the_field() {
+        let good = BUILT_IN[0].1;
+        let e = Profile::parse(&good.replace("cores = 8", "cores = 0"), "x").unwrap_err();
+        assert!(e.to_string().contains("host.cores"), "{e}");
+        let e = Profile::parse(&good.replace("loss = 0.0", "loss = 1.5"), "x").unwrap_err();
+        assert!(e.to_string().contains("link.loss"), "{e}");
+        let e = Profile::parse(&format!("{good}\nsurprise = 1\n"), "x").unwrap_err();
+        assert!(e.to_string().contains("surprise"), "{e}");
+        let e = Profile::load("no-such-profile").unwrap_err();
+        assert!(e.to_string().contains("bluefield2-100g"), "{e}");
+    }
+}

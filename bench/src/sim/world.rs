@@ -1,0 +1,1103 @@
+//! The simulated deployment and its event loop: clients (each a `ClientEndpoint` under MICA's
+//! own pipelined client library), naam-server's receive loops (one `ServerEndpoint` per host
+//! core over the host cluster) and naam-nic's (one `NicEndpoint` per Arm core over the NIC
+//! cluster), joined by the [`Rack`]. Events are kept in time order, ties broken by the order
+//! they were scheduled, so a run replays exactly.
+
+use std::cell::RefCell;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use naam_ebpf::abi::Descriptor;
+use naam_mica::{MicaConfig, MicaHandle, MicaPipeline};
+use naam_runtime::cluster::{Cluster, ClusterConfig, HereRunner, Simulated};
+use naam_runtime::proto::control::Manifest;
+use naam_runtime::proto::endpoint::{
+    Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, NicBackend, NicConfig,
+    NicEndpoint, Routed, ServerConfig, ServerEndpoint, SessionDirectory, SwitchHandle, Transmit,
+    VerbsAcceptor,
+};
+use naam_runtime::proto::entropy::Entropy;
+use naam_runtime::proto::onesided::{Completion, Operation};
+use naam_runtime::proto::session::{self, CookieJar, Credential};
+use naam_runtime::proto::shard::{self, Shard};
+use naam_runtime::proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
+use naam_runtime::proto::transport::{ClientError, Pipeline, Transport};
+use naam_runtime::proto::wire::{Reply, Request};
+use naam_runtime::proto::{EngineKind, Nanos, Placement};
+use naam_runtime::udp::{self, HostApp, HostRegions};
+use naam_runtime::VirtualClock;
+
+use super::net::Rack;
+use super::{CostModel, Profile};
+use crate::ycsb::{KeyChooser, Op, RecordShape, Rng, Workload};
+
+const APP: u32 = 1;
+const TENANT: &str = "mica";
+/// Rack ports: the server's (its host and its SmartNIC share the card's port), then the
+/// clients'.
+const SERVER_PORT: usize = 0;
+
+/// What to simulate.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct SimConfig {
+    /// The hardware.
+    pub profile: Profile,
+    /// Every random draw comes from it.
+    pub seed: u64,
+    /// Records loaded before the run (YCSB's `recordcount`).
+    pub records: u64,
+    /// Client machines (each one YCSB client thread with its own session).
+    pub clients: usize,
+    /// Operations each client keeps outstanding.
+    pub window: usize,
+    /// Each client's target, operations per second (YCSB's `-target` split over threads);
+    /// `None`: as fast as its window allows.
+    pub target_per_client: Option<f64>,
+    /// The core workload's letter (`a`..`f`; MICA runs those without scans).
+    pub workload: char,
+    /// Virtual time before measuring (sessions, pairing, steering settling).
+    pub warmup_ns: Nanos,
+    /// Virtual time measured.
+    pub measure_ns: Nanos,
+}
+
+impl SimConfig {
+    /// YCSB-B on MICA with `clients` closed-loop clients of window 1, 10,000 records, 10 ms of
+    /// warm-up and 50 ms measured.
+    pub fn new(profile: Profile, seed: u64, clients: usize) -> SimConfig {
+        SimConfig {
+            profile,
+            seed,
+            records: 10_000,
+            clients,
+            window: 1,
+            target_per_client: None,
+            workload: 'b',
+            warmup_ns: 10_000_000,
+            measure_ns: 50_000_000,
+        }
+    }
+}
+
+/// Latency percentiles, microseconds.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Latency {
+    /// Operations measured.
+    pub count: u64,
+    /// Mean.
+    pub mean_us: f64,
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+}
+
+/// What a run gave: deterministic for its configuration and seed (no wall-clock figure).
+#[derive(Clone, Debug, Serialize)]
+pub struct SimReport {
+    /// `sim:<profile>`: a model of that hardware, not a measurement.
+    pub mode: String,
+    /// What ran.
+    pub config: SimConfig,
+    /// Operations completed per virtual second in the measured window.
+    pub throughput_ops: f64,
+    /// Every operation's latency.
+    pub latency: Latency,
+    /// Reads'.
+    pub read_latency: Latency,
+    /// Updates'.
+    pub update_latency: Latency,
+    /// Operations answered by each placement ([`Placement::index`] order: client, NIC, host).
+    pub placed: [u64; 3],
+    /// Operations that failed.
+    pub failed: u64,
+    /// Busy fraction of the host cores and of the NIC cores over the measured window.
+    pub host_busy: f64,
+    /// See `host_busy`.
+    pub nic_busy: f64,
+    /// Frames on the links, and frames lost.
+    pub frames: u64,
+    /// See `frames`.
+    pub lost_frames: u64,
+    /// Events simulated.
+    pub events: u64,
+}
+
+/// Where an event happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Node {
+    Client(usize),
+    /// A receive loop of naam-server (a host core).
+    Host(usize),
+    /// A receive loop of naam-nic (an Arm core).
+    Nic(usize),
+}
+
+#[derive(Debug)]
+enum Event {
+    /// A message arrived whole at `to`'s receive queue.
+    Arrive {
+        to: Node,
+        from: SocketAddr,
+        msg: Bytes,
+    },
+    /// A core finished the message it took: what it sent goes out, the next is taken.
+    Done(Node),
+    /// An endpoint's timer, valid while its generation is the armed one.
+    Timer(Node, u64),
+    /// A rate-limited client may issue again.
+    Issue(usize),
+    /// A steering period ended.
+    Steer,
+}
+
+struct Scheduled {
+    at: Nanos,
+    seq: u64,
+    event: Event,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+/// The future, in time order.
+#[derive(Default)]
+struct Agenda {
+    heap: BinaryHeap<Reverse<Scheduled>>,
+    seq: u64,
+    popped: u64,
+}
+
+impl Agenda {
+    fn at(&mut self, at: Nanos, event: Event) {
+        self.seq += 1;
+        self.heap.push(Reverse(Scheduled {
+            at,
+            seq: self.seq,
+            event,
+        }));
+    }
+
+    fn next(&mut self) -> Option<(Nanos, Event)> {
+        let Reverse(s) = self.heap.pop()?;
+        self.popped += 1;
+        Some((s.at, s.event))
+    }
+}
+
+/// A core with its receive queue, and the timer its endpoint asked for.
+struct Core<E> {
+    endpoint: E,
+    queue: VecDeque<(SocketAddr, Bytes)>,
+    busy: bool,
+    /// What the message being served sends, when it is done.
+    outbox: Vec<Transmit>,
+    timer: (Option<Nanos>, u64),
+    busy_ns: u64,
+}
+
+impl<E> Core<E> {
+    fn new(endpoint: E) -> Core<E> {
+        Core {
+            endpoint,
+            queue: VecDeque::new(),
+            busy: false,
+            outbox: Vec::new(),
+            timer: (None, 0),
+            busy_ns: 0,
+        }
+    }
+}
+
+/// naam-server's host side in the simulation: each message runs where it arrived, on this
+/// loop's core, through the cluster's own switch, admission and executor
+/// ([`Cluster::dispatch_here`]); its service time is the cost model's.
+struct SimHost {
+    cluster: Arc<Cluster>,
+    runner: HereRunner,
+    /// Service time of the messages run since the core last took it.
+    busy_ns: u64,
+    /// Messages the cluster queued at an executor (the simulation has none: a bug if not 0).
+    stranded: u64,
+}
+
+impl HostBackend for SimHost {
+    fn dispatch(
+        &mut self,
+        req: &mut Request,
+        sel: &mut Selector,
+        forced: Option<Placement>,
+        _reply_to: &Channel,
+        out: &mut Reply,
+    ) -> Routed {
+        let routed =
+            self.cluster
+                .dispatch_here(&mut self.runner, req, sel, forced, || |_: Reply| {}, out);
+        match &routed {
+            Routed::Answered => self.busy_ns += out.load.service_ns,
+            Routed::Queued(_) => self.stranded += 1,
+            _ => {}
+        }
+        routed
+    }
+    fn next_client_id(&mut self) -> u32 {
+        self.cluster.next_client_id()
+    }
+    fn nic_up(&self) -> bool {
+        self.cluster.remote_nic_up()
+    }
+    fn nic_load(&mut self, load: &RemoteLoad) {
+        self.cluster.absorb_remote_load(load);
+    }
+    fn nic_gone(&mut self) {
+        self.cluster.remote_nic_down();
+    }
+    fn handlers(&self, app: u32) -> Option<Vec<u32>> {
+        let a = self.cluster.registry().app(app)?;
+        Some(a.handlers.values().map(|h| h.id).collect())
+    }
+    fn has_handler(&self, app: u32, handler: u32) -> bool {
+        self.cluster.registry().handler(app, handler).is_ok()
+    }
+    fn client_share(&self) -> Option<ClientShare> {
+        self.cluster.client_share()
+    }
+    fn weights(&self, app: u32, handler: u32, share: Option<&mut ClientShare>) -> Weights {
+        match share {
+            Some(s) => self.cluster.client_weights(s, app, handler),
+            None => self.cluster.weights(app, handler),
+        }
+    }
+    fn congest(&mut self, extra_ns: Option<u64>) {
+        match extra_ns {
+            Some(ns) => self.cluster.congestion().limit_host(ns),
+            None => self.cluster.congestion().clear(),
+        }
+    }
+    fn switch(&self) -> Option<&dyn SwitchHandle> {
+        None
+    }
+    fn verbs(&self) -> Option<&dyn VerbsAcceptor> {
+        None
+    }
+}
+
+/// naam-nic's side in the simulation: messages run on the Arm core that took them in.
+struct SimNic {
+    cluster: Arc<Cluster>,
+    runner: HereRunner,
+    busy_ns: u64,
+    stranded: u64,
+    dma: naam_runtime::proto::step::DmaModel,
+}
+
+impl NicBackend for SimNic {
+    fn dispatch(
+        &mut self,
+        mut req: Request,
+        sel: &mut Selector,
+        forced: Option<Placement>,
+        _reply_to: Channel,
+        out: &mut Reply,
+    ) -> Routed {
+        let routed = self.cluster.dispatch_here(
+            &mut self.runner,
+            &mut req,
+            sel,
+            forced,
+            || |_: Reply| {},
+            out,
+        );
+        match &routed {
+            Routed::Answered => self.busy_ns += out.load.service_ns,
+            Routed::Queued(_) => self.stranded += 1,
+            _ => {}
+        }
+        routed
+    }
+    fn one_sided(&mut self, op: &Operation) -> Completion {
+        let c = naam_runtime::onesided::execute(self.cluster.regions(), op);
+        self.busy_ns += self.dma.cost_ns(c.data.len() as u64);
+        c
+    }
+    fn load_report(&mut self) -> RemoteLoad {
+        self.runner.flush(&self.cluster);
+        self.cluster.take_load_report(Placement::Nic)
+    }
+    fn remap(&mut self, _epoch: u64) -> Result<Manifest, String> {
+        Err("the simulated server does not restart".into())
+    }
+}
+
+/// What a client's MICA pipeline submitted and was answered, between it and the event loop.
+#[derive(Default)]
+struct ClientIo {
+    submitted: Vec<(u64, Request)>,
+    answers: Vec<(u64, Result<Reply, ClientError>)>,
+    next_token: u64,
+    in_flight: usize,
+    window: usize,
+}
+
+/// MICA's client library's transport in the simulation: a submission waits for the event
+/// loop to hand it to the client's endpoint; answers come back through the loop.
+struct SimTransport(Rc<RefCell<ClientIo>>);
+
+impl Transport for SimTransport {
+    fn call(
+        &mut self,
+        _app: u32,
+        _handler: u32,
+        _args: &[u8],
+        _descs: &[Descriptor],
+    ) -> Result<Reply, ClientError> {
+        Err(ClientError::Session(
+            "the simulation's clients only pipeline (no call waits)".into(),
+        ))
+    }
+    fn backoff(&mut self, _attempt: u32) {}
+}
+
+impl Pipeline for SimTransport {
+    fn submit(
+        &mut self,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<u64, ClientError> {
+        let mut io = self.0.borrow_mut();
+        if io.in_flight >= io.window {
+            return Err(ClientError::Busy(Placement::Host));
+        }
+        let req = Request::for_call(app, handler, 0, args, descs)?;
+        io.next_token += 1;
+        let token = io.next_token;
+        io.in_flight += 1;
+        io.submitted.push((token, req));
+        Ok(token)
+    }
+    fn poll(&mut self, _block: bool) -> Vec<(u64, Result<Reply, ClientError>)> {
+        let mut io = self.0.borrow_mut();
+        let answers = std::mem::take(&mut io.answers);
+        io.in_flight -= answers.len().min(io.in_flight);
+        answers
+    }
+    fn in_flight(&self) -> usize {
+        self.0.borrow().in_flight
+    }
+    fn window(&self) -> usize {
+        self.0.borrow().window
+    }
+}
+
+/// One client machine: its endpoint, MICA's pipeline over it, and its workload.
+struct SimClient {
+    addr: SocketAddr,
+    endpoint: ClientEndpoint,
+    io: Rc<RefCell<ClientIo>>,
+    mica: MicaPipeline<SimTransport>,
+    /// Exchange id → the pipeline's token.
+    exchanges: naam_runtime::proto::intmap::IntMap<u64, u64>,
+    /// Operation tag → (issued at, is a read).
+    issued: naam_runtime::proto::intmap::IntMap<u64, (Nanos, bool)>,
+    next_tag: u64,
+    connected: bool,
+    /// Records still to load (the load phase), then `None`.
+    loading: Option<std::ops::Range<u64>>,
+    rng: Rng,
+    keys: KeyChooser,
+    /// Earliest time the next operation may go (a target rate).
+    next_issue: Nanos,
+    timer: (Option<Nanos>, u64),
+}
+
+struct World {
+    cfg: SimConfig,
+    clock: Arc<VirtualClock>,
+    agenda: Agenda,
+    rack: Rack,
+    net_rng: Rng,
+    server_addr: SocketAddr,
+    nic_addr: SocketAddr,
+    hosts: Vec<Core<ServerEndpoint<SimHost>>>,
+    nics: Vec<Core<NicEndpoint<SimNic>>>,
+    clients: Vec<SimClient>,
+    host_cluster: Arc<Cluster>,
+    workload: Workload,
+    shape: RecordShape,
+    measure_from: Nanos,
+    end: Nanos,
+    all: Histogram<u64>,
+    reads: Histogram<u64>,
+    updates: Histogram<u64>,
+    placed: [u64; 3],
+    failed: u64,
+    completed: u64,
+    loaded: u64,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("static bounds")
+}
+
+fn latency(h: &Histogram<u64>) -> Latency {
+    let us = |ns: u64| ns as f64 / 1_000.0;
+    Latency {
+        count: h.len(),
+        mean_us: if h.is_empty() {
+            0.0
+        } else {
+            h.mean() / 1_000.0
+        },
+        p50_us: us(h.value_at_quantile(0.5)),
+        p99_us: us(h.value_at_quantile(0.99)),
+        p999_us: us(h.value_at_quantile(0.999)),
+    }
+}
+
+fn client_addr(i: usize) -> SocketAddr {
+    SocketAddr::from(([10, 1, (i / 250) as u8, (i % 250 + 1) as u8], 5000))
+}
+
+/// Runs `cfg`.
+pub fn run(cfg: &SimConfig) -> anyhow::Result<SimReport> {
+    anyhow::ensure!(cfg.clients >= 1, "at least one client");
+    anyhow::ensure!(cfg.clients <= 60_000, "at most 60,000 clients");
+    anyhow::ensure!(cfg.window >= 1, "a window of at least 1");
+    anyhow::ensure!(cfg.records >= 1, "at least one record");
+    let workload = Workload::core(cfg.workload)
+        .with_context(|| format!("no core workload {:?} (a to f)", cfg.workload))?;
+    anyhow::ensure!(
+        !workload.has_scans(),
+        "workload {} scans: MICA does not (the B-tree's simulation is not built yet)",
+        cfg.workload
+    );
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "naam-sim-{}-{}",
+        std::process::id(),
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let out = World::build(cfg, workload, &dir).and_then(|mut w| w.run());
+    udp::cleanup(&dir);
+    out
+}
+
+impl World {
+    fn build(cfg: &SimConfig, workload: Workload, dir: &std::path::Path) -> anyhow::Result<World> {
+        let p = &cfg.profile;
+        let entropy = Entropy::seeded(cfg.seed);
+        let clock = Arc::new(VirtualClock::new(0));
+        let simulated = Simulated {
+            clock: clock.clone(),
+            service: Arc::new(CostModel::new(p)),
+        };
+        let shape = RecordShape::default();
+        let mica = MicaConfig::sized(cfg.records.saturating_mul(2).max(1_000), 24, shape.len());
+        let credential = Credential::generate(&entropy)?;
+        let pairing = Credential::generate(&entropy)?;
+        let object = Arc::new(naam_mica::handlers().context("MICA's embedded handlers")?);
+        let spec = naam_mica::app_spec(APP, &mica, object, Placement::Host)?
+            .with_engine(EngineKind::Interp);
+        let app = HostApp {
+            spec,
+            kind: "mica".into(),
+            params: serde_json::to_value(mica)?,
+            object_bytes: naam_mica::HANDLERS_OBJECT.to_vec(),
+            client_writes: false,
+            credential: Some(credential.clone()),
+        };
+        let mut host_config = ClusterConfig::functional();
+        // The simulated cores (the cluster starts no thread for them).
+        host_config.host_executors = p.host.cores;
+        host_config.nic_executors = 0;
+        host_config.steering_period = std::time::Duration::from_nanos(p.steering.period_ns);
+        host_config.simulated = Some(simulated.clone());
+        let (host_cluster, manifest) =
+            udp::start_host_with(vec![app], host_config, dir, HostRegions::InProcess)?;
+        let dma =
+            naam_runtime::proto::step::DmaModel::new(p.nic.dma_access_ns, p.nic.dma_ps_per_byte);
+        let mut nic_config = ClusterConfig::functional();
+        nic_config.host_executors = 0;
+        nic_config.nic_executors = p.nic.cores;
+        nic_config.nic.dma = dma;
+        nic_config.simulated = Some(simulated);
+        let (nic_cluster, nic_manifest) =
+            udp::start_nic_in_process(dir, nic_config, &host_cluster)?;
+        let server_addr = SocketAddr::from(([10, 0, 0, 1], 7000));
+        let nic_addr = SocketAddr::from(([10, 0, 0, 2], 7000));
+        let tenants = session::tenant_entries(
+            &[(APP, TENANT.into(), credential.clone())],
+            None,
+            Some(pairing.clone()),
+        );
+        let directory = SessionDirectory::new();
+        let cookies = CookieJar::new(&entropy)?;
+        let shards = Shard::all(p.host.cores).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut hosts = Vec::new();
+        for s in shards {
+            let mut config = ServerConfig::new(manifest.clone(), tenants.clone(), entropy.fork()?);
+            config.shard = s;
+            config.directory = directory.clone();
+            let backend = SimHost {
+                runner: host_cluster.here_runner(Placement::Host),
+                cluster: host_cluster.clone(),
+                busy_ns: 0,
+                stranded: 0,
+            };
+            let ep = ServerEndpoint::new(config, backend, cookies.clone(), 0)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            hosts.push(Core::new(ep));
+        }
+        let mut nic_config = NicConfig::new(server_addr, nic_addr, pairing, entropy.fork()?);
+        nic_config.report_every = p.steering.report_every_ns;
+        let sim_nic = || SimNic {
+            runner: nic_cluster.here_runner(Placement::Nic),
+            cluster: nic_cluster.clone(),
+            busy_ns: 0,
+            stranded: 0,
+            dma,
+        };
+        let first = NicEndpoint::new(nic_config, sim_nic(), &nic_manifest, 0);
+        let mut nics = Vec::new();
+        for _ in 1..p.nic.cores {
+            nics.push(Core::new(first.another_loop(sim_nic())));
+        }
+        nics.insert(0, Core::new(first));
+        let handle = MicaHandle::from_cluster(&host_cluster, APP, mica)
+            .context("MICA's regions in the manifest")?;
+        let mut rng = Rng::new(entropy.u64()?);
+        let per = cfg.records.div_ceil(cfg.clients as u64);
+        let mut clients = Vec::new();
+        for i in 0..cfg.clients {
+            let addr = client_addr(i);
+            let endpoint = ClientEndpoint::new(
+                ClientConfig::new(server_addr, TENANT, credential.clone(), entropy.fork()?),
+                0,
+            );
+            let io = Rc::new(RefCell::new(ClientIo {
+                window: cfg.window,
+                ..ClientIo::default()
+            }));
+            let lo = (i as u64 * per).min(cfg.records);
+            let hi = ((i as u64 + 1) * per).min(cfg.records);
+            clients.push(SimClient {
+                addr,
+                endpoint,
+                mica: MicaPipeline::new(SimTransport(io.clone()), handle),
+                io,
+                exchanges: Default::default(),
+                issued: Default::default(),
+                next_tag: 0,
+                connected: false,
+                loading: Some(lo..hi),
+                rng: Rng::new(rng.next_u64()),
+                keys: KeyChooser::new(workload.distribution, cfg.records),
+                next_issue: 0,
+                timer: (None, 0),
+            });
+        }
+        let rack = Rack::new(p, cfg.clients + 1);
+        Ok(World {
+            cfg: cfg.clone(),
+            clock,
+            agenda: Agenda::default(),
+            rack,
+            net_rng: Rng::new(rng.next_u64()),
+            server_addr,
+            nic_addr,
+            hosts,
+            nics,
+            clients,
+            host_cluster,
+            workload,
+            shape,
+            measure_from: Nanos::MAX,
+            end: Nanos::MAX,
+            all: histogram(),
+            reads: histogram(),
+            updates: histogram(),
+            placed: [0; 3],
+            failed: 0,
+            completed: 0,
+            loaded: 0,
+        })
+    }
+
+    fn run(&mut self) -> anyhow::Result<SimReport> {
+        for i in 0..self.nics.len() {
+            self.rearm(Node::Nic(i), 0);
+        }
+        // Every NIC loop's first timeout starts the pairing; clients connect once it has.
+        self.agenda
+            .at(self.cfg.profile.steering.period_ns, Event::Steer);
+        for i in 0..self.clients.len() {
+            self.clients[i].endpoint.connect(0);
+            self.flush_client(i, 0);
+        }
+        // Load, then warm up, then measure.
+        let load_deadline = 60_000_000_000u64;
+        while let Some((at, event)) = self.agenda.next() {
+            if at > self.end {
+                break;
+            }
+            anyhow::ensure!(
+                self.measure_from != Nanos::MAX || at < load_deadline,
+                "the load phase did not finish in {} s of virtual time ({} of {} records; \
+                 {} of {} clients connected; {} events)",
+                load_deadline / 1_000_000_000,
+                self.loaded,
+                self.cfg.records,
+                self.clients.iter().filter(|c| c.connected).count(),
+                self.clients.len(),
+                self.agenda.popped,
+            );
+            self.clock.set(at);
+            self.handle(at, event);
+            if self.measure_from == Nanos::MAX && self.loaded >= self.cfg.records {
+                self.measure_from = at + self.cfg.warmup_ns;
+                self.end = self.measure_from + self.cfg.measure_ns;
+                for c in &mut self.clients {
+                    c.loading = None;
+                }
+                for i in 0..self.clients.len() {
+                    self.issue(i, at);
+                    self.flush_client(i, at);
+                }
+            }
+        }
+        let stranded: u64 = self
+            .hosts
+            .iter()
+            .map(|h| h.endpoint.backend().stranded)
+            .sum::<u64>()
+            + self
+                .nics
+                .iter()
+                .map(|n| n.endpoint.backend().stranded)
+                .sum::<u64>();
+        anyhow::ensure!(
+            stranded == 0,
+            "{stranded} messages were queued at executors the simulation does not have"
+        );
+        let window = self.cfg.measure_ns as f64;
+        let busy = |b: &[u64]| b.iter().sum::<u64>() as f64 / (window * b.len() as f64);
+        let host_busy: Vec<u64> = self.hosts.iter().map(|h| h.busy_ns).collect();
+        let nic_busy: Vec<u64> = self.nics.iter().map(|n| n.busy_ns).collect();
+        Ok(SimReport {
+            mode: format!("sim:{}", self.cfg.profile.name),
+            config: self.cfg.clone(),
+            throughput_ops: self.completed as f64 * 1e9 / window,
+            latency: latency(&self.all),
+            read_latency: latency(&self.reads),
+            update_latency: latency(&self.updates),
+            placed: self.placed,
+            failed: self.failed,
+            host_busy: busy(&host_busy),
+            nic_busy: busy(&nic_busy),
+            frames: self.rack.frames,
+            lost_frames: self.rack.lost_frames,
+            events: self.agenda.popped,
+        })
+    }
+
+    fn measuring(&self, now: Nanos) -> bool {
+        now >= self.measure_from && now < self.end
+    }
+
+    fn handle(&mut self, now: Nanos, event: Event) {
+        match event {
+            Event::Arrive { to, from, msg } => match to {
+                Node::Client(i) => {
+                    self.clients[i].endpoint.handle(now, from, msg);
+                    self.client_progress(i, now);
+                }
+                Node::Host(i) => {
+                    self.hosts[i].queue.push_back((from, msg));
+                    if !self.hosts[i].busy {
+                        self.serve(to, now);
+                    }
+                }
+                Node::Nic(i) => {
+                    self.nics[i].queue.push_back((from, msg));
+                    if !self.nics[i].busy {
+                        self.serve(to, now);
+                    }
+                }
+            },
+            Event::Done(node) => {
+                let out = match node {
+                    Node::Host(i) => {
+                        self.hosts[i].busy = false;
+                        std::mem::take(&mut self.hosts[i].outbox)
+                    }
+                    Node::Nic(i) => {
+                        self.nics[i].busy = false;
+                        std::mem::take(&mut self.nics[i].outbox)
+                    }
+                    Node::Client(_) => Vec::new(),
+                };
+                let from = self.addr_of(node);
+                for t in out {
+                    self.send(now, node, from, t);
+                }
+                self.rearm(node, now);
+                self.serve(node, now);
+            }
+            Event::Timer(node, generation) => self.timer(node, generation, now),
+            Event::Issue(i) => {
+                self.issue(i, now);
+                self.flush_client(i, now);
+            }
+            Event::Steer => {
+                self.host_cluster.steer();
+                self.agenda
+                    .at(now + self.cfg.profile.steering.period_ns, Event::Steer);
+            }
+        }
+    }
+
+    fn addr_of(&self, node: Node) -> SocketAddr {
+        match node {
+            Node::Client(i) => self.clients[i].addr,
+            Node::Host(_) => self.server_addr,
+            Node::Nic(_) => self.nic_addr,
+        }
+    }
+
+    /// Takes the next message of `node`'s queue, if its core is free.
+    fn serve(&mut self, node: Node, now: Nanos) {
+        let p = &self.cfg.profile;
+        let measuring = self.measuring(now);
+        let cost = match node {
+            Node::Host(i) => {
+                let c = &mut self.hosts[i];
+                if c.busy {
+                    return;
+                }
+                let Some((from, msg)) = c.queue.pop_front() else {
+                    return;
+                };
+                c.endpoint.handle(now, from, msg);
+                c.endpoint.run(usize::MAX);
+                let cost =
+                    p.host.per_message_ns + std::mem::take(&mut c.endpoint.backend_mut().busy_ns);
+                while let Some(t) = c.endpoint.poll_transmit() {
+                    c.outbox.push(t);
+                }
+                c.busy = true;
+                if measuring {
+                    c.busy_ns += cost;
+                }
+                cost
+            }
+            Node::Nic(i) => {
+                let c = &mut self.nics[i];
+                if c.busy {
+                    return;
+                }
+                let Some((from, msg)) = c.queue.pop_front() else {
+                    return;
+                };
+                c.endpoint.handle(now, from, msg);
+                let cost =
+                    p.nic.per_message_ns + std::mem::take(&mut c.endpoint.backend_mut().busy_ns);
+                while let Some(t) = c.endpoint.poll_transmit() {
+                    c.outbox.push(t);
+                }
+                while c.endpoint.poll_event().is_some() {}
+                c.busy = true;
+                if measuring {
+                    c.busy_ns += cost;
+                }
+                cost
+            }
+            Node::Client(_) => return,
+        };
+        self.agenda.at(now + cost.max(1), Event::Done(node));
+    }
+
+    /// Puts `t` (sent by `node`, from `from`) on its way.
+    fn send(&mut self, now: Nanos, node: Node, from: SocketAddr, t: Transmit) {
+        let route = t.frame_route();
+        let msg = t.message();
+        let hop = self.cfg.profile.nic.host_hop_ns;
+        let to = if t.to == self.server_addr {
+            let i = shard::loop_of_route(route, self.hosts.len()).unwrap_or(0);
+            Node::Host(i)
+        } else if t.to == self.nic_addr {
+            let i = shard::loop_of_route(route, self.nics.len()).unwrap_or(0);
+            Node::Nic(i)
+        } else {
+            match self.clients.iter().position(|c| c.addr == t.to) {
+                Some(i) => Node::Client(i),
+                None => return,
+            }
+        };
+        let port = |n: Node| match n {
+            Node::Client(i) => i + 1,
+            _ => SERVER_PORT,
+        };
+        let at = match (node, to) {
+            // Host and Arm cores share the card: their messages cross the eSwitch and PCIe.
+            (Node::Host(_) | Node::Nic(_), Node::Host(_) | Node::Nic(_)) => Some(now + hop),
+            _ => {
+                let leave = match node {
+                    Node::Client(_) => now + self.cfg.profile.client.per_message_ns,
+                    _ => now,
+                };
+                self.rack
+                    .send(leave, port(node), port(to), msg.len(), &mut self.net_rng)
+            }
+        };
+        if let Some(at) = at {
+            self.agenda.at(at, Event::Arrive { to, from, msg });
+        }
+    }
+
+    /// Arms `node`'s timer at what its endpoint asks for, if that changed.
+    fn rearm(&mut self, node: Node, now: Nanos) {
+        let (want, timer) = match node {
+            Node::Client(i) => {
+                let c = &mut self.clients[i];
+                (c.endpoint.poll_timeout(), &mut c.timer)
+            }
+            Node::Host(i) => {
+                let c = &mut self.hosts[i];
+                (c.endpoint.poll_timeout(), &mut c.timer)
+            }
+            Node::Nic(i) => {
+                let c = &mut self.nics[i];
+                (c.endpoint.poll_timeout(), &mut c.timer)
+            }
+        };
+        if want == timer.0 {
+            return;
+        }
+        timer.1 += 1;
+        timer.0 = want;
+        let generation = timer.1;
+        if let Some(at) = want {
+            self.agenda.at(at.max(now), Event::Timer(node, generation));
+        }
+    }
+
+    fn timer(&mut self, node: Node, generation: u64, now: Nanos) {
+        let from = self.addr_of(node);
+        let mut out = Vec::new();
+        match node {
+            Node::Client(i) => {
+                let c = &mut self.clients[i];
+                if c.timer.1 != generation {
+                    return;
+                }
+                c.timer.0 = None;
+                c.endpoint.handle_timeout(now);
+                self.client_progress(i, now);
+                return;
+            }
+            Node::Host(i) => {
+                let c = &mut self.hosts[i];
+                if c.timer.1 != generation {
+                    return;
+                }
+                c.timer.0 = None;
+                c.endpoint.handle_timeout(now);
+                while let Some(t) = c.endpoint.poll_transmit() {
+                    out.push(t);
+                }
+            }
+            Node::Nic(i) => {
+                let c = &mut self.nics[i];
+                if c.timer.1 != generation {
+                    return;
+                }
+                c.timer.0 = None;
+                c.endpoint.handle_timeout(now);
+                while let Some(t) = c.endpoint.poll_transmit() {
+                    out.push(t);
+                }
+                while c.endpoint.poll_event().is_some() {}
+            }
+        }
+        for t in out {
+            self.send(now, node, from, t);
+        }
+        self.rearm(node, now);
+    }
+
+    /// Takes in client `i`'s events, hands its pipeline the answers, records what finished,
+    /// issues what its window and target allow, and sends.
+    fn client_progress(&mut self, i: usize, now: Nanos) {
+        let measuring = self.measuring(now);
+        let c = &mut self.clients[i];
+        // Placements of the replies that finish an operation issued in the measured window
+        // (a resubmitted attempt's reply is counted when it is the last).
+        let mut placement_of = naam_runtime::proto::intmap::IntMap::<u64, Placement>::default();
+        while let Some(e) = c.endpoint.poll_event() {
+            match e {
+                ClientEvent::Connected(_) => c.connected = true,
+                ClientEvent::Answered { id, message } => {
+                    if let Some(token) = c.exchanges.remove(&id) {
+                        let reply = Reply::decode(message).map_err(ClientError::from);
+                        if let Ok(r) = &reply {
+                            placement_of.insert(token, r.placement);
+                        }
+                        c.io.borrow_mut().answers.push((token, reply));
+                    }
+                }
+                ClientEvent::Failed { id, error } => {
+                    if let Some(token) = c.exchanges.remove(&id) {
+                        c.io.borrow_mut()
+                            .answers
+                            .push((token, Err(ClientError::Session(error.to_string()))));
+                    }
+                }
+                ClientEvent::ConnectFailed(_) => {
+                    // It tries again on its own timer.
+                    c.endpoint.connect(now);
+                }
+                _ => {}
+            }
+        }
+        let last_placement = placement_of.values().last().copied();
+        for (tag, result) in c.mica.poll(false) {
+            let Some((issued, read)) = c.issued.remove(&tag) else {
+                continue;
+            };
+            match result {
+                Ok(_) => {
+                    if c.loading.is_some() {
+                        self.loaded += 1;
+                    } else if measuring && issued >= self.measure_from {
+                        let ns = now.saturating_sub(issued).max(1);
+                        self.completed += 1;
+                        if let Some(p) = last_placement {
+                            self.placed[p.index()] += 1;
+                        }
+                        let _ = self.all.record(ns);
+                        let _ = if read {
+                            self.reads.record(ns)
+                        } else {
+                            self.updates.record(ns)
+                        };
+                    }
+                }
+                Err(e) => {
+                    if std::env::var_os("NAAM_SIM_DEBUG").is_some() {
+                        eprintln!("sim: client {i} op {tag} failed at {now}: {e}");
+                    }
+                    if measuring {
+                        self.failed += 1;
+                    }
+                }
+            }
+        }
+        self.issue(i, now);
+        self.flush_client(i, now);
+    }
+
+    /// Starts client `i`'s next operations: the records it loads, or the workload's mix.
+    fn issue(&mut self, i: usize, now: Nanos) {
+        let c = &mut self.clients[i];
+        if !c.connected || self.end == Nanos::MAX && c.loading.is_none() {
+            return;
+        }
+        while c.mica.in_flight() < self.cfg.window {
+            if let Some(range) = &mut c.loading {
+                let Some(n) = range.next() else {
+                    return;
+                };
+                let key = self.workload.naming.name(n);
+                let value = self.shape.record(&mut c.rng);
+                c.next_tag += 1;
+                c.issued.insert(c.next_tag, (now, false));
+                if c.mica.put(c.next_tag, key.as_bytes(), &value).is_err() {
+                    c.issued.remove(&c.next_tag);
+                    return;
+                }
+                continue;
+            }
+            if now < c.next_issue {
+                self.agenda.at(c.next_issue, Event::Issue(i));
+                return;
+            }
+            if let Some(rate) = self.cfg.target_per_client {
+                c.next_issue = now.max(c.next_issue) + (1e9 / rate) as Nanos;
+            }
+            let n = c.keys.next(&mut c.rng);
+            let key = self.workload.naming.name(n);
+            c.next_tag += 1;
+            let tag = c.next_tag;
+            let sent = match self.workload.next_op(&mut c.rng) {
+                Op::Read => {
+                    c.issued.insert(tag, (now, true));
+                    c.mica.get(tag, key.as_bytes())
+                }
+                _ => {
+                    c.issued.insert(tag, (now, false));
+                    let value = self.shape.record(&mut c.rng);
+                    c.mica.put(tag, key.as_bytes(), &value)
+                }
+            };
+            if sent.is_err() {
+                c.issued.remove(&tag);
+                return;
+            }
+        }
+    }
+
+    /// Hands client `i`'s submissions to its endpoint and sends what it has.
+    fn flush_client(&mut self, i: usize, now: Nanos) {
+        let c = &mut self.clients[i];
+        let submitted = std::mem::take(&mut c.io.borrow_mut().submitted);
+        for (token, mut req) in submitted {
+            match c.endpoint.request(now, &mut req) {
+                Ok(id) => {
+                    c.exchanges.insert(id, token);
+                }
+                Err(e) => {
+                    c.io.borrow_mut()
+                        .answers
+                        .push((token, Err(ClientError::Session(e.to_string()))))
+                }
+            }
+        }
+        let from = c.addr;
+        let mut out = Vec::new();
+        while let Some(t) = c.endpoint.poll_transmit() {
+            out.push(t);
+        }
+        for t in out {
+            self.send(now, Node::Client(i), from, t);
+        }
+        self.rearm(Node::Client(i), now);
+    }
+}
