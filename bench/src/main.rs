@@ -251,6 +251,9 @@ enum SimCmd {
         /// Virtual milliseconds of warm-up after the load.
         #[arg(long, default_value_t = 10.0)]
         warmup_ms: f64,
+        /// Where reads run: auto (the steering), host or nic.
+        #[arg(long, default_value = "auto")]
+        placement: PlacementChoice,
         /// Also write the report here.
         #[arg(long)]
         json_out: Option<std::path::PathBuf>,
@@ -306,6 +309,7 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             workload,
             measure_ms,
             warmup_ms,
+            placement,
             json_out,
         } => {
             let bad = |name: &str| {
@@ -348,6 +352,14 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             cfg.workload = workload;
             cfg.measure_ns = measure_ns;
             cfg.warmup_ns = warmup_ns;
+            cfg.pin = match placement {
+                PlacementChoice::Auto => None,
+                PlacementChoice::Fixed(naam_runtime::proto::Placement::Client) => {
+                    eprintln!("naam-bench: error: --placement client is not simulated yet (one-sided READs): use auto, host or nic");
+                    return Ok(ExitCode::from(2));
+                }
+                PlacementChoice::Fixed(p) => Some(p),
+            };
             let started = std::time::Instant::now();
             let report = naam_bench::sim::run(&cfg)?;
             let wall = started.elapsed().as_secs_f64();

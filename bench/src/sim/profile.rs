@@ -79,6 +79,8 @@ pub struct HostProfile {
     pub ps_per_byte: u64,
     /// Nanoseconds per segment a step reads from memory.
     pub access_ns: u64,
+    /// Messages each core's receive ring holds; more are dropped.
+    pub rx_ring: usize,
 }
 
 /// The SmartNIC's Arm cores and their DMA to host memory.
@@ -102,6 +104,8 @@ pub struct NicProfile {
     /// Nanoseconds a message between the host's cores and the Arm cores takes (through the
     /// eSwitch and PCIe, never the rack's links).
     pub host_hop_ns: u64,
+    /// Messages each core's receive ring holds; more are dropped.
+    pub rx_ring: usize,
 }
 
 /// The clients' machines.
@@ -198,6 +202,14 @@ impl Profile {
                 "link.mtu must be 576..=65535, not {}",
                 p.link.mtu
             )));
+        }
+        for (name, n) in [
+            ("host.rx_ring", p.host.rx_ring),
+            ("nic.rx_ring", p.nic.rx_ring),
+        ] {
+            if n == 0 {
+                return Err(invalid(format!("{name} must be at least 1")));
+            }
         }
         for (name, n) in [("host.cores", p.host.cores), ("nic.cores", p.nic.cores)] {
             if n == 0 || n > naam_runtime::proto::limits::MAX_LOOPS {

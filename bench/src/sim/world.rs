@@ -30,8 +30,9 @@ use naam_runtime::proto::onesided::{Completion, Operation};
 use naam_runtime::proto::session::{self, CookieJar, Credential};
 use naam_runtime::proto::shard::{self, Shard};
 use naam_runtime::proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
+use naam_runtime::proto::step::HandlerKind;
 use naam_runtime::proto::transport::{ClientError, Pipeline, Transport};
-use naam_runtime::proto::wire::{Reply, Request};
+use naam_runtime::proto::wire::{flags, Reply, Request};
 use naam_runtime::proto::{EngineKind, Nanos, Placement};
 use naam_runtime::udp::{self, HostApp, HostRegions};
 use naam_runtime::VirtualClock;
@@ -69,6 +70,9 @@ pub struct SimConfig {
     pub warmup_ns: Nanos,
     /// Virtual time measured.
     pub measure_ns: Nanos,
+    /// Reads pinned to a placement (Host or Nic: a placement baseline, as `ycsb
+    /// --placement`); `None`: the steering decides.
+    pub pin: Option<Placement>,
 }
 
 impl SimConfig {
@@ -85,6 +89,7 @@ impl SimConfig {
             workload: 'b',
             warmup_ns: 10_000_000,
             measure_ns: 50_000_000,
+            pin: None,
         }
     }
 }
@@ -127,6 +132,13 @@ pub struct SimReport {
     pub host_busy: f64,
     /// See `host_busy`.
     pub nic_busy: f64,
+    /// Messages the host cores and the NIC cores took in over the measured window (requests,
+    /// forwards, control and load reports; a datagram may carry several).
+    pub host_messages: u64,
+    /// See `host_messages`.
+    pub nic_messages: u64,
+    /// Messages a full receive ring dropped (the whole run).
+    pub rx_drops: u64,
     /// Frames on the links, and frames lost.
     pub frames: u64,
     /// See `frames`.
@@ -220,6 +232,8 @@ struct Core<E> {
     outbox: Vec<Transmit>,
     timer: (Option<Nanos>, u64),
     busy_ns: u64,
+    /// Messages taken in during the measured window.
+    messages: u64,
 }
 
 impl<E> Core<E> {
@@ -231,6 +245,7 @@ impl<E> Core<E> {
             outbox: Vec::new(),
             timer: (None, 0),
             busy_ns: 0,
+            messages: 0,
         }
     }
 }
@@ -461,6 +476,8 @@ struct World {
     failed: u64,
     completed: u64,
     loaded: u64,
+    /// Messages dropped because a core's receive ring was full.
+    rx_drops: u64,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -492,6 +509,10 @@ pub fn run(cfg: &SimConfig) -> anyhow::Result<SimReport> {
     anyhow::ensure!(cfg.clients <= 60_000, "at most 60,000 clients");
     anyhow::ensure!(cfg.window >= 1, "a window of at least 1");
     anyhow::ensure!(cfg.records >= 1, "at least one record");
+    anyhow::ensure!(
+        cfg.pin != Some(Placement::Client),
+        "the Client placement (one-sided READs) is not simulated yet: pin host or nic"
+    );
     let workload = Workload::core(cfg.workload)
         .with_context(|| format!("no core workload {:?} (a to f)", cfg.workload))?;
     anyhow::ensure!(
@@ -648,6 +669,7 @@ impl World {
             failed: 0,
             completed: 0,
             loaded: 0,
+            rx_drops: 0,
         })
     }
 
@@ -722,6 +744,9 @@ impl World {
             failed: self.failed,
             host_busy: busy(&host_busy),
             nic_busy: busy(&nic_busy),
+            host_messages: self.hosts.iter().map(|h| h.messages).sum(),
+            nic_messages: self.nics.iter().map(|n| n.messages).sum(),
+            rx_drops: self.rx_drops,
             frames: self.rack.frames,
             lost_frames: self.rack.lost_frames,
             events: self.agenda.popped,
@@ -740,12 +765,20 @@ impl World {
                     self.client_progress(i, now);
                 }
                 Node::Host(i) => {
+                    if self.hosts[i].queue.len() >= self.cfg.profile.host.rx_ring {
+                        self.rx_drops += 1;
+                        return;
+                    }
                     self.hosts[i].queue.push_back((from, msg));
                     if !self.hosts[i].busy {
                         self.serve(to, now);
                     }
                 }
                 Node::Nic(i) => {
+                    if self.nics[i].queue.len() >= self.cfg.profile.nic.rx_ring {
+                        self.rx_drops += 1;
+                        return;
+                    }
                     self.nics[i].queue.push_back((from, msg));
                     if !self.nics[i].busy {
                         self.serve(to, now);
@@ -778,6 +811,23 @@ impl World {
             }
             Event::Steer => {
                 self.host_cluster.steer();
+                if std::env::var_os("NAAM_SIM_DEBUG").is_some() {
+                    let w: Vec<_> = self
+                        .host_cluster
+                        .registry()
+                        .app(APP)
+                        .map(|a| {
+                            a.handlers
+                                .values()
+                                .map(|h| (h.id, self.host_cluster.weights(APP, h.id)))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    eprintln!(
+                        "sim: {now} nic up {} weights {w:?}",
+                        self.host_cluster.remote_nic_up()
+                    );
+                }
                 self.agenda
                     .at(now + self.cfg.profile.steering.period_ns, Event::Steer);
             }
@@ -815,6 +865,7 @@ impl World {
                 c.busy = true;
                 if measuring {
                     c.busy_ns += cost;
+                    c.messages += 1;
                 }
                 cost
             }
@@ -836,6 +887,7 @@ impl World {
                 c.busy = true;
                 if measuring {
                     c.busy_ns += cost;
+                    c.messages += 1;
                 }
                 cost
             }
@@ -1079,6 +1131,16 @@ impl World {
         let c = &mut self.clients[i];
         let submitted = std::mem::take(&mut c.io.borrow_mut().submitted);
         for (token, mut req) in submitted {
+            let read = self
+                .host_cluster
+                .registry()
+                .handler(req.app, req.handler)
+                .is_ok_and(|h| h.kind == HandlerKind::Read);
+            match self.cfg.pin {
+                Some(Placement::Host) if read => req.flags |= flags::PIN_HOST,
+                Some(Placement::Nic) if read => req.flags |= flags::PIN_NIC,
+                _ => {}
+            }
             match c.endpoint.request(now, &mut req) {
                 Ok(id) => {
                     c.exchanges.insert(id, token);
