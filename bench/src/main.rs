@@ -245,6 +245,12 @@ enum SimCmd {
         /// Core workload (a, b, c, d or f).
         #[arg(long, default_value = "b")]
         workload: char,
+        /// Application every tenant runs: mica or btree.
+        #[arg(long, default_value = "mica")]
+        app: App,
+        /// Apps (tenants), each with its regions and handlers; clients spread over them.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+        apps: u64,
         /// Virtual milliseconds measured.
         #[arg(long, default_value_t = 50.0)]
         measure_ms: f64,
@@ -307,6 +313,8 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             records,
             target,
             workload,
+            app,
+            apps,
             measure_ms,
             warmup_ms,
             placement,
@@ -350,6 +358,12 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             cfg.records = records;
             cfg.target_per_client = target.map(|t| t / clients as f64);
             cfg.workload = workload;
+            cfg.app = app;
+            if apps > clients {
+                eprintln!("naam-bench: error: --apps ({apps}) must not exceed --clients ({clients}): each app needs a client");
+                return Ok(ExitCode::from(2));
+            }
+            cfg.apps = apps as usize;
             cfg.measure_ns = measure_ns;
             cfg.warmup_ns = warmup_ns;
             cfg.pin = match placement {

@@ -17,6 +17,8 @@
 //! Figures from here are model outputs for the hardware a [`Profile`] describes, labelled
 //! `sim:<profile>`; they are not measurements.
 
+mod apps;
+mod backends;
 pub mod net;
 pub mod profile;
 mod world;

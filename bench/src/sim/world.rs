@@ -1,5 +1,5 @@
-//! The simulated deployment and its event loop: clients (each a `ClientEndpoint` under MICA's
-//! own pipelined client library), naam-server's receive loops (one `ServerEndpoint` per host
+//! The simulated deployment and its event loop: clients (each a `ClientEndpoint` under its
+//! app's own pipelined client library), naam-server's receive loops (one `ServerEndpoint` per host
 //! core over the host cluster) and naam-nic's (one `NicEndpoint` per Arm core over the NIC
 //! cluster), joined by the [`Rack`]. Events are kept in time order, ties broken by the order
 //! they were scheduled, so a run replays exactly.
@@ -16,33 +16,28 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use naam_ebpf::abi::Descriptor;
-use naam_mica::{MicaConfig, MicaHandle, MicaPipeline};
-use naam_runtime::cluster::{Cluster, ClusterConfig, HereRunner, Simulated};
-use naam_runtime::proto::control::Manifest;
+use naam_runtime::cluster::{Cluster, ClusterConfig, Simulated};
 use naam_runtime::proto::endpoint::{
-    Channel, ClientConfig, ClientEndpoint, ClientEvent, HostBackend, NicBackend, NicConfig,
-    NicEndpoint, Routed, ServerConfig, ServerEndpoint, SessionDirectory, SwitchHandle, Transmit,
-    VerbsAcceptor,
+    ClientConfig, ClientEndpoint, ClientEvent, NicConfig, NicEndpoint, ServerConfig,
+    ServerEndpoint, SessionDirectory, Transmit,
 };
 use naam_runtime::proto::entropy::Entropy;
-use naam_runtime::proto::onesided::{Completion, Operation};
 use naam_runtime::proto::session::{self, CookieJar, Credential};
 use naam_runtime::proto::shard::{self, Shard};
-use naam_runtime::proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use naam_runtime::proto::step::HandlerKind;
-use naam_runtime::proto::transport::{ClientError, Pipeline, Transport};
-use naam_runtime::proto::wire::{flags, Reply, Request};
-use naam_runtime::proto::{EngineKind, Nanos, Placement};
-use naam_runtime::udp::{self, HostApp, HostRegions};
+use naam_runtime::proto::transport::ClientError;
+use naam_runtime::proto::wire::{flags, Reply};
+use naam_runtime::proto::{Nanos, Placement};
+use naam_runtime::udp::{self, HostRegions};
 use naam_runtime::VirtualClock;
 
+use super::apps::{Pipe, SimApp};
+use super::backends::{ClientIo, SimHost, SimNic, SimTransport};
 use super::net::Rack;
 use super::{CostModel, Profile};
+use crate::driver::App;
 use crate::ycsb::{KeyChooser, Op, RecordShape, Rng, Workload};
 
-const APP: u32 = 1;
-const TENANT: &str = "mica";
 /// Rack ports: the server's (its host and its SmartNIC share the card's port), then the
 /// clients'.
 const SERVER_PORT: usize = 0;
@@ -64,6 +59,11 @@ pub struct SimConfig {
     /// Each client's target, operations per second (YCSB's `-target` split over threads);
     /// `None`: as fast as its window allows.
     pub target_per_client: Option<f64>,
+    /// The app every tenant runs.
+    pub app: App,
+    /// Apps (tenants) served, each with its own regions and handlers; clients are spread over
+    /// them in turn, records evenly.
+    pub apps: usize,
     /// The core workload's letter (`a`..`f`; MICA runs those without scans).
     pub workload: char,
     /// Virtual time before measuring (sessions, pairing, steering settling).
@@ -86,6 +86,8 @@ impl SimConfig {
             clients,
             window: 1,
             target_per_client: None,
+            app: App::Mica,
+            apps: 1,
             workload: 'b',
             warmup_ns: 10_000_000,
             measure_ns: 50_000_000,
@@ -250,194 +252,12 @@ impl<E> Core<E> {
     }
 }
 
-/// naam-server's host side in the simulation: each message runs where it arrived, on this
-/// loop's core, through the cluster's own switch, admission and executor
-/// ([`Cluster::dispatch_here`]); its service time is the cost model's.
-struct SimHost {
-    cluster: Arc<Cluster>,
-    runner: HereRunner,
-    /// Service time of the messages run since the core last took it.
-    busy_ns: u64,
-    /// Messages the cluster queued at an executor (the simulation has none: a bug if not 0).
-    stranded: u64,
-}
-
-impl HostBackend for SimHost {
-    fn dispatch(
-        &mut self,
-        req: &mut Request,
-        sel: &mut Selector,
-        forced: Option<Placement>,
-        _reply_to: &Channel,
-        out: &mut Reply,
-    ) -> Routed {
-        let routed =
-            self.cluster
-                .dispatch_here(&mut self.runner, req, sel, forced, || |_: Reply| {}, out);
-        match &routed {
-            Routed::Answered => self.busy_ns += out.load.service_ns,
-            Routed::Queued(_) => self.stranded += 1,
-            _ => {}
-        }
-        routed
-    }
-    fn next_client_id(&mut self) -> u32 {
-        self.cluster.next_client_id()
-    }
-    fn nic_up(&self) -> bool {
-        self.cluster.remote_nic_up()
-    }
-    fn nic_load(&mut self, load: &RemoteLoad) {
-        self.cluster.absorb_remote_load(load);
-    }
-    fn nic_gone(&mut self) {
-        self.cluster.remote_nic_down();
-    }
-    fn handlers(&self, app: u32) -> Option<Vec<u32>> {
-        let a = self.cluster.registry().app(app)?;
-        Some(a.handlers.values().map(|h| h.id).collect())
-    }
-    fn has_handler(&self, app: u32, handler: u32) -> bool {
-        self.cluster.registry().handler(app, handler).is_ok()
-    }
-    fn client_share(&self) -> Option<ClientShare> {
-        self.cluster.client_share()
-    }
-    fn weights(&self, app: u32, handler: u32, share: Option<&mut ClientShare>) -> Weights {
-        match share {
-            Some(s) => self.cluster.client_weights(s, app, handler),
-            None => self.cluster.weights(app, handler),
-        }
-    }
-    fn congest(&mut self, extra_ns: Option<u64>) {
-        match extra_ns {
-            Some(ns) => self.cluster.congestion().limit_host(ns),
-            None => self.cluster.congestion().clear(),
-        }
-    }
-    fn switch(&self) -> Option<&dyn SwitchHandle> {
-        None
-    }
-    fn verbs(&self) -> Option<&dyn VerbsAcceptor> {
-        None
-    }
-}
-
-/// naam-nic's side in the simulation: messages run on the Arm core that took them in.
-struct SimNic {
-    cluster: Arc<Cluster>,
-    runner: HereRunner,
-    busy_ns: u64,
-    stranded: u64,
-    dma: naam_runtime::proto::step::DmaModel,
-}
-
-impl NicBackend for SimNic {
-    fn dispatch(
-        &mut self,
-        mut req: Request,
-        sel: &mut Selector,
-        forced: Option<Placement>,
-        _reply_to: Channel,
-        out: &mut Reply,
-    ) -> Routed {
-        let routed = self.cluster.dispatch_here(
-            &mut self.runner,
-            &mut req,
-            sel,
-            forced,
-            || |_: Reply| {},
-            out,
-        );
-        match &routed {
-            Routed::Answered => self.busy_ns += out.load.service_ns,
-            Routed::Queued(_) => self.stranded += 1,
-            _ => {}
-        }
-        routed
-    }
-    fn one_sided(&mut self, op: &Operation) -> Completion {
-        let c = naam_runtime::onesided::execute(self.cluster.regions(), op);
-        self.busy_ns += self.dma.cost_ns(c.data.len() as u64);
-        c
-    }
-    fn load_report(&mut self) -> RemoteLoad {
-        self.runner.flush(&self.cluster);
-        self.cluster.take_load_report(Placement::Nic)
-    }
-    fn remap(&mut self, _epoch: u64) -> Result<Manifest, String> {
-        Err("the simulated server does not restart".into())
-    }
-}
-
-/// What a client's MICA pipeline submitted and was answered, between it and the event loop.
-#[derive(Default)]
-struct ClientIo {
-    submitted: Vec<(u64, Request)>,
-    answers: Vec<(u64, Result<Reply, ClientError>)>,
-    next_token: u64,
-    in_flight: usize,
-    window: usize,
-}
-
-/// MICA's client library's transport in the simulation: a submission waits for the event
-/// loop to hand it to the client's endpoint; answers come back through the loop.
-struct SimTransport(Rc<RefCell<ClientIo>>);
-
-impl Transport for SimTransport {
-    fn call(
-        &mut self,
-        _app: u32,
-        _handler: u32,
-        _args: &[u8],
-        _descs: &[Descriptor],
-    ) -> Result<Reply, ClientError> {
-        Err(ClientError::Session(
-            "the simulation's clients only pipeline (no call waits)".into(),
-        ))
-    }
-    fn backoff(&mut self, _attempt: u32) {}
-}
-
-impl Pipeline for SimTransport {
-    fn submit(
-        &mut self,
-        app: u32,
-        handler: u32,
-        args: &[u8],
-        descs: &[Descriptor],
-    ) -> Result<u64, ClientError> {
-        let mut io = self.0.borrow_mut();
-        if io.in_flight >= io.window {
-            return Err(ClientError::Busy(Placement::Host));
-        }
-        let req = Request::for_call(app, handler, 0, args, descs)?;
-        io.next_token += 1;
-        let token = io.next_token;
-        io.in_flight += 1;
-        io.submitted.push((token, req));
-        Ok(token)
-    }
-    fn poll(&mut self, _block: bool) -> Vec<(u64, Result<Reply, ClientError>)> {
-        let mut io = self.0.borrow_mut();
-        let answers = std::mem::take(&mut io.answers);
-        io.in_flight -= answers.len().min(io.in_flight);
-        answers
-    }
-    fn in_flight(&self) -> usize {
-        self.0.borrow().in_flight
-    }
-    fn window(&self) -> usize {
-        self.0.borrow().window
-    }
-}
-
 /// One client machine: its endpoint, MICA's pipeline over it, and its workload.
 struct SimClient {
     addr: SocketAddr,
     endpoint: ClientEndpoint,
     io: Rc<RefCell<ClientIo>>,
-    mica: MicaPipeline<SimTransport>,
+    pipe: Pipe,
     /// Exchange id → the pipeline's token.
     exchanges: naam_runtime::proto::intmap::IntMap<u64, u64>,
     /// Operation tag → (issued at, is a read).
@@ -465,6 +285,7 @@ struct World {
     nics: Vec<Core<NicEndpoint<SimNic>>>,
     clients: Vec<SimClient>,
     host_cluster: Arc<Cluster>,
+    apps: Vec<SimApp>,
     workload: Workload,
     shape: RecordShape,
     measure_from: Nanos,
@@ -510,6 +331,12 @@ pub fn run(cfg: &SimConfig) -> anyhow::Result<SimReport> {
     anyhow::ensure!(cfg.window >= 1, "a window of at least 1");
     anyhow::ensure!(cfg.records >= 1, "at least one record");
     anyhow::ensure!(
+        (1..=cfg.clients).contains(&cfg.apps),
+        "1 to {} apps (at least one client each), not {}",
+        cfg.clients,
+        cfg.apps
+    );
+    anyhow::ensure!(
         cfg.pin != Some(Placement::Client),
         "the Client placement (one-sided READs) is not simulated yet: pin host or nic"
     );
@@ -517,7 +344,7 @@ pub fn run(cfg: &SimConfig) -> anyhow::Result<SimReport> {
         .with_context(|| format!("no core workload {:?} (a to f)", cfg.workload))?;
     anyhow::ensure!(
         !workload.has_scans(),
-        "workload {} scans: MICA does not (the B-tree's simulation is not built yet)",
+        "workload {} scans: the simulation's clients do not issue scans yet",
         cfg.workload
     );
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -541,20 +368,18 @@ impl World {
             service: Arc::new(CostModel::new(p)),
         };
         let shape = RecordShape::default();
-        let mica = MicaConfig::sized(cfg.records.saturating_mul(2).max(1_000), 24, shape.len());
-        let credential = Credential::generate(&entropy)?;
         let pairing = Credential::generate(&entropy)?;
-        let object = Arc::new(naam_mica::handlers().context("MICA's embedded handlers")?);
-        let spec = naam_mica::app_spec(APP, &mica, object, Placement::Host)?
-            .with_engine(EngineKind::Interp);
-        let app = HostApp {
-            spec,
-            kind: "mica".into(),
-            params: serde_json::to_value(mica)?,
-            object_bytes: naam_mica::HANDLERS_OBJECT.to_vec(),
-            client_writes: false,
-            credential: Some(credential.clone()),
-        };
+        // The records are spread over the apps; each app's over its clients.
+        let mut apps = Vec::new();
+        let mut host_apps = Vec::new();
+        for a in 0..cfg.apps {
+            let records = cfg.records / cfg.apps as u64
+                + u64::from((a as u64) < cfg.records % cfg.apps as u64);
+            let credential = Credential::generate(&entropy)?;
+            let (app, host) = SimApp::new(cfg.app, a as u32 + 1, records, &shape, credential)?;
+            apps.push(app);
+            host_apps.push(host);
+        }
         let mut host_config = ClusterConfig::functional();
         // The simulated cores (the cluster starts no thread for them).
         host_config.host_executors = p.host.cores;
@@ -562,7 +387,7 @@ impl World {
         host_config.steering_period = std::time::Duration::from_nanos(p.steering.period_ns);
         host_config.simulated = Some(simulated.clone());
         let (host_cluster, manifest) =
-            udp::start_host_with(vec![app], host_config, dir, HostRegions::InProcess)?;
+            udp::start_host_with(host_apps, host_config, dir, HostRegions::InProcess)?;
         let dma =
             naam_runtime::proto::step::DmaModel::new(p.nic.dma_access_ns, p.nic.dma_ps_per_byte);
         let mut nic_config = ClusterConfig::functional();
@@ -574,11 +399,11 @@ impl World {
             udp::start_nic_in_process(dir, nic_config, &host_cluster)?;
         let server_addr = SocketAddr::from(([10, 0, 0, 1], 7000));
         let nic_addr = SocketAddr::from(([10, 0, 0, 2], 7000));
-        let tenants = session::tenant_entries(
-            &[(APP, TENANT.into(), credential.clone())],
-            None,
-            Some(pairing.clone()),
-        );
+        let entries: Vec<_> = apps
+            .iter()
+            .map(|a| (a.id, a.tenant.clone(), a.credential.clone()))
+            .collect();
+        let tenants = session::tenant_entries(&entries, None, Some(pairing.clone()));
         let directory = SessionDirectory::new();
         let cookies = CookieJar::new(&entropy)?;
         let shards = Shard::all(p.host.cores).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -612,27 +437,34 @@ impl World {
             nics.push(Core::new(first.another_loop(sim_nic())));
         }
         nics.insert(0, Core::new(first));
-        let handle = MicaHandle::from_cluster(&host_cluster, APP, mica)
-            .context("MICA's regions in the manifest")?;
         let mut rng = Rng::new(entropy.u64()?);
-        let per = cfg.records.div_ceil(cfg.clients as u64);
         let mut clients = Vec::new();
         for i in 0..cfg.clients {
+            // Client i serves app i mod apps, as its (i / apps)-th of `mine` clients.
+            let a = &apps[i % cfg.apps];
+            let mine = (cfg.clients - i % cfg.apps).div_ceil(cfg.apps) as u64;
+            let nth = (i / cfg.apps) as u64;
+            let per = a.records.div_ceil(mine);
             let addr = client_addr(i);
             let endpoint = ClientEndpoint::new(
-                ClientConfig::new(server_addr, TENANT, credential.clone(), entropy.fork()?),
+                ClientConfig::new(
+                    server_addr,
+                    &a.tenant,
+                    a.credential.clone(),
+                    entropy.fork()?,
+                ),
                 0,
             );
             let io = Rc::new(RefCell::new(ClientIo {
                 window: cfg.window,
                 ..ClientIo::default()
             }));
-            let lo = (i as u64 * per).min(cfg.records);
-            let hi = ((i as u64 + 1) * per).min(cfg.records);
+            let lo = (nth * per).min(a.records);
+            let hi = ((nth + 1) * per).min(a.records);
             clients.push(SimClient {
                 addr,
                 endpoint,
-                mica: MicaPipeline::new(SimTransport(io.clone()), handle),
+                pipe: a.pipe(&host_cluster, SimTransport(io.clone()))?,
                 io,
                 exchanges: Default::default(),
                 issued: Default::default(),
@@ -640,7 +472,7 @@ impl World {
                 connected: false,
                 loading: Some(lo..hi),
                 rng: Rng::new(rng.next_u64()),
-                keys: KeyChooser::new(workload.distribution, cfg.records),
+                keys: KeyChooser::new(workload.distribution, a.records.max(1)),
                 next_issue: 0,
                 timer: (None, 0),
             });
@@ -658,6 +490,7 @@ impl World {
             nics,
             clients,
             host_cluster,
+            apps,
             workload,
             shape,
             measure_from: Nanos::MAX,
@@ -815,11 +648,11 @@ impl World {
                     let w: Vec<_> = self
                         .host_cluster
                         .registry()
-                        .app(APP)
+                        .app(self.apps[0].id)
                         .map(|a| {
                             a.handlers
                                 .values()
-                                .map(|h| (h.id, self.host_cluster.weights(APP, h.id)))
+                                .map(|h| (h.id, self.host_cluster.weights(self.apps[0].id, h.id)))
                                 .collect()
                         })
                         .unwrap_or_default();
@@ -1040,7 +873,7 @@ impl World {
             }
         }
         let last_placement = placement_of.values().last().copied();
-        for (tag, result) in c.mica.poll(false) {
+        for (tag, result) in c.pipe.poll() {
             let Some((issued, read)) = c.issued.remove(&tag) else {
                 continue;
             };
@@ -1082,16 +915,18 @@ impl World {
         if !c.connected || self.end == Nanos::MAX && c.loading.is_none() {
             return;
         }
-        while c.mica.in_flight() < self.cfg.window {
+        let naming = &self.workload.naming;
+        while c.pipe.in_flight() < self.cfg.window {
             if let Some(range) = &mut c.loading {
                 let Some(n) = range.next() else {
                     return;
                 };
-                let key = self.workload.naming.name(n);
-                let value = self.shape.record(&mut c.rng);
                 c.next_tag += 1;
                 c.issued.insert(c.next_tag, (now, false));
-                if c.mica.put(c.next_tag, key.as_bytes(), &value).is_err() {
+                if c.pipe
+                    .write(c.next_tag, n, naming, &self.shape, &mut c.rng)
+                    .is_err()
+                {
                     c.issued.remove(&c.next_tag);
                     return;
                 }
@@ -1105,18 +940,16 @@ impl World {
                 c.next_issue = now.max(c.next_issue) + (1e9 / rate) as Nanos;
             }
             let n = c.keys.next(&mut c.rng);
-            let key = self.workload.naming.name(n);
             c.next_tag += 1;
             let tag = c.next_tag;
             let sent = match self.workload.next_op(&mut c.rng) {
                 Op::Read => {
                     c.issued.insert(tag, (now, true));
-                    c.mica.get(tag, key.as_bytes())
+                    c.pipe.read(tag, n, naming)
                 }
                 _ => {
                     c.issued.insert(tag, (now, false));
-                    let value = self.shape.record(&mut c.rng);
-                    c.mica.put(tag, key.as_bytes(), &value)
+                    c.pipe.write(tag, n, naming, &self.shape, &mut c.rng)
                 }
             };
             if sent.is_err() {
