@@ -219,8 +219,33 @@ fn positive_usize() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
 }
 
+/// What every simulated experiment takes.
+#[derive(clap::Args)]
+struct SimExperimentArgs {
+    /// A built-in profile (bluefield2-100g) or a profile file (TOML).
+    #[arg(long, default_value = "bluefield2-100g")]
+    profile: String,
+    /// Every random draw comes from it.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output directory (sim-NAME.json and charts).
+    #[arg(long, default_value = "bench/out")]
+    out: PathBuf,
+    /// Smaller sweeps and shorter windows (a smoke run).
+    #[arg(long)]
+    quick: bool,
+}
+
 #[derive(Subcommand)]
 enum SimCmd {
+    /// Offload capacity: MICA YCSB-B and B-tree lookups served by the NIC's cores alone.
+    Capacity(SimExperimentArgs),
+    /// Host, NIC and steered placements over offered load (MICA YCSB-B).
+    Placements(SimExperimentArgs),
+    /// The host congested for one second: how fast the steering moves reads off it and back.
+    Shift(SimExperimentArgs),
+    /// 1 to 1,024 apps (tenants) under one offered load: latency as apps grow.
+    Scale(SimExperimentArgs),
     /// One YCSB run on MICA: loads the records, warms up, measures; prints the report as JSON
     /// (the same bytes for the same arguments and seed).
     Run {
@@ -303,8 +328,38 @@ fn main() -> ExitCode {
     }
 }
 
+fn sim_setup(a: SimExperimentArgs) -> Result<naam_bench::sim::experiments::Setup, ExitCode> {
+    let profile = naam_bench::sim::Profile::load(&a.profile).map_err(|e| {
+        eprintln!("naam-bench: error: {e}");
+        ExitCode::from(2)
+    })?;
+    Ok(naam_bench::sim::experiments::Setup {
+        profile,
+        seed: a.seed,
+        out: a.out,
+        command: command_line(),
+        quick: a.quick,
+    })
+}
+
 fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
+    use naam_bench::sim::experiments;
+    let experiment = |a: SimExperimentArgs,
+                      f: &dyn Fn(&experiments::Setup) -> anyhow::Result<PathBuf>|
+     -> anyhow::Result<ExitCode> {
+        let setup = match sim_setup(a) {
+            Ok(s) => s,
+            Err(code) => return Ok(code),
+        };
+        let path = f(&setup)?;
+        println!("{}", path.display());
+        Ok(ExitCode::SUCCESS)
+    };
     match what {
+        SimCmd::Capacity(a) => experiment(a, &|s| Ok(experiments::capacity(s)?.0)),
+        SimCmd::Placements(a) => experiment(a, &|s| Ok(experiments::placements(s)?.0)),
+        SimCmd::Shift(a) => experiment(a, &|s| Ok(experiments::shift(s)?.0)),
+        SimCmd::Scale(a) => experiment(a, &|s| Ok(experiments::scale(s)?.0)),
         SimCmd::Run {
             profile,
             seed,

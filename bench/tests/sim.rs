@@ -47,3 +47,35 @@ fn the_cli_refuses_bad_arguments_with_exit_2() {
         assert!(!out.stderr.is_empty(), "{args:?}");
     }
 }
+
+/// Past its capacity a closed loop only waits longer: twice the clients that saturate the
+/// NIC's cores get the same throughput, with few resends. (Before the path's timeout backed
+/// off on timeouts, RFC 6298 5.5-5.7, every exchange timed out there, Karn's rule left no
+/// sample to learn the longer round trip from, and throughput fell to a quarter.)
+#[test]
+fn overload_does_not_collapse_into_resends() {
+    let mut base = Profile::load("bluefield2-100g").unwrap();
+    base.nic.cores = 2;
+    let at = |clients: usize| {
+        let mut cfg = SimConfig::new(base.clone(), 3, clients);
+        cfg.records = 500;
+        cfg.pin = Some(naam_runtime::proto::Placement::Nic);
+        cfg.warmup_ns = 2_000_000;
+        cfg.measure_ns = 5_000_000;
+        run(&cfg).unwrap()
+    };
+    let saturated = at(16);
+    let twice = at(32);
+    assert!(
+        twice.throughput_ops >= 0.9 * saturated.throughput_ops,
+        "{} against {}",
+        twice.throughput_ops,
+        saturated.throughput_ops
+    );
+    assert!(
+        twice.client_resends * 20 <= twice.client_sent,
+        "{} resends of {} sent",
+        twice.client_resends,
+        twice.client_sent
+    );
+}

@@ -19,12 +19,13 @@
 
 mod apps;
 mod backends;
+pub mod experiments;
 pub mod net;
 pub mod profile;
 mod world;
 
 pub use profile::Profile;
-pub use world::{run, SimConfig, SimReport};
+pub use world::{run, Bucket, Congestion, Latency, SimConfig, SimReport};
 
 use naam_runtime::cluster::{RunFacts, ServiceModel};
 use naam_runtime::proto::{Nanos, Placement};

@@ -73,6 +73,33 @@ pub struct SimConfig {
     /// Reads pinned to a placement (Host or Nic: a placement baseline, as `ycsb
     /// --placement`); `None`: the steering decides.
     pub pin: Option<Placement>,
+    /// The host congested (each message `extra_ns` slower) from `from_ns` to `to_ns` after
+    /// the measured window starts, as `naam-bench experiment congestion` does over UDP.
+    pub congestion: Option<Congestion>,
+    /// Width of the report's timeline buckets; `None`: no timeline.
+    pub bucket_ns: Option<Nanos>,
+}
+
+/// A window of host congestion ([`SimConfig::congestion`]).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Congestion {
+    /// Start, after the measured window's start.
+    pub from_ns: Nanos,
+    /// End, after the measured window's start.
+    pub to_ns: Nanos,
+    /// Extra service time of every host message meanwhile.
+    pub extra_ns: Nanos,
+}
+
+/// Operations finished in one bucket of the measured window.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Bucket {
+    /// Its start, milliseconds after the measured window's.
+    pub start_ms: f64,
+    /// Operations answered by each placement ([`Placement::index`] order).
+    pub placed: [u64; 3],
+    /// Their mean latency, microseconds.
+    pub mean_us: f64,
 }
 
 impl SimConfig {
@@ -92,6 +119,8 @@ impl SimConfig {
             warmup_ns: 10_000_000,
             measure_ns: 50_000_000,
             pin: None,
+            congestion: None,
+            bucket_ns: None,
         }
     }
 }
@@ -141,12 +170,23 @@ pub struct SimReport {
     pub nic_messages: u64,
     /// Messages a full receive ring dropped (the whole run).
     pub rx_drops: u64,
+    /// The clients' exchanges over the whole run: first sends, resends at a timeout, resends
+    /// on later answers (a loss found early), and resends found needless.
+    pub client_sent: u64,
+    /// See `client_sent`.
+    pub client_resends: u64,
+    /// See `client_sent`.
+    pub client_early_resends: u64,
+    /// See `client_sent`.
+    pub client_spurious_resends: u64,
     /// Frames on the links, and frames lost.
     pub frames: u64,
     /// See `frames`.
     pub lost_frames: u64,
     /// Events simulated.
     pub events: u64,
+    /// Per bucket of [`SimConfig::bucket_ns`] (empty without).
+    pub timeline: Vec<Bucket>,
 }
 
 /// Where an event happens.
@@ -175,6 +215,8 @@ enum Event {
     Issue(usize),
     /// A steering period ended.
     Steer,
+    /// The host's congestion starts (`Some(extra ns)`) or ends.
+    Congest(Option<Nanos>),
 }
 
 struct Scheduled {
@@ -270,6 +312,8 @@ struct SimClient {
     keys: KeyChooser,
     /// Earliest time the next operation may go (a target rate).
     next_issue: Nanos,
+    /// The time an [`Event::Issue`] is scheduled for, if one is.
+    issue_armed: Option<Nanos>,
     timer: (Option<Nanos>, u64),
 }
 
@@ -299,6 +343,8 @@ struct World {
     loaded: u64,
     /// Messages dropped because a core's receive ring was full.
     rx_drops: u64,
+    /// The timeline's buckets, and the latency sum of each.
+    timeline: Vec<(Bucket, u64)>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -474,6 +520,7 @@ impl World {
                 rng: Rng::new(rng.next_u64()),
                 keys: KeyChooser::new(workload.distribution, a.records.max(1)),
                 next_issue: 0,
+                issue_armed: None,
                 timer: (None, 0),
             });
         }
@@ -503,6 +550,7 @@ impl World {
             completed: 0,
             loaded: 0,
             rx_drops: 0,
+            timeline: Vec::new(),
         })
     }
 
@@ -542,6 +590,14 @@ impl World {
                 for c in &mut self.clients {
                     c.loading = None;
                 }
+                if let Some(c) = self.cfg.congestion {
+                    self.agenda.at(
+                        self.measure_from + c.from_ns,
+                        Event::Congest(Some(c.extra_ns)),
+                    );
+                    self.agenda
+                        .at(self.measure_from + c.to_ns, Event::Congest(None));
+                }
                 for i in 0..self.clients.len() {
                     self.issue(i, at);
                     self.flush_client(i, at);
@@ -580,9 +636,36 @@ impl World {
             host_messages: self.hosts.iter().map(|h| h.messages).sum(),
             nic_messages: self.nics.iter().map(|n| n.messages).sum(),
             rx_drops: self.rx_drops,
+            client_sent: self.clients.iter().map(|c| c.endpoint.stats().sent).sum(),
+            client_resends: self
+                .clients
+                .iter()
+                .map(|c| c.endpoint.stats().resends)
+                .sum(),
+            client_early_resends: self
+                .clients
+                .iter()
+                .map(|c| c.endpoint.stats().early_resends)
+                .sum(),
+            client_spurious_resends: self
+                .clients
+                .iter()
+                .map(|c| c.endpoint.stats().spurious_resends)
+                .sum(),
             frames: self.rack.frames,
             lost_frames: self.rack.lost_frames,
             events: self.agenda.popped,
+            timeline: self
+                .timeline
+                .iter()
+                .map(|(b, sum)| Bucket {
+                    mean_us: match b.placed.iter().sum::<u64>() {
+                        0 => 0.0,
+                        n => *sum as f64 / n as f64 / 1_000.0,
+                    },
+                    ..b.clone()
+                })
+                .collect(),
         })
     }
 
@@ -642,6 +725,10 @@ impl World {
                 self.issue(i, now);
                 self.flush_client(i, now);
             }
+            Event::Congest(extra) => match extra {
+                Some(ns) => self.host_cluster.congestion().limit_host(ns),
+                None => self.host_cluster.congestion().clear(),
+            },
             Event::Steer => {
                 self.host_cluster.steer();
                 if std::env::var_os("NAAM_SIM_DEBUG").is_some() {
@@ -886,6 +973,22 @@ impl World {
                         self.completed += 1;
                         if let Some(p) = last_placement {
                             self.placed[p.index()] += 1;
+                            if let Some(width) = self.cfg.bucket_ns {
+                                let at = ((now - self.measure_from) / width.max(1)) as usize;
+                                while self.timeline.len() <= at {
+                                    let start_ms =
+                                        (self.timeline.len() as u64 * width) as f64 / 1e6;
+                                    self.timeline.push((
+                                        Bucket {
+                                            start_ms,
+                                            ..Bucket::default()
+                                        },
+                                        0,
+                                    ));
+                                }
+                                self.timeline[at].0.placed[p.index()] += 1;
+                                self.timeline[at].1 += ns;
+                            }
                         }
                         let _ = self.all.record(ns);
                         let _ = if read {
@@ -933,7 +1036,11 @@ impl World {
                 continue;
             }
             if now < c.next_issue {
-                self.agenda.at(c.next_issue, Event::Issue(i));
+                // One wake-up per due time: every answer calls here, and each would add one.
+                if c.issue_armed != Some(c.next_issue) {
+                    c.issue_armed = Some(c.next_issue);
+                    self.agenda.at(c.next_issue, Event::Issue(i));
+                }
                 return;
             }
             if let Some(rate) = self.cfg.target_per_client {

@@ -500,6 +500,12 @@ pub struct RttEstimator {
     initial: Nanos,
     min: Nanos,
     max: Nanos,
+    /// Doublings of the timeout since the last sample (RFC 6298, 5.5-5.7): each timeout on
+    /// the path doubles the timeout of every exchange sent on it afterwards, until an
+    /// exchange sent once is answered. Without it, a path whose round trip grew past its
+    /// timeout (a server's queue under overload) resends every exchange, Karn's rule leaves
+    /// it no sample to learn the new round trip from, and the resends keep the queue long.
+    backoff: u32,
 }
 
 impl RttEstimator {
@@ -513,12 +519,20 @@ impl RttEstimator {
             initial: initial.clamp(1, max),
             min: min.clamp(1, max),
             max,
+            backoff: 0,
         }
+    }
+
+    /// An exchange on the path timed out: later exchanges wait twice as long, until a
+    /// sample comes.
+    pub fn timed_out(&mut self) {
+        self.backoff = (self.backoff + 1).min(MAX_PATH_BACKOFF);
     }
 
     /// Takes in one round trip's time (of an exchange sent once: Karn's rule, a resent one
     /// says nothing about which send was answered).
     pub fn sample(&mut self, rtt: Nanos) {
+        self.backoff = 0;
         let r = rtt as f64;
         match self.srtt {
             None => {
@@ -539,12 +553,18 @@ impl RttEstimator {
 
     /// The retransmission timeout now.
     pub fn rto(&self) -> Nanos {
-        match self.srtt {
+        let base = match self.srtt {
             None => self.initial,
             Some(srtt) => ((srtt + 4.0 * self.rttvar) as Nanos).clamp(self.min, self.max),
-        }
+        };
+        base.saturating_mul(1 << self.backoff)
+            .min(self.max.max(base))
     }
 }
+
+/// Most doublings of a path's timeout ([`RttEstimator::timed_out`]); the timeout never
+/// exceeds the estimator's `max` anyway.
+const MAX_PATH_BACKOFF: u32 = 16;
 
 /// One outstanding exchange's timer.
 #[derive(Clone, Copy, Debug)]
@@ -772,6 +792,29 @@ impl Retransmit {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn timeouts_double_the_paths_timeout_until_a_sample_comes() {
+        let mut e = RttEstimator::new(20_000_000, 50_000, 1_000_000);
+        for _ in 0..200 {
+            e.sample(60_000);
+        }
+        assert_eq!(e.rto(), 60_000);
+        e.timed_out();
+        assert_eq!(e.rto(), 120_000, "one timeout: twice the timeout");
+        e.timed_out();
+        assert_eq!(e.rto(), 240_000);
+        for _ in 0..40 {
+            e.timed_out();
+        }
+        assert_eq!(e.rto(), 1_000_000, "never past the largest");
+        e.sample(200_000);
+        assert!(
+            e.rto() < 240_000,
+            "a sample (an exchange sent once) ends the backoff: {}",
+            e.rto()
+        );
+    }
 
     #[test]
     fn the_timeout_follows_the_round_trips_within_its_bounds() {

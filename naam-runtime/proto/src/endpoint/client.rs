@@ -725,9 +725,11 @@ impl ClientEndpoint {
             };
             match t {
                 Timeout::Resend(_) => {
+                    let to = x.to;
                     if let Some(x) = self.exchanges.get_mut(&id) {
                         x.resent = Some(Resent::Timeout);
                     }
+                    self.path(to).timed_out();
                     self.resend(now, id);
                 }
                 Timeout::GiveUp => {
