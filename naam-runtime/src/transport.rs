@@ -120,6 +120,13 @@ impl Direct {
     pub fn region_key(&self, app: u32, name: &str) -> Option<u64> {
         self.region_keys.get(&(app, name.to_string())).copied()
     }
+
+    /// Instructions the last message executed, when its handler runs on the interpreter (0
+    /// under the JIT): what the simulator's cost model charges per instruction
+    /// (`naam-bench sim calibrate`).
+    pub fn last_insns(&self) -> u64 {
+        self.machine.insns()
+    }
 }
 
 impl Direct {

@@ -126,6 +126,16 @@ pub struct SteeringProfile {
     pub report_every_ns: u64,
 }
 
+/// Where the roles run when they share one machine's processors.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MachineProfile {
+    /// `Some(n)`: the clients, the host's loops and the NIC's loops all run on one machine's
+    /// `n` processors (this-machine: naam-server, naam-nic and the YCSB client on one VM), each
+    /// piece of work waiting for a free one; `None`: every core is its own (the rack).
+    pub shared_cpus: Option<usize>,
+}
+
 /// A whole profile.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -146,6 +156,9 @@ pub struct Profile {
     pub client: ClientProfile,
     /// Steering.
     pub steering: SteeringProfile,
+    /// Shared processors (none in a rack).
+    #[serde(default)]
+    pub machine: MachineProfile,
 }
 
 impl Profile {
@@ -218,6 +231,9 @@ impl Profile {
                     naam_runtime::proto::limits::MAX_LOOPS
                 )));
             }
+        }
+        if p.machine.shared_cpus == Some(0) {
+            return Err(invalid("machine.shared_cpus must be at least 1".into()));
         }
         if p.steering.period_ns == 0 || p.steering.report_every_ns == 0 {
             return Err(invalid("steering periods must be above 0".into()));

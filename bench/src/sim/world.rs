@@ -314,6 +314,10 @@ struct SimClient {
     next_issue: Nanos,
     /// The time an [`Event::Issue`] is scheduled for, if one is.
     issue_armed: Option<Nanos>,
+    /// Messages waiting for the client's processor (shared processors only), and whether one
+    /// is being sent.
+    sending: VecDeque<Transmit>,
+    send_busy: bool,
     timer: (Option<Nanos>, u64),
 }
 
@@ -345,6 +349,9 @@ struct World {
     rx_drops: u64,
     /// The timeline's buckets, and the latency sum of each.
     timeline: Vec<(Bucket, u64)>,
+    /// Shared processors free, and the cores waiting for one, in order.
+    free_cpus: Option<usize>,
+    cpu_waiting: VecDeque<Node>,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -521,6 +528,8 @@ impl World {
                 keys: KeyChooser::new(workload.distribution, a.records.max(1)),
                 next_issue: 0,
                 issue_armed: None,
+                sending: VecDeque::new(),
+                send_busy: false,
                 timer: (None, 0),
             });
         }
@@ -551,6 +560,8 @@ impl World {
             loaded: 0,
             rx_drops: 0,
             timeline: Vec::new(),
+            free_cpus: cfg.profile.machine.shared_cpus,
+            cpu_waiting: VecDeque::new(),
         })
     }
 
@@ -589,6 +600,14 @@ impl World {
                 self.end = self.measure_from + self.cfg.measure_ns;
                 for c in &mut self.clients {
                     c.loading = None;
+                    // A paced client starts at a random phase of its interval, as YCSB's
+                    // threads do: started together, every client would send in the same
+                    // instant of each interval, and their bursts, not the load, would set
+                    // the latency.
+                    if let Some(rate) = self.cfg.target_per_client {
+                        let gap = (1e9 / rate) as Nanos;
+                        c.next_issue = at + (c.rng.next_f64() * gap as f64) as Nanos;
+                    }
                 }
                 if let Some(c) = self.cfg.congestion {
                     self.agenda.at(
@@ -711,14 +730,30 @@ impl World {
                         self.nics[i].busy = false;
                         std::mem::take(&mut self.nics[i].outbox)
                     }
-                    Node::Client(_) => Vec::new(),
+                    Node::Client(i) => {
+                        let c = &mut self.clients[i];
+                        c.send_busy = false;
+                        c.sending.pop_front().into_iter().collect()
+                    }
                 };
                 let from = self.addr_of(node);
                 for t in out {
-                    self.send(now, node, from, t);
+                    self.depart(now, node, from, t);
                 }
-                self.rearm(node, now);
+                if let Some(free) = &mut self.free_cpus {
+                    *free += 1;
+                }
+                if !matches!(node, Node::Client(_)) {
+                    self.rearm(node, now);
+                }
                 self.serve(node, now);
+                // The processor just freed goes to whoever waited longest for one.
+                while self.free_cpus.is_some_and(|f| f > 0) {
+                    let Some(next) = self.cpu_waiting.pop_front() else {
+                        break;
+                    };
+                    self.serve(next, now);
+                }
             }
             Event::Timer(node, generation) => self.timer(node, generation, now),
             Event::Issue(i) => {
@@ -762,16 +797,35 @@ impl World {
         }
     }
 
-    /// Takes the next message of `node`'s queue, if its core is free.
+    /// Whether `node` has work and its core is free.
+    fn ready(&self, node: Node) -> bool {
+        match node {
+            Node::Host(i) => !self.hosts[i].busy && !self.hosts[i].queue.is_empty(),
+            Node::Nic(i) => !self.nics[i].busy && !self.nics[i].queue.is_empty(),
+            Node::Client(i) => !self.clients[i].send_busy && !self.clients[i].sending.is_empty(),
+        }
+    }
+
+    /// Takes the next message of `node`'s queue, if its core is free (and, with shared
+    /// processors, one of them is; else it waits in line for one).
     fn serve(&mut self, node: Node, now: Nanos) {
+        if !self.ready(node) {
+            return;
+        }
+        if let Some(free) = &mut self.free_cpus {
+            if *free == 0 {
+                if !self.cpu_waiting.contains(&node) {
+                    self.cpu_waiting.push_back(node);
+                }
+                return;
+            }
+            *free -= 1;
+        }
         let p = &self.cfg.profile;
         let measuring = self.measuring(now);
         let cost = match node {
             Node::Host(i) => {
                 let c = &mut self.hosts[i];
-                if c.busy {
-                    return;
-                }
                 let Some((from, msg)) = c.queue.pop_front() else {
                     return;
                 };
@@ -791,9 +845,6 @@ impl World {
             }
             Node::Nic(i) => {
                 let c = &mut self.nics[i];
-                if c.busy {
-                    return;
-                }
                 let Some((from, msg)) = c.queue.pop_front() else {
                     return;
                 };
@@ -811,13 +862,32 @@ impl World {
                 }
                 cost
             }
-            Node::Client(_) => return,
+            Node::Client(i) => {
+                self.clients[i].send_busy = true;
+                p.client.per_message_ns
+            }
         };
         self.agenda.at(now + cost.max(1), Event::Done(node));
     }
 
-    /// Puts `t` (sent by `node`, from `from`) on its way.
+    /// Sends `t` from `node`: at once, but for a client sharing processors, whose message
+    /// waits for one (its cost is the client's per-message cost).
     fn send(&mut self, now: Nanos, node: Node, from: SocketAddr, t: Transmit) {
+        match node {
+            Node::Client(i) if self.free_cpus.is_some() => {
+                self.clients[i].sending.push_back(t);
+                self.serve(node, now);
+            }
+            Node::Client(_) => {
+                let leave = now + self.cfg.profile.client.per_message_ns;
+                self.depart(leave, node, from, t);
+            }
+            _ => self.depart(now, node, from, t),
+        }
+    }
+
+    /// Puts `t` (sent by `node`, from `from`) on the wire at `now`.
+    fn depart(&mut self, now: Nanos, node: Node, from: SocketAddr, t: Transmit) {
         let route = t.frame_route();
         let msg = t.message();
         let hop = self.cfg.profile.nic.host_hop_ns;
@@ -840,14 +910,9 @@ impl World {
         let at = match (node, to) {
             // Host and Arm cores share the card: their messages cross the eSwitch and PCIe.
             (Node::Host(_) | Node::Nic(_), Node::Host(_) | Node::Nic(_)) => Some(now + hop),
-            _ => {
-                let leave = match node {
-                    Node::Client(_) => now + self.cfg.profile.client.per_message_ns,
-                    _ => now,
-                };
-                self.rack
-                    .send(leave, port(node), port(to), msg.len(), &mut self.net_rng)
-            }
+            _ => self
+                .rack
+                .send(now, port(node), port(to), msg.len(), &mut self.net_rng),
         };
         if let Some(at) = at {
             self.agenda.at(at, Event::Arrive { to, from, msg });

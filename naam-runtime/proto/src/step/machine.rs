@@ -327,6 +327,11 @@ impl StepMachine {
         self.steps
     }
 
+    /// Interpreter instructions executed so far at this placement (0 under the JIT).
+    pub fn insns(&self) -> u64 {
+        self.insns
+    }
+
     /// Optimistic-read retries taken so far at this placement.
     #[inline]
     pub fn retries(&self) -> u16 {
