@@ -246,6 +246,16 @@ enum SimCmd {
     Shift(SimExperimentArgs),
     /// 1 to 1,024 apps (tenants) under one offered load: latency as apps grow.
     Scale(SimExperimentArgs),
+    /// Measures this machine's constants (the JIT, copies, loopback UDP, the endpoints) and
+    /// writes them as a profile (`--profile FILE` then simulates this machine).
+    Calibrate {
+        /// Where the profile goes.
+        #[arg(long, default_value = "bench/profiles/this-machine.toml")]
+        out: PathBuf,
+        /// Fewer samples (a smoke run).
+        #[arg(long)]
+        quick: bool,
+    },
     /// One YCSB run on MICA: loads the records, warms up, measures; prints the report as JSON
     /// (the same bytes for the same arguments and seed).
     Run {
@@ -360,6 +370,26 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
         SimCmd::Placements(a) => experiment(a, &|s| Ok(experiments::placements(s)?.0)),
         SimCmd::Shift(a) => experiment(a, &|s| Ok(experiments::shift(s)?.0)),
         SimCmd::Scale(a) => experiment(a, &|s| Ok(experiments::scale(s)?.0)),
+        SimCmd::Calibrate { out, quick } => {
+            let c = naam_bench::sim::calibrate::measure(quick)?;
+            let when = format!(
+                "{} s after 1970, {}",
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs()),
+                command_line()
+            );
+            let text = naam_bench::sim::calibrate::profile_text(&c, &when);
+            if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| anyhow::anyhow!("creating {}: {e}", dir.display()))?;
+            }
+            std::fs::write(&out, &text)
+                .map_err(|e| anyhow::anyhow!("writing {}: {e}", out.display()))?;
+            println!("{}", serde_json::to_string_pretty(&c)?);
+            eprintln!("naam-bench: wrote {}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
         SimCmd::Run {
             profile,
             seed,

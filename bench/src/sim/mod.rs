@@ -19,6 +19,7 @@
 
 mod apps;
 mod backends;
+pub mod calibrate;
 pub mod experiments;
 pub mod net;
 pub mod profile;
