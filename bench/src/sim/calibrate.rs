@@ -58,8 +58,10 @@ pub struct Calibration {
     pub udp_small_ns: f64,
     /// The same with 1,100 B.
     pub udp_record_ns: f64,
-    /// A small datagram's round trip between two threads on loopback, nanoseconds.
+    /// A small datagram's round trip between two polling threads on loopback, nanoseconds.
     pub loopback_rtt_ns: f64,
+    /// The same with both threads sleeping in their receives (two wake-ups more).
+    pub sleeping_rtt_ns: f64,
     /// The server endpoint's cost per request (open, decode, dispatch, seal the reply).
     pub server_endpoint_ns: f64,
     /// The client endpoint's cost per request (seal, send; take the reply in, open it).
@@ -93,6 +95,7 @@ pub fn measure(quick: bool) -> anyhow::Result<Calibration> {
     .max(0.01);
     let (udp_small_ns, udp_record_ns) = udp_pairs(2_000 * scale)?;
     let loopback_rtt_ns = loopback_rtt(500 * scale)?;
+    let sleeping_rtt_ns = loopback_rtt_sleeping(500 * scale)?;
     let (client_endpoint_ns, server_endpoint_ns) = endpoints(1_000 * scale)?;
     Ok(Calibration {
         ns_per_insn,
@@ -104,6 +107,7 @@ pub fn measure(quick: bool) -> anyhow::Result<Calibration> {
         udp_small_ns,
         udp_record_ns,
         loopback_rtt_ns,
+        sleeping_rtt_ns,
         server_endpoint_ns,
         client_endpoint_ns,
         host_loops: naam_runtime::udp::default_receive_loops(),
@@ -197,8 +201,9 @@ fn udp_pairs(n: u64) -> anyhow::Result<(f64, f64)> {
     Ok((pair(100)?, pair(1_100)?))
 }
 
-/// A small datagram's round trip to an echoing thread.
-fn loopback_rtt(n: u64) -> anyhow::Result<f64> {
+/// A small datagram's round trip to an echoing thread that sleeps in its receive: the
+/// polling round trip plus two wake-ups.
+fn loopback_rtt_sleeping(n: u64) -> anyhow::Result<f64> {
     let echo = UdpSocket::bind("127.0.0.1:0")?;
     let at = echo.local_addr()?;
     echo.set_read_timeout(Some(Duration::from_secs(2)))?;
@@ -221,6 +226,56 @@ fn loopback_rtt(n: u64) -> anyhow::Result<f64> {
         if let Err(e) = s
             .send_to(&[1u8; 100], at)
             .and_then(|_| s.recv_from(&mut buf))
+        {
+            failed = Some(e);
+        }
+    });
+    let _ = t.join();
+    match failed {
+        Some(e) => Err(e.into()),
+        None => Ok(ns),
+    }
+}
+
+/// A small datagram's round trip to an echoing thread, both sides polling (as naam's loops
+/// do while answers come back soon: no thread sleeps, no wake-up is timed).
+fn loopback_rtt(n: u64) -> anyhow::Result<f64> {
+    fn recv_spinning(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            match s.recv_from(buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if Instant::now() > deadline {
+                        return Err(e);
+                    }
+                    std::hint::spin_loop();
+                }
+                other => return other,
+            }
+        }
+    }
+    let echo = UdpSocket::bind("127.0.0.1:0")?;
+    let at = echo.local_addr()?;
+    echo.set_nonblocking(true)?;
+    let t = std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        for _ in 0..n {
+            match recv_spinning(&echo, &mut buf) {
+                Ok((len, from)) => {
+                    let _ = echo.send_to(&buf[..len], from);
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    let s = UdpSocket::bind("127.0.0.1:0")?;
+    s.set_nonblocking(true)?;
+    let mut buf = [0u8; 256];
+    let mut failed = None;
+    let ns = timed(n, |_| {
+        if let Err(e) = s
+            .send_to(&[1u8; 100], at)
+            .and_then(|_| recv_spinning(&s, &mut buf))
         {
             failed = Some(e);
         }
@@ -389,6 +444,7 @@ pub fn profile_text(c: &Calibration, when: &str) -> String {
     let client_message = c.client_endpoint_ns + c.udp_record_ns;
     let propagation = ((c.loopback_rtt_ns - 2.0 * c.udp_small_ns) / 2.0).max(0.0);
     let gbps = 8.0 * 1_000.0 / c.ps_per_byte.max(1.0);
+    let wakeup = ((c.sleeping_rtt_ns - c.loopback_rtt_ns) / 2.0).max(0.0);
     format!(
         r#"# This machine, measured by `naam-bench sim calibrate` ({when}). naam-server, naam-nic and
 # the YCSB client share its {cpus} processors; the NIC is emulated on them (NicModel).
@@ -398,8 +454,8 @@ description = "this machine: {cpus} processors shared by naam-server, the emulat
 [link]
 # Loopback: as fast as a copy ({ps:.1} ps/byte measured).
 bandwidth_gbps = {gbps:.1}
-# Half of a small datagram's round trip between two threads ({rtt:.0} ns), less the two
-# sends and receives (2 x {small:.0} ns): the wake-up of the receiving thread.
+# Half of a small datagram's round trip between two polling threads ({rtt:.0} ns), less
+# the two sends and receives (2 x {small:.0} ns): the kernel's hand-over between them.
 propagation_ns = {propagation:.0}
 # NAAM's datagrams on loopback (udp::LOOPBACK_DATAGRAM plus the IP and UDP headers).
 mtu = {mtu}
@@ -422,6 +478,10 @@ ps_per_byte = {ps:.0}
 # Included in the measured instruction cost.
 access_ns = 0
 rx_ring = 1024
+# naam-server's loops poll 50 us after their last message (udp::server SERVER_SPIN); a wake-up
+# is half of what sleeping adds to a round trip ({sleeping:.0} ns against {rtt:.0}).
+spin_ns = 50000
+wakeup_ns = {wakeup:.0}
 
 [nic]
 # naam-nic's receive loops here; the emulated NIC runs on the host's processors.
@@ -437,10 +497,16 @@ dma_access_ns = {dma_access}
 # naam-server forwards to naam-nic over loopback: as the link.
 host_hop_ns = {propagation:.0}
 rx_ring = 1024
+# naam-nic's loops sleep in their receive at once.
+spin_ns = 0
+wakeup_ns = {wakeup:.0}
 
 [client]
 # The client endpoint per request ({client:.0} ns) and one datagram ({record:.0} ns).
 per_message_ns = {client_message:.0}
+# naam's UDP client polls 100 us for answers (udp::client CLIENT_SPIN).
+spin_ns = 100000
+wakeup_ns = {wakeup:.0}
 
 [steering]
 period_ns = 1000000
@@ -452,6 +518,7 @@ shared_cpus = {cpus}
         cpus = c.cpus,
         ps = c.ps_per_byte,
         rtt = c.loopback_rtt_ns,
+        sleeping = c.sleeping_rtt_ns,
         small = c.udp_small_ns,
         mtu = (naam_runtime::udp::LOOPBACK_DATAGRAM + 28).min(65_535),
         host_loops = c.host_loops,

@@ -81,6 +81,11 @@ pub struct HostProfile {
     pub access_ns: u64,
     /// Messages each core's receive ring holds; more are dropped.
     pub rx_ring: usize,
+    /// How long an idle core (or client) polls before it sleeps, nanoseconds (naam's loops
+    /// poll a moment after their last message, yielding the processor to others with work).
+    pub spin_ns: u64,
+    /// What a sleeping core (or client) takes to wake when a message comes, nanoseconds.
+    pub wakeup_ns: u64,
 }
 
 /// The SmartNIC's Arm cores and their DMA to host memory.
@@ -106,6 +111,11 @@ pub struct NicProfile {
     pub host_hop_ns: u64,
     /// Messages each core's receive ring holds; more are dropped.
     pub rx_ring: usize,
+    /// How long an idle core (or client) polls before it sleeps, nanoseconds (naam's loops
+    /// poll a moment after their last message, yielding the processor to others with work).
+    pub spin_ns: u64,
+    /// What a sleeping core (or client) takes to wake when a message comes, nanoseconds.
+    pub wakeup_ns: u64,
 }
 
 /// The clients' machines.
@@ -114,6 +124,11 @@ pub struct NicProfile {
 pub struct ClientProfile {
     /// Nanoseconds per message a client sends or takes in.
     pub per_message_ns: u64,
+    /// How long an idle core (or client) polls before it sleeps, nanoseconds (naam's loops
+    /// poll a moment after their last message, yielding the processor to others with work).
+    pub spin_ns: u64,
+    /// What a sleeping core (or client) takes to wake when a message comes, nanoseconds.
+    pub wakeup_ns: u64,
 }
 
 /// Steering and reporting periods.

@@ -217,6 +217,10 @@ enum Event {
     Steer,
     /// The host's congestion starts (`Some(extra ns)`) or ends.
     Congest(Option<Nanos>),
+    /// A sleeping core (or client) is awake.
+    Woken(Node),
+    /// A core (or client) stops polling, if this is still its current spin.
+    SpinEnd(Node, u64),
 }
 
 struct Scheduled {
@@ -267,6 +271,20 @@ impl Agenda {
     }
 }
 
+/// Whether a core (or a client) polls after its last message, is waking, or sleeps: naam's
+/// loops poll a moment ([`super::profile::HostProfile::spin_ns`]), yielding their processor to
+/// any other thread with work, then sleep; a message that finds one asleep waits for its
+/// wake-up.
+#[derive(Debug, Default)]
+struct Wake {
+    spinning: bool,
+    /// Tells a stale [`Event::SpinEnd`] from the current one.
+    spin_gen: u64,
+    waking: bool,
+    /// Awake (just woken, or waiting for a processor): the next start needs no wake-up.
+    awake: bool,
+}
+
 /// A core with its receive queue, and the timer its endpoint asked for.
 struct Core<E> {
     endpoint: E,
@@ -278,6 +296,7 @@ struct Core<E> {
     busy_ns: u64,
     /// Messages taken in during the measured window.
     messages: u64,
+    wake: Wake,
 }
 
 impl<E> Core<E> {
@@ -290,6 +309,7 @@ impl<E> Core<E> {
             timer: (None, 0),
             busy_ns: 0,
             messages: 0,
+            wake: Wake::default(),
         }
     }
 }
@@ -318,6 +338,11 @@ struct SimClient {
     /// is being sent.
     sending: VecDeque<Transmit>,
     send_busy: bool,
+    wake: Wake,
+    /// Messages that found the client asleep, taken in when it has woken.
+    inbox: Vec<(SocketAddr, Bytes)>,
+    /// Without shared processors: polling for answers until then (after its last send).
+    spin_until: Nanos,
     timer: (Option<Nanos>, u64),
 }
 
@@ -530,6 +555,9 @@ impl World {
                 issue_armed: None,
                 sending: VecDeque::new(),
                 send_busy: false,
+                wake: Wake::default(),
+                inbox: Vec::new(),
+                spin_until: 0,
                 timer: (None, 0),
             });
         }
@@ -696,8 +724,24 @@ impl World {
         match event {
             Event::Arrive { to, from, msg } => match to {
                 Node::Client(i) => {
-                    self.clients[i].endpoint.handle(now, from, msg);
-                    self.client_progress(i, now);
+                    let shared = self.free_cpus.is_some();
+                    let wakeup = self.cfg.profile.client.wakeup_ns;
+                    let c = &mut self.clients[i];
+                    let polling = if shared {
+                        c.wake.spinning || c.send_busy
+                    } else {
+                        now <= c.spin_until
+                    };
+                    if polling || wakeup == 0 {
+                        c.endpoint.handle(now, from, msg);
+                        self.client_progress(i, now);
+                    } else {
+                        c.inbox.push((from, msg));
+                        if !c.wake.waking {
+                            c.wake.waking = true;
+                            self.agenda.at(now + wakeup, Event::Woken(to));
+                        }
+                    }
                 }
                 Node::Host(i) => {
                     if self.hosts[i].queue.len() >= self.cfg.profile.host.rx_ring {
@@ -740,19 +784,47 @@ impl World {
                 for t in out {
                     self.depart(now, node, from, t);
                 }
-                if let Some(free) = &mut self.free_cpus {
-                    *free += 1;
-                }
                 if !matches!(node, Node::Client(_)) {
                     self.rearm(node, now);
                 }
-                self.serve(node, now);
-                // The processor just freed goes to whoever waited longest for one.
-                while self.free_cpus.is_some_and(|f| f > 0) {
-                    let Some(next) = self.cpu_waiting.pop_front() else {
-                        break;
-                    };
-                    self.serve(next, now);
+                if self.ready(node) {
+                    // More work: the core goes on with the processor it has.
+                    self.start(node, now);
+                } else {
+                    // It polls a while (yielding its processor to whoever else has work, as
+                    // naam's loops do), then sleeps.
+                    let spin = self.spin_ns(node);
+                    if spin > 0 {
+                        let w = self.wake_mut(node);
+                        w.spinning = true;
+                        w.spin_gen += 1;
+                        let generation = w.spin_gen;
+                        self.agenda.at(now + spin, Event::SpinEnd(node, generation));
+                    }
+                    self.release_cpu(now);
+                }
+            }
+            Event::SpinEnd(node, generation) => {
+                let w = self.wake_mut(node);
+                if w.spinning && w.spin_gen == generation {
+                    w.spinning = false;
+                }
+            }
+            Event::Woken(node) => {
+                let w = self.wake_mut(node);
+                w.waking = false;
+                w.awake = true;
+                if let Node::Client(i) = node {
+                    let c = &mut self.clients[i];
+                    // Awake: it polls for a while, as after a send.
+                    c.spin_until = now + self.cfg.profile.client.spin_ns;
+                    for (from, msg) in std::mem::take(&mut c.inbox) {
+                        c.endpoint.handle(now, from, msg);
+                    }
+                    self.client_progress(i, now);
+                    self.clients[i].wake.awake = false;
+                } else {
+                    self.serve(node, now);
                 }
             }
             Event::Timer(node, generation) => self.timer(node, generation, now),
@@ -806,21 +878,90 @@ impl World {
         }
     }
 
-    /// Takes the next message of `node`'s queue, if its core is free (and, with shared
-    /// processors, one of them is; else it waits in line for one).
+    fn spin_ns(&self, node: Node) -> Nanos {
+        let p = &self.cfg.profile;
+        match node {
+            Node::Host(_) => p.host.spin_ns,
+            Node::Nic(_) => p.nic.spin_ns,
+            // Without shared processors a client's polling is timed from its sends.
+            Node::Client(_) if self.free_cpus.is_some() => p.client.spin_ns,
+            Node::Client(_) => 0,
+        }
+    }
+
+    fn wakeup_ns(&self, node: Node) -> Nanos {
+        let p = &self.cfg.profile;
+        match node {
+            Node::Host(_) => p.host.wakeup_ns,
+            Node::Nic(_) => p.nic.wakeup_ns,
+            Node::Client(_) => p.client.wakeup_ns,
+        }
+    }
+
+    fn wake_mut(&mut self, node: Node) -> &mut Wake {
+        match node {
+            Node::Host(i) => &mut self.hosts[i].wake,
+            Node::Nic(i) => &mut self.nics[i].wake,
+            Node::Client(i) => &mut self.clients[i].wake,
+        }
+    }
+
+    /// A processor is free again (with shared processors): it goes to whoever waited longest.
+    fn release_cpu(&mut self, now: Nanos) {
+        if let Some(free) = &mut self.free_cpus {
+            *free += 1;
+        }
+        while self.free_cpus.is_some_and(|f| f > 0) {
+            let Some(next) = self.cpu_waiting.pop_front() else {
+                break;
+            };
+            self.serve(next, now);
+        }
+    }
+
+    /// Starts `node`'s next piece of work if it has one and is idle: at once if it polls
+    /// (with the processor it holds), after its wake-up if it sleeps, and with shared
+    /// processors once one is free.
     fn serve(&mut self, node: Node, now: Nanos) {
         if !self.ready(node) {
             return;
         }
-        if let Some(free) = &mut self.free_cpus {
-            if *free == 0 {
+        let wakeup = self.wakeup_ns(node);
+        let w = self.wake_mut(node);
+        if w.spinning {
+            // Polling: it sees the message at once (it still needs a processor).
+            w.spinning = false;
+            w.spin_gen += 1;
+            w.awake = true;
+        }
+        if w.waking {
+            return;
+        }
+        // A client's send follows its own taking in of an answer: it is awake.
+        let client_awake = matches!(node, Node::Client(_));
+        if !w.awake && !client_awake && wakeup > 0 {
+            w.waking = true;
+            self.agenda.at(now + wakeup, Event::Woken(node));
+            return;
+        }
+        w.awake = true;
+        if let Some(free) = self.free_cpus {
+            if free == 0 {
                 if !self.cpu_waiting.contains(&node) {
                     self.cpu_waiting.push_back(node);
                 }
                 return;
+            } else {
+                self.free_cpus = Some(free - 1);
             }
-            *free -= 1;
         }
+        self.wake_mut(node).awake = false;
+        self.start(node, now);
+    }
+
+    /// Runs `node`'s next piece of work on the processor it has: a message through its
+    /// endpoint, or a client's send.
+    fn start(&mut self, node: Node, now: Nanos) {
         let p = &self.cfg.profile;
         let measuring = self.measuring(now);
         let cost = match node {
@@ -878,8 +1019,9 @@ impl World {
                 self.clients[i].sending.push_back(t);
                 self.serve(node, now);
             }
-            Node::Client(_) => {
+            Node::Client(i) => {
                 let leave = now + self.cfg.profile.client.per_message_ns;
+                self.clients[i].spin_until = leave + self.cfg.profile.client.spin_ns;
                 self.depart(leave, node, from, t);
             }
             _ => self.depart(now, node, from, t),
