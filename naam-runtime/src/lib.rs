@@ -26,7 +26,6 @@ pub mod pipeline;
 mod region;
 mod registry;
 mod session;
-pub mod sim;
 mod transport;
 pub mod udp;
 #[cfg(feature = "verbs")]
