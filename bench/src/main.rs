@@ -246,6 +246,8 @@ enum SimCmd {
     Shift(SimExperimentArgs),
     /// 1 to 1,024 apps (tenants) under one offered load: latency as apps grow.
     Scale(SimExperimentArgs),
+    /// 1 to 8 servers behind one switch (32 clients each, records spread by key hash).
+    Servers(SimExperimentArgs),
     /// Measures this machine's constants (the JIT, copies, loopback UDP, the endpoints) and
     /// writes them as a profile (`--profile FILE` then simulates this machine).
     Calibrate {
@@ -295,6 +297,9 @@ enum SimCmd {
         /// Where reads run: auto (the steering), host or nic.
         #[arg(long, default_value = "auto")]
         placement: PlacementChoice,
+        /// Servers behind the switch, each with its SmartNIC; records spread by key hash.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+        servers: u64,
         /// Also write the report here.
         #[arg(long)]
         json_out: Option<std::path::PathBuf>,
@@ -370,6 +375,7 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
         SimCmd::Placements(a) => experiment(a, &|s| Ok(experiments::placements(s)?.0)),
         SimCmd::Shift(a) => experiment(a, &|s| Ok(experiments::shift(s)?.0)),
         SimCmd::Scale(a) => experiment(a, &|s| Ok(experiments::scale(s)?.0)),
+        SimCmd::Servers(a) => experiment(a, &|s| Ok(experiments::servers(s)?.0)),
         SimCmd::Calibrate { out, quick } => {
             let c = naam_bench::sim::calibrate::measure(quick)?;
             let when = format!(
@@ -403,6 +409,7 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             measure_ms,
             warmup_ms,
             placement,
+            servers,
             json_out,
         } => {
             let bad = |name: &str| {
@@ -451,6 +458,7 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             cfg.apps = apps as usize;
             cfg.measure_ns = measure_ns;
             cfg.warmup_ns = warmup_ns;
+            cfg.servers = servers as usize;
             cfg.pin = match placement {
                 PlacementChoice::Auto => None,
                 PlacementChoice::Fixed(naam_runtime::proto::Placement::Client) => {

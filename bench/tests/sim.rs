@@ -79,3 +79,30 @@ fn overload_does_not_collapse_into_resends() {
         twice.client_sent
     );
 }
+
+/// Records spread over two servers by key hash: every operation is answered, and two servers'
+/// cores carry more than one's.
+#[test]
+fn two_servers_share_the_records_and_the_load() {
+    let mut base = Profile::load("bluefield2-100g").unwrap();
+    base.host.cores = 1;
+    base.nic.cores = 1;
+    let at = |servers: usize| {
+        let mut cfg = SimConfig::new(base.clone(), 4, 8);
+        cfg.servers = servers;
+        cfg.records = 400;
+        cfg.window = 4;
+        cfg.warmup_ns = 2_000_000;
+        cfg.measure_ns = 5_000_000;
+        run(&cfg).unwrap()
+    };
+    let one = at(1);
+    let two = at(2);
+    assert_eq!((one.failed, two.failed), (0, 0));
+    assert!(
+        two.throughput_ops >= 1.5 * one.throughput_ops,
+        "{} against {}",
+        two.throughput_ops,
+        one.throughput_ops
+    );
+}

@@ -34,16 +34,17 @@ enum Geometry {
 }
 
 impl SimApp {
-    /// App `id` of `kind` for `records` records, its handlers on the interpreter (whose
-    /// instruction counts the cost model reads), and what naam-server is given of it.
+    /// App `id` of `kind` for `records` records, of which one server holds about `per_server`
+    /// (its table is sized for them), its handlers on the interpreter (whose instruction
+    /// counts the cost model reads), and what naam-server is given of it.
     pub(super) fn new(
         kind: App,
         id: u32,
-        records: u64,
+        (records, per_server): (u64, u64),
         shape: &RecordShape,
         credential: Credential,
     ) -> anyhow::Result<(SimApp, HostApp)> {
-        let room = records.saturating_mul(2).max(1_000);
+        let room = per_server.saturating_mul(2).max(1_000);
         let (geometry, host) = match kind {
             App::Mica => {
                 let mc = MicaConfig::sized(room, 24, shape.len());

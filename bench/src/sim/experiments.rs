@@ -1,5 +1,5 @@
 //! The paper's experiments at hardware scale, in the simulator (`naam-bench sim capacity |
-//! placements | shift | scale`). Each writes `sim-<name>.json` (its profile, seed, command and
+//! placements | shift | scale`), and beyond one server (`servers`). Each writes `sim-<name>.json` (its profile, seed, command and
 //! every point) and a chart beside it; every figure is a model output for the profile's
 //! hardware, labelled `sim:<profile>`.
 
@@ -394,4 +394,54 @@ pub fn scale(setup: &Setup) -> anyhow::Result<(PathBuf, Scale)> {
         &series,
     )?;
     Ok((write(setup, "scale", &results)?, results))
+}
+
+/// Beyond one server: N servers, each with its SmartNIC, behind one switch, records spread by
+/// key hash, 32 clients a server (256 at 8), MICA YCSB-B steered.
+#[derive(Debug, Serialize)]
+pub struct Servers {
+    /// One point per server count.
+    pub points: Vec<Point>,
+}
+
+/// Runs [`Servers`].
+pub fn servers(setup: &Setup) -> anyhow::Result<(PathBuf, Servers)> {
+    let counts: &[usize] = if setup.quick { &[1, 2] } else { &[1, 2, 4, 8] };
+    let mut points = Vec::new();
+    for &n in counts {
+        let clients = 32 * n;
+        let mut c = base(setup, clients);
+        c.servers = n;
+        c.window = 4;
+        c.records = if setup.quick { 1_000 } else { 20_000 } * n as u64;
+        c.measure_ns = if setup.quick { 3_000_000 } else { 20_000_000 };
+        let r = run(&c)?;
+        eprintln!(
+            "servers: {n} servers, {clients} clients: {:.0} ops/s, p50 {:.1} us, p99 {:.1} us",
+            r.throughput_ops, r.latency.p50_us, r.latency.p99_us
+        );
+        points.push(Point::of("servers", n as f64, &r));
+    }
+    let results = Servers { points };
+    let series = vec![Series {
+        label: "throughput".into(),
+        points: results
+            .points
+            .iter()
+            .map(|p| (p.x, p.throughput_ops / 1e6))
+            .collect(),
+    }];
+    let title = format!("Servers behind one switch (sim:{})", setup.profile.name);
+    plot::lines(
+        &chart_path(setup, "servers")?,
+        &Chart {
+            title: &title,
+            x_label: "servers (32 clients each)",
+            y_label: "M ops/s",
+            log_y: false,
+            windows: Vec::new(),
+        },
+        &series,
+    )?;
+    Ok((write(setup, "servers", &results)?, results))
 }

@@ -38,10 +38,6 @@ use super::{CostModel, Profile};
 use crate::driver::App;
 use crate::ycsb::{KeyChooser, Op, RecordShape, Rng, Workload};
 
-/// Rack ports: the server's (its host and its SmartNIC share the card's port), then the
-/// clients'.
-const SERVER_PORT: usize = 0;
-
 /// What to simulate.
 #[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
@@ -78,6 +74,9 @@ pub struct SimConfig {
     pub congestion: Option<Congestion>,
     /// Width of the report's timeline buckets; `None`: no timeline.
     pub bucket_ns: Option<Nanos>,
+    /// Servers behind the switch, each with its SmartNIC; every client has a session with
+    /// each, and a record lives on the server its key's hash names.
+    pub servers: usize,
 }
 
 /// A window of host congestion ([`SimConfig::congestion`]).
@@ -121,6 +120,7 @@ impl SimConfig {
             pin: None,
             congestion: None,
             bucket_ns: None,
+            servers: 1,
         }
     }
 }
@@ -193,9 +193,10 @@ pub struct SimReport {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Node {
     Client(usize),
-    /// A receive loop of naam-server (a host core).
+    /// A receive loop of a naam-server (a host core), numbered across the servers: server
+    /// `i / host.cores`, loop `i % host.cores`.
     Host(usize),
-    /// A receive loop of naam-nic (an Arm core).
+    /// A receive loop of a naam-nic (an Arm core), numbered likewise.
     Nic(usize),
 }
 
@@ -315,17 +316,23 @@ impl<E> Core<E> {
 }
 
 /// One client machine: its endpoint, MICA's pipeline over it, and its workload.
-struct SimClient {
-    addr: SocketAddr,
+/// A client's session with one server, and its app's pipeline over it.
+struct Conn {
     endpoint: ClientEndpoint,
     io: Rc<RefCell<ClientIo>>,
     pipe: Pipe,
     /// Exchange id → the pipeline's token.
     exchanges: naam_runtime::proto::intmap::IntMap<u64, u64>,
+    connected: bool,
+}
+
+struct SimClient {
+    addr: SocketAddr,
+    /// One per server.
+    conns: Vec<Conn>,
     /// Operation tag → (issued at, is a read).
     issued: naam_runtime::proto::intmap::IntMap<u64, (Nanos, bool)>,
     next_tag: u64,
-    connected: bool,
     /// Records still to load (the load phase), then `None`.
     loading: Option<std::ops::Range<u64>>,
     rng: Rng,
@@ -352,12 +359,14 @@ struct World {
     agenda: Agenda,
     rack: Rack,
     net_rng: Rng,
-    server_addr: SocketAddr,
-    nic_addr: SocketAddr,
+    /// Per server: its address, its NIC's, and its host cluster.
+    server_addrs: Vec<SocketAddr>,
+    nic_addrs: Vec<SocketAddr>,
+    host_clusters: Vec<Arc<Cluster>>,
+    /// Every server's loops, server after server.
     hosts: Vec<Core<ServerEndpoint<SimHost>>>,
     nics: Vec<Core<NicEndpoint<SimNic>>>,
     clients: Vec<SimClient>,
-    host_cluster: Arc<Cluster>,
     apps: Vec<SimApp>,
     workload: Workload,
     shape: RecordShape,
@@ -402,12 +411,28 @@ fn client_addr(i: usize) -> SocketAddr {
     SocketAddr::from(([10, 1, (i / 250) as u8, (i % 250 + 1) as u8], 5000))
 }
 
+/// The client [`client_addr`] gave `addr`, if it gave one.
+fn client_index(addr: SocketAddr) -> Option<usize> {
+    match addr {
+        SocketAddr::V4(a) if a.port() == 5000 && a.ip().octets()[..2] == [10, 1] => {
+            let o = a.ip().octets();
+            (o[3] >= 1).then(|| o[2] as usize * 250 + o[3] as usize - 1)
+        }
+        _ => None,
+    }
+}
+
 /// Runs `cfg`.
 pub fn run(cfg: &SimConfig) -> anyhow::Result<SimReport> {
     anyhow::ensure!(cfg.clients >= 1, "at least one client");
     anyhow::ensure!(cfg.clients <= 60_000, "at most 60,000 clients");
     anyhow::ensure!(cfg.window >= 1, "a window of at least 1");
     anyhow::ensure!(cfg.records >= 1, "at least one record");
+    anyhow::ensure!(
+        (1..=64).contains(&cfg.servers),
+        "1 to 64 servers, not {}",
+        cfg.servers
+    );
     anyhow::ensure!(
         (1..=cfg.clients).contains(&cfg.apps),
         "1 to {} apps (at least one client each), not {}",
@@ -447,6 +472,13 @@ impl World {
         };
         let shape = RecordShape::default();
         let pairing = Credential::generate(&entropy)?;
+        // What one server holds of `records` spread by hash, with room for the spread's
+        // unevenness.
+        let servers = cfg.servers as u64;
+        let per_server = |records: u64| match servers {
+            1 => records,
+            n => records.div_ceil(n) * 5 / 4 + 100,
+        };
         // The records are spread over the apps; each app's over its clients.
         let mut apps = Vec::new();
         let mut host_apps = Vec::new();
@@ -454,67 +486,101 @@ impl World {
             let records = cfg.records / cfg.apps as u64
                 + u64::from((a as u64) < cfg.records % cfg.apps as u64);
             let credential = Credential::generate(&entropy)?;
-            let (app, host) = SimApp::new(cfg.app, a as u32 + 1, records, &shape, credential)?;
+            let (app, host) = SimApp::new(
+                cfg.app,
+                a as u32 + 1,
+                (records, per_server(records)),
+                &shape,
+                credential,
+            )?;
             apps.push(app);
             host_apps.push(host);
         }
-        let mut host_config = ClusterConfig::functional();
-        // The simulated cores (the cluster starts no thread for them).
-        host_config.host_executors = p.host.cores;
-        host_config.nic_executors = 0;
-        host_config.steering_period = std::time::Duration::from_nanos(p.steering.period_ns);
-        host_config.simulated = Some(simulated.clone());
-        let (host_cluster, manifest) =
-            udp::start_host_with(host_apps, host_config, dir, HostRegions::InProcess)?;
-        let dma =
-            naam_runtime::proto::step::DmaModel::new(p.nic.dma_access_ns, p.nic.dma_ps_per_byte);
-        let mut nic_config = ClusterConfig::functional();
-        nic_config.host_executors = 0;
-        nic_config.nic_executors = p.nic.cores;
-        nic_config.nic.dma = dma;
-        nic_config.simulated = Some(simulated);
-        let (nic_cluster, nic_manifest) =
-            udp::start_nic_in_process(dir, nic_config, &host_cluster)?;
-        let server_addr = SocketAddr::from(([10, 0, 0, 1], 7000));
-        let nic_addr = SocketAddr::from(([10, 0, 0, 2], 7000));
         let entries: Vec<_> = apps
             .iter()
             .map(|a| (a.id, a.tenant.clone(), a.credential.clone()))
             .collect();
         let tenants = session::tenant_entries(&entries, None, Some(pairing.clone()));
-        let directory = SessionDirectory::new();
-        let cookies = CookieJar::new(&entropy)?;
-        let shards = Shard::all(p.host.cores).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let mut hosts = Vec::new();
-        for s in shards {
-            let mut config = ServerConfig::new(manifest.clone(), tenants.clone(), entropy.fork()?);
-            config.shard = s;
-            config.directory = directory.clone();
-            let backend = SimHost {
-                runner: host_cluster.here_runner(Placement::Host),
-                cluster: host_cluster.clone(),
+        let dma =
+            naam_runtime::proto::step::DmaModel::new(p.nic.dma_access_ns, p.nic.dma_ps_per_byte);
+        let (mut server_addrs, mut nic_addrs, mut host_clusters) =
+            (Vec::new(), Vec::new(), Vec::new());
+        let (mut hosts, mut nics) = (Vec::new(), Vec::new());
+        for server in 0..cfg.servers {
+            let dir = dir.join(format!("server{server}"));
+            let mut host_config = ClusterConfig::functional();
+            // The simulated cores (the cluster starts no thread for them).
+            host_config.host_executors = p.host.cores;
+            host_config.nic_executors = 0;
+            host_config.steering_period = std::time::Duration::from_nanos(p.steering.period_ns);
+            host_config.simulated = Some(simulated.clone());
+            // Every server serves every app (its share of the records).
+            let served = if server == 0 {
+                std::mem::take(&mut host_apps)
+            } else {
+                apps.iter()
+                    .map(|a| {
+                        SimApp::new(
+                            cfg.app,
+                            a.id,
+                            (a.records, per_server(a.records)),
+                            &shape,
+                            a.credential.clone(),
+                        )
+                        .map(|(_, h)| h)
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?
+            };
+            let (host_cluster, manifest) =
+                udp::start_host_with(served, host_config, &dir, HostRegions::InProcess)?;
+            let mut nic_config = ClusterConfig::functional();
+            nic_config.host_executors = 0;
+            nic_config.nic_executors = p.nic.cores;
+            nic_config.nic.dma = dma;
+            nic_config.simulated = Some(simulated.clone());
+            let (nic_cluster, nic_manifest) =
+                udp::start_nic_in_process(&dir, nic_config, &host_cluster)?;
+            let octet = |n: usize| (n & 0xff) as u8;
+            let server_addr = SocketAddr::from(([10, 0, octet(server), 1], 7000));
+            let nic_addr = SocketAddr::from(([10, 0, octet(server), 2], 7000));
+            let directory = SessionDirectory::new();
+            let cookies = CookieJar::new(&entropy)?;
+            let shards = Shard::all(p.host.cores).map_err(|e| anyhow::anyhow!("{e}"))?;
+            for s in shards {
+                let mut config =
+                    ServerConfig::new(manifest.clone(), tenants.clone(), entropy.fork()?);
+                config.shard = s;
+                config.directory = directory.clone();
+                let backend = SimHost {
+                    runner: host_cluster.here_runner(Placement::Host),
+                    cluster: host_cluster.clone(),
+                    busy_ns: 0,
+                    stranded: 0,
+                };
+                let ep = ServerEndpoint::new(config, backend, cookies.clone(), 0)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                hosts.push(Core::new(ep));
+            }
+            let mut nic_config =
+                NicConfig::new(server_addr, nic_addr, pairing.clone(), entropy.fork()?);
+            nic_config.report_every = p.steering.report_every_ns;
+            let sim_nic = || SimNic {
+                runner: nic_cluster.here_runner(Placement::Nic),
+                cluster: nic_cluster.clone(),
                 busy_ns: 0,
                 stranded: 0,
+                dma,
             };
-            let ep = ServerEndpoint::new(config, backend, cookies.clone(), 0)
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            hosts.push(Core::new(ep));
+            let first = NicEndpoint::new(nic_config, sim_nic(), &nic_manifest, 0);
+            let others: Vec<_> = (1..p.nic.cores)
+                .map(|_| Core::new(first.another_loop(sim_nic())))
+                .collect();
+            nics.push(Core::new(first));
+            nics.extend(others);
+            server_addrs.push(server_addr);
+            nic_addrs.push(nic_addr);
+            host_clusters.push(host_cluster);
         }
-        let mut nic_config = NicConfig::new(server_addr, nic_addr, pairing, entropy.fork()?);
-        nic_config.report_every = p.steering.report_every_ns;
-        let sim_nic = || SimNic {
-            runner: nic_cluster.here_runner(Placement::Nic),
-            cluster: nic_cluster.clone(),
-            busy_ns: 0,
-            stranded: 0,
-            dma,
-        };
-        let first = NicEndpoint::new(nic_config, sim_nic(), &nic_manifest, 0);
-        let mut nics = Vec::new();
-        for _ in 1..p.nic.cores {
-            nics.push(Core::new(first.another_loop(sim_nic())));
-        }
-        nics.insert(0, Core::new(first));
         let mut rng = Rng::new(entropy.u64()?);
         let mut clients = Vec::new();
         for i in 0..cfg.clients {
@@ -523,31 +589,31 @@ impl World {
             let mine = (cfg.clients - i % cfg.apps).div_ceil(cfg.apps) as u64;
             let nth = (i / cfg.apps) as u64;
             let per = a.records.div_ceil(mine);
-            let addr = client_addr(i);
-            let endpoint = ClientEndpoint::new(
-                ClientConfig::new(
-                    server_addr,
-                    &a.tenant,
-                    a.credential.clone(),
-                    entropy.fork()?,
-                ),
-                0,
-            );
-            let io = Rc::new(RefCell::new(ClientIo {
-                window: cfg.window,
-                ..ClientIo::default()
-            }));
+            let mut conns = Vec::new();
+            for (server, &to) in server_addrs.iter().enumerate() {
+                let endpoint = ClientEndpoint::new(
+                    ClientConfig::new(to, &a.tenant, a.credential.clone(), entropy.fork()?),
+                    0,
+                );
+                let io = Rc::new(RefCell::new(ClientIo {
+                    window: cfg.window,
+                    ..ClientIo::default()
+                }));
+                conns.push(Conn {
+                    endpoint,
+                    pipe: a.pipe(&host_clusters[server], SimTransport(io.clone()))?,
+                    io,
+                    exchanges: Default::default(),
+                    connected: false,
+                });
+            }
             let lo = (nth * per).min(a.records);
             let hi = ((nth + 1) * per).min(a.records);
             clients.push(SimClient {
-                addr,
-                endpoint,
-                pipe: a.pipe(&host_cluster, SimTransport(io.clone()))?,
-                io,
-                exchanges: Default::default(),
+                addr: client_addr(i),
+                conns,
                 issued: Default::default(),
                 next_tag: 0,
-                connected: false,
                 loading: Some(lo..hi),
                 rng: Rng::new(rng.next_u64()),
                 keys: KeyChooser::new(workload.distribution, a.records.max(1)),
@@ -561,19 +627,19 @@ impl World {
                 timer: (None, 0),
             });
         }
-        let rack = Rack::new(p, cfg.clients + 1);
+        let rack = Rack::new(p, cfg.clients + cfg.servers);
         Ok(World {
             cfg: cfg.clone(),
             clock,
             agenda: Agenda::default(),
             rack,
             net_rng: Rng::new(rng.next_u64()),
-            server_addr,
-            nic_addr,
+            server_addrs,
+            nic_addrs,
+            host_clusters,
             hosts,
             nics,
             clients,
-            host_cluster,
             apps,
             workload,
             shape,
@@ -601,7 +667,9 @@ impl World {
         self.agenda
             .at(self.cfg.profile.steering.period_ns, Event::Steer);
         for i in 0..self.clients.len() {
-            self.clients[i].endpoint.connect(0);
+            for c in &mut self.clients[i].conns {
+                c.endpoint.connect(0);
+            }
             self.flush_client(i, 0);
         }
         // Load, then warm up, then measure.
@@ -617,7 +685,10 @@ impl World {
                 load_deadline / 1_000_000_000,
                 self.loaded,
                 self.cfg.records,
-                self.clients.iter().filter(|c| c.connected).count(),
+                self.clients
+                    .iter()
+                    .filter(|c| c.conns.iter().all(|c| c.connected))
+                    .count(),
                 self.clients.len(),
                 self.agenda.popped,
             );
@@ -683,22 +754,10 @@ impl World {
             host_messages: self.hosts.iter().map(|h| h.messages).sum(),
             nic_messages: self.nics.iter().map(|n| n.messages).sum(),
             rx_drops: self.rx_drops,
-            client_sent: self.clients.iter().map(|c| c.endpoint.stats().sent).sum(),
-            client_resends: self
-                .clients
-                .iter()
-                .map(|c| c.endpoint.stats().resends)
-                .sum(),
-            client_early_resends: self
-                .clients
-                .iter()
-                .map(|c| c.endpoint.stats().early_resends)
-                .sum(),
-            client_spurious_resends: self
-                .clients
-                .iter()
-                .map(|c| c.endpoint.stats().spurious_resends)
-                .sum(),
+            client_sent: self.client_stat(|e| e.stats().sent),
+            client_resends: self.client_stat(|e| e.stats().resends),
+            client_early_resends: self.client_stat(|e| e.stats().early_resends),
+            client_spurious_resends: self.client_stat(|e| e.stats().spurious_resends),
             frames: self.rack.frames,
             lost_frames: self.rack.lost_frames,
             events: self.agenda.popped,
@@ -714,6 +773,23 @@ impl World {
                 })
                 .collect(),
         })
+    }
+
+    /// A client endpoint counter summed over every client's sessions.
+    fn client_stat(&self, f: impl Fn(&ClientEndpoint) -> u64) -> u64 {
+        self.clients
+            .iter()
+            .flat_map(|c| c.conns.iter())
+            .map(|c| f(&c.endpoint))
+            .sum()
+    }
+
+    /// The server a datagram from `from` comes from (its naam-server or its naam-nic).
+    fn server_of_addr(&self, from: SocketAddr) -> Option<usize> {
+        self.server_addrs
+            .iter()
+            .position(|&a| a == from)
+            .or_else(|| self.nic_addrs.iter().position(|&a| a == from))
     }
 
     fn measuring(&self, now: Nanos) -> bool {
@@ -733,7 +809,9 @@ impl World {
                         now <= c.spin_until
                     };
                     if polling || wakeup == 0 {
-                        c.endpoint.handle(now, from, msg);
+                        if let Some(s) = self.server_of_addr(from) {
+                            self.clients[i].conns[s].endpoint.handle(now, from, msg);
+                        }
                         self.client_progress(i, now);
                     } else {
                         c.inbox.push((from, msg));
@@ -819,7 +897,9 @@ impl World {
                     // Awake: it polls for a while, as after a send.
                     c.spin_until = now + self.cfg.profile.client.spin_ns;
                     for (from, msg) in std::mem::take(&mut c.inbox) {
-                        c.endpoint.handle(now, from, msg);
+                        if let Some(s) = self.server_of_addr(from) {
+                            self.clients[i].conns[s].endpoint.handle(now, from, msg);
+                        }
                     }
                     self.client_progress(i, now);
                     self.clients[i].wake.awake = false;
@@ -832,27 +912,34 @@ impl World {
                 self.issue(i, now);
                 self.flush_client(i, now);
             }
-            Event::Congest(extra) => match extra {
-                Some(ns) => self.host_cluster.congestion().limit_host(ns),
-                None => self.host_cluster.congestion().clear(),
-            },
+            Event::Congest(extra) => {
+                for c in &self.host_clusters {
+                    match extra {
+                        Some(ns) => c.congestion().limit_host(ns),
+                        None => c.congestion().clear(),
+                    }
+                }
+            }
             Event::Steer => {
-                self.host_cluster.steer();
+                for c in &self.host_clusters {
+                    c.steer();
+                }
                 if std::env::var_os("NAAM_SIM_DEBUG").is_some() {
-                    let w: Vec<_> = self
-                        .host_cluster
+                    let w: Vec<_> = self.host_clusters[0]
                         .registry()
                         .app(self.apps[0].id)
                         .map(|a| {
                             a.handlers
                                 .values()
-                                .map(|h| (h.id, self.host_cluster.weights(self.apps[0].id, h.id)))
+                                .map(|h| {
+                                    (h.id, self.host_clusters[0].weights(self.apps[0].id, h.id))
+                                })
                                 .collect()
                         })
                         .unwrap_or_default();
                     eprintln!(
                         "sim: {now} nic up {} weights {w:?}",
-                        self.host_cluster.remote_nic_up()
+                        self.host_clusters[0].remote_nic_up()
                     );
                 }
                 self.agenda
@@ -864,8 +951,8 @@ impl World {
     fn addr_of(&self, node: Node) -> SocketAddr {
         match node {
             Node::Client(i) => self.clients[i].addr,
-            Node::Host(_) => self.server_addr,
-            Node::Nic(_) => self.nic_addr,
+            Node::Host(i) => self.server_addrs[i / self.cfg.profile.host.cores],
+            Node::Nic(i) => self.nic_addrs[i / self.cfg.profile.nic.cores],
         }
     }
 
@@ -1033,25 +1120,34 @@ impl World {
         let route = t.frame_route();
         let msg = t.message();
         let hop = self.cfg.profile.nic.host_hop_ns;
-        let to = if t.to == self.server_addr {
-            let i = shard::loop_of_route(route, self.hosts.len()).unwrap_or(0);
-            Node::Host(i)
-        } else if t.to == self.nic_addr {
-            let i = shard::loop_of_route(route, self.nics.len()).unwrap_or(0);
-            Node::Nic(i)
+        let (host_cores, nic_cores) = (self.cfg.profile.host.cores, self.cfg.profile.nic.cores);
+        let to = if let Some(s) = self.server_addrs.iter().position(|&a| a == t.to) {
+            let i = shard::loop_of_route(route, host_cores).unwrap_or(0);
+            Node::Host(s * host_cores + i)
+        } else if let Some(s) = self.nic_addrs.iter().position(|&a| a == t.to) {
+            let i = shard::loop_of_route(route, nic_cores).unwrap_or(0);
+            Node::Nic(s * nic_cores + i)
         } else {
-            match self.clients.iter().position(|c| c.addr == t.to) {
+            match client_index(t.to).filter(|&i| i < self.clients.len()) {
                 Some(i) => Node::Client(i),
                 None => return,
             }
         };
+        // Rack ports: each server's (its host and its SmartNIC share the card's), then the
+        // clients'.
+        let servers = self.server_addrs.len();
         let port = |n: Node| match n {
-            Node::Client(i) => i + 1,
-            _ => SERVER_PORT,
+            Node::Client(i) => servers + i,
+            Node::Host(i) => i / host_cores,
+            Node::Nic(i) => i / nic_cores,
         };
         let at = match (node, to) {
-            // Host and Arm cores share the card: their messages cross the eSwitch and PCIe.
-            (Node::Host(_) | Node::Nic(_), Node::Host(_) | Node::Nic(_)) => Some(now + hop),
+            // Host and Arm cores of one card: their messages cross its eSwitch and PCIe.
+            (Node::Host(_) | Node::Nic(_), Node::Host(_) | Node::Nic(_))
+                if port(node) == port(to) =>
+            {
+                Some(now + hop)
+            }
             _ => self
                 .rack
                 .send(now, port(node), port(to), msg.len(), &mut self.net_rng),
@@ -1066,7 +1162,12 @@ impl World {
         let (want, timer) = match node {
             Node::Client(i) => {
                 let c = &mut self.clients[i];
-                (c.endpoint.poll_timeout(), &mut c.timer)
+                let want = c
+                    .conns
+                    .iter()
+                    .filter_map(|c| c.endpoint.poll_timeout())
+                    .min();
+                (want, &mut c.timer)
             }
             Node::Host(i) => {
                 let c = &mut self.hosts[i];
@@ -1098,7 +1199,11 @@ impl World {
                     return;
                 }
                 c.timer.0 = None;
-                c.endpoint.handle_timeout(now);
+                for c in &mut c.conns {
+                    if c.endpoint.poll_timeout().is_some_and(|t| t <= now) {
+                        c.endpoint.handle_timeout(now);
+                    }
+                }
                 self.client_progress(i, now);
                 return;
             }
@@ -1139,35 +1244,39 @@ impl World {
         let c = &mut self.clients[i];
         // Placements of the replies that finish an operation issued in the measured window
         // (a resubmitted attempt's reply is counted when it is the last).
-        let mut placement_of = naam_runtime::proto::intmap::IntMap::<u64, Placement>::default();
-        while let Some(e) = c.endpoint.poll_event() {
-            match e {
-                ClientEvent::Connected(_) => c.connected = true,
-                ClientEvent::Answered { id, message } => {
-                    if let Some(token) = c.exchanges.remove(&id) {
-                        let reply = Reply::decode(message).map_err(ClientError::from);
-                        if let Ok(r) = &reply {
-                            placement_of.insert(token, r.placement);
+        let mut last_placement = None;
+        let mut finished = Vec::new();
+        for conn in &mut c.conns {
+            while let Some(e) = conn.endpoint.poll_event() {
+                match e {
+                    ClientEvent::Connected(_) => conn.connected = true,
+                    ClientEvent::Answered { id, message } => {
+                        if let Some(token) = conn.exchanges.remove(&id) {
+                            let reply = Reply::decode(message).map_err(ClientError::from);
+                            if let Ok(r) = &reply {
+                                last_placement = Some(r.placement);
+                            }
+                            conn.io.borrow_mut().answers.push((token, reply));
                         }
-                        c.io.borrow_mut().answers.push((token, reply));
                     }
-                }
-                ClientEvent::Failed { id, error } => {
-                    if let Some(token) = c.exchanges.remove(&id) {
-                        c.io.borrow_mut()
-                            .answers
-                            .push((token, Err(ClientError::Session(error.to_string()))));
+                    ClientEvent::Failed { id, error } => {
+                        if let Some(token) = conn.exchanges.remove(&id) {
+                            conn.io
+                                .borrow_mut()
+                                .answers
+                                .push((token, Err(ClientError::Session(error.to_string()))));
+                        }
                     }
+                    ClientEvent::ConnectFailed(_) => {
+                        // It tries again on its own timer.
+                        conn.endpoint.connect(now);
+                    }
+                    _ => {}
                 }
-                ClientEvent::ConnectFailed(_) => {
-                    // It tries again on its own timer.
-                    c.endpoint.connect(now);
-                }
-                _ => {}
             }
+            finished.extend(conn.pipe.poll());
         }
-        let last_placement = placement_of.values().last().copied();
-        for (tag, result) in c.pipe.poll() {
+        for (tag, result) in finished {
             let Some((issued, read)) = c.issued.remove(&tag) else {
                 continue;
             };
@@ -1221,19 +1330,22 @@ impl World {
 
     /// Starts client `i`'s next operations: the records it loads, or the workload's mix.
     fn issue(&mut self, i: usize, now: Nanos) {
+        let servers = self.server_addrs.len() as u64;
+        let server_of = |n: u64| (crate::ycsb::fnvhash64(n) % servers) as usize;
         let c = &mut self.clients[i];
-        if !c.connected || self.end == Nanos::MAX && c.loading.is_none() {
+        if !c.conns.iter().all(|c| c.connected) || self.end == Nanos::MAX && c.loading.is_none() {
             return;
         }
         let naming = &self.workload.naming;
-        while c.pipe.in_flight() < self.cfg.window {
+        while c.conns.iter().map(|c| c.pipe.in_flight()).sum::<usize>() < self.cfg.window {
             if let Some(range) = &mut c.loading {
                 let Some(n) = range.next() else {
                     return;
                 };
                 c.next_tag += 1;
                 c.issued.insert(c.next_tag, (now, false));
-                if c.pipe
+                if c.conns[server_of(n)]
+                    .pipe
                     .write(c.next_tag, n, naming, &self.shape, &mut c.rng)
                     .is_err()
                 {
@@ -1256,14 +1368,15 @@ impl World {
             let n = c.keys.next(&mut c.rng);
             c.next_tag += 1;
             let tag = c.next_tag;
+            let conn = &mut c.conns[server_of(n)];
             let sent = match self.workload.next_op(&mut c.rng) {
                 Op::Read => {
                     c.issued.insert(tag, (now, true));
-                    c.pipe.read(tag, n, naming)
+                    conn.pipe.read(tag, n, naming)
                 }
                 _ => {
                     c.issued.insert(tag, (now, false));
-                    c.pipe.write(tag, n, naming, &self.shape, &mut c.rng)
+                    conn.pipe.write(tag, n, naming, &self.shape, &mut c.rng)
                 }
             };
             if sent.is_err() {
@@ -1273,37 +1386,39 @@ impl World {
         }
     }
 
-    /// Hands client `i`'s submissions to its endpoint and sends what it has.
+    /// Hands client `i`'s submissions to its endpoints and sends what they have.
     fn flush_client(&mut self, i: usize, now: Nanos) {
+        let registry = self.host_clusters[0].registry();
+        let pin = self.cfg.pin;
         let c = &mut self.clients[i];
-        let submitted = std::mem::take(&mut c.io.borrow_mut().submitted);
-        for (token, mut req) in submitted {
-            let read = self
-                .host_cluster
-                .registry()
-                .handler(req.app, req.handler)
-                .is_ok_and(|h| h.kind == HandlerKind::Read);
-            match self.cfg.pin {
-                Some(Placement::Host) if read => req.flags |= flags::PIN_HOST,
-                Some(Placement::Nic) if read => req.flags |= flags::PIN_NIC,
-                _ => {}
-            }
-            match c.endpoint.request(now, &mut req) {
-                Ok(id) => {
-                    c.exchanges.insert(id, token);
+        let mut out = Vec::new();
+        for conn in &mut c.conns {
+            let submitted = std::mem::take(&mut conn.io.borrow_mut().submitted);
+            for (token, mut req) in submitted {
+                let read = registry
+                    .handler(req.app, req.handler)
+                    .is_ok_and(|h| h.kind == HandlerKind::Read);
+                match pin {
+                    Some(Placement::Host) if read => req.flags |= flags::PIN_HOST,
+                    Some(Placement::Nic) if read => req.flags |= flags::PIN_NIC,
+                    _ => {}
                 }
-                Err(e) => {
-                    c.io.borrow_mut()
+                match conn.endpoint.request(now, &mut req) {
+                    Ok(id) => {
+                        conn.exchanges.insert(id, token);
+                    }
+                    Err(e) => conn
+                        .io
+                        .borrow_mut()
                         .answers
-                        .push((token, Err(ClientError::Session(e.to_string()))))
+                        .push((token, Err(ClientError::Session(e.to_string())))),
                 }
+            }
+            while let Some(t) = conn.endpoint.poll_transmit() {
+                out.push(t);
             }
         }
         let from = c.addr;
-        let mut out = Vec::new();
-        while let Some(t) = c.endpoint.poll_transmit() {
-            out.push(t);
-        }
         for t in out {
             self.send(now, Node::Client(i), from, t);
         }
