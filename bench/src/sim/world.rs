@@ -367,7 +367,6 @@ struct World {
     hosts: Vec<Core<ServerEndpoint<SimHost>>>,
     nics: Vec<Core<NicEndpoint<SimNic>>>,
     clients: Vec<SimClient>,
-    apps: Vec<SimApp>,
     workload: Workload,
     shape: RecordShape,
     measure_from: Nanos,
@@ -640,7 +639,6 @@ impl World {
             hosts,
             nics,
             clients,
-            apps,
             workload,
             shape,
             measure_from: Nanos::MAX,
@@ -924,24 +922,7 @@ impl World {
                 for c in &self.host_clusters {
                     c.steer();
                 }
-                if std::env::var_os("NAAM_SIM_DEBUG").is_some() {
-                    let w: Vec<_> = self.host_clusters[0]
-                        .registry()
-                        .app(self.apps[0].id)
-                        .map(|a| {
-                            a.handlers
-                                .values()
-                                .map(|h| {
-                                    (h.id, self.host_clusters[0].weights(self.apps[0].id, h.id))
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    eprintln!(
-                        "sim: {now} nic up {} weights {w:?}",
-                        self.host_clusters[0].remote_nic_up()
-                    );
-                }
+                // The clusters log their own shifts (RUST_LOG=naam_runtime=debug).
                 self.agenda
                     .at(now + self.cfg.profile.steering.period_ns, Event::Steer);
             }
@@ -1315,9 +1296,7 @@ impl World {
                     }
                 }
                 Err(e) => {
-                    if std::env::var_os("NAAM_SIM_DEBUG").is_some() {
-                        eprintln!("sim: client {i} op {tag} failed at {now}: {e}");
-                    }
+                    tracing::debug!(client = i, op = tag, at = now, "operation failed: {e}");
                     if measuring {
                         self.failed += 1;
                     }
