@@ -438,6 +438,17 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(2));
                 }
             }
+            match naam_bench::ycsb::Workload::core(workload) {
+                Some(w) if !w.has_scans() => {}
+                Some(_) => {
+                    eprintln!("naam-bench: error: --workload {workload} scans, which the simulation's clients do not issue yet: use a, b, c, d or f");
+                    return Ok(ExitCode::from(2));
+                }
+                None => {
+                    eprintln!("naam-bench: error: --workload must be a core workload's letter (a, b, c, d or f), not {workload:?}");
+                    return Ok(ExitCode::from(2));
+                }
+            }
             let profile = match naam_bench::sim::Profile::load(&profile) {
                 Ok(p) => p,
                 Err(e) => {

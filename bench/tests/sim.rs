@@ -37,6 +37,11 @@ fn the_cli_refuses_bad_arguments_with_exit_2() {
         vec!["--measure-ms", "nan"],
         vec!["--target", "-5"],
         vec!["--clients", "0"],
+        vec!["--clients", "2", "--apps", "3"],
+        vec!["--placement", "client"],
+        vec!["--servers", "0"],
+        vec!["--workload", "e"],
+        vec!["--workload", "z"],
     ] {
         let out = Command::new(bin)
             .args(["sim", "run"])

@@ -313,6 +313,16 @@ impl<E> Core<E> {
             wake: Wake::default(),
         }
     }
+
+    /// Puts a message in the receive ring, which holds `ring`: whether the core is idle (to be
+    /// started), or `None` when the ring was full and the message is dropped.
+    fn take_in(&mut self, ring: usize, from: SocketAddr, msg: Bytes) -> Option<bool> {
+        if self.queue.len() >= ring {
+            return None;
+        }
+        self.queue.push_back((from, msg));
+        Some(!self.busy)
+    }
 }
 
 /// One client machine: its endpoint, MICA's pipeline over it, and its workload.
@@ -820,23 +830,19 @@ impl World {
                     }
                 }
                 Node::Host(i) => {
-                    if self.hosts[i].queue.len() >= self.cfg.profile.host.rx_ring {
-                        self.rx_drops += 1;
-                        return;
-                    }
-                    self.hosts[i].queue.push_back((from, msg));
-                    if !self.hosts[i].busy {
-                        self.serve(to, now);
+                    let ring = self.cfg.profile.host.rx_ring;
+                    match self.hosts[i].take_in(ring, from, msg) {
+                        None => self.rx_drops += 1,
+                        Some(idle) if idle => self.serve(to, now),
+                        Some(_) => {}
                     }
                 }
                 Node::Nic(i) => {
-                    if self.nics[i].queue.len() >= self.cfg.profile.nic.rx_ring {
-                        self.rx_drops += 1;
-                        return;
-                    }
-                    self.nics[i].queue.push_back((from, msg));
-                    if !self.nics[i].busy {
-                        self.serve(to, now);
+                    let ring = self.cfg.profile.nic.rx_ring;
+                    match self.nics[i].take_in(ring, from, msg) {
+                        None => self.rx_drops += 1,
+                        Some(idle) if idle => self.serve(to, now),
+                        Some(_) => {}
                     }
                 }
             },
