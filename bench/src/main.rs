@@ -472,10 +472,6 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             cfg.servers = servers as usize;
             cfg.pin = match placement {
                 PlacementChoice::Auto => None,
-                PlacementChoice::Fixed(naam_runtime::proto::Placement::Client) => {
-                    eprintln!("naam-bench: error: --placement client is not simulated yet (one-sided READs): use auto, host or nic");
-                    return Ok(ExitCode::from(2));
-                }
                 PlacementChoice::Fixed(p) => Some(p),
             };
             let started = std::time::Instant::now();

@@ -38,7 +38,7 @@ fn the_cli_refuses_bad_arguments_with_exit_2() {
         vec!["--target", "-5"],
         vec!["--clients", "0"],
         vec!["--clients", "2", "--apps", "3"],
-        vec!["--placement", "client"],
+        vec!["--placement", "everywhere"],
         vec!["--servers", "0"],
         vec!["--workload", "e"],
         vec!["--workload", "z"],
@@ -109,5 +109,44 @@ fn two_servers_share_the_records_and_the_load() {
         "{} against {}",
         two.throughput_ops,
         one.throughput_ops
+    );
+}
+
+/// Reads pinned to the Client placement run at the clients over one-sided READs (MICA's GET
+/// fetches at least twice: its bucket, then its item), each one through the rack and the
+/// card's RDMA engine: lost frames are posted again and nothing fails, and the engine's rate
+/// bounds the reads.
+#[test]
+fn client_placed_reads_go_through_the_cards_rdma_engine() {
+    let at = |loss: f64, rdma_reads_per_s: f64| {
+        let mut p = Profile::load("bluefield2-100g").unwrap();
+        p.link.loss = loss;
+        p.nic.rdma_reads_per_s = rdma_reads_per_s;
+        let mut cfg = SimConfig::new(p, 5, 8);
+        cfg.records = 400;
+        cfg.window = 4;
+        cfg.pin = Some(naam_runtime::proto::Placement::Client);
+        cfg.warmup_ns = 2_000_000;
+        cfg.measure_ns = 5_000_000;
+        run(&cfg).unwrap()
+    };
+    let r = at(0.0, 50e6);
+    assert_eq!(r.failed, 0);
+    let [client, nic, host] = r.placed;
+    assert!(client > 10 * host && nic == 0, "{:?}", r.placed);
+    assert!(
+        r.one_sided_reads >= 2 * client,
+        "{} READs",
+        r.one_sided_reads
+    );
+    let lossy = at(0.01, 50e6);
+    assert_eq!(lossy.failed, 0);
+    assert!(lossy.lost_reads > 0);
+    // 200 K READs/s of at least two per GET: at most about 100 K reads a second get through.
+    let slow = at(0.0, 200e3);
+    assert!(
+        slow.placed[0] as f64 / 0.005 < 110e3,
+        "{:?} in 5 ms",
+        slow.placed
     );
 }

@@ -15,10 +15,11 @@ use naam_runtime::proto::endpoint::{
 };
 use naam_runtime::proto::onesided::{Completion, Operation};
 use naam_runtime::proto::steering::{ClientShare, RemoteLoad, Selector, Weights};
-use naam_runtime::proto::step::DmaModel;
+use naam_runtime::proto::step::{DmaModel, FetchError, OneSided};
 use naam_runtime::proto::transport::{ClientError, Pipeline, Transport};
 use naam_runtime::proto::wire::{Reply, Request};
 use naam_runtime::proto::Placement;
+use naam_runtime::RegionTable;
 
 /// naam-server's host side in the simulation: each message runs where it arrived, on this
 /// loop's core, through the cluster's own switch, admission and executor
@@ -199,5 +200,31 @@ impl Pipeline for SimTransport {
     }
     fn window(&self) -> usize {
         self.0.borrow().window
+    }
+}
+
+/// A client's one-sided READs of one server's memory, for the Client placement: each is
+/// served at once by the agent's own code against the server's region table (rkey, rights
+/// and bounds checked as an RNIC checks them), and its bytes are noted for the event loop,
+/// which times the READ through the rack and the card's RDMA engine. The data is what memory
+/// held when the client's handler started (the simulation runs a handler whole at once).
+pub(super) struct SimReads {
+    pub(super) regions: Arc<RegionTable>,
+    /// Bytes of each READ since the event loop last took them (one per step).
+    pub(super) reads: Vec<u64>,
+}
+
+impl OneSided for SimReads {
+    fn read(
+        &mut self,
+        app: u32,
+        descs: &[Descriptor],
+        bufs: &mut [Vec<u8>],
+    ) -> Result<u64, FetchError> {
+        naam_runtime::executor::one_sided_read(&self.regions, app, descs, bufs)?;
+        self.reads
+            .push(bufs.iter().take(descs.len()).map(|b| b.len() as u64).sum());
+        // Timed by the event loop, not here.
+        Ok(0)
     }
 }

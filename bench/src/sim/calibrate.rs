@@ -470,6 +470,8 @@ cores = {host_loops}
 # MICA's YCSB-B operations run directly on the JIT: GET {get_ns:.0} ns for {get_insns:.0}
 # instructions, PUT {put_ns:.0} ns for {put_insns:.0}, less the copy of their 1,030 bytes.
 ns_per_insn = {ns_per_insn:.3}
+# Not measured apart: loads, stores and helper calls are in the operations' cost above.
+ns_per_memory_insn = {ns_per_insn:.3}
 ns_per_helper = 0.0
 # The server endpoint per request ({server:.0} ns: open, decode, dispatch, seal a 1 KB reply)
 # and one record-sized datagram sent and received through the kernel ({record:.0} ns).
@@ -488,12 +490,19 @@ wakeup_ns = {wakeup:.0}
 cores = {nic_loops}
 # The host's instruction cost x the emulation's core slowdown ({slow}).
 ns_per_insn = {nic_insn:.3}
+ns_per_memory_insn = {nic_insn:.3}
 ns_per_helper = 0.0
 per_message_ns = {host_message:.0}
 ps_per_byte = {ps:.0}
 # The emulation's DMA model (NicModel::default().dma).
 dma_ps_per_byte = {dma_ps}
 dma_access_ns = {dma_access}
+# Each emulated core's DMA is its own: no shared engine.
+dma_reads_per_s = 0.0
+# A client's one-sided READ is answered by naam-nic's agent (a receive loop), not by an
+# RDMA engine: the agent's message cost, and no rate beyond its loops'.
+rdma_read_ns = {host_message:.0}
+rdma_reads_per_s = 0.0
 # naam-server forwards to naam-nic over loopback: as the link.
 host_hop_ns = {propagation:.0}
 rx_ring = 1024
@@ -504,6 +513,12 @@ wakeup_ns = {wakeup:.0}
 [client]
 # The client endpoint per request ({client:.0} ns) and one datagram ({record:.0} ns).
 per_message_ns = {client_message:.0}
+# The client runs handlers on the host's processors: their instruction cost.
+ns_per_insn = {ns_per_insn:.3}
+ns_per_memory_insn = {ns_per_insn:.3}
+ns_per_helper = 0.0
+# A one-sided READ here is a datagram to naam-nic's agent and its answer: a message's cost.
+read_post_ns = {client_message:.0}
 # naam's UDP client polls 100 us for answers (udp::client CLIENT_SPIN).
 spin_ns = 100000
 wakeup_ns = {wakeup:.0}

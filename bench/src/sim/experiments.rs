@@ -193,11 +193,11 @@ pub fn capacity(setup: &Setup) -> anyhow::Result<(PathBuf, Capacity)> {
     Ok((write(setup, "capacity", &results)?, results))
 }
 
-/// Placements over offered load: MICA YCSB-B with every read at the host, at the NIC, or
-/// where the steering sends it.
+/// Placements over offered load: MICA YCSB-B with every read at the host, at the NIC, at
+/// the clients (one-sided READs), or where the steering sends it.
 #[derive(Debug, Serialize)]
 pub struct Placements {
-    /// One sweep per placement (`host`, `nic`, `auto`).
+    /// One sweep per placement (`host`, `nic`, `client`, `auto`).
     pub sweeps: Vec<(String, Vec<Point>)>,
 }
 
@@ -213,6 +213,7 @@ pub fn placements(setup: &Setup) -> anyhow::Result<(PathBuf, Placements)> {
     for (name, pin) in [
         ("host", Some(Placement::Host)),
         ("nic", Some(Placement::Nic)),
+        ("client", Some(Placement::Client)),
         ("auto", None),
     ] {
         let mut points = Vec::new();

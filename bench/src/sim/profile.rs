@@ -69,9 +69,11 @@ pub struct SwitchProfile {
 pub struct HostProfile {
     /// Cores serving receive loops (one loop each, run to completion).
     pub cores: usize,
-    /// Nanoseconds per eBPF instruction a handler executes.
+    /// Nanoseconds per eBPF instruction a handler executes (ALU operations and jumps).
     pub ns_per_insn: f64,
-    /// Nanoseconds per helper call (not yet counted apart: see the README's model notes).
+    /// Nanoseconds per load, store or atomic instruction.
+    pub ns_per_memory_insn: f64,
+    /// Nanoseconds per helper call beyond its instruction (the helper's own work).
     pub ns_per_helper: f64,
     /// Nanoseconds per message beyond its handler (receive, open, decode, dispatch, seal, send).
     pub per_message_ns: u64,
@@ -94,9 +96,11 @@ pub struct HostProfile {
 pub struct NicProfile {
     /// Arm cores serving naam-nic's receive loops.
     pub cores: usize,
-    /// Nanoseconds per eBPF instruction.
+    /// Nanoseconds per eBPF instruction (ALU operations and jumps).
     pub ns_per_insn: f64,
-    /// Nanoseconds per helper call.
+    /// Nanoseconds per load, store or atomic instruction.
+    pub ns_per_memory_insn: f64,
+    /// Nanoseconds per helper call beyond its instruction.
     pub ns_per_helper: f64,
     /// Nanoseconds per message beyond its handler.
     pub per_message_ns: u64,
@@ -106,6 +110,15 @@ pub struct NicProfile {
     pub dma_ps_per_byte: u64,
     /// Nanoseconds a DMA read takes before its first byte (PCIe round trip).
     pub dma_access_ns: u64,
+    /// DMA reads of up to 256 bytes the card's DMA engine completes per second, shared by
+    /// every Arm core (an Arm core's read waits while the engine is busy); 0: no shared
+    /// engine (each core's DMA is its own, as the emulation's on this machine).
+    pub dma_reads_per_s: f64,
+    /// Nanoseconds the card's RDMA engine takes to answer a client's one-sided READ once the
+    /// request is in: reading host memory across PCIe (the Client placement's data path).
+    pub rdma_read_ns: u64,
+    /// One-sided READs the card answers per second; 0: no limit.
+    pub rdma_reads_per_s: f64,
     /// Nanoseconds a message between the host's cores and the Arm cores takes (through the
     /// eSwitch and PCIe, never the rack's links).
     pub host_hop_ns: u64,
@@ -124,6 +137,16 @@ pub struct NicProfile {
 pub struct ClientProfile {
     /// Nanoseconds per message a client sends or takes in.
     pub per_message_ns: u64,
+    /// Nanoseconds per eBPF instruction of a handler the client runs itself (the Client
+    /// placement), ALU operations and jumps.
+    pub ns_per_insn: f64,
+    /// Nanoseconds per load, store or atomic instruction there.
+    pub ns_per_memory_insn: f64,
+    /// Nanoseconds per helper call there, beyond its instruction.
+    pub ns_per_helper: f64,
+    /// Nanoseconds of the client's processor per one-sided READ: posting the request and
+    /// taking in its completion.
+    pub read_post_ns: u64,
     /// How long an idle core (or client) polls before it sleeps, nanoseconds (naam's loops
     /// poll a moment after their last message, yielding the processor to others with work).
     pub spin_ns: u64,
@@ -211,11 +234,29 @@ impl Profile {
             ("link.bandwidth_gbps", p.link.bandwidth_gbps),
             ("host.ns_per_insn", p.host.ns_per_insn),
             ("nic.ns_per_insn", p.nic.ns_per_insn),
+            ("client.ns_per_insn", p.client.ns_per_insn),
         ];
         for (name, v) in positive {
             if !(v.is_finite() && v > 0.0) {
                 return Err(invalid(format!(
                     "{name} must be a positive number, not {v}"
+                )));
+            }
+        }
+        let not_negative = [
+            ("host.ns_per_memory_insn", p.host.ns_per_memory_insn),
+            ("host.ns_per_helper", p.host.ns_per_helper),
+            ("nic.ns_per_memory_insn", p.nic.ns_per_memory_insn),
+            ("nic.ns_per_helper", p.nic.ns_per_helper),
+            ("nic.dma_reads_per_s", p.nic.dma_reads_per_s),
+            ("nic.rdma_reads_per_s", p.nic.rdma_reads_per_s),
+            ("client.ns_per_memory_insn", p.client.ns_per_memory_insn),
+            ("client.ns_per_helper", p.client.ns_per_helper),
+        ];
+        for (name, v) in not_negative {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(invalid(format!(
+                    "{name} must be a number of at least 0, not {v}"
                 )));
             }
         }

@@ -16,7 +16,8 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use naam_runtime::cluster::{Cluster, ClusterConfig, Simulated};
+use naam_runtime::cluster::{run_at_client, Cluster, ClusterConfig, Simulated};
+use naam_runtime::executor::ClientPath;
 use naam_runtime::proto::endpoint::{
     ClientConfig, ClientEndpoint, ClientEvent, NicConfig, NicEndpoint, ServerConfig,
     ServerEndpoint, SessionDirectory, Transmit,
@@ -32,9 +33,9 @@ use naam_runtime::udp::{self, HostRegions};
 use naam_runtime::VirtualClock;
 
 use super::apps::{Pipe, SimApp};
-use super::backends::{ClientIo, SimHost, SimNic, SimTransport};
+use super::backends::{ClientIo, SimHost, SimNic, SimReads, SimTransport};
 use super::net::Rack;
-use super::{CostModel, Profile};
+use super::{client_insn_ns, CostModel, EngineQueue, Profile};
 use crate::driver::App;
 use crate::ycsb::{KeyChooser, Op, RecordShape, Rng, Workload};
 
@@ -66,8 +67,9 @@ pub struct SimConfig {
     pub warmup_ns: Nanos,
     /// Virtual time measured.
     pub measure_ns: Nanos,
-    /// Reads pinned to a placement (Host or Nic: a placement baseline, as `ycsb
-    /// --placement`); `None`: the steering decides.
+    /// Reads pinned to a placement (a placement baseline, as `ycsb --placement`: Client runs
+    /// them at the clients over one-sided READs); `None`: the steering decides between host
+    /// and NIC.
     pub pin: Option<Placement>,
     /// The host congested (each message `extra_ns` slower) from `from_ns` to `to_ns` after
     /// the measured window starts, as `naam-bench experiment congestion` does over UDP.
@@ -183,6 +185,11 @@ pub struct SimReport {
     pub frames: u64,
     /// See `frames`.
     pub lost_frames: u64,
+    /// One-sided READs the clients made (the Client placement), and of those lost on the
+    /// links and posted again.
+    pub one_sided_reads: u64,
+    /// See `one_sided_reads`.
+    pub lost_reads: u64,
     /// Events simulated.
     pub events: u64,
     /// Per bucket of [`SimConfig::bucket_ns`] (empty without).
@@ -222,6 +229,9 @@ enum Event {
     Woken(Node),
     /// A core (or client) stops polling, if this is still its current spin.
     SpinEnd(Node, u64),
+    /// Client `.0`'s read `.1`, run at the Client placement, posts its next one-sided READ
+    /// (or ends, when it has none left).
+    ReadStep(usize, u64),
 }
 
 struct Scheduled {
@@ -334,6 +344,22 @@ struct Conn {
     /// Exchange id → the pipeline's token.
     exchanges: naam_runtime::proto::intmap::IntMap<u64, u64>,
     connected: bool,
+    /// One-sided READs of this server's memory (the Client placement).
+    reads: ClientPath<SimReads>,
+}
+
+/// A read run at the Client placement, its READs being timed: the reply its handler made, and
+/// what is left of its steps.
+struct ClientRead {
+    /// The server whose memory it reads.
+    server: usize,
+    /// The pipeline's token.
+    token: u64,
+    reply: Reply,
+    /// Bytes of each READ still to make.
+    reads: VecDeque<u64>,
+    /// The client's processor per step (its handler's instructions, spread over the steps).
+    step_ns: Nanos,
 }
 
 struct SimClient {
@@ -361,6 +387,13 @@ struct SimClient {
     /// Without shared processors: polling for answers until then (after its last send).
     spin_until: Nanos,
     timer: (Option<Nanos>, u64),
+    /// The engine that runs the client's own handlers (the Client placement).
+    vm: naam_runtime::vm::Vm,
+    /// Reads run here whose READs are being timed, by run number.
+    local_reads: naam_runtime::proto::intmap::IntMap<u64, ClientRead>,
+    next_read: u64,
+    /// The placement of a local read that just ended, for the next progress to count.
+    local_placed: Option<Placement>,
 }
 
 struct World {
@@ -395,6 +428,11 @@ struct World {
     /// Shared processors free, and the cores waiting for one, in order.
     free_cpus: Option<usize>,
     cpu_waiting: VecDeque<Node>,
+    /// Each server's card's RDMA engine (one-sided READs of the Client placement).
+    rdma: Vec<EngineQueue>,
+    /// One-sided READs the clients made, and READs whose frame was lost (and re-sent).
+    one_sided_reads: u64,
+    lost_reads: u64,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -448,10 +486,6 @@ pub fn run(cfg: &SimConfig) -> anyhow::Result<SimReport> {
         cfg.clients,
         cfg.apps
     );
-    anyhow::ensure!(
-        cfg.pin != Some(Placement::Client),
-        "the Client placement (one-sided READs) is not simulated yet: pin host or nic"
-    );
     let workload = Workload::core(cfg.workload)
         .with_context(|| format!("no core workload {:?} (a to f)", cfg.workload))?;
     anyhow::ensure!(
@@ -475,10 +509,6 @@ impl World {
         let p = &cfg.profile;
         let entropy = Entropy::seeded(cfg.seed);
         let clock = Arc::new(VirtualClock::new(0));
-        let simulated = Simulated {
-            clock: clock.clone(),
-            service: Arc::new(CostModel::new(p)),
-        };
         let shape = RecordShape::default();
         let pairing = Credential::generate(&entropy)?;
         // What one server holds of `records` spread by hash, with room for the spread's
@@ -517,6 +547,11 @@ impl World {
         let (mut hosts, mut nics) = (Vec::new(), Vec::new());
         for server in 0..cfg.servers {
             let dir = dir.join(format!("server{server}"));
+            // Each server's costs, with its own card's DMA engine.
+            let simulated = Simulated {
+                clock: clock.clone(),
+                service: Arc::new(CostModel::new(p, clock.clone())),
+            };
             let mut host_config = ClusterConfig::functional();
             // The simulated cores (the cluster starts no thread for them).
             host_config.host_executors = p.host.cores;
@@ -614,6 +649,10 @@ impl World {
                     io,
                     exchanges: Default::default(),
                     connected: false,
+                    reads: ClientPath::new(SimReads {
+                        regions: host_clusters[server].regions().clone(),
+                        reads: Vec::new(),
+                    }),
                 });
             }
             let lo = (nth * per).min(a.records);
@@ -634,6 +673,10 @@ impl World {
                 inbox: Vec::new(),
                 spin_until: 0,
                 timer: (None, 0),
+                vm: naam_runtime::vm::Vm::new(),
+                local_reads: Default::default(),
+                next_read: 0,
+                local_placed: None,
             });
         }
         let rack = Rack::new(p, cfg.clients + cfg.servers);
@@ -664,6 +707,11 @@ impl World {
             timeline: Vec::new(),
             free_cpus: cfg.profile.machine.shared_cpus,
             cpu_waiting: VecDeque::new(),
+            rdma: (0..cfg.servers)
+                .map(|_| EngineQueue::new(p.nic.rdma_reads_per_s))
+                .collect(),
+            one_sided_reads: 0,
+            lost_reads: 0,
         })
     }
 
@@ -768,6 +816,8 @@ impl World {
             client_spurious_resends: self.client_stat(|e| e.stats().spurious_resends),
             frames: self.rack.frames,
             lost_frames: self.rack.lost_frames,
+            one_sided_reads: self.one_sided_reads,
+            lost_reads: self.lost_reads,
             events: self.agenda.popped,
             timeline: self
                 .timeline
@@ -912,6 +962,7 @@ impl World {
                 }
             }
             Event::Timer(node, generation) => self.timer(node, generation, now),
+            Event::ReadStep(i, run) => self.read_step(i, run, now),
             Event::Issue(i) => {
                 self.issue(i, now);
                 self.flush_client(i, now);
@@ -1231,7 +1282,7 @@ impl World {
         let c = &mut self.clients[i];
         // Placements of the replies that finish an operation issued in the measured window
         // (a resubmitted attempt's reply is counted when it is the last).
-        let mut last_placement = None;
+        let mut last_placement = c.local_placed.take();
         let mut finished = Vec::new();
         for conn in &mut c.conns {
             while let Some(e) = conn.endpoint.poll_event() {
@@ -1371,13 +1422,17 @@ impl World {
         }
     }
 
-    /// Hands client `i`'s submissions to its endpoints and sends what they have.
+    /// Hands client `i`'s submissions to its endpoints and sends what they have; a read pinned
+    /// to the Client placement runs here instead, its READs timed by [`Event::ReadStep`].
     fn flush_client(&mut self, i: usize, now: Nanos) {
         let registry = self.host_clusters[0].registry();
+        let limits = self.host_clusters[0].config().limits;
         let pin = self.cfg.pin;
+        let client_profile = &self.cfg.profile.client;
         let c = &mut self.clients[i];
         let mut out = Vec::new();
-        for conn in &mut c.conns {
+        let mut local = Vec::new();
+        for (server, conn) in c.conns.iter_mut().enumerate() {
             let submitted = std::mem::take(&mut conn.io.borrow_mut().submitted);
             for (token, mut req) in submitted {
                 let read = registry
@@ -1386,6 +1441,32 @@ impl World {
                 match pin {
                     Some(Placement::Host) if read => req.flags |= flags::PIN_HOST,
                     Some(Placement::Nic) if read => req.flags |= flags::PIN_NIC,
+                    Some(Placement::Client) if read => {
+                        let (reply, ran) = run_at_client(
+                            &req,
+                            registry,
+                            &mut conn.reads,
+                            &mut c.vm,
+                            limits,
+                            self.clock.as_ref(),
+                        );
+                        let reads: VecDeque<u64> = conn.reads.transport().reads.drain(..).collect();
+                        let cpu = ran.map_or(0, |r| client_insn_ns(client_profile, r.insns, r.mix));
+                        c.next_read += 1;
+                        let step_ns = cpu / reads.len().max(1) as Nanos;
+                        c.local_reads.insert(
+                            c.next_read,
+                            ClientRead {
+                                server,
+                                token,
+                                reply,
+                                reads,
+                                step_ns,
+                            },
+                        );
+                        local.push(c.next_read);
+                        continue;
+                    }
                     _ => {}
                 }
                 match conn.endpoint.request(now, &mut req) {
@@ -1407,6 +1488,80 @@ impl World {
         for t in out {
             self.send(now, Node::Client(i), from, t);
         }
+        for run in local {
+            self.agenda.at(now, Event::ReadStep(i, run));
+        }
         self.rearm(Node::Client(i), now);
     }
+
+    /// Client `i`'s local read `run` is ready for its next READ: the client posts it, it
+    /// crosses the rack to the server's card, waits for the card's RDMA engine, which reads
+    /// host memory and answers across the rack; the client's handler then runs the step and
+    /// the next READ follows. With none left, the reply goes to the client's pipeline.
+    fn read_step(&mut self, i: usize, run: u64, now: Nanos) {
+        let p = &self.cfg.profile;
+        let servers = self.server_addrs.len();
+        let c = &mut self.clients[i];
+        let Some(r) = c.local_reads.get_mut(&run) else {
+            return;
+        };
+        let Some(bytes) = r.reads.pop_front() else {
+            let Some(r) = c.local_reads.remove(&run) else {
+                return;
+            };
+            c.conns[r.server]
+                .io
+                .borrow_mut()
+                .answers
+                .push((r.token, Ok(r.reply)));
+            c.local_placed = Some(Placement::Client);
+            self.client_progress(i, now);
+            return;
+        };
+        self.one_sided_reads += 1;
+        let (server, step_ns) = (r.server, r.step_ns);
+        let client_port = servers + i;
+        let posted = now + p.client.read_post_ns;
+        let answered = self
+            .rack
+            .send(
+                posted,
+                client_port,
+                server,
+                READ_REQUEST_BYTES,
+                &mut self.net_rng,
+            )
+            .and_then(|at| {
+                let wait = self.rdma[server].take(at, 1, 0.0);
+                let leave = at + wait + p.nic.rdma_read_ns;
+                self.rack.send(
+                    leave,
+                    server,
+                    client_port,
+                    READ_RESPONSE_BYTES + bytes as usize,
+                    &mut self.net_rng,
+                )
+            });
+        match answered {
+            Some(at) => self.agenda.at(at + step_ns, Event::ReadStep(i, run)),
+            None => {
+                // A lost frame: the READ is posted again after the queue pair's timeout.
+                self.lost_reads += 1;
+                if let Some(r) = self.clients[i].local_reads.get_mut(&run) {
+                    r.reads.push_front(bytes);
+                }
+                self.agenda
+                    .at(posted + READ_RETRY_NS, Event::ReadStep(i, run));
+            }
+        }
+    }
 }
+
+/// A one-sided READ request on the wire beyond the rack's frame headers (RoCEv2's BTH and
+/// RETH: 28 bytes, the rack counting Ethernet, IP and UDP).
+const READ_REQUEST_BYTES: usize = 28;
+/// A READ response's transport headers beyond its data (BTH, AETH).
+const READ_RESPONSE_BYTES: usize = 16;
+/// How long a client waits before it posts a READ whose frame was lost again: an RC queue
+/// pair's local ACK timeout (assumed at its common setting, about 1 ms: 4.096 us x 2^8).
+const READ_RETRY_NS: Nanos = 1_048_576;

@@ -71,6 +71,7 @@ impl Engine for ScriptedEngine {
             return_code: self.current.return_code,
             ret: self.current.ret,
             insns: Some(10),
+            mix: None,
             reply: &self.current.reply,
             state: &self.state,
             next: &self.current.next,

@@ -398,28 +398,45 @@ impl Client {
             self.inner.config.limits,
             self.inner.clock.as_ref(),
         );
-        if let Some((service, steps)) = ran {
+        if let Some(ran) = ran {
             self.inner.lock_tracker(Placement::Client).completed(
                 (req.app, req.handler),
-                service,
-                steps,
+                ran.service_ns,
+                ran.steps,
             );
         }
         reply
     }
 }
 
-/// Runs read `req` at the Client placement over `path` (every step's data by one-sided READ).
-/// Returns the reply, with the client-side service time (run time less fetch time) as its load
-/// feedback, and `(service, steps)` when the handler ran, for the caller's load tracker.
-pub(crate) fn run_at_client<T: OneSided>(
+/// What a read run at the Client placement did, for the caller's load tracker (and a
+/// simulation's cost model).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClientRan {
+    /// Client-side service time: run time less the fetches' (one-sided READ) time.
+    pub service_ns: u64,
+    /// Steps over the message's life.
+    pub steps: u16,
+    /// Instructions the engine executed.
+    pub insns: u64,
+    /// Of those, the memory accesses and helper calls (where the engine counts them).
+    pub mix: naam_proto::step::InsnMix,
+    /// Fetches made (one batched one-sided READ per step, retries included).
+    pub fetches: u32,
+}
+
+/// Runs read `req` at the Client placement over `path` (every step's data by one-sided READ):
+/// the client's side of a client-placed message, in every driver (the in-process client, the
+/// UDP client, and the simulator's clients). Returns the reply, with the client-side service
+/// time as its load feedback, and what ran when the handler ran.
+pub fn run_at_client<T: OneSided>(
     req: &Request,
     registry: &Registry,
     path: &mut ClientPath<T>,
     vm: &mut Vm,
     limits: Limits,
     clock: &dyn Clock,
-) -> (Reply, Option<(u64, u16)>) {
+) -> (Reply, Option<ClientRan>) {
     let handler: &Arc<HandlerEntry> = match registry.handler(req.app, req.handler) {
         Ok(h) => h,
         Err(e) => {
@@ -440,7 +457,13 @@ pub(crate) fn run_at_client<T: OneSided>(
         .now()
         .saturating_sub(begin)
         .saturating_sub(cost.fetch_ns);
-    let steps = c.steps;
+    let ran = ClientRan {
+        service_ns: service,
+        steps: c.steps,
+        insns: c.insns,
+        mix: c.mix,
+        fetches: cost.fetches,
+    };
     let reply = reply_for(
         req,
         c,
@@ -450,7 +473,7 @@ pub(crate) fn run_at_client<T: OneSided>(
             ..LoadFeedback::default()
         },
     );
-    (reply, Some((service, steps)))
+    (reply, Some(ran))
 }
 
 /// What a client runs host messages with: its engine state, its view of host memory, and

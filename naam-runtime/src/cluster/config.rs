@@ -152,6 +152,8 @@ pub struct RunFacts {
     /// Interpreter instructions executed (the simulator runs handlers on the interpreter,
     /// whose count is exact).
     pub insns: u64,
+    /// Of those, the memory accesses and helper calls (the interpreter counts them).
+    pub mix: naam_proto::step::InsnMix,
     /// Engine entries (steps, retried steps, a faulted step).
     pub runs: u16,
     /// Steps over the message's life.

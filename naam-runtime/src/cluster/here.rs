@@ -178,6 +178,7 @@ impl HereRunner {
                     self.placement,
                     &super::RunFacts {
                         insns: c.insns,
+                        mix: c.mix,
                         runs: c.runs,
                         steps: c.steps,
                         fetch_ns: c.fetch_ns,

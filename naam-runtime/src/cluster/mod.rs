@@ -59,7 +59,7 @@ mod executors;
 mod here;
 mod steer;
 
-pub(crate) use client::run_at_client;
+pub use client::{run_at_client, ClientRan};
 pub use client::{AgentTransport, Client};
 pub use config::*;
 use executors::*;

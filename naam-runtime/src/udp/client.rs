@@ -821,9 +821,9 @@ impl UdpClient {
             self.limits,
             &self.clock,
         );
-        if let Some((service, steps)) = ran {
+        if let Some(ran) = ran {
             self.tracker
-                .completed((req.app, req.handler), service, steps);
+                .completed((req.app, req.handler), ran.service_ns, ran.steps);
         }
         reply
     }

@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use naam_ebpf::abi::STACK_SIZE;
+use naam_proto::step::InsnMix;
 
 use crate::analysis::{Check, Facts};
 use crate::insn::{AluOp, AtomicOp, Cond, Op, Operand, Width};
@@ -536,7 +537,15 @@ fn helper(ctx: &VmCtx, id: u64) -> Option<HelperFn> {
 /// Runs `code` with `r1`, `r2` and the frame pointer `fp` (the top of the entry frame).
 /// Returns `r0`, or `None` after recording a fault in `ctx.fault`. The count of executed
 /// instructions is left in `ctx.executed`.
-pub fn run(code: &InterpCode, ctx: &mut VmCtx, r1: u64, r2: u64, fp: u64) -> Option<u64> {
+///
+/// `mix` is left with the counts of the classes a cost model prices apart (memory accesses,
+/// helper calls), exact as the total is.
+pub fn run(
+    code: &InterpCode,
+    ctx: &mut VmCtx,
+    mix: &mut InsnMix,
+    (r1, r2, fp): (u64, u64, u64),
+) -> Option<u64> {
     let slots = &code.slots[..];
     // 16 registers so that `& 15` proves every index in bounds; r11..r15 are never used.
     let mut r = [0u64; 16];
@@ -552,11 +561,13 @@ pub fn run(code: &InterpCode, ctx: &mut VmCtx, r1: u64, r2: u64, fp: u64) -> Opt
     let mut fp = fp;
     let mut pc = 0usize;
     let mut executed = 0u64;
+    let (mut memory, mut helpers) = (0u64, 0u64);
     let budget = ctx.budget;
 
     macro_rules! fail {
         ($kind:expr, $addr:expr, $len:expr) => {{
             ctx.executed = executed;
+            *mix = InsnMix { memory, helpers };
             ctx.set_fault($kind, pc as u64, $addr, $len);
             return None;
         }};
@@ -600,6 +611,7 @@ pub fn run(code: &InterpCode, ctx: &mut VmCtx, r1: u64, r2: u64, fp: u64) -> Opt
         macro_rules! check {
             ($addr:expr, $size:expr, $write:expr, $kind:expr) => {{
                 let addr: u64 = $addr;
+                memory += 1;
                 if s.hint != PROVEN && !ctx.allows(s.hint as usize, addr, $size, $write) {
                     fail!($kind, addr, $size);
                 }
@@ -804,12 +816,14 @@ pub fn run(code: &InterpCode, ctx: &mut VmCtx, r1: u64, r2: u64, fp: u64) -> Opt
             K::Ja => goto!(true),
             K::CallHelper | K::CallReg => {
                 let id = if s.k == K::CallHelper { s.imm } else { r[d] };
+                helpers += 1;
                 let Some(f) = helper(ctx, id) else {
                     fail!(fault::UNKNOWN_HELPER, id, 0);
                 };
                 r[0] = f(ctx as *mut VmCtx, r[1], r[2], r[3], r[4], r[5]);
                 if ctx.fault.kind != fault::NONE {
                     ctx.executed = executed;
+                    *mix = InsnMix { memory, helpers };
                     return None;
                 }
             }
@@ -839,6 +853,7 @@ pub fn run(code: &InterpCode, ctx: &mut VmCtx, r1: u64, r2: u64, fp: u64) -> Opt
             K::Exit => {
                 if depth == 0 {
                     ctx.executed = executed;
+                    *mix = InsnMix { memory, helpers };
                     return Some(r[0]);
                 }
                 depth -= 1;

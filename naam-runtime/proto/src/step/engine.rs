@@ -97,6 +97,26 @@ pub struct Invocation<'a> {
     pub resident: bool,
 }
 
+/// Of the instructions a handler executed, those whose cost differs most between processors
+/// (a simulation's cost model prices them apart; the rest are ALU operations and jumps).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InsnMix {
+    /// Loads, stores and atomics.
+    pub memory: u64,
+    /// Helper calls (each also counts as one instruction).
+    pub helpers: u64,
+}
+
+impl InsnMix {
+    /// Both counts of `self` and `other`, added.
+    pub fn plus(self, other: InsnMix) -> InsnMix {
+        InsnMix {
+            memory: self.memory.saturating_add(other.memory),
+            helpers: self.helpers.saturating_add(other.helpers),
+        }
+    }
+}
+
 /// What a finished step left in the engine, borrowed from it until it runs again.
 #[derive(Clone, Copy, Debug)]
 pub struct StepResult<'a> {
@@ -106,6 +126,9 @@ pub struct StepResult<'a> {
     pub ret: Option<Return>,
     /// Instructions executed, where the engine counts them.
     pub insns: Option<u64>,
+    /// Of those, the classes a cost model prices apart, where the engine counts them (the
+    /// interpreter does; the JIT meters the total only).
+    pub mix: Option<InsnMix>,
     /// The reply as the step left it (earlier steps' bytes included).
     pub reply: &'a [u8],
     /// State words for the next step.

@@ -3,7 +3,7 @@
 use bytes::{Bytes, BytesMut};
 use naam_ebpf::abi::{write_kind, Descriptor, Return, WriteOp, ACCESS_MASK, STATE_WORDS};
 
-use super::engine::{Engine, Grant, Invocation, StepFault, StepResult};
+use super::engine::{Engine, Grant, InsnMix, Invocation, StepFault, StepResult};
 use super::error::{FetchError, WriteError};
 use crate::arena::ByteArena;
 use crate::wire::{Descriptors, ReplyView, Request, Status};
@@ -122,6 +122,8 @@ pub struct Outcome {
     pub steps: u16,
     /// Interpreter instructions executed here (0 under the JIT).
     pub insns: u64,
+    /// Of those, the classes an engine counts apart ([`InsnMix`]; zeros under the JIT).
+    pub mix: InsnMix,
     /// Optimistic-read retries taken here.
     pub retries: u16,
     /// Engine runs here: steps, retried steps and a faulted step included.
@@ -140,6 +142,7 @@ impl Outcome {
             payload: Bytes::from(message.into().into_bytes()),
             steps,
             insns: 0,
+            mix: InsnMix::default(),
             retries: 0,
             runs: 0,
             fetch_ns: 0,
@@ -206,6 +209,7 @@ pub struct StepMachine {
     steps: u16,
     retries: u16,
     insns: u64,
+    mix: InsnMix,
     limits: Limits,
     runs: u16,
     fetch_ns: u64,
@@ -247,6 +251,7 @@ impl StepMachine {
             steps: 0,
             retries: 0,
             insns: 0,
+            mix: InsnMix::default(),
             limits: Limits::default(),
             runs: 0,
             fetch_ns: 0,
@@ -286,6 +291,7 @@ impl StepMachine {
         self.steps = start.steps;
         self.retries = 0;
         self.insns = 0;
+        self.mix = InsnMix::default();
         self.limits = limits;
         self.runs = 0;
         self.fetch_ns = 0;
@@ -393,6 +399,7 @@ impl StepMachine {
             payload: self.take_reply(),
             steps: self.steps,
             insns: self.insns,
+            mix: self.mix,
             retries: self.retries,
             runs: self.runs,
             fetch_ns: self.fetch_ns,
@@ -467,6 +474,9 @@ impl StepMachine {
             Err(e) => return self.fail(Status::Fault, e.to_string()),
         };
         self.insns += out.insns.unwrap_or(0);
+        if let Some(mix) = out.mix {
+            self.mix = self.mix.plus(mix);
+        }
         self.steps += 1;
         // A step that asks to be retried saw inconsistent data: whatever it wrote into the
         // reply or the state words is discarded with it.

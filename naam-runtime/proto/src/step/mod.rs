@@ -20,7 +20,7 @@ mod error;
 mod machine;
 mod path;
 
-pub use engine::{Engine, Grant, Invocation, StepFault, StepResult};
+pub use engine::{Engine, Grant, InsnMix, Invocation, StepFault, StepResult};
 pub use error::{resolve_status, FetchError, MemError, ResolveError, WriteError};
 pub use machine::{
     Action, HandlerKind, Limits, MessageStart, Outcome, StepMachine, WriteBatch,

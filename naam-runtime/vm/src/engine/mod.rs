@@ -534,6 +534,8 @@ pub struct Vm {
     resident: Option<(u32, u64, u32)>,
     /// The message whose step [`Vm::begin_steps`] installed: `(app, request id)`.
     begun: Option<(u32, u64)>,
+    /// The last run's instruction classes, when the interpreter ran it.
+    mix: Option<naam_proto::step::InsnMix>,
 }
 
 impl Default for Vm {
@@ -556,6 +558,7 @@ impl Vm {
             entry_is_context: false,
             resident: None,
             begun: None,
+            mix: None,
         };
         let stack_base = vm.vmctx.stack.as_ptr() as u64;
         vm.vmctx.grants[slot::STACK] = GrantSlot::new(stack_base, STACK_BYTES as u64, true);
@@ -733,9 +736,11 @@ impl Vm {
         let r0 = match &exe.code {
             Code::Interp(code) => {
                 let fp = self.stack_top();
-                interp::run(code, &mut self.vmctx, r1, r2, fp)
+                let mix = self.mix.insert(naam_proto::step::InsnMix::default());
+                interp::run(code, &mut self.vmctx, mix, (r1, r2, fp))
             }
             Code::Jit(code) => {
+                self.mix = None;
                 // Compiled code finds the stack in the context itself.
                 let r0 = (code.entry())(&mut *self.vmctx as *mut VmCtx, r1, r2);
                 (self.vmctx.fault.kind == fault::NONE).then_some(r0)
@@ -867,6 +872,7 @@ impl Vm {
             return_code: r0,
             ret: Return::decode(r0),
             insns: Some(self.vmctx.executed),
+            mix: self.mix,
             reply: &c.reply[..c.reply_len as usize],
             state: &c.state,
             next: &c.next[..c.next_count as usize],
