@@ -294,12 +294,16 @@ enum SimCmd {
         /// Virtual milliseconds of warm-up after the load.
         #[arg(long, default_value_t = 10.0)]
         warmup_ms: f64,
-        /// Where reads run: auto (the steering), host or nic.
+        /// Where reads run: auto (the steering), host, nic or client.
         #[arg(long, default_value = "auto")]
         placement: PlacementChoice,
         /// Servers behind the switch, each with its SmartNIC; records spread by key hash.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
         servers: u64,
+        /// The loops report their receive queues' delay to the steering (which the deployment's
+        /// loops do not yet: see RESULTS, "The simulator").
+        #[arg(long)]
+        loop_waits: bool,
         /// Also write the report here.
         #[arg(long)]
         json_out: Option<std::path::PathBuf>,
@@ -410,6 +414,7 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             warmup_ms,
             placement,
             servers,
+            loop_waits,
             json_out,
         } => {
             let bad = |name: &str| {
@@ -470,6 +475,7 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             cfg.measure_ns = measure_ns;
             cfg.warmup_ns = warmup_ns;
             cfg.servers = servers as usize;
+            cfg.loop_waits = loop_waits;
             cfg.pin = match placement {
                 PlacementChoice::Auto => None,
                 PlacementChoice::Fixed(p) => Some(p),

@@ -97,3 +97,47 @@ pub const fn steer_key(app: u32, handler: u32) -> u64 {
 pub const fn picks_nic(id: u64, nic_permille: u32) -> bool {
     ((id.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) % 1000) < nic_permille as u64
 }
+
+/// The XDP program's decision for a NAAM message already in memory, from its first byte
+/// after the fragment header (a sealed envelope) and the count of fragments it travels in:
+/// whether a request goes to the NIC (its `PIN_*` flags, else `nic_permille` of its handler's
+/// steering key, `None` when the map has no entry). Anything but a single-fragment sealed
+/// request stays on its way to the host. For a switch that is not the kernel's (the
+/// simulator's eSwitch); the XDP program checks the same fields at the same offsets.
+pub fn steers_to_nic(
+    message: &[u8],
+    fragments: usize,
+    nic_permille: impl FnOnce(u64) -> Option<u32>,
+) -> bool {
+    let u32_at = |at: usize| {
+        message
+            .get(at..at + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let req = SEAL_HEADER;
+    if fragments != 1
+        || message.get(SEAL_KIND) != Some(&KIND_SEALED)
+        || message.get(req + REQ_KIND) != Some(&KIND_REQUEST)
+    {
+        return false;
+    }
+    let (Some(flags), Some(app), Some(handler), Some(id)) = (
+        message
+            .get(req + REQ_FLAGS..req + REQ_FLAGS + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]])),
+        u32_at(req + REQ_APP),
+        u32_at(req + REQ_HANDLER),
+        message
+            .get(req + REQ_ID..req + REQ_ID + 8)
+            .map(|b| u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])),
+    ) else {
+        return false;
+    };
+    if flags & FLAG_PIN_HOST != 0 {
+        false
+    } else if flags & FLAG_PIN_NIC != 0 {
+        true
+    } else {
+        nic_permille(steer_key(app, handler)).is_some_and(|share| picks_nic(id, share))
+    }
+}

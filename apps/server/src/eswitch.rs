@@ -131,15 +131,10 @@ impl Eswitch {
                 if h.kind != HandlerKind::Read {
                     continue;
                 }
-                let w = cluster.weights(app.id, h.id);
-                let server = w.of(Placement::Nic) + w.of(Placement::Host);
                 let share = match (up, pinned) {
                     (false, _) => 0,
                     (true, Some(p)) => p.min(1000),
-                    (true, None) if server > 0.0 => {
-                        (w.of(Placement::Nic) / server * 1000.0).round() as u32
-                    }
-                    (true, None) => 0,
+                    (true, None) => cluster.weights(app.id, h.id).nic_permille(),
                 };
                 let key = abi::steer_key(app.id, h.id);
                 if maps.installed.get(&key) != Some(&share)

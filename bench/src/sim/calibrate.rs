@@ -503,6 +503,8 @@ dma_reads_per_s = 0.0
 # RDMA engine: the agent's message cost, and no rate beyond its loops'.
 rdma_read_ns = {host_message:.0}
 rdma_reads_per_s = 0.0
+# On loopback no XDP eSwitch is attached: naam-server's loops forward the NIC's share.
+eswitch = false
 # naam-server forwards to naam-nic over loopback: as the link.
 host_hop_ns = {propagation:.0}
 rx_ring = 1024

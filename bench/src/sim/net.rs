@@ -60,6 +60,11 @@ impl Rack {
         }
     }
 
+    /// Frames a message of `len` bytes travels in.
+    pub fn fragments(&self, len: usize) -> usize {
+        len.div_ceil(self.payload_per_frame).max(1)
+    }
+
     /// Frames and wire bytes of a message of `len` bytes.
     fn frames_of(&self, len: usize) -> (u64, u64) {
         let frames = len.div_ceil(self.payload_per_frame).max(1);

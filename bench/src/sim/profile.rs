@@ -119,6 +119,11 @@ pub struct NicProfile {
     pub rdma_read_ns: u64,
     /// One-sided READs the card answers per second; 0: no limit.
     pub rdma_reads_per_s: f64,
+    /// The card's eSwitch steers requests to the Arm cores by the steering weights before
+    /// the host's loops see them (naam's XDP eSwitch, or the card's flow rules); `false`:
+    /// every request reaches the host's loops, which forward the NIC's share (naam-server's
+    /// user-space switch).
+    pub eswitch: bool,
     /// Nanoseconds a message between the host's cores and the Arm cores takes (through the
     /// eSwitch and PCIe, never the rack's links).
     pub host_hop_ns: u64,

@@ -79,6 +79,10 @@ pub struct SimConfig {
     /// Servers behind the switch, each with its SmartNIC; every client has a session with
     /// each, and a record lives on the server its key's hash names.
     pub servers: usize,
+    /// The loops report what each message waited in their receive ring to the steering
+    /// ([`naam_runtime::cluster::HereRunner::received`]). The deployment's loops do not yet (a
+    /// socket hides its queue), so by default neither do the simulation's.
+    pub loop_waits: bool,
 }
 
 /// A window of host congestion ([`SimConfig::congestion`]).
@@ -123,6 +127,7 @@ impl SimConfig {
             congestion: None,
             bucket_ns: None,
             servers: 1,
+            loop_waits: false,
         }
     }
 }
@@ -299,7 +304,8 @@ struct Wake {
 /// A core with its receive queue, and the timer its endpoint asked for.
 struct Core<E> {
     endpoint: E,
-    queue: VecDeque<(SocketAddr, Bytes)>,
+    /// Messages in the receive ring, with when each arrived.
+    queue: VecDeque<(SocketAddr, Bytes, Nanos)>,
     busy: bool,
     /// What the message being served sends, when it is done.
     outbox: Vec<Transmit>,
@@ -326,11 +332,11 @@ impl<E> Core<E> {
 
     /// Puts a message in the receive ring, which holds `ring`: whether the core is idle (to be
     /// started), or `None` when the ring was full and the message is dropped.
-    fn take_in(&mut self, ring: usize, from: SocketAddr, msg: Bytes) -> Option<bool> {
+    fn take_in(&mut self, ring: usize, from: SocketAddr, msg: Bytes, now: Nanos) -> Option<bool> {
         if self.queue.len() >= ring {
             return None;
         }
-        self.queue.push_back((from, msg));
+        self.queue.push_back((from, msg, now));
         Some(!self.busy)
     }
 }
@@ -430,6 +436,9 @@ struct World {
     cpu_waiting: VecDeque<Node>,
     /// Each server's card's RDMA engine (one-sided READs of the Client placement).
     rdma: Vec<EngineQueue>,
+    /// Each server's eSwitch map: the NIC's share (per mille) of each read handler, by
+    /// steering key, as naam-server writes it from the weights every steering period.
+    eswitch: Vec<std::collections::HashMap<u64, u32>>,
     /// One-sided READs the clients made, and READs whose frame was lost (and re-sent).
     one_sided_reads: u64,
     lost_reads: u64,
@@ -712,6 +721,7 @@ impl World {
                 .collect(),
             one_sided_reads: 0,
             lost_reads: 0,
+            eswitch: vec![Default::default(); cfg.servers],
         })
     }
 
@@ -881,7 +891,7 @@ impl World {
                 }
                 Node::Host(i) => {
                     let ring = self.cfg.profile.host.rx_ring;
-                    match self.hosts[i].take_in(ring, from, msg) {
+                    match self.hosts[i].take_in(ring, from, msg, now) {
                         None => self.rx_drops += 1,
                         Some(idle) if idle => self.serve(to, now),
                         Some(_) => {}
@@ -889,7 +899,7 @@ impl World {
                 }
                 Node::Nic(i) => {
                     let ring = self.cfg.profile.nic.rx_ring;
-                    match self.nics[i].take_in(ring, from, msg) {
+                    match self.nics[i].take_in(ring, from, msg, now) {
                         None => self.rx_drops += 1,
                         Some(idle) if idle => self.serve(to, now),
                         Some(_) => {}
@@ -978,6 +988,9 @@ impl World {
             Event::Steer => {
                 for c in &self.host_clusters {
                     c.steer();
+                }
+                if self.cfg.profile.nic.eswitch {
+                    self.sync_eswitch();
                 }
                 // The clusters log their own shifts (RUST_LOG=naam_runtime=debug).
                 self.agenda
@@ -1088,13 +1101,21 @@ impl World {
     /// endpoint, or a client's send.
     fn start(&mut self, node: Node, now: Nanos) {
         let p = &self.cfg.profile;
+        let loop_waits = self.cfg.loop_waits;
         let measuring = self.measuring(now);
         let cost = match node {
             Node::Host(i) => {
                 let c = &mut self.hosts[i];
-                let Some((from, msg)) = c.queue.pop_front() else {
+                let Some((from, msg, arrived)) = c.queue.pop_front() else {
                     return;
                 };
+                // What it waited in the ring is the loop's queueing, for the steering.
+                if loop_waits {
+                    c.endpoint
+                        .backend_mut()
+                        .runner
+                        .received(now.saturating_sub(arrived));
+                }
                 c.endpoint.handle(now, from, msg);
                 c.endpoint.run(usize::MAX);
                 let cost =
@@ -1111,9 +1132,15 @@ impl World {
             }
             Node::Nic(i) => {
                 let c = &mut self.nics[i];
-                let Some((from, msg)) = c.queue.pop_front() else {
+                let Some((from, msg, arrived)) = c.queue.pop_front() else {
                     return;
                 };
+                if loop_waits {
+                    c.endpoint
+                        .backend_mut()
+                        .runner
+                        .received(now.saturating_sub(arrived));
+                }
                 c.endpoint.handle(now, from, msg);
                 let cost =
                     p.nic.per_message_ns + std::mem::take(&mut c.endpoint.backend_mut().busy_ns);
@@ -1160,8 +1187,22 @@ impl World {
         let hop = self.cfg.profile.nic.host_hop_ns;
         let (host_cores, nic_cores) = (self.cfg.profile.host.cores, self.cfg.profile.nic.cores);
         let to = if let Some(s) = self.server_addrs.iter().position(|&a| a == t.to) {
-            let i = shard::loop_of_route(route, host_cores).unwrap_or(0);
-            Node::Host(s * host_cores + i)
+            let nic_share = |key: u64| self.eswitch[s].get(&key).copied();
+            let to_nic = matches!(node, Node::Client(_))
+                && self.cfg.profile.nic.eswitch
+                && naam_ebpf::eswitch::steers_to_nic(
+                    &msg,
+                    self.rack.fragments(msg.len()),
+                    nic_share,
+                );
+            if to_nic {
+                // The card's eSwitch takes it to the Arm core that serves its session.
+                let i = shard::loop_of_route(route, nic_cores).unwrap_or(0);
+                Node::Nic(s * nic_cores + i)
+            } else {
+                let i = shard::loop_of_route(route, host_cores).unwrap_or(0);
+                Node::Host(s * host_cores + i)
+            }
         } else if let Some(s) = self.nic_addrs.iter().position(|&a| a == t.to) {
             let i = shard::loop_of_route(route, nic_cores).unwrap_or(0);
             Node::Nic(s * nic_cores + i)
@@ -1192,6 +1233,29 @@ impl World {
         };
         if let Some(at) = at {
             self.agenda.at(at, Event::Arrive { to, from, msg });
+        }
+    }
+
+    /// Writes every server's eSwitch map from its steering weights, as naam-server's eSwitch
+    /// sync does (`Weights::nic_permille`; 0 while its NIC is down).
+    fn sync_eswitch(&mut self) {
+        for (s, cluster) in self.host_clusters.iter().enumerate() {
+            let up = cluster.remote_nic_up();
+            let map = &mut self.eswitch[s];
+            map.clear();
+            for app in cluster.registry().apps() {
+                for h in app.handlers.values() {
+                    if h.kind != HandlerKind::Read {
+                        continue;
+                    }
+                    let share = if up {
+                        cluster.weights(app.id, h.id).nic_permille()
+                    } else {
+                        0
+                    };
+                    map.insert(naam_ebpf::eswitch::steer_key(app.id, h.id), share);
+                }
+            }
         }
     }
 

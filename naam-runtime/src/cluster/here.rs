@@ -22,6 +22,11 @@ pub(super) struct LocalLoad {
     /// Per handler since the last flush: completions, service time and steps summed.
     handlers: Vec<(HandlerKey, u64, u64, u64)>,
     busy_ns: u64,
+    /// Messages taken in since the last flush, and the time they waited in the receive queue
+    /// (arrival to start) summed: a run-to-completion loop's queue, which no executor's
+    /// queue shows.
+    received: u64,
+    waited_ns: u64,
     flushed_at: Nanos,
     /// The report a flush hands over, kept so that its vector is allocated once.
     report: RemoteLoad,
@@ -33,6 +38,8 @@ impl LocalLoad {
             placement,
             handlers: Vec::new(),
             busy_ns: 0,
+            received: 0,
+            waited_ns: 0,
             flushed_at: now,
             report: RemoteLoad::default(),
         }
@@ -66,6 +73,13 @@ impl LocalLoad {
     /// handler, the busy time, and every app's steps against its budget.
     pub(super) fn flush(&mut self, inner: &Inner, now: Nanos) {
         self.flushed_at = now;
+        if self.received > 0 {
+            let mean = self.waited_ns as f64 / self.received as f64;
+            inner
+                .lock_tracker(self.placement)
+                .received(mean, self.received);
+            (self.received, self.waited_ns) = (0, 0);
+        }
         if self.handlers.is_empty() {
             return;
         }
@@ -197,6 +211,16 @@ impl HereRunner {
         };
         write_reply_for(out, req, c, self.placement, load);
         Ran::Answered
+    }
+
+    /// A message this runner's loop takes in waited `waited_ns` in its receive queue, from
+    /// its arrival (or the receive that brought it) to now: the queueing a run-to-completion
+    /// loop's messages see, which the steering weighs as an executor queue's delay (without
+    /// it, a loop saturated by protocol work looks idle to the controller, which counts
+    /// handler time).
+    pub fn received(&mut self, waited_ns: Nanos) {
+        self.local.received += 1;
+        self.local.waited_ns = self.local.waited_ns.saturating_add(waited_ns);
     }
 
     /// Hands what this runner measured to the cluster now (its loop goes idle, or stops).

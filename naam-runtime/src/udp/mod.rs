@@ -109,6 +109,43 @@ mod tests {
         );
     }
 
+    /// The eSwitch's decision over a message in memory (the simulator's switch) reads what the
+    /// encoders wrote: pins first, then the handler's share; other messages stay with the host.
+    #[test]
+    fn the_eswitch_decision_reads_sealed_requests() {
+        let key = naam_proto::session::SessionKey::new(9, 1, [5; 32]);
+        let sealed = |flags: u16, id: u64| {
+            let mut req = Request::new(3, 4, id, Bytes::from_static(b"a"), Descriptors::default());
+            req.flags = flags;
+            key.seal(
+                naam_proto::session::Sender::Client,
+                1,
+                &req.to_bytes().unwrap(),
+            )
+        };
+        let all = |_: u64| Some(1000);
+        assert!(abi::steers_to_nic(&sealed(flags::PIN_NIC, 1), 1, |_| None));
+        assert!(!abi::steers_to_nic(&sealed(flags::PIN_HOST, 1), 1, all));
+        assert!(abi::steers_to_nic(&sealed(0, 1), 1, |k| {
+            assert_eq!(k, abi::steer_key(3, 4));
+            Some(1000)
+        }));
+        assert!(!abi::steers_to_nic(&sealed(0, 1), 1, |_| None));
+        assert!(!abi::steers_to_nic(&sealed(0, 1), 2, all), "fragmented");
+        let msg = sealed(0, 1);
+        assert!(
+            !abi::steers_to_nic(&msg[..abi::SEAL_HEADER + 3], 1, all),
+            "cut short"
+        );
+        let mut other = msg.to_vec();
+        other[abi::SEAL_HEADER + abi::REQ_KIND] = abi::KIND_REQUEST + 1;
+        assert!(!abi::steers_to_nic(&other, 1, all), "not a request");
+        let half = (0..1000u64)
+            .filter(|&id| abi::steers_to_nic(&sealed(0, id), 1, |_| Some(500)))
+            .count();
+        assert!((400..600).contains(&half), "{half}");
+    }
+
     #[test]
     fn the_eswitch_share_is_followed() {
         for permille in [0u32, 1, 100, 500, 999, 1000] {

@@ -184,6 +184,19 @@ impl Weights {
         self.0[p.index()]
     }
 
+    /// The NIC's share of what the server's placements take (host and NIC), per mille: what
+    /// an eSwitch ahead of the host steers to the NIC (0 when the server takes nothing).
+    pub fn nic_permille(&self) -> u32 {
+        let server = self.of(Placement::Nic) + self.of(Placement::Host);
+        if server > 0.0 && server.is_finite() {
+            (self.of(Placement::Nic) / server * 1000.0)
+                .round()
+                .clamp(0.0, 1000.0) as u32
+        } else {
+            0
+        }
+    }
+
     /// The placement with the largest weight.
     pub fn major(&self) -> Placement {
         let mut best = Placement::Host;
@@ -202,6 +215,14 @@ mod tests {
     use super::*;
 
     const KEY: HandlerKey = (1, 2);
+
+    #[test]
+    fn the_nic_share_is_of_the_servers_placements_only() {
+        assert_eq!(Weights([0.5, 0.25, 0.25]).nic_permille(), 500);
+        assert_eq!(Weights::all(Placement::Client).nic_permille(), 0);
+        assert_eq!(Weights::all(Placement::Nic).nic_permille(), 1000);
+        assert_eq!(Weights([0.0, f64::NAN, 1.0]).nic_permille(), 0);
+    }
 
     fn inputs(host_delay: f64, nic_delay: f64) -> SteeringInputs {
         let up = |d| PlacementLoad {

@@ -42,6 +42,18 @@ impl LoadTracker {
         self.depth = depth;
     }
 
+    /// A run-to-completion loop took in `count` messages that waited `mean_ns` on average in
+    /// its receive queue: taken as a dequeue from an executor's queue would be (one sample of
+    /// their mean, clipped as [`LoadTracker::dequeued`] clips).
+    pub fn received(&mut self, mean_ns: f64, count: u64) {
+        if count == 0 || !mean_ns.is_finite() {
+            return;
+        }
+        let cap = self.queue_delay.get().unwrap_or(0.0).max(1_000.0) * Ewma::CLIP;
+        self.queue_delay.add(mean_ns.max(0.0).min(cap));
+        self.dequeues += count;
+    }
+
     /// A message of `key` finished after `service` nanoseconds of executor time and `steps`.
     pub fn completed(&mut self, key: HandlerKey, service: Nanos, steps: u16) {
         self.busy_ns += service;
