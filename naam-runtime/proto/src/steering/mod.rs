@@ -273,6 +273,37 @@ mod tests {
         );
     }
 
+    /// Offered more than either placement carries alone (1.5 times each one's capacity), a
+    /// policy that moves all traffic to the cheaper side flips for ever: the side it fills
+    /// queues, the one it left looks idle. The split settles where both carry their part.
+    #[test]
+    fn load_beyond_either_placement_is_split_between_them() {
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        let h = HandlerLoad {
+            service_ns: [None, Some(1_000.0), Some(1_000.0)],
+            ..handler()
+        };
+        let offered = 1.5;
+        // Queueing delay at a load of `rho` of a placement's capacity (M/M/1, saturating).
+        let delay = |rho: f64| 1_000.0 * (rho / (1.0 - rho.min(0.99))).min(200.0);
+        let mut w = Weights::all(Placement::Host);
+        let mut host = Vec::new();
+        for i in 0..400u64 {
+            let mut inp = inputs(
+                delay(offered * w.of(Placement::Host)),
+                delay(offered * w.of(Placement::Nic)),
+            );
+            inp.placements[0].available = false;
+            w = p.decide(KEY, &h, &inp, i);
+            host.push(w.of(Placement::Host));
+        }
+        let settled = &host[300..];
+        for &x in settled {
+            // Both below their capacity: each carries between a third and two thirds.
+            assert!((0.34..0.66).contains(&x), "host share {x} of {settled:?}");
+        }
+    }
+
     #[test]
     fn does_not_flap_under_noise() {
         let mut p = CostPolicy::new(CostPolicyConfig::default());

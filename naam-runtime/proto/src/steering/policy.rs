@@ -104,18 +104,71 @@ const OWNER_MARGIN: f64 = 1.0;
 pub(super) const OWNER_CONFIRM: u32 = 5;
 const OWNER_MIN_GAIN_NS: f64 = 50_000.0;
 
+/// Smallest fraction of the slower placement's share one decision moves: where two
+/// placements' completion times cross over and over (both loaded past what either carries
+/// alone), the moves shrink to this.
+const MIN_STEP: f64 = 1.0 / 64.0;
+
+/// What a move in the direction of the last one multiplies the step by: less than a
+/// reversal divides it (2), so that a split that keeps crossing over settles.
+const STEP_GROWTH: f64 = 1.5;
+
+/// A handler's split between placements, and how it last moved.
 #[derive(Clone, Copy, Debug)]
-struct Incumbent {
-    placement: Placement,
-    challenger: Option<Placement>,
+struct Split {
+    /// The share of each placement before probes ([`Placement::index`] order; sums to 1).
+    share: [f64; 3],
+    /// The challenger of the last decision (the placement cheaper by the margin than the
+    /// dearest one still carrying traffic), and for how many decisions in a row it was.
+    challenger: Option<(Placement, Placement)>,
     streak: u32,
+    /// The last move (from, to) and the fraction of `from`'s share the next move takes:
+    /// grown while moves go the same way, halved when one reverses the last (the split
+    /// then settles where the placements' completion times meet, instead of flipping all
+    /// traffic back and forth each time the side it left looks cheaper).
+    last: Option<(Placement, Placement)>,
+    step: f64,
 }
 
-/// Minimises expected completion time, with hysteresis and probes.
+impl Split {
+    fn all(p: Placement) -> Split {
+        Split {
+            share: Weights::all(p).0,
+            challenger: None,
+            streak: 0,
+            last: None,
+            step: 1.0,
+        }
+    }
+
+    /// Moves the step's fraction of `from`'s share to `to`.
+    fn shift(&mut self, from: Placement, to: Placement) {
+        self.step = match self.last {
+            Some(l) if l == (to, from) => (self.step / 2.0).max(MIN_STEP),
+            Some(l) if l == (from, to) => (self.step * STEP_GROWTH).min(1.0),
+            _ => self.step,
+        };
+        let moved = self.share[from.index()] * self.step;
+        // A remainder below the smallest step goes whole: a share does not dwindle forever.
+        let moved = if self.share[from.index()] - moved < MIN_STEP / 4.0 {
+            self.share[from.index()]
+        } else {
+            moved
+        };
+        self.share[from.index()] -= moved;
+        self.share[to.index()] += moved;
+        self.last = Some((from, to));
+    }
+}
+
+/// Minimises expected completion time, with hysteresis and probes: traffic moves from the
+/// dearest placement that carries some to the cheapest once the cheapest has been cheaper by
+/// the margin for `confirm` decisions, all of it at first, and by halved steps each time the
+/// direction reverses (two placements that are both loaded share the load).
 #[derive(Debug, Default)]
 pub struct CostPolicy {
     config: CostPolicyConfig,
-    state: HashMap<HandlerKey, Incumbent>,
+    state: HashMap<HandlerKey, Split>,
     owners: HashMap<u32, (Placement, u32)>,
 }
 
@@ -266,56 +319,63 @@ impl Policy for CostPolicy {
             return Weights::all(Placement::Host);
         };
         let cfg = self.config;
-        let inc = self.state.entry(key).or_insert(Incumbent {
-            placement: best,
-            challenger: None,
-            streak: 0,
-        });
-        match ect[inc.placement.index()] {
-            // The incumbent became unusable: move at once.
-            None => {
-                *inc = Incumbent {
-                    placement: best,
-                    challenger: None,
-                    streak: 0,
-                }
-            }
-            Some(inc_t) if best != inc.placement && best_t * (1.0 + cfg.margin) < inc_t => {
-                if inc.challenger == Some(best) {
-                    inc.streak += 1;
-                } else {
-                    inc.challenger = Some(best);
-                    inc.streak = 1;
-                }
-                if inc.streak >= cfg.confirm {
-                    *inc = Incumbent {
-                        placement: best,
-                        challenger: None,
-                        streak: 0,
-                    };
-                }
-            }
-            Some(_) => {
-                inc.challenger = None;
-                inc.streak = 0;
+        let split = self.state.entry(key).or_insert(Split::all(best));
+        // A placement that became unusable gives its share to the cheapest at once.
+        for p in Placement::ALL {
+            if ect[p.index()].is_none() && split.share[p.index()] > 0.0 {
+                let s = split.share[p.index()];
+                split.share[p.index()] = 0.0;
+                split.share[best.index()] += s;
             }
         }
-        let mut w = [0.0; 3];
-        let others: Vec<Placement> = Placement::ALL
+        // The dearest placement that still carries traffic is the one to relieve.
+        let dearest = Placement::ALL
             .into_iter()
-            .filter(|&p| p != inc.placement && ect[p.index()].is_some())
+            .filter(|&p| split.share[p.index()] > 0.0)
+            .filter_map(|p| ect[p.index()].map(|t| (p, t)))
+            .max_by(|a, b| a.1.total_cmp(&b.1));
+        match dearest {
+            Some((from, from_t)) if from != best && best_t * (1.0 + cfg.margin) < from_t => {
+                if split.challenger == Some((from, best)) {
+                    split.streak += 1;
+                } else {
+                    split.challenger = Some((from, best));
+                    split.streak = 1;
+                }
+                if split.streak >= cfg.confirm {
+                    split.shift(from, best);
+                    // The next move waits until the signals have shown this one's effect.
+                    split.streak = 0;
+                }
+            }
+            _ => {
+                split.challenger = None;
+                split.streak = 0;
+            }
+        }
+        let usable: Vec<Placement> = Placement::ALL
+            .into_iter()
+            .filter(|&p| ect[p.index()].is_some())
             .collect();
         let probe = if inputs.total_rate > 0.0 {
             (cfg.probes_per_second / inputs.total_rate).clamp(cfg.min_probe, cfg.probe)
         } else {
             cfg.probe
         };
-        let mut probes = 0.0;
-        for &p in &others {
-            w[p.index()] = probe;
-            probes += probe;
+        // Every usable placement keeps a probe's share, so its signals stay fresh; the rest
+        // follows the split.
+        let probes = probe * usable.len().saturating_sub(1) as f64;
+        let mut w = [0.0; 3];
+        for &p in &usable {
+            let share = split.share[p.index()];
+            w[p.index()] = share * (1.0 - probes - probe) + probe;
         }
-        w[inc.placement.index()] = 1.0 - probes;
+        let sum: f64 = w.iter().sum();
+        if sum > 0.0 {
+            for x in &mut w {
+                *x /= sum;
+            }
+        }
         Weights(w)
     }
 }
