@@ -37,7 +37,7 @@ pub struct AuthCostConfig {
 
 /// MICA sized for `records` as app 1 of tenant `mica`, on loopback with datagram
 /// authentication `auth`.
-fn start(
+pub(crate) fn start(
     shm: PathBuf,
     records: u64,
     built: &(Arc<naam_runtime::vm::LoadedObject>, Vec<u8>),

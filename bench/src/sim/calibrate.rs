@@ -62,6 +62,12 @@ pub struct Calibration {
     pub loopback_rtt_ns: f64,
     /// The same with both threads sleeping in their receives (two wake-ups more).
     pub sleeping_rtt_ns: f64,
+    /// One poll of an idle loop: a receive that finds nothing and a `sched_yield`.
+    pub poll_yield_ns: f64,
+    /// One YCSB-C read at a time through the whole stack: the YCSB driver and MICA's client
+    /// library over `UdpClient`, naam-server's receive loops and naam-nic's (in this process,
+    /// on threads, over loopback UDP), nanoseconds per operation.
+    pub stack_read_ns: f64,
     /// The server endpoint's cost per request (open, decode, dispatch, seal the reply).
     pub server_endpoint_ns: f64,
     /// The client endpoint's cost per request (seal, send; take the reply in, open it).
@@ -97,6 +103,8 @@ pub fn measure(quick: bool) -> anyhow::Result<Calibration> {
     let loopback_rtt_ns = loopback_rtt(500 * scale)?;
     let sleeping_rtt_ns = loopback_rtt_sleeping(500 * scale)?;
     let (client_endpoint_ns, server_endpoint_ns) = endpoints(1_000 * scale)?;
+    let poll_yield_ns = poll_yield(5_000 * scale)?;
+    let stack_read_ns = stack_read(2_000 * scale)?;
     Ok(Calibration {
         ns_per_insn,
         get_insns,
@@ -108,6 +116,8 @@ pub fn measure(quick: bool) -> anyhow::Result<Calibration> {
         udp_record_ns,
         loopback_rtt_ns,
         sleeping_rtt_ns,
+        poll_yield_ns,
+        stack_read_ns,
         server_endpoint_ns,
         client_endpoint_ns,
         host_loops: naam_runtime::udp::default_receive_loops(),
@@ -235,6 +245,60 @@ fn loopback_rtt_sleeping(n: u64) -> anyhow::Result<f64> {
         Some(e) => Err(e.into()),
         None => Ok(ns),
     }
+}
+
+/// YCSB-C, one client thread, one read at a time, through an in-process deployment over
+/// loopback UDP (naam-server's and naam-nic's drivers on threads, as `auth-cost` runs them):
+/// nanoseconds per read, the YCSB driver's own work included.
+fn stack_read(ops: u64) -> anyhow::Result<f64> {
+    use crate::driver::{run_udp_with, PlacementChoice, YcsbConfig};
+    let records = 10_000;
+    let loaded = naam_mica::handlers().context("loading MICA's embedded handlers")?;
+    let built = (Arc::new(loaded), naam_mica::HANDLERS_OBJECT.to_vec());
+    let tenant = Credential::generate(&naam_runtime::entropy::os())?;
+    let shm = crate::deployment::shm_dir(&format!("naam-calibrate-{}", std::process::id()));
+    let d = crate::auth_cost::start(
+        shm,
+        records,
+        &built,
+        &tenant,
+        naam_runtime::proto::session::Authentication::On,
+    )?;
+    let cfg = YcsbConfig {
+        app: crate::driver::App::Mica,
+        workload: crate::ycsb::Workload::core('c').context("workload c")?,
+        records,
+        ops,
+        threads: 1,
+        pipeline: 1,
+        placement: PlacementChoice::Auto,
+        shape: RecordShape::default(),
+        seed: 7,
+        executors: (1, 1),
+        fabric: "udp".into(),
+        server: Some(d.server),
+        run: Default::default(),
+    };
+    let r = run_udp_with(&cfg, d.client_config(), &|_, _| {});
+    d.stop();
+    let r = r?;
+    anyhow::ensure!(
+        r.throughput > 0.0,
+        "the stack's read loop completed nothing"
+    );
+    Ok(1e9 / r.throughput)
+}
+
+/// One poll of an idle receive loop: a non-blocking receive on a socket with nothing in it,
+/// then yielding the processor (what naam's pollers do while they wait).
+fn poll_yield(n: u64) -> anyhow::Result<f64> {
+    let s = UdpSocket::bind("127.0.0.1:0")?;
+    s.set_nonblocking(true)?;
+    let mut buf = [0u8; 64];
+    Ok(timed(n, |_| {
+        let _ = std::hint::black_box(s.recv_from(&mut buf));
+        std::thread::yield_now();
+    }))
 }
 
 /// A small datagram's round trip to an echoing thread, both sides polling (as naam's loops
@@ -440,8 +504,14 @@ fn endpoints(n: u64) -> anyhow::Result<(f64, f64)> {
 /// The `this-machine` profile of `c`, as TOML, each constant saying how it was measured.
 pub fn profile_text(c: &Calibration, when: &str) -> String {
     let nic = NicModel::default();
-    let host_message = c.server_endpoint_ns + c.udp_record_ns;
-    let client_message = c.client_endpoint_ns + c.udp_record_ns;
+    // What the whole stack's read takes beyond the parts measured apart (the endpoints, two
+    // record-sized datagrams, the handler): the drivers' own work (UdpClient, MICA's client
+    // library, the YCSB driver, naam-server's receive loop), split evenly between the
+    // client and the server (not attributed apart).
+    let parts = c.server_endpoint_ns + c.client_endpoint_ns + 2.0 * c.udp_record_ns + c.get_ns;
+    let drivers = ((c.stack_read_ns - parts) / 2.0).max(0.0);
+    let host_message = c.server_endpoint_ns + c.udp_record_ns + drivers;
+    let client_message = c.client_endpoint_ns + c.udp_record_ns + drivers;
     let propagation = ((c.loopback_rtt_ns - 2.0 * c.udp_small_ns) / 2.0).max(0.0);
     let gbps = 8.0 * 1_000.0 / c.ps_per_byte.max(1.0);
     let wakeup = ((c.sleeping_rtt_ns - c.loopback_rtt_ns) / 2.0).max(0.0);
@@ -473,8 +543,10 @@ ns_per_insn = {ns_per_insn:.3}
 # Not measured apart: loads, stores and helper calls are in the operations' cost above.
 ns_per_memory_insn = {ns_per_insn:.3}
 ns_per_helper = 0.0
-# The server endpoint per request ({server:.0} ns: open, decode, dispatch, seal a 1 KB reply)
-# and one record-sized datagram sent and received through the kernel ({record:.0} ns).
+# The server endpoint per request ({server:.0} ns: open, decode, dispatch, seal a 1 KB reply),
+# one record-sized datagram sent and received through the kernel ({record:.0} ns), and half
+# of what a YCSB-C read through the whole stack ({stack:.0} ns, one at a time) takes beyond
+# those parts, the handler and the client's ({drivers:.0} ns: the drivers' own work).
 per_message_ns = {host_message:.0}
 ps_per_byte = {ps:.0}
 # Included in the measured instruction cost.
@@ -513,7 +585,8 @@ spin_ns = 0
 wakeup_ns = {wakeup:.0}
 
 [client]
-# The client endpoint per request ({client:.0} ns) and one datagram ({record:.0} ns).
+# The client endpoint per request ({client:.0} ns), one datagram ({record:.0} ns) and the
+# other half of the drivers' own work ({drivers:.0} ns).
 per_message_ns = {client_message:.0}
 # The client runs handlers on the host's processors: their instruction cost.
 ns_per_insn = {ns_per_insn:.3}
@@ -531,8 +604,14 @@ report_every_ns = 1000000
 
 [machine]
 shared_cpus = {cpus}
+# A poller gives its processor to a thread with work after one poll: a receive that finds
+# nothing and a sched_yield ({poll_yield:.0} ns measured).
+yield_ns = {poll_yield:.0}
 "#,
         cpus = c.cpus,
+        poll_yield = c.poll_yield_ns,
+        stack = c.stack_read_ns,
+        drivers = drivers,
         ps = c.ps_per_byte,
         rtt = c.loopback_rtt_ns,
         sleeping = c.sleeping_rtt_ns,

@@ -177,6 +177,11 @@ pub struct MachineProfile {
     /// `n` processors (this-machine: naam-server, naam-nic and the YCSB client on one VM), each
     /// piece of work waiting for a free one; `None`: every core is its own (the rack).
     pub shared_cpus: Option<usize>,
+    /// With shared processors, what a polling thread takes to give its processor to one with
+    /// work: one poll (a receive that finds nothing) and a `sched_yield`, nanoseconds. A
+    /// poller holds its processor until then.
+    #[serde(default)]
+    pub yield_ns: u64,
 }
 
 /// A whole profile.

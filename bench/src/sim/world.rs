@@ -234,6 +234,8 @@ enum Event {
     Woken(Node),
     /// A core (or client) stops polling, if this is still its current spin.
     SpinEnd(Node, u64),
+    /// A poller's processor, yielded, goes to the core waiting longest.
+    Yielded,
     /// Client `.0`'s read `.1`, run at the Client placement, posts its next one-sided READ
     /// (or ends, when it has none left).
     ReadStep(usize, u64),
@@ -299,6 +301,44 @@ struct Wake {
     waking: bool,
     /// Awake (just woken, or waiting for a processor): the next start needs no wake-up.
     awake: bool,
+    /// Polling on a processor it holds (shared processors): its next work starts at once,
+    /// and whoever else needs a processor takes this one once the poller yields.
+    holds_cpu: bool,
+    /// How long it polls before it sleeps: the deployment's own adaptive poller (three times
+    /// the recent gap between its work and the next datagram, up to the profile's
+    /// `spin_ns`); `None`: it never polls.
+    poller: Option<naam_runtime::udp::Poller>,
+    /// In its receive (between finishing its work and the next datagram or timeout).
+    receiving: bool,
+}
+
+impl Wake {
+    /// The wake state of a node that polls at most `spin_ns` (never, at 0).
+    fn polling_up_to(spin_ns: Nanos) -> Wake {
+        Wake {
+            poller: (spin_ns > 0)
+                .then(|| naam_runtime::udp::Poller::new(std::time::Duration::from_nanos(spin_ns))),
+            ..Wake::default()
+        }
+    }
+
+    /// It finished its work at `now` and goes back to its receive: how long it polls.
+    fn idle(&mut self, now: Nanos) -> Nanos {
+        self.receiving = true;
+        self.poller.as_mut().map_or(0, |p| {
+            p.served(now);
+            p.spin().as_nanos() as Nanos
+        })
+    }
+
+    /// Its receive returned at `now`, with a datagram (`got`) or at a timeout.
+    fn returned(&mut self, now: Nanos, got: bool) {
+        if std::mem::take(&mut self.receiving) {
+            if let Some(p) = &mut self.poller {
+                p.arrived(now, got);
+            }
+        }
+    }
 }
 
 /// A core with its receive queue, and the timer its endpoint asked for.
@@ -317,7 +357,7 @@ struct Core<E> {
 }
 
 impl<E> Core<E> {
-    fn new(endpoint: E) -> Core<E> {
+    fn new(endpoint: E, wake: Wake) -> Core<E> {
         Core {
             endpoint,
             queue: VecDeque::new(),
@@ -326,7 +366,7 @@ impl<E> Core<E> {
             timer: (None, 0),
             busy_ns: 0,
             messages: 0,
-            wake: Wake::default(),
+            wake,
         }
     }
 
@@ -434,6 +474,10 @@ struct World {
     /// Shared processors free, and the cores waiting for one, in order.
     free_cpus: Option<usize>,
     cpu_waiting: VecDeque<Node>,
+    /// Pollers holding a processor, in the order they began to poll, and how many of them
+    /// are yielding theirs to a waiting core right now.
+    cpu_pollers: VecDeque<Node>,
+    yielding: usize,
     /// Each server's card's RDMA engine (one-sided READs of the Client placement).
     rdma: Vec<EngineQueue>,
     /// Each server's eSwitch map: the NIC's share (per mille) of each read handler, by
@@ -612,7 +656,7 @@ impl World {
                 };
                 let ep = ServerEndpoint::new(config, backend, cookies.clone(), 0)
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
-                hosts.push(Core::new(ep));
+                hosts.push(Core::new(ep, Wake::polling_up_to(p.host.spin_ns)));
             }
             let mut nic_config =
                 NicConfig::new(server_addr, nic_addr, pairing.clone(), entropy.fork()?);
@@ -626,9 +670,14 @@ impl World {
             };
             let first = NicEndpoint::new(nic_config, sim_nic(), &nic_manifest, 0);
             let others: Vec<_> = (1..p.nic.cores)
-                .map(|_| Core::new(first.another_loop(sim_nic())))
+                .map(|_| {
+                    Core::new(
+                        first.another_loop(sim_nic()),
+                        Wake::polling_up_to(p.nic.spin_ns),
+                    )
+                })
                 .collect();
-            nics.push(Core::new(first));
+            nics.push(Core::new(first, Wake::polling_up_to(p.nic.spin_ns)));
             nics.extend(others);
             server_addrs.push(server_addr);
             nic_addrs.push(nic_addr);
@@ -678,7 +727,7 @@ impl World {
                 issue_armed: None,
                 sending: VecDeque::new(),
                 send_busy: false,
-                wake: Wake::default(),
+                wake: Wake::polling_up_to(p.client.spin_ns),
                 inbox: Vec::new(),
                 spin_until: 0,
                 timer: (None, 0),
@@ -716,6 +765,8 @@ impl World {
             timeline: Vec::new(),
             free_cpus: cfg.profile.machine.shared_cpus,
             cpu_waiting: VecDeque::new(),
+            cpu_pollers: VecDeque::new(),
+            yielding: 0,
             rdma: (0..cfg.servers)
                 .map(|_| EngineQueue::new(p.nic.rdma_reads_per_s))
                 .collect(),
@@ -877,6 +928,7 @@ impl World {
                         now <= c.spin_until
                     };
                     if polling || wakeup == 0 {
+                        c.wake.returned(now, true);
                         if let Some(s) = self.server_of_addr(from) {
                             self.clients[i].conns[s].endpoint.handle(now, from, msg);
                         }
@@ -934,23 +986,40 @@ impl World {
                     self.start(node, now);
                 } else {
                     // It polls a while (yielding its processor to whoever else has work, as
-                    // naam's loops do), then sleeps.
-                    let spin = self.spin_ns(node);
+                    // naam's loops do), then sleeps. With shared processors it polls on the
+                    // one it has, which a core with work takes once the poller yields.
+                    let spin = self.idle_poll_ns(node, now);
+                    let shared = self.free_cpus.is_some();
                     if spin > 0 {
                         let w = self.wake_mut(node);
                         w.spinning = true;
                         w.spin_gen += 1;
+                        w.holds_cpu = shared;
                         let generation = w.spin_gen;
                         self.agenda.at(now + spin, Event::SpinEnd(node, generation));
                     }
-                    self.release_cpu(now);
+                    if spin > 0 && shared {
+                        self.cpu_pollers.push_back(node);
+                        self.preempt_pollers(now);
+                    } else {
+                        self.release_cpu(now);
+                    }
                 }
             }
             Event::SpinEnd(node, generation) => {
                 let w = self.wake_mut(node);
                 if w.spinning && w.spin_gen == generation {
                     w.spinning = false;
+                    if std::mem::take(&mut w.holds_cpu) {
+                        // It sleeps: its processor is free.
+                        self.cpu_pollers.retain(|&n| n != node);
+                        self.release_cpu(now);
+                    }
                 }
+            }
+            Event::Yielded => {
+                self.yielding -= 1;
+                self.release_cpu(now);
             }
             Event::Woken(node) => {
                 let w = self.wake_mut(node);
@@ -958,8 +1027,8 @@ impl World {
                 w.awake = true;
                 if let Node::Client(i) = node {
                     let c = &mut self.clients[i];
-                    // Awake: it polls for a while, as after a send.
-                    c.spin_until = now + self.cfg.profile.client.spin_ns;
+                    // Awake: its receive returned with what woke it.
+                    c.wake.returned(now, true);
                     for (from, msg) in std::mem::take(&mut c.inbox) {
                         if let Some(s) = self.server_of_addr(from) {
                             self.clients[i].conns[s].endpoint.handle(now, from, msg);
@@ -1016,15 +1085,35 @@ impl World {
         }
     }
 
-    fn spin_ns(&self, node: Node) -> Nanos {
-        let p = &self.cfg.profile;
-        match node {
-            Node::Host(_) => p.host.spin_ns,
-            Node::Nic(_) => p.nic.spin_ns,
-            // Without shared processors a client's polling is timed from its sends.
-            Node::Client(_) if self.free_cpus.is_some() => p.client.spin_ns,
-            Node::Client(_) => 0,
+    /// Idle `node`'s receive came back empty at a timer and it receives again: it polls for
+    /// its poller's new window (none, after a receive that waited that long), or sleeps.
+    fn repoll(&mut self, node: Node, now: Nanos) {
+        let spin = self.wake_mut(node).idle(now);
+        let w = self.wake_mut(node);
+        if !w.spinning {
+            return;
         }
+        w.spin_gen += 1;
+        if spin > 0 {
+            let generation = w.spin_gen;
+            self.agenda.at(now + spin, Event::SpinEnd(node, generation));
+            return;
+        }
+        w.spinning = false;
+        if std::mem::take(&mut w.holds_cpu) {
+            self.cpu_pollers.retain(|&n| n != node);
+            self.release_cpu(now);
+        }
+    }
+
+    /// `node` finished its work at `now` and goes back to its receive: how long it polls
+    /// there before it sleeps (its poller's window).
+    fn idle_poll_ns(&mut self, node: Node, now: Nanos) -> Nanos {
+        // Without shared processors a client's polling is timed from its sends.
+        if matches!(node, Node::Client(_)) && self.free_cpus.is_none() {
+            return 0;
+        }
+        self.wake_mut(node).idle(now)
     }
 
     fn wakeup_ns(&self, node: Node) -> Nanos {
@@ -1041,6 +1130,22 @@ impl World {
             Node::Host(i) => &mut self.hosts[i].wake,
             Node::Nic(i) => &mut self.nics[i].wake,
             Node::Client(i) => &mut self.clients[i].wake,
+        }
+    }
+
+    /// Cores wait for a processor while pollers hold some: as many pollers as there are
+    /// waiting cores (beyond those already yielding) give theirs up after one poll, the
+    /// profile's `yield_ns` (a receive that finds nothing and a `sched_yield`), and go on
+    /// polling without one: a message for them then waits for a processor like any work.
+    fn preempt_pollers(&mut self, now: Nanos) {
+        while self.cpu_waiting.len() > self.yielding {
+            let Some(poller) = self.cpu_pollers.pop_front() else {
+                break;
+            };
+            self.wake_mut(poller).holds_cpu = false;
+            self.yielding += 1;
+            let at = now + self.cfg.profile.machine.yield_ns;
+            self.agenda.at(at, Event::Yielded);
         }
     }
 
@@ -1066,11 +1171,23 @@ impl World {
         }
         let wakeup = self.wakeup_ns(node);
         let w = self.wake_mut(node);
+        if !w.waking && (w.spinning || w.awake) {
+            // Its receive returned with the message (at once while polling, or now that it
+            // has woken).
+            w.returned(now, true);
+        }
         if w.spinning {
-            // Polling: it sees the message at once (it still needs a processor).
+            // Polling: it sees the message at once (it still needs a processor, unless it
+            // polls on one it holds).
             w.spinning = false;
             w.spin_gen += 1;
             w.awake = true;
+            if std::mem::take(&mut w.holds_cpu) {
+                w.awake = false;
+                self.cpu_pollers.retain(|&n| n != node);
+                self.start(node, now);
+                return;
+            }
         }
         if w.waking {
             return;
@@ -1088,6 +1205,7 @@ impl World {
                 if !self.cpu_waiting.contains(&node) {
                     self.cpu_waiting.push_back(node);
                 }
+                self.preempt_pollers(now);
                 return;
             } else {
                 self.free_cpus = Some(free - 1);
@@ -1173,7 +1291,8 @@ impl World {
             }
             Node::Client(i) => {
                 let leave = now + self.cfg.profile.client.per_message_ns;
-                self.clients[i].spin_until = leave + self.cfg.profile.client.spin_ns;
+                let spin = self.clients[i].wake.idle(leave);
+                self.clients[i].spin_until = leave + spin;
                 self.depart(leave, node, from, t);
             }
             _ => self.depart(now, node, from, t),
@@ -1315,9 +1434,18 @@ impl World {
                     return;
                 }
                 c.timer.0 = None;
+                // A sleeping loop's receive returns empty at its timer, as the deployment's
+                // does (a polling one polls on: its window does not end at a timer).
+                let idle = !c.busy && c.queue.is_empty() && !c.wake.spinning;
+                if idle {
+                    c.wake.returned(now, false);
+                }
                 c.endpoint.handle_timeout(now);
                 while let Some(t) = c.endpoint.poll_transmit() {
                     out.push(t);
+                }
+                if idle {
+                    self.repoll(node, now);
                 }
             }
             Node::Nic(i) => {
@@ -1455,15 +1583,20 @@ impl World {
                 continue;
             }
             if now < c.next_issue {
-                // One wake-up per due time: every answer calls here, and each would add one.
+                // It sleeps until the operation is due (YCSB's throttle), and wakes a wake-up
+                // late. One wake-up per due time: every answer calls here, and each would
+                // add one.
                 if c.issue_armed != Some(c.next_issue) {
                     c.issue_armed = Some(c.next_issue);
-                    self.agenda.at(c.next_issue, Event::Issue(i));
+                    let late = self.cfg.profile.client.wakeup_ns;
+                    self.agenda.at(c.next_issue + late, Event::Issue(i));
                 }
                 return;
             }
             if let Some(rate) = self.cfg.target_per_client {
-                c.next_issue = now.max(c.next_issue) + (1e9 / rate) as Nanos;
+                // The i-th operation is due at start + i / rate: one that went late leaves
+                // the next no later (YCSB's throttle catches up).
+                c.next_issue += (1e9 / rate) as Nanos;
             }
             let n = c.keys.next(&mut c.rng);
             c.next_tag += 1;

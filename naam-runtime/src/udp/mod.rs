@@ -48,7 +48,7 @@ pub use server::{serve_host, serve_host_inline, serve_host_loops, InlineServer, 
 pub use shm_dir::{RegionsHeader, RegionsState, ShmDir, HEADER_FILE, LOCK_FILE, REGIONS_FORMAT};
 pub use signal::stop_flag;
 pub use socket::{
-    datagram_for, injected_loss_from_env, parse_loss, Sender, Socket, SocketStats,
+    datagram_for, injected_loss_from_env, parse_loss, Poller, Sender, Socket, SocketStats,
     DEFAULT_DATAGRAM, INJECT_LOSS_ENV, LOOPBACK_DATAGRAM, MAX_DATAGRAM, RECV_BATCH,
 };
 pub use telemetry::{

@@ -562,8 +562,9 @@ impl Socket {
 /// before it sleeps, when datagrams have been coming back that soon (clients at depth 1 send
 /// again within a round trip, and then neither side pays the kernel's wake-up); at lower rates
 /// it sleeps at once, so an idle loop costs nothing.
-#[derive(Debug)]
-pub(crate) struct Poller {
+/// (The simulator's loops and clients poll with it too, on its virtual clock.)
+#[derive(Clone, Debug)]
+pub struct Poller {
     /// When the loop last finished serving (or sending), on the loop's clock.
     served_at: Option<Nanos>,
     /// Smoothed time from finishing to the next datagram, nanoseconds.
@@ -577,7 +578,7 @@ pub(crate) struct Poller {
 
 impl Poller {
     /// A poller that polls at most `max_spin` at a time.
-    pub(crate) fn new(max_spin: Duration) -> Poller {
+    pub fn new(max_spin: Duration) -> Poller {
         Poller {
             served_at: None,
             gap_ns: 0.0,
@@ -587,7 +588,7 @@ impl Poller {
     }
 
     /// How long to poll before sleeping now: three times the usual gap, when that is short.
-    pub(crate) fn spin(&self) -> Duration {
+    pub fn spin(&self) -> Duration {
         if self.served_at.is_none() || self.gap_ns >= self.max_spin_ns {
             return Duration::ZERO;
         }
@@ -595,7 +596,7 @@ impl Poller {
     }
 
     /// A receive returned at `now`; `got`: with datagrams.
-    pub(crate) fn arrived(&mut self, now: Nanos, got: bool) {
+    pub fn arrived(&mut self, now: Nanos, got: bool) {
         let Some(at) = self.served_at.take() else {
             return;
         };
@@ -610,7 +611,7 @@ impl Poller {
     }
 
     /// The loop finished serving what it received, at `now`.
-    pub(crate) fn served(&mut self, now: Nanos) {
+    pub fn served(&mut self, now: Nanos) {
         self.served_at = Some(now);
     }
 }
