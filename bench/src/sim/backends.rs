@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use naam_ebpf::abi::Descriptor;
 use naam_runtime::cluster::{Cluster, HereRunner};
-use naam_runtime::proto::control::Manifest;
+use naam_runtime::proto::control::{Manifest, SwitchCounters};
 use naam_runtime::proto::endpoint::{
     Channel, HostBackend, NicBackend, Routed, SwitchHandle, VerbsAcceptor,
 };
@@ -31,6 +31,23 @@ pub(super) struct SimHost {
     pub(super) busy_ns: u64,
     /// Messages the cluster queued at an executor (the simulation has none: a bug if not 0).
     pub(super) stranded: u64,
+    /// The card's eSwitch, when the profile has one: what reaches the host's loops was
+    /// steered to them, and the loops do not steer it again.
+    pub(super) eswitch: Option<SimSwitch>,
+}
+
+/// The simulated card's eSwitch as naam-server's endpoint sees it (the event loop steers by
+/// its map; see `World::sync_eswitch`).
+pub(super) struct SimSwitch;
+
+impl SwitchHandle for SimSwitch {
+    fn describe(&self) -> String {
+        "the simulated card's eSwitch".into()
+    }
+    fn counters(&self) -> Result<SwitchCounters, String> {
+        Err("the simulation's eSwitch is not counted apart (see the report's placements)".into())
+    }
+    fn pin_nic_share(&self, _permille: Option<u32>) {}
 }
 
 impl HostBackend for SimHost {
@@ -87,7 +104,7 @@ impl HostBackend for SimHost {
         }
     }
     fn switch(&self) -> Option<&dyn SwitchHandle> {
-        None
+        self.eswitch.as_ref().map(|s| s as &dyn SwitchHandle)
     }
     fn verbs(&self) -> Option<&dyn VerbsAcceptor> {
         None

@@ -653,6 +653,7 @@ impl World {
                     cluster: host_cluster.clone(),
                     busy_ns: 0,
                     stranded: 0,
+                    eswitch: p.nic.eswitch.then_some(super::backends::SimSwitch),
                 };
                 let ep = ServerEndpoint::new(config, backend, cookies.clone(), 0)
                     .map_err(|e| anyhow::anyhow!("{e}"))?;

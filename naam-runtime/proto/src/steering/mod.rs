@@ -185,15 +185,20 @@ impl Weights {
     }
 
     /// The NIC's share of what the server's placements take (host and NIC), per mille: what
-    /// an eSwitch ahead of the host steers to the NIC (0 when the server takes nothing).
+    /// an eSwitch ahead of the host steers to the NIC (0 when the server takes nothing). A
+    /// placement with any weight keeps at least one per mille: the policy's probes are often
+    /// smaller than that, and rounded away they would leave the steering blind to the side
+    /// it left (traffic moved off a congested host would never come back).
     pub fn nic_permille(&self) -> u32 {
-        let server = self.of(Placement::Nic) + self.of(Placement::Host);
-        if server > 0.0 && server.is_finite() {
-            (self.of(Placement::Nic) / server * 1000.0)
-                .round()
-                .clamp(0.0, 1000.0) as u32
-        } else {
-            0
+        let (nic, host) = (self.of(Placement::Nic), self.of(Placement::Host));
+        let server = nic + host;
+        if !(server > 0.0 && server.is_finite()) {
+            return 0;
+        }
+        let share = (nic / server * 1000.0).round().clamp(0.0, 1000.0) as u32;
+        match (nic > 0.0, host > 0.0) {
+            (true, true) => share.clamp(1, 999),
+            _ => share,
         }
     }
 
@@ -222,6 +227,9 @@ mod tests {
         assert_eq!(Weights::all(Placement::Client).nic_permille(), 0);
         assert_eq!(Weights::all(Placement::Nic).nic_permille(), 1000);
         assert_eq!(Weights([0.0, f64::NAN, 1.0]).nic_permille(), 0);
+        // Probes below a per mille are kept, either way.
+        assert_eq!(Weights([0.0, 0.9998, 0.0002]).nic_permille(), 999);
+        assert_eq!(Weights([0.0, 0.0002, 0.9998]).nic_permille(), 1);
     }
 
     fn inputs(host_delay: f64, nic_delay: f64) -> SteeringInputs {
