@@ -153,3 +153,37 @@ fn client_placed_reads_go_through_the_cards_rdma_engine() {
         slow.placed
     );
 }
+
+/// The host congested for 30 ms: reads move to the NIC's cores through the card's eSwitch and
+/// come back once it ends. (They never came back while the host's loops steered again what
+/// the eSwitch had left them, and while the eSwitch's per-mille share rounded the policy's
+/// probes of the host away: the host's congested service time was never measured again.)
+#[test]
+fn reads_leave_a_congested_host_and_come_back() {
+    let mut cfg = SimConfig::new(Profile::load("bluefield2-100g").unwrap(), 9, 16);
+    cfg.records = 2_000;
+    cfg.window = 4;
+    cfg.target_per_client = Some(1e6 / 16.0);
+    cfg.warmup_ns = 5_000_000;
+    cfg.measure_ns = 80_000_000;
+    cfg.bucket_ns = Some(1_000_000);
+    cfg.congestion = Some(naam_bench::sim::Congestion {
+        from_ns: 10_000_000,
+        to_ns: 40_000_000,
+        extra_ns: 20_000,
+    });
+    let r = run(&cfg).unwrap();
+    let host_share = |from: usize, to: usize| {
+        let (host, all) = r.timeline[from..to].iter().fold((0, 0), |(h, a), b| {
+            (h + b.placed[2], a + b.placed.iter().sum::<u64>())
+        });
+        host as f64 / all.max(1) as f64
+    };
+    assert!(host_share(0, 10) > 0.9, "before: {}", host_share(0, 10));
+    assert!(
+        host_share(20, 40) < 0.2,
+        "congested: {}",
+        host_share(20, 40)
+    );
+    assert!(host_share(60, 80) > 0.9, "after: {}", host_share(60, 80));
+}
