@@ -15,7 +15,6 @@ use naam_runtime::cluster::Cluster;
 use naam_runtime::proto::control::SwitchCounters;
 use naam_runtime::proto::endpoint::SwitchHandle;
 use naam_runtime::proto::step::HandlerKind;
-use naam_runtime::proto::Placement;
 
 /// Why the eSwitch could not start.
 #[derive(Debug, thiserror::Error)]
