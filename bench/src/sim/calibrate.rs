@@ -88,6 +88,21 @@ fn timed(n: u64, mut f: impl FnMut(u64)) -> f64 {
     start.elapsed().as_nanos() as f64 / n as f64
 }
 
+/// The median time of one call of `f`, nanoseconds, over `n` calls: for round trips whose
+/// typical cost the profile wants, which a mean would let the machine's rare stalls (a
+/// virtual machine's, of a millisecond) inflate.
+fn timed_median(n: u64, mut f: impl FnMut(u64)) -> f64 {
+    let mut ns: Vec<u64> = (0..n)
+        .map(|i| {
+            let start = Instant::now();
+            f(i);
+            start.elapsed().as_nanos() as u64
+        })
+        .collect();
+    ns.sort_unstable();
+    ns.get(ns.len() / 2).copied().unwrap_or(0) as f64
+}
+
 /// Measures everything; `quick` takes fewer samples (tests).
 pub fn measure(quick: bool) -> anyhow::Result<Calibration> {
     let scale = if quick { 1 } else { 20 };
@@ -212,7 +227,7 @@ fn udp_pairs(n: u64) -> anyhow::Result<(f64, f64)> {
 }
 
 /// A small datagram's round trip to an echoing thread that sleeps in its receive: the
-/// polling round trip plus two wake-ups.
+/// polling round trip plus two wake-ups (the median round trip).
 fn loopback_rtt_sleeping(n: u64) -> anyhow::Result<f64> {
     let echo = UdpSocket::bind("127.0.0.1:0")?;
     let at = echo.local_addr()?;
@@ -232,7 +247,7 @@ fn loopback_rtt_sleeping(n: u64) -> anyhow::Result<f64> {
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut buf = [0u8; 256];
     let mut failed = None;
-    let ns = timed(n, |_| {
+    let ns = timed_median(n, |_| {
         if let Err(e) = s
             .send_to(&[1u8; 100], at)
             .and_then(|_| s.recv_from(&mut buf))
@@ -302,7 +317,7 @@ fn poll_yield(n: u64) -> anyhow::Result<f64> {
 }
 
 /// A small datagram's round trip to an echoing thread, both sides polling (as naam's loops
-/// do while answers come back soon: no thread sleeps, no wake-up is timed).
+/// do while answers come back soon: no thread sleeps, no wake-up is timed; the median).
 fn loopback_rtt(n: u64) -> anyhow::Result<f64> {
     fn recv_spinning(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -336,7 +351,7 @@ fn loopback_rtt(n: u64) -> anyhow::Result<f64> {
     s.set_nonblocking(true)?;
     let mut buf = [0u8; 256];
     let mut failed = None;
-    let ns = timed(n, |_| {
+    let ns = timed_median(n, |_| {
         if let Err(e) = s
             .send_to(&[1u8; 100], at)
             .and_then(|_| recv_spinning(&s, &mut buf))
