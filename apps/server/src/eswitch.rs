@@ -14,7 +14,6 @@ use naam_ebpf::eswitch as abi;
 use naam_runtime::cluster::Cluster;
 use naam_runtime::proto::control::SwitchCounters;
 use naam_runtime::proto::endpoint::SwitchHandle;
-use naam_runtime::proto::step::HandlerKind;
 
 /// Why the eSwitch could not start.
 #[derive(Debug, thiserror::Error)]
@@ -123,24 +122,11 @@ impl Eswitch {
     /// NIC is down); an operator pin overrides the weights but never a dead NIC.
     pub fn sync(&self, cluster: &Cluster) {
         let pinned = *self.pinned.lock().unwrap_or_else(|e| e.into_inner());
-        let up = cluster.remote_nic_up();
         let mut maps = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        for app in cluster.registry().apps() {
-            for h in app.handlers.values() {
-                if h.kind != HandlerKind::Read {
-                    continue;
-                }
-                let share = match (up, pinned) {
-                    (false, _) => 0,
-                    (true, Some(p)) => p.min(1000),
-                    (true, None) => cluster.weights(app.id, h.id).nic_permille(),
-                };
-                let key = abi::steer_key(app.id, h.id);
-                if maps.installed.get(&key) != Some(&share)
-                    && maps.steer.insert(key, share, 0).is_ok()
-                {
-                    maps.installed.insert(key, share);
-                }
+        for (key, share) in cluster.eswitch_shares(pinned) {
+            if maps.installed.get(&key) != Some(&share) && maps.steer.insert(key, share, 0).is_ok()
+            {
+                maps.installed.insert(key, share);
             }
         }
     }

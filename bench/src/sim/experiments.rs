@@ -50,6 +50,17 @@ pub struct Point {
     pub failed: u64,
 }
 
+/// A chart's series of `points`' throughput, in M ops/s.
+fn throughput_series(label: &str, points: &[Point]) -> Series {
+    Series {
+        label: label.into(),
+        points: points
+            .iter()
+            .map(|p| (p.x, p.throughput_ops / 1e6))
+            .collect(),
+    }
+}
+
 impl Point {
     fn of(label: &str, x: f64, r: &SimReport) -> Point {
         Point {
@@ -161,22 +172,8 @@ pub fn capacity(setup: &Setup) -> anyhow::Result<(PathBuf, Capacity)> {
         btree,
     };
     let series = vec![
-        Series {
-            label: "MICA YCSB-B at the NIC".into(),
-            points: results
-                .mica
-                .iter()
-                .map(|p| (p.x, p.throughput_ops / 1e6))
-                .collect(),
-        },
-        Series {
-            label: "B-tree lookups at the NIC".into(),
-            points: results
-                .btree
-                .iter()
-                .map(|p| (p.x, p.throughput_ops / 1e6))
-                .collect(),
-        },
+        throughput_series("MICA YCSB-B at the NIC", &results.mica),
+        throughput_series("B-tree lookups at the NIC", &results.btree),
     ];
     let title = format!("Offload capacity (sim:{})", setup.profile.name);
     plot::lines(
@@ -424,14 +421,7 @@ pub fn servers(setup: &Setup) -> anyhow::Result<(PathBuf, Servers)> {
         points.push(Point::of("servers", n as f64, &r));
     }
     let results = Servers { points };
-    let series = vec![Series {
-        label: "throughput".into(),
-        points: results
-            .points
-            .iter()
-            .map(|p| (p.x, p.throughput_ops / 1e6))
-            .collect(),
-    }];
+    let series = vec![throughput_series("throughput", &results.points)];
     let title = format!("Servers behind one switch (sim:{})", setup.profile.name);
     plot::lines(
         &chart_path(setup, "servers")?,

@@ -332,6 +332,14 @@ mod tests {
         assert!(e.to_string().contains("host.cores"), "{e}");
         let e = Profile::parse(&good.replace("loss = 0.0", "loss = 1.5"), "x").unwrap_err();
         assert!(e.to_string().contains("link.loss"), "{e}");
+        let e = Profile::parse(
+            &good.replace("dma_reads_per_s = 10500000.0", "dma_reads_per_s = -1.0"),
+            "x",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("nic.dma_reads_per_s"), "{e}");
+        let e = Profile::parse(&good.replace("eswitch = true", "eswitch = 1"), "x").unwrap_err();
+        assert!(e.to_string().contains("eswitch"), "{e}");
         let e = Profile::parse(&format!("{good}\nsurprise = 1\n"), "x").unwrap_err();
         assert!(e.to_string().contains("surprise"), "{e}");
         let e = Profile::load("no-such-profile").unwrap_err();

@@ -1356,26 +1356,12 @@ impl World {
         }
     }
 
-    /// Writes every server's eSwitch map from its steering weights, as naam-server's eSwitch
-    /// sync does (`Weights::nic_permille`; 0 while its NIC is down).
+    /// Writes every server's eSwitch map from its steering weights, as naam-server writes its
+    /// XDP map ([`Cluster::eswitch_shares`]).
     fn sync_eswitch(&mut self) {
-        for (s, cluster) in self.host_clusters.iter().enumerate() {
-            let up = cluster.remote_nic_up();
-            let map = &mut self.eswitch[s];
+        for (map, cluster) in self.eswitch.iter_mut().zip(&self.host_clusters) {
             map.clear();
-            for app in cluster.registry().apps() {
-                for h in app.handlers.values() {
-                    if h.kind != HandlerKind::Read {
-                        continue;
-                    }
-                    let share = if up {
-                        cluster.weights(app.id, h.id).nic_permille()
-                    } else {
-                        0
-                    };
-                    map.insert(naam_ebpf::eswitch::steer_key(app.id, h.id), share);
-                }
-            }
+            map.extend(cluster.eswitch_shares(None));
         }
     }
 

@@ -421,8 +421,6 @@ pub struct ClientRan {
     pub insns: u64,
     /// Of those, the memory accesses and helper calls (where the engine counts them).
     pub mix: naam_proto::step::InsnMix,
-    /// Fetches made (one batched one-sided READ per step, retries included).
-    pub fetches: u32,
 }
 
 /// Runs read `req` at the Client placement over `path` (every step's data by one-sided READ):
@@ -462,7 +460,6 @@ pub fn run_at_client<T: OneSided>(
         steps: c.steps,
         insns: c.insns,
         mix: c.mix,
-        fetches: cost.fetches,
     };
     let reply = reply_for(
         req,

@@ -782,6 +782,30 @@ impl Cluster {
         self.inner.weights((app, handler))
     }
 
+    /// What an eSwitch ahead of the host steers to the NIC, per read handler: its steering
+    /// key ([`naam_ebpf::eswitch::steer_key`]) and the NIC's per-mille share from the weights
+    /// ([`Weights::nic_permille`]), or `pinned` (an operator's pin, at most 1000); 0 for every
+    /// handler while the NIC is down (a pin never sends work to a dead NIC). naam-server's
+    /// XDP map and the simulator's eSwitch are both written from it.
+    pub fn eswitch_shares(&self, pinned: Option<u32>) -> Vec<(u64, u32)> {
+        let up = self.remote_nic_up();
+        let mut shares = Vec::new();
+        for app in self.registry().apps() {
+            for h in app.handlers.values() {
+                if h.kind != naam_proto::step::HandlerKind::Read {
+                    continue;
+                }
+                let share = match (up, pinned) {
+                    (false, _) => 0,
+                    (true, Some(p)) => p.min(1000),
+                    (true, None) => self.weights(app.id, h.id).nic_permille(),
+                };
+                shares.push((naam_ebpf::eswitch::steer_key(app.id, h.id), share));
+            }
+        }
+        shares
+    }
+
     /// A fresh view for one remote client's own Client share, when the policy steers by cost
     /// (`None` for static policies: every client follows [`Cluster::weights`]).
     pub fn client_share(&self) -> Option<ClientShare> {
