@@ -1237,8 +1237,9 @@ impl World {
                 }
                 c.endpoint.handle(now, from, msg);
                 c.endpoint.run(usize::MAX);
-                let cost =
-                    p.host.per_message_ns + std::mem::take(&mut c.endpoint.backend_mut().busy_ns);
+                let backend = c.endpoint.backend_mut();
+                backend.runner.loop_worked(p.host.per_message_ns);
+                let cost = p.host.per_message_ns + std::mem::take(&mut backend.busy_ns);
                 while let Some(t) = c.endpoint.poll_transmit() {
                     c.outbox.push(t);
                 }
@@ -1261,8 +1262,9 @@ impl World {
                         .received(now.saturating_sub(arrived));
                 }
                 c.endpoint.handle(now, from, msg);
-                let cost =
-                    p.nic.per_message_ns + std::mem::take(&mut c.endpoint.backend_mut().busy_ns);
+                let backend = c.endpoint.backend_mut();
+                backend.runner.loop_worked(p.nic.per_message_ns);
+                let cost = p.nic.per_message_ns + std::mem::take(&mut backend.busy_ns);
                 while let Some(t) = c.endpoint.poll_transmit() {
                     c.outbox.push(t);
                 }

@@ -517,11 +517,12 @@ fn run_host_loop(
             .map_or(IDLE_WAIT, |t| Duration::from_nanos(t.saturating_sub(now)))
             .clamp(Duration::from_micros(1), IDLE_WAIT);
         if endpoint.has_waiting() {
+            // A look at what is there, no wait: it tells the poller nothing about gaps.
             socket.try_recv_into(&mut batch)?;
         } else {
             socket.recv_into(poller.spin(), wait, &mut batch)?;
+            poller.arrived(clock.now(), !batch.is_empty());
         }
-        poller.arrived(clock.now(), !batch.is_empty());
         if batch.is_empty() {
             // Nothing came: what the loop ran reaches the steering now, not at the next busy
             // moment.

@@ -562,6 +562,15 @@ impl Socket {
 /// before it sleeps, when datagrams have been coming back that soon (clients at depth 1 send
 /// again within a round trip, and then neither side pays the kernel's wake-up); at lower rates
 /// it sleeps at once, so an idle loop costs nothing.
+///
+/// A gap measured across a sleep includes the loop's own wake-up, so a loop that sleeps
+/// measures gaps longer than they are, and once the measured gap passes the window it would
+/// sleep for good even where datagrams come well within it (a wake-up of 40 µs and peers
+/// answering in 15 µs do that to a 50 µs window). So while it sleeps it now and then polls the
+/// whole window anyway (a probe): a datagram caught awake gives the true gap; a probe that
+/// catches nothing makes the next one twice as rare (up to [`Poller::MAX_PROBE_EVERY`]
+/// sleeps), so a loop whose peers really are slow spends a vanishing share of its time
+/// probing.
 /// (The simulator's loops and clients poll with it too, on its virtual clock.)
 #[derive(Clone, Debug)]
 pub struct Poller {
@@ -574,9 +583,20 @@ pub struct Poller {
     /// `max_spin` in nanoseconds, as the gap is kept (converted once: a `u128` to `f64` is a
     /// library call, and this is read on every receive).
     max_spin_ns: f64,
+    /// Sleeps between two probes, now.
+    probe_every: u32,
+    /// Sleeps since the last probe.
+    slept: u32,
+    /// The receive after the last [`Poller::served`] is a probe.
+    probing: bool,
 }
 
 impl Poller {
+    /// Sleeps between probes after a probe that caught a datagram (or at the start).
+    pub const FIRST_PROBE_EVERY: u32 = 8;
+    /// The most sleeps between two probes.
+    pub const MAX_PROBE_EVERY: u32 = 1024;
+
     /// A poller that polls at most `max_spin` at a time.
     pub fn new(max_spin: Duration) -> Poller {
         Poller {
@@ -584,24 +604,46 @@ impl Poller {
             gap_ns: 0.0,
             max_spin,
             max_spin_ns: max_spin.as_nanos() as f64,
+            probe_every: Self::FIRST_PROBE_EVERY,
+            slept: 0,
+            probing: false,
         }
     }
 
-    /// How long to poll before sleeping now: three times the usual gap, when that is short.
+    /// How long to poll before sleeping now: three times the usual gap, when that is short
+    /// (the whole window, on a probe).
     pub fn spin(&self) -> Duration {
-        if self.served_at.is_none() || self.gap_ns >= self.max_spin_ns {
+        if self.served_at.is_none() {
+            return Duration::ZERO;
+        }
+        if self.probing {
+            return self.max_spin;
+        }
+        if self.gap_ns >= self.max_spin_ns {
             return Duration::ZERO;
         }
         Duration::from_nanos((3.0 * self.gap_ns) as u64 + 5_000).min(self.max_spin)
     }
 
-    /// A receive returned at `now`; `got`: with datagrams.
+    /// A receive that waited (polling, then asleep) returned at `now`; `got`: with
+    /// datagrams. (A receive that only looked at what was already there says nothing about
+    /// gaps: do not report it.)
     pub fn arrived(&mut self, now: Nanos, got: bool) {
         let Some(at) = self.served_at.take() else {
             return;
         };
-        // A receive that came back empty waited the whole time: the gap is at least that.
         let gap = now.saturating_sub(at) as f64;
+        if std::mem::take(&mut self.probing) {
+            if got && gap <= self.max_spin_ns {
+                // Caught awake: the gap as it is, with no wake-up in it.
+                self.probe_every = Self::FIRST_PROBE_EVERY;
+                self.gap_ns = 0.75 * self.gap_ns + 0.25 * gap;
+            } else {
+                self.probe_every = (self.probe_every * 2).min(Self::MAX_PROBE_EVERY);
+            }
+            return;
+        }
+        // A receive that came back empty waited the whole time: the gap is at least that.
         let gap = if got {
             gap
         } else {
@@ -613,6 +655,14 @@ impl Poller {
     /// The loop finished serving what it received, at `now`.
     pub fn served(&mut self, now: Nanos) {
         self.served_at = Some(now);
+        // It is about to sleep at once: count the sleep, and probe when one is due.
+        if !self.probing && self.gap_ns >= self.max_spin_ns {
+            self.slept += 1;
+            if self.slept >= self.probe_every {
+                self.slept = 0;
+                self.probing = true;
+            }
+        }
     }
 }
 
@@ -1007,6 +1057,59 @@ impl RecvBuffers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Drives `p` for `rounds` receives against peers whose next datagram comes `gap_ns`
+    /// after the loop served, a sleeping loop seeing it `wake_ns` later; returns how many of
+    /// the last `tail` receives polled, and how many receives were probes.
+    fn drive_poller(
+        p: &mut Poller,
+        gap_ns: Nanos,
+        wake_ns: Nanos,
+        rounds: usize,
+        tail: usize,
+    ) -> (usize, usize) {
+        let (mut now, mut polled, mut probes) = (0, 0, 0);
+        for round in 0..rounds {
+            p.served(now);
+            let spin = p.spin().as_nanos() as Nanos;
+            probes += usize::from(p.probing);
+            let arrival = now + gap_ns;
+            now = if spin >= gap_ns {
+                arrival
+            } else {
+                arrival + wake_ns
+            };
+            if spin > 0 && round >= rounds - tail {
+                polled += 1;
+            }
+            p.arrived(now, true);
+            now += 5_000;
+        }
+        (polled, probes)
+    }
+
+    #[test]
+    fn a_loop_that_measured_its_own_wake_ups_polls_again() {
+        // Peers answer 15 us after the loop served; its wake-ups take 40 us, so every gap it
+        // measures across a sleep is 55 us, past the 50 us window. One empty receive puts it
+        // to sleep; without probes it would never poll again.
+        let mut p = Poller::new(Duration::from_micros(50));
+        p.served(0);
+        p.arrived(1_000_000, false);
+        let (polled, _) = drive_poller(&mut p, 15_000, 40_000, 400, 100);
+        assert_eq!(polled, 100, "the loop went back to polling and stayed");
+    }
+
+    #[test]
+    fn a_loop_with_slow_peers_probes_ever_more_rarely() {
+        // Datagrams come 200 us apart: sleeping is right, and the probes back off.
+        let mut p = Poller::new(Duration::from_micros(50));
+        let (polled, probes) = drive_poller(&mut p, 200_000, 20_000, 20_000, 10_000);
+        // 8, 16, ... 1,024 sleeps apart, then every 1,024th: 25 probes, 1.25 ms of polling
+        // in 4 s.
+        assert!(probes <= 30, "{probes} probes in 20,000 sleeps");
+        assert!(polled <= 10, "{polled} of the last 10,000 receives polled");
+    }
 
     #[test]
     fn loss_fractions_are_checked_and_a_full_loss_drops_everything() {

@@ -849,6 +849,7 @@ pub fn plausible_load(r: &RemoteLoad) -> bool {
     r.executors <= 1024
         && r.handlers.len() <= 4096
         && ok_ns(r.queue_delay_ns)
+        && ok_ns(r.loop_ns)
         && r.handlers.iter().all(|h| {
             ok_ns(h.service_ns) && h.steps.is_finite() && (0.0..=1024.0).contains(&h.steps)
         })

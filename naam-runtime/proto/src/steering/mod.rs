@@ -121,6 +121,11 @@ pub struct RemoteLoad {
     pub dequeues: u64,
     /// Handlers that completed messages since the last report.
     pub handlers: Vec<RemoteHandler>,
+    /// What the placement's run-to-completion receive loops spend on a message beyond its
+    /// handler (taking it in, opening, sealing and sending its answer), average in
+    /// nanoseconds; 0 where nothing measured it. (Absent from older reports.)
+    #[serde(default)]
+    pub loop_ns: f64,
 }
 
 /// Identifies a handler of an app.
@@ -141,6 +146,10 @@ pub struct PlacementLoad {
     /// Service-time average over every handler that ran here, nanoseconds (`None`: nothing
     /// ran yet). The ratio between placements is the prior for a handler never measured at one.
     pub mean_service_ns: Option<f64>,
+    /// A receive loop's own work per message here beyond the handler, nanoseconds (0: not
+    /// measured, or messages run on executors): part of what a message sent here costs, and
+    /// where the protocol's work is dearer than the handler's (Arm cores), most of it.
+    pub loop_ns: f64,
 }
 
 /// One (app, handler)'s signals over every placement, as a policy decides from them.
@@ -239,6 +248,7 @@ mod tests {
             utilisation: 0.5,
             available: true,
             mean_service_ns: None,
+            loop_ns: 0.0,
         };
         SteeringInputs {
             placements: [up(0.0), up(nic_delay), up(host_delay)],
@@ -310,6 +320,28 @@ mod tests {
             // Both below their capacity: each carries between a third and two thirds.
             assert!((0.34..0.66).contains(&x), "host share {x} of {settled:?}");
         }
+    }
+
+    /// A handler that runs faster at the NIC is still dearer there when the NIC's receive
+    /// loop spends more on each message than the host's: the price is what the message
+    /// costs where it runs, not the handler's part alone.
+    #[test]
+    fn a_placement_is_priced_with_its_loops_work() {
+        let mut p = CostPolicy::new(CostPolicyConfig::default());
+        let h = HandlerLoad {
+            service_ns: [None, Some(800.0), Some(1_000.0)],
+            ..handler()
+        };
+        let mut inp = inputs(0.0, 0.0);
+        inp.placements[0].available = false;
+        let ect = p.completion_times(&h, &inp);
+        assert!(ect[Placement::Nic.index()] < ect[Placement::Host.index()]);
+        inp.placements[Placement::Host.index()].loop_ns = 1_500.0;
+        inp.placements[Placement::Nic.index()].loop_ns = 2_300.0;
+        let ect = p.completion_times(&h, &inp);
+        assert_eq!(ect[Placement::Nic.index()], Some(3_100.0));
+        assert_eq!(ect[Placement::Host.index()], Some(2_500.0));
+        assert_eq!(p.decide(KEY, &h, &inp, 0).major(), Placement::Host);
     }
 
     #[test]

@@ -223,10 +223,12 @@ impl CostPolicy {
             }
             let service =
                 h.service_ns[p.index()].unwrap_or_else(|| self.unmeasured_service(h, inputs, p));
+            // At the client, each step's READs; at a server placement, its queue and what its
+            // receive loop spends on the message besides the handler.
             let extra = if p == Placement::Client {
                 h.steps.max(1.0) * inputs.client_rtt_ns
             } else {
-                load.queue_delay_ns
+                load.queue_delay_ns + load.loop_ns
             };
             out[p.index()] = Some(service + extra);
         }

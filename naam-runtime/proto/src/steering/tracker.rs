@@ -20,6 +20,8 @@ pub struct LoadTracker {
     completions: HashMap<HandlerKey, u64>,
     overall: Ewma,
     dequeues: u64,
+    /// The receive loops' own work per message beyond the handler.
+    loop_work: Ewma,
 }
 
 impl LoadTracker {
@@ -52,6 +54,19 @@ impl LoadTracker {
         let cap = self.queue_delay.get().unwrap_or(0.0).max(1_000.0) * Ewma::CLIP;
         self.queue_delay.add(mean_ns.max(0.0).min(cap));
         self.dequeues += count;
+    }
+
+    /// A run-to-completion loop spent `mean_ns` on average on each of its last messages
+    /// beyond their handlers (one sample of that mean).
+    pub fn loop_worked(&mut self, mean_ns: f64) {
+        if mean_ns.is_finite() && mean_ns >= 0.0 {
+            self.loop_work.add_clipped(mean_ns);
+        }
+    }
+
+    /// The receive loops' own work per message, nanoseconds (0: not measured).
+    pub fn loop_ns(&self) -> f64 {
+        self.loop_work.get().unwrap_or(0.0)
     }
 
     /// A message of `key` finished after `service` nanoseconds of executor time and `steps`.
@@ -99,6 +114,7 @@ impl LoadTracker {
             utilisation,
             available: self.available,
             mean_service_ns: self.overall.get(),
+            loop_ns: self.loop_ns(),
         }
     }
 
@@ -168,6 +184,7 @@ impl LoadTracker {
             busy_ns: self.busy_ns,
             dequeues: self.dequeues,
             handlers,
+            loop_ns: self.loop_ns(),
         };
         self.busy_ns = 0;
         self.dequeues = 0;
@@ -179,7 +196,14 @@ impl LoadTracker {
     /// by the threads that received them, for this placement whose queue is its executors'.
     pub fn absorb_completions(&mut self, r: &RemoteLoad) {
         self.busy_ns += r.busy_ns;
+        self.absorb_loop_work(r);
         self.absorb_handlers(r);
+    }
+
+    fn absorb_loop_work(&mut self, r: &RemoteLoad) {
+        if r.loop_ns > 0.0 && r.loop_ns.is_finite() {
+            self.loop_work.set(r.loop_ns);
+        }
     }
 
     fn absorb_handlers(&mut self, r: &RemoteLoad) {
@@ -204,6 +228,7 @@ impl LoadTracker {
         }
         self.busy_ns += r.busy_ns;
         self.dequeues += r.dequeues;
+        self.absorb_loop_work(r);
         self.absorb_handlers(r);
     }
 }
