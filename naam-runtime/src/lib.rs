@@ -12,6 +12,7 @@
 pub mod addr;
 mod clock;
 pub mod cluster;
+pub mod code_cache;
 pub mod entropy;
 pub mod executor;
 pub mod experiment;

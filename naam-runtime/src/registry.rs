@@ -8,7 +8,7 @@ use naam_proto::EngineKind;
 use naam_proto::Placement;
 use naam_vm::LoadedObject;
 use naam_vm::VerifierConfig;
-use naam_vm::{EngineError, ExecOptions, Executable, DEFAULT_BUDGET};
+use naam_vm::{CodeCache, EngineError, ExecOptions, Executable, DEFAULT_BUDGET};
 
 use naam_proto::handler_id;
 
@@ -125,12 +125,22 @@ impl HandlerSpec {
 #[derive(Debug, Default)]
 pub struct Registry {
     apps: IntMap<u32, AppEntry>,
+    /// Where its handlers' compiled code is shared and kept (the process's cache unless set).
+    code_cache: Option<Arc<CodeCache>>,
 }
 
 impl Registry {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty registry whose handlers' code comes from, and goes to, `cache`.
+    pub fn with_code_cache(cache: Arc<CodeCache>) -> Self {
+        Registry {
+            code_cache: Some(cache),
+            ..Registry::default()
+        }
     }
 
     /// Adds an app whose writes are applied at `owner`.
@@ -170,6 +180,9 @@ impl Registry {
             let program = object.get(&spec.name)?;
             let mut options = ExecOptions::new(spec.engine, spec.budget);
             options.verifier = config.clone();
+            if let Some(cache) = &self.code_cache {
+                options.code_cache = cache.clone();
+            }
             let exe = Executable::build(program, &options)?;
             let id = handler_id(&spec.name);
             if let Some(other) = entry.handlers.get(&id) {

@@ -66,6 +66,33 @@ fn checksum_over_a_segment() {
     }
 }
 
+/// A tiered handler runs on the interpreter until its JIT code is ready, then on the JIT: the
+/// same replies and instruction counts on both sides of the switch.
+#[test]
+fn a_tiered_handler_answers_alike_across_its_switch() {
+    let mut rng = Rng(3);
+    let ws: Vec<u64> = (0..64).map(|_| rng.next()).collect();
+    let segment = words(&ws);
+    let interp = exe("checksum", EngineKind::Interp);
+    let tiered = exe("checksum", EngineKind::Tiered);
+    let steps = |e: &Executable| {
+        let mut vm = Vm::new();
+        let grants = [Grant::read(&segment)];
+        let inv = Invocation {
+            segments: &grants,
+            ..Invocation::default()
+        };
+        let out = vm.run(e, &inv).unwrap();
+        (out.ret, out.insns, vm.reply().to_vec())
+    };
+    let want = steps(&interp);
+    let before = (tiered.running_engine(), steps(&tiered));
+    assert!(tiered.wait_for_jit(std::time::Duration::from_secs(60)));
+    let after = (tiered.running_engine(), steps(&tiered));
+    assert_eq!(before.1, want, "on {}", before.0);
+    assert_eq!(after, (EngineKind::Jit, want));
+}
+
 #[test]
 fn hash1k_matches_the_native_hash() {
     let mut rng = Rng(2);

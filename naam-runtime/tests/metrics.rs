@@ -103,3 +103,84 @@ fn server_and_nic_metrics_can_be_scraped_while_serving() {
         "{nic}"
     );
 }
+
+/// naam-server keeps its handlers' compiled code in `code_cache`: a restart maps it instead
+/// of compiling it, a corrupted entry is refused and compiled again, and tenant a's tiered
+/// handlers run on the JIT once their code is ready.
+#[test]
+fn a_restart_maps_its_handlers_from_the_code_cache() {
+    let Some(mut d) = Deployment::processes("the code cache") else {
+        return;
+    };
+    let (server_metrics, _) = d.metrics().expect("processes");
+    let counter = |text: &str, name: &str| {
+        sample(
+            text,
+            &format!("naam_code_cache_{name}_total{{role=\"server\"}}"),
+        )
+        .unwrap_or_else(|| panic!("no {name} counter in\n{text}"))
+    };
+    // Scraped until the restarted server renders its cluster (and its tiered handlers are on
+    // the JIT).
+    let serving = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Ok(mut s) = TcpStream::connect(server_metrics) {
+                let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: naam\r\n\r\n");
+                let mut out = String::new();
+                let _ = s.read_to_string(&mut out);
+                let tiered_on_jit = out
+                    .lines()
+                    .filter(|l| {
+                        l.starts_with("naam_handler_engine{")
+                            && l.contains("configured=\"tiered\"")
+                            && l.contains("engine=\"jit\"")
+                    })
+                    .collect::<Vec<_>>();
+                if !tiered_on_jit.is_empty() && tiered_on_jit.iter().all(|l| l.ends_with(" 1")) {
+                    return out;
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the server's handlers were not all on the JIT within 30 s"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    let first = serving();
+    let compiled = counter(&first, "compiled");
+    assert!(compiled >= 1.0, "{first}");
+    assert_eq!(counter(&first, "store_hits"), 0.0);
+    assert!(
+        first.contains("naam_handler_jit_ready_seconds{role=\"server\",app=\"a\""),
+        "{first}"
+    );
+
+    d.restart_server();
+    let second = serving();
+    assert_eq!(counter(&second, "compiled"), 0.0, "{second}");
+    assert_eq!(counter(&second, "store_hits"), compiled);
+    assert_eq!(counter(&second, "rejected"), 0.0);
+
+    // One entry corrupted: refused, compiled again, and the others still mapped.
+    let dir = d.dir().expect("processes").join("code-cache");
+    let entry = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "code"))
+        .expect("a stored entry");
+    let mut bytes = std::fs::read(&entry).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&entry, bytes).unwrap();
+    d.restart_server();
+    let third = serving();
+    assert_eq!(counter(&third, "rejected"), 1.0, "{third}");
+    assert_eq!(counter(&third, "compiled"), 1.0);
+    assert_eq!(counter(&third, "store_hits"), compiled - 1.0);
+    // And it serves.
+    let mut c = UdpClient::connect(&UdpConfig::new(d.server(), "a", key_a())).unwrap();
+    let r = c.call(A, handler_id("add"), &words(&[2, 3]), &[]).unwrap();
+    assert_eq!(r.status, naam_proto::wire::Status::Ok);
+}

@@ -79,6 +79,12 @@ pub struct Config {
     /// absent: no operator session. Relative to the config file.
     #[serde(default)]
     pub operator_credential: Option<PathBuf>,
+    /// Directory where compiled handlers are kept across restarts (created mode 0700; it must
+    /// be this user's and writable by nobody else; entries are sealed and checked before
+    /// they run): a restart then maps its handlers' code instead of compiling it. Absent:
+    /// compiled code is shared in memory only. Relative to the config file.
+    #[serde(default)]
+    pub code_cache: Option<PathBuf>,
     /// The `[[app]]` entries: at least one, and no app id twice (instance ranges included).
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
@@ -174,7 +180,8 @@ pub enum AppConfig {
         /// grant it); otherwise clients only READ them one-sided.
         #[serde(default)]
         client_writes: bool,
-        /// Engine for its handlers: `jit` (default) or `interp`.
+        /// Engine for its handlers: `jit` (default), `interp`, or `tiered` (the interpreter at
+        /// once, the JIT when a background thread has compiled it).
         #[serde(default)]
         engine: EngineKind,
         /// Instructions one step may run before it faults with `budget exhausted`.
@@ -204,7 +211,8 @@ pub enum AppConfig {
         /// grant it); otherwise clients only READ them one-sided.
         #[serde(default)]
         client_writes: bool,
-        /// Engine for its handlers: `jit` (default) or `interp`.
+        /// Engine for its handlers: `jit` (default), `interp`, or `tiered` (the interpreter at
+        /// once, the JIT when a background thread has compiled it).
         #[serde(default)]
         engine: EngineKind,
         /// Instructions one step may run before it faults with `budget exhausted`.
@@ -236,7 +244,8 @@ pub enum AppConfig {
         /// grant it); otherwise clients only READ them one-sided.
         #[serde(default)]
         client_writes: bool,
-        /// Engine for its handlers: `jit` (default) or `interp`.
+        /// Engine for its handlers: `jit` (default), `interp`, or `tiered` (the interpreter at
+        /// once, the JIT when a background thread has compiled it).
         #[serde(default)]
         engine: EngineKind,
         /// Instructions one step may run before it faults with `budget exhausted`.
@@ -379,6 +388,7 @@ impl Config {
         c.nic_pairing.iter_mut().for_each(fix);
         c.operator_credential.iter_mut().for_each(fix);
         fix(&mut c.shm_dir);
+        c.code_cache.iter_mut().for_each(fix);
         Ok(c)
     }
 

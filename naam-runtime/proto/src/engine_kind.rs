@@ -16,6 +16,10 @@ pub enum EngineKind {
     /// The memory-checked Cranelift JIT (the default).
     #[default]
     Jit,
+    /// The interpreter as soon as the handler is verified, the JIT once a background thread
+    /// has compiled it (or found it in the code cache): the switch is per handler, between
+    /// two steps, and both engines give the same results, faults and instruction counts.
+    Tiered,
 }
 
 impl EngineKind {
@@ -24,6 +28,7 @@ impl EngineKind {
         match self {
             EngineKind::Interp => "interp",
             EngineKind::Jit => "jit",
+            EngineKind::Tiered => "tiered",
         }
     }
 }
@@ -40,7 +45,8 @@ impl FromStr for EngineKind {
         match s {
             "interp" => Ok(EngineKind::Interp),
             "jit" => Ok(EngineKind::Jit),
-            other => Err(format!("unknown engine `{other}` (interp, jit)")),
+            "tiered" => Ok(EngineKind::Tiered),
+            other => Err(format!("unknown engine `{other}` (interp, jit, tiered)")),
         }
     }
 }

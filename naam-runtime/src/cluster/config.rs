@@ -139,6 +139,9 @@ pub struct ClusterConfig {
     /// Replay sampled steps of every executor and client VM as aarch64 code under qemu and
     /// record differences (tests of the aarch64 JIT over real workloads; off by default).
     pub cross_check: Option<Arc<naam_vm::cross::CrossCheck>>,
+    /// Where the handlers' compiled code is shared and kept (naam-server's `code_cache =
+    /// DIR`: [`crate::code_cache::open_dir`]); the process's cache in memory by default.
+    pub code_cache: Arc<naam_vm::CodeCache>,
     /// What one app may spend per period before its new messages are refused `Busy`: bounds
     /// the harm one tenant's torn records or retry storms do to the others.
     pub tenant_budget: TenantBudget,
@@ -214,6 +217,7 @@ impl Default for ClusterConfig {
             remote_clients: false,
             executor_poll: POLL_BEFORE_BLOCKING,
             cross_check: None,
+            code_cache: naam_vm::CodeCache::process(),
             tenant_budget: TenantBudget::default(),
             simulated: None,
         }

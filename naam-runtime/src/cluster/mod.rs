@@ -529,7 +529,12 @@ impl ClusterBuilder {
             regions,
             registry,
             region_keys,
-        } = install_with(&self.apps, &config.verifier, &mut *backing)?;
+        } = install_with(
+            &self.apps,
+            &config.verifier,
+            &config.code_cache,
+            &mut *backing,
+        )?;
         if config.remote_nic && self.apps.iter().any(|a| a.owner == Placement::Nic) {
             return Err(ClusterError::Config(
                 "with a remote NIC, writes are owned by the host (owner = host)".into(),
@@ -671,19 +676,23 @@ pub struct Installed {
 /// Registers `apps`: verifies and loads their handlers, registers their regions under fresh
 /// rkeys.
 pub fn install(apps: &[AppSpec], verifier: &VerifierConfig) -> Result<Installed, ClusterError> {
-    install_with(apps, verifier, &mut |_, r| {
-        Ok((RegionMemory::from_bytes(&r.contents), None))
-    })
+    install_with(
+        apps,
+        verifier,
+        &naam_vm::CodeCache::process(),
+        &mut |_, r| Ok((RegionMemory::from_bytes(&r.contents), None)),
+    )
 }
 
 /// [`install`] with region memory (and optionally rkeys) from `backing`.
 pub fn install_with(
     apps: &[AppSpec],
     verifier: &VerifierConfig,
+    code_cache: &Arc<naam_vm::CodeCache>,
     backing: &mut RegionBackingFn,
 ) -> Result<Installed, ClusterError> {
     let mut regions = RegionTable::new();
-    let mut registry = Registry::new();
+    let mut registry = Registry::with_code_cache(code_cache.clone());
     let mut region_keys = HashMap::new();
     for app in apps {
         registry.add_app(app.id, &app.name, app.owner)?;

@@ -5,6 +5,7 @@
 //! serves it. Rendering is pure; the endpoint is a thin thread over a `TcpListener` that
 //! treats every request as hostile (bounded, timed out, GET /metrics only).
 
+use naam_proto::EngineKind;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -452,6 +453,7 @@ impl Telemetry {
                 );
             }
         }
+        render_engines(&mut out, role, cluster);
         let counters = self.counters.lock().map(|c| c.clone()).unwrap_or_default();
         for (counter, help, value) in counters {
             let _ = writeln!(out, "# HELP naam_{counter}_total {help}");
@@ -469,6 +471,93 @@ impl Telemetry {
             self.dropped.load(Ordering::Relaxed)
         );
         out
+    }
+}
+
+/// Each handler's engine (which one runs its next step, how long it took to be served and,
+/// tiered, until its JIT code was ready) and the code cache's counters.
+fn render_engines(out: &mut String, role: &str, cluster: &Cluster) {
+    let mut handlers: Vec<_> = cluster
+        .registry()
+        .apps()
+        .flat_map(|a| a.handlers.values().map(move |h| (a, h)))
+        .collect();
+    handlers.sort_by_key(|(a, h)| (a.id, h.id));
+    let labels = |a: &crate::registry::AppEntry, h: &crate::registry::HandlerEntry| {
+        format!(
+            "role=\"{role}\",app=\"{}\",handler=\"{}\"",
+            escape(&a.name),
+            escape(&h.name)
+        )
+    };
+    let _ = writeln!(
+        out,
+        "# HELP naam_handler_engine Which engine runs a handler's next step (1 for the engine that does), by its configured engine."
+    );
+    let _ = writeln!(out, "# TYPE naam_handler_engine gauge");
+    for (a, h) in &handlers {
+        let running = h.exe.running_engine();
+        for e in [EngineKind::Interp, EngineKind::Jit] {
+            let _ = writeln!(
+                out,
+                "naam_handler_engine{{{},configured=\"{}\",engine=\"{}\"}} {}",
+                labels(a, h),
+                h.exe.engine().name(),
+                e.name(),
+                u8::from(running == e)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP naam_handler_build_seconds Time to verify, analyse and prepare a handler until it could be served."
+    );
+    let _ = writeln!(out, "# TYPE naam_handler_build_seconds gauge");
+    for (a, h) in &handlers {
+        let _ = writeln!(
+            out,
+            "naam_handler_build_seconds{{{}}} {:.6}",
+            labels(a, h),
+            h.exe.compile_time().as_secs_f64()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP naam_handler_jit_ready_seconds A tiered handler's time from its build's start to its JIT code (absent until ready)."
+    );
+    let _ = writeln!(out, "# TYPE naam_handler_jit_ready_seconds gauge");
+    for (a, h) in &handlers {
+        if let Some(d) = h.exe.jit_ready_after() {
+            let _ = writeln!(
+                out,
+                "naam_handler_jit_ready_seconds{{{}}} {:.6}",
+                labels(a, h),
+                d.as_secs_f64()
+            );
+        }
+    }
+    let stats = cluster.config().code_cache.stats();
+    for (name, help, value) in [
+        (
+            "code_cache_memory_hits",
+            "Handlers whose compiled code another executable of the same program held in memory.",
+            stats.memory_hits,
+        ),
+        (
+            "code_cache_store_hits",
+            "Handlers whose compiled code was loaded from the code cache's directory, its seal checked.",
+            stats.store_hits,
+        ),
+        ("code_cache_compiled", "Handlers compiled.", stats.compiled),
+        (
+            "code_cache_rejected",
+            "Stored entries refused (corrupted, truncated, another key's or another secret's) and compiled again.",
+            stats.rejected,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP naam_{name}_total {help}");
+        let _ = writeln!(out, "# TYPE naam_{name}_total counter");
+        let _ = writeln!(out, "naam_{name}_total{{role=\"{role}\"}} {value}");
     }
 }
 

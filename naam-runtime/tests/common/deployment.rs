@@ -151,14 +151,18 @@ impl Deployment {
                         regions = [{ name = \"sorted\", size = 4096, access = \"r\" }, \
                         { name = \"data\", size = 64, access = \"rwa\" }]\n";
         let server_addr = free_loopback_port();
+        // Compiled code is kept in `code-cache` across restarts; tenant a's handlers are
+        // tiered (the interpreter until the JIT's code is ready), b's on the JIT.
         let mut config = format!(
             "listen = \"{server_addr}\"\nnic_pairing = \"nic.key\"\n\
-             operator_credential = \"operator.key\"\n"
+             operator_credential = \"operator.key\"\ncode_cache = \"code-cache\"\n"
         );
         for (id, tenant, _) in tenants() {
+            let engine = if tenant == "a" { "tiered" } else { "jit" };
             config.push_str(&format!(
                 "[[app]]\nkind = \"object\"\nid = {id}\nname = \"{tenant}\"\n\
-                 credential = \"{tenant}.key\"\nclient_writes = true\nobject = \"{}\"\n{handlers}",
+                 credential = \"{tenant}.key\"\nclient_writes = true\nengine = \"{engine}\"\n\
+                 object = \"{}\"\n{handlers}",
                 object.display()
             ));
         }
@@ -196,6 +200,14 @@ impl Deployment {
         match self {
             Deployment::Threads { server, .. } => *server,
             Deployment::Processes(p) => p.server_addr,
+        }
+    }
+
+    /// The processes' directory (config, credentials, logs, `code-cache`; processes only).
+    pub(crate) fn dir(&self) -> Option<&Path> {
+        match self {
+            Deployment::Threads { .. } => None,
+            Deployment::Processes(p) => Some(p.dir.path()),
         }
     }
 

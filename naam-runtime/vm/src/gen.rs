@@ -704,6 +704,7 @@ pub fn options(engine: EngineKind) -> ExecOptions {
         verifier: VerifierConfig::for_helpers(HelperSet::Naam),
         helpers: HelperSet::Naam,
         entry: Entry::Memory,
+        ..ExecOptions::default()
     }
 }
 

@@ -10,14 +10,16 @@
 //! - [`interp`]: the reference interpreter; [`jit`]: the memory-checked Cranelift JIT for
 //!   x86-64 and aarch64; [`semantics`]: the arithmetic both follow;
 //! - the helpers handlers call ([`HelperSet`]);
-//! - the engine: [`Executable`]s and the per-thread [`Vm`];
+//! - the engine: [`Executable`]s and the per-thread [`Vm`], on the interpreter, the JIT or
+//!   both in tiers; the [`CodeCache`] of compiled code;
 //! - [`cross`]: aarch64 code run under qemu-user; [`conformance`]: the conformance suite's
 //!   plugin convention; [`gen`]: random programs and the differential check.
 //!
 //! A module is public when its name is part of what its items mean (`jit::Target`,
 //! `interp::run`); the engine, loader, verifier and helpers live at the crate root.
 //!
-//! Everything is IO-free apart from mapping executable memory for JIT code and [`cross`],
+//! Everything is IO-free apart from mapping executable memory for JIT code, the tiered
+//! engine's one compiler thread and [`cross`],
 //! which starts qemu.
 #![deny(missing_docs)]
 
@@ -37,8 +39,10 @@ pub mod semantics;
 mod verifier;
 
 pub use engine::{
-    time_runs, EngineError, Entry, ExecOptions, Executable, Fixup, Image, ImageRegion, NextStep,
-    RawOutput, StepError, StepOutput, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET,
+    code_key, open_entry, seal_entry, time_runs, CacheStats, CodeCache, CodeKey, CodeStore,
+    EngineError, Entry, ExecOptions, Executable, Fixup, Image, ImageRegion, NextStep, RawOutput,
+    StepError, StepOutput, Vm, VmError, CODEGEN_VERSION, DEFAULT_BUDGET, MAX_BUDGET,
+    MAX_ENTRY_CODE,
 };
 pub use helpers::{Helper, HelperSet, HelperWrites};
 pub use loader::{load, LoadError, LoadedObject, Program, Rodata, RodataRef};

@@ -296,6 +296,9 @@ fn run(
     cc.queue_capacity = config.queue_capacity;
     cc.policy = config.policy()?;
     cc.executor_poll = Duration::from_micros(config.executor_poll_us);
+    if let Some(dir) = &config.code_cache {
+        cc.code_cache = naam_runtime::code_cache::open_dir(dir)?;
+    }
     let mut sockets = udp::bind_group(config.listen, config.datagram_size(), config.loops())
         .with_context(|| format!("binding {}", config.listen))?;
     for s in &mut sockets {

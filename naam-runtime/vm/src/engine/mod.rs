@@ -39,9 +39,16 @@ pub const MAX_BUDGET: u64 = 1 << 30;
 
 use naam_proto::EngineKind;
 
+mod cache;
 mod image;
+mod tiers;
 
+pub use cache::{
+    code_key, open_entry, seal_entry, CacheStats, CodeCache, CodeKey, CodeStore, CODEGEN_VERSION,
+    MAX_ENTRY_CODE,
+};
 pub use image::{Fixup, Image, ImageRegion};
+use tiers::TierUp;
 
 /// What `r1` points at when an executable starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -77,6 +84,8 @@ pub struct ExecOptions {
     pub helpers: HelperSet,
     /// What `r1` points at.
     pub entry: Entry,
+    /// Where compiled code is shared and kept ([`CodeCache::process`] unless set).
+    pub code_cache: std::sync::Arc<CodeCache>,
 }
 
 impl ExecOptions {
@@ -99,6 +108,7 @@ impl Default for ExecOptions {
             verifier: VerifierConfig::default(),
             helpers: HelperSet::Naam,
             entry: Entry::Context,
+            code_cache: CodeCache::process(),
         }
     }
 }
@@ -262,51 +272,7 @@ impl VmError {
 enum Code {
     Interp(InterpCode),
     Jit(std::sync::Arc<HostCode>),
-}
-
-/// Compiled code shared by executables of identical programs (many instances of one app): the
-/// code is position-independent, so one compilation serves them all. Keyed by everything the
-/// code depends on; entries die with their last executable.
-fn shared_code(
-    checked: &Checked,
-    program: &Program,
-    facts: &Facts,
-    options: &ExecOptions,
-) -> Result<std::sync::Arc<HostCode>, JitError> {
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex, OnceLock, Weak};
-    static CACHE: OnceLock<Mutex<HashMap<Vec<u8>, Weak<HostCode>>>> = OnceLock::new();
-    let mut key = program.code.clone();
-    for f in &program.functions {
-        key.extend_from_slice(&(*f as u64).to_le_bytes());
-    }
-    for r in &program.rodata {
-        key.extend_from_slice(&(r.len() as u64).to_le_bytes());
-    }
-    for r in &program.rodata_refs {
-        key.extend_from_slice(
-            &[r.pc as u64, r.index as u64, r.offset]
-                .map(u64::to_le_bytes)
-                .concat(),
-        );
-    }
-    key.push(options.entry as u8);
-    key.push(options.helpers as u8);
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(code) = cache
-        .lock()
-        .ok()
-        .and_then(|c| c.get(&key).and_then(Weak::upgrade))
-    {
-        return Ok(code);
-    }
-    let compiled = jit::compile(checked, program, facts, Target::Host)?;
-    let code = Arc::new(HostCode::new(&compiled)?);
-    if let Ok(mut c) = cache.lock() {
-        c.retain(|_, w| w.strong_count() > 0);
-        c.insert(key, Arc::downgrade(&code));
-    }
-    Ok(code)
+    Tiered(std::sync::Arc<TierUp>),
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -367,14 +333,32 @@ impl Executable {
             &options.entry.assumptions(),
             options.helpers,
         );
+        let jit_err = |source| EngineError::Jit {
+            name: program.name.clone(),
+            source,
+        };
         let code = match options.engine {
             EngineKind::Interp => Code::Interp(InterpCode::new(&checked, &facts)),
             EngineKind::Jit => {
-                let jit_err = |source| EngineError::Jit {
-                    name: program.name.clone(),
-                    source,
-                };
-                Code::Jit(shared_code(&checked, program, &facts, options).map_err(jit_err)?)
+                let key = code_key(program, options).map_err(jit_err)?;
+                Code::Jit(
+                    options
+                        .code_cache
+                        .host_code(&key, &checked, program, &facts)
+                        .map_err(jit_err)?,
+                )
+            }
+            EngineKind::Tiered => {
+                let key = code_key(program, options).map_err(jit_err)?;
+                Code::Tiered(TierUp::start(
+                    key,
+                    InterpCode::new(&checked, &facts),
+                    &checked,
+                    program,
+                    &facts,
+                    &options.code_cache,
+                    started,
+                ))
             }
         };
         let rodata = program
@@ -443,9 +427,48 @@ impl Executable {
         &self.options
     }
 
-    /// Verification, analysis and compilation time.
+    /// Verification, analysis and compilation time (for a tiered handler, until the
+    /// interpreter could serve it).
     pub fn compile_time(&self) -> Duration {
         self.compile_time
+    }
+
+    /// The engine its next step runs on: the configured one, or for a tiered handler the
+    /// interpreter until its JIT code is ready, then the JIT.
+    pub fn running_engine(&self) -> EngineKind {
+        match &self.code {
+            Code::Interp(_) => EngineKind::Interp,
+            Code::Jit(_) => EngineKind::Jit,
+            Code::Tiered(t) if t.jit().is_some() => EngineKind::Jit,
+            Code::Tiered(_) => EngineKind::Interp,
+        }
+    }
+
+    /// For a tiered handler, the time from the start of its build to its JIT code being
+    /// ready (`None`: not yet, or not tiered).
+    pub fn jit_ready_after(&self) -> Option<Duration> {
+        match &self.code {
+            Code::Tiered(t) => t.ready_after(),
+            _ => None,
+        }
+    }
+
+    /// For a tiered handler whose background compilation failed, why (it stays on the
+    /// interpreter, which runs every verified handler).
+    pub fn jit_failure(&self) -> Option<&str> {
+        match &self.code {
+            Code::Tiered(t) => t.failure(),
+            _ => None,
+        }
+    }
+
+    /// Waits up to `timeout` for a tiered handler's JIT code; whether it is ready (true at
+    /// once for the other engines' handlers, which never switch).
+    pub fn wait_for_jit(&self, timeout: Duration) -> bool {
+        match &self.code {
+            Code::Tiered(t) => t.wait(timeout),
+            _ => true,
+        }
     }
 }
 
@@ -734,22 +757,34 @@ impl Vm {
     fn execute(&mut self, exe: &Executable, r1: u64, r2: u64) -> Result<u64, VmError> {
         self.vmctx.reset_run();
         let r0 = match &exe.code {
-            Code::Interp(code) => {
-                let fp = self.stack_top();
-                let mix = self.mix.insert(naam_proto::step::InsnMix::default());
-                interp::run(code, &mut self.vmctx, mix, (r1, r2, fp))
-            }
-            Code::Jit(code) => {
-                self.mix = None;
-                // Compiled code finds the stack in the context itself.
-                let r0 = (code.entry())(&mut *self.vmctx as *mut VmCtx, r1, r2);
-                (self.vmctx.fault.kind == fault::NONE).then_some(r0)
-            }
+            Code::Interp(code) => self.interpret(code, r1, r2),
+            Code::Jit(code) => self.run_native(code, r1, r2),
+            // One acquire load decides: the JIT's code once the background thread published
+            // it, the interpreter before.
+            Code::Tiered(t) => match t.jit() {
+                Some(code) => self.run_native(code, r1, r2),
+                None => self.interpret(t.interp(), r1, r2),
+            },
         };
         match r0 {
             Some(r0) => Ok(r0),
             None => Err(self.fault(exe)),
         }
+    }
+
+    #[inline(always)]
+    fn interpret(&mut self, code: &InterpCode, r1: u64, r2: u64) -> Option<u64> {
+        let fp = self.stack_top();
+        let mix = self.mix.insert(naam_proto::step::InsnMix::default());
+        interp::run(code, &mut self.vmctx, mix, (r1, r2, fp))
+    }
+
+    #[inline(always)]
+    fn run_native(&mut self, code: &HostCode, r1: u64, r2: u64) -> Option<u64> {
+        self.mix = None;
+        // Compiled code finds the stack in the context itself.
+        let r0 = (code.entry())(&mut *self.vmctx as *mut VmCtx, r1, r2);
+        (self.vmctx.fault.kind == fault::NONE).then_some(r0)
     }
 
     #[cold]

@@ -72,7 +72,7 @@ impl Target {
 }
 
 /// Why compilation failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum JitError {
     /// The target ISA is unavailable in this build.
@@ -133,6 +133,32 @@ pub fn isa(target: Target) -> Result<OwnedTargetIsa, JitError> {
             target: target.name(),
             reason,
         })
+}
+
+/// What code for `target` depends on besides the program: the triple, the shared settings
+/// and the ISA's flags (the CPU features detected on the host). Part of every code cache key,
+/// so code compiled for another CPU's features or other settings never matches.
+pub fn target_fingerprint(target: Target) -> Result<&'static str, JitError> {
+    use std::sync::OnceLock;
+    static HOST: OnceLock<Result<String, JitError>> = OnceLock::new();
+    static AARCH64: OnceLock<Result<String, JitError>> = OnceLock::new();
+    let cell = match target {
+        Target::Host => &HOST,
+        Target::Aarch64 => &AARCH64,
+    };
+    // Computed once: the ISA does not change while the process runs, and every build asks.
+    match cell.get_or_init(|| {
+        use std::fmt::Write;
+        let isa = isa(target)?;
+        let mut s = format!("{}\n{}", isa.triple(), isa.flags());
+        for v in isa.isa_flags() {
+            let _ = write!(s, "\n{v}");
+        }
+        Ok(s)
+    }) {
+        Ok(s) => Ok(s.as_str()),
+        Err(e) => Err(e.clone()),
+    }
 }
 
 fn build_isa(target: Target) -> Result<OwnedTargetIsa, JitError> {
