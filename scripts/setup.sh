@@ -14,7 +14,8 @@
 #   - bpf-linker 0.13 (built from crates.io against LLVM 22), the last step of the
 #     Rust-to-eBPF handler pipeline (see DESIGN.md section 3);
 #   - python3-venv, and in target/pytools a virtual environment with hdrhistogram 0.10.8
-#     (PyPI), HdrHistogram's Python reader, which a test reads naam-bench's interval logs with.
+#     (PyPI), HdrHistogram's Python reader, which a test reads naam-bench's interval logs with,
+#     and prometheus-client 0.21.1 (PyPI), whose parser a test reads naam-server's metrics with.
 set -euo pipefail
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -51,11 +52,12 @@ else
     cargo install "bpf-linker@$BPF_LINKER_VERSION" --locked --no-default-features --features llvm-22
 fi
 PYTOOLS="$(pwd)/target/pytools"
-if [ -x "$PYTOOLS/bin/python" ] && "$PYTOOLS/bin/python" -c 'import hdrh' 2>/dev/null; then
-  log "python hdrhistogram present"
+if [ -x "$PYTOOLS/bin/python" ] && "$PYTOOLS/bin/python" -c 'import hdrh, prometheus_client' 2>/dev/null; then
+  log "python hdrhistogram and prometheus-client present"
 else
-  log "installing hdrhistogram 0.10.8 (PyPI) into $PYTOOLS"
+  log "installing hdrhistogram 0.10.8 and prometheus-client 0.21.1 (PyPI) into $PYTOOLS"
   python3 -m venv "$PYTOOLS"
-  "$PYTOOLS/bin/python" -m pip install --quiet --disable-pip-version-check "hdrhistogram==0.10.8"
+  "$PYTOOLS/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "hdrhistogram==0.10.8" "prometheus-client==0.21.1"
 fi
 log "done"

@@ -674,4 +674,10 @@ fn steps_of_messages_run_here_count_once_against_the_budget() {
         Status::Busy,
         "ten messages' steps spent the budget"
     );
+    assert_eq!(run(&c, &mut runner, 12).0, Status::Busy);
+    // The accounting: one period exhausted (not one per refusal), handler time at the host.
+    let account = c.app_accounts().into_iter().find(|a| a.app == APP).unwrap();
+    assert_eq!((account.steps_exhausted, account.retries_exhausted), (1, 0));
+    assert!(account.cpu_ns[Placement::Host.index()] > 0, "{account:?}");
+    assert_eq!(account.cpu_ns[Placement::Nic.index()], 0);
 }

@@ -104,6 +104,49 @@ fn server_and_nic_metrics_can_be_scraped_while_serving() {
     );
 }
 
+/// Parses `text` (a scrape's body) with the Prometheus project's Python client's parser
+/// (scripts/setup.sh installs it in target/pytools) and returns how many samples it read;
+/// `None` where it is not installed (not in CI).
+fn parsed_by_prometheus_client(text: &str) -> Option<usize> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let python = root.join("target/pytools/bin/python");
+    if !python.is_file() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI parses the metrics with prometheus-client: scripts/setup.sh installs it"
+        );
+        eprintln!(
+            "skipped prometheus-client's parser: no {}",
+            python.display()
+        );
+        return None;
+    }
+    let script = "import sys\n\
+        from prometheus_client.parser import text_string_to_metric_families\n\
+        n = sum(len(f.samples) for f in text_string_to_metric_families(sys.stdin.read()))\n\
+        print(n)\n";
+    let mut child = std::process::Command::new(python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "prometheus-client refused the metrics: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
 /// naam-server keeps its handlers' compiled code in `code_cache`: a restart maps it instead
 /// of compiling it, a corrupted entry is refused and compiled again, and tenant a's tiered
 /// handlers run on the JIT once their code is ready.
@@ -123,7 +166,7 @@ fn a_restart_maps_its_handlers_from_the_code_cache() {
     // Scraped until the restarted server renders its cluster (and its tiered handlers are on
     // the JIT).
     let serving = || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(mut s) = TcpStream::connect(server_metrics) {
                 let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: naam\r\n\r\n");
@@ -142,14 +185,18 @@ fn a_restart_maps_its_handlers_from_the_code_cache() {
                 }
             }
             assert!(
-                std::time::Instant::now() < deadline,
+                Instant::now() < deadline,
                 "the server's handlers were not all on the JIT within 30 s"
             );
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(20));
         }
     };
     let first = serving();
     let compiled = counter(&first, "compiled");
+    // Nothing ran yet: no handler time, no budget spent.
+    assert!(!first.contains("naam_app_cpu_seconds_total{"), "{first}");
+    assert!(first
+        .contains("naam_app_budget_exhausted_total{role=\"server\",app=\"a\",budget=\"steps\"} 0"));
     assert!(compiled >= 1.0, "{first}");
     assert_eq!(counter(&first, "store_hits"), 0.0);
     assert!(
@@ -179,8 +226,31 @@ fn a_restart_maps_its_handlers_from_the_code_cache() {
     assert_eq!(counter(&third, "rejected"), 1.0, "{third}");
     assert_eq!(counter(&third, "compiled"), 1.0);
     assert_eq!(counter(&third, "store_hits"), compiled - 1.0);
-    // And it serves.
-    let mut c = UdpClient::connect(&UdpConfig::new(d.server(), "a", key_a())).unwrap();
+    // And it serves, its handler time accounted to tenant a at the host.
+    let mut cfg = UdpConfig::new(d.server(), "a", key_a());
+    cfg.pin = Some(Placement::Host);
+    let mut c = UdpClient::connect(&cfg).unwrap();
     let r = c.call(A, handler_id("add"), &words(&[2, 3]), &[]).unwrap();
     assert_eq!(r.status, naam_proto::wire::Status::Ok);
+    let body = |scrape: String| {
+        scrape
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_string())
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let cpu = "naam_app_cpu_seconds_total{role=\"server\",app=\"a\",placement=\"host\"}";
+    while sample(&scrape(server_metrics), cpu).is_none_or(|s| s <= 0.0) {
+        assert!(Instant::now() < deadline, "no handler time for tenant a");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Every line, the new families' included, is what Prometheus's own parser reads.
+    let text = body(scrape(server_metrics));
+    if let Some(samples) = parsed_by_prometheus_client(&text) {
+        let ours = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .count();
+        assert_eq!(samples, ours, "{text}");
+    }
 }

@@ -295,10 +295,28 @@ impl Default for TenantBudget {
     }
 }
 
-/// What one app spent in the current period.
+/// What one app spent in the current period, and in all since the cluster started.
 #[derive(Debug, Default)]
 pub(super) struct Spent {
     pub(super) since: Nanos,
     pub(super) retries: u64,
     pub(super) steps: u64,
+    /// Kept across periods.
+    pub(super) totals: AppAccount,
+}
+
+/// One app's accounting since the cluster started ([`super::Cluster::app_accounts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AppAccount {
+    /// The app.
+    pub app: u32,
+    /// Handler time at each placement in this process (index [`Placement::index`]),
+    /// nanoseconds: what the app's messages took of the executors and loops that ran them.
+    pub cpu_ns: [u64; 3],
+    /// Periods in which the app spent its step budget ([`TenantBudget::steps`]) and was
+    /// refused `Busy` for the rest of the period.
+    pub steps_exhausted: u64,
+    /// Periods in which it spent its torn-read retry budget ([`TenantBudget::retries`]).
+    pub retries_exhausted: u64,
 }

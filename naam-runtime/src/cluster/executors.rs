@@ -343,7 +343,7 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
             }
             Served::Done(c, _) => c,
         };
-        inner.spend(job.req.app, 0, c.steps as u64);
+        inner.spend_at(job.req.app, Some((placement, busy)), 0, c.steps as u64);
         rx.record(job.req.app, busy);
         let load = {
             let mut t = inner.lock_tracker(placement);

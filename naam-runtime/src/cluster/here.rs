@@ -107,8 +107,8 @@ impl LocalLoad {
         inner
             .lock_tracker(self.placement)
             .absorb_completions(&self.report);
-        for &((app, _), _, _, steps) in &self.handlers {
-            inner.spend(app, 0, steps);
+        for &((app, _), _, service, steps) in &self.handlers {
+            inner.spend_at(app, Some((self.placement, service)), 0, steps);
         }
         self.handlers.clear();
     }

@@ -321,6 +321,12 @@ struct AppBudget {
 impl Inner {
     /// Adds to `app`'s spending in the current period (a new period starts afresh).
     fn spend(&self, app: u32, retries: u64, steps: u64) {
+        self.spend_at(app, None, retries, steps);
+    }
+
+    /// [`Inner::spend`], with `cpu` = (placement, handler nanoseconds) added to the app's
+    /// accounting under the same lock.
+    fn spend_at(&self, app: u32, cpu: Option<(Placement, Nanos)>, retries: u64, steps: u64) {
         if let Some(b) = self.spent.get(&app) {
             let now = self.clock.now();
             let budget = self.config.tenant_budget;
@@ -329,8 +335,12 @@ impl Inner {
             if now.saturating_sub(s.since) >= period {
                 *s = Spent {
                     since: now,
+                    totals: s.totals,
                     ..Spent::default()
                 };
+            }
+            if let Some((p, ns)) = cpu {
+                s.totals.cpu_ns[p.index()] = s.totals.cpu_ns[p.index()].saturating_add(ns);
             }
             s.retries += retries;
             s.steps += steps;
@@ -342,11 +352,31 @@ impl Inner {
                 0
             };
             if refused != 0 {
+                let until = s.since.saturating_add(period);
+                // Counted once a period: the first spending past the budget.
+                if b.refused_until.swap(until, Ordering::AcqRel) != until {
+                    match refused {
+                        1 => s.totals.retries_exhausted += 1,
+                        _ => s.totals.steps_exhausted += 1,
+                    }
+                }
                 b.refused_for.store(refused, Ordering::Relaxed);
-                b.refused_until
-                    .store(s.since.saturating_add(period), Ordering::Release);
             }
         }
+    }
+
+    /// Every app's accounting so far.
+    fn app_accounts(&self) -> Vec<AppAccount> {
+        let mut v: Vec<AppAccount> = self
+            .spent
+            .iter()
+            .map(|(&app, b)| AppAccount {
+                app,
+                ..b.spent.lock().unwrap_or_else(|e| e.into_inner()).totals
+            })
+            .collect();
+        v.sort_by_key(|a| a.app);
+        v
     }
 
     /// Which of `app`'s budgets is spent for the rest of the period, if one is. An app never
@@ -1002,6 +1032,12 @@ impl Cluster {
     /// different clients never collide in write deduplication).
     pub fn next_client_id(&self) -> u32 {
         self.inner.next_client.fetch_add(1, Ordering::SeqCst) & 0xff_ffff
+    }
+
+    /// Every app's accounting since the cluster started: handler time per placement in this
+    /// process, and the periods in which it spent a tenant budget.
+    pub fn app_accounts(&self) -> Vec<AppAccount> {
+        self.inner.app_accounts()
     }
 
     /// Every app and handler.

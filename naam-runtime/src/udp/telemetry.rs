@@ -454,6 +454,7 @@ impl Telemetry {
             }
         }
         render_engines(&mut out, role, cluster);
+        render_accounts(&mut out, role, cluster);
         let counters = self.counters.lock().map(|c| c.clone()).unwrap_or_default();
         for (counter, help, value) in counters {
             let _ = writeln!(out, "# HELP naam_{counter}_total {help}");
@@ -558,6 +559,53 @@ fn render_engines(out: &mut String, role: &str, cluster: &Cluster) {
         let _ = writeln!(out, "# HELP naam_{name}_total {help}");
         let _ = writeln!(out, "# TYPE naam_{name}_total counter");
         let _ = writeln!(out, "naam_{name}_total{{role=\"{role}\"}} {value}");
+    }
+}
+
+/// Each app's handler time per placement and its exhausted tenant budgets.
+fn render_accounts(out: &mut String, role: &str, cluster: &Cluster) {
+    let accounts = cluster.app_accounts();
+    let app_name = |id: u32| {
+        cluster
+            .registry()
+            .app(id)
+            .map_or_else(|| id.to_string(), |a| a.name.clone())
+    };
+    let _ = writeln!(
+        out,
+        "# HELP naam_app_cpu_seconds_total Handler time an app's messages took in this process, by placement."
+    );
+    let _ = writeln!(out, "# TYPE naam_app_cpu_seconds_total counter");
+    for a in &accounts {
+        for p in Placement::ALL {
+            let ns = a.cpu_ns[p.index()];
+            if ns > 0 {
+                let _ = writeln!(
+                    out,
+                    "naam_app_cpu_seconds_total{{role=\"{role}\",app=\"{}\",placement=\"{}\"}} {:.9}",
+                    escape(&app_name(a.app)),
+                    p.name(),
+                    ns as f64 / 1e9
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP naam_app_budget_exhausted_total Periods in which an app spent a tenant budget (steps, or torn-read retries) and was refused for the rest of the period."
+    );
+    let _ = writeln!(out, "# TYPE naam_app_budget_exhausted_total counter");
+    for a in &accounts {
+        for (budget, n) in [
+            ("steps", a.steps_exhausted),
+            ("retries", a.retries_exhausted),
+        ] {
+            let _ = writeln!(
+                out,
+                "naam_app_budget_exhausted_total{{role=\"{role}\",app=\"{}\",budget=\"{budget}\"}} {n}",
+                escape(&app_name(a.app))
+            );
+        }
     }
 }
 
