@@ -99,7 +99,9 @@ pub struct TransportCounts {
 
 /// One shard's histograms and counts.
 struct Shard {
-    placement: [Histogram<u64>; 3],
+    /// Per placement, made when the first latency there is recorded: about 220 KB each, and
+    /// a client thread (a thousand apps' clients in `experiment scale`) often uses one.
+    placement: [Option<Histogram<u64>>; 3],
     handler: IntMap<HandlerKey, Histogram<u32>>,
     ops: [u64; 3],
     errors: HashMap<Status, u64>,
@@ -108,7 +110,7 @@ struct Shard {
 impl Shard {
     fn new() -> Shard {
         Shard {
-            placement: [histogram(), histogram(), histogram()],
+            placement: [None, None, None],
             handler: IntMap::default(),
             ops: [0; 3],
             errors: HashMap::new(),
@@ -119,7 +121,9 @@ impl Shard {
     fn record(&mut self, placement: Placement, key: HandlerKey, latency_ns: u64, status: Status) {
         let v = latency_ns.clamp(1, MAX_LATENCY_NS);
         self.ops[placement.index()] += 1;
-        let _ = self.placement[placement.index()].record(v);
+        let _ = self.placement[placement.index()]
+            .get_or_insert_with(histogram)
+            .record(v);
         let _ = self
             .handler
             .entry(key)
@@ -133,7 +137,9 @@ impl Shard {
     /// Adds `other`'s histograms and counts into this one.
     fn absorb(&mut self, other: &Shard) {
         for i in 0..3 {
-            let _ = self.placement[i].add(&other.placement[i]);
+            if let Some(h) = &other.placement[i] {
+                let _ = self.placement[i].get_or_insert_with(histogram).add(h);
+            }
             self.ops[i] += other.ops[i];
         }
         for (k, h) in &other.handler {
@@ -149,7 +155,7 @@ impl Shard {
     }
 
     fn reset(&mut self) {
-        for h in &mut self.placement {
+        for h in self.placement.iter_mut().flatten() {
             h.reset();
         }
         self.ops = [0; 3];
@@ -324,7 +330,11 @@ impl Metrics {
     /// time, so not an atomic cut).
     pub fn snapshot(&self) -> Snapshot {
         let all = self.merged();
-        let placement = [0, 1, 2].map(|i| Percentiles::of(&all.placement[i]));
+        let placement = [0, 1, 2].map(|i| {
+            all.placement[i]
+                .as_ref()
+                .map_or_else(Percentiles::default, Percentiles::of)
+        });
         let mut handlers: Vec<_> = all
             .handler
             .iter()

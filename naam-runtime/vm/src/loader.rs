@@ -102,6 +102,12 @@ impl Rodata {
         self.len
     }
 
+    /// The bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: the u64 storage holds at least `len` initialised bytes.
+        unsafe { std::slice::from_raw_parts(self.bytes.as_ptr().cast::<u8>(), self.len) }
+    }
+
     /// True when the section is empty.
     pub fn is_empty(&self) -> bool {
         self.len == 0

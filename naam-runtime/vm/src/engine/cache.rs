@@ -24,7 +24,7 @@ use crate::jit::{self, Compiled, HostCode, JitError, Target};
 use crate::loader::Program;
 use crate::verifier::Checked;
 
-use super::ExecOptions;
+use super::{ExecOptions, Prepared};
 
 /// The version of the code the JIT generates for a program: part of every key, raised with
 /// any change to translation, the ISA settings or the machine state's layout, so that code an
@@ -74,6 +74,9 @@ pub struct CodeCache {
     /// A lock per key being loaded or compiled: a second build of the same program waits for
     /// the first and takes its code (two apps deploying one handler compile it once).
     inflight: Mutex<HashMap<CodeKey, Arc<Mutex<()>>>>,
+    /// Verified programs and their analyses, by [`prepared_key`], while an executable holds
+    /// them.
+    prepared: Mutex<HashMap<CodeKey, Weak<Prepared>>>,
     store: Option<(Arc<dyn CodeStore>, hmac::Key)>,
     memory_hits: AtomicU64,
     store_hits: AtomicU64,
@@ -102,6 +105,7 @@ impl CodeCache {
         CodeCache {
             memory: Mutex::new(HashMap::new()),
             inflight: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(HashMap::new()),
             store: None,
             memory_hits: AtomicU64::new(0),
             store_hits: AtomicU64::new(0),
@@ -136,6 +140,22 @@ impl CodeCache {
             compiled: self.compiled.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
         }
+    }
+
+    /// The live [`Prepared`] under `key` if an executable holds one (then `fresh`, which the
+    /// caller verified and analysed itself, is dropped), else `fresh`, now shared.
+    pub(super) fn share_prepared(&self, key: CodeKey, fresh: Prepared) -> Arc<Prepared> {
+        let mut m = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = m.get(&key).and_then(Weak::upgrade) {
+            return p;
+        }
+        let p = Arc::new(fresh);
+        // Dead entries go when the map would grow (amortised: at most one sweep per doubling).
+        if m.len() == m.capacity() {
+            m.retain(|_, w| w.strong_count() > 0);
+        }
+        m.insert(key, Arc::downgrade(&p));
+        p
     }
 
     /// Code held in memory under `key` (another executable of the same program has it).
@@ -244,6 +264,25 @@ pub fn code_key(program: &Program, options: &ExecOptions) -> Result<CodeKey, Jit
     let mut key = [0u8; 32];
     key.copy_from_slice(h.finish().as_ref());
     Ok(key)
+}
+
+/// The key under which executables share a verified program and its analysis: its code key
+/// (`code`), and what the code does not depend on but the program and the verifier's verdict
+/// do: the name, the read-only data's bytes and the verifier's settings.
+pub(super) fn prepared_key(code: &CodeKey, program: &Program, options: &ExecOptions) -> CodeKey {
+    let mut h = digest::Context::new(&digest::SHA256);
+    h.update(b"naam-vm prepared\0");
+    h.update(code);
+    h.update(&(program.name.len() as u64).to_le_bytes());
+    h.update(program.name.as_bytes());
+    for r in &program.rodata {
+        h.update(&(r.len() as u64).to_le_bytes());
+        h.update(r.bytes());
+    }
+    h.update(format!("{:?}", options.verifier).as_bytes());
+    let mut key = [0u8; 32];
+    key.copy_from_slice(h.finish().as_ref());
+    key
 }
 
 /// `compiled` as a stored entry under `key`, sealed with `secret`.

@@ -277,14 +277,25 @@ enum Code {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// What executables of one program share: the program (its read-only data, which their
+/// grants point into), the verifier's structure and the analysis. Shared through the
+/// [`CodeCache`] only once the new build has verified and analysed the program itself: a
+/// program is never trusted for having been seen before.
+pub(crate) struct Prepared {
+    pub(crate) checked: Checked,
+    pub(crate) facts: Facts,
+    pub(crate) program: Program,
+}
+
 /// A verified handler bound to an engine.
 pub struct Executable {
     id: u64,
     name: String,
     engine: EngineKind,
-    checked: Checked,
-    facts: Facts,
-    program: Program,
+    /// The verified program and its analysis, shared by every executable of the same program
+    /// (a thousand instances of one app hold one copy, not a thousand: 31–49 KB each for
+    /// MICA's handlers).
+    prepared: std::sync::Arc<Prepared>,
     options: ExecOptions,
     helper_table: Box<[u64; crate::memory::HELPER_SLOTS]>,
     rodata: Vec<GrantSlot>,
@@ -297,7 +308,7 @@ impl fmt::Debug for Executable {
         f.debug_struct("Executable")
             .field("name", &self.name)
             .field("engine", &self.engine)
-            .field("insns", &self.checked.verdict.insns)
+            .field("insns", &self.prepared.checked.verdict.insns)
             .finish()
     }
 }
@@ -337,31 +348,36 @@ impl Executable {
             name: program.name.clone(),
             source,
         };
+        let key = code_key(program, options).map_err(jit_err)?;
+        let prepared = options.code_cache.share_prepared(
+            cache::prepared_key(&key, program, options),
+            Prepared {
+                checked,
+                facts,
+                program: program.clone(),
+            },
+        );
+        let (checked, facts) = (&prepared.checked, &prepared.facts);
         let code = match options.engine {
-            EngineKind::Interp => Code::Interp(InterpCode::new(&checked, &facts)),
-            EngineKind::Jit => {
-                let key = code_key(program, options).map_err(jit_err)?;
-                Code::Jit(
-                    options
-                        .code_cache
-                        .host_code(&key, &checked, program, &facts)
-                        .map_err(jit_err)?,
-                )
-            }
-            EngineKind::Tiered => {
-                let key = code_key(program, options).map_err(jit_err)?;
-                Code::Tiered(TierUp::start(
-                    key,
-                    InterpCode::new(&checked, &facts),
-                    &checked,
-                    program,
-                    &facts,
-                    &options.code_cache,
-                    started,
-                ))
-            }
+            EngineKind::Interp => Code::Interp(InterpCode::new(checked, facts)),
+            EngineKind::Jit => Code::Jit(
+                options
+                    .code_cache
+                    .host_code(&key, checked, &prepared.program, facts)
+                    .map_err(jit_err)?,
+            ),
+            EngineKind::Tiered => Code::Tiered(TierUp::start(
+                key,
+                InterpCode::new(checked, facts),
+                &prepared,
+                &options.code_cache,
+                started,
+            )),
         };
-        let rodata = program
+        // The grants point into the shared program's read-only data, which lives as long as
+        // this executable holds it.
+        let rodata = prepared
+            .program
             .rodata
             .iter()
             .map(|r| GrantSlot::new(r.addr(), r.len() as u64, false))
@@ -370,9 +386,7 @@ impl Executable {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             name: program.name.clone(),
             engine: options.engine,
-            checked,
-            facts,
-            program: program.clone(),
+            prepared,
             helper_table: Box::new(options.helpers.table(&options.verifier.helpers)),
             rodata,
             options: options.clone(),
@@ -393,28 +407,27 @@ impl Executable {
 
     /// The verifier's summary of the program (size, functions, helpers, loops).
     pub fn verdict(&self) -> &Verdict {
-        &self.checked.verdict
+        &self.prepared.checked.verdict
     }
 
     /// Compiles the same verified program for `target` (aarch64 code for the harness, or host
     /// code to inspect), whatever engine this executable runs on.
     pub fn compile_for(&self, target: Target) -> Result<jit::Compiled, EngineError> {
-        jit::compile(&self.checked, &self.program, &self.facts, target).map_err(|source| {
-            EngineError::Jit {
-                name: self.name.clone(),
-                source,
-            }
+        let p = &self.prepared;
+        jit::compile(&p.checked, &p.program, &p.facts, target).map_err(|source| EngineError::Jit {
+            name: self.name.clone(),
+            source,
         })
     }
 
     /// The analysis: how many accesses were proven, hinted or left to a scan.
     pub fn facts(&self) -> &Facts {
-        &self.facts
+        &self.prepared.facts
     }
 
     /// The linked program.
     pub fn program(&self) -> &Program {
-        &self.program
+        &self.prepared.program
     }
 
     /// The instruction budget per invocation.

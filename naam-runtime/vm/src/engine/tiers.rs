@@ -8,13 +8,11 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use crate::analysis::Facts;
 use crate::interp::InterpCode;
 use crate::jit::HostCode;
-use crate::loader::Program;
-use crate::verifier::Checked;
 
 use super::cache::{CodeCache, CodeKey};
+use super::Prepared;
 
 /// One background compilation.
 type Job = Box<dyn FnOnce() + Send>;
@@ -37,9 +35,7 @@ impl TierUp {
     pub(super) fn start(
         key: CodeKey,
         interp: InterpCode,
-        checked: &Checked,
-        program: &Program,
-        facts: &Facts,
+        prepared: &Arc<Prepared>,
         cache: &Arc<CodeCache>,
         started: Instant,
     ) -> Arc<TierUp> {
@@ -56,18 +52,14 @@ impl TierUp {
             return tier;
         }
         let weak: Weak<TierUp> = Arc::downgrade(&tier);
-        let (checked, program, facts, cache) = (
-            checked.clone(),
-            program.clone(),
-            facts.clone(),
-            cache.clone(),
-        );
+        let (prepared, cache) = (prepared.clone(), cache.clone());
         let job: Job = Box::new(move || {
             // A handler dropped before its turn (undeployed, replaced) is not compiled.
             let Some(tier) = weak.upgrade() else {
                 return;
             };
-            let code = cache.host_code(&key, &checked, &program, &facts);
+            let p = &prepared;
+            let code = cache.host_code(&key, &p.checked, &p.program, &p.facts);
             tier.publish(code.map_err(|e| e.to_string()));
         });
         if let Err(job) = submit(job) {
