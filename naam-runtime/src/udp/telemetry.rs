@@ -537,6 +537,16 @@ fn render_engines(out: &mut String, role: &str, cluster: &Cluster) {
             );
         }
     }
+    let _ = writeln!(
+        out,
+        "# HELP naam_handler_jit_failed A tiered handler whose background compilation failed (it stays on the interpreter)."
+    );
+    let _ = writeln!(out, "# TYPE naam_handler_jit_failed gauge");
+    for (a, h) in &handlers {
+        if h.exe.jit_failure().is_some() {
+            let _ = writeln!(out, "naam_handler_jit_failed{{{}}} 1", labels(a, h));
+        }
+    }
     let stats = cluster.config().code_cache.stats();
     for (name, help, value) in [
         (

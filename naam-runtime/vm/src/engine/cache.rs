@@ -231,7 +231,11 @@ impl CodeCache {
             }
         };
         if let Ok(mut m) = self.memory.lock() {
-            m.retain(|_, w| w.strong_count() > 0);
+            // As in `share_prepared`: a sweep per doubling, not per insert (thousands of
+            // distinct handlers would make every build walk the whole map).
+            if m.len() == m.capacity() {
+                m.retain(|_, w| w.strong_count() > 0);
+            }
             m.insert(*key, Arc::downgrade(&code));
         }
         Ok(code)
