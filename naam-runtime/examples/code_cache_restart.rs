@@ -26,15 +26,7 @@ fn main() {
     let mut seed = 0u64;
     while programs.len() < n {
         seed += 1;
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        let bytes: Vec<u8> = (0..1500)
-            .map(|_| {
-                x ^= x >> 12;
-                x ^= x << 25;
-                x ^= x >> 27;
-                (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-            })
-            .collect();
+        let bytes = gen::seeded_bytes(seed, 1500);
         let g = gen::generate(&mut Choices::new(&bytes), &GenConfig::default());
         programs.push((g.program, gen::options(EngineKind::Jit)));
     }

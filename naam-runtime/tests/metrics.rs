@@ -16,13 +16,19 @@ use naam_proto::Placement;
 use naam_runtime::udp::{UdpClient, UdpConfig};
 
 fn scrape(addr: SocketAddr) -> String {
-    let mut s = TcpStream::connect(addr).expect("metrics endpoint");
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: naam\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
+    let out = try_scrape(addr).expect("metrics endpoint");
     assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
     out
+}
+
+/// One GET of `/metrics` (`None`: nothing listens there yet, or the answer broke off).
+fn try_scrape(addr: SocketAddr) -> Option<String> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: naam\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
 }
 
 /// The value of the first sample whose line starts with `prefix`.
@@ -168,10 +174,7 @@ fn a_restart_maps_its_handlers_from_the_code_cache() {
     let serving = || {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Ok(mut s) = TcpStream::connect(server_metrics) {
-                let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: naam\r\n\r\n");
-                let mut out = String::new();
-                let _ = s.read_to_string(&mut out);
+            if let Some(out) = try_scrape(server_metrics) {
                 let tiered_on_jit = out
                     .lines()
                     .filter(|l| {

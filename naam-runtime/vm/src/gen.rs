@@ -693,6 +693,20 @@ pub fn generate(c: &mut Choices<'_>, cfg: &GenConfig) -> Generated {
     Generated { program, memory }
 }
 
+/// `n` pseudo-random bytes from `seed` (xorshift64*): the choices a test or an example draws
+/// a program from ([`Choices::new`]), the same for the same seed on every machine.
+pub fn seeded_bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
+        })
+        .collect()
+}
+
 /// Instruction budget of differential runs: small, so endless loops end quickly.
 pub const BUDGET: u64 = 20_000;
 

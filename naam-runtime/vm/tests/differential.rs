@@ -10,19 +10,6 @@ use naam_vm::insn::{encode_all, Insn};
 use naam_vm::opcode::*;
 use naam_vm::Program;
 
-/// Deterministic pseudo-random bytes (xorshift64*).
-fn bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
-}
-
 fn cases() -> u64 {
     std::env::var("NAAM_DIFF_CASES")
         .ok()
@@ -35,7 +22,7 @@ fn interpreter_and_jit_agree_on_random_programs() {
     let mut verified = 0;
     let mut faults = std::collections::BTreeMap::<&str, u64>::new();
     for seed in 0..cases() {
-        let data = bytes(seed, 1500);
+        let data = gen::seeded_bytes(seed, 1500);
         let g = gen::generate(&mut Choices::new(&data), &GenConfig::default());
         match gen::check(&g) {
             Ok(Some(outcome)) => {
@@ -75,7 +62,7 @@ fn interpreter_and_jit_agree_on_random_programs() {
 fn rbpf_agrees_on_integer_programs() {
     let mut compared = 0;
     for seed in 0..cases() / 2 {
-        let data = bytes(seed ^ 0xabcdef, 800);
+        let data = gen::seeded_bytes(seed ^ 0xabcdef, 800);
         let g = gen::generate(&mut Choices::new(&data), &GenConfig::rbpf());
         let Some(ours) = gen::check(&g).unwrap_or_else(|d| panic!("seed {seed}: {d}")) else {
             panic!("seed {seed}: unverifiable");
@@ -112,7 +99,7 @@ fn aarch64_code_agrees_with_the_interpreter() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(150);
     for seed in 0..samples {
-        let data = bytes(seed ^ 0x5eed, 1500);
+        let data = gen::seeded_bytes(seed ^ 0x5eed, 1500);
         let g = gen::generate(&mut Choices::new(&data), &GenConfig::position_independent());
         aarch64_agrees(&g, &format!("seed {seed}"));
     }

@@ -33,21 +33,11 @@ impl MemoryStore {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*).
-fn bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8
-        })
-        .collect()
-}
-
 fn generated(seed: u64) -> Generated {
-    gen::generate(&mut Choices::new(&bytes(seed, 1500)), &GenConfig::default())
+    gen::generate(
+        &mut Choices::new(&gen::seeded_bytes(seed, 1500)),
+        &GenConfig::default(),
+    )
 }
 
 fn build(g: &Generated, engine: EngineKind, cache: &Arc<CodeCache>) -> Executable {

@@ -19,10 +19,8 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use ring::{digest, hmac};
 
-use crate::analysis::Facts;
 use crate::jit::{self, Compiled, HostCode, JitError, Target};
 use crate::loader::Program;
-use crate::verifier::Checked;
 
 use super::{ExecOptions, Prepared};
 
@@ -150,11 +148,7 @@ impl CodeCache {
             return p;
         }
         let p = Arc::new(fresh);
-        // Dead entries go when the map would grow (amortised: at most one sweep per doubling).
-        if m.len() == m.capacity() {
-            m.retain(|_, w| w.strong_count() > 0);
-        }
-        m.insert(key, Arc::downgrade(&p));
+        insert_live(&mut m, key, &p);
         p
     }
 
@@ -165,14 +159,12 @@ impl CodeCache {
         Some(code)
     }
 
-    /// The host code of `checked` under `key`: from memory, else from the store (its seal
+    /// The host code of `prepared` under `key`: from memory, else from the store (its seal
     /// checked), else compiled (and stored).
     pub(super) fn host_code(
         &self,
         key: &CodeKey,
-        checked: &Checked,
-        program: &Program,
-        facts: &Facts,
+        prepared: &Prepared,
     ) -> Result<Arc<HostCode>, JitError> {
         if let Some(code) = self.in_memory_code(key) {
             return Ok(code);
@@ -188,7 +180,7 @@ impl CodeCache {
             let _mine = turn.lock().unwrap_or_else(|e| e.into_inner());
             match self.in_memory_code(key) {
                 Some(code) => Ok(code),
-                None => self.load_or_compile(key, checked, program, facts),
+                None => self.load_or_compile(key, prepared),
             }
         };
         let mut inflight = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
@@ -199,13 +191,7 @@ impl CodeCache {
         result
     }
 
-    fn load_or_compile(
-        &self,
-        key: &CodeKey,
-        checked: &Checked,
-        program: &Program,
-        facts: &Facts,
-    ) -> Result<Arc<HostCode>, JitError> {
+    fn load_or_compile(&self, key: &CodeKey, p: &Prepared) -> Result<Arc<HostCode>, JitError> {
         let loaded = self.store.as_ref().and_then(|(store, secret)| {
             let entry = store.load(key)?;
             match open_entry(secret, key, &entry) {
@@ -222,7 +208,7 @@ impl CodeCache {
                 Arc::new(HostCode::new(&compiled)?)
             }
             None => {
-                let compiled = jit::compile(checked, program, facts, Target::Host)?;
+                let compiled = jit::compile(&p.checked, &p.program, &p.facts, Target::Host)?;
                 self.compiled.fetch_add(1, Ordering::Relaxed);
                 if let Some((store, secret)) = &self.store {
                     store.store(key, &seal_entry(secret, key, &compiled));
@@ -231,15 +217,20 @@ impl CodeCache {
             }
         };
         if let Ok(mut m) = self.memory.lock() {
-            // As in `share_prepared`: a sweep per doubling, not per insert (thousands of
-            // distinct handlers would make every build walk the whole map).
-            if m.len() == m.capacity() {
-                m.retain(|_, w| w.strong_count() > 0);
-            }
-            m.insert(*key, Arc::downgrade(&code));
+            insert_live(&mut m, *key, &code);
         }
         Ok(code)
     }
+}
+
+/// Inserts a weak reference to `value` under `key`, first dropping the entries whose value
+/// died when the map would grow: one sweep per doubling, not per insert (thousands of
+/// distinct handlers would otherwise make every build walk the whole map).
+fn insert_live<T>(m: &mut HashMap<CodeKey, Weak<T>>, key: CodeKey, value: &Arc<T>) {
+    if m.len() == m.capacity() {
+        m.retain(|_, w| w.strong_count() > 0);
+    }
+    m.insert(key, Arc::downgrade(value));
 }
 
 /// The key of `program`'s host code built with `options`: see the module documentation.

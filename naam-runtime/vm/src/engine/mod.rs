@@ -363,7 +363,7 @@ impl Executable {
             EngineKind::Jit => Code::Jit(
                 options
                     .code_cache
-                    .host_code(&key, checked, &prepared.program, facts)
+                    .host_code(&key, &prepared)
                     .map_err(jit_err)?,
             ),
             EngineKind::Tiered => Code::Tiered(TierUp::start(

@@ -58,8 +58,7 @@ impl TierUp {
             let Some(tier) = weak.upgrade() else {
                 return;
             };
-            let p = &prepared;
-            let code = cache.host_code(&key, &p.checked, &p.program, &p.facts);
+            let code = cache.host_code(&key, &prepared);
             tier.publish(code.map_err(|e| e.to_string()));
         });
         if let Err(job) = submit(job) {
