@@ -505,6 +505,13 @@ fn load_reports_are_range_checked_and_move_only_the_reporters_choices(d: &mut De
     assert!(e.contains("out of range"), "{e}");
     let e = weights_after(&mut liar, A, "add", None, Some(-5.0)).unwrap_err();
     assert!(e.contains("out of range"), "{e}");
+    // (JSON has no NaN or infinity: a report carries finite numbers or fails to decode.)
+    for absurd in [-1.0, 1e15] {
+        let mut report = free_client_runs(A, "add");
+        report.loop_ns = absurd;
+        let e = weights_after(&mut liar, A, "add", Some(report), None).unwrap_err();
+        assert!(e.contains("out of range"), "loop_ns {absurd}: {e}");
+    }
     // In range and flattering to the Client placement, over and over: the liar's own Client
     // share moves (as soon as the server's controller has taken the reports in: on a loaded
     // CI runner that took more than the 20 reports and 40 ms this once waited)...

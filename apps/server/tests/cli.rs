@@ -62,6 +62,11 @@ fn a_missing_or_wrong_config_is_a_usage_error() {
             "listen = \"127.0.0.1:0\"\n[[app]]\nkind = \"mica\"\nid = 1\nitems = 10\ncredential = \"none.key\"\n".into(),
             "none.key",
         ),
+        // A code cache that is a file, not a directory.
+        (
+            "listen = \"127.0.0.1:0\"\ncode_cache = \"k.key\"\n[[app]]\nkind = \"mica\"\nid = 1\nitems = 10\ncredential = \"k.key\"\n".into(),
+            "code cache",
+        ),
     ] {
         let (code, err) = server(&config);
         assert_eq!(code, 2, "{config}: {err}");

@@ -165,6 +165,20 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A code cache directory that cannot be used (another user's, open to others, not a
+    // directory) is a config error, found before any work.
+    let code_cache = match config
+        .code_cache
+        .as_deref()
+        .map(naam_runtime::code_cache::open_dir)
+    {
+        None => None,
+        Some(Ok(cache)) => Some(cache),
+        Some(Err(e)) => {
+            eprintln!("naam-server: error: {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    };
     if let Some(l) = args.listen {
         config.listen = l;
     }
@@ -195,7 +209,15 @@ fn main() -> ExitCode {
         (None, true) => udp::RegionStart::Reset,
         (None, false) => udp::RegionStart::Reattach,
     };
-    match run(&config, apps, tenants, args.metrics, inject_loss, start) {
+    match run(
+        &config,
+        apps,
+        tenants,
+        code_cache,
+        args.metrics,
+        inject_loss,
+        start,
+    ) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("naam-server: error: {e:#}");
@@ -286,6 +308,7 @@ fn run(
     config: &Config,
     apps: Vec<naam_runtime::udp::HostApp>,
     tenants: Vec<naam_runtime::proto::session::TenantEntry>,
+    code_cache: Option<Arc<naam_runtime::vm::CodeCache>>,
     metrics: Option<std::net::SocketAddr>,
     inject_loss: Option<f64>,
     start: udp::RegionStart,
@@ -296,8 +319,8 @@ fn run(
     cc.queue_capacity = config.queue_capacity;
     cc.policy = config.policy()?;
     cc.executor_poll = Duration::from_micros(config.executor_poll_us);
-    if let Some(dir) = &config.code_cache {
-        cc.code_cache = naam_runtime::code_cache::open_dir(dir)?;
+    if let Some(cache) = code_cache {
+        cc.code_cache = cache;
     }
     let mut sockets = udp::bind_group(config.listen, config.datagram_size(), config.loops())
         .with_context(|| format!("binding {}", config.listen))?;
