@@ -39,7 +39,9 @@ pub use metrics::{
 pub use region::{
     Region, RegionMemory, RegionTable, Resolved, ShmError, ALL_RIGHTS, READ_ONLY, READ_WRITE,
 };
-pub use registry::{AppEntry, HandlerEntry, HandlerSpec, LookupError, Registry, RegistryError};
+pub use registry::{
+    AppEntry, BuiltHandlers, HandlerEntry, HandlerSpec, LookupError, Registry, RegistryError,
+};
 pub use session::CredentialFile;
 pub use transport::{backoff, Direct, Pinned};
 

@@ -1,5 +1,10 @@
 //! Apps and their handlers. Messages name a handler by a stable 32-bit id derived from its name
 //! (FNV-1a), so clients and servers in different processes agree without a lookup.
+//!
+//! A [`Registry`] is a value: a deploy at run time builds the new handlers apart
+//! ([`Registry::build_handlers`]) and makes a new registry with them ([`Registry::with_handlers`],
+//! which shares every other app with the old one); the cluster swaps the whole registry in
+//! one store, so a call that looked its handler up on the old one finishes on it.
 
 use std::sync::Arc;
 
@@ -29,8 +34,15 @@ pub struct HandlerEntry {
     pub exe: Executable,
 }
 
+impl HandlerEntry {
+    /// Bytes of its linked bytecode (what a tenant's code quota counts).
+    pub fn code_bytes(&self) -> usize {
+        self.exe.program().code.len()
+    }
+}
+
 /// A registered app: its handlers by wire id, and where its writes are applied.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct AppEntry {
     /// App id requests carry; unique in the registry.
     pub id: u32,
@@ -41,6 +53,9 @@ pub struct AppEntry {
     pub handlers: IntMap<u32, Arc<HandlerEntry>>,
     /// Placement that applies this app's writes.
     pub owner: Placement,
+    /// The registry version its handlers were last set at: 0 for those of the start, else
+    /// the [`Registry::version`] the deploy that set them made.
+    pub version: u64,
 }
 
 /// Why a registration failed.
@@ -57,8 +72,13 @@ pub enum RegistryError {
     #[error(transparent)]
     Load(#[from] naam_vm::LoadError),
     /// The handler does not verify or cannot use the engine.
-    #[error(transparent)]
-    Engine(#[from] EngineError),
+    #[error("handler `{name}`: {source}")]
+    Handler {
+        /// The handler's name.
+        name: String,
+        /// What the verifier or the engine found.
+        source: EngineError,
+    },
     /// Two names hash to the same id, or a name is registered twice.
     #[error("handler `{name}` collides with `{other}` (id {id:#010x})")]
     Collision {
@@ -121,13 +141,19 @@ impl HandlerSpec {
     }
 }
 
-/// Every app of one server.
-#[derive(Debug, Default)]
+/// Every app of one server. Cloning is cheap (apps are shared): a deploy clones, changes one
+/// app and publishes the copy.
+#[derive(Clone, Debug, Default)]
 pub struct Registry {
-    apps: IntMap<u32, AppEntry>,
+    apps: IntMap<u32, Arc<AppEntry>>,
     /// Where its handlers' compiled code is shared and kept (the process's cache unless set).
     code_cache: Option<Arc<CodeCache>>,
+    /// Bumped by every [`Registry::with_handlers`]: 0 as the server started.
+    version: u64,
 }
+
+/// Handlers built for one app and not registered yet ([`Registry::build_handlers`]).
+pub type BuiltHandlers = IntMap<u32, Arc<HandlerEntry>>;
 
 impl Registry {
     /// An empty registry.
@@ -153,17 +179,19 @@ impl Registry {
         }
         self.apps.insert(
             id,
-            AppEntry {
+            Arc::new(AppEntry {
                 id,
                 name: name.into(),
                 handlers: IntMap::default(),
                 owner,
-            },
+                version: 0,
+            }),
         );
         Ok(())
     }
 
-    /// Verifies and registers handlers of `object` for `app`; returns their ids.
+    /// Verifies and registers handlers of `object` for `app`, beside those it has; returns
+    /// their ids.
     pub fn add_handlers(
         &mut self,
         app: u32,
@@ -171,11 +199,35 @@ impl Registry {
         specs: &[HandlerSpec],
         config: &VerifierConfig,
     ) -> Result<Vec<u32>, RegistryError> {
-        let entry = self
+        let existing = &self
             .apps
-            .get_mut(&app)
-            .ok_or(RegistryError::UnknownApp(app))?;
-        let mut ids = Vec::new();
+            .get(&app)
+            .ok_or(RegistryError::UnknownApp(app))?
+            .handlers;
+        let built = self.build_handlers(app, object, specs, config, existing)?;
+        let entry = Arc::make_mut(
+            self.apps
+                .get_mut(&app)
+                .ok_or(RegistryError::UnknownApp(app))?,
+        );
+        let ids = specs.iter().map(|s| handler_id(&s.name)).collect();
+        entry.handlers.extend(built);
+        Ok(ids)
+    }
+
+    /// Verifies and builds handlers of `object` for `app` (which need not be registered yet)
+    /// without registering them, on this registry's code cache: a deploy builds them apart,
+    /// then publishes [`Registry::with_handlers`]. Names colliding among `specs`, or with
+    /// `beside` (the handlers they will join), are refused.
+    pub fn build_handlers(
+        &self,
+        app: u32,
+        object: &LoadedObject,
+        specs: &[HandlerSpec],
+        config: &VerifierConfig,
+        beside: &BuiltHandlers,
+    ) -> Result<BuiltHandlers, RegistryError> {
+        let mut built: BuiltHandlers = IntMap::default();
         for spec in specs {
             let program = object.get(&spec.name)?;
             let mut options = ExecOptions::new(spec.engine, spec.budget);
@@ -183,16 +235,20 @@ impl Registry {
             if let Some(cache) = &self.code_cache {
                 options.code_cache = cache.clone();
             }
-            let exe = Executable::build(program, &options)?;
             let id = handler_id(&spec.name);
-            if let Some(other) = entry.handlers.get(&id) {
+            if let Some(other) = built.get(&id).or_else(|| beside.get(&id)) {
                 return Err(RegistryError::Collision {
                     name: spec.name.clone(),
                     other: other.name.clone(),
                     id,
                 });
             }
-            entry.handlers.insert(
+            let exe =
+                Executable::build(program, &options).map_err(|source| RegistryError::Handler {
+                    name: spec.name.clone(),
+                    source,
+                })?;
+            built.insert(
                 id,
                 Arc::new(HandlerEntry {
                     name: spec.name.clone(),
@@ -202,19 +258,44 @@ impl Registry {
                     exe,
                 }),
             );
-            ids.push(id);
         }
-        Ok(ids)
+        Ok(built)
+    }
+
+    /// This registry with `app`'s handlers replaced by `handlers` (none: the app stays,
+    /// with nothing to call), at the next [`Registry::version`]; every other app is shared.
+    pub fn with_handlers(
+        &self,
+        app: u32,
+        handlers: BuiltHandlers,
+    ) -> Result<Registry, RegistryError> {
+        let old = self.apps.get(&app).ok_or(RegistryError::UnknownApp(app))?;
+        let mut next = self.clone();
+        next.version = self.version + 1;
+        next.apps.insert(
+            app,
+            Arc::new(AppEntry {
+                handlers,
+                version: next.version,
+                ..AppEntry::clone(old)
+            }),
+        );
+        Ok(next)
+    }
+
+    /// Its version: 0 as the server started, one more per [`Registry::with_handlers`].
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// The app with id `app`, if registered.
     pub fn app(&self, app: u32) -> Option<&AppEntry> {
-        self.apps.get(&app)
+        self.apps.get(&app).map(|a| &**a)
     }
 
     /// Every registered app, in no particular order.
     pub fn apps(&self) -> impl Iterator<Item = &AppEntry> {
-        self.apps.values()
+        self.apps.values().map(|a| &**a)
     }
 
     /// The handler, if both app and handler exist.

@@ -82,7 +82,8 @@ impl HostBackend for SimHost {
         self.cluster.remote_nic_down();
     }
     fn handlers(&self, app: u32) -> Option<Vec<u32>> {
-        let a = self.cluster.registry().app(app)?;
+        let registry = self.cluster.registry();
+        let a = registry.app(app)?;
         Some(a.handlers.values().map(|h| h.id).collect())
     }
     fn has_handler(&self, app: u32, handler: u32) -> bool {

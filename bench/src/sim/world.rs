@@ -1630,7 +1630,7 @@ impl World {
                     Some(Placement::Client) if read => {
                         let (reply, ran) = run_at_client(
                             &req,
-                            registry,
+                            &registry,
                             &mut conn.reads,
                             &mut c.vm,
                             limits,

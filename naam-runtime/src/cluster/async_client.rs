@@ -51,6 +51,7 @@ impl AsyncClient {
         let is_read = self
             .inner
             .registry
+            .load()
             .handler(app, handler)
             .is_ok_and(|h| h.kind == HandlerKind::Read);
         let choice = if is_read {
@@ -92,7 +93,14 @@ impl AsyncClient {
     }
 
     async fn run_locally(&self, req: &Request) -> Reply {
-        let handler: &Arc<HandlerEntry> = match self.inner.registry.handler(req.app, req.handler) {
+        // Owned, not a registry guard: the run awaits, and may go on another thread.
+        let looked_up = self
+            .inner
+            .registry
+            .load()
+            .handler(req.app, req.handler)
+            .cloned();
+        let handler: Arc<HandlerEntry> = match looked_up {
             Ok(h) => h,
             Err(e) => {
                 return error_reply(

@@ -201,6 +201,7 @@ impl Client {
         let kind = self
             .inner
             .registry
+            .load()
             .handler(req.app, req.handler)
             .ok()
             .map(|h| h.kind);
@@ -283,7 +284,14 @@ impl Client {
         let extra = inner.congestion.host_extra_ns();
         spin_for(extra);
         // `serve` leaves the owner's in-flight count when the write completes.
-        let mut served = serve(inner, req, &mut self.host, &mut self.vm, &mut self.machine);
+        let mut served = serve(
+            inner,
+            req,
+            None,
+            &mut self.host,
+            &mut self.vm,
+            &mut self.machine,
+        );
         // A torn read waits here, on the writer's own thread.
         let c = loop {
             match served {
@@ -322,6 +330,7 @@ impl Client {
         let is_read = self
             .inner
             .registry
+            .load()
             .handler(app, handler)
             .is_ok_and(|h| h.kind == HandlerKind::Read);
         if !is_read {
@@ -392,7 +401,7 @@ impl Client {
     fn run_locally(&mut self, req: &Request) -> Reply {
         let (reply, ran) = run_at_client(
             req,
-            &self.inner.registry,
+            &self.inner.registry.load(),
             &mut self.transport,
             &mut self.vm,
             self.inner.config.limits,
@@ -507,7 +516,8 @@ fn read_here(
         load: LoadFeedback::default(),
         payload: Bytes::from(why.into_bytes()),
     };
-    let entry = match inner.registry.handler(app, handler) {
+    let registry = inner.registry.load();
+    let entry = match registry.handler(app, handler) {
         Ok(h) => h,
         Err(e) => return (refuse(Status::UnknownHandler, e.to_string()), start),
     };

@@ -19,15 +19,21 @@ pub(super) enum Served {
 }
 
 /// Runs `req` on `path` until it completes or parks: reads anywhere, writes only at the owner
-/// and once per (origin, request id).
+/// and once per (origin, request id). `admitted`: the handler its admission routed it with
+/// (the version it runs on); `None`: the registry's current one.
 pub(super) fn serve<P: DataPath>(
     inner: &Inner,
     req: &Request,
+    admitted: Option<&Arc<HandlerEntry>>,
     path: &mut P,
     vm: &mut Vm,
     machine: &mut StepMachine,
 ) -> Served {
-    match inner.registry.handler(req.app, req.handler) {
+    if let Some(handler) = admitted {
+        return serve_handler(inner, req, handler, path, vm, machine);
+    }
+    let registry = inner.registry.load();
+    match registry.handler(req.app, req.handler) {
         Ok(handler) => serve_handler(inner, req, handler, path, vm, machine),
         Err(e) => {
             let status = match e {
@@ -309,11 +315,25 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
         let begin = inner.clock.now();
         let (busy_before, fetched_before) = resumed.as_ref().map_or((0, 0), |r| (r.2, r.3));
         let outcome = match (placement, resumed) {
-            (Placement::Nic, None) => serve(&inner, &job.req, &mut nic, &mut vm, &mut machine),
+            (Placement::Nic, None) => serve(
+                &inner,
+                &job.req,
+                job.handler.as_ref(),
+                &mut nic,
+                &mut vm,
+                &mut machine,
+            ),
             (Placement::Nic, Some((run, write, ..))) => {
                 resume_served(&inner, &job.req, run, write, &mut nic, &mut vm)
             }
-            (_, None) => serve(&inner, &job.req, &mut host, &mut vm, &mut machine),
+            (_, None) => serve(
+                &inner,
+                &job.req,
+                job.handler.as_ref(),
+                &mut host,
+                &mut vm,
+                &mut machine,
+            ),
             (_, Some((run, write, ..))) => {
                 resume_served(&inner, &job.req, run, write, &mut host, &mut vm)
             }

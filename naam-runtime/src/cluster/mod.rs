@@ -23,6 +23,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
+
+use arc_swap::ArcSwap;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -55,6 +57,7 @@ use naam_vm::Vm;
 
 mod client;
 mod config;
+mod deploy;
 mod executors;
 mod here;
 mod steer;
@@ -62,6 +65,7 @@ mod steer;
 pub use client::{run_at_client, ClientRan};
 pub use client::{AgentTransport, Client};
 pub use config::*;
+pub use deploy::{Deployed, DeployedHandler};
 use executors::*;
 pub use here::HereRunner;
 use here::{LocalLoad, Ran};
@@ -111,6 +115,9 @@ struct Job {
     /// A message a thread started itself and that must wait out a torn-read backoff: the
     /// executor parks it (never the thread that took it in) and resumes it when due.
     parked: Option<(Box<ParkedRun>, bool)>,
+    /// The handler admission routed it with: it runs on that version even if a deploy
+    /// replaces the app's handlers while it waits.
+    handler: Option<Arc<HandlerEntry>>,
 }
 
 type AgentResult = Result<Vec<Vec<u8>>, ResolveError>;
@@ -271,7 +278,11 @@ struct Inner {
     config: ClusterConfig,
     clock: Arc<dyn Clock>,
     regions: Arc<RegionTable>,
-    registry: Registry,
+    /// Every app and handler, swapped whole by a deploy ([`Cluster::deploy`]); a reader
+    /// holds the version it loaded until its call finishes.
+    registry: ArcSwap<Registry>,
+    /// Serializes deploys (each makes the next registry from the current one).
+    deploying: Mutex<()>,
     region_keys: HashMap<(u32, String), u64>,
     /// Executor queues per placement, fair between apps ([`FairQueue`]).
     queues: [Option<Arc<FairQueue<Job>>>; 3],
@@ -621,7 +632,8 @@ impl ClusterBuilder {
             config,
             clock,
             regions: Arc::new(regions),
-            registry,
+            registry: ArcSwap::from_pointee(registry),
+            deploying: Mutex::new(()),
             region_keys,
             agent: agent_tx,
             weights: RwLock::new(IntMap::default()),
@@ -890,7 +902,8 @@ impl Cluster {
     /// The switch's choice for a server-bound message, without sending it: writes go to the
     /// owner, reads split between Host and NIC by the weights.
     pub fn route(&self, req: &Request) -> Result<Placement, Status> {
-        route(&self.inner, req, &mut Selector::default(), None).map(|(p, _)| p)
+        let registry = self.inner.registry.load();
+        route(&self.inner, &registry, req, &mut Selector::default(), None).map(|(p, _)| p)
     }
 
     /// Submits raw request bytes as a NIC would receive them, and waits for the reply. Malformed
@@ -973,7 +986,8 @@ impl Cluster {
     ) -> Routed {
         let inner = &*self.inner;
         let echo = Echo::of(req);
-        match admit_here(inner, req, sel, forced, Some(runner.placement)) {
+        let registry = inner.registry.load();
+        match admit_here(inner, &registry, req, sel, forced, Some(runner.placement)) {
             Ok(Admitted::Remote) => Routed::Remote(Box::new(std::mem::take(req))),
             Ok(Admitted::Here(p, _, handler)) => match runner.run(inner, req, handler, out) {
                 Ran::Answered => Routed::Answered,
@@ -985,17 +999,19 @@ impl Cluster {
                         enqueued: inner.clock.now(),
                         sink: ReplySink::Func(Box::new(on_reply())),
                         parked: Some((run, write)),
+                        handler: None,
                     };
                     park_at(inner, p, job)
                 }
             },
-            Ok(Admitted::Queue(p, write)) => {
+            Ok(Admitted::Queue(p, write, handler)) => {
                 let app = req.app;
                 match enqueue(
                     inner,
                     p,
                     std::mem::take(req),
                     ReplySink::Func(Box::new(on_reply())),
+                    handler.clone(),
                 ) {
                     Ok(()) => Routed::Queued(p),
                     Err(e) => {
@@ -1040,9 +1056,10 @@ impl Cluster {
         self.inner.app_accounts()
     }
 
-    /// Every app and handler.
-    pub fn registry(&self) -> &Registry {
-        &self.inner.registry
+    /// Every app and handler, as the latest deploy left them: a snapshot, which a deploy
+    /// after this call does not change.
+    pub fn registry(&self) -> arc_swap::Guard<Arc<Registry>> {
+        self.inner.registry.load()
     }
 
     /// The table of every app's regions, by rkey.
@@ -1114,13 +1131,13 @@ impl Drop for Cluster {
 /// Where a server-bound message goes, and its handler's kind; no side effects. A read
 /// `forced` to a placement goes there (the caller pinned it).
 fn route<'a>(
-    inner: &'a Inner,
+    inner: &Inner,
+    registry: &'a Registry,
     req: &Request,
     sel: &mut Selector,
     forced: Option<Placement>,
 ) -> Result<(Placement, &'a Arc<HandlerEntry>), Status> {
-    let handler = inner
-        .registry
+    let handler = registry
         .handler(req.app, req.handler)
         .map_err(|e| match e {
             crate::LookupError::UnknownApp(_) => Status::UnknownApp,
@@ -1217,12 +1234,13 @@ fn submit(
     forced: Option<Placement>,
     sink: ReplySink,
 ) -> Result<Placement, Refusal> {
-    match admit_here(inner, &req, sel, forced, None)? {
+    let registry = inner.registry.load();
+    match admit_here(inner, &registry, &req, sel, forced, None)? {
         Admitted::Remote => Err(Refusal::Remote(Box::new(req))),
         // Without a placement of its own, the caller runs nothing: "here" is a queue.
-        Admitted::Here(p, write, _) | Admitted::Queue(p, write) => {
+        Admitted::Here(p, write, handler) | Admitted::Queue(p, write, handler) => {
             let app = req.app;
-            let result = enqueue(inner, p, req, sink);
+            let result = enqueue(inner, p, req, sink, handler.clone());
             if result.is_err() && write {
                 release_owner(inner, app);
             }
@@ -1237,8 +1255,9 @@ enum Admitted<'a> {
     /// (its run releases it); `.2`: its handler, as routing found it (the run looks it up
     /// no more).
     Here(Placement, bool, &'a Arc<HandlerEntry>),
-    /// Queued at placement `.0`'s executors; `.1`: a write, counted in flight at its owner.
-    Queue(Placement, bool),
+    /// Queued at placement `.0`'s executors; `.1`: a write, counted in flight at its owner;
+    /// `.2`: its handler, which the executor runs whatever deploy comes in between.
+    Queue(Placement, bool, &'a Arc<HandlerEntry>),
     /// A read routed to a NIC in another process: the fabric driver forwards it.
     Remote,
 }
@@ -1249,14 +1268,15 @@ enum Admitted<'a> {
 /// the caller; otherwise it is for a queue. The request stays with the caller (it is large:
 /// admission reads it, and moving it in and back out cost two copies per message).
 fn admit_here<'a>(
-    inner: &'a Inner,
+    inner: &Inner,
+    registry: &'a Registry,
     req: &Request,
     sel: &mut Selector,
     forced: Option<Placement>,
     here: Option<Placement>,
 ) -> Result<Admitted<'a>, Refusal> {
     // A read `forced` somewhere is routed there; a write always goes to its owner.
-    let (p, handler) = route(inner, req, sel, forced).map_err(Refusal::Status)?;
+    let (p, handler) = route(inner, registry, req, sel, forced).map_err(Refusal::Status)?;
     let app = req.app;
     let write = handler.kind == HandlerKind::Write;
     if let Some(what) = inner.over_budget(app) {
@@ -1287,7 +1307,7 @@ fn admit_here<'a>(
     if here == Some(p) && inner.queues[p.index()].is_some() {
         Ok(Admitted::Here(p, write, handler))
     } else {
-        Ok(Admitted::Queue(p, write))
+        Ok(Admitted::Queue(p, write, handler))
     }
 }
 
@@ -1304,12 +1324,19 @@ fn park_at(inner: &Inner, p: Placement, job: Job) -> Routed {
     }
 }
 
-fn enqueue(inner: &Inner, p: Placement, req: Request, sink: ReplySink) -> Result<(), ClientError> {
+fn enqueue(
+    inner: &Inner,
+    p: Placement,
+    req: Request,
+    sink: ReplySink,
+    handler: Arc<HandlerEntry>,
+) -> Result<(), ClientError> {
     let job = Job {
         req,
         enqueued: inner.clock.now(),
         sink,
         parked: None,
+        handler: Some(handler),
     };
     enqueue_job(inner, p, job).map_err(|refused| refused.0)
 }
@@ -1356,11 +1383,15 @@ fn refuse_queued(inner: &Inner, job: Job, p: Placement, why: String) {
             let _ = served(inner, &job.req, Driven::Done(c, RunCost::default()), write);
         }
         None => {
-            if inner
-                .registry
-                .handler(job.req.app, job.req.handler)
-                .is_ok_and(|h| h.kind == HandlerKind::Write)
-            {
+            let write = match &job.handler {
+                Some(h) => h.kind == HandlerKind::Write,
+                None => inner
+                    .registry
+                    .load()
+                    .handler(job.req.app, job.req.handler)
+                    .is_ok_and(|h| h.kind == HandlerKind::Write),
+            };
+            if write {
                 release_owner(inner, job.req.app);
             }
         }

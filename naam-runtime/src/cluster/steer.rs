@@ -39,6 +39,7 @@ impl Observe for Observed<'_> {
     fn apps(&self, wanted: &dyn Fn(u32) -> bool) -> Vec<AppView> {
         self.0
             .registry
+            .load()
             .apps()
             .filter(|a| wanted(a.id))
             .map(|a| AppView {

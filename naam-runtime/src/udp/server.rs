@@ -232,7 +232,8 @@ impl HostBackend for ClusterHost {
     }
 
     fn handlers(&self, app: u32) -> Option<Vec<u32>> {
-        let a = self.cluster.registry().app(app)?;
+        let registry = self.cluster.registry();
+        let a = registry.app(app)?;
         Some(a.handlers.values().map(|h| h.id).collect())
     }
 

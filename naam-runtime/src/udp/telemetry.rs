@@ -478,8 +478,8 @@ impl Telemetry {
 /// Each handler's engine (which one runs its next step, how long it took to be served and,
 /// tiered, until its JIT code was ready) and the code cache's counters.
 fn render_engines(out: &mut String, role: &str, cluster: &Cluster) {
-    let mut handlers: Vec<_> = cluster
-        .registry()
+    let registry = cluster.registry();
+    let mut handlers: Vec<_> = registry
         .apps()
         .flat_map(|a| a.handlers.values().map(move |h| (a, h)))
         .collect();
