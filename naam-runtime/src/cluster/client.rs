@@ -327,18 +327,19 @@ impl Client {
     ) -> Result<Reply, ClientError> {
         Request::check_call(args, descs)?;
         let key = (app, handler);
-        let is_read = self
-            .inner
-            .registry
-            .load()
+        // Loaded once for the whole call: a read run here uses the handler found now.
+        let registry = self.inner.registry.load();
+        let is_read = registry
             .handler(app, handler)
             .is_ok_and(|h| h.kind == HandlerKind::Read);
         if !is_read {
+            drop(registry);
             let req = self.request(app, handler, args, descs)?;
             return self.send(placement, req);
         }
         let choice = self.choose(placement, key, true);
         if choice != Some(Placement::Host) || self.inner.queues[Placement::Host.index()].is_none() {
+            drop(registry);
             let req = self.request(app, handler, args, descs)?;
             return self.send(choice, req);
         }
@@ -358,6 +359,7 @@ impl Client {
         let start = inner.clock.now();
         let (reply, end) = read_here(
             inner,
+            &registry,
             HostRun {
                 vm,
                 host,
@@ -496,8 +498,10 @@ struct HostRun<'a> {
 /// MICA's run to completion). The message counts against its app's budget and into the
 /// host's load like an executor's. `start` is the clock's time now; returns the reply and the
 /// clock's time at its end.
+#[allow(clippy::too_many_arguments)]
 fn read_here(
     inner: &Inner,
+    registry: &Registry,
     run: HostRun<'_>,
     key: HandlerKey,
     request_id: u64,
@@ -516,7 +520,6 @@ fn read_here(
         load: LoadFeedback::default(),
         payload: Bytes::from(why.into_bytes()),
     };
-    let registry = inner.registry.load();
     let entry = match registry.handler(app, handler) {
         Ok(h) => h,
         Err(e) => return (refuse(Status::UnknownHandler, e.to_string()), start),
