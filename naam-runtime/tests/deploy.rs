@@ -27,7 +27,7 @@ fn started_with(handlers: Vec<HandlerSpec>) -> Cluster {
         .unwrap()
 }
 
-fn add_status(c: &Cluster) -> Status {
+fn call_add(c: &Cluster) -> naam_proto::wire::Reply {
     c.client()
         .call_at(
             Placement::Host,
@@ -37,7 +37,10 @@ fn add_status(c: &Cluster) -> Status {
             &[],
         )
         .unwrap()
-        .status
+}
+
+fn add_status(c: &Cluster) -> Status {
+    call_add(c).status
 }
 
 #[test]
@@ -63,16 +66,7 @@ fn a_deployed_handler_answers_and_an_undeployed_one_is_gone() {
     let add = &d.handlers[0];
     assert!(add.insns > 0 && add.code_bytes == add.insns * 8, "{add:?}");
     assert_eq!(add.engine, EngineKind::Tiered);
-    let r = c
-        .client()
-        .call_at(
-            Placement::Host,
-            APP,
-            handler_id("add"),
-            &words(&[2, 3]),
-            &[],
-        )
-        .unwrap();
+    let r = call_add(&c);
     assert_eq!((r.status, &r.payload[..]), (Status::Ok, &words(&[5])[..]));
     // A snapshot taken before the deploy is the registry it was: calls holding it finish on it.
     assert!(before.handler(APP, handler_id("add")).is_err());

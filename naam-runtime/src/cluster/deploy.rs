@@ -93,24 +93,40 @@ impl Cluster {
         object: &LoadedObject,
         specs: &[HandlerSpec],
     ) -> Result<Deployed, ClusterError> {
+        let verifier = &self.inner.config.verifier;
+        self.publish(app, |current| {
+            let built = current.build_handlers(app, object, specs, verifier, &IntMap::default())?;
+            let reports = specs
+                .iter()
+                .filter_map(|s| built.get(&naam_proto::handler_id(&s.name)))
+                .map(|h| DeployedHandler::of(h))
+                .collect();
+            Ok((built, reports))
+        })
+    }
+
+    /// Takes every handler of `app` away (the app and its regions stay): its messages are
+    /// answered `UnknownHandler` from now on; calls already admitted finish.
+    pub fn undeploy(&self, app: u32) -> Result<Deployed, ClusterError> {
+        self.publish(app, |_| Ok((BuiltHandlers::default(), Vec::new())))
+    }
+
+    /// Makes `app`'s handlers what `make` builds from the current registry, in one swap,
+    /// one deploy at a time; nothing is published if `make` fails.
+    fn publish(
+        &self,
+        app: u32,
+        make: impl FnOnce(
+            &crate::Registry,
+        ) -> Result<(BuiltHandlers, Vec<DeployedHandler>), ClusterError>,
+    ) -> Result<Deployed, ClusterError> {
         let inner = &*self.inner;
         let _one_at_a_time = inner.deploying.lock().unwrap_or_else(|e| e.into_inner());
         let current = inner.registry.load_full();
         if current.app(app).is_none() {
             return Err(ClusterError::UnknownApp(app));
         }
-        let built = current.build_handlers(
-            app,
-            object,
-            specs,
-            &inner.config.verifier,
-            &IntMap::default(),
-        )?;
-        let handlers = specs
-            .iter()
-            .filter_map(|s| built.get(&naam_proto::handler_id(&s.name)))
-            .map(|h| DeployedHandler::of(h))
-            .collect();
+        let (built, handlers) = make(&current)?;
         let next = current.with_handlers(app, built)?;
         let version = next.version();
         inner.registry.store(Arc::new(next));
@@ -118,25 +134,6 @@ impl Cluster {
             app,
             version,
             handlers,
-        })
-    }
-
-    /// Takes every handler of `app` away (the app and its regions stay): its messages are
-    /// answered `UnknownHandler` from now on; calls already admitted finish.
-    pub fn undeploy(&self, app: u32) -> Result<Deployed, ClusterError> {
-        let inner = &*self.inner;
-        let _one_at_a_time = inner.deploying.lock().unwrap_or_else(|e| e.into_inner());
-        let current = inner.registry.load_full();
-        if current.app(app).is_none() {
-            return Err(ClusterError::UnknownApp(app));
-        }
-        let next = current.with_handlers(app, BuiltHandlers::default())?;
-        let version = next.version();
-        inner.registry.store(Arc::new(next));
-        Ok(Deployed {
-            app,
-            version,
-            handlers: Vec::new(),
         })
     }
 

@@ -318,7 +318,7 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
             (Placement::Nic, None) => serve(
                 &inner,
                 &job.req,
-                job.handler.as_ref(),
+                Some(&job.handler),
                 &mut nic,
                 &mut vm,
                 &mut machine,
@@ -329,7 +329,7 @@ pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placemen
             (_, None) => serve(
                 &inner,
                 &job.req,
-                job.handler.as_ref(),
+                Some(&job.handler),
                 &mut host,
                 &mut vm,
                 &mut machine,

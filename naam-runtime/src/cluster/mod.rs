@@ -117,7 +117,7 @@ struct Job {
     parked: Option<(Box<ParkedRun>, bool)>,
     /// The handler admission routed it with: it runs on that version even if a deploy
     /// replaces the app's handlers while it waits.
-    handler: Option<Arc<HandlerEntry>>,
+    handler: Arc<HandlerEntry>,
 }
 
 type AgentResult = Result<Vec<Vec<u8>>, ResolveError>;
@@ -999,7 +999,7 @@ impl Cluster {
                         enqueued: inner.clock.now(),
                         sink: ReplySink::Func(Box::new(on_reply())),
                         parked: Some((run, write)),
-                        handler: None,
+                        handler: handler.clone(),
                     };
                     park_at(inner, p, job)
                 }
@@ -1336,7 +1336,7 @@ fn enqueue(
         enqueued: inner.clock.now(),
         sink,
         parked: None,
-        handler: Some(handler),
+        handler,
     };
     enqueue_job(inner, p, job).map_err(|refused| refused.0)
 }
@@ -1383,15 +1383,7 @@ fn refuse_queued(inner: &Inner, job: Job, p: Placement, why: String) {
             let _ = served(inner, &job.req, Driven::Done(c, RunCost::default()), write);
         }
         None => {
-            let write = match &job.handler {
-                Some(h) => h.kind == HandlerKind::Write,
-                None => inner
-                    .registry
-                    .load()
-                    .handler(job.req.app, job.req.handler)
-                    .is_ok_and(|h| h.kind == HandlerKind::Write),
-            };
-            if write {
+            if job.handler.kind == HandlerKind::Write {
                 release_owner(inner, job.req.app);
             }
         }
