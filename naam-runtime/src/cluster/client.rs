@@ -5,8 +5,9 @@ use super::{
     spin_for, submit, AgentJob, AgentResult, AgentSink, Arc, ByteArena, Bytes, ClientError,
     ClientPath, Clock, Cluster, Descriptor, Descriptors, FetchError, HandlerEntry, HandlerKey,
     HandlerKind, HostPath, Inner, Instant, IntMap, Limits, LoadFeedback, LocalLoad, MessageStart,
-    MetricsShard, Nanos, OneSided, Ordering, Placement, Receiver, Refusal, Registry, Reply,
-    ReplySink, Request, Selector, Sender, Served, Status, StepMachine, Vm, Weights, WriteError,
+    MetricsShard, Nanos, OneSided, Ordering, Placement, Receiver, Refusal, Registry, RegistryView,
+    Reply, ReplySink, Request, Selector, Sender, Served, Status, StepMachine, Vm, Weights,
+    WriteError,
 };
 
 impl Cluster {
@@ -34,6 +35,7 @@ impl Cluster {
             weights_seen: u64::MAX,
             machine: StepMachine::unused(),
             args: ByteArena::default(),
+            registry: RegistryView::new(&self.inner),
         }
     }
 }
@@ -113,6 +115,8 @@ pub struct Client {
     machine: StepMachine,
     /// The args of requests this client builds are copied here.
     args: ByteArena,
+    /// The registry this client's calls route and run with.
+    registry: RegistryView,
 }
 
 impl Drop for Client {
@@ -198,13 +202,11 @@ impl Client {
         }
         req.validate()?;
         let key = (req.app, req.handler);
-        let kind = self
-            .inner
-            .registry
-            .load()
-            .handler(req.app, req.handler)
-            .ok()
-            .map(|h| h.kind);
+        let kind = RegistryView::with(
+            self,
+            |c| &mut c.registry,
+            |_, registry| registry.handler(req.app, req.handler).ok().map(|h| h.kind),
+        );
         let is_read = kind == Some(HandlerKind::Read);
         let start = Instant::now();
         let choice = self.choose(placement, key, is_read);
@@ -326,22 +328,43 @@ impl Client {
         descs: &[Descriptor],
     ) -> Result<Reply, ClientError> {
         Request::check_call(args, descs)?;
+        // Found once for the whole call: a read run here uses the handler found now.
+        let here = RegistryView::with(
+            self,
+            |c| &mut c.registry,
+            |client, registry| client.read_at_host(registry, placement, app, handler, args, descs),
+        );
+        match here {
+            Ok(reply) => Ok(reply),
+            Err(choice) => {
+                let req = self.request(app, handler, args, descs)?;
+                self.send(choice, req)
+            }
+        }
+    }
+
+    /// Runs read `(app, handler)` here, to completion at the host, when `registry` has it as
+    /// a read and the steering (or `placement`) puts it at the host; otherwise returns where
+    /// to send it instead.
+    fn read_at_host(
+        &mut self,
+        registry: &Registry,
+        placement: Option<Placement>,
+        app: u32,
+        handler: u32,
+        args: &[u8],
+        descs: &[Descriptor],
+    ) -> Result<Reply, Option<Placement>> {
         let key = (app, handler);
-        // Loaded once for the whole call: a read run here uses the handler found now.
-        let registry = self.inner.registry.load();
         let is_read = registry
             .handler(app, handler)
             .is_ok_and(|h| h.kind == HandlerKind::Read);
         if !is_read {
-            drop(registry);
-            let req = self.request(app, handler, args, descs)?;
-            return self.send(placement, req);
+            return Err(placement);
         }
         let choice = self.choose(placement, key, true);
         if choice != Some(Placement::Host) || self.inner.queues[Placement::Host.index()].is_none() {
-            drop(registry);
-            let req = self.request(app, handler, args, descs)?;
-            return self.send(choice, req);
+            return Err(choice);
         }
         let request_id = self.next_id();
         // The fields are borrowed apart: no reference count of the shared cluster state is
@@ -359,7 +382,7 @@ impl Client {
         let start = inner.clock.now();
         let (reply, end) = read_here(
             inner,
-            &registry,
+            registry,
             HostRun {
                 vm,
                 host,
@@ -401,13 +424,19 @@ impl Client {
     }
 
     fn run_locally(&mut self, req: &Request) -> Reply {
-        let (reply, ran) = run_at_client(
-            req,
-            &self.inner.registry.load(),
-            &mut self.transport,
-            &mut self.vm,
-            self.inner.config.limits,
-            self.inner.clock.as_ref(),
+        let (reply, ran) = RegistryView::with(
+            self,
+            |c| &mut c.registry,
+            |client, registry| {
+                run_at_client(
+                    req,
+                    registry,
+                    &mut client.transport,
+                    &mut client.vm,
+                    client.inner.config.limits,
+                    client.inner.clock.as_ref(),
+                )
+            },
         );
         if let Some(ran) = ran {
             self.inner.lock_tracker(Placement::Client).completed(

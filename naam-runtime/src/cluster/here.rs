@@ -4,8 +4,8 @@
 
 use super::{
     serve_handler, spin_for, write_reply_for, Arc, Cluster, HandlerEntry, HandlerKey, HostPath,
-    Inner, LoadFeedback, Nanos, NicPath, ParkedRun, Placement, RemoteHandler, RemoteLoad, Reply,
-    Request, Served, StepMachine, Vm,
+    Inner, LoadFeedback, Nanos, NicPath, ParkedRun, Placement, RegistryView, RemoteHandler,
+    RemoteLoad, Reply, Request, Served, StepMachine, Vm,
 };
 
 /// How often a thread that runs messages itself hands the load it measured to the cluster's
@@ -134,6 +134,8 @@ pub struct HereRunner {
     local: LocalLoad,
     /// Every message this thread runs runs in this machine (its buffers are reused).
     machine: StepMachine,
+    /// The registry this thread routes and runs with.
+    pub(super) registry: RegistryView,
 }
 
 impl HereRunner {
@@ -147,6 +149,7 @@ impl HereRunner {
             nic: NicPath::new(inner.regions.clone(), inner.config.nic.dma),
             local: LocalLoad::new(placement, inner.clock.now()),
             machine: StepMachine::unused(),
+            registry: RegistryView::new(inner),
         }
     }
 
