@@ -290,6 +290,7 @@ fn the_nic_reflects_nothing_and_cannot_be_impersonated(d: &mut Deployment) {
     let load = Control::NicLoad {
         agent: victim.local_addr().unwrap(),
         load: Default::default(),
+        manifest: 0,
     };
     let answer = a.control(&load).unwrap();
     assert!(matches!(answer, Control::Error { .. }), "{answer:?}");

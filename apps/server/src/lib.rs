@@ -85,9 +85,60 @@ pub struct Config {
     /// compiled code is shared in memory only. Relative to the config file.
     #[serde(default)]
     pub code_cache: Option<PathBuf>,
+    /// Tenants' deploys at run time (`naam deploy`), within these quotas; absent: refused,
+    /// and the handlers are this config's.
+    #[serde(default)]
+    pub deploy: Option<DeployConfig>,
     /// The `[[app]]` entries: at least one, and no app id twice (instance ranges included).
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
+}
+
+/// The `[deploy]` section: what one tenant may deploy into its apps while the server runs.
+/// Deployed handlers serve until the server stops; a restart serves this config's again.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeployConfig {
+    /// The most handlers a tenant may have over all its apps (default 64).
+    #[serde(default = "deploy_handlers")]
+    pub max_handlers: usize,
+    /// The most bytes of handler bytecode a tenant may have over all its apps (default 1 MiB).
+    #[serde(default = "deploy_code")]
+    pub max_code_bytes: usize,
+    /// The largest instruction budget per step a deploy may ask for (default and at most
+    /// the engine's maximum).
+    #[serde(default = "deploy_budget")]
+    pub max_budget: u64,
+    /// The engine of a deploy that names none (default `tiered`: the interpreter answers
+    /// as soon as the handler is verified, the JIT takes over when it is compiled).
+    #[serde(default = "deploy_engine")]
+    pub engine: EngineKind,
+}
+
+impl DeployConfig {
+    /// The deploy policy of a server whose shared-memory directory is `shm_dir`.
+    pub fn policy(&self, shm_dir: &Path) -> naam_runtime::udp::DeployPolicy {
+        let mut p = naam_runtime::udp::DeployPolicy::new(shm_dir.to_path_buf());
+        p.max_handlers = self.max_handlers;
+        p.max_code_bytes = self.max_code_bytes;
+        p.max_budget = self.max_budget;
+        p.engine = self.engine;
+        p.budget = DEFAULT_BUDGET.min(self.max_budget);
+        p
+    }
+}
+
+fn deploy_handlers() -> usize {
+    64
+}
+fn deploy_code() -> usize {
+    1 << 20
+}
+fn deploy_budget() -> u64 {
+    MAX_BUDGET
+}
+fn deploy_engine() -> EngineKind {
+    EngineKind::Tiered
 }
 
 fn default_shm() -> PathBuf {
@@ -520,6 +571,17 @@ impl Config {
             return bad("queue_capacity must be at least 1".into());
         }
         c.policy()?;
+        if let Some(d) = &c.deploy {
+            if d.max_handlers == 0 || d.max_code_bytes == 0 {
+                return bad("[deploy]: max_handlers and max_code_bytes must be at least 1".into());
+            }
+            if !(1..=MAX_BUDGET).contains(&d.max_budget) {
+                return bad(format!(
+                    "[deploy]: max_budget must be 1 to {MAX_BUDGET} instructions per step, not {}",
+                    d.max_budget
+                ));
+            }
+        }
         if c.xdp_interface.is_some() && c.nic_port.is_none() {
             return bad(
                 "xdp_interface needs nic_port (naam-nic's port on the listen address)".into(),

@@ -443,6 +443,7 @@ fn endpoints(n: u64) -> anyhow::Result<(f64, f64)> {
             regions: Vec::new(),
         }],
         mode: "calibrate".into(),
+        version: 0,
         policy: "static".into(),
         epoch: 1,
     };

@@ -156,6 +156,7 @@ impl Pair {
             mode: "bench".into(),
             policy: "static".into(),
             epoch: 1,
+            version: 0,
         };
         let tenants = tenant_entries(&[(APP, "kv".into(), credential.clone())], None, None);
         let mut config = ServerConfig::new(manifest, tenants, Entropy::seeded(2));

@@ -114,6 +114,10 @@ pub struct Manifest {
     /// one must map the regions anew.
     #[serde(default)]
     pub epoch: u64,
+    /// Bumped by every deploy and undeploy in this start (0 as it started): a client or NIC
+    /// holding an older one asks for the manifest again.
+    #[serde(default)]
+    pub version: u64,
 }
 
 impl Manifest {
@@ -210,6 +214,44 @@ pub enum ManifestError {
         /// [`MANIFEST_PAGE_BUDGET`], in bytes.
         budget: usize,
     },
+}
+
+/// A handler a deploy names ([`Control::Deploy`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeployHandler {
+    /// Its name in the object (section `naam/<name>`).
+    pub name: String,
+    /// A write (runs at the app's owner) rather than a read.
+    #[serde(default)]
+    pub write: bool,
+}
+
+/// The verifier's report on one deployed handler ([`Control::Deployed`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeployReport {
+    /// Its name.
+    pub name: String,
+    /// Its wire id.
+    pub id: u32,
+    /// A write.
+    pub write: bool,
+    /// The engine it runs on.
+    pub engine: crate::EngineKind,
+    /// Instructions per step before `budget exhausted`.
+    pub budget: u64,
+    /// Instruction slots in the linked program.
+    pub insns: usize,
+    /// Functions, the entry included.
+    pub functions: usize,
+    /// Distinct helpers it calls.
+    pub helpers: usize,
+    /// Backward jumps (loops, metered by the budget).
+    pub backward_jumps: usize,
+    /// Memory accesses proved in bounds, hinted, and checked at run time.
+    pub accesses: [usize; 3],
+    /// Microseconds from the deploy's start until it could answer.
+    pub build_us: u64,
 }
 
 /// One handler's weights.
@@ -379,6 +421,10 @@ pub enum Control {
         handlers: Vec<HandlerWeights>,
         /// The one-sided agent, when a NIC is up.
         agent: Option<SocketAddr>,
+        /// The manifest's [`Manifest::version`] now: a client holding an older one asks for
+        /// its pages again (a deploy changed handlers).
+        #[serde(default)]
+        manifest: u64,
     },
     /// NIC → server: load since the last report (also its registration and heartbeat).
     NicLoad {
@@ -386,6 +432,71 @@ pub enum Control {
         agent: SocketAddr,
         /// Queue, busy time and per-handler service times the NIC measured since its last report.
         load: RemoteLoad,
+        /// The [`Manifest::version`] whose handlers the NIC serves: the server forwards it no
+        /// message of an app deployed after it.
+        #[serde(default)]
+        manifest: u64,
+    },
+    /// Server → NIC: the manifest file changed (a deploy): read it again, build the apps
+    /// whose handlers changed, and report `version` in the next load report.
+    ManifestChanged {
+        /// The new [`Manifest::version`].
+        version: u64,
+    },
+    /// Tenant → server: bytes `offset..` of the object a later [`Control::Deploy`] into
+    /// `app` installs (`total` bytes in all, at most [`crate::limits::MAX_DEPLOY_OBJECT`];
+    /// at most [`crate::limits::DEPLOY_CHUNK`] per message). Offset 0 starts a new upload.
+    DeployChunk {
+        /// The app it is for; one the session's tenant has.
+        app: u32,
+        /// The object's whole length.
+        total: u32,
+        /// Where these bytes go; the upload takes chunks in order (a repeated one is
+        /// answered again).
+        offset: u32,
+        /// The bytes.
+        #[serde(with = "hex_chunk")]
+        bytes: Vec<u8>,
+    },
+    /// Server → tenant: the bytes of the upload held so far.
+    DeployReceived {
+        /// The app the upload is for.
+        app: u32,
+        /// Bytes held, from offset 0.
+        received: u32,
+    },
+    /// Tenant → server: verify and install the uploaded object's `handlers` as `app`'s
+    /// handlers (those it had and this does not name are taken away); the answer is
+    /// [`Control::Deployed`] or an `Error` with the verifier's reason. Calls in flight finish
+    /// on the handlers they started on.
+    Deploy {
+        /// The app; one the session's tenant has.
+        app: u32,
+        /// [`object_hash`] of the uploaded object, which must be whole.
+        object_hash: u64,
+        /// The handlers to install.
+        handlers: Vec<DeployHandler>,
+        /// Their engine (the server's default for deploys, `tiered`, when absent).
+        #[serde(default)]
+        engine: Option<crate::EngineKind>,
+        /// Their instruction budget per step (the app's configured one when absent).
+        #[serde(default)]
+        budget: Option<u64>,
+    },
+    /// Server → tenant: the handlers now serving, with the verifier's report on each.
+    Deployed {
+        /// The app.
+        app: u32,
+        /// The [`Manifest::version`] that serves them.
+        version: u64,
+        /// One report per handler (none after an undeploy).
+        handlers: Vec<DeployReport>,
+    },
+    /// Tenant → server: take every handler of `app` away (its regions and data stay); the
+    /// answer is [`Control::Deployed`] with no handlers.
+    Undeploy {
+        /// The app; one the session's tenant has.
+        app: u32,
     },
     /// NIC → server: draining, stop forwarding.
     NicBye,
@@ -486,6 +597,12 @@ impl Control {
             Control::Congestion { .. } => "congestion",
             Control::VerbsConnect { .. } => "verbs-connect",
             Control::VerbsAccept { .. } => "verbs-accept",
+            Control::ManifestChanged { .. } => "manifest-changed",
+            Control::DeployChunk { .. } => "deploy-chunk",
+            Control::DeployReceived { .. } => "deploy-received",
+            Control::Deploy { .. } => "deploy",
+            Control::Deployed { .. } => "deployed",
+            Control::Undeploy { .. } => "undeploy",
             Control::Error { .. } => "error",
         }
     }
@@ -524,6 +641,26 @@ impl Control {
             value: (buf.len() - CONTROL_HEADER) as u64,
         })?;
         Ok((id, c))
+    }
+}
+
+/// A deploy chunk's bytes as hex, at most [`crate::limits::DEPLOY_CHUNK`] of them.
+mod hex_chunk {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(b))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = <&str>::deserialize(d)?;
+        if s.len() > 2 * crate::limits::DEPLOY_CHUNK {
+            return Err(serde::de::Error::custom(format_args!(
+                "a deploy chunk carries at most {} bytes",
+                crate::limits::DEPLOY_CHUNK
+            )));
+        }
+        hex::decode(s).map_err(serde::de::Error::custom)
     }
 }
 
@@ -641,6 +778,7 @@ mod tests {
                 weights: [0.25, 0.25, 0.5],
             }],
             agent: Some("10.0.0.1:7002".parse().unwrap()),
+            manifest: 4,
         };
         let b = m.to_bytes(77);
         assert_eq!(Control::decode(&b).unwrap(), (77, m));
@@ -740,6 +878,7 @@ mod tests {
             mode: "udp".into(),
             policy: "cost-based steering with a long policy name".into(),
             epoch: u64::MAX,
+            version: u64::MAX,
         };
         let pages = m.pages().unwrap();
         assert!(pages.len() > 1);

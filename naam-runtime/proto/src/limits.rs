@@ -20,6 +20,14 @@ pub const MAX_MESSAGE: usize = 8 * 1024;
 /// Largest payload of one one-sided operation or completion (a READ's ranges together, or a
 /// WRITE's bytes), so that an operation and its completion fit in [`MAX_MESSAGE`].
 pub const MAX_TRANSFER: usize = 7 * 1024;
+/// Object bytes one [`crate::control::Control::DeployChunk`] carries: hex-encoded in JSON,
+/// they fit a control message with room for its other fields.
+pub const DEPLOY_CHUNK: usize = 3 * 1024;
+/// The largest object a tenant may upload for a deploy (a server's code quota may allow
+/// less).
+pub const MAX_DEPLOY_OBJECT: usize = 1 << 20;
+/// Handlers one deploy may install: their reports fit one answer.
+pub const MAX_DEPLOY_HANDLERS: usize = 16;
 /// Bytes sealing adds to a message: the envelope header and the authentication tag.
 pub const SEAL_OVERHEAD: usize = naam_ebpf::eswitch::SEAL_HEADER + SEAL_TAG;
 /// Length of a sealed envelope's authentication tag (AES-256-GCM's).

@@ -15,9 +15,9 @@ use bytes::Bytes;
 use naam_proto::control::Control;
 use naam_proto::dedup::RecentAnswers;
 use naam_proto::endpoint::{
-    Channel, ClientConfig, ClientEndpoint, ClientEvent, ExchangeError, HostBackend, InProcess,
-    NicConfig, NicEndpoint, NicEvent, Routed, ServerConfig, ServerEndpoint, SwitchHandle, Transmit,
-    VerbsAcceptor,
+    Channel, ClientConfig, ClientEndpoint, ClientEvent, DeployChange, DeployJob, ExchangeError,
+    HostBackend, InProcess, NicConfig, NicEndpoint, NicEvent, Routed, ServerConfig, ServerEndpoint,
+    SwitchHandle, Transmit, VerbsAcceptor,
 };
 use naam_proto::entropy::Entropy;
 use naam_proto::limits;
@@ -65,6 +65,8 @@ struct ModelHost {
     /// an owner elsewhere are answered after reads that came later.
     hold_writes: bool,
     held: Vec<Transmit>,
+    /// Deploys the endpoint passed on, checked.
+    deploys: Vec<DeployJob>,
 }
 
 impl ModelHost {
@@ -174,6 +176,19 @@ impl HostBackend for ModelHost {
 
     fn verbs(&self) -> Option<&dyn VerbsAcceptor> {
         None
+    }
+
+    fn deploy(&mut self, job: DeployJob, _reply_to: &Channel) -> Option<Control> {
+        let app = job.app;
+        // A retransmission carries the id of the first: answered again, not deployed again.
+        if self.deploys.last().is_none_or(|j| j.id != job.id) {
+            self.deploys.push(job);
+        }
+        Some(Control::Deployed {
+            app,
+            version: self.deploys.len() as u64,
+            handlers: Vec::new(),
+        })
     }
 }
 
@@ -1261,4 +1276,164 @@ fn an_expected_answer_that_never_comes_times_out_without_a_resend() {
     assert!(matches!(w.reply(id), Err(ExchangeError::TimedOut { .. })));
     assert_eq!(w.client.stats().resends, 0);
     assert_eq!(w.server.backend().retried, 0);
+}
+
+impl World {
+    /// Control message `m` sent in the client's session, and its answer.
+    fn ask(&mut self, m: &Control) -> Control {
+        let q = self.client.query(self.now, m).expect("sent");
+        self.run_until(1_000 * MS, |w| w.outcome(q).is_some());
+        let answer = self.outcome(q).expect("answered").expect("an answer");
+        Control::decode(&answer).expect("control").1
+    }
+}
+
+/// The refusal message of `c`, which must be one.
+fn refusal(c: Control) -> String {
+    match c {
+        Control::Error { message } => message,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_upload_is_taken_in_order_and_a_deploy_needs_its_whole_object_in_its_own_app() {
+    let mut w = World::new(41);
+    w.connected();
+    let object: Vec<u8> = (0..(limits::DEPLOY_CHUNK * 2 + 100))
+        .map(|i| i as u8)
+        .collect();
+    let total = object.len() as u32;
+    let chunk = |offset: usize, len: usize| Control::DeployChunk {
+        app: APP,
+        total,
+        offset: offset as u32,
+        bytes: object[offset..offset + len].to_vec(),
+    };
+    let c = limits::DEPLOY_CHUNK;
+    let deploy = |hash: u64| Control::Deploy {
+        app: APP,
+        object_hash: hash,
+        handlers: vec![naam_proto::control::DeployHandler {
+            name: "get".into(),
+            write: false,
+        }],
+        engine: None,
+        budget: None,
+    };
+    let hash = naam_proto::control::object_hash(&object);
+    // Nothing uploaded yet.
+    assert!(refusal(w.ask(&deploy(hash))).contains("no object uploaded"));
+    // Into an app that is not the session's.
+    let other = Control::DeployChunk {
+        app: 99,
+        total,
+        offset: 0,
+        bytes: vec![1],
+    };
+    assert!(refusal(w.ask(&other)).contains("not this tenant's"));
+    assert!(refusal(w.ask(&Control::Undeploy { app: 99 })).contains("not this tenant's"));
+    // Too big, or past the end.
+    let huge = Control::DeployChunk {
+        app: APP,
+        total: limits::MAX_DEPLOY_OBJECT as u32 + 1,
+        offset: 0,
+        bytes: vec![0],
+    };
+    assert!(refusal(w.ask(&huge)).contains("a deploy uploads 1 to"));
+    let past = Control::DeployChunk {
+        app: APP,
+        total: 4,
+        offset: 2,
+        bytes: vec![0; 3],
+    };
+    assert!(refusal(w.ask(&past)).contains("run past"));
+    // In order; a chunk again is answered again; a gap is refused.
+    let received = |c: Control| match c {
+        Control::DeployReceived { received, .. } => received as usize,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(received(w.ask(&chunk(0, c))), c);
+    assert_eq!(received(w.ask(&chunk(0, c))), c, "the first chunk again");
+    assert!(refusal(w.ask(&chunk(2 * c, 100))).contains(&format!("holds {c} bytes")));
+    assert_eq!(received(w.ask(&chunk(c, c))), 2 * c);
+    // Not whole yet.
+    assert!(refusal(w.ask(&deploy(hash))).contains("not whole"));
+    assert_eq!(received(w.ask(&chunk(2 * c, 100))), object.len());
+    assert_eq!(received(w.ask(&chunk(c, c))), object.len(), "a chunk again");
+    // Another object's hash.
+    assert!(refusal(w.ask(&deploy(hash ^ 1))).contains("hash"));
+    // The right one reaches the backend, with the bytes uploaded.
+    match w.ask(&deploy(hash)) {
+        Control::Deployed { app, version, .. } => assert_eq!((app, version), (APP, 1)),
+        other => panic!("{other:?}"),
+    }
+    let jobs = &w.server.backend().deploys;
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].tenant_apps, vec![APP]);
+    match &jobs[0].change {
+        DeployChange::Install {
+            object: o,
+            handlers,
+            ..
+        } => {
+            assert_eq!(&o[..], &object[..]);
+            assert_eq!(handlers[0].name, "get");
+        }
+        other => panic!("{other:?}"),
+    }
+    // More handlers than one deploy may install.
+    let many = Control::Deploy {
+        app: APP,
+        object_hash: hash,
+        handlers: (0..=limits::MAX_DEPLOY_HANDLERS)
+            .map(|i| naam_proto::control::DeployHandler {
+                name: format!("h{i}"),
+                write: false,
+            })
+            .collect(),
+        engine: None,
+        budget: None,
+    };
+    assert!(refusal(w.ask(&many)).contains("handlers in one deploy"));
+    // A new upload (offset 0, other bytes) replaces the old one.
+    let fresh = Control::DeployChunk {
+        app: APP,
+        total: 2,
+        offset: 0,
+        bytes: vec![9, 9],
+    };
+    assert_eq!(received(w.ask(&fresh)), 2);
+    assert!(refusal(w.ask(&deploy(hash))).contains("hash"));
+}
+
+#[test]
+fn a_published_manifest_reaches_clients_with_their_weights_and_the_nic_is_told() {
+    let mut w = World::new(43);
+    w.connected();
+    w.start_nic();
+    // A deploy published manifest version 3: the next weights carry it.
+    let mut m = manifest(1);
+    m.version = 3;
+    w.server.directory().publish_manifest(m);
+    let weights = Control::QueryWeights {
+        app: APP,
+        client: None,
+        rtt_ns: None,
+    };
+    match w.ask(&weights) {
+        Control::Weights { manifest, .. } => assert_eq!(manifest, 3),
+        other => panic!("{other:?}"),
+    }
+    // An older one published late is ignored.
+    let mut old = manifest(1);
+    old.version = 2;
+    w.server.directory().publish_manifest(old);
+    assert_eq!(w.server.directory().manifest_version(), 3);
+    // The NIC's reports show it behind: the server tells it, and this model NIC, which
+    // cannot take deploys up, says so (and the server forwards it nothing of the app).
+    assert!(w.run_until(1_000 * MS, |w| w
+        .nic_events
+        .iter()
+        .any(|e| matches!(e, NicEvent::RedeployFailed(_)))));
 }

@@ -112,6 +112,13 @@ enum Cmd {
     /// Run one message on a deployment (naam-server over UDP), following its steps, and print
     /// the reply as JSON. Exit 0 when it succeeded, 1 otherwise.
     Call(CallArgs),
+    /// Deploy an object's handlers into one of your apps on a running naam-server, over your
+    /// tenant's session; prints the verifier's report on each as JSON. Exit 0 when they
+    /// serve, 1 when the server refused (the reason is printed) or could not be reached.
+    Deploy(DeployArgs),
+    /// Take every handler of one of your apps away on a running naam-server (its regions and
+    /// data stay). Exit 0 when done, 1 when refused or unreachable.
+    Undeploy(UndeployArgs),
     /// Start an in-process cluster, run binary-search lookups against it, congest the host for a
     /// while, and print placement fractions as the steering moves traffic (mode: inproc).
     Demo(DemoArgs),
@@ -168,6 +175,54 @@ struct CallArgs {
     /// must be the object the server loaded (default: the server's file, if readable here).
     #[arg(long)]
     object: Option<PathBuf>,
+}
+
+/// Where a deploy goes, and as whom.
+#[derive(clap::Args)]
+struct SessionArgs {
+    /// naam-server's address.
+    #[arg(value_parser = naam_runtime::addr::parse, long)]
+    server: std::net::SocketAddr,
+    /// The app, by name (or id): one of your tenant's.
+    #[arg(long)]
+    app: String,
+    /// The tenant to authenticate as (default: the app's name).
+    #[arg(long)]
+    tenant: Option<String>,
+    /// The tenant's credential file (default: keys/<tenant>.key).
+    #[arg(long, alias = "key")]
+    credential: Option<PathBuf>,
+    /// Seconds the server may stay silent before the command fails.
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+}
+
+#[derive(clap::Args)]
+struct DeployArgs {
+    #[command(flatten)]
+    session: SessionArgs,
+    /// The eBPF object (`naam build`'s output).
+    object: PathBuf,
+    /// A handler to install as a read (it may run at the client, the NIC or the host);
+    /// repeatable. Without --read and --write: every handler of the object the app has
+    /// now, each as the kind it has.
+    #[arg(long = "read")]
+    reads: Vec<String>,
+    /// A handler to install as a write (it runs at the app's owner); repeatable.
+    #[arg(long = "write")]
+    writes: Vec<String>,
+    /// Engine: tiered, jit or interp (default: the server's, tiered unless configured).
+    #[arg(long)]
+    engine: Option<EngineKind>,
+    /// Instructions a step may run (default: the handler's budget now, else the server's).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_BUDGET))]
+    budget: Option<u64>,
+}
+
+#[derive(clap::Args)]
+struct UndeployArgs {
+    #[command(flatten)]
+    session: SessionArgs,
 }
 
 #[derive(clap::Args)]
@@ -317,6 +372,8 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
     match cmd {
         Cmd::Demo(args) => demo(args),
         Cmd::Call(args) => call(args),
+        Cmd::Deploy(args) => deploy(args),
+        Cmd::Undeploy(args) => undeploy(args),
         Cmd::New { name } => new_crate(&name),
         Cmd::ConformancePlugin {
             memory_hex,
@@ -498,6 +555,192 @@ fn run_message(
 }
 
 /// `naam call`: one message on a deployment.
+/// A session as `a` names it, and the app it names; `Err`: the exit code, the error printed.
+fn deploy_session(
+    a: &SessionArgs,
+) -> Result<
+    (
+        naam_runtime::udp::UdpClient,
+        naam_proto::control::AppManifest,
+    ),
+    ExitCode,
+> {
+    use naam_runtime::udp::{UdpClient, UdpConfig};
+    let fail = |code: u8, m: String| {
+        eprintln!("naam: error: {m}");
+        ExitCode::from(code)
+    };
+    if !(a.timeout.is_finite() && (0.1..=3600.0).contains(&a.timeout)) {
+        return Err(fail(2, "--timeout must be 0.1 to 3600 seconds".into()));
+    }
+    let tenant = a.tenant.clone().unwrap_or_else(|| a.app.clone());
+    let key_path = a
+        .credential
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("keys").join(format!("{tenant}.key")));
+    let credential = naam_proto::session::Credential::load(&key_path).map_err(|e| {
+        fail(
+            2,
+            format!(
+                "no credential for tenant {tenant} at {}: {e}",
+                key_path.display()
+            ),
+        )
+    })?;
+    let mut config = UdpConfig::new(a.server, &tenant, credential);
+    config.liveness = std::time::Duration::from_secs_f64(a.timeout);
+    let client = UdpClient::connect(&config).map_err(|e| {
+        fail(
+            1,
+            format!("connecting to naam-server at {} as {tenant}: {e}", a.server),
+        )
+    })?;
+    let manifest = client.manifest();
+    let Some(app) = manifest
+        .apps
+        .iter()
+        .find(|x| x.name == a.app || x.id.to_string() == a.app)
+        .cloned()
+    else {
+        let names: Vec<&str> = manifest.apps.iter().map(|x| x.name.as_str()).collect();
+        return Err(fail(
+            1,
+            format!(
+                "no app `{}` in {tenant}'s session: a tenant deploys only into its own apps \
+                 (it has: {})",
+                a.app,
+                names.join(", ")
+            ),
+        ));
+    };
+    Ok((client, app))
+}
+
+/// Prints what a deploy or undeploy made, as JSON.
+fn print_deployment(app: &str, d: &naam_runtime::udp::Deployment) {
+    let handlers: Vec<_> = d
+        .handlers
+        .iter()
+        .map(|h| {
+            json!({
+                "name": h.name,
+                "id": format!("{:#010x}", h.id),
+                "kind": if h.write { "write" } else { "read" },
+                "engine": h.engine.name(),
+                "budget": h.budget,
+                "insns": h.insns,
+                "functions": h.functions,
+                "helpers": h.helpers,
+                "backward_jumps": h.backward_jumps,
+                "accesses": {
+                    "proven": h.accesses[0],
+                    "hinted": h.accesses[1],
+                    "checked": h.accesses[2],
+                },
+                "build_us": h.build_us,
+            })
+        })
+        .collect();
+    let out = json!({
+        "app": app,
+        "id": d.app,
+        "version": d.version,
+        "handlers": handlers,
+    });
+    println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+}
+
+/// `naam deploy` (see [`Cmd::Deploy`]).
+fn deploy(a: DeployArgs) -> anyhow::Result<ExitCode> {
+    use naam_proto::control::DeployHandler;
+    let bytes = match std::fs::read(&a.object) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("naam: error: {}: {e}", a.object.display());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let object = match load(&bytes) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("naam: error: {}: {e}", a.object.display());
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let (mut client, app) = match deploy_session(&a.session) {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let in_object: Vec<&str> = object.programs.iter().map(|p| p.name.as_str()).collect();
+    let mut handlers: Vec<DeployHandler> = Vec::new();
+    for (names, write) in [(&a.reads, false), (&a.writes, true)] {
+        for n in names {
+            if !in_object.contains(&n.as_str()) {
+                eprintln!(
+                    "naam: error: {} has no handler `{n}` (it has: {})",
+                    a.object.display(),
+                    in_object.join(", ")
+                );
+                return Ok(ExitCode::from(2));
+            }
+            handlers.push(DeployHandler {
+                name: n.clone(),
+                write,
+            });
+        }
+    }
+    if handlers.is_empty() {
+        // Every handler of the object the app has now, as the kind it has.
+        handlers = app
+            .handlers
+            .iter()
+            .filter(|h| in_object.contains(&h.name.as_str()))
+            .map(|h| DeployHandler {
+                name: h.name.clone(),
+                write: h.write,
+            })
+            .collect();
+        if handlers.is_empty() {
+            eprintln!(
+                "naam: error: app {} has none of {}'s handlers ({}): name them with --read \
+                 and --write",
+                app.name,
+                a.object.display(),
+                in_object.join(", ")
+            );
+            return Ok(ExitCode::from(2));
+        }
+    }
+    match client.deploy(app.id, &bytes, handlers, a.engine, a.budget) {
+        Ok(d) => {
+            print_deployment(&app.name, &d);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("naam: error: deploying into app {}: {e}", app.name);
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+/// `naam undeploy` (see [`Cmd::Undeploy`]).
+fn undeploy(a: UndeployArgs) -> anyhow::Result<ExitCode> {
+    let (mut client, app) = match deploy_session(&a.session) {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    match client.undeploy(app.id) {
+        Ok(d) => {
+            print_deployment(&app.name, &d);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("naam: error: undeploying app {}: {e}", app.name);
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
 fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
     use naam_proto::transport::Transport;
     use naam_runtime::invoke::{parse_descriptor, reply_json};

@@ -28,7 +28,8 @@ use crate::metrics::MetricsShard;
 use crate::Metrics;
 use crate::{Clock, SystemClock};
 use crate::{HandlerSpec, Registry};
-use naam_proto::control::{object_hash, Control, Manifest};
+use naam_proto::control::{object_hash, Control, DeployHandler, DeployReport, Manifest};
+use naam_proto::limits;
 use naam_proto::onesided;
 use naam_proto::session::{self, Credential};
 use naam_proto::steering::Selector;
@@ -491,6 +492,34 @@ impl OneSided for Conn {
     }
 }
 
+/// What a deploy or undeploy made ([`UdpClient::deploy`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Deployment {
+    /// The app.
+    pub app: u32,
+    /// The server's manifest version that serves it.
+    pub version: u64,
+    /// The verifier's report on each handler installed (none after an undeploy).
+    pub handlers: Vec<DeployReport>,
+}
+
+/// Read or write, per handler of `apps`, as the manifest says.
+fn handler_kinds(apps: &[naam_proto::control::AppManifest]) -> IntMap<HandlerKey, HandlerKind> {
+    let mut kinds = IntMap::default();
+    for a in apps {
+        for h in &a.handlers {
+            let k = if h.write {
+                HandlerKind::Write
+            } else {
+                HandlerKind::Read
+            };
+            kinds.insert((a.id, h.id), k);
+        }
+    }
+    kinds
+}
+
 /// A client of `naam-server` over UDP. One call at a time; make one per thread.
 pub struct UdpClient {
     path: ClientPath<Conn>,
@@ -620,17 +649,7 @@ impl UdpClient {
                 }
             }
         }
-        let mut kinds = IntMap::default();
-        for a in &manifest.apps {
-            for h in &a.handlers {
-                let k = if h.write {
-                    HandlerKind::Write
-                } else {
-                    HandlerKind::Read
-                };
-                kinds.insert((a.id, h.id), k);
-            }
-        }
+        let kinds = handler_kinds(&manifest.apps);
         Ok(UdpClient {
             path: ClientPath::new(conn),
             manifest,
@@ -691,13 +710,126 @@ impl UdpClient {
             .map(|h| HandlerSpec::read(&h.name).engine(h.engine).budget(h.budget))
             .collect();
         let fail = |e: crate::RegistryError| UdpError::Handlers(app, e.to_string());
-        self.registry
-            .add_app(app, &a.name, Placement::Host)
+        let built = self
+            .registry
+            .build_handlers(
+                app,
+                &loaded,
+                &specs,
+                &VerifierConfig::default(),
+                &Default::default(),
+            )
             .map_err(fail)?;
-        self.registry
-            .add_handlers(app, &loaded, &specs, &VerifierConfig::default())
-            .map_err(fail)?;
+        if self.registry.app(app).is_none() {
+            self.registry
+                .add_app(app, &a.name, Placement::Host)
+                .map_err(fail)?;
+        }
+        // Installed again after a deploy: the new object's handlers replace the old ones.
+        self.registry = self.registry.with_handlers(app, built).map_err(fail)?;
         Ok(())
+    }
+
+    /// Deploys `handlers` of `object` (an eBPF ELF) as `app`'s handlers on the server, over
+    /// this session: uploads the object in chunks, asks for the deploy, and returns the
+    /// verifier's report on each handler once they answer calls. Those `app` had and
+    /// `handlers` does not name are taken away. `engine` and `budget` default to the
+    /// server's. The server refuses (with its reason, [`UdpError::Refused`]) an app that is
+    /// not this tenant's, a deploy over the tenant's quotas and a handler the verifier
+    /// rejects; nothing changes then.
+    pub fn deploy(
+        &mut self,
+        app: u32,
+        object: &[u8],
+        handlers: Vec<DeployHandler>,
+        engine: Option<naam_proto::EngineKind>,
+        budget: Option<u64>,
+    ) -> Result<Deployment, UdpError> {
+        let server = self.path.transport().endpoint.server();
+        let refused = |message: String| UdpError::Refused { server, message };
+        let total = u32::try_from(object.len())
+            .ok()
+            .filter(|t| *t as usize <= limits::MAX_DEPLOY_OBJECT && *t > 0)
+            .ok_or_else(|| {
+                refused(format!(
+                    "an object of {} bytes: a deploy uploads 1 to {} bytes",
+                    object.len(),
+                    limits::MAX_DEPLOY_OBJECT
+                ))
+            })?;
+        for (i, chunk) in object.chunks(limits::DEPLOY_CHUNK).enumerate() {
+            let offset = (i * limits::DEPLOY_CHUNK) as u32;
+            let want = offset + chunk.len() as u32;
+            let m = Control::DeployChunk {
+                app,
+                total,
+                offset,
+                bytes: chunk.to_vec(),
+            };
+            match self.exchange(&m)? {
+                Control::DeployReceived { received, .. } if received == want => {}
+                Control::Error { message } => return Err(refused(message)),
+                other => {
+                    return Err(refused(format!(
+                        "unexpected answer to upload bytes {offset}..{want}: {other:?}"
+                    )))
+                }
+            }
+        }
+        let m = Control::Deploy {
+            app,
+            object_hash: object_hash(object),
+            handlers,
+            engine,
+            budget,
+        };
+        self.deployed(app, &m)
+    }
+
+    /// Takes every handler of `app` away on the server (its regions and data stay).
+    pub fn undeploy(&mut self, app: u32) -> Result<Deployment, UdpError> {
+        self.deployed(app, &Control::Undeploy { app })
+    }
+
+    /// Sends deploy or undeploy `m` and takes in its answer (and the manifest it made).
+    fn deployed(&mut self, app: u32, m: &Control) -> Result<Deployment, UdpError> {
+        let server = self.path.transport().endpoint.server();
+        let refused = |message: String| UdpError::Refused { server, message };
+        match self.exchange(m)? {
+            Control::Deployed {
+                app: a,
+                version,
+                handlers,
+            } if a == app => {
+                self.refresh_manifest(version.max(self.manifest.version))?;
+                Ok(Deployment {
+                    app,
+                    version,
+                    handlers,
+                })
+            }
+            Control::Error { message } => Err(refused(message)),
+            other => Err(refused(format!("unexpected answer: {other:?}"))),
+        }
+    }
+
+    /// Sends `m` and decodes its answer.
+    fn exchange(&mut self, m: &Control) -> Result<Control, UdpError> {
+        let server = self.path.transport().endpoint.server();
+        let b = self
+            .path
+            .transport()
+            .ask(m)
+            .map_err(|e| UdpError::Refused {
+                server,
+                message: format!("{}: {e}", m.name()),
+            })?;
+        Control::decode(&b)
+            .map(|(_, c)| c)
+            .map_err(|e| UdpError::Refused {
+                server,
+                message: format!("a malformed answer to {}: {e}", m.name()),
+            })
     }
 
     /// Sends a control message to the server and returns its answer (operator queries such as
@@ -792,19 +924,81 @@ impl UdpClient {
 
     fn take_inbox(&mut self) {
         let inbox = std::mem::take(&mut self.path.transport().inbox);
+        let mut newest = self.manifest.version;
         for c in inbox {
             if let Control::Weights {
                 app,
                 handlers,
                 agent,
+                manifest,
             } = c
             {
                 for h in handlers {
                     self.weights.insert((app, h.handler), Weights(h.weights));
                 }
                 self.path.transport().endpoint.set_agent(agent);
+                newest = newest.max(manifest);
             }
         }
+        if newest > self.manifest.version {
+            if let Err(e) = self.refresh_manifest(newest) {
+                // Asked again with the next weights that show the newer version.
+                tracing::warn!("taking up manifest version {newest}: {e}");
+            }
+        }
+    }
+
+    /// Takes up manifest version `version` or newer (a deploy changed handlers): fetches
+    /// this session's pages again, takes handler kinds from them, and stops running here
+    /// the handlers of any app whose object or handlers changed (until
+    /// [`UdpClient::install_handlers`] installs its new object).
+    fn refresh_manifest(&mut self, version: u64) -> Result<(), UdpError> {
+        let server = self.path.transport().endpoint.server();
+        let refused = |message: String| UdpError::Refused { server, message };
+        let (mut apps, mut pages, mut page) = (Vec::new(), 1, 0);
+        while page < pages {
+            let m = self
+                .path
+                .transport()
+                .ask(&Control::QueryManifest { page })
+                .map_err(|e| refused(format!("manifest page {page}: {e}")))?;
+            match Control::decode(&m) {
+                Ok((
+                    _,
+                    Control::ManifestPage {
+                        page: p,
+                        pages: n,
+                        apps: a,
+                    },
+                )) if p == page && n <= MAX_MANIFEST_PAGES => {
+                    pages = n;
+                    apps.extend(a);
+                }
+                Ok((_, Control::Error { message })) => return Err(refused(message)),
+                other => {
+                    return Err(refused(format!(
+                        "unexpected answer to manifest page {page}: {other:?}"
+                    )))
+                }
+            }
+            page += 1;
+        }
+        for a in &apps {
+            let same = self
+                .manifest
+                .app(a.id)
+                .is_some_and(|old| old.object_hash == a.object_hash && old.handlers == a.handlers);
+            if !same && self.registry.app(a.id).is_some() {
+                self.registry = self
+                    .registry
+                    .with_handlers(a.id, Default::default())
+                    .map_err(|e| UdpError::Handlers(a.id, e.to_string()))?;
+            }
+        }
+        self.kinds = handler_kinds(&apps);
+        self.manifest.apps = apps;
+        self.manifest.version = version;
+        Ok(())
     }
 
     fn client_ok(&self, key: HandlerKey) -> bool {

@@ -20,6 +20,7 @@ use naam_proto::control::{object_hash, AppManifest, HandlerManifest, Manifest, R
 use naam_proto::handler_id;
 use naam_proto::step::HandlerKind;
 use naam_proto::Placement;
+use naam_vm::LoadedObject;
 
 /// Name of the manifest file in the shared-memory directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -427,6 +428,7 @@ fn build_host(
         apps: Vec::new(),
         mode: super::MODE.into(),
         policy: String::new(),
+        version: 0,
         epoch: crate::entropy::os()
             .nonzero_u64()
             .map_err(|e| DeployError::Manifest {
@@ -590,18 +592,7 @@ fn start_nic_over(
                 Ok((mem, Some(m.rkey)))
             }));
     for a in &manifest.apps {
-        let opath = PathBuf::from(&a.object);
-        let bytes = std::fs::read(&opath).map_err(file_err(&opath))?;
-        if object_hash(&bytes) != a.object_hash {
-            return Err(DeployError::Manifest {
-                path: mpath.clone(),
-                message: format!("{} changed since the host loaded it", a.object),
-            });
-        }
-        let object = naam_vm::load(&bytes).map_err(|e| DeployError::Manifest {
-            path: opath.clone(),
-            message: e.to_string(),
-        })?;
+        let object = load_manifest_object(a, &mpath)?;
         builder = builder.app(AppSpec {
             id: a.id,
             name: a.name.clone(),
@@ -616,21 +607,83 @@ fn start_nic_over(
                 })
                 .collect(),
             object: Arc::new(object),
-            handlers: a
-                .handlers
-                .iter()
-                .map(|h| {
-                    let s = if h.write {
-                        HandlerSpec::write(&h.name)
-                    } else {
-                        HandlerSpec::read(&h.name)
-                    };
-                    s.engine(h.engine).budget(h.budget)
-                })
-                .collect(),
+            handlers: handler_specs(a),
         });
     }
     Ok((Arc::new(builder.build()?), manifest))
+}
+
+/// App `a`'s handler object, as the manifest at `mpath` names it, checked against the hash
+/// the host recorded.
+fn load_manifest_object(a: &AppManifest, mpath: &Path) -> Result<LoadedObject, DeployError> {
+    let opath = PathBuf::from(&a.object);
+    let bytes = std::fs::read(&opath).map_err(file_err(&opath))?;
+    if object_hash(&bytes) != a.object_hash {
+        return Err(DeployError::Manifest {
+            path: mpath.to_path_buf(),
+            message: format!("{} changed since the host loaded it", a.object),
+        });
+    }
+    naam_vm::load(&bytes).map_err(|e| DeployError::Manifest {
+        path: opath,
+        message: e.to_string(),
+    })
+}
+
+/// The handlers the manifest lists for `a`, as specs to build.
+fn handler_specs(a: &AppManifest) -> Vec<HandlerSpec> {
+    a.handlers
+        .iter()
+        .map(|h| {
+            let s = if h.write {
+                HandlerSpec::write(&h.name)
+            } else {
+                HandlerSpec::read(&h.name)
+            };
+            s.engine(h.engine).budget(h.budget)
+        })
+        .collect()
+}
+
+/// Takes up on the NIC's `cluster` the deploys the host made since `served` (the manifest
+/// the NIC's handlers come from): reads the manifest in `shm_dir` again and deploys each app
+/// whose object or handlers changed. Returns the manifest now served; one of another server
+/// start is refused (the NIC remaps instead). An app that fails leaves the ones before it
+/// deployed, and the returned error: the caller tries again, and the host forwards none of
+/// that app's requests meanwhile.
+pub fn redeploy_nic(
+    shm_dir: &Path,
+    cluster: &Cluster,
+    served: &Manifest,
+) -> Result<Manifest, DeployError> {
+    let manifest = read_manifest(shm_dir)?;
+    let mpath = shm_dir.join(MANIFEST_FILE);
+    if manifest.epoch != served.epoch {
+        return Err(DeployError::Manifest {
+            path: mpath,
+            message: "the manifest is of another server start: the regions must be mapped anew"
+                .into(),
+        });
+    }
+    for a in &manifest.apps {
+        let before = served.app(a.id);
+        let same =
+            before.is_some_and(|b| b.object_hash == a.object_hash && b.handlers == a.handlers);
+        if same {
+            continue;
+        }
+        let result = if a.handlers.is_empty() {
+            cluster.undeploy(a.id)
+        } else {
+            let object = load_manifest_object(a, &mpath)?;
+            cluster.deploy(a.id, &object, &handler_specs(a))
+        };
+        result.map_err(|e| DeployError::Manifest {
+            path: mpath.clone(),
+            message: format!("app {}: {e}", a.id),
+        })?;
+    }
+    Ok(manifest)
 }
 
 /// Removes what [`start_host`] created in `shm_dir` (regions, objects, manifest), and the

@@ -22,6 +22,7 @@
 mod client;
 mod deploy;
 mod deploy_error;
+mod deployer;
 mod inline;
 mod memnet;
 mod nic;
@@ -32,13 +33,14 @@ mod signal;
 mod socket;
 mod telemetry;
 
-pub use client::{UdpClient, UdpConfig, UdpError};
+pub use client::{Deployment, UdpClient, UdpConfig, UdpError};
 pub use deploy::{
-    cleanup, read_manifest, snapshot, start_host, start_host_persistent, start_host_with,
-    start_nic, start_nic_in_process, HostApp, HostRegions, PersistentHost, RegionStart,
-    RegionsCheck, Started, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
+    cleanup, read_manifest, redeploy_nic, snapshot, start_host, start_host_persistent,
+    start_host_with, start_nic, start_nic_in_process, HostApp, HostRegions, PersistentHost,
+    RegionStart, RegionsCheck, Started, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
 };
 pub use deploy_error::DeployError;
+pub use deployer::DeployPolicy;
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
 pub use nic::{
     serve_nic, serve_nic_inline, serve_nic_loops, InlineNic, NicCluster, NicOptions, Remap,

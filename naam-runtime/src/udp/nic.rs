@@ -51,6 +51,10 @@ pub struct NicOptions {
     pub authentication: naam_proto::session::Authentication,
     /// Where replies and counters are recorded for `--metrics`.
     pub telemetry: std::sync::Arc<super::telemetry::Telemetry>,
+    /// The host's shared-memory directory, whose manifest is read again when the server
+    /// announces a deploy ([`super::redeploy_nic`]); `None`: the NIC serves the handlers it
+    /// started with, and the server keeps deployed apps' requests at the host.
+    pub shm_dir: Option<std::path::PathBuf>,
 }
 impl NicOptions {
     /// A NIC that pairs with the server at `server` using `pairing` and advertises
@@ -65,6 +69,7 @@ impl NicOptions {
             pairing,
             authentication: naam_proto::session::Authentication::On,
             telemetry: Default::default(),
+            shm_dir: None,
         }
     }
 }
@@ -94,11 +99,20 @@ struct NicHost<R> {
     replies: Replies,
     /// How to map a restarted server's regions: the first loop's.
     remap: Option<R>,
+    /// The first loop's: the manifest the executors' handlers come from, and the directory
+    /// it is read again from after a deploy.
+    redeploy: Option<(Manifest, Option<std::path::PathBuf>)>,
 }
 
 impl<R> NicHost<R> {
-    fn new(start: NicCluster, replies: Replies, remap: R) -> NicHost<R> {
+    fn new(
+        start: NicCluster,
+        replies: Replies,
+        remap: R,
+        shm_dir: Option<std::path::PathBuf>,
+    ) -> NicHost<R> {
         let epoch = start.manifest.epoch;
+        let redeploy = Some((start.manifest.clone(), shm_dir));
         NicHost {
             executors: Arc::new(Executors {
                 epoch: AtomicU64::new(epoch),
@@ -108,6 +122,7 @@ impl<R> NicHost<R> {
             epoch,
             replies,
             remap: Some(remap),
+            redeploy,
         }
     }
 
@@ -119,6 +134,7 @@ impl<R> NicHost<R> {
             epoch: self.epoch,
             replies,
             remap: None,
+            redeploy: None,
         }
     }
 
@@ -177,8 +193,29 @@ impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
             self.executors.epoch.store(epoch, Ordering::Release);
             self.cluster = c.cluster;
             self.epoch = epoch;
+            if let Some((served, _)) = &mut self.redeploy {
+                *served = manifest.clone();
+            }
         }
         Ok(manifest)
+    }
+
+    fn redeploy(&mut self, version: u64) -> Result<u64, String> {
+        self.cluster();
+        let cluster = self.cluster.clone();
+        let Some((served, shm_dir)) = &mut self.redeploy else {
+            return Err("only the first receive loop takes up deploys".into());
+        };
+        let Some(dir) = shm_dir else {
+            return Err(format!(
+                "manifest version {version} announced, but this NIC was started without the \
+                 host's shared-memory directory: it serves the handlers it started with"
+            ));
+        };
+        // The executors are shared by every loop: a deploy into their cluster is seen by all.
+        let m = super::redeploy_nic(dir, &cluster, served).map_err(|e| e.to_string())?;
+        *served = m;
+        Ok(served.version)
     }
 }
 
@@ -198,6 +235,12 @@ fn log(event: NicEvent, server: SocketAddr) {
         }
         NicEvent::RemapFailed(e) => {
             tracing::error!("mapping the restarted server's regions: {e}")
+        }
+        NicEvent::Redeployed { version } => {
+            tracing::info!("serving the handlers of manifest version {version}")
+        }
+        NicEvent::RedeployFailed(e) => {
+            tracing::warn!("taking up a deploy (retried; the host serves the app meanwhile): {e}")
         }
         other => tracing::info!("{other:?}"),
     }
@@ -231,6 +274,7 @@ fn nic_endpoint<R: FnMut(u64) -> Result<NicCluster, String>>(
         start,
         Replies::new(replies, options.telemetry.clone()),
         remap,
+        options.shm_dir.clone(),
     );
     Ok(NicEndpoint::new(config, host, &manifest, now))
 }

@@ -11,15 +11,16 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::deployer::DeployQueue;
 use super::inline::{InlineEndpoint, InlineGroup};
 use super::memnet::{MemoryNet, ServedPort};
 use super::socket::{Poller, Sender, Socket};
 use super::telemetry::{LoopCounters, PendingSeries};
 use crate::cluster::{Cluster, HereRunner};
 use crate::{Clock, SystemClock};
-use naam_proto::control::Manifest;
+use naam_proto::control::{Control, Manifest};
 use naam_proto::endpoint::{
-    HostBackend, InProcess, Routed, ServerConfig, ServerEndpoint, SessionDirectory,
+    DeployJob, HostBackend, InProcess, Routed, ServerConfig, ServerEndpoint, SessionDirectory,
 };
 use naam_proto::session::{self, CookieJar, TenantEntry};
 use naam_proto::shard::Shard;
@@ -53,6 +54,9 @@ pub struct ServerOptions {
     pub authentication: session::Authentication,
     /// Where replies and counters are recorded for `--metrics`.
     pub telemetry: Arc<super::telemetry::Telemetry>,
+    /// Tenants' deploys at run time, within these quotas; `None`: refused (the handlers are
+    /// the config's).
+    pub deploy: Option<super::deployer::DeployPolicy>,
 }
 
 impl ServerOptions {
@@ -69,6 +73,7 @@ impl ServerOptions {
             tenants,
             authentication: session::Authentication::On,
             telemetry: Default::default(),
+            deploy: None,
         }
     }
 }
@@ -183,6 +188,8 @@ struct ClusterHost {
     replies: Replies,
     switch: Option<Arc<dyn SwitchHandle>>,
     verbs: Option<Arc<dyn VerbsAcceptor>>,
+    /// Where tenants' deploys go; `None`: refused.
+    deploys: Option<DeployQueue>,
 }
 
 impl ClusterHost {
@@ -266,6 +273,21 @@ impl HostBackend for ClusterHost {
     fn verbs(&self) -> Option<&dyn VerbsAcceptor> {
         self.verbs.as_deref()
     }
+
+    fn deploy(&mut self, job: DeployJob, reply_to: &Channel) -> Option<Control> {
+        match &self.deploys {
+            Some(q) => q.submit(job, reply_to, &self.replies.sender),
+            None => Some(Control::Error {
+                message: "this server takes no deploys (its config has no [deploy] section): \
+                          its handlers are the config's"
+                    .into(),
+            }),
+        }
+    }
+
+    fn nic_manifest(&mut self, version: u64) {
+        self.cluster.set_remote_nic_version(version);
+    }
 }
 
 /// What one receive loop of naam-server is, among its loops: its shard of the sessions, and
@@ -273,6 +295,8 @@ impl HostBackend for ClusterHost {
 /// cookie, issued by one loop, is checked by the loop its `Auth` is routed to).
 struct LoopPlace {
     shard: Shard,
+    /// Where tenants' deploys go, when the server takes them.
+    deploys: Option<DeployQueue>,
     directory: Arc<SessionDirectory>,
     cookies: CookieJar,
     clock: SystemClock,
@@ -305,6 +329,7 @@ fn host_endpoint(
         replies: Replies::new(replies, options.telemetry.clone()),
         switch: options.switch.clone(),
         verbs: options.verbs.clone(),
+        deploys: place.deploys.clone(),
     };
     let mut config = ServerConfig::new(
         options.manifest.clone(),
@@ -354,9 +379,25 @@ pub fn serve_host_loops(
     let directory = SessionDirectory::new();
     let cookies = CookieJar::new(&crate::entropy::os()).map_err(|e| invalid(e.to_string()))?;
     let clock = SystemClock::new();
-    let counters = LoopCounters::group(sockets.len());
+    let mut counters = LoopCounters::group(sockets.len() + 1);
+    // The last slot is the deployer's.
+    let deployer_counters = counters
+        .pop()
+        .expect("one slot per loop and the deployer's");
+    let deployer = match &options.deploy {
+        Some(policy) => Some(super::deployer::spawn(
+            cluster.clone(),
+            policy.clone(),
+            directory.clone(),
+            options.telemetry.clone(),
+            deployer_counters,
+        )?),
+        None => None,
+    };
+    let deploys = deployer.as_ref().map(|(q, _)| q.clone());
     let run = |((socket, shard), counters): ((Socket, Shard), LoopCounters), stop: &LoopStop| {
         let place = LoopPlace {
+            deploys: deploys.clone(),
             shard,
             directory: directory.clone(),
             cookies: cookies.clone(),
@@ -369,7 +410,14 @@ pub fn serve_host_loops(
         .next()
         .ok_or_else(|| invalid("no socket to serve on".into()))?;
     let others: Vec<_> = work.map(|w| move |stop: &LoopStop| run(w, stop)).collect();
-    run_loops("naam-loop", stop, |stop| run(first, stop), others)
+    let result = run_loops("naam-loop", stop, |stop| run(first, stop), others);
+    // The loops are gone, and their queues with them: the deployer finishes the job it is on.
+    drop(deploys);
+    if let Some((q, thread)) = deployer {
+        drop(q);
+        let _ = thread.join();
+    }
+    result
 }
 
 /// When a group of receive loops stops: at the caller's flag, or as soon as one loop of the
@@ -664,7 +712,9 @@ pub fn serve_host_inline(
         options.telemetry.clone(),
         publish_every,
         |i, local, replies, now| {
+            // Deploys are taken by socket servers (naam-server); an inline one refuses them.
             let place = LoopPlace {
+                deploys: None,
                 shard: shards[i],
                 directory: directory.clone(),
                 cookies: cookies.clone(),

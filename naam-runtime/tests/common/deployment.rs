@@ -166,6 +166,8 @@ impl Deployment {
                 object.display()
             ));
         }
+        // Tenants may deploy into their own apps (tests/deploys.rs), up to 8 handlers each.
+        config.push_str("[deploy]\nmax_handlers = 8\n");
         std::fs::write(d.join("naam-server.toml"), config).expect("config");
         let nic_addr = free_loopback_port();
         let (server_metrics, nic_metrics) = (free_tcp_port(), free_tcp_port());

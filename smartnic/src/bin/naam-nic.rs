@@ -261,6 +261,7 @@ fn run(
     );
     let mut options = udp::NicOptions::new(server, advertise, pairing);
     options.telemetry = telemetry;
+    options.shm_dir = Some(shm_dir.to_path_buf());
     let stats = udp::serve_nic_loops(
         udp::NicCluster { cluster, manifest },
         sockets,

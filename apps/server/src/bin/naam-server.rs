@@ -387,6 +387,7 @@ fn run(
     options.verbs = verbs;
     options.congestion_control = config.allow_congestion_control;
     options.telemetry = telemetry;
+    options.deploy = config.deploy.as_ref().map(|d| d.policy(&config.shm_dir));
     let stats = udp::serve_host_loops(cluster, sockets, options, stop)?;
     host.stop()?;
     tracing::info!(

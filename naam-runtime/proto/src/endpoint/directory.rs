@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::server::Channel;
+use super::Transmit;
+use crate::control::Manifest;
 use crate::limits::MAX_LOOPS;
 use crate::session::SessionKey;
 
@@ -40,6 +42,8 @@ pub(super) struct TenantSession {
 struct Shared {
     nic: Option<PairedNic>,
     tenants: HashMap<u64, TenantSession>,
+    /// The manifest a deploy published last (`None`: the one each loop started with).
+    manifest: Option<Arc<Manifest>>,
 }
 
 /// One loop's switch counters.
@@ -56,6 +60,9 @@ pub struct SessionDirectory {
     counters: Box<[LoopCounters]>,
     /// Handshakes challenged so far: the next new session goes to loop `this % count`.
     challenged: AtomicUsize,
+    /// [`Manifest::version`] of the manifest published last: a loop compares it with its own
+    /// pages' on the paths that hand out manifest versions, without taking the lock.
+    manifest_version: AtomicU64,
 }
 
 impl Default for SessionDirectory {
@@ -64,6 +71,7 @@ impl Default for SessionDirectory {
             shared: Mutex::default(),
             counters: (0..MAX_LOOPS).map(|_| LoopCounters::default()).collect(),
             challenged: AtomicUsize::new(0),
+            manifest_version: AtomicU64::new(0),
         }
     }
 }
@@ -163,5 +171,38 @@ impl SessionDirectory {
                 f + c.forwarded.load(Ordering::Relaxed),
             )
         })
+    }
+
+    /// Publishes `manifest` (a deploy changed handlers) to every loop: each serves its
+    /// tenants' pages from it from their next look, and hands out its version with weights.
+    /// An older version than the one published is ignored (two deployers never race, but a
+    /// late publish must not undo a newer one).
+    pub fn publish_manifest(&self, manifest: Manifest) {
+        let mut s = self.lock();
+        let version = manifest.version;
+        if s.manifest.as_ref().is_some_and(|m| m.version >= version) {
+            return;
+        }
+        s.manifest = Some(Arc::new(manifest));
+        self.manifest_version.store(version, Ordering::Release);
+    }
+
+    /// [`Manifest::version`] of the newest published manifest (0 before any).
+    pub fn manifest_version(&self) -> u64 {
+        self.manifest_version.load(Ordering::Acquire)
+    }
+
+    /// The newest published manifest, if newer than `version`.
+    pub(super) fn manifest_newer_than(&self, version: u64) -> Option<Arc<Manifest>> {
+        if self.manifest_version() <= version {
+            return None;
+        }
+        self.lock().manifest.clone().filter(|m| m.version > version)
+    }
+
+    /// Control message `bytes` (request id `id`) sealed in the paired NIC's session, to send
+    /// from any thread; `None` while no NIC is paired.
+    pub fn to_nic(&self, id: u64, bytes: &[u8]) -> Option<Transmit> {
+        self.nic().map(|n| n.channel.transmit(id, bytes))
     }
 }

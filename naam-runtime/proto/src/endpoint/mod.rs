@@ -25,8 +25,9 @@ pub use client::{ClientConfig, ClientEndpoint, ClientEvent, ConnectError, Exchan
 pub use directory::SessionDirectory;
 pub use nic::{NicBackend, NicConfig, NicEndpoint, NicEvent, NicStats};
 pub use server::{
-    error_reply, error_reply_for, malformed, plausible_load, Channel, HostBackend, InProcess,
-    Routed, ServerConfig, ServerEndpoint, ServerStats, SwitchHandle, VerbsAcceptor,
+    error_reply, error_reply_for, malformed, plausible_load, Channel, DeployChange, DeployJob,
+    HostBackend, InProcess, Routed, ServerConfig, ServerEndpoint, ServerStats, SwitchHandle,
+    VerbsAcceptor,
 };
 
 use std::net::SocketAddr;

@@ -78,6 +78,15 @@ pub trait NicBackend {
     /// Maps the regions of the server start `epoch` and returns its manifest; an error (or
     /// an older manifest) means "not yet": the endpoint asks again on its next timeout.
     fn remap(&mut self, epoch: u64) -> Result<Manifest, String>;
+    /// Serves the handlers of the server's manifest [`Manifest::version`] `version` or newer
+    /// (a deploy changed them: the manifest file is read again) and returns the version now
+    /// served; an error, or an older version, means "not yet": the endpoint tries again on
+    /// its next timeout. By default a NIC cannot, and serves what it started with.
+    fn redeploy(&mut self, version: u64) -> Result<u64, String> {
+        Err(format!(
+            "this NIC cannot take up manifest version {version}: it serves the handlers it started with"
+        ))
+    }
 }
 
 /// A NIC endpoint's settings.
@@ -216,6 +225,15 @@ pub enum NicEvent {
     },
     /// Mapping the restarted server's regions failed (retried).
     RemapFailed(String),
+    /// The handlers of a deploy are served (the load reports say so, and the server
+    /// forwards the deployed app's requests again).
+    Redeployed {
+        /// The manifest version now served.
+        version: u64,
+    },
+    /// Taking up a deploy's handlers failed (retried; meanwhile the server serves the app
+    /// itself).
+    RedeployFailed(String),
 }
 
 /// A client session the server announced.
@@ -274,6 +292,10 @@ struct NicShared {
     mapped: RwLock<Mapped>,
     /// When a load report is next due, whichever loop sends it.
     next_report: AtomicU64,
+    /// The newest [`Manifest::version`] the server announced ([`Control::ManifestChanged`]).
+    manifest_wanted: AtomicU64,
+    /// The manifest version whose handlers the executors serve (load reports carry it).
+    manifest_served: AtomicU64,
 }
 
 impl NicShared {
@@ -324,6 +346,8 @@ pub struct NicEndpoint<B> {
     /// Sessions asked about, and when.
     asked: HashMap<u64, Nanos>,
     next_remap: Nanos,
+    /// When taking up a deploy is next tried (the first loop).
+    next_redeploy: Nanos,
     next_id: u64,
     draining: bool,
     transmits: VecDeque<Transmit>,
@@ -346,6 +370,8 @@ impl<B: NicBackend> NicEndpoint<B> {
                 sessions: HashMap::new(),
             }),
             next_report: AtomicU64::new(now),
+            manifest_wanted: AtomicU64::new(manifest.version),
+            manifest_served: AtomicU64::new(manifest.version),
         });
         let mut nic = NicEndpoint::member(config, backend, shared, true);
         nic.start_pairing(now);
@@ -377,6 +403,7 @@ impl<B: NicBackend> NicEndpoint<B> {
             dup: RecentAnswers::default(),
             asked: HashMap::new(),
             next_remap: 0,
+            next_redeploy: 0,
             next_id: 0,
             draining: false,
             transmits: VecDeque::new(),
@@ -442,7 +469,12 @@ impl<B: NicBackend> NicEndpoint<B> {
         let pairing = {
             let mapped = self.shared.mapped().epoch;
             let link = self.shared.link();
+            let behind = self.shared.manifest_wanted.load(Ordering::Acquire)
+                > self.shared.manifest_served.load(Ordering::Acquire);
             match &link.pairing {
+                Pairing::Paired { epoch, .. } if *epoch == mapped && behind => {
+                    Some(self.next_redeploy)
+                }
                 Pairing::Paired { epoch, .. } if *epoch == mapped => None,
                 Pairing::Paired { .. } => Some(self.next_remap),
                 _ => Some(link.last_pairing_send + PAIRING_RETRY),
@@ -588,6 +620,12 @@ impl<B: NicBackend> NicEndpoint<B> {
                 self.next_remap = now + REMAP_RETRY;
                 match self.backend.remap(epoch) {
                     Ok(m) if m.epoch == epoch => {
+                        self.shared
+                            .manifest_served
+                            .store(m.version, Ordering::Release);
+                        self.shared
+                            .manifest_wanted
+                            .store(m.version, Ordering::Release);
                         *self.shared.mapped_mut() = Mapped {
                             epoch,
                             grants: grants_of(&m),
@@ -600,7 +638,10 @@ impl<B: NicBackend> NicEndpoint<B> {
                     Err(e) => self.events.push_back(NicEvent::RemapFailed(e)),
                 }
             }
-            Pairing::Paired { .. } => {}
+            Pairing::Paired { .. } => {
+                drop(link);
+                self.take_up_deploys(now);
+            }
             _ if now >= link.last_pairing_send + PAIRING_RETRY => {
                 let hello = matches!(link.pairing, Pairing::Hello { .. });
                 drop(link);
@@ -612,6 +653,29 @@ impl<B: NicBackend> NicEndpoint<B> {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// Serves the handlers of the newest manifest the server announced, when behind it (the
+    /// first loop; a failure is tried again after [`REMAP_RETRY`]). The next load report goes
+    /// out at once, so that the server forwards the deployed app again soon.
+    fn take_up_deploys(&mut self, now: Nanos) {
+        let wanted = self.shared.manifest_wanted.load(Ordering::Acquire);
+        if wanted <= self.shared.manifest_served.load(Ordering::Acquire) || now < self.next_redeploy
+        {
+            return;
+        }
+        self.next_redeploy = now + REMAP_RETRY;
+        match self.backend.redeploy(wanted) {
+            Ok(v) => {
+                self.shared.manifest_served.fetch_max(v, Ordering::AcqRel);
+                if v >= wanted {
+                    self.shared.next_report.store(now, Ordering::Relaxed);
+                    self.shared.link().reported_idle = None;
+                    self.events.push_back(NicEvent::Redeployed { version: v });
+                }
+            }
+            Err(e) => self.events.push_back(NicEvent::RedeployFailed(e)),
         }
     }
 
@@ -654,6 +718,7 @@ impl<B: NicBackend> NicEndpoint<B> {
             let m = Control::NicLoad {
                 agent: self.config.advertise,
                 load,
+                manifest: self.shared.manifest_served.load(Ordering::Acquire),
             };
             self.push(ch.transmit(id, &m.to_bytes(id)));
         }
@@ -897,6 +962,14 @@ impl<B: NicBackend> NicEndpoint<B> {
                 }
                 Ok((_, Control::SessionClosed { session })) => {
                     self.shared.mapped_mut().sessions.remove(&session);
+                }
+                Ok((_, Control::ManifestChanged { version })) => {
+                    self.shared
+                        .manifest_wanted
+                        .fetch_max(version, Ordering::AcqRel);
+                    if self.first {
+                        self.take_up_deploys(now);
+                    }
                 }
                 Ok(_) => {}
                 Err(_) => self.stats.malformed += 1,

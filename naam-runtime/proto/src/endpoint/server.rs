@@ -35,6 +35,11 @@ use crate::steering::{ClientShare, RemoteLoad, Selector, Weights};
 use crate::wire::{LoadFeedback, Reply, Request, Status};
 use crate::{frame, limits, Nanos, Placement};
 
+/// Of the NIC's load reports that show it behind the newest manifest, every this many tells
+/// it again ([`Control::ManifestChanged`]): a report comes every millisecond or so while the
+/// NIC works, and taking up a deploy takes about that long.
+const NUDGE_NIC_EVERY: u64 = 50;
+
 /// How often sessions and per-session views are expired.
 const EXPIRY_PERIOD: Nanos = 1_000_000_000;
 
@@ -376,6 +381,78 @@ pub trait HostBackend {
     fn switch(&self) -> Option<&dyn SwitchHandle>;
     /// The RDMA verbs side, if the server has a device.
     fn verbs(&self) -> Option<&dyn VerbsAcceptor>;
+    /// Carries out a tenant's deploy or undeploy, which the endpoint has checked (the
+    /// session's tenant has the app; an install's object came whole, with the hash its
+    /// deploy names). `Some`: the answer, now; `None`: the backend answers later, sealed on
+    /// `reply_to` with request id [`DeployJob::id`] (building code is no work for a receive
+    /// loop). A retransmitted deploy comes again with the same id, and must be answered as
+    /// the first was. By default deploys are refused.
+    fn deploy(&mut self, job: DeployJob, reply_to: &Channel) -> Option<Control> {
+        let _ = (job, reply_to);
+        Some(Control::Error {
+            message: "this server takes no deploys: its handlers come from its config".into(),
+        })
+    }
+    /// The paired NIC serves the handlers of [`Manifest::version`] `version` (from its load
+    /// report): an app deployed later must not be forwarded to it.
+    fn nic_manifest(&mut self, version: u64) {
+        let _ = version;
+    }
+}
+
+/// A tenant's deploy or undeploy ([`Control::Deploy`], [`Control::Undeploy`]), checked by the
+/// endpoint, for its [`HostBackend::deploy`] to carry out.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct DeployJob {
+    /// The tenant whose session asked.
+    pub tenant: String,
+    /// Every app the tenant has (its quotas count over them all).
+    pub tenant_apps: Vec<u32>,
+    /// The request id its answer goes out with; a retransmission carries the same.
+    pub id: u64,
+    /// The app it changes (one of `tenant_apps`).
+    pub app: u32,
+    /// What it does.
+    pub change: DeployChange,
+}
+
+/// What a [`DeployJob`] does to its app.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum DeployChange {
+    /// Make `handlers` of `object` the app's handlers (those it had and this does not name
+    /// go).
+    Install {
+        /// The object's bytes, uploaded whole ([`Control::DeployChunk`]).
+        object: Bytes,
+        /// The handlers to install.
+        handlers: Vec<control::DeployHandler>,
+        /// Their engine, if the tenant named one.
+        engine: Option<crate::EngineKind>,
+        /// Their budget per step, if the tenant named one.
+        budget: Option<u64>,
+    },
+    /// Take every handler of the app away (its regions and data stay).
+    Remove,
+}
+
+/// An object a tenant is uploading for a deploy ([`Control::DeployChunk`]): one per tenant
+/// per receive loop, at most [`limits::MAX_DEPLOY_OBJECT`] bytes.
+#[derive(Debug)]
+struct Upload {
+    app: u32,
+    total: u32,
+    bytes: Vec<u8>,
+    /// `bytes`, frozen once whole (a retransmitted deploy takes it again).
+    whole: Option<Bytes>,
+}
+
+impl Upload {
+    /// The bytes held, from offset 0.
+    fn held(&self) -> &[u8] {
+        self.whole.as_deref().unwrap_or(&self.bytes)
+    }
 }
 
 /// A server endpoint's settings.
@@ -855,6 +932,27 @@ pub fn plausible_load(r: &RemoteLoad) -> bool {
         })
 }
 
+/// Each tenant's manifest pages of `manifest` (each sees its own apps).
+fn tenant_pages(
+    tenants: &[TenantEntry],
+    manifest: &Manifest,
+) -> Result<HashMap<String, Vec<Vec<AppManifest>>>, ManifestError> {
+    let mut pages = HashMap::new();
+    for t in tenants {
+        if let Role::Tenant { name, apps } = &t.role {
+            pages.insert(name.clone(), manifest.scoped(apps).pages()?);
+        }
+    }
+    Ok(pages)
+}
+
+/// The refusal of a change to an app the session's tenant does not have.
+fn not_yours(app: u32) -> Control {
+    Control::Error {
+        message: format!("app {app} is not this tenant's: a tenant deploys only into its own apps"),
+    }
+}
+
 /// Bytes of a whole datagram carrying a `message`-byte message in one fragment.
 fn datagram_len(message: usize) -> usize {
     frame::HEADER + message
@@ -868,6 +966,13 @@ pub struct ServerEndpoint<B> {
     /// Manifest pages per tenant name (each tenant sees its own apps).
     pages: HashMap<String, Vec<Vec<AppManifest>>>,
     head: Manifest,
+    /// [`Manifest::version`] `pages` were made from: the directory's newer one is taken up
+    /// on the next look ([`ServerEndpoint::refresh_pages`]).
+    pages_version: u64,
+    /// Objects tenants are uploading for deploys, by tenant name.
+    uploads: HashMap<String, Upload>,
+    /// NIC load reports in a row that showed an older manifest than the newest.
+    nic_behind_reports: u64,
     stats: ServerStats,
     switch: Selector,
     draining: bool,
@@ -907,12 +1012,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         cookies: CookieJar,
         now: Nanos,
     ) -> Result<ServerEndpoint<B>, ManifestError> {
-        let mut pages = HashMap::new();
-        for t in &config.tenants {
-            if let Role::Tenant { name, apps } = &t.role {
-                pages.insert(name.clone(), config.manifest.scoped(apps).pages()?);
-            }
-        }
+        let pages = tenant_pages(&config.tenants, &config.manifest)?;
         let gate = Gatekeeper::new(
             config.manifest.epoch,
             config.tenants.clone(),
@@ -929,6 +1029,9 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 apps: Vec::new(),
                 ..config.manifest.clone()
             },
+            pages_version: config.manifest.version,
+            uploads: HashMap::new(),
+            nic_behind_reports: 0,
             config,
             stats: ServerStats::default(),
             switch: Selector::default(),
@@ -1283,8 +1386,15 @@ impl<B: HostBackend> ServerEndpoint<B> {
         Shard::new(index, count).map_or(0, |s| s.route())
     }
 
+    /// What this endpoint shares with the server's other receive loops (a deployer
+    /// publishes manifests there).
+    pub fn directory(&self) -> &Arc<SessionDirectory> {
+        &self.config.directory
+    }
+
     /// The welcome of a new session: its first manifest page.
     fn welcome(&mut self, id: u64, session: u64, role: &Role, ch: Channel) {
+        self.refresh_pages();
         let (apps, pages) = match role {
             Role::Tenant { name, .. } => match self.pages.get(name) {
                 Some(p) => (p.first().cloned().unwrap_or_default(), p.len() as u32),
@@ -1761,6 +1871,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         };
         let answer = match (c, role) {
             (Control::QueryManifest { page }, Role::Tenant { name, .. }) => {
+                self.refresh_pages();
                 let pages = self.pages.get(name).map_or(&[][..], |p| &p[..]);
                 let count = pages.len() as u32;
                 Some(match pages.get(page as usize) {
@@ -1782,7 +1893,14 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 },
                 Role::Tenant { .. },
             ) => Some(self.weights(sid, role, app, client, rtt_ns)),
-            (Control::NicLoad { agent, load }, Role::Nic) => {
+            (
+                Control::NicLoad {
+                    agent,
+                    load,
+                    manifest,
+                },
+                Role::Nic,
+            ) => {
                 // The NIC names its address; an unspecified IP means "as seen".
                 let mut at = agent;
                 if at.ip().is_unspecified() {
@@ -1794,6 +1912,19 @@ impl<B: HostBackend> ServerEndpoint<B> {
                     channel: ch.clone(),
                 });
                 self.backend.nic_load(&load);
+                self.backend.nic_manifest(manifest);
+                let newest = self.config.directory.manifest_version();
+                if manifest < newest {
+                    // The deployer's announcement may have been lost: said again, now and
+                    // then, while the NIC's reports show it behind.
+                    self.nic_behind_reports += 1;
+                    if self.nic_behind_reports % NUDGE_NIC_EVERY == 1 {
+                        let m = Control::ManifestChanged { version: newest };
+                        self.send_on(&ch, 0, m.to_bytes(0));
+                    }
+                } else {
+                    self.nic_behind_reports = 0;
+                }
                 if fresh {
                     tracing::info!(
                         session = format_args!("{sid:#x}"),
@@ -1817,6 +1948,60 @@ impl<B: HostBackend> ServerEndpoint<B> {
             (Control::QuerySession { session }, Role::Nic) => {
                 self.announce(session);
                 None
+            }
+            (
+                Control::DeployChunk {
+                    app,
+                    total,
+                    offset,
+                    bytes,
+                },
+                Role::Tenant { name, .. },
+            ) => Some(self.deploy_chunk(name, role, app, total, offset, bytes)),
+            (
+                Control::Deploy {
+                    app,
+                    object_hash,
+                    handlers,
+                    engine,
+                    budget,
+                },
+                Role::Tenant { name, apps },
+            ) => {
+                let object = match self.uploaded(name, role, app, object_hash, handlers.len()) {
+                    Ok(o) => o,
+                    Err(message) => {
+                        self.send_on(&ch, id, Control::Error { message }.to_bytes(id));
+                        return;
+                    }
+                };
+                let job = DeployJob {
+                    tenant: name.clone(),
+                    tenant_apps: apps.clone(),
+                    id,
+                    app,
+                    change: DeployChange::Install {
+                        object,
+                        handlers,
+                        engine,
+                        budget,
+                    },
+                };
+                self.backend.deploy(job, &ch)
+            }
+            (Control::Undeploy { app }, Role::Tenant { name, apps }) => {
+                if role.may_use(app) {
+                    let job = DeployJob {
+                        tenant: name.clone(),
+                        tenant_apps: apps.clone(),
+                        id,
+                        app,
+                        change: DeployChange::Remove,
+                    };
+                    self.backend.deploy(job, &ch)
+                } else {
+                    Some(not_yours(app))
+                }
             }
             (Control::Congest { extra_ns }, Role::Operator) => Some(self.congest(extra_ns)),
             (Control::QuerySwitch { pin, unpin }, Role::Operator) => {
@@ -1848,7 +2033,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 | Control::NicBye
                 | Control::QuerySession { .. }
                 | Control::Congest { .. }
-                | Control::QuerySwitch { .. }),
+                | Control::QuerySwitch { .. }
+                | Control::DeployChunk { .. }
+                | Control::Deploy { .. }
+                | Control::Undeploy { .. }),
                 _,
             ) => Some(refused(c.name())),
             (other, _) => Some(Control::Error {
@@ -1914,7 +2102,153 @@ impl<B: HostBackend> ServerEndpoint<B> {
             app,
             handlers,
             agent: self.agent(),
+            manifest: self
+                .pages_version
+                .max(self.config.directory.manifest_version()),
         }
+    }
+
+    /// Takes up the manifest a deploy published, if newer than the one this loop's pages
+    /// were made from. One that cannot be paged (it would not have been published) leaves
+    /// the old pages.
+    fn refresh_pages(&mut self) {
+        let Some(m) = self
+            .config
+            .directory
+            .manifest_newer_than(self.pages_version)
+        else {
+            return;
+        };
+        match tenant_pages(&self.config.tenants, &m) {
+            Ok(pages) => {
+                self.pages = pages;
+                self.head = Manifest {
+                    apps: Vec::new(),
+                    ..Manifest::clone(&m)
+                };
+            }
+            Err(e) => tracing::error!(
+                version = m.version,
+                "a published manifest cannot be paged, the previous one is served: {e}"
+            ),
+        }
+        self.pages_version = m.version;
+    }
+
+    /// Takes in bytes of tenant `tenant`'s upload for `app` ([`Control::DeployChunk`]).
+    fn deploy_chunk(
+        &mut self,
+        tenant: &str,
+        role: &Role,
+        app: u32,
+        total: u32,
+        offset: u32,
+        bytes: Vec<u8>,
+    ) -> Control {
+        if !role.may_use(app) {
+            return not_yours(app);
+        }
+        let error = |message: String| Control::Error { message };
+        if total as usize > limits::MAX_DEPLOY_OBJECT || total == 0 {
+            return error(format!(
+                "an object of {total} bytes: a deploy uploads 1 to {} bytes",
+                limits::MAX_DEPLOY_OBJECT
+            ));
+        }
+        let end = offset as u64 + bytes.len() as u64;
+        if end > total as u64 {
+            return error(format!(
+                "bytes {offset}..{end} run past the object's {total} bytes"
+            ));
+        }
+        if offset == 0 {
+            // A new upload, unless it is the first chunk again: whatever was being uploaded
+            // goes.
+            let repeat = self.uploads.get(tenant).is_some_and(|u| {
+                u.app == app && u.total == total && u.held().get(..bytes.len()) == Some(&bytes[..])
+            });
+            if !repeat {
+                self.uploads.insert(
+                    tenant.to_string(),
+                    Upload {
+                        app,
+                        total,
+                        bytes: Vec::new(),
+                        whole: None,
+                    },
+                );
+            }
+        }
+        let Some(u) = self.uploads.get_mut(tenant) else {
+            return error(format!(
+                "no upload in progress for app {app}: start at offset 0"
+            ));
+        };
+        if u.app != app || u.total != total {
+            return error(format!(
+                "an upload for app {} of {} bytes is in progress: start again at offset 0",
+                u.app, u.total
+            ));
+        }
+        let held = u.held().len() as u64;
+        if end <= held {
+            // A retransmitted chunk: answered again.
+        } else if offset as u64 == held {
+            u.bytes.extend_from_slice(&bytes);
+            if u.bytes.len() == total as usize {
+                u.whole = Some(Bytes::from(std::mem::take(&mut u.bytes)));
+            }
+        } else {
+            return error(format!(
+                "bytes from {offset}: the upload holds {held} bytes, send from there"
+            ));
+        }
+        Control::DeployReceived {
+            app,
+            received: u.held().len() as u32,
+        }
+    }
+
+    /// The whole object tenant `tenant` uploaded for `app`, if its hash is `hash`; else why
+    /// not.
+    fn uploaded(
+        &self,
+        tenant: &str,
+        role: &Role,
+        app: u32,
+        hash: u64,
+        handlers: usize,
+    ) -> Result<Bytes, String> {
+        if !role.may_use(app) {
+            return Err(format!(
+                "app {app} is not this tenant's: a tenant deploys only into its own apps"
+            ));
+        }
+        if handlers > limits::MAX_DEPLOY_HANDLERS {
+            return Err(format!(
+                "{handlers} handlers in one deploy: at most {}",
+                limits::MAX_DEPLOY_HANDLERS
+            ));
+        }
+        let u = self
+            .uploads
+            .get(tenant)
+            .filter(|u| u.app == app)
+            .ok_or_else(|| format!("no object uploaded for app {app}: upload it first"))?;
+        let whole = u.whole.as_ref().ok_or_else(|| {
+            format!(
+                "the object for app {app} is not whole: {} of {} bytes uploaded",
+                u.bytes.len(),
+                u.total
+            )
+        })?;
+        let got = control::object_hash(whole);
+        if got != hash {
+            return Err(format!(
+                "the uploaded object's hash is {got:#x}, the deploy names {hash:#x}"
+            ));
+        }
+        Ok(whole.clone())
     }
 
     fn congest(&mut self, extra_ns: Option<u64>) -> Control {

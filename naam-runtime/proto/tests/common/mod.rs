@@ -88,5 +88,6 @@ pub(crate) fn manifest(epoch: u64) -> Manifest {
         mode: "virtual".into(),
         policy: "model".into(),
         epoch,
+        version: 0,
     }
 }

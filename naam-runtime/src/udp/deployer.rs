@@ -1,0 +1,416 @@
+//! naam-server's deployer: the thread that carries out tenants' deploys and undeploys
+//! ([`naam_proto::endpoint::DeployJob`]), so that no receive loop verifies or builds code.
+//!
+//! A job the endpoint checked (the tenant has the app; the object came whole, with its hash)
+//! is checked here against the tenant's quotas, built and published with
+//! [`Cluster::deploy`]; then the object and the new `manifest.json` are written (atomically,
+//! by rename) to the shared-memory directory, the manifest is published to every receive
+//! loop (clients see its version with their next weights) and the paired NIC is told to read
+//! it again ([`Control::ManifestChanged`]). The host keeps the app's requests until the NIC
+//! reports that version. The answer, the verifier's report or the reason for a refusal, goes
+//! out sealed on the tenant's session from this thread.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::Bytes;
+use crossbeam_channel::{bounded, Receiver, Sender as JobSender, TrySendError};
+
+use super::socket::Sender;
+use super::telemetry::{LoopCounters, Telemetry};
+use crate::cluster::{Cluster, Deployed};
+use crate::HandlerSpec;
+use naam_proto::control::{object_hash, Control, DeployReport, HandlerManifest, Manifest};
+use naam_proto::endpoint::{Channel, DeployChange, DeployJob, SessionDirectory};
+use naam_proto::step::HandlerKind;
+use naam_proto::EngineKind;
+
+/// Jobs waiting for the deployer; more are refused at once (`retry`).
+const QUEUED_DEPLOYS: usize = 16;
+
+/// What a tenant may deploy, and how, on one server (naam-server's `[deploy]` config).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeployPolicy {
+    /// Where the host's regions, objects and manifest are (the NIC reads them there).
+    pub shm_dir: PathBuf,
+    /// The most handlers one tenant may have, over all its apps.
+    pub max_handlers: usize,
+    /// The most bytes of handler bytecode one tenant may have, over all its apps.
+    pub max_code_bytes: usize,
+    /// The largest instruction budget per step a deploy may ask for.
+    pub max_budget: u64,
+    /// The engine of a deploy that names none (tiered: the interpreter answers at once).
+    pub engine: EngineKind,
+    /// The budget of a handler whose deploy names none and that the app did not have.
+    pub budget: u64,
+}
+
+impl DeployPolicy {
+    /// Deploys into `shm_dir`'s manifest with the default quotas: 64 handlers and 1 MiB of
+    /// code per tenant, budgets up to 1,000,000 instructions (100,000 by default), on the
+    /// tiered engine.
+    pub fn new(shm_dir: PathBuf) -> DeployPolicy {
+        DeployPolicy {
+            shm_dir,
+            max_handlers: 64,
+            max_code_bytes: 1 << 20,
+            max_budget: 1_000_000,
+            engine: EngineKind::Tiered,
+            budget: 100_000,
+        }
+    }
+}
+
+/// A job with where its answer goes.
+struct Queued {
+    job: DeployJob,
+    channel: Channel,
+    sender: Arc<Sender>,
+}
+
+/// The receive loops' side of the deployer: they queue jobs here.
+#[derive(Clone)]
+pub(crate) struct DeployQueue(JobSender<Queued>);
+
+impl DeployQueue {
+    /// Queues `job`, to be answered on `channel` from `sender`'s socket; `Some`: the refusal
+    /// to answer now (the deployer is busy or gone).
+    pub(crate) fn submit(
+        &self,
+        job: DeployJob,
+        channel: &Channel,
+        sender: &Arc<Sender>,
+    ) -> Option<Control> {
+        let q = Queued {
+            job,
+            channel: channel.clone(),
+            sender: sender.clone(),
+        };
+        match self.0.try_send(q) {
+            Ok(()) => None,
+            Err(TrySendError::Full(_)) => Some(Control::Error {
+                message: format!("{QUEUED_DEPLOYS} deploys are waiting: retry in a moment"),
+            }),
+            Err(TrySendError::Disconnected(_)) => Some(Control::Error {
+                message: "this server is stopping: it takes no deploys".into(),
+            }),
+        }
+    }
+}
+
+/// Starts the deployer thread over `cluster`, writing to `policy.shm_dir`'s manifest,
+/// publishing to `directory`'s loops and counting into `counters`. It ends when every
+/// [`DeployQueue`] is dropped (the loops stopped).
+pub(crate) fn spawn(
+    cluster: Arc<Cluster>,
+    policy: DeployPolicy,
+    directory: Arc<SessionDirectory>,
+    telemetry: Arc<Telemetry>,
+    counters: LoopCounters,
+) -> std::io::Result<(DeployQueue, JoinHandle<()>)> {
+    let manifest = super::read_manifest(&policy.shm_dir)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    let (tx, rx) = bounded(QUEUED_DEPLOYS);
+    let mut d = Deployer {
+        cluster,
+        policy,
+        directory,
+        manifest,
+        answered: HashMap::new(),
+        counts: DeployCounts::default(),
+    };
+    let handle = std::thread::Builder::new()
+        .name("naam-deployer".into())
+        .spawn(move || d.run(rx, &telemetry, &counters))?;
+    Ok((DeployQueue(tx), handle))
+}
+
+/// Counted for `--metrics`.
+#[derive(Default)]
+struct DeployCounts {
+    deploys: u64,
+    undeploys: u64,
+    refused: u64,
+    build_us: u64,
+}
+
+struct Deployer {
+    cluster: Arc<Cluster>,
+    policy: DeployPolicy,
+    directory: Arc<SessionDirectory>,
+    /// The manifest as last written.
+    manifest: Manifest,
+    /// Per tenant: the request id last answered and its answer (a retransmission gets it
+    /// again rather than a second deploy).
+    answered: HashMap<String, (u64, Bytes)>,
+    counts: DeployCounts,
+}
+
+impl Deployer {
+    fn run(&mut self, rx: Receiver<Queued>, telemetry: &Telemetry, counters: &LoopCounters) {
+        counters.publish(telemetry, self.counters());
+        for q in rx.iter() {
+            let again = self
+                .answered
+                .get(&q.job.tenant)
+                .filter(|(id, _)| *id == q.job.id)
+                .map(|(_, a)| a.clone());
+            let bytes = match again {
+                Some(a) => a,
+                None => {
+                    let answer = match self.carry_out(&q.job, &q.sender) {
+                        Ok(a) => a,
+                        Err(message) => {
+                            self.counts.refused += 1;
+                            tracing::info!(
+                                tenant = %q.job.tenant,
+                                app = q.job.app,
+                                "deploy refused: {message}"
+                            );
+                            Control::Error { message }
+                        }
+                    };
+                    let b = answer.to_bytes(q.job.id);
+                    self.answered
+                        .insert(q.job.tenant.clone(), (q.job.id, b.clone()));
+                    b
+                }
+            };
+            let _ = q.sender.send_transmit(q.channel.transmit(q.job.id, &bytes));
+            counters.publish(telemetry, self.counters());
+        }
+    }
+
+    fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let c = &self.counts;
+        vec![
+            (
+                "deploys",
+                "Deploys carried out (handlers installed).",
+                c.deploys,
+            ),
+            ("undeploys", "Undeploys carried out.", c.undeploys),
+            (
+                "deploys_refused",
+                "Deploys and undeploys refused (quota, verifier, files).",
+                c.refused,
+            ),
+            (
+                "deploy_build_microseconds",
+                "Time deploys spent verifying and building handlers until they could answer.",
+                c.build_us,
+            ),
+        ]
+    }
+
+    /// Carries out `job`; the answer, or why not.
+    fn carry_out(&mut self, job: &DeployJob, sender: &Sender) -> Result<Control, String> {
+        let deployed = match &job.change {
+            DeployChange::Install {
+                object,
+                handlers,
+                engine,
+                budget,
+            } => {
+                let specs = self.specs(job, handlers, *engine, *budget)?;
+                let loaded = naam_vm::load(object).map_err(|e| format!("the object: {e}"))?;
+                self.check_quota(job, &loaded, &specs)?;
+                let deployed = self
+                    .cluster
+                    .deploy(job.app, &loaded, &specs)
+                    .map_err(|e| e.to_string())?;
+                let path = self.write_object(object)?;
+                let a = self.app_manifest(job.app)?;
+                a.object = path.to_string_lossy().into_owned();
+                a.object_hash = object_hash(object);
+                self.counts.deploys += 1;
+                deployed
+            }
+            DeployChange::Remove => {
+                self.app_manifest(job.app)?;
+                let d = self.cluster.undeploy(job.app).map_err(|e| e.to_string())?;
+                self.counts.undeploys += 1;
+                d
+            }
+            other => return Err(format!("this server does not know the change {other:?}")),
+        };
+        self.publish(&deployed, sender)?;
+        let build = deployed
+            .handlers
+            .iter()
+            .map(|h| h.build)
+            .max()
+            .unwrap_or(Duration::ZERO);
+        self.counts.build_us += build.as_micros() as u64;
+        tracing::info!(
+            tenant = %job.tenant,
+            app = job.app,
+            version = deployed.version,
+            handlers = deployed.handlers.len(),
+            "{}",
+            if deployed.handlers.is_empty() {
+                "undeployed"
+            } else {
+                "deployed"
+            }
+        );
+        Ok(Control::Deployed {
+            app: deployed.app,
+            version: deployed.version,
+            handlers: deployed
+                .handlers
+                .iter()
+                .map(|h| DeployReport {
+                    name: h.name.clone(),
+                    id: h.id,
+                    write: h.kind == HandlerKind::Write,
+                    engine: h.engine,
+                    budget: h.budget,
+                    insns: h.insns,
+                    functions: h.functions,
+                    helpers: h.helpers,
+                    backward_jumps: h.backward_jumps,
+                    accesses: h.accesses,
+                    build_us: h.build.as_micros() as u64,
+                })
+                .collect(),
+        })
+    }
+
+    /// The specs `handlers` ask for, within the policy's budget limit.
+    fn specs(
+        &self,
+        job: &DeployJob,
+        handlers: &[naam_proto::control::DeployHandler],
+        engine: Option<EngineKind>,
+        budget: Option<u64>,
+    ) -> Result<Vec<HandlerSpec>, String> {
+        if handlers.is_empty() {
+            return Err(
+                "a deploy names at least one handler (undeploy takes them all away)".into(),
+            );
+        }
+        if let Some(b) = budget.filter(|b| *b == 0 || *b > self.policy.max_budget) {
+            return Err(format!(
+                "a budget of {b} instructions per step: this server allows 1 to {}",
+                self.policy.max_budget
+            ));
+        }
+        let before = self.manifest.app(job.app);
+        Ok(handlers
+            .iter()
+            .map(|h| {
+                let s = if h.write {
+                    HandlerSpec::write(&h.name)
+                } else {
+                    HandlerSpec::read(&h.name)
+                };
+                // A handler the app had keeps its budget unless the deploy names one.
+                let had = before
+                    .and_then(|a| a.handlers.iter().find(|x| x.name == h.name))
+                    .map(|x| x.budget.min(self.policy.max_budget));
+                s.engine(engine.unwrap_or(self.policy.engine))
+                    .budget(budget.or(had).unwrap_or(self.policy.budget))
+            })
+            .collect())
+    }
+
+    /// Refuses a deploy that would take the tenant past its handlers or code quota.
+    fn check_quota(
+        &self,
+        job: &DeployJob,
+        object: &naam_vm::LoadedObject,
+        specs: &[HandlerSpec],
+    ) -> Result<(), String> {
+        let registry = self.cluster.registry();
+        let (mut handlers, mut code) = (specs.len(), 0usize);
+        for s in specs {
+            code += object.get(&s.name).map_err(|e| e.to_string())?.code.len();
+        }
+        for app in job.tenant_apps.iter().filter(|a| **a != job.app) {
+            if let Some(a) = registry.app(*app) {
+                handlers += a.handlers.len();
+                code += a.handlers.values().map(|h| h.code_bytes()).sum::<usize>();
+            }
+        }
+        if handlers > self.policy.max_handlers {
+            return Err(format!(
+                "over quota: tenant {} would have {handlers} handlers, this server allows {}",
+                job.tenant, self.policy.max_handlers
+            ));
+        }
+        if code > self.policy.max_code_bytes {
+            return Err(format!(
+                "over quota: tenant {} would have {code} bytes of handler code, this server \
+                 allows {}",
+                job.tenant, self.policy.max_code_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    fn app_manifest(&mut self, app: u32) -> Result<&mut naam_proto::control::AppManifest, String> {
+        self.manifest
+            .apps
+            .iter_mut()
+            .find(|a| a.id == app)
+            .ok_or_else(|| format!("no app {app} in this server's manifest"))
+    }
+
+    /// Writes `object` beside the manifest, named by its hash; returns its path.
+    fn write_object(&self, object: &[u8]) -> Result<PathBuf, String> {
+        let path = self
+            .policy
+            .shm_dir
+            .join(format!("object-{:016x}.o", object_hash(object)));
+        write_atomically(&path, object)?;
+        Ok(path)
+    }
+
+    /// Records `deployed` in the manifest, writes it, publishes it to the loops and tells
+    /// the NIC (from `sender`'s socket).
+    fn publish(&mut self, deployed: &Deployed, sender: &Sender) -> Result<(), String> {
+        let version = deployed.version;
+        let a = self.app_manifest(deployed.app)?;
+        a.handlers = deployed
+            .handlers
+            .iter()
+            .map(|h| HandlerManifest {
+                name: h.name.clone(),
+                id: h.id,
+                write: h.kind == HandlerKind::Write,
+                engine: h.engine,
+                budget: h.budget,
+            })
+            .collect();
+        self.manifest.version = version;
+        let bytes = serde_json::to_vec_pretty(&self.manifest).map_err(|e| e.to_string())?;
+        // The host serves the new handlers already: a manifest that cannot be written leaves
+        // the NIC on the old ones, which the host then keeps the app's requests from.
+        write_atomically(&self.policy.shm_dir.join(super::MANIFEST_FILE), &bytes)?;
+        self.directory.publish_manifest(self.manifest.clone());
+        if let Some(t) = self
+            .directory
+            .to_nic(0, &Control::ManifestChanged { version }.to_bytes(0))
+        {
+            // Lost, it is sent again by the loop that takes the NIC's next load reports
+            // while they show an older version; the host forwards the NIC nothing of this
+            // app until they show this one.
+            let _ = sender.send_transmit(t);
+        }
+        Ok(())
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file renamed over it, so that a reader
+/// (the NIC) sees the old file or the new one whole.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("writing {}: {e}", path.display()))
+}

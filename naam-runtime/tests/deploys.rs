@@ -1,0 +1,325 @@
+//! Deploys at run time against real `naam-server` and `naam-nic` processes on loopback: a
+//! tenant deploys a new object's handlers into its own app with `naam deploy` and they answer
+//! at the host and, once it has read the new manifest, at the NIC; `naam undeploy` takes them
+//! away and the app's data stays. Deploying into another tenant's app, past the tenant's
+//! quota, or a handler the verifier rejects, is refused with the reason and changes nothing;
+//! the other tenant's calls are answered throughout.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::deployment::{key_a, key_b, Deployment, A, B};
+use common::words;
+use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+use naam_proto::control::DeployHandler;
+use naam_proto::handler_id;
+use naam_proto::transport::Transport;
+use naam_proto::wire::Status;
+use naam_proto::Placement;
+use naam_runtime::udp::{UdpClient, UdpConfig, UdpError};
+
+fn client(server: SocketAddr, tenant: &str, pin: Option<Placement>) -> UdpClient {
+    let key = if tenant == "a" { key_a() } else { key_b() };
+    let mut cfg = UdpConfig::new(server, tenant, key);
+    cfg.pin = pin;
+    cfg.rto = Duration::from_millis(10);
+    UdpClient::connect(&cfg).expect("a session")
+}
+
+/// `naam ARGS` in the deployment's directory (where `a.key` and `b.key` are).
+fn naam(dir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_naam"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("naam runs")
+}
+
+/// One GET of naam-server's `/metrics`.
+fn scrape(addr: SocketAddr) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).expect("the metrics endpoint");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: naam\r\n\r\n")
+        .expect("a request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("an answer");
+    out
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `add(x, y)` on `app` at `c`'s placement: its status, where it ran, and its result.
+fn add(c: &mut UdpClient, app: u32, x: u64, y: u64) -> (Status, Placement, Option<u64>) {
+    let r = c
+        .call(app, handler_id("add"), &words(&[x, y]), &[])
+        .expect("an answer");
+    let v = (r.payload.len() >= 8)
+        .then(|| u64::from_le_bytes(r.payload[..8].try_into().expect("eight bytes")));
+    (r.status, r.placement, v)
+}
+
+#[test]
+fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
+    let Some(d) = Deployment::processes("deploys") else {
+        return;
+    };
+    let dir = d.dir().expect("processes have a directory").to_path_buf();
+    let server = d.server().to_string();
+    let object = common::examples().0.clone();
+    let object = object.to_str().expect("a UTF-8 path");
+    let mut b = client(d.server(), "b", None);
+    assert_eq!(add(&mut b, B, 2, 3).0, Status::Ok);
+
+    // Tenant a replaces its six handlers with two: `add` as a read, `counter_add` as a write.
+    let out = naam(
+        &dir,
+        &[
+            "deploy",
+            "--server",
+            &server,
+            "--app",
+            "a",
+            "--credential",
+            "a.key",
+            "--read",
+            "add",
+            "--write",
+            "counter_add",
+            object,
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(report["id"], A);
+    assert!(
+        report["version"].as_u64().expect("a version") >= 1,
+        "{report}"
+    );
+    let names: Vec<&str> = report["handlers"]
+        .as_array()
+        .expect("handlers")
+        .iter()
+        .map(|h| h["name"].as_str().expect("a name"))
+        .collect();
+    assert_eq!(names, ["add", "counter_add"]);
+    assert_eq!(report["handlers"][1]["kind"], "write");
+    assert!(report["handlers"][0]["insns"].as_u64().expect("insns") > 0);
+
+    // A new session sees the new handlers; the ones not named are gone.
+    let mut a = client(d.server(), "a", None);
+    let handlers: Vec<String> = a
+        .manifest()
+        .app(A)
+        .expect("app a")
+        .handlers
+        .iter()
+        .map(|h| h.name.clone())
+        .collect();
+    assert_eq!(handlers, ["add", "counter_add"]);
+    assert_eq!(
+        add(&mut a, A, 40, 2),
+        (Status::Ok, Placement::Host, Some(42))
+    );
+    let r = a
+        .call(A, handler_id("bsearch"), &words(&[4]), &[])
+        .expect("an answer");
+    assert_eq!(r.status, Status::UnknownHandler);
+
+    // The NIC reads the new manifest and serves the deployed handler too.
+    let mut at_nic = client(d.server(), "a", Some(Placement::Nic));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, placement, v) = add(&mut at_nic, A, 1, 2);
+        assert_eq!((status, v), (Status::Ok, Some(3)));
+        if placement == Placement::Nic {
+            break;
+        }
+        // Until it does, the host serves the app's reads (the NIC's old handlers would not
+        // be the deployed ones).
+        assert_eq!(placement, Placement::Host);
+        assert!(
+            Instant::now() < deadline,
+            "the NIC never served the deployed handler"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Into another tenant's app: refused by the server, nothing changes.
+    let bytes = std::fs::read(object).expect("the object");
+    let add_only = vec![DeployHandler {
+        name: "add".into(),
+        write: false,
+    }];
+    match a.deploy(B, &bytes, add_only.clone(), None, None) {
+        Err(UdpError::Refused { message, .. }) => {
+            assert!(message.contains("not this tenant's"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let out = naam(
+        &dir,
+        &[
+            "deploy",
+            "--server",
+            &server,
+            "--app",
+            "b",
+            "--tenant",
+            "a",
+            "--credential",
+            "a.key",
+            "--read",
+            "add",
+            object,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("only into its own apps"),
+        "{}",
+        text(&out.stderr)
+    );
+    let b_handlers = client(d.server(), "b", None)
+        .manifest()
+        .app(B)
+        .expect("app b")
+        .handlers
+        .len();
+    assert_eq!(b_handlers, 6, "b's handlers are as its config made them");
+    assert_eq!(add(&mut b, B, 2, 3).0, Status::Ok);
+
+    // Past the quota (8 handlers per tenant): refused with the figures.
+    let nine: Vec<DeployHandler> = [
+        "add",
+        "checksum",
+        "hash1k",
+        "bsearch",
+        "two_step",
+        "vget",
+        "sum_words",
+        "walk",
+        "reverse16",
+    ]
+    .iter()
+    .map(|n| DeployHandler {
+        name: n.to_string(),
+        write: false,
+    })
+    .collect();
+    match a.deploy(A, &bytes, nine, None, None) {
+        Err(UdpError::Refused { message, .. }) => {
+            assert!(message.contains("over quota"), "{message}");
+            assert!(message.contains("9 handlers"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A handler the verifier rejects (a jump past the end): refused, naming it.
+    let mut wild = vec![0x05, 0, 100, 0, 0, 0, 0, 0];
+    wild.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
+    let rejected = common::elf_object(&[("naam/wild_jump", &wild)]);
+    let path = dir.join("wild.o");
+    std::fs::write(&path, &rejected).expect("write the object");
+    let out = naam(
+        &dir,
+        &[
+            "deploy",
+            "--server",
+            &server,
+            "--app",
+            "a",
+            "--credential",
+            "a.key",
+            "--read",
+            "wild_jump",
+            path.to_str().expect("a UTF-8 path"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("wild_jump"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        add(&mut a, A, 5, 6).0,
+        Status::Ok,
+        "the deployed handlers stay"
+    );
+
+    // Undeploy: the handlers go, the data stays.
+    let data = a
+        .manifest()
+        .app(A)
+        .and_then(|m| m.region_key("data"))
+        .expect("app a's data region");
+    let counter = Descriptor {
+        rkey: data,
+        offset: 0,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    let r = a
+        .call(A, handler_id("counter_add"), &words(&[7]), &[counter])
+        .expect("an answer");
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let out = naam(
+        &dir,
+        &[
+            "undeploy",
+            "--server",
+            &server,
+            "--app",
+            "a",
+            "--credential",
+            "a.key",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(report["handlers"].as_array().map(Vec::len), Some(0));
+    assert_eq!(add(&mut a, A, 1, 1).0, Status::UnknownHandler);
+    // Deployed again, the counter has the value it had.
+    let sum_words = DeployHandler {
+        name: "sum_words".into(),
+        write: false,
+    };
+    let again = a
+        .deploy(A, &bytes, vec![sum_words], None, None)
+        .expect("deployed again");
+    assert_eq!(again.handlers.len(), 1);
+    let r = a
+        .call(A, handler_id("sum_words"), &[], &[common::rd(data, 0, 8)])
+        .expect("an answer");
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    assert_eq!(
+        u64::from_le_bytes(r.payload[..8].try_into().expect("eight bytes")),
+        7,
+        "the region kept its counter across the undeploy"
+    );
+    // Tenant b was served all along.
+    assert_eq!(add(&mut b, B, 2, 3), (Status::Ok, Placement::Host, Some(5)));
+
+    // The deploys are in the server's metrics.
+    if let Some((metrics, _)) = d.metrics() {
+        let body = scrape(metrics);
+        assert!(
+            body.contains("naam_deploys_total{role=\"server\"} 2"),
+            "{body}"
+        );
+        assert!(
+            body.contains("naam_undeploys_total{role=\"server\"} 1"),
+            "{body}"
+        );
+        assert!(
+            body.contains("naam_deploys_refused_total{role=\"server\"} 2"),
+            "{body}"
+        );
+    }
+}
