@@ -329,24 +329,21 @@ impl Client {
     ) -> Result<Reply, ClientError> {
         Request::check_call(args, descs)?;
         // Found once for the whole call: a read run here uses the handler found now.
-        let here = RegistryView::with(
-            self,
-            |c| &mut c.registry,
-            |client, registry| client.read_at_host(registry, placement, app, handler, args, descs),
-        );
-        match here {
-            Ok(reply) => Ok(reply),
-            Err(choice) => {
-                let req = self.request(app, handler, args, descs)?;
-                self.send(choice, req)
+        let mut cache = self.registry.take();
+        let r = match cache.as_mut() {
+            Some(c) => self.call_on(c.load(), placement, app, handler, args, descs),
+            None => {
+                let registry = self.inner.registry.load_full();
+                self.call_on(&registry, placement, app, handler, args, descs)
             }
-        }
+        };
+        self.registry.put(cache);
+        r
     }
 
-    /// Runs read `(app, handler)` here, to completion at the host, when `registry` has it as
-    /// a read and the steering (or `placement`) puts it at the host; otherwise returns where
-    /// to send it instead.
-    fn read_at_host(
+    /// [`Client::call_with`] on registry version `registry`: a read the steering (or
+    /// `placement`) puts at the host runs here, to completion; anything else is sent.
+    fn call_on(
         &mut self,
         registry: &Registry,
         placement: Option<Placement>,
@@ -354,17 +351,19 @@ impl Client {
         handler: u32,
         args: &[u8],
         descs: &[Descriptor],
-    ) -> Result<Reply, Option<Placement>> {
+    ) -> Result<Reply, ClientError> {
         let key = (app, handler);
         let is_read = registry
             .handler(app, handler)
             .is_ok_and(|h| h.kind == HandlerKind::Read);
         if !is_read {
-            return Err(placement);
+            let req = self.request(app, handler, args, descs)?;
+            return self.send(placement, req);
         }
         let choice = self.choose(placement, key, true);
         if choice != Some(Placement::Host) || self.inner.queues[Placement::Host.index()].is_none() {
-            return Err(choice);
+            let req = self.request(app, handler, args, descs)?;
+            return self.send(choice, req);
         }
         let request_id = self.next_id();
         // The fields are borrowed apart: no reference count of the shared cluster state is

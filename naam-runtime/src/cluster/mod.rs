@@ -279,28 +279,59 @@ impl CongestionInjector {
 /// current registry is one relaxed pointer compare, where an `ArcSwap::load` takes a debt
 /// slot each time (about 6 ns a call, RESULTS "Deploys at run time"). A deploy is seen at the
 /// next call; a call holds the version it found until it ends.
-pub(crate) struct RegistryView(Option<arc_swap::Cache<Arc<ArcSwap<Registry>>, Arc<Registry>>>);
+pub(crate) struct RegistryView {
+    swap: Arc<ArcSwap<Registry>>,
+    /// Taken out of the view for the length of a call ([`RegistryView::take`]).
+    cache: Option<arc_swap::Cache<Arc<ArcSwap<Registry>>, Arc<Registry>>>,
+}
+
+/// A [`RegistryView`]'s cache while a call has it.
+pub(crate) type RegistryCache = arc_swap::Cache<Arc<ArcSwap<Registry>>, Arc<Registry>>;
 
 impl RegistryView {
     fn new(inner: &Inner) -> RegistryView {
-        RegistryView(Some(arc_swap::Cache::new(inner.registry.clone())))
+        RegistryView {
+            swap: inner.registry.clone(),
+            cache: Some(arc_swap::Cache::new(inner.registry.clone())),
+        }
     }
 
-    /// Runs `f` on `owner` with the current registry. The cache is moved out of `owner`'s
-    /// field for the call (two pointer moves, no reference count touched), so `f` may borrow
-    /// all of `owner` beside the registry.
+    /// Takes the cache out for a call (two pointer moves, no reference count touched), so
+    /// that the call may borrow all of its owner beside the registry; [`RegistryView::put`]
+    /// puts it back. A nested call meanwhile loads the registry itself.
+    #[inline(always)]
+    fn take(&mut self) -> Option<RegistryCache> {
+        self.cache.take()
+    }
+
+    #[inline(always)]
+    fn put(&mut self, cache: Option<RegistryCache>) {
+        if cache.is_some() {
+            self.cache = cache;
+        }
+    }
+
+    /// Runs `f` on `owner` with the current registry (see [`RegistryView::take`]).
+    /// Inlined: what `f` makes is built where its caller keeps it, not copied out of a frame
+    /// of this one.
+    #[inline(always)]
     fn with<O, R>(
         owner: &mut O,
         field: impl Fn(&mut O) -> &mut RegistryView,
         f: impl FnOnce(&mut O, &Registry) -> R,
     ) -> R {
-        let mut cache = field(owner)
-            .0
-            .take()
-            .expect("a registry view is put back after every call");
-        let r = f(owner, cache.load());
-        field(owner).0 = Some(cache);
-        r
+        let view = field(owner);
+        match view.take() {
+            Some(mut cache) => {
+                let r = f(owner, cache.load());
+                field(owner).put(Some(cache));
+                r
+            }
+            None => {
+                let registry = view.swap.load_full();
+                f(owner, &registry)
+            }
+        }
     }
 }
 
