@@ -67,6 +67,8 @@ pub(crate) fn start(
         authentication: auth,
         congestion_control: false,
         network: None,
+        others: Vec::new(),
+        deploys: None,
     };
     InProcessDeployment::start(shm, plan)
 }

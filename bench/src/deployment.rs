@@ -43,6 +43,12 @@ pub struct DeploymentPlan {
     pub congestion_control: bool,
     /// The in-memory network to deploy on; `None`: kernel UDP on 127.0.0.1.
     pub network: Option<MemoryNet>,
+    /// More apps, each of its own tenant (name, credential), beside `app`.
+    pub others: Vec<(udp::HostApp, String, Credential)>,
+    /// Whether tenants may deploy into their apps, and how many times a second each
+    /// ([`udp::DeployPolicy`]'s defaults otherwise; kernel UDP only: an inline server takes
+    /// no deploys).
+    pub deploys: Option<f64>,
 }
 
 /// A running deployment; [`InProcessDeployment::stop`] drains and joins it.
@@ -83,19 +89,28 @@ impl InProcessDeployment {
     pub fn start(shm: PathBuf, plan: DeploymentPlan) -> anyhow::Result<InProcessDeployment> {
         let app = plan.app.spec.id;
         let pairing = Credential::generate(&naam_runtime::entropy::os())?;
-        let tenants = session::tenant_entries(
-            &[(app, plan.tenant.clone(), plan.credential.clone())],
-            None,
-            Some(pairing.clone()),
+        let mut credentials = vec![(app, plan.tenant.clone(), plan.credential.clone())];
+        credentials.extend(
+            plan.others
+                .iter()
+                .map(|(a, t, c)| (a.spec.id, t.clone(), c.clone())),
         );
+        let tenants = session::tenant_entries(&credentials, None, Some(pairing.clone()));
+        let mut apps = vec![plan.app];
+        apps.extend(plan.others.into_iter().map(|(a, _, _)| a));
         // One process: the NIC sees the host's own regions, not files both map.
         let (cluster, manifest) =
-            udp::start_host_with(vec![plan.app], plan.host, &shm, HostRegions::InProcess)?;
+            udp::start_host_with(apps, plan.host, &shm, HostRegions::InProcess)?;
         let host = cluster.clone();
         let mut options = udp::ServerOptions::new(manifest, tenants);
         options.drain = Duration::from_secs(1);
         options.congestion_control = plan.congestion_control;
         options.authentication = plan.authentication;
+        if let Some(rate) = plan.deploys {
+            let mut policy = udp::DeployPolicy::new(shm.clone());
+            policy.deploys_per_second = rate;
+            options.deploy = Some(policy);
+        }
         let loopback: SocketAddr = "127.0.0.1:0".parse().expect("literal");
         let stop = Arc::new(AtomicBool::new(false));
         let (server, threads, inline_server) = match &plan.network {
@@ -187,6 +202,8 @@ impl InProcessDeployment {
         let mut options = udp::NicOptions::new(self.server, nic_socket.local_addr()?, pairing);
         options.drain = Duration::from_secs(1);
         options.authentication = self.authentication;
+        // It takes deploys up from the manifest the host rewrites there.
+        options.shm_dir = Some(self.shm.clone());
         self.threads.push(std::thread::spawn(move || {
             let mut no_remap = no_remap;
             if let Err(e) = udp::serve_nic(start, nic_socket, options, &stop, &mut no_remap) {
@@ -199,7 +216,13 @@ impl InProcessDeployment {
     /// Client settings for this deployment: its server, tenant, credential, authentication
     /// and network.
     pub fn client_config(&self) -> UdpConfig {
-        let mut c = UdpConfig::new(self.server, &self.tenant, self.credential.clone());
+        self.client_config_as(&self.tenant, &self.credential)
+    }
+
+    /// [`InProcessDeployment::client_config`] for tenant `tenant` with `credential` (one of
+    /// the plan's `others`).
+    pub fn client_config_as(&self, tenant: &str, credential: &Credential) -> UdpConfig {
+        let mut c = UdpConfig::new(self.server, tenant, credential.clone());
         c.authentication = self.authentication;
         c.liveness = crate::udp_client::DEFAULT_LIVENESS;
         c.network = self.network.clone();

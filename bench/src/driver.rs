@@ -777,6 +777,8 @@ pub fn run_inproc_endpoints(
         authentication: Authentication::InProcess,
         congestion_control: false,
         network: Some(MemoryNet::new()),
+        others: Vec::new(),
+        deploys: None,
     };
     // One directory per deployment: runs may overlap within a process (tests).
     static DEPLOYMENTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

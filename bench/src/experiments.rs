@@ -34,7 +34,11 @@ use crate::driver::{
 use crate::plot::{bars, lines, Chart, Series};
 use crate::ycsb::{key_name, RecordShape, Rng, Workload};
 
-fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> anyhow::Result<PathBuf> {
+pub(crate) fn write_json(
+    dir: &Path,
+    name: &str,
+    value: &serde_json::Value,
+) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(format!("{name}.json"));
     std::fs::write(&path, serde_json::to_vec_pretty(value)?)
@@ -42,7 +46,7 @@ fn write_json(dir: &Path, name: &str, value: &serde_json::Value) -> anyhow::Resu
     Ok(path)
 }
 
-fn command_line() -> String {
+pub(crate) fn command_line() -> String {
     std::env::args().collect::<Vec<_>>().join(" ")
 }
 

@@ -7,6 +7,7 @@
 
 pub mod auth_cost;
 pub mod deployment;
+pub mod deploys;
 pub mod driver;
 pub mod experiments;
 pub mod memcached;

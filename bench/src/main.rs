@@ -117,7 +117,8 @@ enum Cmd {
     },
     /// Run one of the paper's experiments; writes NAME.json and SVG charts into --out.
     Experiment {
-        /// shift, capacity, scale, engines, placements, placements-congested, auth-cost or udp-ceiling.
+        /// shift, capacity, scale, engines, placements, placements-congested, auth-cost, udp-ceiling
+        /// or deploys (--ops deploys timed, --rounds, --seconds per phase, --records).
         name: String,
         /// Output directory.
         #[arg(long, default_value = "bench/out")]
@@ -156,6 +157,10 @@ enum Cmd {
         /// Client threads (auth-cost).
         #[arg(long, default_value_t = 1, value_parser = positive_usize())]
         threads: usize,
+        /// Deploys a tenant may make a second on the experiment's server (deploys); the timed
+        /// deploys are spaced by its inverse.
+        #[arg(long, default_value_t = naam_runtime::proto::limits::DEPLOYS_PER_SECOND)]
+        deploy_rate: f64,
     },
     /// Print a core workload file this binary carries (`workloads/workload<LETTER>`), to edit
     /// and pass with -P: `naam-bench workload a > workloada`.
@@ -645,6 +650,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             rounds,
             records,
             threads,
+            deploy_rate,
         } => {
             use naam_bench::experiments as x;
             let f = match x::Fabric::parse(&fabric, server) {
@@ -701,8 +707,25 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                 "placements-congested" => {
                     x::placements(&out, f, &rates, (seconds / 6.0).max(0.2), Some(extra_us))?
                 }
+                "deploys" => {
+                    if f != x::Fabric::Inproc {
+                        eprintln!(
+                            "naam-bench: note: deploys starts its own deployment on loopback \
+                             (two tenants, deploys allowed), so --fabric and --server do not \
+                             apply"
+                        );
+                    }
+                    let c = naam_bench::deploys::DeploysConfig {
+                        deploys: (ops.min(1000)) as u32,
+                        rounds,
+                        seconds,
+                        records,
+                        rate: deploy_rate,
+                    };
+                    naam_bench::deploys::deploys(&out, &c)?
+                }
                 other => {
-                    eprintln!("naam-bench: error: unknown experiment `{other}` (shift, capacity, scale, engines, placements, placements-congested, auth-cost, udp-ceiling)");
+                    eprintln!("naam-bench: error: unknown experiment `{other}` (shift, capacity, scale, engines, placements, placements-congested, auth-cost, udp-ceiling, deploys)");
                     return Ok(ExitCode::from(2));
                 }
             };

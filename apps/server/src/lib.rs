@@ -113,6 +113,10 @@ pub struct DeployConfig {
     /// as soon as the handler is verified, the JIT takes over when it is compiled).
     #[serde(default = "deploy_engine")]
     pub engine: EngineKind,
+    /// Deploys and undeploys one tenant may make a second, as many in a burst (default 10):
+    /// building code is the server's work, taken from nobody's requests.
+    #[serde(default = "deploy_rate")]
+    pub max_deploys_per_second: f64,
 }
 
 impl DeployConfig {
@@ -124,6 +128,7 @@ impl DeployConfig {
         p.max_budget = self.max_budget;
         p.engine = self.engine;
         p.budget = DEFAULT_BUDGET.min(self.max_budget);
+        p.deploys_per_second = self.max_deploys_per_second;
         p
     }
 }
@@ -139,6 +144,9 @@ fn deploy_budget() -> u64 {
 }
 fn deploy_engine() -> EngineKind {
     EngineKind::Tiered
+}
+fn deploy_rate() -> f64 {
+    naam_runtime::proto::limits::DEPLOYS_PER_SECOND
 }
 
 fn default_shm() -> PathBuf {
@@ -575,6 +583,12 @@ impl Config {
             if d.max_handlers == 0 || d.max_code_bytes == 0 {
                 return bad("[deploy]: max_handlers and max_code_bytes must be at least 1".into());
             }
+            let r = d.max_deploys_per_second;
+            if !(r.is_finite() && (0.01..=10_000.0).contains(&r)) {
+                return bad(format!(
+                    "[deploy]: max_deploys_per_second must be 0.01 to 10000, not {r}"
+                ));
+            }
             if !(1..=MAX_BUDGET).contains(&d.max_budget) {
                 return bad(format!(
                     "[deploy]: max_budget must be 1 to {MAX_BUDGET} instructions per step, not {}",
@@ -889,6 +903,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("needs a size or a file"), "{e}");
+    }
+
+    #[test]
+    fn the_deploy_section_sets_the_quotas_and_refuses_what_cannot_work() {
+        let base = "listen = \"127.0.0.1:7000\"\n[[app]]\nkind = \"mica\"\nid = 1\nitems = 10\n\
+                    credential = \"k.key\"\n";
+        let c = Config::parse(base).expect("no [deploy]");
+        assert!(c.deploy.is_none(), "deploys are refused unless configured");
+        let c = Config::parse(&format!(
+            "{base}[deploy]\nmax_handlers = 3\nmax_deploys_per_second = 2.5\nengine = \"jit\"\n"
+        ))
+        .expect("a [deploy] section");
+        let p = c.deploy.expect("deploys").policy(Path::new("/dev/shm/x"));
+        assert_eq!((p.max_handlers, p.max_code_bytes), (3, 1 << 20));
+        assert_eq!((p.deploys_per_second, p.engine), (2.5, EngineKind::Jit));
+        for (bad, why) in [
+            ("max_handlers = 0", "at least 1"),
+            ("max_budget = 0", "max_budget"),
+            ("max_deploys_per_second = 0", "max_deploys_per_second"),
+            ("max_deploys_per_second = nan", "max_deploys_per_second"),
+            ("engine = \"fast\"", "engine"),
+            ("quota = 1", "unknown field"),
+        ] {
+            let e = Config::parse(&format!("{base}[deploy]\n{bad}\n"))
+                .expect_err(bad)
+                .to_string();
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

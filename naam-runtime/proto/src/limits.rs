@@ -26,6 +26,9 @@ pub const DEPLOY_CHUNK: usize = 3 * 1024;
 /// The largest object a tenant may upload for a deploy (a server's code quota may allow
 /// less).
 pub const MAX_DEPLOY_OBJECT: usize = 1 << 20;
+/// Deploys and undeploys a tenant may make a second on one server by default
+/// ([`crate::endpoint::ServerConfig::deploys_per_second`]).
+pub const DEPLOYS_PER_SECOND: f64 = 10.0;
 /// Handlers one deploy may install: their reports fit one answer.
 pub const MAX_DEPLOY_HANDLERS: usize = 16;
 /// Bytes sealing adds to a message: the envelope header and the authentication tag.

@@ -1405,6 +1405,19 @@ fn an_upload_is_taken_in_order_and_a_deploy_needs_its_whole_object_in_its_own_ap
     };
     assert_eq!(received(w.ask(&fresh)), 2);
     assert!(refusal(w.ask(&deploy(hash))).contains("hash"));
+
+    // Deploys and undeploys take the tenant's tokens (10 a second, as many in a burst; the
+    // seven above took seven, refused or not): past them, a refusal says when to retry.
+    let small = naam_proto::control::object_hash(&[9, 9]);
+    for _ in 0..3 {
+        assert!(matches!(w.ask(&deploy(small)), Control::Deployed { .. }));
+    }
+    let over = refusal(w.ask(&Control::Undeploy { app: APP }));
+    assert!(over.contains("at most 10 times a second"), "{over}");
+    assert!(over.contains("retry in"), "{over}");
+    // A second later the bucket has refilled.
+    w.now += 1_000 * MS;
+    assert!(matches!(w.ask(&deploy(small)), Control::Deployed { .. }));
 }
 
 #[test]

@@ -745,6 +745,13 @@ impl UdpClient {
         engine: Option<naam_proto::EngineKind>,
         budget: Option<u64>,
     ) -> Result<Deployment, UdpError> {
+        self.upload(app, object)?;
+        self.deploy_uploaded(app, object_hash(object), handlers, engine, budget)
+    }
+
+    /// The first half of [`UdpClient::deploy`]: uploads `object` for a deploy into `app`
+    /// (what the server holds already of it is not sent again).
+    pub fn upload(&mut self, app: u32, object: &[u8]) -> Result<(), UdpError> {
         let server = self.path.transport().endpoint.server();
         let refused = |message: String| UdpError::Refused { server, message };
         let total = u32::try_from(object.len())
@@ -757,42 +764,67 @@ impl UdpClient {
                     limits::MAX_DEPLOY_OBJECT
                 ))
             })?;
-        for (i, chunk) in object.chunks(limits::DEPLOY_CHUNK).enumerate() {
-            let offset = (i * limits::DEPLOY_CHUNK) as u32;
-            let want = offset + chunk.len() as u32;
+        // The server answers with what it holds: the same object uploaded before (a deploy
+        // again) is whole at once, and the upload goes on from there.
+        let mut offset = 0u32;
+        while offset < total {
+            let end = (offset as usize + limits::DEPLOY_CHUNK).min(object.len());
             let m = Control::DeployChunk {
                 app,
                 total,
                 offset,
-                bytes: chunk.to_vec(),
+                bytes: object[offset as usize..end].to_vec(),
             };
             match self.exchange(&m)? {
-                Control::DeployReceived { received, .. } if received == want => {}
+                Control::DeployReceived { received, .. }
+                    if received as usize >= end && received <= total =>
+                {
+                    offset = received;
+                }
                 Control::Error { message } => return Err(refused(message)),
                 other => {
                     return Err(refused(format!(
-                        "unexpected answer to upload bytes {offset}..{want}: {other:?}"
+                        "unexpected answer to upload bytes {offset}..{end}: {other:?}"
                     )))
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The second half of [`UdpClient::deploy`]: deploys the object of hash `hash` uploaded
+    /// last ([`UdpClient::upload`]).
+    pub fn deploy_uploaded(
+        &mut self,
+        app: u32,
+        hash: u64,
+        handlers: Vec<DeployHandler>,
+        engine: Option<naam_proto::EngineKind>,
+        budget: Option<u64>,
+    ) -> Result<Deployment, UdpError> {
         let m = Control::Deploy {
             app,
-            object_hash: object_hash(object),
+            object_hash: hash,
             handlers,
             engine,
             budget,
         };
-        self.deployed(app, &m)
+        self.deployed(app, &m, Some(hash))
     }
 
     /// Takes every handler of `app` away on the server (its regions and data stay).
     pub fn undeploy(&mut self, app: u32) -> Result<Deployment, UdpError> {
-        self.deployed(app, &Control::Undeploy { app })
+        self.deployed(app, &Control::Undeploy { app }, None)
     }
 
     /// Sends deploy or undeploy `m` and takes in its answer (and the manifest it made).
-    fn deployed(&mut self, app: u32, m: &Control) -> Result<Deployment, UdpError> {
+    /// `hash`: the deployed object's ([`object_hash`]; `None` for an undeploy).
+    fn deployed(
+        &mut self,
+        app: u32,
+        m: &Control,
+        hash: Option<u64>,
+    ) -> Result<Deployment, UdpError> {
         let server = self.path.transport().endpoint.server();
         let refused = |message: String| UdpError::Refused { server, message };
         match self.exchange(m)? {
@@ -801,7 +833,13 @@ impl UdpClient {
                 version,
                 handlers,
             } if a == app => {
-                self.refresh_manifest(version.max(self.manifest.version))?;
+                if version == self.manifest.version + 1 {
+                    // Nothing else was deployed meanwhile: the answer says what changed,
+                    // and the manifest is not fetched again (a round trip less).
+                    self.take_up_deploy(app, version, &handlers, hash)?;
+                } else {
+                    self.refresh_manifest(version.max(self.manifest.version))?;
+                }
                 Ok(Deployment {
                     app,
                     version,
@@ -811,6 +849,43 @@ impl UdpClient {
             Control::Error { message } => Err(refused(message)),
             other => Err(refused(format!("unexpected answer: {other:?}"))),
         }
+    }
+
+    /// Records in this client's manifest what this session's deploy into `app` made
+    /// (manifest version `version`, `handlers`, from an object of hash `hash`), as
+    /// [`UdpClient::refresh_manifest`] would have found it.
+    fn take_up_deploy(
+        &mut self,
+        app: u32,
+        version: u64,
+        handlers: &[DeployReport],
+        hash: Option<u64>,
+    ) -> Result<(), UdpError> {
+        if let Some(a) = self.manifest.apps.iter_mut().find(|a| a.id == app) {
+            a.handlers = handlers
+                .iter()
+                .map(|h| naam_proto::control::HandlerManifest {
+                    name: h.name.clone(),
+                    id: h.id,
+                    write: h.write,
+                    engine: h.engine,
+                    budget: h.budget,
+                })
+                .collect();
+            if let Some(hash) = hash {
+                a.object_hash = hash;
+            }
+        }
+        if self.registry.app(app).is_some() {
+            // Its object changed: nothing of it runs here until installed again.
+            self.registry = self
+                .registry
+                .with_handlers(app, Default::default())
+                .map_err(|e| UdpError::Handlers(app, e.to_string()))?;
+        }
+        self.kinds = handler_kinds(&self.manifest.apps);
+        self.manifest.version = version;
+        Ok(())
     }
 
     /// Sends `m` and decodes its answer.

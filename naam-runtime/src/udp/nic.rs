@@ -99,9 +99,18 @@ struct NicHost<R> {
     replies: Replies,
     /// How to map a restarted server's regions: the first loop's.
     remap: Option<R>,
-    /// The first loop's: the manifest the executors' handlers come from, and the directory
-    /// it is read again from after a deploy.
-    redeploy: Option<(Manifest, Option<std::path::PathBuf>)>,
+    /// The first loop's: how it takes up deploys.
+    redeploy: Option<Redeploys>,
+}
+
+/// How the first NIC loop takes up the host's deploys.
+struct Redeploys {
+    /// The manifest the executors' handlers come from.
+    served: Manifest,
+    /// The host's directory, whose manifest is read again after a deploy.
+    shm_dir: Option<std::path::PathBuf>,
+    /// The thread taking one up, if any: the manifest it serves when done.
+    job: Option<std::thread::JoinHandle<Result<Manifest, String>>>,
 }
 
 impl<R> NicHost<R> {
@@ -112,7 +121,11 @@ impl<R> NicHost<R> {
         shm_dir: Option<std::path::PathBuf>,
     ) -> NicHost<R> {
         let epoch = start.manifest.epoch;
-        let redeploy = Some((start.manifest.clone(), shm_dir));
+        let redeploy = Some(Redeploys {
+            served: start.manifest.clone(),
+            shm_dir,
+            job: None,
+        });
         NicHost {
             executors: Arc::new(Executors {
                 epoch: AtomicU64::new(epoch),
@@ -193,8 +206,10 @@ impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
             self.executors.epoch.store(epoch, Ordering::Release);
             self.cluster = c.cluster;
             self.epoch = epoch;
-            if let Some((served, _)) = &mut self.redeploy {
-                *served = manifest.clone();
+            if let Some(r) = &mut self.redeploy {
+                // A deploy being taken up belongs to the old start: its result is dropped.
+                r.job = None;
+                r.served = manifest.clone();
             }
         }
         Ok(manifest)
@@ -203,19 +218,44 @@ impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
     fn redeploy(&mut self, version: u64) -> Result<u64, String> {
         self.cluster();
         let cluster = self.cluster.clone();
-        let Some((served, shm_dir)) = &mut self.redeploy else {
+        let Some(r) = &mut self.redeploy else {
             return Err("only the first receive loop takes up deploys".into());
         };
-        let Some(dir) = shm_dir else {
+        let Some(dir) = r.shm_dir.clone() else {
             return Err(format!(
                 "manifest version {version} announced, but this NIC was started without the \
                  host's shared-memory directory: it serves the handlers it started with"
             ));
         };
-        // The executors are shared by every loop: a deploy into their cluster is seen by all.
-        let m = super::redeploy_nic(dir, &cluster, served).map_err(|e| e.to_string())?;
-        *served = m;
-        Ok(served.version)
+        // Building handlers is no work for the loop that serves everyone's requests: a
+        // thread of the lowest priority does it, and the endpoint asks again until it is
+        // done (an older version than asked for means "not yet").
+        if let Some(job) = r.job.take() {
+            if !job.is_finished() {
+                r.job = Some(job);
+                return Ok(r.served.version);
+            }
+            match job.join() {
+                Ok(Ok(m)) => r.served = m,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err("the thread taking up a deploy panicked".into()),
+            }
+            if r.served.version >= version {
+                return Ok(r.served.version);
+            }
+        }
+        let served = r.served.clone();
+        let job = std::thread::Builder::new()
+            .name("naam-nic-deploy".into())
+            .spawn(move || {
+                naam_vm::lowest_priority();
+                // The executors are shared by every loop: a deploy into their cluster is
+                // seen by all.
+                super::redeploy_nic(&dir, &cluster, &served).map_err(|e| e.to_string())
+            })
+            .map_err(|e| format!("starting a thread to take up a deploy: {e}"))?;
+        r.job = Some(job);
+        Ok(r.served.version)
     }
 }
 

@@ -338,6 +338,9 @@ fn host_endpoint(
     );
     config.authentication = options.authentication;
     config.congestion_control = options.congestion_control;
+    if let Some(d) = &options.deploy {
+        config.deploys_per_second = d.deploys_per_second;
+    }
     config.shard = place.shard;
     config.directory = place.directory;
     // The requests waiting for their turn are the host's queue: its capacity bounds the

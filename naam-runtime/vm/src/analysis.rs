@@ -105,6 +105,29 @@ impl Facts {
     pub fn check(&self, pc: usize) -> Check {
         self.checks.get(pc).copied().unwrap_or(Check::Scan)
     }
+
+    /// Facts of `checked` before any analysis: every access scans the grants (what a tiered
+    /// handler's interpreter runs with until the background analysis is done; correct for any
+    /// verified program, only slower).
+    pub fn unanalysed(checked: &Checked, helpers: HelperSet) -> Facts {
+        let scanned = checked
+            .ops
+            .iter()
+            .filter(|op| {
+                matches!(
+                    op,
+                    Some(Op::Load { .. } | Op::Store { .. } | Op::Atomic { .. })
+                )
+            })
+            .count();
+        Facts {
+            checks: Vec::new(),
+            proven: 0,
+            hinted: 0,
+            scanned,
+            helpers,
+        }
+    }
 }
 
 /// Abstract value of a register or a stack slot.

@@ -39,9 +39,9 @@ pub mod semantics;
 mod verifier;
 
 pub use engine::{
-    code_key, open_entry, seal_entry, time_runs, CacheStats, CodeCache, CodeKey, CodeStore,
-    EngineError, Entry, ExecOptions, Executable, Fixup, Image, ImageRegion, NextStep, RawOutput,
-    StepError, StepOutput, Vm, VmError, CODEGEN_VERSION, DEFAULT_BUDGET, MAX_BUDGET,
+    code_key, lowest_priority, open_entry, seal_entry, time_runs, CacheStats, CodeCache, CodeKey,
+    CodeStore, EngineError, Entry, ExecOptions, Executable, Fixup, Image, ImageRegion, NextStep,
+    RawOutput, StepError, StepOutput, Vm, VmError, CODEGEN_VERSION, DEFAULT_BUDGET, MAX_BUDGET,
     MAX_ENTRY_CODE,
 };
 pub use helpers::{Helper, HelperSet, HelperWrites};

@@ -117,6 +117,25 @@ fn a_tiered_handler_whose_code_is_in_memory_is_compiled_at_once() {
 }
 
 #[test]
+fn a_tiered_handler_is_analysed_in_the_background_and_ends_with_the_jit_s_facts() {
+    for seed in 0..10 {
+        let g = generated(100 + seed);
+        let cache = Arc::new(CodeCache::in_memory());
+        let tiered = build(&g, EngineKind::Tiered, &cache);
+        assert!(tiered.wait_for_jit(Duration::from_secs(30)), "seed {seed}");
+        let jit = build(&g, EngineKind::Jit, &Arc::new(CodeCache::in_memory()));
+        let (t, j) = (tiered.facts(), jit.facts());
+        assert_eq!(
+            (t.proven, t.hinted, t.scanned, &t.checks),
+            (j.proven, j.hinted, j.scanned, &j.checks),
+            "seed {seed}: the background analysis is the JIT build's"
+        );
+        // The JIT code compiled in the background is the one a JIT build makes.
+        assert_eq!(cache.stats().compiled, 1, "seed {seed}");
+    }
+}
+
+#[test]
 fn stored_code_serves_a_restart_and_a_bad_entry_is_compiled_again() {
     let store = Arc::new(MemoryStore::default());
     let secret = [7u8; 32];

@@ -482,6 +482,10 @@ pub struct ServerConfig {
     pub directory: Arc<SessionDirectory>,
     /// Server nonces and session ids are drawn from it.
     pub entropy: Entropy,
+    /// Deploys and undeploys one tenant may make a second (as many in a burst; per receive
+    /// loop, as the credits are): building code is the server's work, and a tenant deploying
+    /// in a loop must not take it from the others' requests.
+    pub deploys_per_second: f64,
 }
 
 impl ServerConfig {
@@ -498,6 +502,7 @@ impl ServerConfig {
             shard: Shard::SOLE,
             directory: SessionDirectory::new(),
             entropy,
+            deploys_per_second: limits::DEPLOYS_PER_SECOND,
         }
     }
 }
@@ -973,6 +978,8 @@ pub struct ServerEndpoint<B> {
     uploads: HashMap<String, Upload>,
     /// NIC load reports in a row that showed an older manifest than the newest.
     nic_behind_reports: u64,
+    /// Each tenant's deploy tokens ([`ServerConfig::deploys_per_second`]).
+    deploy_buckets: HashMap<String, (Bucket, Option<u64>)>,
     stats: ServerStats,
     switch: Selector,
     draining: bool,
@@ -1032,6 +1039,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             pages_version: config.manifest.version,
             uploads: HashMap::new(),
             nic_behind_reports: 0,
+            deploy_buckets: HashMap::new(),
             config,
             stats: ServerStats::default(),
             switch: Selector::default(),
@@ -1571,7 +1579,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             Some(MessageKind::Control) => {
                 // The session was opened just before (no message of its own closes it).
                 match self.gate.session(sid).map(|s| s.role.clone()) {
-                    Some(role) => self.control(sid, &role, ch, &inner),
+                    Some(role) => self.control(now, sid, &role, ch, &inner),
                     None => self.stats.malformed += 1,
                 }
             }
@@ -1853,7 +1861,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         }
     }
 
-    fn control(&mut self, sid: u64, role: &Role, ch: Channel, inner: &Bytes) {
+    fn control(&mut self, now: Nanos, sid: u64, role: &Role, ch: Channel, inner: &Bytes) {
         self.stats.control += 1;
         let (id, c) = match Control::decode(inner) {
             Ok(x) => x,
@@ -1968,6 +1976,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 },
                 Role::Tenant { name, apps },
             ) => {
+                if let Err(message) = self.deploy_allowed(now, name, id) {
+                    self.send_on(&ch, id, Control::Error { message }.to_bytes(id));
+                    return;
+                }
                 let object = match self.uploaded(name, role, app, object_hash, handlers.len()) {
                     Ok(o) => o,
                     Err(message) => {
@@ -1990,7 +2002,9 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 self.backend.deploy(job, &ch)
             }
             (Control::Undeploy { app }, Role::Tenant { name, apps }) => {
-                if role.may_use(app) {
+                if let Err(message) = self.deploy_allowed(now, name, id) {
+                    Some(Control::Error { message })
+                } else if role.may_use(app) {
                     let job = DeployJob {
                         tenant: name.clone(),
                         tenant_apps: apps.clone(),
@@ -2133,6 +2147,33 @@ impl<B: HostBackend> ServerEndpoint<B> {
             ),
         }
         self.pages_version = m.version;
+    }
+
+    /// Takes one of tenant `tenant`'s deploy tokens ([`ServerConfig::deploys_per_second`])
+    /// for its deploy of request id `id` (a retransmission of the last one takes none);
+    /// `Err`: the refusal, saying when to retry.
+    fn deploy_allowed(&mut self, now: Nanos, tenant: &str, id: u64) -> Result<(), String> {
+        let rate = self.config.deploys_per_second;
+        let burst = rate.max(1.0);
+        let (bucket, last) = self
+            .deploy_buckets
+            .entry(tenant.to_string())
+            .or_insert_with(|| (Bucket::full(burst, now), None));
+        if *last == Some(id) {
+            return Ok(());
+        }
+        if bucket.take(now, rate, burst) {
+            *last = Some(id);
+            return Ok(());
+        }
+        let wait_ms = if rate > 0.0 {
+            ((1.0 - bucket.tokens) / rate * 1e3).ceil()
+        } else {
+            f64::INFINITY
+        };
+        Err(format!(
+            "tenant {tenant} deploys at most {rate} times a second here: retry in {wait_ms} ms"
+        ))
     }
 
     /// Takes in bytes of tenant `tenant`'s upload for `app` ([`Control::DeployChunk`]).

@@ -264,9 +264,20 @@ pub fn code_key(program: &Program, options: &ExecOptions) -> Result<CodeKey, Jit
 /// The key under which executables share a verified program and its analysis: its code key
 /// (`code`), and what the code does not depend on but the program and the verifier's verdict
 /// do: the name, the read-only data's bytes and the verifier's settings.
-pub(super) fn prepared_key(code: &CodeKey, program: &Program, options: &ExecOptions) -> CodeKey {
+pub(super) fn prepared_key(
+    code: &CodeKey,
+    program: &Program,
+    options: &ExecOptions,
+    analysed: bool,
+) -> CodeKey {
     let mut h = digest::Context::new(&digest::SHA256);
-    h.update(b"naam-vm prepared\0");
+    // A tiered handler's first preparation carries no analysis: it is never shared with
+    // (nor compiled for) an executable that needs one.
+    h.update(if analysed {
+        b"naam-vm prepared\0"
+    } else {
+        b"naam-vm unanalysed\0"
+    });
     h.update(code);
     h.update(&(program.name.len() as u64).to_le_bytes());
     h.update(program.name.as_bytes());

@@ -48,6 +48,7 @@ pub use cache::{
     MAX_ENTRY_CODE,
 };
 pub use image::{Fixup, Image, ImageRegion};
+pub use tiers::lowest_priority;
 use tiers::TierUp;
 
 /// What `r1` points at when an executable starts.
@@ -338,19 +339,27 @@ impl Executable {
                 name: program.name.clone(),
                 violation,
             })?;
-        let facts = analyze(
-            &checked,
-            program,
-            &options.entry.assumptions(),
-            options.helpers,
-        );
+        // A tiered handler serves on the interpreter as soon as it is verified: the analysis
+        // (most of a build's time) runs in the background with the compile, and until then
+        // every access scans the grants.
+        let analysed = options.engine != EngineKind::Tiered;
+        let facts = if analysed {
+            analyze(
+                &checked,
+                program,
+                &options.entry.assumptions(),
+                options.helpers,
+            )
+        } else {
+            Facts::unanalysed(&checked, options.helpers)
+        };
         let jit_err = |source| EngineError::Jit {
             name: program.name.clone(),
             source,
         };
         let key = code_key(program, options).map_err(jit_err)?;
         let prepared = options.code_cache.share_prepared(
-            cache::prepared_key(&key, program, options),
+            cache::prepared_key(&key, program, options, analysed),
             Prepared {
                 checked,
                 facts,
@@ -366,13 +375,31 @@ impl Executable {
                     .host_code(&key, &prepared)
                     .map_err(jit_err)?,
             ),
-            EngineKind::Tiered => Code::Tiered(TierUp::start(
-                key,
-                InterpCode::new(checked, facts),
-                &prepared,
-                &options.code_cache,
-                started,
-            )),
+            EngineKind::Tiered => {
+                let (entry, helpers) = (options.entry.assumptions(), options.helpers);
+                let analysed_key = cache::prepared_key(&key, program, options, true);
+                let cache = options.code_cache.clone();
+                let unanalysed = prepared.clone();
+                let analyse = Box::new(move || {
+                    let p = &unanalysed;
+                    let facts = analyze(&p.checked, &p.program, &entry, helpers);
+                    cache.share_prepared(
+                        analysed_key,
+                        Prepared {
+                            checked: p.checked.clone(),
+                            facts,
+                            program: p.program.clone(),
+                        },
+                    )
+                });
+                Code::Tiered(TierUp::start(
+                    key,
+                    InterpCode::new(checked, facts),
+                    analyse,
+                    &options.code_cache,
+                    started,
+                ))
+            }
         };
         // The grants point into the shared program's read-only data, which lives as long as
         // this executable holds it.
@@ -413,16 +440,26 @@ impl Executable {
     /// Compiles the same verified program for `target` (aarch64 code for the harness, or host
     /// code to inspect), whatever engine this executable runs on.
     pub fn compile_for(&self, target: Target) -> Result<jit::Compiled, EngineError> {
-        let p = &self.prepared;
+        let p = self.analysed();
         jit::compile(&p.checked, &p.program, &p.facts, target).map_err(|source| EngineError::Jit {
             name: self.name.clone(),
             source,
         })
     }
 
-    /// The analysis: how many accesses were proven, hinted or left to a scan.
+    /// The analysis: how many accesses were proven, hinted or left to a scan. A tiered
+    /// handler's is the background analysis' once done; until then every access scans.
     pub fn facts(&self) -> &Facts {
-        &self.prepared.facts
+        &self.analysed().facts
+    }
+
+    /// The preparation with the program's analysis: a tiered handler's from the background
+    /// once done, else the one it was built with.
+    fn analysed(&self) -> &Prepared {
+        match &self.code {
+            Code::Tiered(t) => t.analysed().unwrap_or(&self.prepared),
+            _ => &self.prepared,
+        }
     }
 
     /// The linked program.

@@ -17,10 +17,15 @@ use super::Prepared;
 /// One background compilation.
 type Job = Box<dyn FnOnce() + Send>;
 
+/// Makes the analysed preparation a tiered handler's JIT code is compiled from.
+pub(super) type Analyse = Box<dyn FnOnce() -> Arc<Prepared> + Send>;
+
 /// A tiered handler's two codes: the interpreter's at once, the JIT's when published.
 pub(crate) struct TierUp {
     interp: InterpCode,
     jit: OnceLock<Arc<HostCode>>,
+    /// The program with its analysis, once the background job has made it.
+    analysed: OnceLock<Arc<Prepared>>,
     /// Time from the build's start to the JIT's code, or why it could not be compiled.
     outcome: OnceLock<Result<Duration, String>>,
     started: Instant,
@@ -35,31 +40,37 @@ impl TierUp {
     pub(super) fn start(
         key: CodeKey,
         interp: InterpCode,
-        prepared: &Arc<Prepared>,
+        analyse: Analyse,
         cache: &Arc<CodeCache>,
         started: Instant,
     ) -> Arc<TierUp> {
         let tier = Arc::new(TierUp {
             interp,
             jit: OnceLock::new(),
+            analysed: OnceLock::new(),
             outcome: OnceLock::new(),
             started,
             done: Mutex::new(false),
             finished: Condvar::new(),
         });
+        // Code another executable of the program holds is used at once; the analysis (for
+        // the handler's facts) still runs in the background.
         if let Some(code) = cache.in_memory_code(&key) {
             tier.publish(Ok(code));
-            return tier;
         }
         let weak: Weak<TierUp> = Arc::downgrade(&tier);
-        let (prepared, cache) = (prepared.clone(), cache.clone());
+        let cache = cache.clone();
         let job: Job = Box::new(move || {
-            // A handler dropped before its turn (undeployed, replaced) is not compiled.
+            // A handler dropped before its turn (undeployed, replaced) is not analysed or
+            // compiled.
             let Some(tier) = weak.upgrade() else {
                 return;
             };
-            let code = cache.host_code(&key, &prepared);
-            tier.publish(code.map_err(|e| e.to_string()));
+            let prepared = tier.analysed.get_or_init(analyse).clone();
+            if tier.jit.get().is_none() {
+                let code = cache.host_code(&key, &prepared);
+                tier.publish(code.map_err(|e| e.to_string()));
+            }
         });
         if let Err(job) = submit(job) {
             // No compiler thread (the process could not start one): compile here, as the
@@ -67,6 +78,11 @@ impl TierUp {
             job();
         }
         tier
+    }
+
+    /// The program with its analysis, once the background job has made it.
+    pub(super) fn analysed(&self) -> Option<&Prepared> {
+        self.analysed.get().map(|p| &**p)
     }
 
     fn publish(&self, code: Result<Arc<HostCode>, String>) {
@@ -152,13 +168,20 @@ fn submit(job: Job) -> Result<(), Job> {
     }
 }
 
-/// Puts the calling thread at the lowest scheduling priority (nice 19), so compiling never
-/// takes a core from a thread serving requests. (On Linux a nice value is a thread's.)
-fn lowest_priority() {
+/// Puts the calling thread at the lowest scheduling priority, so that compiling (or verifying
+/// a deploy) never takes a core from a thread serving requests: Linux's `SCHED_IDLE` policy,
+/// which any other thread waking up preempts at once (at nice 19 under the ordinary policy,
+/// a compile still ran out its time slice first, and a request waited milliseconds behind
+/// it; bench/RESULTS.md, "Deploys at run time"), else nice 19. (On Linux both are a thread's.)
+pub fn lowest_priority() {
     #[cfg(target_os = "linux")]
-    // SAFETY: setpriority with `who` 0 changes the calling thread's nice value only; its
-    // failure (a sandbox that forbids it) leaves the priority as it was.
+    // SAFETY: sched_setscheduler and setpriority with pid/who 0 change the calling thread's
+    // policy and nice value only; lowering them needs no privilege, and a failure (a sandbox
+    // that forbids it) leaves them as they were.
     unsafe {
-        libc::setpriority(libc::PRIO_PROCESS as _, 0, 19);
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+            libc::setpriority(libc::PRIO_PROCESS as _, 0, 19);
+        }
     }
 }
