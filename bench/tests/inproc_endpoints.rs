@@ -99,6 +99,8 @@ fn replies_lent_in_place_read_as_returned_replies_do() {
         authentication: Authentication::InProcess,
         congestion_control: false,
         network: Some(MemoryNet::new()),
+        others: Vec::new(),
+        deploys: None,
     };
     let shm = shm_dir(&format!("naam-bench-lent-replies-{}", std::process::id()));
     let d = InProcessDeployment::start(shm, plan).unwrap();
