@@ -153,7 +153,12 @@ fn quiet_phase(
 
 /// Runs the measurement; writes `deploys.json` into `out` and returns its document.
 pub fn deploys(out: &Path, c: &DeploysConfig) -> anyhow::Result<serde_json::Value> {
-    if c.deploys == 0 || c.rounds == 0 || c.records == 0 || !c.seconds.is_finite() || c.seconds <= 0.0 {
+    if c.deploys == 0
+        || c.rounds == 0
+        || c.records == 0
+        || !c.seconds.is_finite()
+        || c.seconds <= 0.0
+    {
         bail!("deploys needs at least one deploy, round and record, and a positive --seconds");
     }
     if !(c.rate.is_finite() && (0.01..=10_000.0).contains(&c.rate)) {

@@ -147,9 +147,9 @@ struct Deployer {
     directory: Arc<SessionDirectory>,
     /// The manifest as last written.
     manifest: Manifest,
-    /// Per tenant: the request id last answered and its answer (a retransmission gets it
-    /// again rather than a second deploy).
-    answered: HashMap<String, (u64, Bytes)>,
+    /// Per tenant: the (session, request id) last answered and its answer (a retransmission
+    /// gets it again rather than a second deploy).
+    answered: HashMap<String, ((u64, u64), Bytes)>,
     counts: DeployCounts,
 }
 
@@ -164,7 +164,7 @@ impl Deployer {
             let again = self
                 .answered
                 .get(&q.job.tenant)
-                .filter(|(id, _)| *id == q.job.id)
+                .filter(|(id, _)| *id == (q.job.session, q.job.id))
                 .map(|(_, a)| a.clone());
             let bytes = match again {
                 Some(a) => a,
@@ -183,7 +183,7 @@ impl Deployer {
                     };
                     let b = answer.to_bytes(q.job.id);
                     self.answered
-                        .insert(q.job.tenant.clone(), (q.job.id, b.clone()));
+                        .insert(q.job.tenant.clone(), ((q.job.session, q.job.id), b.clone()));
                     b
                 }
             };
@@ -226,11 +226,14 @@ impl Deployer {
                 let specs = self.specs(job, handlers, *engine, *budget)?;
                 let loaded = naam_vm::load(object).map_err(|e| format!("the object: {e}"))?;
                 self.check_quota(job, &loaded, &specs)?;
+                self.app_manifest(job.app)?;
+                // Written first (named by its hash, it harms nothing if the deploy fails):
+                // once the handlers serve, nothing that can fail is left but the manifest.
+                let path = self.write_object(object)?;
                 let deployed = self
                     .cluster
                     .deploy(job.app, &loaded, &specs)
                     .map_err(|e| e.to_string())?;
-                let path = self.write_object(object)?;
                 let a = self.app_manifest(job.app)?;
                 a.object = path.to_string_lossy().into_owned();
                 a.object_hash = object_hash(object);
@@ -245,7 +248,7 @@ impl Deployer {
             }
             other => return Err(format!("this server does not know the change {other:?}")),
         };
-        self.publish(&deployed, sender)?;
+        self.publish(&deployed, sender);
         let build = deployed
             .handlers
             .iter()
@@ -378,28 +381,39 @@ impl Deployer {
         Ok(path)
     }
 
-    /// Records `deployed` in the manifest, writes it, publishes it to the loops and tells
-    /// the NIC (from `sender`'s socket).
-    fn publish(&mut self, deployed: &Deployed, sender: &Sender) -> Result<(), String> {
+    /// Records `deployed` (which serves at the host already) in the manifest, writes it,
+    /// publishes it to the loops and tells the NIC (from `sender`'s socket). A manifest that
+    /// cannot be written is logged: the clients still learn the new handlers, and the NIC,
+    /// which reads the file, stays on the old ones, so the host keeps the app's requests.
+    fn publish(&mut self, deployed: &Deployed, sender: &Sender) {
         let version = deployed.version;
-        let a = self.app_manifest(deployed.app)?;
-        a.handlers = deployed
-            .handlers
-            .iter()
-            .map(|h| HandlerManifest {
-                name: h.name.clone(),
-                id: h.id,
-                write: h.kind == HandlerKind::Write,
-                engine: h.engine,
-                budget: h.budget,
-            })
-            .collect();
+        if let Some(a) = self.manifest.apps.iter_mut().find(|a| a.id == deployed.app) {
+            a.handlers = deployed
+                .handlers
+                .iter()
+                .map(|h| HandlerManifest {
+                    name: h.name.clone(),
+                    id: h.id,
+                    write: h.kind == HandlerKind::Write,
+                    engine: h.engine,
+                    budget: h.budget,
+                })
+                .collect();
+        }
         self.manifest.version = version;
-        let bytes = serde_json::to_vec_pretty(&self.manifest).map_err(|e| e.to_string())?;
-        // The host serves the new handlers already: a manifest that cannot be written leaves
-        // the NIC on the old ones, which the host then keeps the app's requests from.
-        write_atomically(&self.policy.shm_dir.join(super::MANIFEST_FILE), &bytes)?;
         self.directory.publish_manifest(self.manifest.clone());
+        let written = serde_json::to_vec_pretty(&self.manifest)
+            .map_err(|e| e.to_string())
+            .and_then(|b| write_atomically(&self.policy.shm_dir.join(super::MANIFEST_FILE), &b));
+        if let Err(e) = written {
+            tracing::error!(
+                version,
+                app = deployed.app,
+                "the manifest could not be written, so naam-nic keeps the old handlers and the \
+                 host serves this app alone: {e}"
+            );
+            return;
+        }
         if let Some(t) = self
             .directory
             .to_nic(0, &Control::ManifestChanged { version }.to_bytes(0))
@@ -409,7 +423,6 @@ impl Deployer {
             // app until they show this one.
             let _ = sender.send_transmit(t);
         }
-        Ok(())
     }
 }
 

@@ -40,6 +40,9 @@ use crate::{frame, limits, Nanos, Placement};
 /// NIC works, and taking up a deploy takes about that long.
 const NUDGE_NIC_EVERY: u64 = 50;
 
+/// How long an upload for a deploy is kept with no chunk or deploy naming it.
+const UPLOAD_IDLE: Nanos = 60_000_000_000;
+
 /// How often sessions and per-session views are expired.
 const EXPIRY_PERIOD: Nanos = 1_000_000_000;
 
@@ -409,6 +412,9 @@ pub struct DeployJob {
     pub tenant: String,
     /// Every app the tenant has (its quotas count over them all).
     pub tenant_apps: Vec<u32>,
+    /// The session that asked: with `id`, what names the request (two sessions of one
+    /// tenant number their requests alike).
+    pub session: u64,
     /// The request id its answer goes out with; a retransmission carries the same.
     pub id: u64,
     /// The app it changes (one of `tenant_apps`).
@@ -446,6 +452,8 @@ struct Upload {
     bytes: Vec<u8>,
     /// `bytes`, frozen once whole (a retransmitted deploy takes it again).
     whole: Option<Bytes>,
+    /// When a chunk last came: an upload left alone for [`UPLOAD_IDLE`] is dropped.
+    touched: Nanos,
 }
 
 impl Upload {
@@ -1219,6 +1227,9 @@ impl<B: HostBackend> ServerEndpoint<B> {
             return;
         }
         self.next_expiry = now + EXPIRY_PERIOD;
+        // Uploads nobody finished or deployed lately go (a megabyte each at most).
+        self.uploads
+            .retain(|_, u| now.saturating_sub(u.touched) < UPLOAD_IDLE);
         let before = self.gate.len();
         self.gate.expire(now);
         if self.gate.len() < before {
@@ -1965,7 +1976,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                     bytes,
                 },
                 Role::Tenant { name, .. },
-            ) => Some(self.deploy_chunk(name, role, app, total, offset, bytes)),
+            ) => Some(self.deploy_chunk(now, name, role, app, total, offset, bytes)),
             (
                 Control::Deploy {
                     app,
@@ -1990,6 +2001,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 let job = DeployJob {
                     tenant: name.clone(),
                     tenant_apps: apps.clone(),
+                    session: sid,
                     id,
                     app,
                     change: DeployChange::Install {
@@ -2008,6 +2020,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                     let job = DeployJob {
                         tenant: name.clone(),
                         tenant_apps: apps.clone(),
+                        session: sid,
                         id,
                         app,
                         change: DeployChange::Remove,
@@ -2177,8 +2190,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
     }
 
     /// Takes in bytes of tenant `tenant`'s upload for `app` ([`Control::DeployChunk`]).
+    #[allow(clippy::too_many_arguments)]
     fn deploy_chunk(
         &mut self,
+        now: Nanos,
         tenant: &str,
         role: &Role,
         app: u32,
@@ -2216,6 +2231,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         total,
                         bytes: Vec::new(),
                         whole: None,
+                        touched: now,
                     },
                 );
             }
@@ -2225,6 +2241,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 "no upload in progress for app {app}: start at offset 0"
             ));
         };
+        u.touched = now;
         if u.app != app || u.total != total {
             return error(format!(
                 "an upload for app {} of {} bytes is in progress: start again at offset 0",
