@@ -303,6 +303,15 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
         7,
         "the region kept its counter across the undeploy"
     );
+    // Deployed objects are the app's own files (another tenant's deploy cannot write over
+    // them), and only the one its manifest names is kept.
+    let mine: Vec<String> = std::fs::read_dir(dir.join("shm"))
+        .expect("the shared-memory directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("object-app{A}-")))
+        .collect();
+    assert_eq!(mine.len(), 1, "{mine:?}");
     // Tenant b was served all along.
     assert_eq!(add(&mut b, B, 2, 3), (Status::Ok, Placement::Host, Some(5)));
 

@@ -401,6 +401,10 @@ pub enum Control {
         pages: u32,
         /// The apps on this page, out of those the session's tenant may use.
         apps: Vec<AppManifest>,
+        /// The [`Manifest::version`] the page belongs to: pages of two versions do not make
+        /// one manifest (a deploy came between them), and the client asks again.
+        #[serde(default)]
+        version: u64,
     },
     /// Client → server: current weights of `app`'s handlers; carries what the client measured
     /// running handlers itself since its last query.
@@ -451,6 +455,9 @@ pub enum Control {
         app: u32,
         /// The object's whole length.
         total: u32,
+        /// [`object_hash`] of the whole object: an upload of another object (same length,
+        /// same first bytes or not) starts anew at offset 0.
+        object_hash: u64,
         /// Where these bytes go; the upload takes chunks in order (a repeated one is
         /// answered again).
         offset: u32,
@@ -889,6 +896,7 @@ mod tests {
                 page: i as u32,
                 pages: pages.len() as u32,
                 apps: p.clone(),
+                version: u64::MAX,
             };
             assert!(c.to_bytes(1).len() <= crate::limits::MAX_MESSAGE);
             let w = Control::Welcome {

@@ -29,6 +29,9 @@ pub const MAX_DEPLOY_OBJECT: usize = 1 << 20;
 /// Deploys and undeploys a tenant may make a second on one server by default
 /// ([`crate::endpoint::ServerConfig::deploys_per_second`]).
 pub const DEPLOYS_PER_SECOND: f64 = 10.0;
+/// Bytes of a handler's name a deploy may give it (with [`MAX_DEPLOY_HANDLERS`], the
+/// answer's reports and the app's manifest page stay within a message).
+pub const MAX_HANDLER_NAME: usize = 64;
 /// Handlers one deploy may install: their reports fit one answer.
 pub const MAX_DEPLOY_HANDLERS: usize = 16;
 /// Bytes sealing adds to a message: the envelope header and the authentication tag.

@@ -1304,9 +1304,11 @@ fn an_upload_is_taken_in_order_and_a_deploy_needs_its_whole_object_in_its_own_ap
         .map(|i| i as u8)
         .collect();
     let total = object.len() as u32;
+    let hash = naam_proto::control::object_hash(&object);
     let chunk = |offset: usize, len: usize| Control::DeployChunk {
         app: APP,
         total,
+        object_hash: hash,
         offset: offset as u32,
         bytes: object[offset..offset + len].to_vec(),
     };
@@ -1321,13 +1323,13 @@ fn an_upload_is_taken_in_order_and_a_deploy_needs_its_whole_object_in_its_own_ap
         engine: None,
         budget: None,
     };
-    let hash = naam_proto::control::object_hash(&object);
     // Nothing uploaded yet.
     assert!(refusal(w.ask(&deploy(hash))).contains("no object uploaded"));
     // Into an app that is not the session's.
     let other = Control::DeployChunk {
         app: 99,
         total,
+        object_hash: hash,
         offset: 0,
         bytes: vec![1],
     };
@@ -1337,6 +1339,7 @@ fn an_upload_is_taken_in_order_and_a_deploy_needs_its_whole_object_in_its_own_ap
     let huge = Control::DeployChunk {
         app: APP,
         total: limits::MAX_DEPLOY_OBJECT as u32 + 1,
+        object_hash: 0,
         offset: 0,
         bytes: vec![0],
     };
@@ -1344,6 +1347,7 @@ fn an_upload_is_taken_in_order_and_a_deploy_needs_its_whole_object_in_its_own_ap
     let past = Control::DeployChunk {
         app: APP,
         total: 4,
+        object_hash: 0,
         offset: 2,
         bytes: vec![0; 3],
     };
@@ -1396,20 +1400,42 @@ fn an_upload_is_taken_in_order_and_a_deploy_needs_its_whole_object_in_its_own_ap
         budget: None,
     };
     assert!(refusal(w.ask(&many)).contains("handlers in one deploy"));
+    let long = Control::Deploy {
+        app: APP,
+        object_hash: hash,
+        handlers: vec![naam_proto::control::DeployHandler {
+            name: "x".repeat(limits::MAX_HANDLER_NAME + 1),
+            write: false,
+        }],
+        engine: None,
+        budget: None,
+    };
+    assert!(refusal(w.ask(&long)).contains("names are 1 to 64 bytes"));
     // A new upload (offset 0, other bytes) replaces the old one.
     let fresh = Control::DeployChunk {
         app: APP,
         total: 2,
+        object_hash: naam_proto::control::object_hash(&[9, 9]),
         offset: 0,
         bytes: vec![9, 9],
     };
     assert_eq!(received(w.ask(&fresh)), 2);
     assert!(refusal(w.ask(&deploy(hash))).contains("hash"));
+    // Another object of the same length and first bytes is a new upload, not a repeat.
+    let twin = Control::DeployChunk {
+        app: APP,
+        total: 2,
+        object_hash: 1,
+        offset: 0,
+        bytes: vec![9],
+    };
+    assert_eq!(received(w.ask(&twin)), 1);
+    assert_eq!(received(w.ask(&fresh)), 2, "and back to the first");
 
     // Deploys and undeploys take the tenant's tokens (10 a second, as many in a burst; the
-    // seven above took seven, refused or not): past them, a refusal says when to retry.
+    // eight above took eight, refused or not): past them, a refusal says when to retry.
     let small = naam_proto::control::object_hash(&[9, 9]);
-    for _ in 0..3 {
+    for _ in 0..2 {
         assert!(matches!(w.ask(&deploy(small)), Control::Deployed { .. }));
     }
     let over = refusal(w.ask(&Control::Undeploy { app: APP }));

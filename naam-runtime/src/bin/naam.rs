@@ -554,7 +554,6 @@ fn run_message(
     })
 }
 
-/// `naam call`: one message on a deployment.
 /// A session as `a` names it, and the app it names; `Err`: the exit code, the error printed.
 fn deploy_session(
     a: &SessionArgs,
@@ -741,6 +740,7 @@ fn undeploy(a: UndeployArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `naam call`: one message on a deployment.
 fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
     use naam_proto::transport::Transport;
     use naam_runtime::invoke::{parse_descriptor, reply_json};

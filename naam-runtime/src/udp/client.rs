@@ -772,6 +772,7 @@ impl UdpClient {
             let m = Control::DeployChunk {
                 app,
                 total,
+                object_hash: object_hash(object),
                 offset,
                 bytes: object[offset as usize..end].to_vec(),
             };
@@ -1031,6 +1032,9 @@ impl UdpClient {
         let server = self.path.transport().endpoint.server();
         let refused = |message: String| UdpError::Refused { server, message };
         let (mut apps, mut pages, mut page) = (Vec::new(), 1, 0);
+        // The version the pages belong to: a deploy between two pages starts the fetch over
+        // (a few times at most; the next weights ask again).
+        let (mut of, mut restarts) = (None, 0);
         while page < pages {
             let m = self
                 .path
@@ -1044,8 +1048,20 @@ impl UdpClient {
                         page: p,
                         pages: n,
                         apps: a,
+                        version: v,
                     },
                 )) if p == page && n <= MAX_MANIFEST_PAGES => {
+                    if of.is_some_and(|of| of != v) {
+                        restarts += 1;
+                        if restarts > 3 {
+                            return Err(refused(
+                                "the manifest changed while its pages were fetched".into(),
+                            ));
+                        }
+                        (apps, pages, page, of) = (Vec::new(), 1, 0, None);
+                        continue;
+                    }
+                    of = Some(v);
                     pages = n;
                     apps.extend(a);
                 }
@@ -1072,7 +1088,7 @@ impl UdpClient {
         }
         self.kinds = handler_kinds(&apps);
         self.manifest.apps = apps;
-        self.manifest.version = version;
+        self.manifest.version = of.unwrap_or(0).max(version);
         Ok(())
     }
 

@@ -31,6 +31,12 @@ use naam_proto::EngineKind;
 /// Jobs waiting for the deployer; more are refused at once (`retry`).
 const QUEUED_DEPLOYS: usize = 16;
 
+/// Answers kept per tenant for retransmitted deploys.
+const ANSWERS_KEPT: usize = 8;
+
+/// A deploy's (session, request id) and its encoded answer.
+type Answered = ((u64, u64), Bytes);
+
 /// What a tenant may deploy, and how, on one server (naam-server's `[deploy]` config).
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
@@ -147,9 +153,10 @@ struct Deployer {
     directory: Arc<SessionDirectory>,
     /// The manifest as last written.
     manifest: Manifest,
-    /// Per tenant: the (session, request id) last answered and its answer (a retransmission
-    /// gets it again rather than a second deploy).
-    answered: HashMap<String, ((u64, u64), Bytes)>,
+    /// Per tenant, its last [`ANSWERS_KEPT`] answers by (session, request id): a
+    /// retransmission gets its answer again rather than a second deploy, whichever of the
+    /// tenant's sessions deployed since.
+    answered: HashMap<String, std::collections::VecDeque<Answered>>,
     counts: DeployCounts,
 }
 
@@ -161,10 +168,11 @@ impl Deployer {
         // this thread from running for milliseconds (bench/RESULTS.md, "Deploys at run time").
         counters.publish(telemetry, self.counters());
         for q in rx.iter() {
+            let key = (q.job.session, q.job.id);
             let again = self
                 .answered
                 .get(&q.job.tenant)
-                .filter(|(id, _)| *id == (q.job.session, q.job.id))
+                .and_then(|kept| kept.iter().find(|(k, _)| *k == key))
                 .map(|(_, a)| a.clone());
             let bytes = match again {
                 Some(a) => a,
@@ -182,8 +190,11 @@ impl Deployer {
                         }
                     };
                     let b = answer.to_bytes(q.job.id);
-                    self.answered
-                        .insert(q.job.tenant.clone(), ((q.job.session, q.job.id), b.clone()));
+                    let kept = self.answered.entry(q.job.tenant.clone()).or_default();
+                    if kept.len() == ANSWERS_KEPT {
+                        kept.pop_front();
+                    }
+                    kept.push_back((key, b.clone()));
                     b
                 }
             };
@@ -226,10 +237,10 @@ impl Deployer {
                 let specs = self.specs(job, handlers, *engine, *budget)?;
                 let loaded = naam_vm::load(object).map_err(|e| format!("the object: {e}"))?;
                 self.check_quota(job, &loaded, &specs)?;
-                self.app_manifest(job.app)?;
+                self.check_pages(job, &specs)?;
                 // Written first (named by its hash, it harms nothing if the deploy fails):
                 // once the handlers serve, nothing that can fail is left but the manifest.
-                let path = self.write_object(object)?;
+                let path = self.write_object(job.app, object)?;
                 let deployed = self
                     .cluster
                     .deploy(job.app, &loaded, &specs)
@@ -323,7 +334,13 @@ impl Deployer {
                 let had = before
                     .and_then(|a| a.handlers.iter().find(|x| x.name == h.name))
                     .map(|x| x.budget.min(self.policy.max_budget));
-                s.engine(engine.unwrap_or(self.policy.engine))
+                // A deploy asking for the JIT gets the tiered engine, which ends on the same
+                // code: a compile is background work, never the deployer thread's.
+                let engine = match engine.unwrap_or(self.policy.engine) {
+                    EngineKind::Jit => EngineKind::Tiered,
+                    e => e,
+                };
+                s.engine(engine)
                     .budget(budget.or(had).unwrap_or(self.policy.budget))
             })
             .collect())
@@ -371,14 +388,61 @@ impl Deployer {
             .ok_or_else(|| format!("no app {app} in this server's manifest"))
     }
 
-    /// Writes `object` beside the manifest, named by its hash; returns its path.
-    fn write_object(&self, object: &[u8]) -> Result<PathBuf, String> {
-        let path = self
-            .policy
-            .shm_dir
-            .join(format!("object-{:016x}.o", object_hash(object)));
+    /// Writes `object` beside the manifest, named by its app and its SHA-256 (no other
+    /// tenant's deploy can write over it, whatever its 64-bit `object_hash`), after taking
+    /// away the objects deployed into `app` before that its manifest entry no longer names;
+    /// returns its path.
+    fn write_object(&self, app: u32, object: &[u8]) -> Result<PathBuf, String> {
+        use sha2::Digest as _;
+        let digest = sha2::Sha256::digest(object);
+        let prefix = format!("object-app{app}-");
+        let name = format!("{prefix}{}.o", hex::encode(&digest[..16]));
+        let path = self.policy.shm_dir.join(&name);
+        // Only the object the app's manifest names now (the NIC may be taking it up) stays.
+        let named = self
+            .manifest
+            .app(app)
+            .map(|a| a.object.clone())
+            .unwrap_or_default();
+        if let Ok(entries) = std::fs::read_dir(&self.policy.shm_dir) {
+            for e in entries.flatten() {
+                let file = e.file_name().to_string_lossy().into_owned();
+                let p = e.path();
+                if file.starts_with(&prefix)
+                    && file.ends_with(".o")
+                    && file != name
+                    && p.to_string_lossy() != named
+                {
+                    let _ = std::fs::remove_file(&p);
+                }
+            }
+        }
         write_atomically(&path, object)?;
         Ok(path)
+    }
+
+    /// Refuses a deploy whose manifest the tenant's sessions could not be given in pages.
+    fn check_pages(&self, job: &DeployJob, specs: &[HandlerSpec]) -> Result<(), String> {
+        let mut next = self.manifest.clone();
+        let a = next
+            .apps
+            .iter_mut()
+            .find(|a| a.id == job.app)
+            .ok_or_else(|| format!("no app {} in this server's manifest", job.app))?;
+        a.handlers = specs
+            .iter()
+            .map(|s| HandlerManifest {
+                name: s.name.clone(),
+                id: naam_proto::handler_id(&s.name),
+                write: s.kind == HandlerKind::Write,
+                engine: s.engine,
+                budget: s.budget,
+            })
+            .collect();
+        next.scoped(&job.tenant_apps)
+            .pages()
+            .map(|_| ())
+            .map_err(|e| format!("the app's manifest would not fit: {e}"))
     }
 
     /// Records `deployed` (which serves at the host already) in the manifest, writes it,

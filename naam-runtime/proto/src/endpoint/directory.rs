@@ -44,6 +44,17 @@ struct Shared {
     tenants: HashMap<u64, TenantSession>,
     /// The manifest a deploy published last (`None`: the one each loop started with).
     manifest: Option<Arc<Manifest>>,
+    /// Each tenant's deploy tokens, over every loop.
+    deploy_tokens: HashMap<String, DeployTokens>,
+}
+
+/// One tenant's deploy tokens ([`SessionDirectory::take_deploy_token`]).
+struct DeployTokens {
+    tokens: f64,
+    /// When they were last counted.
+    at: crate::Nanos,
+    /// The (session, request id) of the last deploy that took one.
+    last: Option<(u64, u64)>,
 }
 
 /// One loop's switch counters.
@@ -204,5 +215,43 @@ impl SessionDirectory {
     /// from any thread; `None` while no NIC is paired.
     pub fn to_nic(&self, id: u64, bytes: &[u8]) -> Option<Transmit> {
         self.nic().map(|n| n.channel.transmit(id, bytes))
+    }
+
+    /// Takes one of `tenant`'s deploy tokens (`rate` a second, as many in a burst) for its
+    /// session `session`'s request `id`: a retransmission of the deploy that took the last
+    /// one takes none. `Err`: the seconds until a token is there.
+    pub(super) fn take_deploy_token(
+        &self,
+        tenant: &str,
+        session: u64,
+        id: u64,
+        now: crate::Nanos,
+        rate: f64,
+    ) -> Result<(), f64> {
+        let burst = rate.max(1.0);
+        let mut s = self.lock();
+        let t = s
+            .deploy_tokens
+            .entry(tenant.to_string())
+            .or_insert(DeployTokens {
+                tokens: burst,
+                at: now,
+                last: None,
+            });
+        if t.last == Some((session, id)) {
+            return Ok(());
+        }
+        let dt = now.saturating_sub(t.at) as f64 / 1e9;
+        t.tokens = (t.tokens + dt * rate).min(burst);
+        t.at = now;
+        if t.tokens >= 1.0 {
+            t.tokens -= 1.0;
+            t.last = Some((session, id));
+            Ok(())
+        } else if rate > 0.0 {
+            Err((1.0 - t.tokens) / rate)
+        } else {
+            Err(f64::INFINITY)
+        }
     }
 }

@@ -449,6 +449,8 @@ pub enum DeployChange {
 struct Upload {
     app: u32,
     total: u32,
+    /// The whole object's hash, as its chunks name it.
+    hash: u64,
     bytes: Vec<u8>,
     /// `bytes`, frozen once whole (a retransmitted deploy takes it again).
     whole: Option<Bytes>,
@@ -959,6 +961,21 @@ fn tenant_pages(
     Ok(pages)
 }
 
+/// Whether a deploy's handler names fit [`limits::MAX_HANDLER_NAME`] (and are not empty).
+fn handler_names_fit(handlers: &[control::DeployHandler]) -> Result<(), String> {
+    match handlers
+        .iter()
+        .find(|h| h.name.is_empty() || h.name.len() > limits::MAX_HANDLER_NAME)
+    {
+        Some(h) => Err(format!(
+            "a handler name of {} bytes: names are 1 to {} bytes",
+            h.name.len(),
+            limits::MAX_HANDLER_NAME
+        )),
+        None => Ok(()),
+    }
+}
+
 /// The refusal of a change to an app the session's tenant does not have.
 fn not_yours(app: u32) -> Control {
     Control::Error {
@@ -986,8 +1003,6 @@ pub struct ServerEndpoint<B> {
     uploads: HashMap<String, Upload>,
     /// NIC load reports in a row that showed an older manifest than the newest.
     nic_behind_reports: u64,
-    /// Each tenant's deploy tokens ([`ServerConfig::deploys_per_second`]).
-    deploy_buckets: HashMap<String, (Bucket, Option<u64>)>,
     stats: ServerStats,
     switch: Selector,
     draining: bool,
@@ -1047,7 +1062,6 @@ impl<B: HostBackend> ServerEndpoint<B> {
             pages_version: config.manifest.version,
             uploads: HashMap::new(),
             nic_behind_reports: 0,
-            deploy_buckets: HashMap::new(),
             config,
             stats: ServerStats::default(),
             switch: Selector::default(),
@@ -1898,6 +1912,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                         page,
                         pages: count,
                         apps: apps.clone(),
+                        version: self.pages_version,
                     },
                     None => Control::Error {
                         message: format!("no manifest page {page}: there are {count}"),
@@ -1972,11 +1987,12 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 Control::DeployChunk {
                     app,
                     total,
+                    object_hash,
                     offset,
                     bytes,
                 },
                 Role::Tenant { name, .. },
-            ) => Some(self.deploy_chunk(now, name, role, app, total, offset, bytes)),
+            ) => Some(self.deploy_chunk(now, name, role, (app, total, object_hash), offset, bytes)),
             (
                 Control::Deploy {
                     app,
@@ -1987,7 +2003,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 },
                 Role::Tenant { name, apps },
             ) => {
-                if let Err(message) = self.deploy_allowed(now, name, id) {
+                if let Err(message) = self
+                    .deploy_allowed(now, name, sid, id)
+                    .and_then(|()| handler_names_fit(&handlers))
+                {
                     self.send_on(&ch, id, Control::Error { message }.to_bytes(id));
                     return;
                 }
@@ -2014,7 +2033,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 self.backend.deploy(job, &ch)
             }
             (Control::Undeploy { app }, Role::Tenant { name, apps }) => {
-                if let Err(message) = self.deploy_allowed(now, name, id) {
+                if let Err(message) = self.deploy_allowed(now, name, sid, id) {
                     Some(Control::Error { message })
                 } else if role.may_use(app) {
                     let job = DeployJob {
@@ -2136,8 +2155,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
     }
 
     /// Takes up the manifest a deploy published, if newer than the one this loop's pages
-    /// were made from. One that cannot be paged (it would not have been published) leaves
-    /// the old pages.
+    /// were made from. One that cannot be paged leaves the old pages (the deployer checks a
+    /// deploy's pages before it publishes; this is the last guard).
     fn refresh_pages(&mut self) {
         let Some(m) = self
             .config
@@ -2162,45 +2181,40 @@ impl<B: HostBackend> ServerEndpoint<B> {
         self.pages_version = m.version;
     }
 
-    /// Takes one of tenant `tenant`'s deploy tokens ([`ServerConfig::deploys_per_second`])
-    /// for its deploy of request id `id` (a retransmission of the last one takes none);
-    /// `Err`: the refusal, saying when to retry.
-    fn deploy_allowed(&mut self, now: Nanos, tenant: &str, id: u64) -> Result<(), String> {
+    /// Takes one of tenant `tenant`'s deploy tokens ([`ServerConfig::deploys_per_second`],
+    /// counted over every loop) for session `sid`'s deploy of request id `id` (a
+    /// retransmission of the last one takes none); `Err`: the refusal, saying when to retry.
+    fn deploy_allowed(
+        &mut self,
+        now: Nanos,
+        tenant: &str,
+        sid: u64,
+        id: u64,
+    ) -> Result<(), String> {
         let rate = self.config.deploys_per_second;
-        let burst = rate.max(1.0);
-        let (bucket, last) = self
-            .deploy_buckets
-            .entry(tenant.to_string())
-            .or_insert_with(|| (Bucket::full(burst, now), None));
-        if *last == Some(id) {
-            return Ok(());
-        }
-        if bucket.take(now, rate, burst) {
-            *last = Some(id);
-            return Ok(());
-        }
-        let wait_ms = if rate > 0.0 {
-            ((1.0 - bucket.tokens) / rate * 1e3).ceil()
-        } else {
-            f64::INFINITY
-        };
-        Err(format!(
-            "tenant {tenant} deploys at most {rate} times a second here: retry in {wait_ms} ms"
-        ))
+        self.config
+            .directory
+            .take_deploy_token(tenant, sid, id, now, rate)
+            .map_err(|wait| {
+                format!(
+                    "tenant {tenant} deploys at most {rate} times a second here: retry in {} ms",
+                    (wait * 1e3).ceil()
+                )
+            })
     }
 
     /// Takes in bytes of tenant `tenant`'s upload for `app` ([`Control::DeployChunk`]).
-    #[allow(clippy::too_many_arguments)]
+    /// `object`: the app it is for, the object's length and its [`control::object_hash`].
     fn deploy_chunk(
         &mut self,
         now: Nanos,
         tenant: &str,
         role: &Role,
-        app: u32,
-        total: u32,
+        object: (u32, u32, u64),
         offset: u32,
         bytes: Vec<u8>,
     ) -> Control {
+        let (app, total, hash) = object;
         if !role.may_use(app) {
             return not_yours(app);
         }
@@ -2221,7 +2235,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
             // A new upload, unless it is the first chunk again: whatever was being uploaded
             // goes.
             let repeat = self.uploads.get(tenant).is_some_and(|u| {
-                u.app == app && u.total == total && u.held().get(..bytes.len()) == Some(&bytes[..])
+                u.app == app
+                    && u.total == total
+                    && u.hash == hash
+                    && u.held().get(..bytes.len()) == Some(&bytes[..])
             });
             if !repeat {
                 self.uploads.insert(
@@ -2229,6 +2246,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
                     Upload {
                         app,
                         total,
+                        hash,
                         bytes: Vec::new(),
                         whole: None,
                         touched: now,
@@ -2242,7 +2260,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             ));
         };
         u.touched = now;
-        if u.app != app || u.total != total {
+        if u.app != app || u.total != total || u.hash != hash {
             return error(format!(
                 "an upload for app {} of {} bytes is in progress: start again at offset 0",
                 u.app, u.total
