@@ -219,7 +219,7 @@ impl Deployer {
             ),
             (
                 "deploy_build_microseconds",
-                "Time deploys spent verifying and building handlers until they could answer.",
+                "Per deploy, its slowest handler's verification and build until it could answer, summed.",
                 c.build_us,
             ),
         ]
@@ -238,8 +238,9 @@ impl Deployer {
                 let loaded = naam_vm::load(object).map_err(|e| format!("the object: {e}"))?;
                 self.check_quota(job, &loaded, &specs)?;
                 self.check_pages(job, &specs)?;
-                // Written first (named by its hash, it harms nothing if the deploy fails):
-                // once the handlers serve, nothing that can fail is left but the manifest.
+                // Written first (named by its app and content, it harms nothing if the deploy
+                // fails): once the handlers serve, nothing that can fail is left but the
+                // manifest.
                 let path = self.write_object(job.app, object)?;
                 let deployed = self
                     .cluster
