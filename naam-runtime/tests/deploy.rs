@@ -153,3 +153,66 @@ fn calls_made_while_deploys_swap_the_registry_are_all_answered() {
     stop.store(true, Ordering::Relaxed);
     assert!(caller.join().unwrap() >= 100);
 }
+
+#[test]
+fn a_recorded_deploy_is_served_again_and_a_record_that_cannot_be_is_dropped() {
+    use naam_runtime::udp;
+    let shm = tempfile::tempdir().expect("tempdir");
+    let (path, _) = common::examples();
+    let bytes = std::fs::read(path).expect("the examples object");
+    let mut app = common::examples_app(APP);
+    app.handlers = vec![HandlerSpec::read("bsearch")];
+    let host = udp::HostApp {
+        spec: app,
+        kind: "object".into(),
+        params: serde_json::Value::Null,
+        object_bytes: bytes.clone(),
+        client_writes: false,
+        credential: None,
+    };
+    let (cluster, mut manifest) =
+        udp::start_host(vec![host], ClusterConfig::functional(), shm.path()).expect("a host");
+    // What the deployer would have recorded: `add` from a deployed copy of the object; and a
+    // record of an app this config does not have.
+    let object = shm.path().join(format!("object-app{APP}-test.o"));
+    std::fs::write(&object, &bytes).expect("the deployed object");
+    let record = serde_json::json!({
+        "object": [object.display().to_string(), naam_proto::control::object_hash(&bytes)],
+        "handlers": [{ "name": "add", "id": handler_id("add"), "write": false,
+                       "engine": "interp", "budget": 1000 }],
+    });
+    std::fs::write(
+        shm.path().join(format!("deployed-app{APP}.json")),
+        record.to_string(),
+    )
+    .expect("a record");
+    std::fs::write(shm.path().join("deployed-app77.json"), record.to_string()).expect("a record");
+    let lines = udp::restore_deploys(&cluster, &mut manifest, shm.path()).expect("restored");
+    assert!(
+        lines.iter().any(|l| l.contains("served again")),
+        "{lines:?}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("app 77") && l.contains("no such app")),
+        "{lines:?}"
+    );
+    assert!(!shm.path().join("deployed-app77.json").exists());
+    assert_eq!(
+        add_status(&cluster),
+        Status::Ok,
+        "the recorded handler serves"
+    );
+    let a = manifest.app(APP).expect("the app");
+    assert_eq!(a.handlers.len(), 1);
+    assert_eq!(a.object, object.display().to_string());
+    assert_eq!(manifest.version, cluster.registry().version());
+    // The manifest in the directory says the same, for the NIC.
+    let written = udp::read_manifest(shm.path()).expect("the manifest");
+    assert_eq!(written.app(APP).map(|a| a.handlers.len()), Some(1));
+    // New regions forget the deploys and their objects.
+    udp::forget_deploys(shm.path());
+    assert!(!shm.path().join(format!("deployed-app{APP}.json")).exists());
+    assert!(!object.exists());
+}

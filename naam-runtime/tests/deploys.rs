@@ -39,6 +39,26 @@ fn naam(dir: &Path, args: &[&str]) -> std::process::Output {
         .expect("naam runs")
 }
 
+/// The counter at offset 0 of region `data`, read with app a's deployed `sum_words`.
+fn read_counter(c: &mut UdpClient, data: u64) -> u64 {
+    let r = c
+        .call(A, handler_id("sum_words"), &[], &[common::rd(data, 0, 8)])
+        .expect("an answer");
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    u64::from_le_bytes(r.payload[..8].try_into().expect("eight bytes"))
+}
+
+/// The names of `app`'s handlers in `c`'s manifest.
+fn handler_names(c: &UdpClient, app: u32) -> Vec<String> {
+    c.manifest()
+        .app(app)
+        .expect("the app")
+        .handlers
+        .iter()
+        .map(|h| h.name.clone())
+        .collect()
+}
+
 /// One GET of naam-server's `/metrics`.
 fn scrape(addr: SocketAddr) -> String {
     use std::io::{Read as _, Write as _};
@@ -113,15 +133,7 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
 
     // A new session sees the new handlers; the ones not named are gone.
     let mut a = client(d.server(), "a", None);
-    let handlers: Vec<String> = a
-        .manifest()
-        .app(A)
-        .expect("app a")
-        .handlers
-        .iter()
-        .map(|h| h.name.clone())
-        .collect();
-    assert_eq!(handlers, ["add", "counter_add"]);
+    assert_eq!(handler_names(&a, A), ["add", "counter_add"]);
     assert_eq!(
         add(&mut a, A, 40, 2),
         (Status::Ok, Placement::Host, Some(42))
@@ -294,12 +306,8 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
         .deploy(A, &bytes, vec![sum_words], None, None)
         .expect("deployed again");
     assert_eq!(again.handlers.len(), 1);
-    let r = a
-        .call(A, handler_id("sum_words"), &[], &[common::rd(data, 0, 8)])
-        .expect("an answer");
-    assert_eq!(r.status, Status::Ok, "{r:?}");
     assert_eq!(
-        u64::from_le_bytes(r.payload[..8].try_into().expect("eight bytes")),
+        read_counter(&mut a, data),
         7,
         "the region kept its counter across the undeploy"
     );
@@ -331,4 +339,33 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
             "{body}"
         );
     }
+
+    // A server killed and started again serves the deployed handler again, over the data
+    // the regions kept; the NIC takes it up from the new manifest.
+    let mut d = d;
+    d.restart_server();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut a = loop {
+        let mut cfg = UdpConfig::new(d.server(), "a", key_a());
+        cfg.rto = Duration::from_millis(10);
+        cfg.liveness = Duration::from_millis(500);
+        match UdpClient::connect(&cfg) {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the server did not come back: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    let names = handler_names(&a, A);
+    assert_eq!(
+        names,
+        ["sum_words"],
+        "the deploy is served after the restart"
+    );
+    assert_eq!(read_counter(&mut a, data), 7, "and its data");
+    assert_eq!(add(&mut a, A, 1, 1).0, Status::UnknownHandler);
 }

@@ -95,7 +95,7 @@ pub struct Config {
 }
 
 /// The `[deploy]` section: what one tenant may deploy into its apps while the server runs.
-/// Deployed handlers serve until the server stops; a restart serves this config's again.
+/// Deployed handlers outlive a restart as the regions do (`--reset-regions` forgets them).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeployConfig {

@@ -632,17 +632,23 @@ fn load_manifest_object(a: &AppManifest, mpath: &Path) -> Result<LoadedObject, D
 
 /// The handlers the manifest lists for `a`, as specs to build.
 fn handler_specs(a: &AppManifest) -> Vec<HandlerSpec> {
-    a.handlers
-        .iter()
-        .map(|h| {
-            let s = if h.write {
-                HandlerSpec::write(&h.name)
-            } else {
-                HandlerSpec::read(&h.name)
-            };
-            s.engine(h.engine).budget(h.budget)
-        })
-        .collect()
+    a.handlers.iter().map(spec_of).collect()
+}
+
+/// A read (or, `write`, a write) handler named `name`, with the defaults.
+pub(crate) fn spec_named(name: &str, write: bool) -> HandlerSpec {
+    if write {
+        HandlerSpec::write(name)
+    } else {
+        HandlerSpec::read(name)
+    }
+}
+
+/// The spec a manifest's handler entry was built from.
+pub(crate) fn spec_of(h: &HandlerManifest) -> HandlerSpec {
+    spec_named(&h.name, h.write)
+        .engine(h.engine)
+        .budget(h.budget)
 }
 
 /// Takes up on the NIC's `cluster` the deploys the host made since `served` (the manifest
@@ -694,7 +700,8 @@ pub fn cleanup(shm_dir: &Path) {
             let name = e.file_name().to_string_lossy().into_owned();
             let ours = name == MANIFEST_FILE
                 || (name.starts_with("app") && name.ends_with(".region"))
-                || (name.starts_with("object-") && name.ends_with(".o"));
+                || (name.starts_with("object-") && name.ends_with(".o"))
+                || (name.starts_with("deployed-app") && name.ends_with(".json"));
             if ours {
                 let _ = std::fs::remove_file(e.path());
             }

@@ -9,6 +9,10 @@
 //! it again ([`Control::ManifestChanged`]). The host keeps the app's requests until the NIC
 //! reports that version. The answer, the verifier's report or the reason for a refusal, goes
 //! out sealed on the tenant's session from this thread.
+//!
+//! Each app's deployed handlers are also recorded beside the regions
+//! (`deployed-app<id>.json`), which outlive the server: the next start serves them again
+//! ([`restore_deploys`]), as it serves the regions' data again.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -27,9 +31,131 @@ use naam_proto::control::{object_hash, Control, DeployReport, HandlerManifest, M
 use naam_proto::endpoint::{Channel, DeployChange, DeployJob, SessionDirectory};
 use naam_proto::step::HandlerKind;
 use naam_proto::EngineKind;
+use serde::{Deserialize, Serialize};
 
 /// Jobs waiting for the deployer; more are refused at once (`retry`).
 const QUEUED_DEPLOYS: usize = 16;
+
+/// What an app's last deploy left, as recorded beside the regions for the next start.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeployRecord {
+    /// The deployed object's file, and its [`object_hash`] (none after an undeploy).
+    object: Option<(String, u64)>,
+    /// The handlers it made callable (none after an undeploy).
+    handlers: Vec<HandlerManifest>,
+}
+
+/// The record of `app`'s deploys in `shm_dir`.
+fn record_path(shm_dir: &Path, app: u32) -> PathBuf {
+    shm_dir.join(format!("deployed-app{app}.json"))
+}
+
+/// Serves again, on a server start, the handlers that tenants deployed into its apps before
+/// (the records in `shm_dir`), updating `manifest` to match and writing it there. A record of
+/// an app the config no longer has, of an object that is gone or changed, or of handlers the
+/// verifier now rejects is removed, and that app keeps the config's handlers. Returns what
+/// was done, one line each, for the log.
+pub fn restore_deploys(
+    cluster: &Cluster,
+    manifest: &mut Manifest,
+    shm_dir: &Path,
+) -> Result<Vec<String>, super::DeployError> {
+    let mut done = Vec::new();
+    let Ok(entries) = std::fs::read_dir(shm_dir) else {
+        return Ok(done);
+    };
+    let mut records: Vec<(u32, PathBuf)> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name.strip_prefix("deployed-app")?.strip_suffix(".json")?;
+            Some((id.parse().ok()?, e.path()))
+        })
+        .collect();
+    records.sort();
+    for (app, path) in records {
+        match restore_one(cluster, manifest, app, &path) {
+            Ok(line) => done.push(line),
+            Err(why) => {
+                let _ = std::fs::remove_file(&path);
+                done.push(format!(
+                    "app {app}: its deploy is not served again, the config's handlers are: {why}"
+                ));
+            }
+        }
+    }
+    if !done.is_empty() {
+        let mpath = shm_dir.join(super::MANIFEST_FILE);
+        let bytes =
+            serde_json::to_vec_pretty(manifest).map_err(|e| super::DeployError::Manifest {
+                path: mpath.clone(),
+                message: e.to_string(),
+            })?;
+        write_atomically(&mpath, &bytes).map_err(|message| super::DeployError::Manifest {
+            path: mpath,
+            message,
+        })?;
+    }
+    Ok(done)
+}
+
+/// Forgets the deploys recorded in `shm_dir`, and their objects (a start with new regions:
+/// what was deployed into the old ones goes with them).
+pub fn forget_deploys(shm_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(shm_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let record = name.starts_with("deployed-app") && name.ends_with(".json");
+        let object = name.starts_with("object-app") && name.ends_with(".o");
+        if record || object {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// [`restore_deploys`] of one record.
+fn restore_one(
+    cluster: &Cluster,
+    manifest: &mut Manifest,
+    app: u32,
+    path: &Path,
+) -> Result<String, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let record: DeployRecord =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let a = manifest
+        .apps
+        .iter_mut()
+        .find(|a| a.id == app)
+        .ok_or("the config has no such app any more")?;
+    let deployed = match &record.object {
+        None => cluster.undeploy(app).map_err(|e| e.to_string())?,
+        Some((object, hash)) => {
+            let bytes = std::fs::read(object).map_err(|e| format!("{object}: {e}"))?;
+            if object_hash(&bytes) != *hash {
+                return Err(format!("{object} changed since it was deployed"));
+            }
+            let loaded = naam_vm::load(&bytes).map_err(|e| format!("{object}: {e}"))?;
+            let specs: Vec<HandlerSpec> =
+                record.handlers.iter().map(super::deploy::spec_of).collect();
+            let d = cluster
+                .deploy(app, &loaded, &specs)
+                .map_err(|e| e.to_string())?;
+            a.object = object.clone();
+            a.object_hash = *hash;
+            d
+        }
+    };
+    a.handlers = record.handlers;
+    manifest.version = deployed.version;
+    Ok(format!(
+        "app {app}: {} deployed handler(s) served again",
+        deployed.handlers.len()
+    ))
+}
 
 /// Answers kept per tenant for retransmitted deploys.
 const ANSWERS_KEPT: usize = 8;
@@ -326,11 +452,7 @@ impl Deployer {
         Ok(handlers
             .iter()
             .map(|h| {
-                let s = if h.write {
-                    HandlerSpec::write(&h.name)
-                } else {
-                    HandlerSpec::read(&h.name)
-                };
+                let s = super::deploy::spec_named(&h.name, h.write);
                 // A handler the app had keeps its budget unless the deploy names one.
                 let had = before
                     .and_then(|a| a.handlers.iter().find(|x| x.name == h.name))
@@ -467,6 +589,7 @@ impl Deployer {
         }
         self.manifest.version = version;
         self.directory.publish_manifest(self.manifest.clone());
+        self.record(deployed);
         let written = serde_json::to_vec_pretty(&self.manifest)
             .map_err(|e| e.to_string())
             .and_then(|b| write_atomically(&self.policy.shm_dir.join(super::MANIFEST_FILE), &b));
@@ -487,6 +610,30 @@ impl Deployer {
             // while they show an older version; the host forwards the NIC nothing of this
             // app until they show this one.
             let _ = sender.send_transmit(t);
+        }
+    }
+}
+
+impl Deployer {
+    /// Records what `deployed` made of its app for the next start ([`restore_deploys`]); a
+    /// record that cannot be written is logged (this start serves the deploy all the same).
+    fn record(&self, deployed: &Deployed) {
+        let Some(a) = self.manifest.app(deployed.app) else {
+            return;
+        };
+        let record = DeployRecord {
+            object: (!deployed.handlers.is_empty()).then(|| (a.object.clone(), a.object_hash)),
+            handlers: a.handlers.clone(),
+        };
+        let path = record_path(&self.policy.shm_dir, deployed.app);
+        let written = serde_json::to_vec_pretty(&record)
+            .map_err(|e| e.to_string())
+            .and_then(|b| write_atomically(&path, &b));
+        if let Err(e) = written {
+            tracing::error!(
+                app = deployed.app,
+                "the deploy serves now, but the next start will not serve it again: {e}"
+            );
         }
     }
 }

@@ -40,7 +40,7 @@ pub use deploy::{
     RegionStart, RegionsCheck, Started, MANIFEST_FILE, SERVER_EXECUTOR_POLL,
 };
 pub use deploy_error::DeployError;
-pub use deployer::DeployPolicy;
+pub use deployer::{forget_deploys, restore_deploys, DeployPolicy};
 pub use memnet::{MemoryNet, MEMORY_MODE, PORT_QUEUE};
 pub use nic::{
     serve_nic, serve_nic_inline, serve_nic_loops, InlineNic, NicCluster, NicOptions, Remap,

@@ -366,7 +366,16 @@ fn run(
         ),
         _ => {}
     }
-    let (cluster, manifest) = (host.cluster.clone(), host.manifest.clone());
+    let (cluster, mut manifest) = (host.cluster.clone(), host.manifest.clone());
+    if config.deploy.is_some() {
+        if matches!(host.started, udp::Started::Fresh { .. }) {
+            // New regions: what was deployed into the old ones goes with them.
+            udp::forget_deploys(&config.shm_dir);
+        }
+        for line in udp::restore_deploys(&cluster, &mut manifest, &config.shm_dir)? {
+            tracing::info!("{line}");
+        }
+    }
     let _ = serving.set(cluster.clone());
     let switch = attach_eswitch(config, &cluster, stop);
     let verbs = verbs_side(&cluster, &manifest);
