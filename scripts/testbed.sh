@@ -61,10 +61,17 @@ binaries() {
 # Whether a process has exited: gone, or a zombie (whose sockets are already closed; a
 # container's init may never reap it). Waits up to the given seconds (0: just looks).
 exited() { # pid seconds
-    local i=0 st
+    # Every thread of it, not only the first: a killed process keeps its sockets until its
+    # last thread has exited, and a thread of the lowest priority (naam-jit) may come last.
+    local i=0 st t alive
     while :; do
-        st=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || true
-        [ -z "$st" ] || [ "$st" = Z ] && return 0
+        alive=0
+        for t in /proc/"$1"/task/*/stat; do
+            [ -e "$t" ] || continue
+            st=$(sed 's/^.*) //' "$t" 2>/dev/null | cut -d' ' -f1) || true
+            [ -z "$st" ] || [ "$st" = Z ] || alive=1
+        done
+        [ "$alive" = 0 ] && return 0
         ((i++ < $2 * 10)) || return 1
         sleep 0.1
     done
@@ -127,13 +134,21 @@ start_nic() {
 # server left, data and all.
 start_server() {
     not_running "$STATE/server.pid" naam-server
-    ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" "$@" \
-        >"$STATE/server.log" 2>&1 &
-    echo $! >"$STATE/server.pid"
-    wait_for "$STATE/server.log" "serving" 600 "$STATE/server.pid" || {
+    local attempt
+    for attempt in 1 2 3 4 5; do
+        ip netns exec "$SRV_NS" "$BIN/naam-server" --config "$STATE/naam-server.toml" "$@" \
+            >"$STATE/server.log" 2>&1 &
+        echo $! >"$STATE/server.pid"
+        wait_for "$STATE/server.log" "serving" 600 "$STATE/server.pid" && break
+        # The address of a server just killed may still be held while its sockets go.
+        if [ "$attempt" -lt 5 ] && grep -q "Address already in use" "$STATE/server.log"; then
+            say "the listen address is still held (a killed server's sockets): trying again"
+            sleep 1
+            continue
+        fi
         cat "$STATE/server.log" >&2
         die "naam-server did not start"
-    }
+    done
     say "naam-server up on $SERVER_ADDR (pid $(cat "$STATE/server.pid"))"
     grep -E "eSwitch" "$STATE/server.log" | sed 's/^/testbed: /' >&2 || true
 }
