@@ -2003,50 +2003,30 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 },
                 Role::Tenant { name, apps },
             ) => {
-                if let Err(message) = self
+                let checked = self
                     .deploy_allowed(now, name, sid, id)
                     .and_then(|()| handler_names_fit(&handlers))
-                {
-                    self.send_on(&ch, id, Control::Error { message }.to_bytes(id));
-                    return;
-                }
-                let object = match self.uploaded(name, role, app, object_hash, handlers.len()) {
-                    Ok(o) => o,
-                    Err(message) => {
-                        self.send_on(&ch, id, Control::Error { message }.to_bytes(id));
-                        return;
+                    .and_then(|()| self.uploaded(name, role, app, object_hash, handlers.len()));
+                match checked {
+                    Ok(object) => {
+                        let change = DeployChange::Install {
+                            object,
+                            handlers,
+                            engine,
+                            budget,
+                        };
+                        self.deploy_job(sid, (name, apps), id, app, change, &ch)
                     }
-                };
-                let job = DeployJob {
-                    tenant: name.clone(),
-                    tenant_apps: apps.clone(),
-                    session: sid,
-                    id,
-                    app,
-                    change: DeployChange::Install {
-                        object,
-                        handlers,
-                        engine,
-                        budget,
-                    },
-                };
-                self.backend.deploy(job, &ch)
+                    Err(message) => Some(Control::Error { message }),
+                }
             }
             (Control::Undeploy { app }, Role::Tenant { name, apps }) => {
-                if let Err(message) = self.deploy_allowed(now, name, sid, id) {
-                    Some(Control::Error { message })
-                } else if role.may_use(app) {
-                    let job = DeployJob {
-                        tenant: name.clone(),
-                        tenant_apps: apps.clone(),
-                        session: sid,
-                        id,
-                        app,
-                        change: DeployChange::Remove,
-                    };
-                    self.backend.deploy(job, &ch)
-                } else {
-                    Some(not_yours(app))
+                match self.deploy_allowed(now, name, sid, id) {
+                    Err(message) => Some(Control::Error { message }),
+                    Ok(()) if role.may_use(app) => {
+                        self.deploy_job(sid, (name, apps), id, app, DeployChange::Remove, &ch)
+                    }
+                    Ok(()) => Some(not_yours(app)),
                 }
             }
             (Control::Congest { extra_ns }, Role::Operator) => Some(self.congest(extra_ns)),
@@ -2179,6 +2159,28 @@ impl<B: HostBackend> ServerEndpoint<B> {
             ),
         }
         self.pages_version = m.version;
+    }
+
+    /// Hands tenant `tenant` (with its apps)'s checked `change` of `app`, asked for by
+    /// session `sid` as request `id`, to the backend; its answer now, if it has one.
+    fn deploy_job(
+        &mut self,
+        sid: u64,
+        tenant: (&str, &[u32]),
+        id: u64,
+        app: u32,
+        change: DeployChange,
+        ch: &Channel,
+    ) -> Option<Control> {
+        let job = DeployJob {
+            tenant: tenant.0.to_string(),
+            tenant_apps: tenant.1.to_vec(),
+            session: sid,
+            id,
+            app,
+            change,
+        };
+        self.backend.deploy(job, ch)
     }
 
     /// Takes one of tenant `tenant`'s deploy tokens ([`ServerConfig::deploys_per_second`],
