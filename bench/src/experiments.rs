@@ -562,10 +562,11 @@ pub fn scale(
                 let handles = (1..=n)
                     .map(|id| MicaHandle::from_cluster(&cluster, id, mc).context("regions"))
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                let mut clients: Vec<naam_runtime::cluster::Client> =
-                    (0..n).map(|_| cluster.client()).collect();
+                // One client for every app, as over UDP: what grows with the count is the
+                // server's side (tables, handlers, steering state), not N clients' own state.
+                let mut client = cluster.client();
                 let (q, mut row) = scale_runs(ops, n, cluster.metrics(), |op, app, key| {
-                    op.run(&mut MicaClient::new(&mut clients[app], handles[app]), key)
+                    op.run(&mut MicaClient::new(&mut client, handles[app]), key)
                 })?;
                 row["setup_s"] = json!(setup_s);
                 (q, row)
