@@ -141,11 +141,15 @@ impl HandlerSpec {
     }
 }
 
-/// Every app of one server. Cloning is cheap (apps are shared): a deploy clones, changes one
-/// app and publishes the copy.
+/// Every app of one server. Cloning copies pointers only (apps and handlers are shared): a
+/// deploy clones, changes one app and publishes the copy.
 #[derive(Clone, Debug, Default)]
 pub struct Registry {
     apps: IntMap<u32, Arc<AppEntry>>,
+    /// Every app's handlers by (app, handler id), the same entries as the apps': a message's
+    /// lookup is one probe, not two maps and an app entry on the way (at thousands of apps
+    /// each is a cache miss).
+    by_key: IntMap<(u32, u32), Arc<HandlerEntry>>,
     /// Where its handlers' compiled code is shared and kept (the process's cache unless set).
     code_cache: Option<Arc<CodeCache>>,
     /// Bumped by every [`Registry::with_handlers`]: 0 as the server started.
@@ -211,6 +215,9 @@ impl Registry {
                 .ok_or(RegistryError::UnknownApp(app))?,
         );
         let ids = specs.iter().map(|s| handler_id(&s.name)).collect();
+        for (id, h) in &built {
+            self.by_key.insert((app, *id), h.clone());
+        }
         entry.handlers.extend(built);
         Ok(ids)
     }
@@ -272,6 +279,12 @@ impl Registry {
         let old = self.apps.get(&app).ok_or(RegistryError::UnknownApp(app))?;
         let mut next = self.clone();
         next.version = self.version + 1;
+        for id in old.handlers.keys() {
+            next.by_key.remove(&(app, *id));
+        }
+        for (id, h) in &handlers {
+            next.by_key.insert((app, *id), h.clone());
+        }
         next.apps.insert(
             app,
             Arc::new(AppEntry {
@@ -300,10 +313,13 @@ impl Registry {
 
     /// The handler, if both app and handler exist.
     pub fn handler(&self, app: u32, handler: u32) -> Result<&Arc<HandlerEntry>, LookupError> {
-        let a = self.apps.get(&app).ok_or(LookupError::UnknownApp(app))?;
-        a.handlers
-            .get(&handler)
-            .ok_or(LookupError::UnknownHandler { app, handler })
+        match self.by_key.get(&(app, handler)) {
+            Some(h) => Ok(h),
+            None if self.apps.contains_key(&app) => {
+                Err(LookupError::UnknownHandler { app, handler })
+            }
+            None => Err(LookupError::UnknownApp(app)),
+        }
     }
 }
 

@@ -1,13 +1,14 @@
 //! The synchronous in-process client and the Client placement's run.
 
+use super::here::Apply;
 use super::{
     bounded, error_reply, executor, recv_polling, reply_for, resume_served, run_message, serve,
     spin_for, submit, AgentJob, AgentResult, AgentSink, Arc, ByteArena, Bytes, ClientError,
     ClientPath, Clock, Cluster, Descriptor, Descriptors, FetchError, HandlerEntry, HandlerKey,
     HandlerKind, HostPath, Inner, Instant, IntMap, Limits, LoadFeedback, LocalLoad, MessageStart,
     MetricsShard, Nanos, OneSided, Ordering, Placement, Receiver, Refusal, Registry, RegistryView,
-    Reply, ReplySink, Request, Selector, Sender, Served, Status, StepMachine, Vm, Weights,
-    WriteError,
+    Reply, ReplySink, Request, Selector, Sender, Served, Status, StepMachine, Vm, WeightCell,
+    Weights, WriteError,
 };
 
 impl Cluster {
@@ -27,12 +28,10 @@ impl Cluster {
                 vm.set_cross_check(self.inner.config.cross_check.clone());
                 vm
             },
-            selectors: IntMap::default(),
+            steered: IntMap::default(),
             host: HostPath::new(self.inner.regions.clone()),
             metrics: self.inner.metrics.shard(),
             local: LocalLoad::new(Placement::Host, self.inner.clock.now()),
-            weights: IntMap::default(),
-            weights_seen: u64::MAX,
             machine: StepMachine::unused(),
             args: ByteArena::default(),
             registry: RegistryView::new(&self.inner),
@@ -92,6 +91,14 @@ impl OneSided for AgentTransport {
     }
 }
 
+/// A client's steering state for one handler: the memory of its picks, and the cell its
+/// weights are published in (taken the first time the steering has one for it).
+#[derive(Default)]
+struct Steered {
+    selector: Selector,
+    weights: Option<Arc<WeightCell>>,
+}
+
 /// A synchronous client of the in-process cluster (one call at a time).
 pub struct Client {
     inner: Arc<Inner>,
@@ -101,15 +108,11 @@ pub struct Client {
     rx: Receiver<Reply>,
     vm: Vm,
     transport: ClientPath<AgentTransport>,
-    selectors: IntMap<HandlerKey, Selector>,
+    steered: IntMap<HandlerKey, Steered>,
     /// Host memory, for the messages this client runs to completion itself.
     host: HostPath,
     metrics: MetricsShard,
     local: LocalLoad,
-    /// The weights this client last read, valid while the cluster's weights version is
-    /// `weights_seen`.
-    weights: IntMap<HandlerKey, Weights>,
-    weights_seen: u64,
     /// The machine the messages this client runs itself run in: their replies are split off
     /// its buffer, and once a caller has dropped one the next reuses its memory.
     machine: StepMachine,
@@ -122,7 +125,7 @@ pub struct Client {
 impl Drop for Client {
     fn drop(&mut self) {
         let now = self.inner.clock.now();
-        self.local.flush(&self.inner, now);
+        self.local.flush(&self.inner, now, Apply::Now);
     }
 }
 
@@ -156,20 +159,6 @@ impl Client {
         self.call_with(Some(placement), app, handler, args, descs)
     }
 
-    /// The weights of `key`, from this client's copy while the cluster publishes nothing new.
-    fn weights_of(&mut self, key: HandlerKey) -> Weights {
-        let version = self.inner.weights_version.load(Ordering::Acquire);
-        if version != self.weights_seen {
-            self.weights.clear();
-            self.weights_seen = version;
-        }
-        let inner = &self.inner;
-        *self
-            .weights
-            .entry(key)
-            .or_insert_with(|| inner.weights(key))
-    }
-
     /// Where a message goes: a read's weighted pick (or `placement`), a write's owner.
     fn choose(
         &mut self,
@@ -180,9 +169,16 @@ impl Client {
         match placement {
             Some(p) => Some(p),
             None if is_read => {
-                let weights = self.weights_of(key);
                 let inner = &self.inner;
-                self.selectors.entry(key).or_default().pick(&weights, |p| {
+                let steered = self.steered.entry(key).or_default();
+                if steered.weights.is_none() {
+                    steered.weights = inner.weight_cell(key);
+                }
+                let weights = steered
+                    .weights
+                    .as_ref()
+                    .map_or(Weights::all(Placement::Host), |c| c.load());
+                steered.selector.pick(&weights, |p| {
                     (p == Placement::Client && inner.agent_available())
                         || inner.queues[p.index()].is_some()
                 })
@@ -241,7 +237,7 @@ impl Client {
     ) -> Result<Reply, ClientError> {
         let key = (req.app, req.handler);
         let sink = ReplySink::Sync(self.tx.clone());
-        let sel = self.selectors.entry(key).or_default();
+        let sel = &mut self.steered.entry(key).or_default().selector;
         match submit(&self.inner, req.clone(), sel, choice, sink) {
             Err(Refusal::Client(e)) => Err(e),
             Err(refusal) => Ok(refusal.reply(&req)),

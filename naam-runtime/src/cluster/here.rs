@@ -4,7 +4,7 @@
 
 use super::{
     serve_handler, spin_for, write_reply_for, Arc, Cluster, HandlerEntry, HandlerKey, HostPath,
-    Inner, LoadFeedback, Nanos, NicPath, ParkedRun, Placement, RegistryView, RemoteHandler,
+    Inner, IntMap, LoadFeedback, Nanos, NicPath, ParkedRun, Placement, RegistryView, RemoteHandler,
     RemoteLoad, Reply, Request, Served, StepMachine, Vm,
 };
 
@@ -12,6 +12,10 @@ use super::{
 /// tracker: well inside one steering period, so the controller always decides on fresh
 /// figures.
 const LOCAL_LOAD_FLUSH_NS: Nanos = 250_000;
+
+/// Reports waiting for the steering at most ([`Inner::hand_over`]): a few periods' worth from
+/// every thread that runs messages itself.
+pub(super) const MAX_PENDING_LOCAL_REPORTS: usize = 256;
 
 /// Messages a thread ran to completion itself at one placement, kept apart from the
 /// cluster's shared tracker (whose lock every such thread would otherwise take per message)
@@ -21,6 +25,9 @@ pub(super) struct LocalLoad {
     placement: Placement,
     /// Per handler since the last flush: completions, service time and steps summed.
     handlers: Vec<(HandlerKey, u64, u64, u64)>,
+    /// Where each handler of `handlers` is: with thousands of apps a flush period sees
+    /// hundreds of handlers, too many to search.
+    index: IntMap<HandlerKey, usize>,
     busy_ns: u64,
     /// Messages taken in since the last flush, and the time they waited in the receive queue
     /// (arrival to start) summed: a run-to-completion loop's queue, which no executor's
@@ -31,8 +38,16 @@ pub(super) struct LocalLoad {
     looped: u64,
     loop_ns: u64,
     flushed_at: Nanos,
-    /// The report a flush hands over, kept so that its vector is allocated once.
-    report: RemoteLoad,
+}
+
+/// When a [`LocalLoad`] report is applied.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Apply {
+    /// By the steering, before its next decision ([`Inner::hand_over`]): the thread that
+    /// serves requests does not pay for the report's hundreds of tracker and budget entries.
+    BySteering,
+    /// Now, by the caller (its loop goes idle, or it stops).
+    Now,
 }
 
 impl LocalLoad {
@@ -40,13 +55,13 @@ impl LocalLoad {
         LocalLoad {
             placement,
             handlers: Vec::new(),
+            index: IntMap::default(),
             busy_ns: 0,
             received: 0,
             waited_ns: 0,
             looped: 0,
             loop_ns: 0,
             flushed_at: now,
-            report: RemoteLoad::default(),
         }
     }
 
@@ -61,56 +76,105 @@ impl LocalLoad {
         now: Nanos,
     ) {
         self.busy_ns += service;
-        match self.handlers.iter_mut().find(|h| h.0 == key) {
-            Some(h) => {
+        match self.index.get(&key) {
+            Some(&i) => {
+                let h = &mut self.handlers[i];
                 h.1 += 1;
                 h.2 += service;
                 h.3 += steps as u64;
             }
-            None => self.handlers.push((key, 1, service, steps as u64)),
+            None => {
+                self.index.insert(key, self.handlers.len());
+                self.handlers.push((key, 1, service, steps as u64));
+            }
         }
         if now.saturating_sub(self.flushed_at) >= LOCAL_LOAD_FLUSH_NS {
-            self.flush(inner, now);
+            self.flush(inner, now, Apply::BySteering);
         }
     }
 
     /// Hands the period's figures to the cluster: the mean service time and steps of each
     /// handler, the busy time, and every app's steps against its budget.
-    pub(super) fn flush(&mut self, inner: &Inner, now: Nanos) {
+    pub(super) fn flush(&mut self, inner: &Inner, now: Nanos, when: Apply) {
         self.flushed_at = now;
+        let mut report = LocalReport {
+            placement: self.placement,
+            received: None,
+            loop_ns: None,
+            completions: RemoteLoad::default(),
+            spending: Vec::new(),
+        };
         if self.received > 0 {
             let mean = self.waited_ns as f64 / self.received as f64;
-            inner
-                .lock_tracker(self.placement)
-                .received(mean, self.received);
+            report.received = Some((mean, self.received));
             (self.received, self.waited_ns) = (0, 0);
         }
         if self.looped > 0 {
-            let mean = self.loop_ns as f64 / self.looped as f64;
-            inner.lock_tracker(self.placement).loop_worked(mean);
+            report.loop_ns = Some(self.loop_ns as f64 / self.looped as f64);
             (self.looped, self.loop_ns) = (0, 0);
         }
-        if self.handlers.is_empty() {
+        if !self.handlers.is_empty() {
+            report.completions.busy_ns = std::mem::take(&mut self.busy_ns);
+            report.completions.handlers = self
+                .handlers
+                .iter()
+                .map(|&((app, handler), n, service, steps)| RemoteHandler {
+                    app,
+                    handler,
+                    service_ns: service as f64 / n as f64,
+                    steps: steps as f64 / n as f64,
+                    completions: n,
+                })
+                .collect();
+            report.spending = self
+                .handlers
+                .iter()
+                .map(|&((app, _), _, service, steps)| (app, service, steps))
+                .collect();
+            self.handlers.clear();
+            self.index.clear();
+        }
+        if report.received.is_none() && report.loop_ns.is_none() && report.spending.is_empty() {
             return;
         }
-        self.report.busy_ns = std::mem::take(&mut self.busy_ns);
-        self.report.handlers.clear();
-        self.report.handlers.extend(self.handlers.iter().map(
-            |&((app, handler), n, service, steps)| RemoteHandler {
-                app,
-                handler,
-                service_ns: service as f64 / n as f64,
-                steps: steps as f64 / n as f64,
-                completions: n,
-            },
-        ));
-        inner
-            .lock_tracker(self.placement)
-            .absorb_completions(&self.report);
-        for &((app, _), _, service, steps) in &self.handlers {
+        match when {
+            Apply::BySteering => inner.hand_over(report),
+            Apply::Now => report.apply(inner),
+        }
+    }
+}
+
+/// One [`LocalLoad`] flush: what it adds to its placement's tracker and to the apps' budgets.
+pub(super) struct LocalReport {
+    placement: Placement,
+    /// Mean wait in the receive queue, and the messages taken in.
+    received: Option<(f64, u64)>,
+    /// Mean loop work per message.
+    loop_ns: Option<f64>,
+    /// Busy time and per-handler completions.
+    completions: RemoteLoad,
+    /// Per handler: its app, handler nanoseconds and steps.
+    spending: Vec<(u32, Nanos, u64)>,
+}
+
+impl LocalReport {
+    /// Adds this report to the cluster's tracker and the apps' accounts.
+    pub(super) fn apply(&self, inner: &Inner) {
+        if self.received.is_some() || self.loop_ns.is_some() || !self.spending.is_empty() {
+            let mut t = inner.lock_tracker(self.placement);
+            if let Some((mean, n)) = self.received {
+                t.received(mean, n);
+            }
+            if let Some(mean) = self.loop_ns {
+                t.loop_worked(mean);
+            }
+            if !self.completions.handlers.is_empty() {
+                t.absorb_completions(&self.completions);
+            }
+        }
+        for &(app, service, steps) in &self.spending {
             inner.spend_at(app, Some((self.placement, service)), 0, steps);
         }
-        self.handlers.clear();
     }
 }
 
@@ -252,6 +316,6 @@ impl HereRunner {
     /// Hands what this runner measured to the cluster now (its loop goes idle, or stops).
     pub fn flush(&mut self, cluster: &Cluster) {
         let now = cluster.inner.clock.now();
-        self.local.flush(&cluster.inner, now);
+        self.local.flush(&cluster.inner, now, Apply::Now);
     }
 }

@@ -61,6 +61,7 @@ mod deploy;
 mod executors;
 mod here;
 mod steer;
+mod weight_cell;
 
 pub use client::{run_at_client, ClientRan};
 pub use client::{AgentTransport, Client};
@@ -68,8 +69,9 @@ pub use config::*;
 pub use deploy::{Deployed, DeployedHandler};
 use executors::*;
 pub use here::HereRunner;
-use here::{LocalLoad, Ran};
+use here::{LocalLoad, LocalReport, Ran, MAX_PENDING_LOCAL_REPORTS};
 use steer::*;
+use weight_cell::WeightCell;
 
 #[cfg(feature = "async")]
 mod async_client;
@@ -349,9 +351,17 @@ struct Inner {
     queues: [Option<Arc<FairQueue<Job>>>; 3],
     agent: Sender<AgentJob>,
     trackers: [Mutex<LoadTracker>; 3],
-    /// Per handler that ran here or at the NIC (never a key a client names): read on every
-    /// message.
-    weights: RwLock<IntMap<HandlerKey, Weights>>,
+    /// Reports of the threads that run messages themselves, waiting for the steering to
+    /// apply them before its next decision ([`Inner::hand_over`]).
+    local_reports: Mutex<Vec<LocalReport>>,
+    /// The steering thread, and whether it sleeps out an idle period, from which a handed
+    /// over report wakes it.
+    steering: std::sync::OnceLock<std::thread::Thread>,
+    steering_asleep: AtomicBool,
+    /// Per handler that ran here or at the NIC (never a key a client names): the cell its
+    /// weights are published in. The lock guards the map only: the steering writes it when a
+    /// handler gets its first weights, and clients keep the cells they read.
+    weights: RwLock<IntMap<HandlerKey, Arc<WeightCell>>>,
     /// With remote clients: the signals of each handler's latest decision, and the inputs it
     /// was decided with, from which each client's own Client share is decided.
     signals: RwLock<(SteeringInputs, HashMap<HandlerKey, HandlerLoad>)>,
@@ -362,9 +372,6 @@ struct Inner {
     dedup: IntMap<u32, Mutex<DedupTable>>,
     /// Per app: what it spent of [`ClusterConfig::tenant_budget`] this period.
     spent: IntMap<u32, AppBudget>,
-    /// Bumped whenever the steering publishes new weights: clients keep a copy of the weights
-    /// they use and read the table again only when this moves.
-    weights_version: AtomicU64,
     client_rtt: Mutex<Ewma>,
     metrics: Metrics,
     congestion: CongestionInjector,
@@ -484,11 +491,13 @@ impl Inner {
     }
 
     fn weights(&self, key: HandlerKey) -> Weights {
-        self.weights
-            .read()
-            .ok()
-            .and_then(|w| w.get(&key).copied())
-            .unwrap_or(Weights::all(Placement::Host))
+        self.weight_cell(key)
+            .map_or(Weights::all(Placement::Host), |c| c.load())
+    }
+
+    /// The cell `key`'s weights are published in, once the steering has decided them.
+    fn weight_cell(&self, key: HandlerKey) -> Option<Arc<WeightCell>> {
+        self.weights.read().ok().and_then(|w| w.get(&key).cloned())
     }
 
     /// Whether `p` can take server messages: a local queue, or a remote NIC that reports.
@@ -509,6 +518,44 @@ impl Inner {
     /// Whether the one-sided agent clients read from is up.
     fn agent_available(&self) -> bool {
         !self.config.remote_nic || self.remote_nic_up.load(Ordering::SeqCst)
+    }
+
+    /// Leaves `report` for the steering to apply, or applies it now when no steering runs or
+    /// [`MAX_PENDING_LOCAL_REPORTS`] already wait (a steering that falls behind slows the
+    /// reporters rather than holding their reports without bound).
+    fn hand_over(&self, report: LocalReport) {
+        if self.config.controller {
+            let mut pending = self.local_reports.lock().unwrap_or_else(|e| e.into_inner());
+            if pending.len() < MAX_PENDING_LOCAL_REPORTS {
+                pending.push(report);
+                drop(pending);
+                if self.steering_asleep.swap(false, Ordering::SeqCst) {
+                    if let Some(t) = self.steering.get() {
+                        t.unpark();
+                    }
+                }
+                return;
+            }
+        }
+        report.apply(self);
+    }
+
+    /// Whether reports wait for the steering.
+    fn local_reports_waiting(&self) -> bool {
+        !self
+            .local_reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// Applies the reports [`Inner::hand_over`] left: the steering's first step each period.
+    fn apply_local_reports(&self) {
+        let reports =
+            std::mem::take(&mut *self.local_reports.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in &reports {
+            r.apply(self);
+        }
     }
 
     fn lock_tracker(&self, p: Placement) -> std::sync::MutexGuard<'_, LoadTracker> {
@@ -695,6 +742,9 @@ impl ClusterBuilder {
                 Mutex::new(LoadTracker::new(config.nic_executors as u32, now)),
                 Mutex::new(LoadTracker::new(config.host_executors as u32, now)),
             ],
+            local_reports: Mutex::new(Vec::new()),
+            steering: std::sync::OnceLock::new(),
+            steering_asleep: AtomicBool::new(false),
             queues: [
                 None,
                 (config.nic_executors > 0).then(|| nic_q.clone()),
@@ -713,7 +763,6 @@ impl ClusterBuilder {
             journals,
             dedup,
             spent,
-            weights_version: AtomicU64::new(0),
             client_rtt: Mutex::new(Ewma::default()),
             metrics: Metrics::default(),
             congestion: CongestionInjector::default(),

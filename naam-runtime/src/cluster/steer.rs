@@ -3,7 +3,8 @@
 
 use super::{
     AppView, Arc, ClusterError, Controller, Duration, HandlerKey, HandlerKind, HandlerView, Inner,
-    Instant, LoadTracker, Observe, Ordering, Placement, SteeringInputs, Weights, REMOTE_SILENCE,
+    Instant, LoadTracker, Observe, Ordering, Placement, SteeringInputs, WeightCell, Weights,
+    REMOTE_SILENCE,
 };
 
 /// The cluster as the steering [`Controller`] observes it: trackers behind their locks, the
@@ -36,25 +37,30 @@ impl Observe for Observed<'_> {
         self.0.client_rtt.lock().ok().and_then(|e| e.get())
     }
 
-    fn apps(&self, wanted: &dyn Fn(u32) -> bool) -> Vec<AppView> {
-        self.0
-            .registry
-            .load()
-            .apps()
-            .filter(|a| wanted(a.id))
-            .map(|a| AppView {
-                id: a.id,
-                owner: self.0.owner_of(a.id),
-                handlers: a
-                    .handlers
-                    .values()
-                    .map(|h| HandlerView {
-                        id: h.id,
-                        read_only: h.kind == HandlerKind::Read,
-                    })
-                    .collect(),
-            })
-            .collect()
+    fn apps(&self, ids: Option<&[u32]>) -> Vec<AppView> {
+        let registry = self.0.registry.load();
+        let view = |a: &crate::registry::AppEntry| AppView {
+            id: a.id,
+            owner: self.0.owner_of(a.id),
+            handlers: a
+                .handlers
+                .values()
+                .map(|h| HandlerView {
+                    id: h.id,
+                    read_only: h.kind == HandlerKind::Read,
+                })
+                .collect(),
+        };
+        match ids {
+            // Looked up one by one: a period's cost follows the apps that ran, not how many
+            // the registry holds.
+            Some(ids) => ids
+                .iter()
+                .filter_map(|id| registry.app(*id))
+                .map(view)
+                .collect(),
+            None => registry.apps().map(view).collect(),
+        }
     }
 }
 
@@ -73,6 +79,7 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
              and its share goes to the host"
         );
     }
+    inner.apply_local_reports();
     let decisions = controller.tick(now, &mut Observed(inner), full);
     let active = decisions.inputs.total_rate > 0.0
         || decisions
@@ -80,23 +87,32 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
             .placements
             .iter()
             .any(|p| p.queue_depth > 0);
-    // Clients read the weights on every message: take the write lock only for real changes.
-    let changed: Vec<_> = {
+    // Clients read the weights on every message, from each handler's cell: a change is a
+    // store into the cell, and only a handler's first weights take the map's write lock.
+    let mut first = Vec::new();
+    {
         let table = inner.weights.read().unwrap_or_else(|e| e.into_inner());
-        decisions
-            .weights
-            .into_iter()
-            .filter(|(k, w)| table.get(k) != Some(w))
-            .collect()
-    };
-    if !changed.is_empty() {
-        let mut table = inner.weights.write().unwrap_or_else(|e| e.into_inner());
-        for (key, w) in changed {
-            log_shift(key, table.get(&key), &w, &decisions.inputs);
-            inner.metrics.record_weights(now, key, w);
-            table.insert(key, w);
+        for (key, w) in decisions.weights {
+            match table.get(&key) {
+                Some(cell) => {
+                    let was = cell.load();
+                    if was != w {
+                        log_shift(key, Some(&was), &w, &decisions.inputs);
+                        inner.metrics.record_weights(now, key, w);
+                        cell.store(w);
+                    }
+                }
+                None => first.push((key, w)),
+            }
         }
-        inner.weights_version.fetch_add(1, Ordering::Release);
+    }
+    if !first.is_empty() {
+        let mut table = inner.weights.write().unwrap_or_else(|e| e.into_inner());
+        for (key, w) in first {
+            log_shift(key, None, &w, &decisions.inputs);
+            inner.metrics.record_weights(now, key, w);
+            table.insert(key, Arc::new(WeightCell::new(w)));
+        }
     }
     if let Some((client_inputs, handlers)) = decisions.client_signals {
         let mut signals = inner.signals.write().unwrap_or_else(|e| e.into_inner());
@@ -221,7 +237,20 @@ pub(super) fn controller_loop(inner: Arc<Inner>, mut controller: Controller) {
         } else {
             IDLE_PERIOD.max(inner.config.steering_period)
         };
-        std::thread::sleep(period);
+        if period > inner.config.steering_period {
+            // A report handed over while this sleeps long wakes it (`Inner::hand_over`): the
+            // apps' budgets must not wait out an idle period.
+            let _ = inner.steering.set(std::thread::current());
+            inner.steering_asleep.store(true, Ordering::SeqCst);
+            if inner.local_reports_waiting() {
+                inner.steering_asleep.store(false, Ordering::SeqCst);
+            } else {
+                std::thread::park_timeout(period);
+                inner.steering_asleep.store(false, Ordering::SeqCst);
+            }
+        } else {
+            std::thread::sleep(period);
+        }
         let active = decide_all(&inner, &mut controller, false);
         idle_ticks = if active {
             0

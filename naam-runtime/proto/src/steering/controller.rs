@@ -47,9 +47,10 @@ pub trait Observe {
     fn available(&self, p: Placement) -> bool;
     /// The one-sided round trip clients see, nanoseconds, if measured.
     fn client_rtt_ns(&self) -> Option<f64>;
-    /// The apps whose id `wanted` accepts, in any order. Called every tick: a driver builds
-    /// views only for those (the active ones, out of possibly thousands).
-    fn apps(&self, wanted: &dyn Fn(u32) -> bool) -> Vec<AppView>;
+    /// The apps of `ids` that exist, in that order, or every app (`None`, in any order).
+    /// Called every tick with at most [`DECISION_BUDGET`] ids: a driver looks each one up
+    /// rather than walking its apps, which may be thousands.
+    fn apps(&self, ids: Option<&[u32]>) -> Vec<AppView>;
 }
 
 /// Settings of a [`Controller`].
@@ -191,14 +192,20 @@ impl Controller {
         if self.config.remote_clients {
             inputs.placements[Placement::Client.index()].available = false;
         }
-        let mut apps = observe.apps(&|id| full || active.contains(&id));
-        if !full && apps.len() > DECISION_BUDGET {
-            apps.sort_unstable_by_key(|a| a.id);
-            let start = self.cursor % apps.len();
-            self.cursor = self.cursor.wrapping_add(DECISION_BUDGET);
-            apps.rotate_left(start);
-            apps.truncate(DECISION_BUDGET);
-        }
+        let apps = if full {
+            observe.apps(None)
+        } else {
+            // Sorted, so that a run in virtual time decides in the same order every time.
+            let mut ids: Vec<u32> = active.into_iter().collect();
+            ids.sort_unstable();
+            if ids.len() > DECISION_BUDGET {
+                let start = self.cursor % ids.len();
+                self.cursor = self.cursor.wrapping_add(DECISION_BUDGET);
+                ids.rotate_left(start);
+                ids.truncate(DECISION_BUDGET);
+            }
+            observe.apps(Some(&ids))
+        };
         let keys: Vec<(HandlerKey, bool)> = apps
             .iter()
             .flat_map(|a| a.handlers.iter().map(|h| ((a.id, h.id), h.read_only)))
@@ -308,8 +315,14 @@ mod tests {
         fn client_rtt_ns(&self) -> Option<f64> {
             None
         }
-        fn apps(&self, wanted: &dyn Fn(u32) -> bool) -> Vec<AppView> {
-            self.apps.iter().filter(|a| wanted(a.id)).cloned().collect()
+        fn apps(&self, ids: Option<&[u32]>) -> Vec<AppView> {
+            match ids {
+                Some(ids) => ids
+                    .iter()
+                    .filter_map(|id| self.apps.iter().find(|a| a.id == *id).cloned())
+                    .collect(),
+                None => self.apps.clone(),
+            }
         }
     }
 
