@@ -134,11 +134,13 @@ impl Manifest {
     /// What a session of `apps` is shown: those apps only, each region with the rights
     /// clients have on it, and no server file paths.
     pub fn scoped(&self, apps: &[u32]) -> Manifest {
+        let mut wanted = apps.to_vec();
+        wanted.sort_unstable();
         Manifest {
             apps: self
                 .apps
                 .iter()
-                .filter(|a| apps.contains(&a.id))
+                .filter(|a| wanted.binary_search(&a.id).is_ok())
                 .map(|a| AppManifest {
                     object: std::path::Path::new(&a.object)
                         .file_name()
@@ -515,7 +517,10 @@ pub enum Control {
         tenant_tag: u32,
         /// The client's address (answers go there only).
         peer: SocketAddr,
-        /// The apps it may use.
+        /// The apps it may use, ascending. On the wire as runs of consecutive ids
+        /// ([`app_runs`]), so that a tenant of thousands of apps (the instances of one
+        /// `[[app]]` are consecutive) fits in one control message.
+        #[serde(with = "app_runs")]
         apps: Vec<u32>,
         /// Its key, encrypted under the pairing session ([`crate::session::SessionKey::wrap`]).
         #[serde(with = "crate::session::hex_vec")]
@@ -648,6 +653,65 @@ impl Control {
             value: (buf.len() - CONTROL_HEADER) as u64,
         })?;
         Ok((id, c))
+    }
+}
+
+/// Serde of a set of app ids as `[first, count]` runs of consecutive ids: 10,000 instances
+/// of one app are one run. Reading refuses more than [`crate::limits::MAX_SESSION_APPS`] ids
+/// in all, and gives them ascending without repeats.
+pub mod app_runs {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// Writes `ids` (in any order, repeats allowed) as ascending runs.
+    pub fn serialize<S: Serializer>(ids: &[u32], s: S) -> Result<S::Ok, S::Error> {
+        runs(ids).serialize(s)
+    }
+
+    /// The ascending `[first, count]` runs of `ids`.
+    pub fn runs(ids: &[u32]) -> Vec<[u32; 2]> {
+        let mut sorted = ids.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut runs: Vec<[u32; 2]> = Vec::new();
+        for id in sorted {
+            match runs.last_mut() {
+                Some([first, count]) if u64::from(*first) + u64::from(*count) == u64::from(id) => {
+                    *count += 1
+                }
+                _ => runs.push([id, 1]),
+            }
+        }
+        runs
+    }
+
+    /// Reads runs back into ascending ids.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+        let runs = Vec::<[u32; 2]>::deserialize(d)?;
+        ids(&runs).map_err(serde::de::Error::custom)
+    }
+
+    /// The ids of `runs`, ascending without repeats; an error for more than
+    /// [`crate::limits::MAX_SESSION_APPS`] ids or a run past `u32::MAX`.
+    pub fn ids(runs: &[[u32; 2]]) -> Result<Vec<u32>, String> {
+        let mut total = 0u64;
+        for &[first, count] in runs {
+            if u64::from(first) + u64::from(count) > u64::from(u32::MAX) + 1 {
+                return Err(format!(
+                    "the run of {count} ids from {first} passes u32::MAX"
+                ));
+            }
+            total += u64::from(count);
+            if total > crate::limits::MAX_SESSION_APPS as u64 {
+                return Err(format!("over {} app ids", crate::limits::MAX_SESSION_APPS));
+            }
+        }
+        let mut out: Vec<u32> = runs
+            .iter()
+            .flat_map(|&[first, count]| (0..count).map(move |i| first + i))
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
     }
 }
 
@@ -924,7 +988,47 @@ mod tests {
         ));
     }
 
+    /// A tenant of 10,001 consecutive apps and a few others: one control message.
+    #[test]
+    fn a_session_of_ten_thousand_apps_fits_one_message() {
+        let apps: Vec<u32> = (1000..11_001).chain([1, 7, 9]).collect();
+        let m = Control::SessionOpen {
+            session: 5,
+            tenant_tag: 9,
+            peer: "10.0.0.2:4000".parse().unwrap(),
+            apps: apps.clone(),
+            key: vec![0xab; 48],
+        };
+        let bytes = m.to_bytes(3);
+        assert!(bytes.len() < 300, "{} bytes", bytes.len());
+        let Ok((3, Control::SessionOpen { apps: back, .. })) = Control::decode(&bytes) else {
+            panic!("no session-open back");
+        };
+        let mut want = apps;
+        want.sort_unstable();
+        assert_eq!(back, want);
+    }
+
+    #[test]
+    fn app_runs_refuse_too_many_ids_and_runs_past_the_last_id() {
+        use crate::limits::MAX_SESSION_APPS;
+        assert!(app_runs::ids(&[[0, MAX_SESSION_APPS as u32]]).is_ok());
+        assert!(app_runs::ids(&[[0, MAX_SESSION_APPS as u32 + 1]]).is_err());
+        assert!(app_runs::ids(&[[0, 60_000], [100_000, 6_000]]).is_err());
+        assert!(app_runs::ids(&[[u32::MAX, 1]]).is_ok());
+        assert!(app_runs::ids(&[[u32::MAX, 2]]).is_err());
+        assert_eq!(app_runs::ids(&[[5, 2], [4, 3]]), Ok(vec![4, 5, 6]));
+    }
+
     proptest! {
+        #[test]
+        fn app_runs_give_back_the_set(ids in proptest::collection::vec(any::<u32>(), 0..200)) {
+            let mut want = ids.clone();
+            want.sort_unstable();
+            want.dedup();
+            prop_assert_eq!(app_runs::ids(&app_runs::runs(&ids)), Ok(want));
+        }
+
         #[test]
         fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..100)) {
             let _ = Control::decode(&bytes);

@@ -81,6 +81,10 @@ pub const STRANGER_BURST_PER_IP: f64 = 128.0;
 /// IP addresses whose stranger budget is tracked at once (the table starts afresh when full).
 pub const STRANGER_IPS: usize = 4096;
 
+/// App ids one tenant session may name ([`crate::control::app_runs`]): past the 10,000 apps
+/// of one tenant a server is measured with.
+pub const MAX_SESSION_APPS: usize = 65_536;
+
 /// Receive loops one server may run (one socket each in an `SO_REUSEPORT` group, sessions
 /// sharded over them by the low byte of their ids: [`crate::shard`]).
 pub const MAX_LOOPS: usize = 64;

@@ -240,6 +240,7 @@ pub enum NicEvent {
 struct ClientSession {
     key: Arc<SessionKey>,
     ch: Channel,
+    /// The apps it may use, ascending (as [`Control::SessionOpen`] decodes them).
     apps: Vec<u32>,
     /// Taken by the loop of the session's route: its own datagrams and the server's forwards
     /// of them reach that loop (a route rewritten on the way reaches another loop, which
@@ -1056,7 +1057,7 @@ impl<B: NicBackend> NicEndpoint<B> {
         let admitted = admit(
             inner,
             sid,
-            |app| apps.contains(&app),
+            |app| apps.binary_search(&app).is_ok(),
             self.draining,
             "the NIC",
             Placement::Nic,
@@ -1110,7 +1111,7 @@ impl<B: NicBackend> NicEndpoint<B> {
         // grants to clients.
         let mapped = self.shared.mapped();
         let grants = &mapped.grants;
-        let refusal = if !apps.contains(&op.app) {
+        let refusal = if apps.binary_search(&op.app).is_err() {
             Some(deny(
                 Status::UnknownApp,
                 format!("no app {} in this session", op.app),

@@ -197,6 +197,29 @@ mod tests {
         )
     }
 
+    /// Instances of one app under one credential make one entry whose apps are every
+    /// instance, ascending (what `may_use` searches by halves); another credential's apps
+    /// stay apart.
+    #[test]
+    fn tenant_entries_group_apps_by_credential() {
+        let mut apps: Vec<(u32, String, Credential)> = (0..10_000u32)
+            .rev()
+            .map(|i| (1000 + i, "mica".to_string(), cred(1)))
+            .collect();
+        apps.push((2, "btree".into(), cred(2)));
+        apps.push((1, "mica".into(), cred(1)));
+        let entries = tenant_entries(&apps, None, None);
+        assert_eq!(entries.len(), 2);
+        let Role::Tenant { apps: mica, .. } = &entries[0].role else {
+            panic!("a tenant");
+        };
+        let want: Vec<u32> = std::iter::once(1).chain(1000..11_000).collect();
+        assert_eq!(mica, &want);
+        assert!(entries[0].role.may_use(1) && entries[0].role.may_use(10_999));
+        assert!(!entries[0].role.may_use(2) && !entries[0].role.may_use(11_000));
+        assert!(entries[1].role.may_use(2) && !entries[1].role.may_use(1));
+    }
+
     /// Runs a whole handshake; returns the session id and the client's key.
     fn handshake(g: &mut Gatekeeper, tenant: &str, c: Credential, now: Nanos) -> (u64, SessionKey) {
         // A stream per handshake: two in one test never share a client nonce.
