@@ -11,8 +11,9 @@ pub const STEER_MAP: &str = "NAAM_ESWITCH_STEER";
 /// Per-CPU array of `u64` packet counters, indexed by the `COUNTER_*` constants.
 pub const COUNTERS_MAP: &str = "NAAM_ESWITCH_COUNTERS";
 
-/// Entries of the steering map (handlers across all apps).
-pub const STEER_ENTRIES: u32 = 4096;
+/// Entries of the steering map (read handlers across all apps): room for a server of 10,000
+/// apps with several read handlers each (about 5 MB of kernel memory when full).
+pub const STEER_ENTRIES: u32 = 65_536;
 /// Messages left on their way to the host executors.
 pub const COUNTER_HOST: u32 = 0;
 /// Messages redirected to the NIC executor.

@@ -358,6 +358,9 @@ struct Inner {
     /// over report wakes it.
     steering: std::sync::OnceLock<std::thread::Thread>,
     steering_asleep: AtomicBool,
+    /// The handlers whose weights changed since the eSwitch last took them
+    /// ([`Cluster::take_weight_changes`]); kept only once someone takes them.
+    weight_changes: Mutex<WeightChanges>,
     /// Per handler that ran here or at the NIC (never a key a client names): the cell its
     /// weights are published in. The lock guards the map only: the steering writes it when a
     /// handler gets its first weights, and clients keep the cells they read.
@@ -398,6 +401,33 @@ struct AppBudget {
     /// 2 steps.
     refused_until: AtomicU64,
     refused_for: AtomicU8,
+}
+
+/// Weight changes at most kept for [`Cluster::take_weight_changes`] between two takes.
+pub const MAX_KEPT_WEIGHT_CHANGES: usize = 65_536;
+
+/// The weight changes kept for [`Cluster::take_weight_changes`].
+#[derive(Default)]
+struct WeightChanges {
+    /// Someone takes them: until then nothing is kept.
+    kept: bool,
+    keys: Vec<HandlerKey>,
+    /// More than [`MAX_KEPT_WEIGHT_CHANGES`] came since the last take.
+    overflowed: bool,
+}
+
+impl WeightChanges {
+    fn changed(&mut self, key: HandlerKey) {
+        if !self.kept || self.overflowed {
+            return;
+        }
+        if self.keys.len() < MAX_KEPT_WEIGHT_CHANGES {
+            self.keys.push(key);
+        } else {
+            self.keys.clear();
+            self.overflowed = true;
+        }
+    }
 }
 
 impl Inner {
@@ -745,6 +775,7 @@ impl ClusterBuilder {
             local_reports: Mutex::new(Vec::new()),
             steering: std::sync::OnceLock::new(),
             steering_asleep: AtomicBool::new(false),
+            weight_changes: Mutex::new(WeightChanges::default()),
             queues: [
                 None,
                 (config.nic_executors > 0).then(|| nic_q.clone()),
@@ -961,24 +992,72 @@ impl Cluster {
     /// XDP map and the simulator's eSwitch are both written from it.
     pub fn eswitch_shares(&self, pinned: Option<u32>) -> Vec<(u64, u32)> {
         let up = self.remote_nic_up();
-        let mut shares = Vec::new();
         let registry = self.registry();
-        for app in registry.apps() {
-            // The NIC runs an app's handlers only once it serves their version.
-            let current = self.inner.remote_nic_current(&registry, app.id);
-            for h in app.handlers.values() {
-                if h.kind != naam_proto::step::HandlerKind::Read {
-                    continue;
-                }
-                let share = match (up && current, pinned) {
-                    (false, _) => 0,
-                    (true, Some(p)) => p.min(1000),
-                    (true, None) => self.weights(app.id, h.id).nic_permille(),
-                };
-                shares.push((naam_ebpf::eswitch::steer_key(app.id, h.id), share));
-            }
+        registry
+            .apps()
+            .flat_map(|app| app.handlers.values())
+            .filter_map(|h| self.eswitch_share_of(&registry, h, up, pinned))
+            .collect()
+    }
+
+    /// [`Cluster::eswitch_shares`] of the handlers of `keys` only (those that exist and read).
+    pub fn eswitch_shares_of(&self, keys: &[HandlerKey], pinned: Option<u32>) -> Vec<(u64, u32)> {
+        let up = self.remote_nic_up();
+        let registry = self.registry();
+        keys.iter()
+            .filter_map(|&(app, handler)| registry.handler(app, handler).ok())
+            .filter_map(|h| self.eswitch_share_of(&registry, h, up, pinned))
+            .collect()
+    }
+
+    /// One read handler's eSwitch entry (`None` for a write).
+    fn eswitch_share_of(
+        &self,
+        registry: &Registry,
+        h: &HandlerEntry,
+        up: bool,
+        pinned: Option<u32>,
+    ) -> Option<(u64, u32)> {
+        if h.kind != HandlerKind::Read {
+            return None;
         }
-        shares
+        // The NIC runs an app's handlers only once it serves their version.
+        let current = self.inner.remote_nic_current(registry, h.app);
+        let share = match (up && current, pinned) {
+            (false, _) => 0,
+            (true, Some(p)) => p.min(1000),
+            (true, None) => self.weights(h.app, h.id).nic_permille(),
+        };
+        Some((naam_ebpf::eswitch::steer_key(h.app, h.id), share))
+    }
+
+    /// What every eSwitch share depends on besides its handler's weights: the registry's
+    /// version, whether the NIC is up, and the registry version it serves. While this stays
+    /// the same, the shares that can have moved are those of
+    /// [`Cluster::take_weight_changes`].
+    pub fn eswitch_epoch(&self) -> (u64, bool, u64) {
+        (
+            self.registry().version(),
+            self.remote_nic_up(),
+            self.inner.remote_nic_version.load(Ordering::Acquire),
+        )
+    }
+
+    /// The handlers whose weights changed since the last call, or `None` when they are not
+    /// known (the first call, which starts the keeping, or more than
+    /// [`MAX_KEPT_WEIGHT_CHANGES`] changes since the last): the caller then reads every
+    /// share. One taker at a time (naam-server's eSwitch).
+    pub fn take_weight_changes(&self) -> Option<Vec<HandlerKey>> {
+        let mut c = self
+            .inner
+            .weight_changes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let known = c.kept && !c.overflowed;
+        c.kept = true;
+        c.overflowed = false;
+        let keys = std::mem::take(&mut c.keys);
+        known.then_some(keys)
     }
 
     /// A fresh view for one remote client's own Client share, when the policy steers by cost

@@ -90,6 +90,10 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
     // Clients read the weights on every message, from each handler's cell: a change is a
     // store into the cell, and only a handler's first weights take the map's write lock.
     let mut first = Vec::new();
+    let mut changes = inner
+        .weight_changes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
     {
         let table = inner.weights.read().unwrap_or_else(|e| e.into_inner());
         for (key, w) in decisions.weights {
@@ -100,6 +104,7 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
                         log_shift(key, Some(&was), &w, &decisions.inputs);
                         inner.metrics.record_weights(now, key, w);
                         cell.store(w);
+                        changes.changed(key);
                     }
                 }
                 None => first.push((key, w)),
@@ -112,8 +117,10 @@ pub(super) fn decide_all(inner: &Inner, controller: &mut Controller, full: bool)
             log_shift(key, None, &w, &decisions.inputs);
             inner.metrics.record_weights(now, key, w);
             table.insert(key, Arc::new(WeightCell::new(w)));
+            changes.changed(key);
         }
     }
+    drop(changes);
     if let Some((client_inputs, handlers)) = decisions.client_signals {
         let mut signals = inner.signals.write().unwrap_or_else(|e| e.into_inner());
         signals.0 = client_inputs;
