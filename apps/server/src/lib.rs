@@ -329,8 +329,9 @@ fn budget() -> u64 {
     DEFAULT_BUDGET
 }
 
-/// The most instances one `[[app]]` may ask for.
-pub const MAX_INSTANCES: u32 = 4096;
+/// The most instances one `[[app]]` may ask for: room past the 10,000 apps a server is
+/// measured with (`naam-bench experiment scale --fabric udp`).
+pub const MAX_INSTANCES: u32 = 16_384;
 
 /// The largest datagram the config may set (UDP's largest payload over IPv4).
 pub const MAX_DATAGRAM: usize = 65_507;

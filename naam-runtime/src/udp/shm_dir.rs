@@ -53,6 +53,9 @@ pub struct ShmDir {
     lock: Option<File>,
     /// Files this start made (removed if it fails), in the order made.
     created: Vec<PathBuf>,
+    /// The same files, to find one at once: a server of 10,000 apps makes 40,000, and
+    /// searching the list for each took most of a 58 s start.
+    created_set: std::collections::HashSet<PathBuf>,
     /// Whether this start made the directory itself.
     created_dir: bool,
 }
@@ -78,6 +81,7 @@ impl ShmDir {
             path: path.to_path_buf(),
             lock: None,
             created: Vec::new(),
+            created_set: Default::default(),
             created_dir,
         };
         let lock_path = path.join(LOCK_FILE);
@@ -137,7 +141,7 @@ impl ShmDir {
 
     /// Notes that this start made `file` (removed should the start fail).
     pub(crate) fn made(&mut self, file: PathBuf) {
-        if !self.created.contains(&file) {
+        if self.created_set.insert(file.clone()) {
             self.created.push(file);
         }
     }
@@ -240,6 +244,7 @@ impl ShmDir {
             path: snapshot.to_path_buf(),
             lock: None,
             created: Vec::new(),
+            created_set: Default::default(),
             created_dir: false,
         };
         let files = from.region_files();
@@ -260,6 +265,7 @@ impl ShmDir {
     /// Removes what this start made, newest first, then the directory if this start made it
     /// and nothing else is in it (a failed start leaves nothing behind).
     pub fn remove_made(&mut self) {
+        self.created_set.clear();
         for f in self.created.drain(..).rev() {
             let _ = std::fs::remove_file(f);
         }
@@ -272,6 +278,7 @@ impl ShmDir {
     /// Forgets what this start made: it succeeded, and those files are the deployment's now.
     pub(crate) fn keep_made(&mut self) {
         self.created.clear();
+        self.created_set.clear();
         self.created_dir = false;
     }
 
