@@ -816,11 +816,10 @@ fn call(a: CallArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .find(|x| x.name == a.app || x.id.to_string() == a.app)
     else {
-        let names: Vec<&str> = manifest.apps.iter().map(|x| x.name.as_str()).collect();
         return usage(format!(
             "no app `{}` in {tenant}'s session (it may use: {})",
             a.app,
-            names.join(", ")
+            app_names(&manifest.apps)
         ));
     };
     if !app.handlers.iter().any(|h| h.name == a.handler) {
@@ -1164,4 +1163,28 @@ fn conformance_plugin(
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// The apps a session may use, for an error message: each name once with its ids (instances
+/// of one app share a name), the first 8 ids of a name and a count of the rest.
+fn app_names(apps: &[naam_runtime::proto::control::AppManifest]) -> String {
+    let mut by_name: Vec<(&str, Vec<u32>)> = Vec::new();
+    for a in apps {
+        match by_name.iter_mut().find(|(n, _)| *n == a.name) {
+            Some((_, ids)) => ids.push(a.id),
+            None => by_name.push((a.name.as_str(), vec![a.id])),
+        }
+    }
+    by_name
+        .iter()
+        .map(|(name, ids)| {
+            let shown: Vec<String> = ids.iter().take(8).map(u32::to_string).collect();
+            let more = match ids.len().saturating_sub(8) {
+                0 => String::new(),
+                n => format!(" and {n} more"),
+            };
+            format!("{name} (id {}{more})", shown.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
