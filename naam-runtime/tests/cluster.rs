@@ -681,3 +681,34 @@ fn steps_of_messages_run_here_count_once_against_the_budget() {
     assert!(account.cpu_ns[Placement::Host.index()] > 0, "{account:?}");
     assert_eq!(account.cpu_ns[Placement::Nic.index()], 0);
 }
+
+/// The eSwitch's sync writes only what moved: changes are kept once someone takes them, a
+/// static policy moves nothing, and the shares of a few handlers are those of the whole.
+#[test]
+fn weight_changes_are_kept_once_taken_and_a_static_policy_moves_none() {
+    let mut config = ClusterConfig::functional();
+    config.policy = PolicyChoice::Always(Placement::Nic);
+    let c = cluster(config);
+    assert_eq!(
+        c.take_weight_changes(),
+        None,
+        "the first take starts the keeping"
+    );
+    let mut client = c.client();
+    for _ in 0..50 {
+        client
+            .call(APP, handler_id("add"), &words(&[1, 1]), &[])
+            .unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let changes = c.take_weight_changes().expect("changes are kept now");
+    assert!(changes.is_empty(), "a static policy moved {changes:?}");
+    let all = c.eswitch_shares(None);
+    let add = c.eswitch_shares_of(&[(APP, handler_id("add")), (APP, 0xdead)], None);
+    assert_eq!(
+        add.len(),
+        1,
+        "one read handler, and no entry for one that does not exist"
+    );
+    assert!(all.contains(&add[0]));
+}
