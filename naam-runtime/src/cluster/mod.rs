@@ -367,7 +367,7 @@ struct Inner {
     weights: RwLock<IntMap<HandlerKey, Arc<WeightCell>>>,
     /// With remote clients: the signals of each handler's latest decision, and the inputs it
     /// was decided with, from which each client's own Client share is decided.
-    signals: RwLock<(SteeringInputs, HashMap<HandlerKey, HandlerLoad>)>,
+    signals: RwLock<(SteeringInputs, IntMap<HandlerKey, HandlerLoad>)>,
     owners: IntMap<u32, Owner>,
     /// Per app whose regions outlive the process: the undo journal its owner's write batches
     /// are applied under ([`crate::journal`]).
@@ -789,7 +789,7 @@ impl ClusterBuilder {
             region_keys,
             agent: agent_tx,
             weights: RwLock::new(IntMap::default()),
-            signals: RwLock::new((SteeringInputs::default(), HashMap::new())),
+            signals: RwLock::new((SteeringInputs::default(), IntMap::default())),
             owners,
             journals,
             dedup,

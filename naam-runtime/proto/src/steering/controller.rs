@@ -4,8 +4,6 @@
 //! and the virtual-time simulator all call [`Controller::tick`]; they differ only in how they
 //! answer [`Observe`] (locks around shared trackers, or plain fields).
 
-use std::collections::HashSet;
-
 use super::{HandlerKey, HandlerLoad, LoadTracker, Policy, SteeringInputs, Weights};
 use crate::Nanos;
 use crate::Placement;
@@ -164,7 +162,9 @@ impl Controller {
         };
         let period = now.saturating_sub(self.last_tick).max(1) as f64 / 1e9;
         self.last_tick = now;
-        let mut active: HashSet<u32> = HashSet::new();
+        // The apps that completed messages this period: a list sorted below, not a hashed set
+        // (at hundreds of active apps the hashing was a steering thread's largest cost).
+        let mut active: Vec<u32> = Vec::new();
         let mut completions: u64 = 0;
         for p in Placement::ALL {
             let queued = observe.queued(p);
@@ -183,7 +183,7 @@ impl Controller {
             inputs.placements[p.index()] = load;
             inputs.placements[p.index()].available = observe.available(p);
             for (key, n) in touched {
-                active.insert(key.0);
+                active.push(key.0);
                 completions += n;
             }
         }
@@ -196,8 +196,9 @@ impl Controller {
             observe.apps(None)
         } else {
             // Sorted, so that a run in virtual time decides in the same order every time.
-            let mut ids: Vec<u32> = active.into_iter().collect();
+            let mut ids = active;
             ids.sort_unstable();
+            ids.dedup();
             if ids.len() > DECISION_BUDGET {
                 let start = self.cursor % ids.len();
                 self.cursor = self.cursor.wrapping_add(DECISION_BUDGET);
@@ -294,6 +295,7 @@ impl Selector {
 mod tests {
     use super::*;
     use crate::steering::{CostPolicy, CostPolicyConfig, StaticPolicy};
+    use std::collections::HashSet;
 
     /// A driver with plain fields: what the simulator and these tests use.
     struct Fields {
