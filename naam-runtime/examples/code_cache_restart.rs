@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use naam_proto::EngineKind;
-use naam_vm::gen::{self, Choices, GenConfig};
 use naam_vm::{CodeCache, Executable, Program};
+use naam_vm_testing::gen::{self, Choices, GenConfig};
 
 fn main() {
     let mut args = std::env::args().skip(1);

@@ -13,7 +13,8 @@
 //! - the engine: [`Executable`]s and the per-thread [`Vm`], on the interpreter, the JIT or
 //!   both in tiers; the [`CodeCache`] of compiled code;
 //! - [`cross`]: aarch64 code run under qemu-user; [`conformance`]: the conformance suite's
-//!   plugin convention; [`gen`]: random programs and the differential check.
+//!   plugin convention. Random programs and the differential check are test tooling, in
+//!   the naam-vm-testing crate.
 //!
 //! A module is public when its name is part of what its items mean (`jit::Target`,
 //! `interp::run`); the engine, loader, verifier and helpers live at the crate root.
@@ -27,7 +28,6 @@ pub mod analysis;
 pub mod conformance;
 pub mod cross;
 mod engine;
-pub mod gen;
 mod helpers;
 pub mod insn;
 pub mod interp;

@@ -1,14 +1,14 @@
-//! Differential tests: random verifiable programs ([`naam_vm::gen`]) must behave identically on
+//! Differential tests: random verifiable programs ([`naam_vm_testing::gen`]) must behave identically on
 //! the interpreter and the JIT (r0 or fault, instruction count, memory, stack, trace), on
 //! aarch64 code under qemu, and, for the integer subset, on rbpf's interpreter (an
 //! implementation we did not write). Each divergence class ever found has a regression test
 //! below. The long run is the cargo-fuzz target `differential` (see bench/RESULTS.md).
 
 use naam_proto::EngineKind;
-use naam_vm::gen::{self, Choices, GenConfig, Generated};
 use naam_vm::insn::{encode_all, Insn};
 use naam_vm::opcode::*;
 use naam_vm::Program;
+use naam_vm_testing::gen::{self, Choices, GenConfig, Generated};
 
 fn cases() -> u64 {
     std::env::var("NAAM_DIFF_CASES")

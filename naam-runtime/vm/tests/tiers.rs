@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use naam_proto::EngineKind;
-use naam_vm::gen::{self, Buffer, Choices, GenConfig, Generated};
 use naam_vm::{code_key, CodeCache, CodeKey, CodeStore, Executable, Vm};
+use naam_vm_testing::gen::{self, Buffer, Choices, GenConfig, Generated};
 
 /// A store in memory, as a test fake of naam-runtime's directory.
 #[derive(Debug, Default)]

@@ -10,13 +10,13 @@
 //! stack and the trace. The cargo-fuzz target `differential`, the property tests and the
 //! aarch64 tests all use these two functions.
 
-use crate::engine::{Entry, ExecOptions, Executable, StepError, Vm, VmError};
-use crate::helpers::HelperSet;
-use crate::insn::{encode_all, Insn};
-use crate::loader::Program;
-use crate::opcode::*;
-use crate::verifier::VerifierConfig;
 use naam_proto::EngineKind;
+use naam_vm::insn::{encode_all, Insn};
+use naam_vm::opcode::*;
+use naam_vm::HelperSet;
+use naam_vm::Program;
+use naam_vm::VerifierConfig;
+use naam_vm::{Entry, ExecOptions, Executable, StepError, Vm, VmError};
 
 /// Reads decisions from fuzzer bytes; past the end every decision is 0, so every input is a
 /// (short) program.
@@ -712,14 +712,11 @@ pub const BUDGET: u64 = 20_000;
 
 /// The options differential runs build executables with: raw memory, the NAAM helpers.
 pub fn options(engine: EngineKind) -> ExecOptions {
-    ExecOptions {
-        engine,
-        budget: BUDGET,
-        verifier: VerifierConfig::for_helpers(HelperSet::Naam),
-        helpers: HelperSet::Naam,
-        entry: Entry::Memory,
-        ..ExecOptions::default()
-    }
+    let mut o = ExecOptions::new(engine, BUDGET);
+    o.verifier = VerifierConfig::for_helpers(HelperSet::Naam);
+    o.helpers = HelperSet::Naam;
+    o.entry = Entry::Memory;
+    o
 }
 
 /// Everything observable about one run.
@@ -827,7 +824,7 @@ pub fn check(g: &Generated) -> Result<Option<Observed>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verifier::check as verify_structure;
+    use naam_vm::check as verify_structure;
 
     /// Every byte string makes a program the verifier accepts.
     #[test]
@@ -849,7 +846,7 @@ mod tests {
             ] {
                 let g = generate(&mut Choices::new(&bytes), &cfg);
                 if let Err(v) = verify_structure(&g.program, &VerifierConfig::default()) {
-                    panic!("{v}\n{:?}", crate::insn::decode_all(&g.program.code));
+                    panic!("{v}\n{:?}", naam_vm::insn::decode_all(&g.program.code));
                 }
             }
         }
