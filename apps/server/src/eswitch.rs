@@ -37,9 +37,43 @@ struct Maps {
     /// The cluster's [`Cluster::eswitch_epoch`] and the pin at the last sync: while both
     /// stay, a sync writes only the handlers whose weights changed.
     synced: Option<((u64, bool, u64), Option<u32>)>,
-    /// Entries the map refused (it holds [`abi::STEER_ENTRIES`]): their reads stay at the
-    /// host. Logged once.
-    refused: u64,
+    /// Entries the map refused (full: it holds [`abi::STEER_ENTRIES`]; or out of memory),
+    /// with the share each should have: tried again, [`RETRIES_PER_SYNC`] a sync, until the
+    /// map takes them. Logged once.
+    retry: HashMap<u64, u32>,
+    warned: bool,
+}
+
+/// Refused entries a sync tries again at most: a full map costs a few system calls a
+/// millisecond, not one per handler past its size.
+const RETRIES_PER_SYNC: usize = 64;
+
+impl Maps {
+    /// Writes `key`'s share unless the map holds it already; a refusal is kept for retry.
+    fn write(&mut self, key: u64, share: u32) {
+        if self.installed.get(&key) == Some(&share) {
+            self.retry.remove(&key);
+            return;
+        }
+        match self.steer.insert(key, share, 0) {
+            Ok(()) => {
+                self.installed.insert(key, share);
+                self.retry.remove(&key);
+            }
+            Err(e) => {
+                if !self.warned {
+                    self.warned = true;
+                    tracing::warn!(
+                        "the XDP eSwitch's steering map refused an entry ({e}): it holds {} \
+                         read handlers; until it takes them, reads of the refused ones follow \
+                         their old entry, or the host if they have none",
+                        abi::STEER_ENTRIES
+                    );
+                }
+                self.retry.insert(key, share);
+            }
+        }
+    }
 }
 
 /// An attached XDP eSwitch.
@@ -119,7 +153,8 @@ impl Eswitch {
                 counters,
                 installed: HashMap::new(),
                 synced: None,
-                refused: 0,
+                retry: HashMap::new(),
+                warned: false,
             }),
             pinned: Mutex::new(None),
             _ebpf: Mutex::new(ebpf),
@@ -140,7 +175,7 @@ impl Eswitch {
         let changed = cluster.take_weight_changes();
         let shares = match changed {
             Some(keys) if maps.synced == Some(state) => {
-                if keys.is_empty() {
+                if keys.is_empty() && maps.retry.is_empty() {
                     return;
                 }
                 cluster.eswitch_shares_of(&keys, pinned)
@@ -149,26 +184,17 @@ impl Eswitch {
         };
         maps.synced = Some(state);
         for (key, share) in shares {
-            if maps.installed.get(&key) == Some(&share) {
-                continue;
-            }
-            match maps.steer.insert(key, share, 0) {
-                Ok(()) => {
-                    maps.installed.insert(key, share);
-                }
-                Err(e) => {
-                    if maps.refused == 0 {
-                        tracing::warn!(
-                            "the XDP eSwitch's steering map refused an entry ({e}): it holds \
-                             {} read handlers; the reads of those past it stay at the host",
-                            abi::STEER_ENTRIES
-                        );
-                    }
-                    maps.refused += 1;
-                    // Not tried again until its share changes.
-                    maps.installed.insert(key, share);
-                }
-            }
+            maps.write(key, share);
+        }
+        // After the fresh shares, so that each retry carries its handler's latest share.
+        let retries: Vec<(u64, u32)> = maps
+            .retry
+            .iter()
+            .take(RETRIES_PER_SYNC)
+            .map(|(k, v)| (*k, *v))
+            .collect();
+        for (key, share) in retries {
+            maps.write(key, share);
         }
     }
 

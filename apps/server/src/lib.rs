@@ -492,6 +492,22 @@ impl Config {
         let mut entries = session::tenant_entries(&apps, operator, nic);
         let mut seen = std::collections::HashSet::new();
         entries.retain(|e| seen.insert(e.name.clone()));
+        for e in &entries {
+            if let session::Role::Tenant { name, apps } = &e.role {
+                // A session's apps go to naam-nic in one message, which takes at most this many.
+                if apps.len() > naam_runtime::proto::limits::MAX_SESSION_APPS {
+                    return Err(ConfigError::Invalid(
+                        PathBuf::new(),
+                        format!(
+                            "tenant {name}'s credential opens {} apps; a session may use at \
+                             most {}: give some of them another credential",
+                            apps.len(),
+                            naam_runtime::proto::limits::MAX_SESSION_APPS
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(entries)
     }
 
@@ -847,6 +863,35 @@ impl AppConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Five apps of 16,384 instances under one credential open more apps than one session's
+    /// announcement to naam-nic can carry: refused, naming the tenant.
+    #[test]
+    fn a_credential_may_open_at_most_a_sessions_worth_of_apps() {
+        let dir = std::env::temp_dir().join(format!("naam-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let key = dir.join("t.key");
+        std::fs::write(&key, "11".repeat(32)).expect("key");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("mode");
+        let app = |id: u32| {
+            format!(
+                "[[app]]\nkind = \"mica\"\nid = {id}\nitems = 32\nkey_cap = 8\nvalue_cap = 8\n\
+                 tenant = \"t\"\ncredential = \"{}\"\ninstances = {MAX_INSTANCES}\n",
+                key.display()
+            )
+        };
+        let text: String = std::iter::once("listen = \"127.0.0.1:7000\"\n".to_string())
+            .chain((0..5).map(|i| app(1 + i * MAX_INSTANCES)))
+            .collect();
+        let c = Config::parse(&text).expect("each app is valid alone");
+        let e = c
+            .tenants()
+            .expect_err("81,920 apps for one session")
+            .to_string();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(e.contains("tenant t's credential opens 81920 apps"), "{e}");
+    }
 
     #[test]
     fn a_listen_host_name_is_resolved_and_credential_errors_name_no_empty_field() {

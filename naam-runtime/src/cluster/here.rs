@@ -98,6 +98,7 @@ impl LocalLoad {
     pub(super) fn flush(&mut self, inner: &Inner, now: Nanos, when: Apply) {
         self.flushed_at = now;
         let mut report = LocalReport {
+            at: now,
             placement: self.placement,
             received: None,
             loop_ns: None,
@@ -139,13 +140,20 @@ impl LocalLoad {
         }
         match when {
             Apply::BySteering => inner.hand_over(report),
-            Apply::Now => report.apply(inner),
+            Apply::Now => {
+                // Those left for the steering first, so that everything measured so far
+                // counts once this returns (budgets, accounts).
+                inner.apply_local_reports();
+                report.apply(inner);
+            }
         }
     }
 }
 
 /// One [`LocalLoad`] flush: what it adds to its placement's tracker and to the apps' budgets.
 pub(super) struct LocalReport {
+    /// When it was made: its spending counts in the budget period of that time.
+    at: Nanos,
     placement: Placement,
     /// Mean wait in the receive queue, and the messages taken in.
     received: Option<(f64, u64)>,
@@ -173,7 +181,7 @@ impl LocalReport {
             }
         }
         for &(app, service, steps) in &self.spending {
-            inner.spend_at(app, Some((self.placement, service)), 0, steps);
+            inner.spend_then(self.at, app, Some((self.placement, service)), 0, steps);
         }
     }
 }

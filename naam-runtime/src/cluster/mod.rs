@@ -439,8 +439,20 @@ impl Inner {
     /// [`Inner::spend`], with `cpu` = (placement, handler nanoseconds) added to the app's
     /// accounting under the same lock.
     fn spend_at(&self, app: u32, cpu: Option<(Placement, Nanos)>, retries: u64, steps: u64) {
+        self.spend_then(self.clock.now(), app, cpu, retries, steps);
+    }
+
+    /// [`Inner::spend_at`] for spending measured at `now` (a report applied later counts in
+    /// the period it was made in, or the current one if that has ended since).
+    fn spend_then(
+        &self,
+        now: Nanos,
+        app: u32,
+        cpu: Option<(Placement, Nanos)>,
+        retries: u64,
+        steps: u64,
+    ) {
         if let Some(b) = self.spent.get(&app) {
-            let now = self.clock.now();
             let budget = self.config.tenant_budget;
             let period = budget.period.as_nanos() as u64;
             let mut s = b.spent.lock().unwrap_or_else(|e| e.into_inner());
@@ -479,6 +491,7 @@ impl Inner {
 
     /// Every app's accounting so far.
     fn app_accounts(&self) -> Vec<AppAccount> {
+        self.apply_local_reports();
         let mut v: Vec<AppAccount> = self
             .spent
             .iter()
@@ -1351,6 +1364,8 @@ impl Cluster {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+        // What the steering did not take before it stopped still counts in the accounts.
+        self.inner.apply_local_reports();
     }
 }
 

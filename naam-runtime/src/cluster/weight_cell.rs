@@ -13,8 +13,8 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use naam_proto::steering::Weights;
 
 /// A handler's weights under a sequence lock. One writer at a time: the cluster's steering
-/// (the thread or [`crate::cluster::Cluster::steer`], never both), which stores under the
-/// weights table's lock.
+/// (its first decision at build, then the thread or [`crate::cluster::Cluster::steer`],
+/// never both), which stores while it holds the cluster's weight-changes mutex.
 #[derive(Debug)]
 pub(crate) struct WeightCell {
     /// Even: the fractions are whole. Odd: a store is in progress.
@@ -47,7 +47,7 @@ impl WeightCell {
         }
     }
 
-    /// Publishes `w`. The caller is the only writer (it holds the table's lock).
+    /// Publishes `w`. The caller is the only writer (see the type's doc).
     pub(crate) fn store(&self, w: Weights) {
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);

@@ -260,6 +260,15 @@ impl Gatekeeper {
         cookies: CookieJar,
         entropy: Entropy,
     ) -> Gatekeeper {
+        let mut tenants = tenants;
+        for t in &mut tenants {
+            // `Role::may_use` searches by halves: whatever the caller built, keep it
+            // ascending and without repeats.
+            if let Role::Tenant { apps, .. } = &mut t.role {
+                apps.sort_unstable();
+                apps.dedup();
+            }
+        }
         Gatekeeper {
             entropy,
             epoch,
