@@ -97,14 +97,26 @@ impl LocalLoad {
     /// handler, the busy time, and every app's steps against its budget.
     pub(super) fn flush(&mut self, inner: &Inner, now: Nanos, when: Apply) {
         self.flushed_at = now;
-        let mut report = LocalReport {
+        if self.received == 0 && self.looped == 0 && self.handlers.is_empty() {
+            return;
+        }
+        // A report whose vectors an earlier one left (the per-message path allocates
+        // nothing once a few circulate), or a new one.
+        let mut report = inner.spare_report().unwrap_or_else(|| LocalReport {
             at: now,
             placement: self.placement,
             received: None,
             loop_ns: None,
             completions: RemoteLoad::default(),
             spending: Vec::new(),
-        };
+        });
+        report.at = now;
+        report.placement = self.placement;
+        report.received = None;
+        report.loop_ns = None;
+        report.completions.busy_ns = 0;
+        report.completions.handlers.clear();
+        report.spending.clear();
         if self.received > 0 {
             let mean = self.waited_ns as f64 / self.received as f64;
             report.received = Some((mean, self.received));
@@ -116,22 +128,20 @@ impl LocalLoad {
         }
         if !self.handlers.is_empty() {
             report.completions.busy_ns = std::mem::take(&mut self.busy_ns);
-            report.completions.handlers = self
-                .handlers
-                .iter()
-                .map(|&((app, handler), n, service, steps)| RemoteHandler {
+            report.completions.handlers.extend(self.handlers.iter().map(
+                |&((app, handler), n, service, steps)| RemoteHandler {
                     app,
                     handler,
                     service_ns: service as f64 / n as f64,
                     steps: steps as f64 / n as f64,
                     completions: n,
-                })
-                .collect();
-            report.spending = self
-                .handlers
-                .iter()
-                .map(|&((app, _), _, service, steps)| (app, service, steps))
-                .collect();
+                },
+            ));
+            report.spending.extend(
+                self.handlers
+                    .iter()
+                    .map(|&((app, _), _, service, steps)| (app, service, steps)),
+            );
             self.handlers.clear();
             self.index.clear();
         }

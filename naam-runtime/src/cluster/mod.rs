@@ -354,6 +354,8 @@ struct Inner {
     /// Reports of the threads that run messages themselves, waiting for the steering to
     /// apply them before its next decision ([`Inner::hand_over`]).
     local_reports: Mutex<Vec<LocalReport>>,
+    /// Applied reports, their vectors kept for the next flushes ([`Inner::spare_report`]).
+    spare_reports: Mutex<Vec<LocalReport>>,
     /// The steering thread, and whether it sleeps out an idle period, from which a handed
     /// over report wakes it.
     steering: std::sync::OnceLock<std::thread::Thread>,
@@ -594,11 +596,30 @@ impl Inner {
 
     /// Applies the reports [`Inner::hand_over`] left: the steering's first step each period.
     fn apply_local_reports(&self) {
-        let reports =
-            std::mem::take(&mut *self.local_reports.lock().unwrap_or_else(|e| e.into_inner()));
+        // Drained into a list of the applier's, so that the queue keeps its capacity.
+        let reports: Vec<LocalReport> = self
+            .local_reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .collect();
         for r in &reports {
             r.apply(self);
         }
+        let mut spare = self.spare_reports.lock().unwrap_or_else(|e| e.into_inner());
+        for r in reports {
+            if spare.len() < MAX_PENDING_LOCAL_REPORTS {
+                spare.push(r);
+            }
+        }
+    }
+
+    /// An applied report to fill again, if one is kept.
+    fn spare_report(&self) -> Option<LocalReport> {
+        self.spare_reports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
     }
 
     fn lock_tracker(&self, p: Placement) -> std::sync::MutexGuard<'_, LoadTracker> {
@@ -785,7 +806,8 @@ impl ClusterBuilder {
                 Mutex::new(LoadTracker::new(config.nic_executors as u32, now)),
                 Mutex::new(LoadTracker::new(config.host_executors as u32, now)),
             ],
-            local_reports: Mutex::new(Vec::new()),
+            local_reports: Mutex::new(Vec::with_capacity(MAX_PENDING_LOCAL_REPORTS)),
+            spare_reports: Mutex::new(Vec::with_capacity(MAX_PENDING_LOCAL_REPORTS)),
             steering: std::sync::OnceLock::new(),
             steering_asleep: AtomicBool::new(false),
             weight_changes: Mutex::new(WeightChanges::default()),
