@@ -145,9 +145,6 @@ impl LocalLoad {
             self.handlers.clear();
             self.index.clear();
         }
-        if report.received.is_none() && report.loop_ns.is_none() && report.spending.is_empty() {
-            return;
-        }
         match when {
             Apply::BySteering => inner.hand_over(report),
             Apply::Now => {
