@@ -311,6 +311,26 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
         7,
         "the region kept its counter across the undeploy"
     );
+    // The NIC takes this deploy up too: its deploy thread, which took up the first, serves
+    // every later one.
+    let mut at_nic = client(d.server(), "a", Some(Placement::Nic));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = at_nic
+            .call(A, handler_id("sum_words"), &[], &[common::rd(data, 0, 8)])
+            .expect("an answer");
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+        assert_eq!(r.payload[..8], 7u64.to_le_bytes());
+        if r.placement == Placement::Nic {
+            break;
+        }
+        assert_eq!(r.placement, Placement::Host);
+        assert!(
+            Instant::now() < deadline,
+            "the NIC never served the handler deployed again"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // Deployed objects are the app's own files (another tenant's deploy cannot write over
     // them), and only the one its manifest names is kept.
     let mine: Vec<String> = std::fs::read_dir(dir.join("shm"))

@@ -109,8 +109,45 @@ struct Redeploys {
     served: Manifest,
     /// The host's directory, whose manifest is read again after a deploy.
     shm_dir: Option<std::path::PathBuf>,
-    /// The thread taking one up, if any: the manifest it serves when done.
-    job: Option<std::thread::JoinHandle<Result<Manifest, String>>>,
+    /// The deploy being taken up, if any: the manifest it serves when done.
+    job: Option<crossbeam_channel::Receiver<Result<Manifest, String>>>,
+    /// The thread that takes deploys up, started with the first one.
+    worker: Option<DeployWorker>,
+}
+
+/// What the NIC's deploy thread is given: the host's directory, the executors' cluster, the
+/// manifest they serve, and where the manifest they serve next goes.
+type DeployTask = (
+    std::path::PathBuf,
+    Arc<Cluster>,
+    Manifest,
+    crossbeam_channel::Sender<Result<Manifest, String>>,
+);
+
+/// The one thread of the lowest priority that takes up the host's deploys, for as long as
+/// its loop lives. One thread for every deploy, not one each: a new thread starts at the
+/// ordinary priority, the scheduler runs it ahead of a request's thread that woke just
+/// before, and it went on past lowering its own priority (bench/RESULTS.md, "Deploy to first
+/// answer after idle").
+struct DeployWorker(crossbeam_channel::Sender<DeployTask>);
+
+impl DeployWorker {
+    fn start() -> std::io::Result<DeployWorker> {
+        let (tx, rx) = crossbeam_channel::unbounded::<DeployTask>();
+        std::thread::Builder::new()
+            .name("naam-nic-deploy".into())
+            .spawn(move || {
+                naam_vm::lowest_priority();
+                for (dir, cluster, served, done) in rx {
+                    // The executors are shared by every loop: a deploy into their cluster
+                    // is seen by all. A result nobody waits for any more (a remap came
+                    // meanwhile) is dropped.
+                    let r = super::redeploy_nic(&dir, &cluster, &served).map_err(|e| e.to_string());
+                    let _ = done.send(r);
+                }
+            })?;
+        Ok(DeployWorker(tx))
+    }
 }
 
 impl<R> NicHost<R> {
@@ -125,6 +162,7 @@ impl<R> NicHost<R> {
             served: start.manifest.clone(),
             shm_dir,
             job: None,
+            worker: None,
         });
         NicHost {
             executors: Arc::new(Executors {
@@ -231,29 +269,37 @@ impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
         // thread of the lowest priority does it, and the endpoint asks again until it is
         // done (an older version than asked for means "not yet").
         if let Some(job) = r.job.take() {
-            if !job.is_finished() {
-                r.job = Some(job);
-                return Ok(r.served.version);
-            }
-            match job.join() {
+            match job.try_recv() {
+                Err(crossbeam_channel::TryRecvError::Empty) => {
+                    r.job = Some(job);
+                    return Ok(r.served.version);
+                }
                 Ok(Ok(m)) => r.served = m,
                 Ok(Err(e)) => return Err(e),
-                Err(_) => return Err("the thread taking up a deploy panicked".into()),
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    // Asked again, the next deploy starts the thread anew.
+                    r.worker = None;
+                    return Err("the thread taking up a deploy panicked".into());
+                }
             }
             if r.served.version >= version {
                 return Ok(r.served.version);
             }
         }
-        let served = r.served.clone();
-        let job = std::thread::Builder::new()
-            .name("naam-nic-deploy".into())
-            .spawn(move || {
-                naam_vm::lowest_priority();
-                // The executors are shared by every loop: a deploy into their cluster is
-                // seen by all.
-                super::redeploy_nic(&dir, &cluster, &served).map_err(|e| e.to_string())
-            })
-            .map_err(|e| format!("starting a thread to take up a deploy: {e}"))?;
+        if r.worker.is_none() {
+            r.worker = Some(
+                DeployWorker::start()
+                    .map_err(|e| format!("starting a thread to take up deploys: {e}"))?,
+            );
+        }
+        let (done, job) = crossbeam_channel::bounded(1);
+        let task = (dir, cluster, r.served.clone(), done);
+        if let Some(w) = &r.worker {
+            if w.0.send(task).is_err() {
+                r.worker = None;
+                return Err("the thread taking up deploys has stopped".into());
+            }
+        }
         r.job = Some(job);
         Ok(r.served.version)
     }

@@ -173,15 +173,18 @@ fn submit(job: Job) -> Result<(), Job> {
 /// which any other thread waking up preempts at once (at nice 19 under the ordinary policy,
 /// a compile still ran out its time slice first, and a request waited milliseconds behind
 /// it; bench/RESULTS.md, "Deploys at run time"), else nice 19. (On Linux both are a thread's.)
+/// Then it yields: lowering its own priority does not make the scheduler look at threads
+/// already waiting for this core, and a thread that just started went on ahead of them.
 pub fn lowest_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: sched_setscheduler and setpriority with pid/who 0 change the calling thread's
     // policy and nice value only; lowering them needs no privilege, and a failure (a sandbox
-    // that forbids it) leaves them as they were.
+    // that forbids it) leaves them as they were; sched_yield only gives up the core.
     unsafe {
         let param = libc::sched_param { sched_priority: 0 };
         if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
             libc::setpriority(libc::PRIO_PROCESS as _, 0, 19);
         }
+        libc::sched_yield();
     }
 }
