@@ -3,16 +3,21 @@
 //!
 //! A job the endpoint checked (the tenant has the app; the object came whole, with its hash)
 //! is checked here against the tenant's quotas, built and published with
-//! [`Cluster::deploy`]; then the object and the new `manifest.json` are written (atomically,
-//! by rename) to the shared-memory directory, the manifest is published to every receive
-//! loop (clients see its version with their next weights) and the paired NIC is told to read
-//! it again ([`Control::ManifestChanged`]). The host keeps the app's requests until the NIC
-//! reports that version. The answer, the verifier's report or the reason for a refusal, goes
-//! out sealed on the tenant's session from this thread.
+//! [`Cluster::deploy`], and the manifest is published to every receive loop (clients see its
+//! version with their next weights). The answer, the verifier's report or the reason for a
+//! refusal, goes out sealed on the tenant's session from this thread at once. Only then are
+//! the object and the new `manifest.json` written (atomically, by rename) to the
+//! shared-memory directory and the paired NIC told to read it again
+//! ([`Control::ManifestChanged`]): the files are for the NIC and the next start, and writing
+//! them first kept a tenant waiting about 0.2 ms a deploy (bench/RESULTS.md, "Deploy to
+//! first answer after idle"). The host keeps the app's requests until the NIC reports that
+//! version.
 //!
 //! Each app's deployed handlers are also recorded beside the regions
 //! (`deployed-app<id>.json`), which outlive the server: the next start serves them again
-//! ([`restore_deploys`]), as it serves the regions' data again.
+//! ([`restore_deploys`]), as it serves the regions' data again. The record is written right
+//! after the answer: a server that dies in between (a fraction of a millisecond) starts
+//! again without that deploy, and the tenant's next call finds the handlers it had before.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -300,11 +305,15 @@ impl Deployer {
                 .get(&q.job.tenant)
                 .and_then(|kept| kept.iter().find(|(k, _)| *k == key))
                 .map(|(_, a)| a.clone());
+            let mut done = None;
             let bytes = match again {
                 Some(a) => a,
                 None => {
-                    let answer = match self.carry_out(&q.job, &q.sender) {
-                        Ok(a) => a,
+                    let answer = match self.carry_out(&q.job) {
+                        Ok((a, d)) => {
+                            done = Some(d);
+                            a
+                        }
                         Err(message) => {
                             self.counts.refused += 1;
                             tracing::info!(
@@ -325,6 +334,9 @@ impl Deployer {
                 }
             };
             let _ = q.sender.send_transmit(q.channel.transmit(q.job.id, &bytes));
+            if let Some(d) = done {
+                self.write_out(&q.job, &d, &q.sender);
+            }
             counters.publish(telemetry, self.counters());
         }
     }
@@ -351,8 +363,10 @@ impl Deployer {
         ]
     }
 
-    /// Carries out `job`; the answer, or why not.
-    fn carry_out(&mut self, job: &DeployJob, sender: &Sender) -> Result<Control, String> {
+    /// Carries out `job`: its handlers serve once this returns, and the manifest the
+    /// clients learn names them. The answer and what [`Deployer::write_out`] is left to
+    /// write, or why not.
+    fn carry_out(&mut self, job: &DeployJob) -> Result<(Control, Done), String> {
         let deployed = match &job.change {
             DeployChange::Install {
                 object,
@@ -364,10 +378,8 @@ impl Deployer {
                 let loaded = naam_vm::load(object).map_err(|e| format!("the object: {e}"))?;
                 self.check_quota(job, &loaded, &specs)?;
                 self.check_pages(job, &specs)?;
-                // Written first (named by its app and content, it harms nothing if the deploy
-                // fails): once the handlers serve, nothing that can fail is left but the
-                // manifest.
-                let path = self.write_object(job.app, object)?;
+                let previous = self.app_manifest(job.app)?.object.clone();
+                let path = self.object_path(job.app, object);
                 let deployed = self
                     .cluster
                     .deploy(job.app, &loaded, &specs)
@@ -376,17 +388,25 @@ impl Deployer {
                 a.object = path.to_string_lossy().into_owned();
                 a.object_hash = object_hash(object);
                 self.counts.deploys += 1;
-                deployed
+                (
+                    deployed,
+                    Some(ObjectFile {
+                        path,
+                        previous,
+                        bytes: object.clone(),
+                    }),
+                )
             }
             DeployChange::Remove => {
                 self.app_manifest(job.app)?;
                 let d = self.cluster.undeploy(job.app).map_err(|e| e.to_string())?;
                 self.counts.undeploys += 1;
-                d
+                (d, None)
             }
             other => return Err(format!("this server does not know the change {other:?}")),
         };
-        self.publish(&deployed, sender);
+        let (deployed, object) = deployed;
+        self.publish(&deployed);
         let build = deployed
             .handlers
             .iter()
@@ -406,7 +426,7 @@ impl Deployer {
                 "deployed"
             }
         );
-        Ok(Control::Deployed {
+        let answer = Control::Deployed {
             app: deployed.app,
             version: deployed.version,
             handlers: deployed
@@ -426,7 +446,8 @@ impl Deployer {
                     build_us: h.build.as_micros() as u64,
                 })
                 .collect(),
-        })
+        };
+        Ok((answer, Done { deployed, object }))
     }
 
     /// The specs `handlers` ask for, within the policy's budget limit.
@@ -511,37 +532,34 @@ impl Deployer {
             .ok_or_else(|| format!("no app {app} in this server's manifest"))
     }
 
-    /// Writes `object` beside the manifest, named by its app and its SHA-256 (no other
-    /// tenant's deploy can write over it, whatever its 64-bit `object_hash`), after taking
-    /// away the objects deployed into `app` before that its manifest entry no longer names;
-    /// returns its path.
-    fn write_object(&self, app: u32, object: &[u8]) -> Result<PathBuf, String> {
+    /// Where `object` deployed into `app` is written beside the manifest: named by its app
+    /// and its SHA-256, so that no other tenant's deploy can write over it, whatever its
+    /// 64-bit `object_hash`.
+    fn object_path(&self, app: u32, object: &[u8]) -> PathBuf {
         use sha2::Digest as _;
         let digest = sha2::Sha256::digest(object);
-        let prefix = format!("object-app{app}-");
-        let name = format!("{prefix}{}.o", hex::encode(&digest[..16]));
-        let path = self.policy.shm_dir.join(&name);
-        // Only the object the app's manifest names now (the NIC may be taking it up) stays.
-        let named = self
-            .manifest
-            .app(app)
-            .map(|a| a.object.clone())
-            .unwrap_or_default();
+        let name = format!("{}{}.o", object_prefix(app), hex::encode(&digest[..16]));
+        self.policy.shm_dir.join(name)
+    }
+
+    /// Writes `o` for `app`, after taking away the objects deployed into `app` before but
+    /// the one its manifest named until this deploy (the NIC may be taking that one up).
+    fn write_object(&self, app: u32, o: &ObjectFile) -> Result<(), String> {
+        let prefix = object_prefix(app);
         if let Ok(entries) = std::fs::read_dir(&self.policy.shm_dir) {
             for e in entries.flatten() {
                 let file = e.file_name().to_string_lossy().into_owned();
                 let p = e.path();
                 if file.starts_with(&prefix)
                     && file.ends_with(".o")
-                    && file != name
-                    && p.to_string_lossy() != named
+                    && p != o.path
+                    && p.to_string_lossy() != o.previous
                 {
                     let _ = std::fs::remove_file(&p);
                 }
             }
         }
-        write_atomically(&path, object)?;
-        Ok(path)
+        write_atomically(&o.path, &o.bytes)
     }
 
     /// Refuses a deploy whose manifest the tenant's sessions could not be given in pages.
@@ -568,11 +586,9 @@ impl Deployer {
             .map_err(|e| format!("the app's manifest would not fit: {e}"))
     }
 
-    /// Records `deployed` (which serves at the host already) in the manifest, writes it,
-    /// publishes it to the loops and tells the NIC (from `sender`'s socket). A manifest that
-    /// cannot be written is logged: the clients still learn the new handlers, and the NIC,
-    /// which reads the file, stays on the old ones, so the host keeps the app's requests.
-    fn publish(&mut self, deployed: &Deployed, sender: &Sender) {
+    /// Records `deployed` (which serves at the host already) in the manifest and publishes
+    /// it to the loops: their clients learn the new handlers.
+    fn publish(&mut self, deployed: &Deployed) {
         let version = deployed.version;
         if let Some(a) = self.manifest.apps.iter_mut().find(|a| a.id == deployed.app) {
             a.handlers = deployed
@@ -589,6 +605,26 @@ impl Deployer {
         }
         self.manifest.version = version;
         self.directory.publish_manifest(self.manifest.clone());
+    }
+
+    /// After the answer to `job`: writes its object, its record for the next start and the
+    /// manifest, and tells the NIC (from `sender`'s socket). What cannot be written is
+    /// logged: the clients have learnt the new handlers already, and the NIC, which reads
+    /// the files, stays on the old ones, so the host keeps the app's requests.
+    fn write_out(&mut self, job: &DeployJob, done: &Done, sender: &Sender) {
+        let (deployed, version) = (&done.deployed, done.deployed.version);
+        if let Some(o) = &done.object {
+            if let Err(e) = self.write_object(deployed.app, o) {
+                tracing::error!(
+                    version,
+                    app = deployed.app,
+                    tenant = %job.tenant,
+                    "the deploy serves at the host, but its object could not be written, so \
+                     naam-nic keeps the old handlers and the next start will not serve it: {e}"
+                );
+                return;
+            }
+        }
         self.record(deployed);
         let written = serde_json::to_vec_pretty(&self.manifest)
             .map_err(|e| e.to_string())
@@ -636,6 +672,26 @@ impl Deployer {
             );
         }
     }
+}
+
+/// What a deploy leaves to write once it is answered ([`Deployer::write_out`]).
+struct Done {
+    deployed: Deployed,
+    /// The object to write (none after an undeploy).
+    object: Option<ObjectFile>,
+}
+
+/// A deployed object's file.
+struct ObjectFile {
+    path: PathBuf,
+    /// The file the app's manifest named before the deploy, kept while the NIC may read it.
+    previous: String,
+    bytes: Bytes,
+}
+
+/// The start of the names of the objects deployed into `app`.
+fn object_prefix(app: u32) -> String {
+    format!("object-app{app}-")
 }
 
 /// Writes `bytes` to `path` through a temporary file renamed over it, so that a reader
