@@ -4,13 +4,14 @@
 //! A job the endpoint checked (the tenant has the app; the object came whole, with its hash)
 //! is checked here against the tenant's quotas, built and published with
 //! [`Cluster::deploy`], and the manifest is published to every receive loop (clients see its
-//! version with their next weights). The answer, the verifier's report or the reason for a
-//! refusal, goes out sealed on the tenant's session from this thread at once. Only then are
-//! the object and the new `manifest.json` written (atomically, by rename) to the
-//! shared-memory directory and the paired NIC told to read it again
-//! ([`Control::ManifestChanged`]): the files are for the NIC and the next start, and writing
-//! them first kept a tenant waiting about 0.2 ms a deploy (bench/RESULTS.md, "Deploy to
-//! first answer after idle"). The host keeps the app's requests until the NIC reports that
+//! version with their next weights); the object was written to the shared-memory directory
+//! before (atomically, by rename: named by its app and content, it harms nothing if the
+//! deploy fails). The answer, the verifier's report or the reason for a refusal, goes out
+//! sealed on the tenant's session from this thread at once. Only then are the app's older
+//! objects taken away, the new `manifest.json` written and the paired NIC told to read it
+//! again ([`Control::ManifestChanged`]): that is for the NIC and the next start, and doing it
+//! first kept a tenant waiting about 0.2 ms a deploy (bench/RESULTS.md, "Deploy to first
+//! answer after idle"). The host keeps the app's requests until the NIC reports that
 //! version.
 //!
 //! Each app's deployed handlers are also recorded beside the regions
@@ -335,7 +336,7 @@ impl Deployer {
             };
             let _ = q.sender.send_transmit(q.channel.transmit(q.job.id, &bytes));
             if let Some(d) = done {
-                self.write_out(&q.job, &d, &q.sender);
+                self.write_out(&d, &q.sender);
             }
             counters.publish(telemetry, self.counters());
         }
@@ -379,7 +380,10 @@ impl Deployer {
                 self.check_quota(job, &loaded, &specs)?;
                 self.check_pages(job, &specs)?;
                 let previous = self.app_manifest(job.app)?.object.clone();
+                // Written first (named by its app and content, it harms nothing if the deploy
+                // fails): once the handlers serve, the manifest can name it.
                 let path = self.object_path(job.app, object);
+                write_atomically(&path, object)?;
                 let deployed = self
                     .cluster
                     .deploy(job.app, &loaded, &specs)
@@ -388,14 +392,7 @@ impl Deployer {
                 a.object = path.to_string_lossy().into_owned();
                 a.object_hash = object_hash(object);
                 self.counts.deploys += 1;
-                (
-                    deployed,
-                    Some(ObjectFile {
-                        path,
-                        previous,
-                        bytes: object.clone(),
-                    }),
-                )
+                (deployed, Some(ObjectFile { path, previous }))
             }
             DeployChange::Remove => {
                 self.app_manifest(job.app)?;
@@ -542,9 +539,9 @@ impl Deployer {
         self.policy.shm_dir.join(name)
     }
 
-    /// Writes `o` for `app`, after taking away the objects deployed into `app` before but
-    /// the one its manifest named until this deploy (the NIC may be taking that one up).
-    fn write_object(&self, app: u32, o: &ObjectFile) -> Result<(), String> {
+    /// Takes away the objects deployed into `app` before `o`, but the one its manifest named
+    /// until `o`'s deploy (the NIC may be taking that one up).
+    fn remove_older_objects(&self, app: u32, o: &ObjectFile) {
         let prefix = object_prefix(app);
         if let Ok(entries) = std::fs::read_dir(&self.policy.shm_dir) {
             for e in entries.flatten() {
@@ -559,7 +556,6 @@ impl Deployer {
                 }
             }
         }
-        write_atomically(&o.path, &o.bytes)
     }
 
     /// Refuses a deploy whose manifest the tenant's sessions could not be given in pages.
@@ -607,23 +603,15 @@ impl Deployer {
         self.directory.publish_manifest(self.manifest.clone());
     }
 
-    /// After the answer to `job`: writes its object, its record for the next start and the
-    /// manifest, and tells the NIC (from `sender`'s socket). What cannot be written is
-    /// logged: the clients have learnt the new handlers already, and the NIC, which reads
-    /// the files, stays on the old ones, so the host keeps the app's requests.
-    fn write_out(&mut self, job: &DeployJob, done: &Done, sender: &Sender) {
+    /// After the answer: takes away the app's older objects, writes the deploy's record for
+    /// the next start and the manifest, and tells the NIC (from `sender`'s socket). A
+    /// manifest that cannot be written is logged: the clients have learnt the new handlers
+    /// already, and the NIC, which reads the file, stays on the old ones, so the host keeps
+    /// the app's requests.
+    fn write_out(&mut self, done: &Done, sender: &Sender) {
         let (deployed, version) = (&done.deployed, done.deployed.version);
         if let Some(o) = &done.object {
-            if let Err(e) = self.write_object(deployed.app, o) {
-                tracing::error!(
-                    version,
-                    app = deployed.app,
-                    tenant = %job.tenant,
-                    "the deploy serves at the host, but its object could not be written, so \
-                     naam-nic keeps the old handlers and the next start will not serve it: {e}"
-                );
-                return;
-            }
+            self.remove_older_objects(deployed.app, o);
         }
         self.record(deployed);
         let written = serde_json::to_vec_pretty(&self.manifest)
@@ -674,10 +662,10 @@ impl Deployer {
     }
 }
 
-/// What a deploy leaves to write once it is answered ([`Deployer::write_out`]).
+/// What a deploy leaves to do once it is answered ([`Deployer::write_out`]).
 struct Done {
     deployed: Deployed,
-    /// The object to write (none after an undeploy).
+    /// The object it wrote (none after an undeploy).
     object: Option<ObjectFile>,
 }
 
@@ -686,7 +674,6 @@ struct ObjectFile {
     path: PathBuf,
     /// The file the app's manifest named before the deploy, kept while the NIC may read it.
     previous: String,
-    bytes: Bytes,
 }
 
 /// The start of the names of the objects deployed into `app`.

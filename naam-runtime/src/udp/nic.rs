@@ -125,10 +125,10 @@ type DeployTask = (
 );
 
 /// The one thread of the lowest priority that takes up the host's deploys, for as long as
-/// its loop lives. One thread for every deploy, not one each: a new thread starts at the
-/// ordinary priority, the scheduler runs it ahead of a request's thread that woke just
-/// before, and it went on past lowering its own priority (bench/RESULTS.md, "Deploy to first
-/// answer after idle").
+/// its loop lives. It used to be a thread per deploy: a new thread starts at the ordinary
+/// priority, the scheduler ran it ahead of a request's thread that woke just before, and it
+/// went on past lowering its own priority (bench/RESULTS.md, "Deploy to first answer after
+/// idle").
 struct DeployWorker(crossbeam_channel::Sender<DeployTask>);
 
 impl DeployWorker {
