@@ -286,20 +286,21 @@ impl<R: FnMut(u64) -> Result<NicCluster, String>> NicBackend for NicHost<R> {
                 return Ok(r.served.version);
             }
         }
-        if r.worker.is_none() {
-            r.worker = Some(
-                DeployWorker::start()
-                    .map_err(|e| format!("starting a thread to take up deploys: {e}"))?,
-            );
-        }
+        let worker = match r.worker.take() {
+            Some(w) => w,
+            None => DeployWorker::start()
+                .map_err(|e| format!("starting a thread to take up deploys: {e}"))?,
+        };
         let (done, job) = crossbeam_channel::bounded(1);
-        let task = (dir, cluster, r.served.clone(), done);
-        if let Some(w) = &r.worker {
-            if w.0.send(task).is_err() {
-                r.worker = None;
-                return Err("the thread taking up deploys has stopped".into());
-            }
+        if worker
+            .0
+            .send((dir, cluster, r.served.clone(), done))
+            .is_err()
+        {
+            // Forgotten: the next deploy starts the thread anew.
+            return Err("the thread taking up deploys has stopped".into());
         }
+        r.worker = Some(worker);
         r.job = Some(job);
         Ok(r.served.version)
     }
