@@ -13,6 +13,11 @@ use super::{
 /// figures.
 const LOCAL_LOAD_FLUSH_NS: Nanos = 250_000;
 
+/// How long a thread holds its figures back, summed period after period, while the steering
+/// has every report made so far (it falls behind, starved of a core): then the thread applies
+/// what waits itself ([`LocalLoad::flush`]). Bounds how stale the tracker and the budgets get.
+const MAX_FLUSH_DEFERRAL_NS: Nanos = 16 * LOCAL_LOAD_FLUSH_NS;
+
 /// Reports waiting for the steering at most ([`Inner::hand_over`]): a few periods' worth from
 /// every thread that runs messages itself.
 pub(super) const MAX_PENDING_LOCAL_REPORTS: usize = 256;
@@ -37,7 +42,10 @@ pub(super) struct LocalLoad {
     /// Messages whose loop work was reported since the last flush, and that work summed.
     looped: u64,
     loop_ns: u64,
+    /// When the figures were last handed over.
     flushed_at: Nanos,
+    /// When a flush is next tried: a period after the last, or sooner while one is held back.
+    flush_due: Nanos,
 }
 
 /// When a [`LocalLoad`] report is applied.
@@ -62,6 +70,7 @@ impl LocalLoad {
             looped: 0,
             loop_ns: 0,
             flushed_at: now,
+            flush_due: now + LOCAL_LOAD_FLUSH_NS,
         }
     }
 
@@ -88,21 +97,40 @@ impl LocalLoad {
                 self.handlers.push((key, 1, service, steps as u64));
             }
         }
-        if now.saturating_sub(self.flushed_at) >= LOCAL_LOAD_FLUSH_NS {
+        if now >= self.flush_due {
             self.flush(inner, now, Apply::BySteering);
         }
     }
 
     /// Hands the period's figures to the cluster: the mean service time and steps of each
     /// handler, the busy time, and every app's steps against its budget.
+    ///
+    /// The report is one whose vectors an earlier flush left, so that the per-message path
+    /// allocates nothing once reports circulate. While the steering holds every report made
+    /// so far, a flush by the steering's leave is held back (the figures keep summing, and it
+    /// is tried again an eighth of a period later) rather than made in a new report: up to
+    /// [`MAX_FLUSH_DEFERRAL_NS`], after which this thread applies what waits itself.
     pub(super) fn flush(&mut self, inner: &Inner, now: Nanos, when: Apply) {
-        self.flushed_at = now;
         if self.received == 0 && self.looped == 0 && self.handlers.is_empty() {
+            self.flushed_at = now;
+            self.flush_due = now + LOCAL_LOAD_FLUSH_NS;
             return;
         }
-        // A report whose vectors an earlier one left (the per-message path allocates
-        // nothing once a few circulate), or a new one.
-        let mut report = inner.spare_report().unwrap_or_else(|| LocalReport {
+        let spare = match inner.spare_report() {
+            Some(r) => Some(r),
+            None if when == Apply::BySteering && inner.reports_out() > 0 => {
+                if now.saturating_sub(self.flushed_at) < MAX_FLUSH_DEFERRAL_NS {
+                    self.flush_due = now + LOCAL_LOAD_FLUSH_NS / 8;
+                    return;
+                }
+                inner.apply_local_reports();
+                inner.spare_report()
+            }
+            None => None,
+        };
+        self.flushed_at = now;
+        self.flush_due = now + LOCAL_LOAD_FLUSH_NS;
+        let mut report = spare.unwrap_or_else(|| LocalReport {
             at: now,
             placement: self.placement,
             received: None,
@@ -152,6 +180,7 @@ impl LocalLoad {
                 // counts once this returns (budgets, accounts).
                 inner.apply_local_reports();
                 report.apply(inner);
+                inner.keep_spare(report);
             }
         }
     }
@@ -332,5 +361,77 @@ impl HereRunner {
     pub fn flush(&mut self, cluster: &Cluster) {
         let now = cluster.inner.clock.now();
         self.local.flush(&cluster.inner, now, Apply::Now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::ClusterConfig;
+    use std::sync::atomic::Ordering;
+
+    fn pending(inner: &Inner) -> usize {
+        inner.local_reports.lock().map_or(0, |p| p.len())
+    }
+
+    fn spares(inner: &Inner) -> usize {
+        inner.spare_reports.lock().map_or(0, |s| s.len())
+    }
+
+    /// A steering that holds the only report (starved of a core) makes the thread that
+    /// reports hold its figures back, summed, rather than make report after report; past
+    /// the deferral bound the thread applies what waits itself and reuses that report.
+    #[test]
+    fn a_steering_that_falls_behind_makes_no_new_reports_until_the_bound() {
+        // No steering thread: what waits stays until someone applies it.
+        let config = ClusterConfig {
+            controller: false,
+            ..ClusterConfig::default()
+        };
+        let cluster = Cluster::builder().config(config).build().unwrap();
+        let inner = &cluster.inner;
+        // The steering holds the one report made so far.
+        inner.local_reports.lock().unwrap().push(LocalReport {
+            at: 0,
+            placement: Placement::Host,
+            received: None,
+            loop_ns: None,
+            completions: RemoteLoad::default(),
+            spending: Vec::new(),
+        });
+        inner.reports_out.fetch_add(1, Ordering::AcqRel);
+
+        let key = (7, 1);
+        let mut local = LocalLoad::new(Placement::Host, 0);
+        let step = LOCAL_LOAD_FLUSH_NS / 10;
+        let mut now = 0;
+        let mut completed = 0u64;
+        while now + step < MAX_FLUSH_DEFERRAL_NS {
+            now += step;
+            local.completed(inner, key, 1_000, 2, now);
+            completed += 1;
+        }
+        assert_eq!(
+            pending(inner),
+            1,
+            "no report handed over while the steering holds one"
+        );
+        assert_eq!(spares(inner), 0);
+        assert_eq!(
+            local.handlers,
+            vec![(key, completed, completed * 1_000, completed * 2)]
+        );
+
+        // Past the bound: the waiting report is applied here and carries these figures.
+        now = MAX_FLUSH_DEFERRAL_NS;
+        local.completed(inner, key, 1_000, 2, now);
+        completed += 1;
+        assert_eq!(pending(inner), 0);
+        assert_eq!(inner.reports_out(), 0);
+        assert_eq!(spares(inner), 1, "one report in all, back among the spares");
+        assert!(local.handlers.is_empty());
+        let mut tracker = inner.lock_tracker(Placement::Host);
+        assert_eq!(tracker.service(key), Some(1_000.0));
+        assert_eq!(tracker.take_touched(), vec![(key, completed)]);
     }
 }

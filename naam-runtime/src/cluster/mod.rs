@@ -20,7 +20,7 @@
 //! `async`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
@@ -354,8 +354,14 @@ struct Inner {
     /// Reports of the threads that run messages themselves, waiting for the steering to
     /// apply them before its next decision ([`Inner::hand_over`]).
     local_reports: Mutex<Vec<LocalReport>>,
+    /// The reports [`Inner::apply_local_reports`] took from `local_reports`, applied outside
+    /// that lock (capacity kept: applying allocates nothing).
+    applying_reports: Mutex<Vec<LocalReport>>,
     /// Applied reports, their vectors kept for the next flushes ([`Inner::spare_report`]).
     spare_reports: Mutex<Vec<LocalReport>>,
+    /// Reports handed over and not yet back among the spares: while there are, a flush that
+    /// finds no spare waits for one rather than making a report ([`LocalLoad::flush`]).
+    reports_out: AtomicUsize,
     /// The steering thread, and whether it sleeps out an idle period, from which a handed
     /// over report wakes it.
     steering: std::sync::OnceLock<std::thread::Thread>,
@@ -573,6 +579,7 @@ impl Inner {
             let mut pending = self.local_reports.lock().unwrap_or_else(|e| e.into_inner());
             if pending.len() < MAX_PENDING_LOCAL_REPORTS {
                 pending.push(report);
+                self.reports_out.fetch_add(1, Ordering::AcqRel);
                 drop(pending);
                 if self.steering_asleep.swap(false, Ordering::SeqCst) {
                     if let Some(t) = self.steering.get() {
@@ -583,6 +590,7 @@ impl Inner {
             }
         }
         report.apply(self);
+        self.keep_spare(report);
     }
 
     /// Whether reports wait for the steering.
@@ -596,22 +604,47 @@ impl Inner {
 
     /// Applies the reports [`Inner::hand_over`] left: the steering's first step each period.
     fn apply_local_reports(&self) {
-        // Drained into a list of the applier's, so that the queue keeps its capacity.
-        let reports: Vec<LocalReport> = self
-            .local_reports
+        // Moved to the applier's list, so that reporters can hand over while these apply and
+        // neither list allocates; counted out until they are spares again.
+        let mut applying = self
+            .applying_reports
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect();
-        for r in &reports {
+            .unwrap_or_else(|e| e.into_inner());
+        applying.extend(
+            self.local_reports
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .drain(..),
+        );
+        if applying.is_empty() {
+            return;
+        }
+        for r in applying.iter() {
             r.apply(self);
         }
-        let mut spare = self.spare_reports.lock().unwrap_or_else(|e| e.into_inner());
-        for r in reports {
-            if spare.len() < MAX_PENDING_LOCAL_REPORTS {
-                spare.push(r);
+        let returned = applying.len();
+        {
+            let mut spare = self.spare_reports.lock().unwrap_or_else(|e| e.into_inner());
+            for r in applying.drain(..) {
+                if spare.len() < MAX_PENDING_LOCAL_REPORTS {
+                    spare.push(r);
+                }
             }
         }
+        self.reports_out.fetch_sub(returned, Ordering::AcqRel);
+    }
+
+    /// Keeps an applied report's vectors for the next flush.
+    fn keep_spare(&self, report: LocalReport) {
+        let mut spare = self.spare_reports.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < MAX_PENDING_LOCAL_REPORTS {
+            spare.push(report);
+        }
+    }
+
+    /// Reports handed over to the steering and not yet back among the spares.
+    fn reports_out(&self) -> usize {
+        self.reports_out.load(Ordering::Acquire)
     }
 
     /// An applied report to fill again, if one is kept.
@@ -807,7 +840,9 @@ impl ClusterBuilder {
                 Mutex::new(LoadTracker::new(config.host_executors as u32, now)),
             ],
             local_reports: Mutex::new(Vec::with_capacity(MAX_PENDING_LOCAL_REPORTS)),
+            applying_reports: Mutex::new(Vec::with_capacity(MAX_PENDING_LOCAL_REPORTS)),
             spare_reports: Mutex::new(Vec::with_capacity(MAX_PENDING_LOCAL_REPORTS)),
+            reports_out: AtomicUsize::new(0),
             steering: std::sync::OnceLock::new(),
             steering_asleep: AtomicBool::new(false),
             weight_changes: Mutex::new(WeightChanges::default()),
