@@ -18,7 +18,6 @@ use std::sync::atomic::{fence, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use naam_ebpf::abi::{write_kind, Descriptor, WriteOp, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
-use naam_proto::step::Engine;
 
 use naam_proto::step::{
     Action, DataPath, DmaModel, FetchError, Fetched, InPlace, Limits, MessageStart, OneSided,
@@ -34,14 +33,14 @@ use naam_proto::step::{MemError, ResolveError};
 use naam_proto::wire::Request;
 use naam_proto::Nanos;
 use naam_proto::Placement;
-use naam_vm::{Executable, NextStep, Vm};
+use naam_vm::{Executable, HandlerEngine, NextStep, Vm};
 
 /// Runs `m`'s current step of `exe` on `vm` over `grants` (which cost `fetch_ns` to fetch)
 /// with the message's `args`, and returns the machine's next action. No clock is read: the
 /// driver times the whole message once.
-pub fn run_step(
+pub fn run_step<E: HandlerEngine>(
     m: &mut StepMachine,
-    vm: &mut Vm,
+    vm: &mut E,
     exe: &Executable,
     args: &[u8],
     grants: &[Grant<'_>],
@@ -631,7 +630,7 @@ enum Stopped {
 /// whose data is local costs no allocation, no copy of its args and no clock read between
 /// steps.
 #[allow(clippy::too_many_arguments)]
-fn drive<P: DataPath>(
+fn drive<P: DataPath, E: HandlerEngine>(
     m: &mut StepMachine,
     exe: &Executable,
     args: &[u8],
@@ -639,7 +638,7 @@ fn drive<P: DataPath>(
     cost: &mut RunCost,
     mut waited: bool,
     path: &mut P,
-    vm: &mut Vm,
+    vm: &mut E,
     clock: &dyn Clock,
     apply: &mut ApplyWrites<'_>,
 ) -> Stopped {
@@ -742,10 +741,10 @@ impl<P: DataPath> NextStep for InEntry<'_, P> {
 }
 
 /// Starts `req` at `at` and drives it until it completes or parks for a torn-read retry.
-pub fn start<P: DataPath>(
+pub fn start<P: DataPath, E: HandlerEngine>(
     req: &Request,
     handler: &Arc<HandlerEntry>,
-    at: Place<'_, P>,
+    at: Place<'_, P, E>,
     apply: &mut ApplyWrites<'_>,
 ) -> Driven {
     start_message(MessageStart::from(req), &req.args, handler, at, apply)
@@ -753,11 +752,11 @@ pub fn start<P: DataPath>(
 
 /// Where a message runs: its data path, the engine, the limits and the clock (read only to
 /// schedule a torn-read retry).
-pub struct Place<'a, P: DataPath> {
+pub struct Place<'a, P: DataPath, E: HandlerEngine = Vm> {
     /// How the placement reaches the message's data.
     pub path: &'a mut P,
     /// The engine state of this thread.
-    pub vm: &'a mut Vm,
+    pub vm: &'a mut E,
     /// Hop and retry limits.
     pub limits: Limits,
     /// When a parked retry may resume is this clock's time.
@@ -775,11 +774,11 @@ pub struct Place<'a, P: DataPath> {
 // by field where it is used rather than copied whole into a `Driven` (16-byte loads of what
 // 8-byte stores had just built stall on store forwarding).
 #[inline(always)]
-pub fn start_message<P: DataPath>(
+pub fn start_message<P: DataPath, E: HandlerEngine>(
     msg: MessageStart<'_>,
     args: &[u8],
     handler: &Arc<HandlerEntry>,
-    at: Place<'_, P>,
+    at: Place<'_, P, E>,
     apply: &mut ApplyWrites<'_>,
 ) -> Driven {
     let (placement, limits) = (at.path.placement(), at.limits);
@@ -835,11 +834,11 @@ fn finish(
 
 /// Resumes a parked message (its backoff served) until it completes or parks again; `args`
 /// are the message's, as it started with them.
-pub fn resume<P: DataPath>(
+pub fn resume<P: DataPath, E: HandlerEngine>(
     parked: Box<ParkedRun>,
     args: &[u8],
     path: &mut P,
-    vm: &mut Vm,
+    vm: &mut E,
     clock: &dyn Clock,
     apply: &mut ApplyWrites<'_>,
 ) -> Driven {
@@ -867,11 +866,11 @@ pub fn resume<P: DataPath>(
 /// Drives `req` to completion on `path`, waiting out torn-read backoffs on this thread (the
 /// synchronous driver of the client and tests; executors park instead, see [`start`]).
 /// `apply` applies write batches when this placement owns the app's writes.
-pub fn run_message<P: DataPath>(
+pub fn run_message<P: DataPath, E: HandlerEngine>(
     req: &Request,
     handler: &Arc<HandlerEntry>,
     path: &mut P,
-    vm: &mut Vm,
+    vm: &mut E,
     limits: Limits,
     clock: &dyn Clock,
     apply: impl FnMut(&WriteBatch<'_>, Option<InPlace<'_>>) -> Result<(), WriteError>,
@@ -898,12 +897,12 @@ pub fn run_message<P: DataPath>(
 /// built, no payload split off the machine's buffer.
 #[inline]
 #[allow(clippy::too_many_arguments)]
-pub fn run_in_place<P: DataPath>(
+pub fn run_in_place<P: DataPath, E: HandlerEngine>(
     msg: MessageStart<'_>,
     args: &[u8],
     handler: &HandlerEntry,
     path: &mut P,
-    vm: &mut Vm,
+    vm: &mut E,
     limits: Limits,
     clock: &dyn Clock,
     machine: &mut StepMachine,
@@ -936,11 +935,11 @@ pub fn run_in_place<P: DataPath>(
 
 /// [`run_message`] without a [`Request`]: the message `msg` with args `args`.
 #[inline]
-pub fn run_message_parts<P: DataPath>(
+pub fn run_message_parts<P: DataPath, E: HandlerEngine>(
     msg: MessageStart<'_>,
     args: &[u8],
     handler: &Arc<HandlerEntry>,
-    at: Place<'_, P>,
+    at: Place<'_, P, E>,
     mut apply: impl FnMut(&WriteBatch<'_>, Option<InPlace<'_>>) -> Result<(), WriteError>,
 ) -> (Outcome, RunCost) {
     let Place {

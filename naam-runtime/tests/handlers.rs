@@ -461,7 +461,7 @@ fn byte_range_reads_go_through_the_stack() {
 /// replayed as that aarch64 code under qemu-user, compute what the host computed.
 #[test]
 fn example_handlers_run_the_same_as_aarch64_code() {
-    use naam_vm::cross::CrossCheck;
+    use naam_vm::cross::{CrossCheck, CrossChecked};
     let bytes = naam_vm::cross::compile_object(&examples().1).unwrap();
     assert!(bytes > 0);
     if !naam_vm::cross::available_or_skip("the aarch64 replay") {
@@ -497,8 +497,7 @@ fn example_handlers_run_the_same_as_aarch64_code() {
     ];
     for (name, args, segs) in cases {
         for e in both(name) {
-            let mut vm = Vm::new();
-            vm.set_cross_check(Some(check.clone()));
+            let mut vm = CrossChecked::new(Vm::new(), Some(check.clone()));
             let grants: Vec<Grant> = segs.iter().map(|s| Grant::read(s)).collect();
             let inv = Invocation {
                 args,

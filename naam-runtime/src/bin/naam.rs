@@ -15,8 +15,7 @@ use naam_pipeline::{BpfCpu, BuildOptions};
 use naam_proto::step::{Grant, Invocation};
 use naam_proto::EngineKind;
 use naam_runtime::pipeline::build;
-use naam_vm::jit::Target;
-use naam_vm::{load, Executable, Program};
+use naam_vm::{load, Executable};
 use naam_vm::{time_runs, ExecOptions, StepError, Vm, VmError, DEFAULT_BUDGET, MAX_BUDGET};
 use naam_vm::{verify, VerifierConfig, DEFAULT_MAX_INSNS};
 use serde_json::json;
@@ -125,6 +124,8 @@ enum Cmd {
     /// Run one program the way the public eBPF conformance suite drives a runtime: the program
     /// as hex on stdin, the input memory as hex in the first argument (r1 = its address, r2 =
     /// its length), r0 printed as hex. Refusals and faults go to stderr with exit code 1.
+    /// Test tooling: built with the `testing` feature only.
+    #[cfg(feature = "testing")]
     ConformancePlugin {
         /// Input memory, hex (absent or empty: no memory).
         memory_hex: Option<String>,
@@ -375,6 +376,7 @@ fn dispatch(cmd: Cmd) -> anyhow::Result<ExitCode> {
         Cmd::Deploy(args) => deploy(args),
         Cmd::Undeploy(args) => undeploy(args),
         Cmd::New { name } => new_crate(&name),
+        #[cfg(feature = "testing")]
         Cmd::ConformancePlugin {
             memory_hex,
             engine,
@@ -1124,6 +1126,7 @@ fn report(
     )
 }
 
+#[cfg(feature = "testing")]
 /// The conformance-suite plugin: exit 0 with r0 on stdout, 1 when the program is refused or
 /// faults, 2 for bad usage.
 fn conformance_plugin(
@@ -1131,6 +1134,8 @@ fn conformance_plugin(
     engine: EngineKind,
     target: &str,
 ) -> anyhow::Result<ExitCode> {
+    use naam_vm::jit::Target;
+    use naam_vm::Program;
     use std::io::Read as _;
     let target = match target {
         "x86_64" | "x86-64" | "host" => Target::Host,

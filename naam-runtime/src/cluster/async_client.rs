@@ -3,10 +3,10 @@
 //! one-sided READs without blocking the runtime.
 
 use super::{
-    error_reply, reply_for, submit, AgentJob, AgentSink, Arc, AtomicU64, ClientError, Cluster,
-    Descriptor, Duration, HandlerEntry, HandlerKey, HandlerKind, HashMap, Inner, Instant,
+    error_reply, reply_for, submit, thread_vm, AgentJob, AgentSink, Arc, AtomicU64, ClientError,
+    Cluster, Descriptor, Duration, HandlerEntry, HandlerKey, HandlerKind, HashMap, Inner, Instant,
     LoadFeedback, Mutex, Ordering, Placement, Refusal, Reply, ReplySink, Request, Selector, Status,
-    Vm, WriteError,
+    WriteError,
 };
 use crate::executor::run_step;
 use naam_proto::step::{Action, StepMachine};
@@ -111,8 +111,7 @@ impl AsyncClient {
                 )
             }
         };
-        let mut vm = Vm::new();
-        vm.set_cross_check(self.inner.config.cross_check.clone());
+        let mut vm = thread_vm(&self.inner.config);
         let (mut m, mut action) = StepMachine::start(
             req.into(),
             handler.app,

@@ -1,14 +1,16 @@
 //! The synchronous in-process client and the Client placement's run.
 
 use super::here::Apply;
+use naam_vm::HandlerEngine;
+
 use super::{
     bounded, error_reply, executor, recv_polling, reply_for, resume_served, run_message, serve,
-    spin_for, submit, AgentJob, AgentResult, AgentSink, Arc, ByteArena, Bytes, ClientError,
-    ClientPath, Clock, Cluster, Descriptor, Descriptors, FetchError, HandlerEntry, HandlerKey,
-    HandlerKind, HostPath, Inner, Instant, IntMap, Limits, LoadFeedback, LocalLoad, MessageStart,
-    MetricsShard, Nanos, OneSided, Ordering, Placement, Receiver, Refusal, Registry, RegistryView,
-    Reply, ReplySink, Request, Selector, Sender, Served, Status, StepMachine, Vm, WeightCell,
-    Weights, WriteError,
+    spin_for, submit, thread_vm, AgentJob, AgentResult, AgentSink, Arc, ByteArena, Bytes,
+    ClientError, ClientPath, Clock, Cluster, Descriptor, Descriptors, FetchError, HandlerEntry,
+    HandlerKey, HandlerKind, HostPath, Inner, Instant, IntMap, Limits, LoadFeedback, LocalLoad,
+    MessageStart, MetricsShard, Nanos, OneSided, Ordering, Placement, Receiver, Refusal, Registry,
+    RegistryView, Reply, ReplySink, Request, Selector, Sender, Served, Status, StepMachine,
+    ThreadVm, WeightCell, Weights, WriteError,
 };
 
 impl Cluster {
@@ -23,11 +25,7 @@ impl Cluster {
             seq: 0,
             tx,
             rx,
-            vm: {
-                let mut vm = Vm::new();
-                vm.set_cross_check(self.inner.config.cross_check.clone());
-                vm
-            },
+            vm: thread_vm(&self.inner.config),
             steered: IntMap::default(),
             host: HostPath::new(self.inner.regions.clone()),
             metrics: self.inner.metrics.shard(),
@@ -106,7 +104,7 @@ pub struct Client {
     seq: u64,
     tx: Sender<Reply>,
     rx: Receiver<Reply>,
-    vm: Vm,
+    vm: ThreadVm,
     transport: ClientPath<AgentTransport>,
     steered: IntMap<HandlerKey, Steered>,
     /// Host memory, for the messages this client runs to completion itself.
@@ -462,11 +460,11 @@ pub struct ClientRan {
 /// the client's side of a client-placed message, in every driver (the in-process client, the
 /// UDP client, and the simulator's clients). Returns the reply, with the client-side service
 /// time as its load feedback, and what ran when the handler ran.
-pub fn run_at_client<T: OneSided>(
+pub fn run_at_client<T: OneSided, E: HandlerEngine>(
     req: &Request,
     registry: &Registry,
     path: &mut ClientPath<T>,
-    vm: &mut Vm,
+    vm: &mut E,
     limits: Limits,
     clock: &dyn Clock,
 ) -> (Reply, Option<ClientRan>) {
@@ -511,7 +509,7 @@ pub fn run_at_client<T: OneSided>(
 /// What a client runs host messages with: its engine state, its view of host memory, and
 /// where it counts the load.
 struct HostRun<'a> {
-    vm: &'a mut Vm,
+    vm: &'a mut ThreadVm,
     host: &'a mut HostPath,
     local: &'a mut LocalLoad,
     machine: &'a mut StepMachine,

@@ -137,7 +137,10 @@ pub struct ClusterConfig {
     /// host executors have cores to themselves polls longer.
     pub executor_poll: Duration,
     /// Replay sampled steps of every executor and client VM as aarch64 code under qemu and
-    /// record differences (tests of the aarch64 JIT over real workloads; off by default).
+    /// record differences (tests of the aarch64 JIT over real workloads; off by default):
+    /// with the `testing` feature, each thread's VM is wrapped in naam-vm's
+    /// `cross::CrossChecked`.
+    #[cfg(feature = "testing")]
     pub cross_check: Option<Arc<naam_vm::cross::CrossCheck>>,
     /// Where the handlers' compiled code is shared and kept (naam-server's `code_cache =
     /// DIR`: [`crate::code_cache::open_dir`]); the process's cache in memory by default.
@@ -216,6 +219,7 @@ impl Default for ClusterConfig {
             controller: true,
             remote_clients: false,
             executor_poll: POLL_BEFORE_BLOCKING,
+            #[cfg(feature = "testing")]
             cross_check: None,
             code_cache: naam_vm::CodeCache::process(),
             tenant_budget: TenantBudget::default(),

@@ -3,10 +3,10 @@
 
 use super::{
     apply_owned, error_reply, executor, one_sided_read, recv_polling, reply_for, spin_for,
-    AgentJob, AgentSink, Arc, DataPath, Dedup, Driven, Duration, FairQueue, HandlerEntry,
-    HandlerKind, HostPath, Inner, Instant, Job, LoadFeedback, Nanos, NicPath, Ordering, Outcome,
-    ParkedRun, Placement, Receiver, RegionTable, Request, RunCost, Status, StepMachine, Vm,
-    WriteError,
+    thread_vm, AgentJob, AgentSink, Arc, DataPath, Dedup, Driven, Duration, FairQueue,
+    HandlerEntry, HandlerKind, HostPath, Inner, Instant, Job, LoadFeedback, Nanos, NicPath,
+    Ordering, Outcome, ParkedRun, Placement, Receiver, RegionTable, Request, RunCost, Status,
+    StepMachine, ThreadVm, WriteError,
 };
 use naam_proto::step::{InPlace, WriteBatch};
 
@@ -26,7 +26,7 @@ pub(super) fn serve<P: DataPath>(
     req: &Request,
     admitted: Option<&Arc<HandlerEntry>>,
     path: &mut P,
-    vm: &mut Vm,
+    vm: &mut ThreadVm,
     machine: &mut StepMachine,
 ) -> Served {
     if let Some(handler) = admitted {
@@ -52,7 +52,7 @@ pub(super) fn serve_handler<P: DataPath>(
     req: &Request,
     handler: &Arc<HandlerEntry>,
     path: &mut P,
-    vm: &mut Vm,
+    vm: &mut ThreadVm,
     machine: &mut StepMachine,
 ) -> Served {
     let placement = path.placement();
@@ -130,7 +130,7 @@ pub(super) fn resume_served<P: DataPath>(
     run: Box<ParkedRun>,
     write: bool,
     path: &mut P,
-    vm: &mut Vm,
+    vm: &mut ThreadVm,
 ) -> Served {
     if inner.over_budget(req.app) == Some("torn-read retries") {
         let c = Outcome::error(
@@ -206,8 +206,7 @@ pub(super) struct ParkedJob {
 
 pub(super) fn executor_loop(inner: Arc<Inner>, rx: Arc<FairQueue<Job>>, placement: Placement) {
     let mut last_done: Nanos = 0;
-    let mut vm = Vm::new();
-    vm.set_cross_check(inner.config.cross_check.clone());
+    let mut vm = thread_vm(&inner.config);
     let mut host = HostPath::new(inner.regions.clone());
     let mut nic = NicPath::new(inner.regions.clone(), inner.config.nic.dma);
     let mut machine = StepMachine::unused();

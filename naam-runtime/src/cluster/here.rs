@@ -3,9 +3,9 @@
 //! load they put on their placement reaches the steering in periodic reports.
 
 use super::{
-    serve_handler, spin_for, write_reply_for, Arc, Cluster, HandlerEntry, HandlerKey, HostPath,
-    Inner, IntMap, LoadFeedback, Nanos, NicPath, ParkedRun, Placement, RegistryView, RemoteHandler,
-    RemoteLoad, Reply, Request, Served, StepMachine, Vm,
+    serve_handler, spin_for, thread_vm, write_reply_for, Arc, Cluster, HandlerEntry, HandlerKey,
+    HostPath, Inner, IntMap, LoadFeedback, Nanos, NicPath, ParkedRun, Placement, RegistryView,
+    RemoteHandler, RemoteLoad, Reply, Request, Served, StepMachine, ThreadVm,
 };
 
 /// How often a thread that runs messages itself hands the load it measured to the cluster's
@@ -236,7 +236,7 @@ pub(super) enum Ran {
 /// with [`Cluster::dispatch_here`]; one per thread.
 pub struct HereRunner {
     pub(super) placement: Placement,
-    vm: Vm,
+    vm: ThreadVm,
     host: HostPath,
     nic: NicPath,
     local: LocalLoad,
@@ -248,8 +248,7 @@ pub struct HereRunner {
 
 impl HereRunner {
     pub(super) fn new(inner: &Arc<Inner>, placement: Placement) -> HereRunner {
-        let mut vm = Vm::new();
-        vm.set_cross_check(inner.config.cross_check.clone());
+        let vm = thread_vm(&inner.config);
         HereRunner {
             placement,
             vm,

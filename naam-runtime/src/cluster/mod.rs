@@ -70,6 +70,25 @@ pub use deploy::{Deployed, DeployedHandler};
 use executors::*;
 pub use here::HereRunner;
 use here::{LocalLoad, LocalReport, Ran, MAX_PENDING_LOCAL_REPORTS};
+
+/// The engine a cluster thread (executor, client, run-to-completion loop) runs handlers on:
+/// the VM itself, or with the `testing` feature the VM in naam-vm's cross-check wrapper,
+/// which samples steps only when [`ClusterConfig::cross_check`] is set.
+#[cfg(not(feature = "testing"))]
+type ThreadVm = Vm;
+#[cfg(feature = "testing")]
+type ThreadVm = naam_vm::cross::CrossChecked;
+
+/// A cluster thread's engine ([`ThreadVm`]) as `config` asks.
+fn thread_vm(config: &ClusterConfig) -> ThreadVm {
+    #[cfg(feature = "testing")]
+    return naam_vm::cross::CrossChecked::new(Vm::new(), config.cross_check.clone());
+    #[cfg(not(feature = "testing"))]
+    {
+        let _ = config;
+        Vm::new()
+    }
+}
 use steer::*;
 use weight_cell::WeightCell;
 

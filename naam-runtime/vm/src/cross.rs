@@ -13,10 +13,16 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use crate::engine::{Image, VmError};
+use std::sync::Arc;
+
+use naam_ebpf::abi::WriteOp;
+use naam_proto::step::{Engine, Invocation, StepFault, StepResult};
+
+use crate::engine::{step_fault, Image, VmError};
 use crate::helpers::HelperSet;
 use crate::jit::{Compiled, Target};
 use crate::memory::{VmCtx, HARNESS_MAGIC};
+use crate::{Executable, HandlerEngine, NextStep, StepError, StepOutput, Vm};
 
 /// The cross-compiled harness, when the build machine had `aarch64-linux-gnu-gcc`.
 #[cfg(naam_aarch64_harness)]
@@ -347,8 +353,8 @@ fn parse(text: &str, regions: usize) -> Result<CrossOutput, CrossError> {
 
 /// Replays sampled handler steps of a [`crate::Vm`] as aarch64 code under qemu and records
 /// every difference from what the VM itself computed (r0 or the fault, instruction count,
-/// trace, reply, next descriptors, writes, state words). Tests install one on the VMs of a
-/// cluster and run a real workload through it ([`crate::Vm::set_cross_check`]).
+/// trace, reply, next descriptors, writes, state words). Tests wrap the VMs of a cluster in
+/// it ([`CrossChecked`]) and run a real workload through them.
 #[derive(Debug, Default)]
 pub struct CrossCheck {
     every: u64,
@@ -434,6 +440,82 @@ pub fn normalize_host_fault(image: &Image, mut r: Result<u64, VmError>) -> Resul
         }
     }
     r
+}
+
+/// A [`Vm`] whose sampled steps are replayed as aarch64 code under qemu and compared
+/// ([`CrossCheck`]): a wrapper around the engine, which the drivers run like the VM itself
+/// ([`HandlerEngine`]). Without a check it is the VM, steps in one entry included; with
+/// one it runs every step alone, so that each can be imaged before it runs.
+pub struct CrossChecked {
+    vm: Vm,
+    check: Option<Arc<CrossCheck>>,
+}
+
+impl CrossChecked {
+    /// `vm`, its steps sampled by `check` (`None`: none are).
+    pub fn new(vm: Vm, check: Option<Arc<CrossCheck>>) -> CrossChecked {
+        CrossChecked { vm, check }
+    }
+
+    /// The check the steps are sampled by, when one is due for the next step.
+    fn due(&self) -> Option<Arc<CrossCheck>> {
+        self.check.as_ref().filter(|c| c.due()).cloned()
+    }
+
+    /// [`Vm::run`], the step replayed and compared when it is sampled.
+    pub fn run(&mut self, exe: &Executable, inv: &Invocation<'_>) -> Result<StepOutput, StepError> {
+        match self.due() {
+            Some(check) => self.vm.run_cross_checked(&check, exe, inv),
+            None => self.vm.run(exe, inv),
+        }
+    }
+
+    /// The wrapped VM.
+    pub fn vm(&self) -> &Vm {
+        &self.vm
+    }
+}
+
+impl Engine for CrossChecked {
+    type Program = Executable;
+
+    fn run_step(
+        &mut self,
+        exe: &Executable,
+        inv: &Invocation<'_>,
+    ) -> Result<StepResult<'_>, StepFault> {
+        match self.due() {
+            Some(check) => {
+                let out = self
+                    .vm
+                    .run_cross_checked(&check, exe, inv)
+                    .map_err(step_fault)?;
+                Ok(self.vm.step_result(out.return_code))
+            }
+            None => Engine::run_step(&mut self.vm, exe, inv),
+        }
+    }
+
+    fn queued_writes(&self) -> (&[WriteOp], &[u8]) {
+        self.vm.queued_writes()
+    }
+}
+
+impl HandlerEngine for CrossChecked {
+    fn begin_steps(&mut self, exe: &Executable, inv: &Invocation<'_>) -> Result<bool, StepFault> {
+        if self.check.is_some() {
+            return Ok(false);
+        }
+        self.vm.begin_steps(exe, inv)
+    }
+
+    fn run_steps(
+        &mut self,
+        exe: &Executable,
+        next: &mut dyn NextStep,
+    ) -> Result<StepResult<'_>, StepFault> {
+        self.vm.run_steps(exe, next)
+    }
 }
 
 #[cfg(test)]

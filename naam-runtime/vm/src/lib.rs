@@ -25,7 +25,9 @@
 #![deny(missing_docs)]
 
 pub mod analysis;
+#[cfg(feature = "testing")]
 pub mod conformance;
+#[cfg(feature = "testing")]
 pub mod cross;
 mod engine;
 mod helpers;
@@ -40,10 +42,12 @@ mod verifier;
 
 pub use engine::{
     code_key, lowest_priority, open_entry, seal_entry, time_runs, CacheStats, CodeCache, CodeKey,
-    CodeStore, EngineError, Entry, ExecOptions, Executable, Fixup, Image, ImageRegion, NextStep,
-    RawOutput, StepError, StepOutput, Vm, VmError, CODEGEN_VERSION, DEFAULT_BUDGET, MAX_BUDGET,
+    CodeStore, EngineError, Entry, ExecOptions, Executable, HandlerEngine, NextStep, RawOutput,
+    StepError, StepOutput, Vm, VmError, CODEGEN_VERSION, DEFAULT_BUDGET, MAX_BUDGET,
     MAX_ENTRY_CODE,
 };
+#[cfg(feature = "testing")]
+pub use engine::{Fixup, Image, ImageRegion};
 pub use helpers::{Helper, HelperSet, HelperWrites};
 pub use loader::{load, LoadError, LoadedObject, Program, Rodata, RodataRef};
 pub use verifier::{

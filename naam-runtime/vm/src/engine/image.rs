@@ -7,7 +7,7 @@ use super::{
 };
 
 impl Vm {
-    pub(super) fn run_cross_checked(
+    pub(crate) fn run_cross_checked(
         &mut self,
         check: &crate::cross::CrossCheck,
         exe: &Executable,

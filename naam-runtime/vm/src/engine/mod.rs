@@ -8,9 +8,9 @@
 //! the same instruction counts. A [`Vm`] is the per-thread state both engines run against: the
 //! [`Context`] buffer, the eBPF stack and the [`VmCtx`] (grants, helpers, budget, fault,
 //! trace), all reused across invocations. One handler step is [`Vm::run`]; a raw run over a
-//! memory buffer (the conformance suite's convention) is [`Vm::run_raw`]. The same step as
-//! plain bytes for an engine in another process ([`Image`], [`Vm::image_step`]) and the
-//! aarch64 cross-check of sampled steps are in `image`.
+//! memory buffer (the conformance suite's convention) is [`Vm::run_raw`]. With the `testing`
+//! feature, the same step as plain bytes for an engine in another process (`Image`,
+//! `Vm::image_step`) and the aarch64 cross-check of sampled steps are in `image`.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,6 +40,7 @@ pub const MAX_BUDGET: u64 = 1 << 30;
 use naam_proto::EngineKind;
 
 mod cache;
+#[cfg(feature = "testing")]
 mod image;
 mod tiers;
 
@@ -47,6 +48,7 @@ pub use cache::{
     code_key, open_entry, seal_entry, CacheStats, CodeCache, CodeKey, CodeStore, CODEGEN_VERSION,
     MAX_ENTRY_CODE,
 };
+#[cfg(feature = "testing")]
 pub use image::{Fixup, Image, ImageRegion};
 pub use tiers::lowest_priority;
 use tiers::TierUp;
@@ -590,7 +592,6 @@ pub struct RawOutput {
 
 /// Per-thread execution state, reused across invocations.
 pub struct Vm {
-    cross_check: Option<std::sync::Arc<crate::cross::CrossCheck>>,
     vmctx: Box<VmCtx>,
     ctx: Box<Context>,
     last_app: Option<u32>,
@@ -621,7 +622,6 @@ impl Vm {
     /// A VM with a zeroed stack and a fresh context, bound to no app yet.
     pub fn new() -> Vm {
         let mut vm = Vm {
-            cross_check: None,
             vmctx: Box::default(),
             ctx: Box::new(Context::new()),
             last_app: None,
@@ -843,18 +843,8 @@ impl Vm {
             .unwrap_or_else(|| VmError::Engine("stopped without a fault record".into()))
     }
 
-    /// Replays sampled steps as aarch64 code under qemu and records differences (tests).
-    pub fn set_cross_check(&mut self, check: Option<std::sync::Arc<crate::cross::CrossCheck>>) {
-        self.cross_check = check;
-    }
-
     /// Runs one step of the handler `exe` over `inv`.
     pub fn run(&mut self, exe: &Executable, inv: &Invocation<'_>) -> Result<StepOutput, StepError> {
-        if self.cross_check.as_ref().is_some_and(|c| c.due()) {
-            if let Some(check) = self.cross_check.clone() {
-                return self.run_cross_checked(&check, exe, inv);
-            }
-        }
         self.run_step(exe, inv)
     }
 
@@ -883,18 +873,14 @@ impl Vm {
     /// The first half of a run of steps in one entry ([`Vm::run_steps`]): checks and
     /// installs the step of `inv` (its args, state and segments, as [`Vm::run`] would) but
     /// runs nothing, so the caller's borrows behind `inv` (its data path's grants) end
-    /// before the steps run. `false` when this VM runs every step on its own instead (it
-    /// replays sampled steps on a second engine: [`Vm::set_cross_check`]), and nothing was
-    /// installed.
+    /// before the steps run. Always `true`: a VM runs steps in one entry
+    /// ([`HandlerEngine::begin_steps`]).
     #[inline(always)]
     pub fn begin_steps(
         &mut self,
         exe: &Executable,
         inv: &Invocation<'_>,
     ) -> Result<bool, naam_proto::step::StepFault> {
-        if self.cross_check.is_some() {
-            return Ok(false);
-        }
         self.set_up_step(exe, inv).map_err(step_fault)?;
         self.begun = Some((inv.app, inv.request_id));
         Ok(true)
@@ -951,7 +937,7 @@ impl Vm {
     /// The step machine's view of the step that ended with `r0`: its outputs borrowed from
     /// the context.
     #[inline(always)]
-    fn step_result(&self, r0: u64) -> naam_proto::step::StepResult<'_> {
+    pub(crate) fn step_result(&self, r0: u64) -> naam_proto::step::StepResult<'_> {
         let c = &*self.ctx;
         naam_proto::step::StepResult {
             return_code: r0,
@@ -1102,14 +1088,7 @@ impl naam_proto::step::Engine for Vm {
         exe: &Executable,
         inv: &Invocation<'_>,
     ) -> Result<naam_proto::step::StepResult<'_>, naam_proto::step::StepFault> {
-        let r0 = if self.cross_check.as_ref().is_some_and(|c| c.due()) {
-            match self.run(exe, inv) {
-                Ok(out) => out.return_code,
-                Err(e) => return Err(step_fault(e)),
-            }
-        } else {
-            self.step(exe, inv).map_err(step_fault)?
-        };
+        let r0 = self.step(exe, inv).map_err(step_fault)?;
         Ok(self.step_result(r0))
     }
 
@@ -1119,8 +1098,51 @@ impl naam_proto::step::Engine for Vm {
     }
 }
 
+/// What the drivers run handlers on: the step machine's [`naam_proto::step::Engine`], and
+/// a run of steps in one entry. [`Vm`] is the one the runtime runs; a test wraps it to
+/// observe or replay steps (naam-vm's `cross::CrossChecked`), and the drivers, generic over
+/// this, run either unchanged.
+pub trait HandlerEngine: naam_proto::step::Engine<Program = Executable> {
+    /// Installs the step of `inv` without running it, for [`HandlerEngine::run_steps`];
+    /// `false`: this engine runs every step alone ([`naam_proto::step::Engine::run_step`])
+    /// and installed nothing.
+    fn begin_steps(
+        &mut self,
+        exe: &Executable,
+        inv: &Invocation<'_>,
+    ) -> Result<bool, naam_proto::step::StepFault>;
+
+    /// Runs the step [`HandlerEngine::begin_steps`] installed, and those `next` hands over
+    /// after it ([`Vm::run_steps`]).
+    fn run_steps(
+        &mut self,
+        exe: &Executable,
+        next: &mut dyn NextStep,
+    ) -> Result<naam_proto::step::StepResult<'_>, naam_proto::step::StepFault>;
+}
+
+impl HandlerEngine for Vm {
+    #[inline(always)]
+    fn begin_steps(
+        &mut self,
+        exe: &Executable,
+        inv: &Invocation<'_>,
+    ) -> Result<bool, naam_proto::step::StepFault> {
+        Vm::begin_steps(self, exe, inv)
+    }
+
+    #[inline(always)]
+    fn run_steps(
+        &mut self,
+        exe: &Executable,
+        next: &mut dyn NextStep,
+    ) -> Result<naam_proto::step::StepResult<'_>, naam_proto::step::StepFault> {
+        Vm::run_steps(self, exe, next)
+    }
+}
+
 /// A failed step as the step machine replies to it.
-fn step_fault(e: StepError) -> naam_proto::step::StepFault {
+pub(crate) fn step_fault(e: StepError) -> naam_proto::step::StepFault {
     use naam_proto::step::StepFault;
     match e {
         StepError::Vm(VmError::Aborted { code }) => StepFault::Aborted { code },
