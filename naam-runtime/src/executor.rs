@@ -984,7 +984,7 @@ mod tests {
     const REGION: usize = 256;
 
     fn table() -> Arc<RegionTable> {
-        let mut t = RegionTable::new();
+        let t = RegionTable::new();
         t.register_with_key(
             RKEY,
             APP,

@@ -323,7 +323,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn region(rkey: u64, len: usize) -> Arc<Region> {
-        let mut t = crate::RegionTable::new();
+        let t = crate::RegionTable::new();
         t.register_with_key(
             rkey,
             1,

@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 pub mod addr;
+mod append_map;
 mod clock;
 pub mod cluster;
 pub mod code_cache;
@@ -37,7 +38,8 @@ pub use metrics::{
     Metrics, MetricsShard, Percentiles, Snapshot, TransportCounts, WeightSample, MAX_LATENCY_NS,
 };
 pub use region::{
-    Region, RegionMemory, RegionTable, Resolved, ShmError, ALL_RIGHTS, READ_ONLY, READ_WRITE,
+    Region, RegionMemory, RegionTable, RegisterError, Resolved, ShmError, ALL_RIGHTS, READ_ONLY,
+    READ_WRITE,
 };
 pub use registry::{
     AppEntry, BuiltHandlers, HandlerEntry, HandlerSpec, LookupError, Registry, RegistryError,

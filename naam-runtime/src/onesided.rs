@@ -104,12 +104,14 @@ mod tests {
     use proptest::prelude::*;
 
     fn table() -> (RegionTable, u64, u64) {
-        let mut t = RegionTable::new();
+        let t = RegionTable::new();
         let rw = t
             .register(1, "rw", ALL_RIGHTS, RegionMemory::zeroed(64))
+            .unwrap()
             .rkey;
         let ro = t
             .register(1, "ro", READ_ONLY, RegionMemory::from_bytes(&[7u8; 16]))
+            .unwrap()
             .rkey;
         (t, rw, ro)
     }

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::intmap::IntMap;
+use crate::append_map::{AppendError, AppendMap};
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_MASK, ACCESS_READ, ACCESS_WRITE};
 
 /// 8-byte aligned, fixed-size memory shared by every placement of one server: heap memory in
@@ -470,67 +470,124 @@ impl Resolved {
     }
 }
 
-/// Every region of one server, by rkey.
-#[derive(Debug, Default)]
+/// Every region of one server, by rkey. Regions are added while it serves (an app created
+/// at run time, [`crate::cluster::Cluster::create_app`]) and never taken away: a reader
+/// looks a key up without a lock ([`AppendMap`]), and a region stays as long as the table.
+#[derive(Debug)]
 pub struct RegionTable {
-    by_key: IntMap<u64, Arc<Region>>,
+    by_key: AppendMap<u64, Arc<Region>>,
 }
 
-/// A fresh random rkey (never 0, never in use).
-fn fresh_rkey(used: &IntMap<u64, Arc<Region>>) -> u64 {
+impl Default for RegionTable {
+    /// A table for [`RegionTable::DEFAULT_CAPACITY`] regions.
+    fn default() -> Self {
+        RegionTable::with_capacity(RegionTable::DEFAULT_CAPACITY)
+    }
+}
+
+/// Why a region could not be registered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegisterError {
+    /// The rkey asked for is 0 or another region's.
+    #[error("rkey {0:#x} is 0 or already in use")]
+    KeyInUse(u64),
+    /// The table holds as many regions as it was made for.
+    #[error("the region table is full ({capacity} regions)")]
+    Full {
+        /// Regions it was made for.
+        capacity: usize,
+    },
+}
+
+/// A random rkey, never 0 (the caller checks it is not in use).
+fn random_rkey() -> u64 {
     loop {
         let mut b = [0u8; 8];
         // A failing OS RNG is not recoverable for a capability system.
         getrandom::fill(&mut b).expect("the OS random number generator failed");
         let k = u64::from_ne_bytes(b);
-        if k != 0 && !used.contains_key(&k) {
+        if k != 0 {
             return k;
         }
     }
 }
 
 impl RegionTable {
-    /// An empty table.
+    /// Regions a table from [`RegionTable::new`] holds.
+    pub const DEFAULT_CAPACITY: usize = 1024;
+
+    /// An empty table for [`RegionTable::DEFAULT_CAPACITY`] regions.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// An empty table for up to `capacity` regions.
+    pub fn with_capacity(capacity: usize) -> Self {
+        RegionTable {
+            by_key: AppendMap::with_capacity(capacity),
+        }
+    }
+
+    /// Regions it may hold.
+    pub fn capacity(&self) -> usize {
+        self.by_key.capacity()
+    }
+
+    /// Regions it holds.
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
     /// Registers `mem` for `app` with `access` rights under a fresh random rkey.
     pub fn register(
-        &mut self,
+        &self,
         app: u32,
         name: &str,
         access: u32,
         mem: RegionMemory,
-    ) -> Arc<Region> {
-        let rkey = fresh_rkey(&self.by_key);
-        self.insert(rkey, app, name, access, mem)
-    }
-
-    /// Registers `mem` under a given `rkey` (a NIC process mirroring the server's table); `None`
-    /// when the rkey is 0 or already in use.
-    pub fn register_with_key(
-        &mut self,
-        rkey: u64,
-        app: u32,
-        name: &str,
-        access: u32,
-        mem: RegionMemory,
-    ) -> Option<Arc<Region>> {
-        if rkey == 0 || self.by_key.contains_key(&rkey) {
-            return None;
+    ) -> Result<Arc<Region>, RegisterError> {
+        let mut region = Region {
+            rkey: random_rkey(),
+            app,
+            name: name.to_string(),
+            access: access & ACCESS_MASK,
+            mem,
+        };
+        loop {
+            let rkey = region.rkey;
+            match self.by_key.insert(rkey, Arc::new(region)) {
+                Ok(r) => return Ok(r.clone()),
+                // Another region's key (one chance in 2^64 a region): draw again.
+                Err((AppendError::Taken, back)) => match Arc::into_inner(back) {
+                    Some(r) => region = r,
+                    None => unreachable!("an Arc just made has no other owner"),
+                },
+                Err((AppendError::Full { capacity }, _)) => {
+                    return Err(RegisterError::Full { capacity })
+                }
+            }
+            region.rkey = random_rkey();
         }
-        Some(self.insert(rkey, app, name, access, mem))
     }
 
-    fn insert(
-        &mut self,
+    /// Registers `mem` under a given `rkey` (a NIC process mirroring the server's table).
+    pub fn register_with_key(
+        &self,
         rkey: u64,
         app: u32,
         name: &str,
         access: u32,
         mem: RegionMemory,
-    ) -> Arc<Region> {
+    ) -> Result<Arc<Region>, RegisterError> {
+        if rkey == 0 {
+            return Err(RegisterError::KeyInUse(rkey));
+        }
         let region = Arc::new(Region {
             rkey,
             app,
@@ -538,13 +595,22 @@ impl RegionTable {
             access: access & ACCESS_MASK,
             mem,
         });
-        self.by_key.insert(rkey, region.clone());
-        region
+        match self.by_key.insert(rkey, region) {
+            Ok(r) => Ok(r.clone()),
+            Err((AppendError::Full { capacity }, _)) => Err(RegisterError::Full { capacity }),
+            Err(_) => Err(RegisterError::KeyInUse(rkey)),
+        }
     }
 
     /// The region named `rkey`, if it belongs to `app`.
+    #[inline]
     pub fn get(&self, app: u32, rkey: u64) -> Option<&Arc<Region>> {
-        self.by_key.get(&rkey).filter(|r| r.app == app)
+        self.by_key.get(rkey).filter(|r| r.app == app)
+    }
+
+    /// Whether some region has `rkey`.
+    pub fn contains_key(&self, rkey: u64) -> bool {
+        self.by_key.contains_key(rkey)
     }
 
     /// Every app's regions, in no particular order.
@@ -614,9 +680,13 @@ mod tests {
 
     #[test]
     fn resolution_checks_key_app_rights_and_bounds() {
-        let mut t = RegionTable::new();
-        let a = t.register(1, "a", READ_ONLY, RegionMemory::zeroed(64));
-        let b = t.register(2, "b", ALL_RIGHTS, RegionMemory::zeroed(64));
+        let t = RegionTable::new();
+        let a = t
+            .register(1, "a", READ_ONLY, RegionMemory::zeroed(64))
+            .unwrap();
+        let b = t
+            .register(2, "b", ALL_RIGHTS, RegionMemory::zeroed(64))
+            .unwrap();
         assert_ne!(a.rkey, b.rkey);
         assert!(t.resolve(1, &d(a.rkey, 0, 64, ACCESS_READ)).is_ok());
         assert_eq!(
@@ -716,14 +786,16 @@ mod tests {
     #[test]
     fn a_view_shares_its_regions_memory_and_keeps_it_alive() {
         let len = HUGE_PAGE + 24;
-        let mut host = RegionTable::new();
-        let region = host.register(
-            1,
-            "log",
-            ACCESS_READ | ACCESS_WRITE,
-            RegionMemory::zeroed(len),
-        );
-        let mut nic = RegionTable::new();
+        let host = RegionTable::new();
+        let region = host
+            .register(
+                1,
+                "log",
+                ACCESS_READ | ACCESS_WRITE,
+                RegionMemory::zeroed(len),
+            )
+            .unwrap();
+        let nic = RegionTable::new();
         let seen = nic
             .register_with_key(
                 region.rkey,

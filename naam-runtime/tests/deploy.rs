@@ -216,3 +216,203 @@ fn a_recorded_deploy_is_served_again_and_a_record_that_cannot_be_is_dropped() {
     assert!(!shm.path().join(format!("deployed-app{APP}.json")).exists());
     assert!(!object.exists());
 }
+
+/// A read descriptor of `len` bytes at `offset` of region `rkey`.
+fn rd(rkey: u64, offset: u64, len: u32) -> naam_ebpf::abi::Descriptor {
+    naam_ebpf::abi::Descriptor {
+        rkey,
+        offset,
+        len,
+        access: naam_ebpf::abi::ACCESS_READ,
+    }
+}
+
+#[test]
+fn an_app_created_while_the_cluster_serves_runs_at_every_placement_on_its_own_regions() {
+    use naam_ebpf::abi::{ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
+    const NEW: u32 = 40;
+    let c = started_with(vec![HandlerSpec::read("two_step")]);
+    let theirs = c.region_key(APP, "data").unwrap();
+    assert!(c.region_key(NEW, "data").is_none());
+    let mut client = c.client();
+    assert_eq!(
+        client
+            .call(NEW, handler_id("add"), &[], &[])
+            .unwrap()
+            .status,
+        Status::UnknownApp
+    );
+    let mut spec = common::examples_app(NEW);
+    spec.name = "created".into();
+    spec.handlers = vec![
+        HandlerSpec::read("two_step").engine(EngineKind::Tiered),
+        HandlerSpec::write("counter_add"),
+    ];
+    let d = c.create_app(&spec).unwrap();
+    assert_eq!((d.app, d.version, d.handlers.len()), (NEW, 1, 2));
+    assert_eq!(c.registry().app(NEW).unwrap().name, "created");
+    let data = c.region_key(NEW, "data").unwrap();
+    assert_ne!(data, theirs);
+    for p in Placement::ALL {
+        let r = client
+            .call_at(
+                p,
+                NEW,
+                handler_id("two_step"),
+                &words(&[data]),
+                &[rd(data, 0, 16)],
+            )
+            .unwrap();
+        assert_eq!((r.status, r.steps), (Status::Ok, 2), "{p}");
+        assert_eq!(&r.payload[..], &words(&[1042])[..], "{p}");
+        // The other app's region is not the new app's to name, at any placement.
+        let r = client
+            .call_at(
+                p,
+                NEW,
+                handler_id("two_step"),
+                &words(&[theirs]),
+                &[rd(theirs, 0, 16)],
+            )
+            .unwrap();
+        assert_eq!(r.status, Status::BadKey, "{p}");
+    }
+    // Its writes are owned, deduplicated and applied to its own memory only.
+    let w = naam_ebpf::abi::Descriptor {
+        rkey: data,
+        offset: 16,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    for _ in 0..3 {
+        let r = client
+            .call(NEW, handler_id("counter_add"), &words(&[5]), &[w])
+            .unwrap();
+        assert_eq!(r.status, Status::Ok);
+    }
+    let counter = |app| {
+        u64::from_le_bytes(
+            c.region_snapshot(app, "data").unwrap()[16..24]
+                .try_into()
+                .unwrap(),
+        )
+    };
+    assert_eq!((counter(NEW), counter(APP)), (15, 0));
+    assert_eq!(c.owner(NEW), Some(Placement::Host));
+    assert!(c.app_accounts().iter().any(|a| a.app == NEW));
+    // The app that was there answers as before.
+    let r = client
+        .call(
+            APP,
+            handler_id("two_step"),
+            &words(&[theirs]),
+            &[rd(theirs, 0, 16)],
+        )
+        .unwrap();
+    assert_eq!(r.status, Status::Ok);
+}
+
+#[test]
+fn an_app_that_cannot_be_created_changes_nothing_and_says_why() {
+    let mut config = ClusterConfig::functional();
+    config.run_time_apps = 2;
+    let mut app = common::examples_app(APP);
+    app.handlers = vec![HandlerSpec::read("add")];
+    let c = Cluster::builder().config(config).app(app).build().unwrap();
+    let spec = |id| {
+        let mut s = common::examples_app(id);
+        s.handlers = vec![HandlerSpec::read("add")];
+        s
+    };
+    // Its id taken.
+    assert!(matches!(
+        c.create_app(&spec(APP)),
+        Err(ClusterError::AppExists(APP))
+    ));
+    // A handler the verifier rejects: no app, no regions.
+    let mut bad = spec(50);
+    let mut object: LoadedObject = common::examples().1.clone();
+    object.programs.push(Program::from_bytecode(
+        "wild_jump",
+        [[0x05, 0, 100, 0, 0, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]].concat(),
+    ));
+    bad.object = Arc::new(object);
+    bad.handlers.push(HandlerSpec::read("wild_jump"));
+    let e = c.create_app(&bad).unwrap_err();
+    assert!(e.to_string().contains("wild_jump"), "{e}");
+    assert!(c.registry().app(50).is_none() && c.region_key(50, "data").is_none());
+    assert_eq!(c.regions().len(), 2);
+    // Two regions of one name.
+    let mut twice = spec(51);
+    twice.regions.push(twice.regions[0].clone());
+    let e = c.create_app(&twice).unwrap_err();
+    assert!(e.to_string().contains("sorted"), "{e}");
+    // Too many regions.
+    let mut many = spec(52);
+    many.regions = (0..=naam_runtime::cluster::MAX_CREATED_APP_REGIONS)
+        .map(|i| naam_runtime::cluster::RegionSpec {
+            name: format!("r{i}"),
+            ..many.regions[0].clone()
+        })
+        .collect();
+    assert!(matches!(
+        c.create_app(&many),
+        Err(ClusterError::NoRoom { app: 52, .. })
+    ));
+    assert_eq!(c.regions().len(), 2);
+    // Room for two apps: the third is refused, and the two answer.
+    c.create_app(&spec(60)).unwrap();
+    c.create_app(&spec(61)).unwrap();
+    let e = c.create_app(&spec(62)).unwrap_err();
+    assert!(matches!(e, ClusterError::NoRoom { app: 62, .. }), "{e}");
+    assert!(e.to_string().contains("room"), "{e}");
+    let mut client = c.client();
+    for app in [APP, 60, 61] {
+        let r = client
+            .call(app, handler_id("add"), &words(&[2, 3]), &[])
+            .unwrap();
+        assert_eq!(r.status, Status::Ok, "app {app}");
+    }
+    assert_eq!(
+        client.call(62, handler_id("add"), &[], &[]).unwrap().status,
+        Status::UnknownApp
+    );
+}
+
+#[test]
+fn calls_to_every_app_are_answered_while_apps_are_created() {
+    // 60 apps: within the default room for apps created at run time.
+    let c = Arc::new(started_with(vec![HandlerSpec::read("add")]));
+    let stop = Arc::new(AtomicBool::new(false));
+    let created = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let caller = {
+        let (c, stop, created) = (c.clone(), stop.clone(), created.clone());
+        std::thread::spawn(move || {
+            let mut client = c.client();
+            let mut calls = 0u64;
+            while !stop.load(Ordering::Acquire) || calls < 100 {
+                // Every app created so far answers, at every placement.
+                let n = created.load(Ordering::Acquire);
+                for app in std::iter::once(APP).chain((0..n).map(|i| 100 + i)) {
+                    let p = Placement::ALL[calls as usize % 3];
+                    let r = client
+                        .call_at(p, app, handler_id("add"), &words(&[calls, 1]), &[])
+                        .unwrap();
+                    assert_eq!(r.status, Status::Ok, "app {app} at {p}");
+                    assert_eq!(&r.payload[..], &words(&[calls + 1])[..]);
+                }
+                calls += 1;
+            }
+            calls
+        })
+    };
+    for i in 0..60u32 {
+        let mut spec = common::examples_app(100 + i);
+        spec.handlers = vec![HandlerSpec::read("add").engine(EngineKind::Interp)];
+        c.create_app(&spec).unwrap();
+        created.store(i + 1, Ordering::Release);
+    }
+    stop.store(true, Ordering::Release);
+    assert!(caller.join().unwrap() >= 100);
+    assert_eq!(c.registry().apps().count(), 61);
+}

@@ -45,7 +45,7 @@ struct World {
 const APP: u32 = 7;
 
 fn world() -> World {
-    let mut regions = RegionTable::new();
+    let regions = RegionTable::new();
     let sorted = regions
         .register(
             APP,
@@ -53,6 +53,7 @@ fn world() -> World {
             READ_ONLY,
             RegionMemory::from_bytes(&words(&(0..256u64).map(|i| i * 2).collect::<Vec<_>>())),
         )
+        .unwrap()
         .rkey;
     let data = regions
         .register(
@@ -61,9 +62,11 @@ fn world() -> World {
             READ_WRITE,
             RegionMemory::from_bytes(&words(&[24, 1000, 0, 42, 0, 0, 0, 0])),
         )
+        .unwrap()
         .rkey;
     let other_app_key = regions
         .register(APP + 1, "other", READ_WRITE, RegionMemory::zeroed(64))
+        .unwrap()
         .rkey;
     let mut registry = Registry::new();
     registry.add_app(APP, "test", Placement::Host).unwrap();

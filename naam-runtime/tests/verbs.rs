@@ -85,8 +85,10 @@ fn one_sided_and_two_sided_operations_on_a_loopback_pair() {
 #[test]
 fn the_server_side_registers_regions_and_connects_peers() {
     let Some(dev) = device() else { return };
-    let mut table = RegionTable::new();
-    let r = table.register(1, "data", ALL_RIGHTS, RegionMemory::from_bytes(&[42u8; 64]));
+    let table = RegionTable::new();
+    let r = table
+        .register(1, "data", ALL_RIGHTS, RegionMemory::from_bytes(&[42u8; 64]))
+        .unwrap();
     let peers = Peers::new(dev.clone(), Arc::new(table), &|_, _| ALL_RIGHTS).unwrap();
     let regions = peers.regions();
     assert_eq!(regions.len(), 1);

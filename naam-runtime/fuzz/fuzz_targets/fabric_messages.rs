@@ -13,10 +13,13 @@ use naam_runtime::onesided::execute;
 use naam_runtime::{RegionMemory, RegionTable, ALL_RIGHTS, READ_ONLY};
 
 fuzz_target!(|data: &[u8]| {
-    let mut t = RegionTable::new();
+    let t = RegionTable::new();
     // Small rkeys, so that mutated inputs reach real regions, not only the bad-key path.
-    t.register_with_key(1, 1, "rw", ALL_RIGHTS, RegionMemory::zeroed(256));
-    t.register_with_key(2, 1, "ro", READ_ONLY, RegionMemory::zeroed(64));
+    let fresh = "a fresh table takes keys 1 and 2";
+    t.register_with_key(1, 1, "rw", ALL_RIGHTS, RegionMemory::zeroed(256))
+        .expect(fresh);
+    t.register_with_key(2, 1, "ro", READ_ONLY, RegionMemory::zeroed(64))
+        .expect(fresh);
     let b = Bytes::copy_from_slice(data);
     if let Ok(req) = Operation::decode(b.clone()) {
         let c = execute(&t, &req);

@@ -264,7 +264,7 @@ impl Client {
         if let Some(what) = inner.over_budget(req.app) {
             return Refusal::Budget(what).reply(req);
         }
-        let o = match inner.owners.get(&req.app) {
+        let o = match inner.owner(req.app) {
             Some(o) => o,
             None => return Refusal::Status(Status::UnknownApp).reply(req),
         };

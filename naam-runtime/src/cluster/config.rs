@@ -150,7 +150,15 @@ pub struct ClusterConfig {
     pub tenant_budget: TenantBudget,
     /// Run inside a discrete-event simulation (`naam-sim`); `None`: on this machine's clock.
     pub simulated: Option<Simulated>,
+    /// Apps [`super::Cluster::create_app`] may add while the cluster serves, beyond those it
+    /// starts with, each with up to [`MAX_CREATED_APP_REGIONS`] regions: the tables of
+    /// per-app state and regions are sized for them at the start (read without a lock, they
+    /// never grow).
+    pub run_time_apps: usize,
 }
+
+/// Regions an app created at run time ([`super::Cluster::create_app`]) may have.
+pub const MAX_CREATED_APP_REGIONS: usize = 16;
 
 /// What a message that ran did, for a [`ServiceModel`] to turn into a service time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -224,6 +232,7 @@ impl Default for ClusterConfig {
             code_cache: naam_vm::CodeCache::process(),
             tenant_budget: TenantBudget::default(),
             simulated: None,
+            run_time_apps: 64,
         }
     }
 }
@@ -262,6 +271,18 @@ pub enum ClusterError {
     /// write owner with a remote NIC).
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// An app to create has the id of one this cluster has.
+    #[error("app {0} exists already")]
+    AppExists(u32),
+    /// No more apps can be created ([`ClusterConfig::run_time_apps`]), or the app to create
+    /// has more than [`MAX_CREATED_APP_REGIONS`] regions.
+    #[error("app {app} cannot be created: {why}")]
+    NoRoom {
+        /// The app.
+        app: u32,
+        /// Which limit it met.
+        why: String,
+    },
     /// Region memory could not be provided.
     #[error("region {region} of app {app}: {message}")]
     Region {

@@ -81,9 +81,15 @@ pub(super) fn serve_handler<P: DataPath>(
         ));
     }
     {
-        let mut t = inner.dedup[&req.app]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let Some(dedup) = inner.dedup(req.app) else {
+            return refused(Outcome::error(
+                Status::UnknownApp,
+                0,
+                format!("no app {}", req.app),
+                req.steps,
+            ));
+        };
+        let mut t = dedup.lock().unwrap_or_else(|e| e.into_inner());
         let key = (req.origin, req.request_id);
         match t.get(&key) {
             Some(Dedup::Done(c)) => return refused(c.clone()),
@@ -100,7 +106,7 @@ pub(super) fn serve_handler<P: DataPath>(
     }
     let regions = inner.regions.clone();
     let driven = {
-        let _one_writer = inner.owners.get(&req.app).map(|o| o.writer.lock());
+        let _one_writer = inner.owner(req.app).map(|o| o.writer.lock());
         executor::start(req, handler, at, &mut |batch, in_place| {
             apply_journaled(inner, &regions, batch, in_place)
         })
@@ -116,7 +122,7 @@ fn apply_journaled(
     batch: &WriteBatch<'_>,
     in_place: Option<InPlace<'_>>,
 ) -> Result<(), WriteError> {
-    match inner.journals.get(&batch.app) {
+    match inner.journal(batch.app) {
         Some(journal) => journal.apply(batch, || apply_owned(regions, batch, in_place)),
         None => apply_owned(regions, batch, in_place),
     }
@@ -149,7 +155,7 @@ pub(super) fn resume_served<P: DataPath>(
         let regions = inner.regions.clone();
         // A parked write left the lock while it waited: what it read before may be stale, and
         // its batch's CAS on the layout's version then fails (a conflict), as it must.
-        let _one_writer = inner.owners.get(&req.app).map(|o| o.writer.lock());
+        let _one_writer = inner.owner(req.app).map(|o| o.writer.lock());
         executor::resume(run, &req.args, path, vm, clock, &mut |batch, in_place| {
             apply_journaled(inner, &regions, batch, in_place)
         })
@@ -174,11 +180,10 @@ pub(super) fn served(inner: &Inner, req: &Request, driven: Driven, write: bool) 
         }
         Driven::Done(c, cost) => {
             if write {
-                let mut t = inner.dedup[&req.app]
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                t.insert((req.origin, req.request_id), Dedup::Done(c.clone()));
-                drop(t);
+                if let Some(dedup) = inner.dedup(req.app) {
+                    let mut t = dedup.lock().unwrap_or_else(|e| e.into_inner());
+                    t.insert((req.origin, req.request_id), Dedup::Done(c.clone()));
+                }
                 release_owner(inner, req.app);
             }
             Served::Done(c, cost.fetch_ns)
@@ -188,7 +193,7 @@ pub(super) fn served(inner: &Inner, req: &Request, driven: Driven, write: bool) 
 
 /// A write of `app` left its executor: the owner's in-flight count goes down.
 pub(super) fn release_owner(inner: &Inner, app: u32) {
-    if let Some(o) = inner.owners.get(&app) {
+    if let Some(o) = inner.owner(app) {
         o.inflight.fetch_sub(1, Ordering::SeqCst);
     }
 }

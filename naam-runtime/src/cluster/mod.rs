@@ -31,6 +31,7 @@ use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, Sender};
 use naam_ebpf::abi::Descriptor;
 
+use crate::append_map::AppendMap;
 use crate::executor::{
     self, apply_owned, one_sided_read, run_message, ClientPath, Driven, HostPath, NicPath,
     ParkedRun, RunCost,
@@ -363,9 +364,9 @@ struct Inner {
     /// Every app and handler, swapped whole by a deploy ([`Cluster::deploy`]); a reader
     /// holds the version it loaded until its call finishes.
     registry: Arc<ArcSwap<Registry>>,
-    /// Serializes deploys (each makes the next registry from the current one).
-    deploying: Mutex<()>,
-    region_keys: HashMap<(u32, String), u64>,
+    /// Serializes deploys and app creations (each makes the next registry from the current
+    /// one), with what an app created at run time gets its memory and journal from.
+    deploying: Mutex<Backings>,
     /// Executor queues per placement, fair between apps ([`FairQueue`]).
     queues: [Option<Arc<FairQueue<Job>>>; 3],
     agent: Sender<AgentJob>,
@@ -395,13 +396,10 @@ struct Inner {
     /// With remote clients: the signals of each handler's latest decision, and the inputs it
     /// was decided with, from which each client's own Client share is decided.
     signals: RwLock<(SteeringInputs, IntMap<HandlerKey, HandlerLoad>)>,
-    owners: IntMap<u32, Owner>,
-    /// Per app whose regions outlive the process: the undo journal its owner's write batches
-    /// are applied under ([`crate::journal`]).
-    journals: IntMap<u32, crate::journal::WriteJournal>,
-    dedup: IntMap<u32, Mutex<DedupTable>>,
-    /// Per app: what it spent of [`ClusterConfig::tenant_budget`] this period.
-    spent: IntMap<u32, AppBudget>,
+    /// Every app's state beside its registry entry, those of the start and those created at
+    /// run time ([`Cluster::create_app`]); an app's state is in before its handlers are
+    /// published, so a message the registry admits finds it.
+    apps: AppendMap<u32, AppState>,
     client_rtt: Mutex<Ewma>,
     metrics: Metrics,
     congestion: CongestionInjector,
@@ -416,6 +414,49 @@ struct Inner {
     /// The controller of a simulated cluster, which decides when [`Cluster::steer`] is
     /// called (no steering thread).
     driven: Mutex<Option<Controller>>,
+}
+
+/// What the cluster keeps of one app beside its registry entry.
+struct AppState {
+    owner: Owner,
+    /// The undo journal its owner's write batches are applied under, when its regions
+    /// outlive the process ([`crate::journal`]).
+    journal: Option<crate::journal::WriteJournal>,
+    /// Answers of its recent writes, by (origin, request id).
+    dedup: Mutex<DedupTable>,
+    /// What it spent of [`ClusterConfig::tenant_budget`] this period.
+    spent: AppBudget,
+    /// Its regions' rkeys by name, in its spec's order.
+    region_keys: Vec<(String, u64)>,
+}
+
+impl AppState {
+    fn new(
+        spec: &AppSpec,
+        region_keys: Vec<(String, u64)>,
+        journal: Option<crate::journal::WriteJournal>,
+    ) -> AppState {
+        AppState {
+            owner: Owner {
+                placement: AtomicU8::new(spec.owner.abi() as u8),
+                draining: AtomicBool::new(false),
+                inflight: AtomicU32::new(0),
+                epoch: AtomicU64::new(0),
+                writer: WriterLock::default(),
+            },
+            journal,
+            dedup: Mutex::new(DedupTable::default()),
+            spent: AppBudget::default(),
+            region_keys,
+        }
+    }
+}
+
+/// Where an app created at run time gets its regions' memory and its journal: the builder's
+/// backings, kept.
+struct Backings {
+    regions: RegionBacking,
+    journals: Option<JournalBacking>,
 }
 
 /// One app's spending of its [`TenantBudget`] in the current period. Spending is added
@@ -479,7 +520,7 @@ impl Inner {
         retries: u64,
         steps: u64,
     ) {
-        if let Some(b) = self.spent.get(&app) {
+        if let Some(b) = self.budget(app) {
             let budget = self.config.tenant_budget;
             let period = budget.period.as_nanos() as u64;
             let mut s = b.spent.lock().unwrap_or_else(|e| e.into_inner());
@@ -520,11 +561,15 @@ impl Inner {
     fn app_accounts(&self) -> Vec<AppAccount> {
         self.apply_local_reports();
         let mut v: Vec<AppAccount> = self
-            .spent
+            .apps
             .iter()
-            .map(|(&app, b)| AppAccount {
+            .map(|(app, a)| AppAccount {
                 app,
-                ..b.spent.lock().unwrap_or_else(|e| e.into_inner()).totals
+                ..a.spent
+                    .spent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .totals
             })
             .collect();
         v.sort_by_key(|a| a.app);
@@ -534,7 +579,7 @@ impl Inner {
     /// Which of `app`'s budgets is spent for the rest of the period, if one is. An app never
     /// refused costs one atomic read and no clock read (every message admitted asks).
     fn over_budget(&self, app: u32) -> Option<&'static str> {
-        let b = self.spent.get(&app)?;
+        let b = self.budget(app)?;
         if b.refused_until.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -543,7 +588,7 @@ impl Inner {
 
     /// [`Inner::over_budget`] at clock time `now` (one atomic read when nothing is spent).
     fn over_budget_at(&self, app: u32, now: Nanos) -> Option<&'static str> {
-        let b = self.spent.get(&app)?;
+        let b = self.budget(app)?;
         if now >= b.refused_until.load(Ordering::Acquire) {
             return None;
         }
@@ -554,9 +599,32 @@ impl Inner {
         }
     }
 
+    /// `app`'s write ownership.
+    #[inline]
+    fn owner(&self, app: u32) -> Option<&Owner> {
+        self.apps.get(app).map(|a| &a.owner)
+    }
+
+    /// `app`'s undo journal, when its regions outlive the process.
+    #[inline]
+    fn journal(&self, app: u32) -> Option<&crate::journal::WriteJournal> {
+        self.apps.get(app).and_then(|a| a.journal.as_ref())
+    }
+
+    /// `app`'s answers of recent writes.
+    #[inline]
+    fn dedup(&self, app: u32) -> Option<&Mutex<DedupTable>> {
+        self.apps.get(app).map(|a| &a.dedup)
+    }
+
+    /// `app`'s spending this period.
+    #[inline]
+    fn budget(&self, app: u32) -> Option<&AppBudget> {
+        self.apps.get(app).map(|a| &a.spent)
+    }
+
     fn owner_of(&self, app: u32) -> Option<Placement> {
-        self.owners
-            .get(&app)
+        self.owner(app)
             .and_then(|o| Placement::from_abi(o.placement.load(Ordering::SeqCst) as u32))
     }
 
@@ -690,7 +758,7 @@ pub struct Cluster {
 /// Provides the memory of one region of an app: `(memory, rkey)`; `None` picks a fresh random
 /// rkey.
 pub type RegionBackingFn =
-    dyn FnMut(u32, &RegionSpec) -> Result<(RegionMemory, Option<u64>), ClusterError>;
+    dyn FnMut(u32, &RegionSpec) -> Result<(RegionMemory, Option<u64>), ClusterError> + Send;
 
 /// A boxed [`RegionBackingFn`]; without one, a builder backs each region with heap memory
 /// holding its `contents`.
@@ -700,10 +768,10 @@ pub type RegionBacking = Box<RegionBackingFn>;
 /// order of its spec; `None`: its writes are applied unjournaled (memory that dies with the
 /// process needs none).
 pub type JournalBackingFn = dyn FnMut(
-    u32,
-    Vec<Arc<crate::Region>>,
-)
-    -> Result<Option<crate::journal::WriteJournal>, ClusterError>;
+        u32,
+        Vec<Arc<crate::Region>>,
+    ) -> Result<Option<crate::journal::WriteJournal>, ClusterError>
+    + Send;
 
 /// A boxed [`JournalBackingFn`].
 pub type JournalBacking = Box<JournalBackingFn>;
@@ -800,6 +868,9 @@ impl ClusterBuilder {
         let mut backing = self.backing.unwrap_or_else(|| {
             Box::new(|_, r: &RegionSpec| Ok((RegionMemory::from_bytes(&r.contents), None)))
         });
+        let spare_regions = config
+            .run_time_apps
+            .saturating_mul(config::MAX_CREATED_APP_REGIONS);
         let Installed {
             regions,
             registry,
@@ -809,42 +880,40 @@ impl ClusterBuilder {
             &config.verifier,
             &config.code_cache,
             &mut *backing,
+            spare_regions,
         )?;
         if config.remote_nic && self.apps.iter().any(|a| a.owner == Placement::Nic) {
             return Err(ClusterError::Config(
                 "with a remote NIC, writes are owned by the host (owner = host)".into(),
             ));
         }
-        let mut journals = IntMap::default();
-        if let Some(mut backing) = self.journals {
-            for app in &self.apps {
-                let mine = app
-                    .regions
-                    .iter()
-                    .filter_map(|r| region_keys.get(&(app.id, r.name.clone())))
-                    .filter_map(|&k| regions.get(app.id, k).cloned())
-                    .collect();
-                if let Some(j) = backing(app.id, mine)? {
-                    journals.insert(app.id, j);
-                }
-            }
-        }
-        let mut owners = IntMap::default();
-        let mut dedup = IntMap::default();
-        let mut spent = IntMap::default();
+        let mut journal_backing = self.journals;
+        let apps = AppendMap::with_capacity(self.apps.len().saturating_add(config.run_time_apps));
         for app in &self.apps {
-            owners.insert(
-                app.id,
-                Owner {
-                    placement: AtomicU8::new(app.owner.abi() as u8),
-                    draining: AtomicBool::new(false),
-                    inflight: AtomicU32::new(0),
-                    epoch: AtomicU64::new(0),
-                    writer: WriterLock::default(),
-                },
-            );
-            dedup.insert(app.id, Mutex::new(DedupTable::default()));
-            spent.insert(app.id, AppBudget::default());
+            let keys: Vec<(String, u64)> = app
+                .regions
+                .iter()
+                .filter_map(|r| {
+                    Some((r.name.clone(), *region_keys.get(&(app.id, r.name.clone()))?))
+                })
+                .collect();
+            let journal = match &mut journal_backing {
+                Some(backing) => {
+                    let mine = keys
+                        .iter()
+                        .filter_map(|&(_, k)| regions.get(app.id, k).cloned())
+                        .collect();
+                    backing(app.id, mine)?
+                }
+                None => None,
+            };
+            // Ids are unique: the registry refused a repeat.
+            if apps
+                .insert(app.id, AppState::new(app, keys, journal))
+                .is_err()
+            {
+                return Err(ClusterError::Registry(RegistryError::DuplicateApp(app.id)));
+            }
         }
         let now = clock.now();
         let host_q = Arc::new(FairQueue::new(config.queue_capacity));
@@ -874,15 +943,14 @@ impl ClusterBuilder {
             clock,
             regions: Arc::new(regions),
             registry: Arc::new(ArcSwap::from_pointee(registry)),
-            deploying: Mutex::new(()),
-            region_keys,
+            deploying: Mutex::new(Backings {
+                regions: backing,
+                journals: journal_backing,
+            }),
             agent: agent_tx,
             weights: RwLock::new(IntMap::default()),
             signals: RwLock::new((SteeringInputs::default(), IntMap::default())),
-            owners,
-            journals,
-            dedup,
-            spent,
+            apps,
             client_rtt: Mutex::new(Ewma::default()),
             metrics: Metrics::default(),
             congestion: CongestionInjector::default(),
@@ -964,34 +1032,29 @@ pub fn install(apps: &[AppSpec], verifier: &VerifierConfig) -> Result<Installed,
         verifier,
         &naam_vm::CodeCache::process(),
         &mut |_, r| Ok((RegionMemory::from_bytes(&r.contents), None)),
+        0,
     )
 }
 
-/// [`install`] with region memory (and optionally rkeys) from `backing`.
+/// [`install`] with region memory (and optionally rkeys) from `backing`, in a region table
+/// with room for `spare_regions` more.
 pub fn install_with(
     apps: &[AppSpec],
     verifier: &VerifierConfig,
     code_cache: &Arc<naam_vm::CodeCache>,
     backing: &mut RegionBackingFn,
+    spare_regions: usize,
 ) -> Result<Installed, ClusterError> {
-    let mut regions = RegionTable::new();
+    let start: usize = apps.iter().map(|a| a.regions.len()).sum();
+    let regions = RegionTable::with_capacity(start.saturating_add(spare_regions));
     let mut registry = Registry::with_code_cache(code_cache.clone());
     let mut region_keys = HashMap::new();
     for app in apps {
         registry.add_app(app.id, &app.name, app.owner)?;
         registry.add_handlers(app.id, &app.object, &app.handlers, verifier)?;
         for r in &app.regions {
-            let (mem, key) = backing(app.id, r)?;
-            let region = match key {
-                None => regions.register(app.id, &r.name, r.access, mem),
-                Some(k) => regions
-                    .register_with_key(k, app.id, &r.name, r.access, mem)
-                    .ok_or_else(|| ClusterError::Region {
-                        app: app.id,
-                        region: r.name.clone(),
-                        message: format!("rkey {k:#x} is 0 or already in use"),
-                    })?,
-            };
+            let backed = backing(app.id, r)?;
+            let region = register_region(&regions, app.id, r, backed)?;
             region_keys.insert((app.id, r.name.clone()), region.rkey);
         }
     }
@@ -999,6 +1062,25 @@ pub fn install_with(
         regions,
         registry,
         region_keys,
+    })
+}
+
+/// Registers region `r` of `app` in `regions`, with the memory (and rkey, if one is asked
+/// for) its backing gave.
+fn register_region(
+    regions: &RegionTable,
+    app: u32,
+    r: &RegionSpec,
+    (mem, key): (RegionMemory, Option<u64>),
+) -> Result<Arc<crate::Region>, ClusterError> {
+    match key {
+        None => regions.register(app, &r.name, r.access, mem),
+        Some(k) => regions.register_with_key(k, app, &r.name, r.access, mem),
+    }
+    .map_err(|e| ClusterError::Region {
+        app,
+        region: r.name.clone(),
+        message: e.to_string(),
     })
 }
 
@@ -1046,10 +1128,11 @@ impl Cluster {
 
     /// The rkey of `app`'s region `name`.
     pub fn region_key(&self, app: u32, name: &str) -> Option<u64> {
-        self.inner
-            .region_keys
-            .get(&(app, name.to_string()))
-            .copied()
+        let a = self.inner.apps.get(app)?;
+        a.region_keys
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, k)| k)
     }
 
     /// A copy of region memory (tests, inspection).
@@ -1621,8 +1704,7 @@ fn admit_here<'a>(
     }
     if write {
         let o = inner
-            .owners
-            .get(&app)
+            .owner(app)
             .ok_or(Refusal::Status(Status::UnknownApp))?;
         if o.draining.load(Ordering::SeqCst) {
             return Err(Refusal::Status(Status::Busy));

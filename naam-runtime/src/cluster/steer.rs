@@ -208,10 +208,7 @@ pub(super) fn move_owner(
             "the NIC runs in another process and cannot own writes".into(),
         ));
     }
-    let o = inner
-        .owners
-        .get(&app)
-        .ok_or(ClusterError::UnknownApp(app))?;
+    let o = inner.owner(app).ok_or(ClusterError::UnknownApp(app))?;
     o.draining.store(true, Ordering::SeqCst);
     let deadline = Instant::now() + timeout;
     while o.inflight.load(Ordering::SeqCst) > 0 {
