@@ -378,6 +378,16 @@ fn answers_to_unproven_peers_stay_within_the_amplification_limit(d: &mut Deploym
     ] {
         s.send(d.server(), 1, &msg).unwrap();
         let got = s.recv(Duration::from_millis(200)).unwrap();
+        if let (Ok(asked), [(_, m)]) = (Control::request_id(&msg), &got[..]) {
+            // Each answer comes under the request id of the message it answers, a malformed
+            // one's too (read from its header), so that its sender can match it.
+            assert_eq!(
+                Control::request_id(m),
+                Ok(asked),
+                "{}",
+                String::from_utf8_lossy(&msg)
+            );
+        }
         for (_, m) in &got {
             assert!(
                 m.len() + frame <= 3 * (msg.len() + frame),

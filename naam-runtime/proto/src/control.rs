@@ -640,6 +640,19 @@ impl Control {
 
     /// Decodes a control message and its id (the route only picked a receive loop).
     pub fn decode(buf: &[u8]) -> Result<(u64, Control), WireError> {
+        let id = Control::request_id(buf)?;
+        let c = serde_json::from_slice(&buf[CONTROL_HEADER..]).map_err(|_| WireError::Invalid {
+            field: "control body",
+            value: (buf.len() - CONTROL_HEADER) as u64,
+        })?;
+        Ok((id, c))
+    }
+}
+
+impl Control {
+    /// The request id of control message `buf`, read from its header alone: a message whose
+    /// body does not decode is answered under the id its sender will look for.
+    pub fn request_id(buf: &[u8]) -> Result<u64, WireError> {
         header(buf, CONTROL_HEADER, KIND_CONTROL)?;
         if buf[CONTROL_ROUTE + 1..8].iter().any(|&b| b != 0) {
             return Err(WireError::Invalid {
@@ -647,12 +660,7 @@ impl Control {
                 value: 0,
             });
         }
-        let id = u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes"));
-        let c = serde_json::from_slice(&buf[CONTROL_HEADER..]).map_err(|_| WireError::Invalid {
-            field: "control body",
-            value: (buf.len() - CONTROL_HEADER) as u64,
-        })?;
-        Ok((id, c))
+        Ok(u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes")))
     }
 }
 
@@ -857,6 +865,12 @@ mod tests {
         let mut bad = b.to_vec();
         bad[20] = b'!';
         assert!(Control::decode(&bad).is_err());
+        // A body that does not decode still has its header's request id, to answer under.
+        assert_eq!(Control::request_id(&bad), Ok(77));
+        assert!(Control::request_id(&b[..10]).is_err());
+        let mut reserved = b.to_vec();
+        reserved[CONTROL_ROUTE + 1] = 1;
+        assert!(Control::request_id(&reserved).is_err());
     }
 
     #[test]

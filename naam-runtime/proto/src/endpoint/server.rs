@@ -1333,7 +1333,9 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 let m = Control::Error {
                     message: format!("malformed control message: {e}"),
                 };
-                self.send_unproven(peer, msg.len(), 0, m.to_bytes(0));
+                // Under the request's id when its header was whole, so the sender matches it.
+                let id = Control::request_id(msg).unwrap_or(0);
+                self.send_unproven(peer, msg.len(), id, m.to_bytes(id));
                 return;
             }
         };
@@ -1895,7 +1897,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 let m = Control::Error {
                     message: format!("malformed control message: {e}"),
                 };
-                self.send_on(&ch, 0, m.to_bytes(0));
+                let id = Control::request_id(inner).unwrap_or(0);
+                self.send_on(&ch, id, m.to_bytes(id));
                 return;
             }
         };
