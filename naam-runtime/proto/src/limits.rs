@@ -29,6 +29,11 @@ pub const MAX_DEPLOY_OBJECT: usize = 1 << 20;
 /// Deploys and undeploys a tenant may make a second on one server by default
 /// ([`crate::endpoint::ServerConfig::deploys_per_second`]).
 pub const DEPLOYS_PER_SECOND: f64 = 10.0;
+/// Bytes a control message from a tenant refused for its deploy rate may have, until the
+/// wait its refusal named is over: larger ones (upload chunks, 6 KB) are dropped unread, so
+/// a tenant that ignores the wait cannot make a receive loop decode its uploads. Queries and
+/// the deploy request itself are smaller.
+pub const MUTED_CONTROL_BYTES: usize = 1024;
 /// Bytes of a handler's name a deploy may give it (with [`MAX_DEPLOY_HANDLERS`], the
 /// answer's reports and the app's manifest page stay within a message).
 pub const MAX_HANDLER_NAME: usize = 64;

@@ -1441,8 +1441,21 @@ fn an_upload_is_taken_in_order_and_a_deploy_needs_its_whole_object_in_its_own_ap
     let over = refusal(w.ask(&Control::Undeploy { app: APP }));
     assert!(over.contains("at most 10 times a second"), "{over}");
     assert!(over.contains("retry in"), "{over}");
-    // A second later the bucket has refilled.
+    // An upload that ignores the wait is dropped unread until the wait is over (the
+    // refusal's ~100 ms); its retransmission after that is taken, and small messages are
+    // answered all along.
+    let refused_at = w.now;
+    assert_eq!(w.server.stats().deploy_flood_drops, 0);
+    assert_eq!(received(w.ask(&chunk(0, c))), c);
+    assert!(w.server.stats().deploy_flood_drops >= 1);
+    assert!(
+        w.now - refused_at >= 90 * MS,
+        "answered before the wait was over"
+    );
+    // A second later the bucket has refilled (the small object uploaded again: the chunk
+    // above began another upload).
     w.now += 1_000 * MS;
+    assert_eq!(received(w.ask(&fresh)), 2);
     assert!(matches!(w.ask(&deploy(small)), Control::Deployed { .. }));
 }
 

@@ -739,6 +739,9 @@ pub struct ServerStats {
     pub flood_drops: u64,
     /// Datagrams from peers without a session dropped over the strangers' rate limit.
     pub stranger_drops: u64,
+    /// Control messages over [`limits::MUTED_CONTROL_BYTES`] dropped unread because their
+    /// tenant was still to wait out a deploy-rate refusal (it uploaded anyway).
+    pub deploy_flood_drops: u64,
 }
 
 impl std::ops::AddAssign for ServerStats {
@@ -757,6 +760,7 @@ impl std::ops::AddAssign for ServerStats {
             batches,
             flood_drops,
             stranger_drops,
+            deploy_flood_drops,
         } = o;
         self.host += host;
         self.forwarded += forwarded;
@@ -770,6 +774,7 @@ impl std::ops::AddAssign for ServerStats {
         self.batches += batches;
         self.flood_drops += flood_drops;
         self.stranger_drops += stranger_drops;
+        self.deploy_flood_drops += deploy_flood_drops;
     }
 }
 
@@ -835,6 +840,12 @@ impl ServerStats {
                 "stranger_drops",
                 "Datagrams without a session dropped over the strangers' rate limit.",
                 self.stranger_drops,
+            ),
+            (
+                "deploy_flood_drops",
+                "Large control messages (upload chunks) dropped unread while their tenant was \
+                 still to wait out a deploy-rate refusal.",
+                self.deploy_flood_drops,
             ),
         ]
     }
@@ -1003,6 +1014,9 @@ pub struct ServerEndpoint<B> {
     uploads: HashMap<String, Upload>,
     /// NIC load reports in a row that showed an older manifest than the newest.
     nic_behind_reports: u64,
+    /// Tenants refused for their deploy rate, until when: their control messages over
+    /// [`limits::MUTED_CONTROL_BYTES`] are dropped unread until then.
+    deploys_muted: HashMap<String, Nanos>,
     stats: ServerStats,
     switch: Selector,
     draining: bool,
@@ -1062,6 +1076,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             pages_version: config.manifest.version,
             uploads: HashMap::new(),
             nic_behind_reports: 0,
+            deploys_muted: HashMap::new(),
             config,
             stats: ServerStats::default(),
             switch: Selector::default(),
@@ -1889,6 +1904,10 @@ impl<B: HostBackend> ServerEndpoint<B> {
     }
 
     fn control(&mut self, now: Nanos, sid: u64, role: &Role, ch: Channel, inner: &Bytes) {
+        if self.deploy_muted(now, role, inner.len()) {
+            self.stats.deploy_flood_drops += 1;
+            return;
+        }
         self.stats.control += 1;
         let (id, c) = match Control::decode(inner) {
             Ok(x) => x,
@@ -2197,15 +2216,42 @@ impl<B: HostBackend> ServerEndpoint<B> {
         id: u64,
     ) -> Result<(), String> {
         let rate = self.config.deploys_per_second;
-        self.config
+        let wait = match self
+            .config
             .directory
             .take_deploy_token(tenant, sid, id, now, rate)
-            .map_err(|wait| {
-                format!(
-                    "tenant {tenant} deploys at most {rate} times a second here: retry in {} ms",
-                    (wait * 1e3).ceil()
-                )
-            })
+        {
+            Ok(()) => return Ok(()),
+            Err(wait) => wait,
+        };
+        // Until the wait is over, this tenant's uploads are not read (see `deploy_muted`).
+        let until = now.saturating_add((wait * 1e9).min(u64::MAX as f64) as u64);
+        self.deploys_muted.insert(tenant.to_string(), until);
+        Err(format!(
+            "tenant {tenant} deploys at most {rate} times a second here: retry in {} ms",
+            (wait * 1e3).ceil()
+        ))
+    }
+
+    /// Whether a control message of `len` bytes from a session of `role` is dropped unread:
+    /// its tenant was refused for its deploy rate and the wait is not over, and the message
+    /// is larger than anything but an upload ([`limits::MUTED_CONTROL_BYTES`]). Costs one
+    /// emptiness check while no tenant is muted.
+    fn deploy_muted(&mut self, now: Nanos, role: &Role, len: usize) -> bool {
+        if self.deploys_muted.is_empty() || len <= limits::MUTED_CONTROL_BYTES {
+            return false;
+        }
+        let Role::Tenant { name, .. } = role else {
+            return false;
+        };
+        match self.deploys_muted.get(name.as_str()) {
+            Some(&until) if now < until => true,
+            Some(_) => {
+                self.deploys_muted.remove(name.as_str());
+                false
+            }
+            None => false,
+        }
     }
 
     /// Takes in bytes of tenant `tenant`'s upload for `app` ([`Control::DeployChunk`]).
