@@ -152,6 +152,12 @@ impl CodeCache {
         p
     }
 
+    /// The live [`Prepared`] under `key`, if an executable holds one.
+    pub(super) fn live_prepared(&self, key: &CodeKey) -> Option<Arc<Prepared>> {
+        let m = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(key).and_then(Weak::upgrade)
+    }
+
     /// Code held in memory under `key` (another executable of the same program has it).
     pub(super) fn in_memory_code(&self, key: &CodeKey) -> Option<Arc<HostCode>> {
         let code = self.memory.lock().ok()?.get(key).and_then(Weak::upgrade)?;

@@ -290,6 +290,14 @@ pub(crate) struct Prepared {
     pub(crate) program: Program,
 }
 
+/// Why [`Executable::prepare`] failed.
+enum PrepareError {
+    /// The verifier refused the program.
+    Rejected(Violation),
+    /// The program's code key could not be made.
+    Key(crate::jit::JitError),
+}
+
 /// A verified handler bound to an engine.
 pub struct Executable {
     id: u64,
@@ -333,41 +341,37 @@ impl Executable {
         )
     }
 
-    /// Verifies, analyses and compiles `program`.
+    /// Verifies, analyses and compiles `program`. When another live executable on the same
+    /// code cache holds the same program verified and analysed under the same settings (its
+    /// [`cache::prepared_key`] covers every input of the verdict and the analysis), its
+    /// verdict and analysis are taken instead of being made again: 10,000 instances of one
+    /// app verify each handler once.
     pub fn build(program: &Program, options: &ExecOptions) -> Result<Executable, EngineError> {
         let started = Instant::now();
-        let checked =
-            check(program, &options.verifier).map_err(|violation| EngineError::Rejected {
-                name: program.name.clone(),
-                violation,
-            })?;
         // A tiered handler serves on the interpreter as soon as it is verified: the analysis
         // (most of a build's time) runs in the background with the compile, and until then
         // every access scans the grants.
         let analysed = options.engine != EngineKind::Tiered;
-        let facts = if analysed {
-            analyze(
-                &checked,
-                program,
-                &options.entry.assumptions(),
-                options.helpers,
-            )
-        } else {
-            Facts::unanalysed(&checked, options.helpers)
-        };
         let jit_err = |source| EngineError::Jit {
             name: program.name.clone(),
             source,
         };
-        let key = code_key(program, options).map_err(jit_err)?;
-        let prepared = options.code_cache.share_prepared(
-            cache::prepared_key(&key, program, options, analysed),
-            Prepared {
-                checked,
-                facts,
-                program: program.clone(),
-            },
-        );
+        let known = code_key(program, options).ok().and_then(|key| {
+            let prepared = options
+                .code_cache
+                .live_prepared(&cache::prepared_key(&key, program, options, analysed))?;
+            Some((key, prepared))
+        });
+        let (key, prepared) = match known {
+            Some(known) => known,
+            None => Executable::prepare(program, options, analysed).map_err(|e| match e {
+                PrepareError::Rejected(violation) => EngineError::Rejected {
+                    name: program.name.clone(),
+                    violation,
+                },
+                PrepareError::Key(source) => jit_err(source),
+            })?,
+        };
         let (checked, facts) = (&prepared.checked, &prepared.facts);
         let code = match options.engine {
             EngineKind::Interp => Code::Interp(InterpCode::new(checked, facts)),
@@ -422,6 +426,36 @@ impl Executable {
             code,
             compile_time: started.elapsed(),
         })
+    }
+
+    /// Verifies and (if `analysed`) analyses `program`, then shares the result on the code
+    /// cache under its key.
+    fn prepare(
+        program: &Program,
+        options: &ExecOptions,
+        analysed: bool,
+    ) -> Result<(CodeKey, std::sync::Arc<Prepared>), PrepareError> {
+        let checked = check(program, &options.verifier).map_err(PrepareError::Rejected)?;
+        let facts = if analysed {
+            analyze(
+                &checked,
+                program,
+                &options.entry.assumptions(),
+                options.helpers,
+            )
+        } else {
+            Facts::unanalysed(&checked, options.helpers)
+        };
+        let key = code_key(program, options).map_err(PrepareError::Key)?;
+        let prepared = options.code_cache.share_prepared(
+            cache::prepared_key(&key, program, options, analysed),
+            Prepared {
+                checked,
+                facts,
+                program: program.clone(),
+            },
+        );
+        Ok((key, prepared))
     }
 
     /// Handler name: its section name without `naam/`.
@@ -1258,6 +1292,50 @@ mod tests {
 
     fn program(insns: &[crate::insn::Insn]) -> Program {
         Program::from_bytecode("t", crate::insn::encode_all(insns))
+    }
+
+    #[test]
+    fn a_program_verified_under_the_same_settings_is_not_verified_again_and_others_are() {
+        use crate::insn::Insn;
+        use crate::opcode::*;
+        let p = program(&[
+            Insn::new(CLASS_ALU64 | ALU_MOV, 0, 0, 0, 7),
+            Insn::new(CLASS_ALU64 | ALU_ADD, 0, 0, 0, 1),
+            Insn::EXIT,
+        ]);
+        let cache = std::sync::Arc::new(CodeCache::in_memory());
+        for engine in [EngineKind::Interp, EngineKind::Tiered, EngineKind::Jit] {
+            let options = ExecOptions {
+                code_cache: cache.clone(),
+                ..ExecOptions::new(engine, DEFAULT_BUDGET)
+            };
+            let first = Executable::build(&p, &options).unwrap();
+            let again = Executable::build(&p, &options).unwrap();
+            // One verified program, shared: the second build took it.
+            assert!(std::ptr::eq(first.program(), again.program()), "{engine:?}");
+            // Settings the verdict depends on are part of the key: a stricter verifier
+            // verifies anew, and refuses.
+            let strict = ExecOptions {
+                verifier: VerifierConfig {
+                    max_insns: 2,
+                    ..VerifierConfig::default()
+                },
+                ..options.clone()
+            };
+            assert!(matches!(
+                Executable::build(&p, &strict),
+                Err(EngineError::Rejected { .. })
+            ));
+            // As is another program of the same length.
+            let mut other = p.clone();
+            other.code[4] = 8;
+            let o = Executable::build(&other, &options).unwrap();
+            assert!(!std::ptr::eq(first.program(), o.program()));
+            let mut vm = Vm::new();
+            let mut mem = [0u8; 8];
+            let raw = Executable::build(&other, &ExecOptions::conformance(engine)).unwrap();
+            assert_eq!(vm.run_raw(&raw, &mut mem).unwrap().r0, 9, "{engine:?}");
+        }
     }
 
     /// A step that stores byte 0 of its segment 0 in state word `step` and continues until
