@@ -229,6 +229,38 @@ pub struct DeployHandler {
     pub write: bool,
 }
 
+/// A region an app created at run time starts with ([`Control::CreateApp`]): zeroed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewRegion {
+    /// Its name (descriptors' rkeys are looked up by it); 1 to
+    /// [`crate::limits::MAX_CREATED_NAME`] letters, digits, `-` and `_`.
+    pub name: String,
+    /// Its size in bytes (at least 1; the tenant's region quota bounds it).
+    pub len: u64,
+    /// `ACCESS_*` rights its handlers get on it (other bits are refused).
+    pub access: u32,
+}
+
+/// Whether `name` may name an app or region a tenant creates: 1 to
+/// [`crate::limits::MAX_CREATED_NAME`] ASCII letters, digits, `-` and `_` (the server
+/// makes file names of it), else why not.
+pub fn check_created_name(what: &str, name: &str) -> Result<(), String> {
+    let fits = !name.is_empty() && name.len() <= crate::limits::MAX_CREATED_NAME;
+    let plain = name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if fits && plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} name {:?}: names are 1 to {} ASCII letters, digits, '-' and '_'",
+            name.chars().take(80).collect::<String>(),
+            crate::limits::MAX_CREATED_NAME
+        ))
+    }
+}
+
 /// The verifier's report on one deployed handler ([`Control::Deployed`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeployReport {
@@ -507,6 +539,28 @@ pub enum Control {
         /// The app; one the session's tenant has.
         app: u32,
     },
+    /// Tenant → server: create app `name` for the session's tenant, with `regions` (zeroed)
+    /// and no handlers (a [`Control::Deploy`] into it installs them), within the tenant's
+    /// quotas on apps and region bytes. The answer is [`Control::AppCreated`] (also when the
+    /// tenant has an app of that name with the same regions already: its regions and data
+    /// are kept) or an `Error` with the reason. The session's tenant, and every session of
+    /// its credential, may use the app from the answer on.
+    CreateApp {
+        /// The app's name: free on the server (no other app has it), and the name a hello
+        /// may give to authenticate as its tenant.
+        name: String,
+        /// Its regions, at most [`crate::limits::MAX_CREATED_APP_REGIONS`].
+        regions: Vec<NewRegion>,
+    },
+    /// Server → tenant: the app exists, with this id, in [`Manifest::version`] `version`.
+    AppCreated {
+        /// Its id.
+        app: u32,
+        /// Its name.
+        name: String,
+        /// The manifest version that has it.
+        version: u64,
+    },
     /// NIC → server: draining, stop forwarding.
     NicBye,
     /// Server → NIC: a client session the NIC must check and answer by itself.
@@ -615,6 +669,8 @@ impl Control {
             Control::Deploy { .. } => "deploy",
             Control::Deployed { .. } => "deployed",
             Control::Undeploy { .. } => "undeploy",
+            Control::CreateApp { .. } => "create-app",
+            Control::AppCreated { .. } => "app-created",
             Control::Error { .. } => "error",
         }
     }
@@ -845,6 +901,19 @@ pub struct SwitchCounters {
 
 #[cfg(test)]
 mod tests {
+    /// Names of created apps and regions become file names: only plain ones pass.
+    #[test]
+    fn created_names_are_plain_and_short() {
+        for ok in ["mine", "a-b_c9", &"x".repeat(crate::limits::MAX_CREATED_NAME)] {
+            assert!(super::check_created_name("an app", ok).is_ok(), "{ok}");
+        }
+        let long = "x".repeat(crate::limits::MAX_CREATED_NAME + 1);
+        for bad in ["", "../etc", "a/b", "a b", "é", ".", long.as_str()] {
+            let e = super::check_created_name("an app", bad).unwrap_err();
+            assert!(e.contains("names are 1 to"), "{bad}: {e}");
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 

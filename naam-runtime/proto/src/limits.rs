@@ -39,6 +39,12 @@ pub const MUTED_CONTROL_BYTES: usize = 1024;
 pub const MAX_HANDLER_NAME: usize = 64;
 /// Handlers one deploy may install: their reports fit one answer.
 pub const MAX_DEPLOY_HANDLERS: usize = 16;
+/// Regions an app created at run time may have ([`crate::control::Control::CreateApp`]): the
+/// cluster makes room in its region table for this many per app it may create.
+pub const MAX_CREATED_APP_REGIONS: usize = 16;
+/// Bytes of the name of an app or region a tenant creates at run time; names are ASCII
+/// letters, digits, `-` and `_` (they become file names in the server's `shm_dir`).
+pub const MAX_CREATED_NAME: usize = 48;
 /// Bytes sealing adds to a message: the envelope header and the authentication tag.
 pub const SEAL_OVERHEAD: usize = naam_ebpf::eswitch::SEAL_HEADER + SEAL_TAG;
 /// Length of a sealed envelope's authentication tag (AES-256-GCM's).

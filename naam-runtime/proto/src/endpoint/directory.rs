@@ -46,6 +46,20 @@ struct Shared {
     manifest: Option<Arc<Manifest>>,
     /// Each tenant's deploy tokens, over every loop.
     deploy_tokens: HashMap<String, DeployTokens>,
+    /// Apps created at run time, in order: each loop takes up those it has not seen.
+    grants: Vec<AppGrant>,
+}
+
+/// An app created at run time for a tenant ([`SessionDirectory::grant`]): every loop gives it
+/// to the tenant's credential, its sessions included.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppGrant {
+    /// The tenant it was created for (the name its session's hello gave).
+    pub owner: String,
+    /// The app's id.
+    pub app: u32,
+    /// The app's name (a hello may name it from now on).
+    pub name: String,
 }
 
 /// One tenant's deploy tokens ([`SessionDirectory::take_deploy_token`]).
@@ -71,6 +85,9 @@ pub struct SessionDirectory {
     counters: Box<[LoopCounters]>,
     /// Handshakes challenged so far: the next new session goes to loop `this % count`.
     challenged: AtomicUsize,
+    /// How many [`AppGrant`]s there are: a loop compares it with those it took up without
+    /// taking the lock.
+    grants: AtomicUsize,
     /// [`Manifest::version`] of the manifest published last: a loop compares it with its own
     /// pages' on the paths that hand out manifest versions, without taking the lock.
     manifest_version: AtomicU64,
@@ -82,6 +99,7 @@ impl Default for SessionDirectory {
             shared: Mutex::default(),
             counters: (0..MAX_LOOPS).map(|_| LoopCounters::default()).collect(),
             challenged: AtomicUsize::new(0),
+            grants: AtomicUsize::new(0),
             manifest_version: AtomicU64::new(0),
         }
     }
@@ -209,6 +227,29 @@ impl SessionDirectory {
             return None;
         }
         self.lock().manifest.clone().filter(|m| m.version > version)
+    }
+
+    /// Gives app `grant.app` to its owner's credential in every loop, from each loop's next
+    /// control message or handshake on (publish the manifest that has the app first).
+    pub fn grant(&self, grant: AppGrant) {
+        let mut s = self.lock();
+        s.grants.push(grant);
+        self.grants.store(s.grants.len(), Ordering::Release);
+    }
+
+    /// The grants after the first `seen`; empty (and no lock taken) when there are none.
+    pub(super) fn grants_after(&self, seen: usize) -> Vec<AppGrant> {
+        if self.grants.load(Ordering::Acquire) <= seen {
+            return Vec::new();
+        }
+        self.lock().grants.get(seen..).unwrap_or_default().to_vec()
+    }
+
+    /// Sets the apps tenant session `id` may use, as the NIC is told (a grant grew them).
+    pub(super) fn set_tenant_apps(&self, id: u64, apps: Vec<u32>) {
+        if let Some(t) = self.lock().tenants.get_mut(&id) {
+            t.apps = apps;
+        }
     }
 
     /// Control message `bytes` (request id `id`) sealed in the paired NIC's session, to send

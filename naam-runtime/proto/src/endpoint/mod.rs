@@ -22,7 +22,7 @@ mod nic;
 mod server;
 
 pub use client::{ClientConfig, ClientEndpoint, ClientEvent, ConnectError, ExchangeError};
-pub use directory::SessionDirectory;
+pub use directory::{AppGrant, SessionDirectory};
 pub use nic::{NicBackend, NicConfig, NicEndpoint, NicEvent, NicStats};
 pub use server::{
     error_reply, error_reply_for, malformed, plausible_load, Channel, DeployChange, DeployJob,

@@ -245,7 +245,9 @@ struct ClientSession {
     /// Taken by the loop of the session's route: its own datagrams and the server's forwards
     /// of them reach that loop (a route rewritten on the way reaches another loop, which
     /// shares this window, so a replay is still refused).
-    window: Mutex<ReplayWindow>,
+    /// Shared with the entry that replaces this one when the session's apps grow (an app
+    /// created for its tenant), so that no datagram is taken twice across the change.
+    window: Arc<Mutex<ReplayWindow>>,
 }
 
 /// Where pairing stands.
@@ -945,21 +947,38 @@ impl<B: NicBackend> NicEndpoint<B> {
                             sessions.remove(&old);
                         }
                     }
-                    sessions.entry(session).or_insert_with(|| {
-                        Arc::new(ClientSession {
-                            ch: Channel {
-                                to: peer,
-                                sealer: Arc::new(Sealer::numbering_from(
-                                    k.clone(),
-                                    Sender::Nic,
-                                    first,
-                                )),
-                            },
-                            key: k,
-                            apps,
-                            window: Mutex::new(ReplayWindow::default()),
-                        })
-                    });
+                    match sessions.get(&session) {
+                        // Told again with other apps (an app created for its tenant): the
+                        // same session, sealer and replay window, with its apps now.
+                        Some(known) if known.apps != apps => {
+                            let grown = Arc::new(ClientSession {
+                                ch: known.ch.clone(),
+                                key: known.key.clone(),
+                                apps,
+                                window: known.window.clone(),
+                            });
+                            sessions.insert(session, grown);
+                        }
+                        Some(_) => {}
+                        None => {
+                            sessions.insert(
+                                session,
+                                Arc::new(ClientSession {
+                                    ch: Channel {
+                                        to: peer,
+                                        sealer: Arc::new(Sealer::numbering_from(
+                                            k.clone(),
+                                            Sender::Nic,
+                                            first,
+                                        )),
+                                    },
+                                    key: k,
+                                    apps,
+                                    window: Arc::new(Mutex::new(ReplayWindow::default())),
+                                }),
+                            );
+                        }
+                    }
                 }
                 Ok((_, Control::SessionClosed { session })) => {
                     self.shared.mapped_mut().sessions.remove(&session);

@@ -27,8 +27,8 @@ use crate::entropy::Entropy;
 use crate::kind::MessageKind;
 use crate::onesided::{Completion, Operation};
 use crate::session::{
-    within_amplification, CookieJar, Gatekeeper, HandshakeNonces, Role, SealError, Sealer,
-    TenantEntry,
+    grant_app, within_amplification, CookieJar, Gatekeeper, HandshakeNonces, Role, SealError,
+    Sealer, TenantEntry,
 };
 use crate::shard::Shard;
 use crate::steering::{ClientShare, RemoteLoad, Selector, Weights};
@@ -441,6 +441,14 @@ pub enum DeployChange {
     },
     /// Take every handler of the app away (its regions and data stay).
     Remove,
+    /// Create an app for the tenant ([`Control::CreateApp`]), whose name and regions the
+    /// endpoint checked for form; [`DeployJob::app`] is 0, the backend picks the id.
+    Create {
+        /// The new app's name.
+        name: String,
+        /// Its regions, zeroed.
+        regions: Vec<control::NewRegion>,
+    },
 }
 
 /// An object a tenant is uploading for a deploy ([`Control::DeployChunk`]): one per tenant
@@ -987,6 +995,42 @@ fn handler_names_fit(handlers: &[control::DeployHandler]) -> Result<(), String> 
     }
 }
 
+/// Whether a [`Control::CreateApp`]'s name and regions are well formed (the backend checks
+/// quotas and whether the name is free); else why not.
+fn new_app_fits(name: &str, regions: &[control::NewRegion]) -> Result<(), String> {
+    control::check_created_name("an app", name)?;
+    if regions.is_empty() || regions.len() > limits::MAX_CREATED_APP_REGIONS {
+        return Err(format!(
+            "{} regions: an app created at run time has 1 to {}",
+            regions.len(),
+            limits::MAX_CREATED_APP_REGIONS
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for r in regions {
+        control::check_created_name("a region", &r.name)?;
+        if !seen.insert(r.name.as_str()) {
+            return Err(format!("two regions are named {}", r.name));
+        }
+        if r.len == 0 {
+            return Err(format!(
+                "region {} of 0 bytes: a region has at least 1",
+                r.name
+            ));
+        }
+        if r.access & !naam_ebpf::abi::ACCESS_MASK != 0 || r.access == 0 {
+            return Err(format!(
+                "region {}'s access {:#x}: give read ({:#x}), write ({:#x}) or both",
+                r.name,
+                r.access,
+                naam_ebpf::abi::ACCESS_READ,
+                naam_ebpf::abi::ACCESS_WRITE
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The refusal of a change to an app the session's tenant does not have.
 fn not_yours(app: u32) -> Control {
     Control::Error {
@@ -1012,6 +1056,8 @@ pub struct ServerEndpoint<B> {
     pages_version: u64,
     /// Objects tenants are uploading for deploys, by tenant name.
     uploads: HashMap<String, Upload>,
+    /// [`super::AppGrant`]s of the directory taken up so far.
+    grants_seen: usize,
     /// NIC load reports in a row that showed an older manifest than the newest.
     nic_behind_reports: u64,
     /// Tenants refused for their deploy rate, until when: their control messages over
@@ -1075,6 +1121,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             },
             pages_version: config.manifest.version,
             uploads: HashMap::new(),
+            grants_seen: 0,
             nic_behind_reports: 0,
             deploys_muted: HashMap::new(),
             config,
@@ -1378,6 +1425,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
                     client: client_nonce,
                     server: server_nonce,
                 };
+                // A tenant's app created meanwhile is in the session from its start.
+                self.take_up_grants();
                 let before = self.gate.len();
                 match self
                     .gate
@@ -1619,6 +1668,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
         match MessageKind::peek(&inner) {
             Some(MessageKind::Request) => self.request(now, sid, ch, inner, forward),
             Some(MessageKind::Control) => {
+                // Apps created for the tenant meanwhile are in its role first.
+                self.take_up_grants();
                 // The session was opened just before (no message of its own closes it).
                 match self.gate.session(sid).map(|s| s.role.clone()) {
                     Some(role) => self.control(now, sid, &role, ch, &inner),
@@ -1903,6 +1954,45 @@ impl<B: HostBackend> ServerEndpoint<B> {
         }
     }
 
+    /// Takes up the apps created for tenants since the last look ([`super::AppGrant`]): the
+    /// credentials and this loop's sessions of their owners get them, the NIC is told of
+    /// each session anew, and the tenants' manifest pages are made again. One atomic load
+    /// when there is none.
+    fn take_up_grants(&mut self) {
+        let grants = self.config.directory.grants_after(self.grants_seen);
+        if grants.is_empty() {
+            return;
+        }
+        self.grants_seen += grants.len();
+        for g in grants {
+            grant_app(&mut self.config.tenants, &g.owner, g.app, &g.name);
+            for sid in self.gate.grant(&g.owner, g.app, &g.name) {
+                if let Some(Role::Tenant { apps, .. }) =
+                    self.gate.session(sid).map(|s| (*s.role).clone())
+                {
+                    self.config.directory.set_tenant_apps(sid, apps);
+                    self.announce(sid);
+                }
+            }
+        }
+        let newest = self.config.directory.manifest_newer_than(0);
+        let m = newest.as_deref().unwrap_or(&self.config.manifest);
+        match tenant_pages(&self.config.tenants, m) {
+            Ok(pages) => {
+                self.pages = pages;
+                self.head = Manifest {
+                    apps: Vec::new(),
+                    ..m.clone()
+                };
+                self.pages_version = m.version;
+            }
+            Err(e) => tracing::error!(
+                version = m.version,
+                "the manifest with a created app cannot be paged, the previous one is served: {e}"
+            ),
+        }
+    }
+
     fn control(&mut self, now: Nanos, sid: u64, role: &Role, ch: Channel, inner: &Bytes) {
         if self.deploy_muted(now, role, inner.len()) {
             self.stats.deploy_flood_drops += 1;
@@ -2051,6 +2141,27 @@ impl<B: HostBackend> ServerEndpoint<B> {
                     Ok(()) => Some(not_yours(app)),
                 }
             }
+            (
+                Control::CreateApp {
+                    name: app_name,
+                    regions,
+                },
+                Role::Tenant { name, apps },
+            ) => {
+                let checked = self
+                    .deploy_allowed(now, name, sid, id)
+                    .and_then(|()| new_app_fits(&app_name, &regions));
+                match checked {
+                    Ok(()) => {
+                        let change = DeployChange::Create {
+                            name: app_name,
+                            regions,
+                        };
+                        self.deploy_job(sid, (name, apps), id, 0, change, &ch)
+                    }
+                    Err(message) => Some(Control::Error { message }),
+                }
+            }
             (Control::Congest { extra_ns }, Role::Operator) => Some(self.congest(extra_ns)),
             (Control::QuerySwitch { pin, unpin }, Role::Operator) => {
                 Some(self.query_switch(pin, unpin))
@@ -2084,7 +2195,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
                 | Control::QuerySwitch { .. }
                 | Control::DeployChunk { .. }
                 | Control::Deploy { .. }
-                | Control::Undeploy { .. }),
+                | Control::Undeploy { .. }
+                | Control::CreateApp { .. }),
                 _,
             ) => Some(refused(c.name())),
             (other, _) => Some(Control::Error {

@@ -170,6 +170,47 @@ pub fn tenant_entries(
     out
 }
 
+/// Gives app `app`, created at run time for the tenant named `owner` and named `name`, to
+/// every entry of `owner`'s credential (the apps sharing a credential are one tenant's), and
+/// adds an entry named `name` with that credential, so that a hello may name it as the
+/// config's apps are named. Returns the names of the entries whose apps grew (none: `owner`
+/// is no tenant here, or has the app already).
+pub fn grant_app(entries: &mut Vec<TenantEntry>, owner: &str, app: u32, name: &str) -> Vec<String> {
+    let Some(credential) = entries
+        .iter()
+        .find(|e| e.name == owner && matches!(e.role, Role::Tenant { .. }))
+        .map(|e| e.credential.clone())
+    else {
+        return Vec::new();
+    };
+    let mut grown = Vec::new();
+    let mut apps_now = Vec::new();
+    for e in entries.iter_mut() {
+        if let Role::Tenant { name: n, apps } = &mut e.role {
+            if e.credential.0 != credential.0 {
+                continue;
+            }
+            if let Err(at) = apps.binary_search(&app) {
+                apps.insert(at, app);
+                grown.push(n.clone());
+            }
+            apps_now = apps.clone();
+        }
+    }
+    if !grown.is_empty() && !entries.iter().any(|e| e.name == name) {
+        entries.push(TenantEntry {
+            name: name.to_string(),
+            credential,
+            role: Role::Tenant {
+                name: name.to_string(),
+                apps: apps_now,
+            },
+        });
+        grown.push(name.to_string());
+    }
+    grown
+}
+
 /// A session the server knows.
 #[derive(Debug)]
 pub struct Session {
@@ -280,6 +321,32 @@ impl Gatekeeper {
             authentication: Authentication::On,
             shard: crate::shard::Shard::SOLE,
         }
+    }
+
+    /// [`grant_app`] on this gatekeeper's credentials, and on the roles of the sessions it
+    /// set up for them: those sessions may use the app from now on. Returns the ids of the
+    /// sessions whose apps grew.
+    pub fn grant(&mut self, owner: &str, app: u32, name: &str) -> Vec<u64> {
+        let grown = grant_app(&mut self.tenants, owner, app, name);
+        let mut changed = Vec::new();
+        for (id, s) in self.sessions.iter_mut() {
+            let Role::Tenant { name: n, apps } = &*s.role else {
+                continue;
+            };
+            if !grown.contains(n) {
+                continue;
+            }
+            if let Err(at) = apps.binary_search(&app) {
+                let mut apps = apps.clone();
+                apps.insert(at, app);
+                s.role = Arc::new(Role::Tenant {
+                    name: n.clone(),
+                    apps,
+                });
+                changed.push(*id);
+            }
+        }
+        changed
     }
 
     /// Keeps the sessions of receive loop `shard`: every id it draws routes there

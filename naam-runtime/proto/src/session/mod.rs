@@ -220,6 +220,32 @@ mod tests {
         assert!(entries[1].role.may_use(2) && !entries[1].role.may_use(1));
     }
 
+    /// An app created for a tenant goes to its credential's entries and to the sessions it
+    /// opened before, under its own name too; no other tenant's entry or session gets it.
+    #[test]
+    fn a_granted_app_reaches_its_owner_and_its_sessions_and_nobody_else() {
+        let mut g = gate();
+        let (mica, _) = handshake(&mut g, "mica", cred(1), 1_000);
+        let (btree, _) = handshake(&mut g, "btree", cred(2), 1_000);
+        assert!(!g.session(mica).unwrap().role.may_use(7));
+        assert_eq!(g.grant("mica", 7, "mine"), vec![mica]);
+        assert!(g.session(mica).unwrap().role.may_use(7));
+        assert!(g.session(mica).unwrap().role.may_use(1), "its apps stay");
+        assert!(!g.session(btree).unwrap().role.may_use(7));
+        // A hello may name the new app, with the owner's credential only.
+        let (as_mine, _) = handshake(&mut g, "mine", cred(1), 2_000);
+        let role = g.session(as_mine).unwrap().role.clone();
+        assert!(role.may_use(7) && role.may_use(1) && !role.may_use(2));
+        // Granted again, or to a tenant that is not here: nothing changes.
+        assert!(g.grant("mica", 7, "mine").is_empty());
+        assert!(g.grant("nobody", 8, "x").is_empty());
+        assert!(!g.session(mica).unwrap().role.may_use(8));
+        let mut entries = g.tenants.clone();
+        assert!(grant_app(&mut entries, "btree", 9, "mica").contains(&"btree".to_string()));
+        // A name taken already gets no second entry (the first keeps its credential).
+        assert_eq!(entries.iter().filter(|e| e.name == "mica").count(), 1);
+    }
+
     /// Runs a whole handshake; returns the session id and the client's key.
     fn handshake(g: &mut Gatekeeper, tenant: &str, c: Credential, now: Nanos) -> (u64, SessionKey) {
         // A stream per handshake: two in one test never share a client nonce.
