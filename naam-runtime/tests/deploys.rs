@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::deployment::{key_a, key_b, Deployment, A, B};
 use common::words;
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
-use naam_proto::control::DeployHandler;
+use naam_proto::control::{Control, DeployHandler};
 use naam_proto::handler_id;
 use naam_proto::transport::Transport;
 use naam_proto::wire::Status;
@@ -388,4 +388,275 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
     );
     assert_eq!(read_counter(&mut a, data), 7, "and its data");
     assert_eq!(add(&mut a, A, 1, 1).0, Status::UnknownHandler);
+}
+
+/// A session of tenant `tenant` (a hello naming it) with credential `key`.
+fn session_as(server: SocketAddr, tenant: &str, key: naam_proto::session::Credential) -> UdpClient {
+    let mut cfg = UdpConfig::new(server, tenant, key);
+    cfg.rto = Duration::from_millis(10);
+    UdpClient::connect(&cfg).expect("a session")
+}
+
+/// The counter at offset 0 of region `data` of `app`, added to with `counter_add` (`by`)
+/// and read back with `sum_words`; `by` 0 only reads. Returns (where the read ran, value).
+fn counter(c: &mut UdpClient, app: u32, data: u64, by: u64) -> (Placement, u64) {
+    if by > 0 {
+        let counter = Descriptor {
+            rkey: data,
+            offset: 0,
+            len: 8,
+            access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+        };
+        let r = c
+            .call(app, handler_id("counter_add"), &words(&[by]), &[counter])
+            .expect("an answer");
+        assert_eq!(r.status, Status::Ok, "{r:?}");
+    }
+    let r = c
+        .call(app, handler_id("sum_words"), &[], &[common::rd(data, 0, 8)])
+        .expect("an answer");
+    assert_eq!(r.status, Status::Ok, "{r:?}");
+    let v = u64::from_le_bytes(r.payload[..8].try_into().expect("eight bytes"));
+    (r.placement, v)
+}
+
+fn refusal(r: Result<u32, UdpError>) -> String {
+    match r {
+        Err(UdpError::Refused { message, .. }) => message,
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
+#[test]
+fn a_tenant_creates_an_app_deploys_into_it_and_it_outlives_a_restart() {
+    use naam_proto::control::NewRegion;
+    let Some(d) = Deployment::processes("created_apps") else {
+        return;
+    };
+    let dir = d.dir().expect("processes have a directory").to_path_buf();
+    let server = d.server().to_string();
+    let object = common::examples().0.clone();
+    let object = object.to_str().expect("a UTF-8 path");
+    let mut b = client(d.server(), "b", None);
+    // A session of tenant a opened before its app exists: the app is given to it too.
+    let mut before = client(d.server(), "a", None);
+
+    // `naam deploy --region` creates app `mine` for tenant a, then deploys into it.
+    let create_mine = [
+        "deploy",
+        "--server",
+        &server,
+        "--app",
+        "mine",
+        "--tenant",
+        "a",
+        "--credential",
+        "a.key",
+        "--region",
+        "data:64:rwa",
+        "--read",
+        "sum_words",
+        "--write",
+        "counter_add",
+        object,
+    ];
+    let out = naam(&dir, &create_mine);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mine = report["id"].as_u64().expect("an id") as u32;
+    assert!(mine != A && mine != B, "{report}");
+    assert_eq!(report["handlers"].as_array().map(Vec::len), Some(2));
+
+    // Tenant a's new sessions have it, named as the config's apps are.
+    let mut a = client(d.server(), "a", None);
+    let data = a
+        .manifest()
+        .app(mine)
+        .and_then(|m| m.region_key("data"))
+        .expect("the created app's region");
+    assert_eq!(counter(&mut a, mine, data, 5), (Placement::Host, 5));
+    let mut as_mine = session_as(d.server(), "mine", key_a());
+    assert_eq!(counter(&mut as_mine, mine, data, 0).1, 5);
+    // So does the session opened before it was created, once it asks for the manifest.
+    match before.control(&Control::QueryManifest { page: 0 }) {
+        Ok(Control::ManifestPage { apps, .. }) => {
+            assert!(apps.iter().any(|x| x.id == mine), "{apps:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(counter(&mut before, mine, data, 0).1, 5);
+    // The NIC maps the new region and serves the app's reads over the same bytes.
+    let mut at_nic = client(d.server(), "a", Some(Placement::Nic));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (placement, v) = counter(&mut at_nic, mine, data, 0);
+        assert_eq!(v, 5);
+        if placement == Placement::Nic {
+            break;
+        }
+        assert_eq!(placement, Placement::Host);
+        assert!(
+            Instant::now() < deadline,
+            "the NIC never served the created app"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // Tenant b can neither deploy into it nor take its name; its own calls are served.
+    let out = naam(
+        &dir,
+        &[
+            "deploy",
+            "--server",
+            &server,
+            "--app",
+            "mine",
+            "--tenant",
+            "b",
+            "--credential",
+            "b.key",
+            "--read",
+            "add",
+            object,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("only into its own apps"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        b.manifest().app(mine).is_none(),
+        "b's session has no such app"
+    );
+    let bytes = std::fs::read(object).expect("the object");
+    let add_only = vec![DeployHandler {
+        name: "add".into(),
+        write: false,
+    }];
+    match b.deploy(mine, &bytes, add_only, None, None) {
+        Err(UdpError::Refused { message, .. }) => {
+            assert!(message.contains("not this tenant's"), "{message}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let region = |name: &str, len: u64| NewRegion {
+        name: name.into(),
+        len,
+        access: ACCESS_READ,
+    };
+    let m = refusal(b.create_app("mine", vec![region("data", 64)]));
+    assert!(m.contains("taken"), "{m}");
+    let m = refusal(b.create_app("a", vec![region("data", 64)]));
+    assert!(m.contains("taken"), "a config app's name: {m}");
+    // Names that would be paths, empty regions, wild rights: refused for their form.
+    let m = refusal(b.create_app("../etc", vec![region("data", 64)]));
+    assert!(m.contains("names are 1 to"), "{m}");
+    let m = refusal(b.create_app("ok", vec![region("x/y", 64)]));
+    assert!(m.contains("names are 1 to"), "{m}");
+    let m = refusal(b.create_app("ok", vec![region("data", 0)]));
+    assert!(m.contains("0 bytes"), "{m}");
+    let m = refusal(b.create_app("ok", Vec::new()));
+    assert!(m.contains("0 regions"), "{m}");
+    let wild = NewRegion {
+        access: 0x80,
+        ..region("data", 64)
+    };
+    let m = refusal(b.create_app("ok", vec![wild]));
+    assert!(m.contains("access"), "{m}");
+    // Past the region-bytes quota (64 KiB per tenant) and the apps quota (two).
+    let m = refusal(b.create_app("big", vec![region("data", 65_537)]));
+    assert!(m.contains("over quota") && m.contains("65537 bytes"), "{m}");
+    assert!(a.create_app("second", vec![region("data", 64)]).is_ok());
+    let m = refusal(a.create_app("third", vec![region("data", 64)]));
+    assert!(
+        m.contains("over quota") && m.contains("created 2 apps"),
+        "{m}"
+    );
+    assert_eq!(add(&mut b, B, 2, 3), (Status::Ok, Placement::Host, Some(5)));
+
+    // A handler the verifier rejects, deployed into the new app: refused, naming it, and
+    // the app's handlers stay.
+    let mut jump = vec![0x05, 0, 100, 0, 0, 0, 0, 0];
+    jump.extend_from_slice(&[0x95, 0, 0, 0, 0, 0, 0, 0]);
+    let path = dir.join("wild.o");
+    std::fs::write(&path, common::elf_object(&[("naam/wild_jump", &jump)])).expect("write");
+    let out = naam(
+        &dir,
+        &[
+            "deploy",
+            "--server",
+            &server,
+            "--app",
+            "mine",
+            "--tenant",
+            "a",
+            "--credential",
+            "a.key",
+            "--read",
+            "wild_jump",
+            path.to_str().expect("a UTF-8 path"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("wild_jump"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(counter(&mut a, mine, data, 0).1, 5);
+
+    // The same command again keeps the app and its data, and deploys again.
+    let out = naam(&dir, &create_mine);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(again["id"], mine);
+    assert_eq!(counter(&mut a, mine, data, 0).1, 5);
+    // Asked for with other regions: refused, the app kept as it is.
+    let m = refusal(a.create_app("mine", vec![region("data", 128)]));
+    assert!(m.contains("other regions"), "{m}");
+
+    if let Some((metrics, _)) = d.metrics() {
+        let body = scrape(metrics);
+        assert!(
+            body.contains("naam_apps_created_total{role=\"server\"} 2"),
+            "{body}"
+        );
+    }
+
+    // A server killed and started again has the app, its handlers and its data; the ids
+    // it gives are new ones.
+    let mut d = d;
+    d.restart_server();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut a = loop {
+        let mut cfg = UdpConfig::new(d.server(), "mine", key_a());
+        cfg.rto = Duration::from_millis(10);
+        cfg.liveness = Duration::from_millis(500);
+        match UdpClient::connect(&cfg) {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the server did not come back: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    };
+    let mut names = handler_names(&a, mine);
+    names.sort();
+    assert_eq!(names, ["counter_add", "sum_words"]);
+    assert_eq!(
+        a.manifest().app(mine).and_then(|m| m.region_key("data")),
+        Some(data),
+        "the same rkey"
+    );
+    assert_eq!(counter(&mut a, mine, data, 1), (Placement::Host, 6));
+    let m = refusal(a.create_app("third", vec![region("data", 64)]));
+    assert!(
+        m.contains("created 2 apps"),
+        "the quota counts restored apps: {m}"
+    );
 }

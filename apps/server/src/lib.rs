@@ -117,7 +117,24 @@ pub struct DeployConfig {
     /// building code is the server's work, taken from nobody's requests.
     #[serde(default = "deploy_rate")]
     pub max_deploys_per_second: f64,
+    /// Apps one tenant may create while the server runs (`naam deploy --region`; default
+    /// 0: none).
+    #[serde(default)]
+    pub max_apps: usize,
+    /// Bytes of regions one tenant's created apps may have together (default 64 MiB).
+    #[serde(default = "deploy_region_bytes")]
+    pub max_region_bytes: u64,
+    /// Apps all tenants together may create in one server start (default 64): the server
+    /// sizes its app and region tables for them when it starts.
+    #[serde(default = "deploy_created_apps")]
+    pub max_created_apps: usize,
 }
+
+/// The most `[deploy] max_region_bytes` may be: a created region is made zeroed in memory
+/// before its file is written.
+pub const MAX_CREATED_REGION_BYTES: u64 = 4 << 30;
+/// The most `[deploy] max_created_apps` may be.
+pub const MAX_CREATED_APPS: usize = 65_536;
 
 impl DeployConfig {
     /// The deploy policy of a server whose shared-memory directory is `shm_dir`.
@@ -129,6 +146,8 @@ impl DeployConfig {
         p.engine = self.engine;
         p.budget = DEFAULT_BUDGET.min(self.max_budget);
         p.deploys_per_second = self.max_deploys_per_second;
+        p.max_apps = self.max_apps;
+        p.max_region_bytes = self.max_region_bytes;
         p
     }
 }
@@ -138,6 +157,12 @@ fn deploy_handlers() -> usize {
 }
 fn deploy_code() -> usize {
     1 << 20
+}
+fn deploy_region_bytes() -> u64 {
+    64 << 20
+}
+fn deploy_created_apps() -> usize {
+    64
 }
 fn deploy_budget() -> u64 {
     MAX_BUDGET
@@ -600,6 +625,18 @@ impl Config {
             if d.max_handlers == 0 || d.max_code_bytes == 0 {
                 return bad("[deploy]: max_handlers and max_code_bytes must be at least 1".into());
             }
+            if d.max_region_bytes > MAX_CREATED_REGION_BYTES {
+                return bad(format!(
+                    "[deploy]: max_region_bytes must be at most {MAX_CREATED_REGION_BYTES}, not {}",
+                    d.max_region_bytes
+                ));
+            }
+            if d.max_created_apps > MAX_CREATED_APPS {
+                return bad(format!(
+                    "[deploy]: max_created_apps must be at most {MAX_CREATED_APPS}, not {}",
+                    d.max_created_apps
+                ));
+            }
             let r = d.max_deploys_per_second;
             if !(r.is_finite() && (0.01..=10_000.0).contains(&r)) {
                 return bad(format!(
@@ -964,8 +1001,20 @@ mod tests {
         let p = c.deploy.expect("deploys").policy(Path::new("/dev/shm/x"));
         assert_eq!((p.max_handlers, p.max_code_bytes), (3, 1 << 20));
         assert_eq!((p.deploys_per_second, p.engine), (2.5, EngineKind::Jit));
+        assert_eq!((p.max_apps, p.max_region_bytes), (0, 64 << 20), "no apps created by default");
+        let c = Config::parse(&format!(
+            "{base}[deploy]\nmax_apps = 3\nmax_region_bytes = 4096\nmax_created_apps = 10\n"
+        ))
+        .expect("a config");
+        let d = c.deploy.as_ref().expect("[deploy]");
+        assert_eq!(d.max_created_apps, 10);
+        let p = d.policy(Path::new("/dev/shm/x"));
+        assert_eq!((p.max_apps, p.max_region_bytes), (3, 4096));
         for (bad, why) in [
             ("max_handlers = 0", "at least 1"),
+            ("max_region_bytes = 4294967297", "max_region_bytes"),
+            ("max_created_apps = 65537", "max_created_apps"),
+            ("max_apps = -1", "max_apps"),
             ("max_budget = 0", "max_budget"),
             ("max_deploys_per_second = 0", "max_deploys_per_second"),
             ("max_deploys_per_second = nan", "max_deploys_per_second"),

@@ -111,9 +111,10 @@ enum Cmd {
     /// Run one message on a deployment (naam-server over UDP), following its steps, and print
     /// the reply as JSON. Exit 0 when it succeeded, 1 otherwise.
     Call(CallArgs),
-    /// Deploy an object's handlers into one of your apps on a running naam-server, over your
-    /// tenant's session; prints the verifier's report on each as JSON. Exit 0 when they
-    /// serve, 1 when the server refused (the reason is printed) or could not be reached.
+    /// Deploy an object's handlers into one of your apps on a running naam-server (with
+    /// --region, into an app created for your tenant first), over your tenant's session;
+    /// prints the verifier's report on each as JSON. Exit 0 when they serve, 1 when the
+    /// server refused (the reason is printed) or could not be reached.
     Deploy(DeployArgs),
     /// Take every handler of one of your apps away on a running naam-server (its regions and
     /// data stay). Exit 0 when done, 1 when refused or unreachable.
@@ -218,6 +219,36 @@ struct DeployArgs {
     /// Instructions a step may run (default: the handler's budget now, else the server's).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=MAX_BUDGET))]
     budget: Option<u64>,
+    /// A region of the app, NAME:BYTES[:ACCESS] (access r, w, a combined; default rw);
+    /// repeatable. With --region, the app is created for --tenant if the tenant has no app
+    /// of that name (zeroed regions), and kept, data and all, if it has one with these
+    /// regions.
+    #[arg(long = "region", value_parser = parse_new_region)]
+    regions: Vec<naam_proto::control::NewRegion>,
+}
+
+/// `--region NAME:BYTES[:ACCESS]` of `naam deploy`.
+fn parse_new_region(text: &str) -> Result<naam_proto::control::NewRegion, String> {
+    let mut parts = text.split(':');
+    let (name, len, access) = (parts.next(), parts.next(), parts.next());
+    if parts.next().is_some() {
+        return Err("give NAME:BYTES[:ACCESS]".into());
+    }
+    let name = name.unwrap_or_default();
+    naam_proto::control::check_created_name("a region", name)?;
+    let len: u64 = len
+        .and_then(|l| l.parse().ok())
+        .filter(|l| *l > 0)
+        .ok_or_else(|| format!("{text}: BYTES is a size in bytes, at least 1"))?;
+    let access = match access {
+        None => naam_ebpf::abi::ACCESS_READ | naam_ebpf::abi::ACCESS_WRITE,
+        Some(a) => naam_runtime::invoke::parse_access(a).map_err(|e| e.to_string())?,
+    };
+    Ok(naam_proto::control::NewRegion {
+        name: name.to_string(),
+        len,
+        access,
+    })
 }
 
 #[derive(clap::Args)]
@@ -556,9 +587,11 @@ fn run_message(
     })
 }
 
-/// A session as `a` names it, and the app it names; `Err`: the exit code, the error printed.
+/// A session as `a` names it, and the app it names (created first with `regions`, if
+/// any); `Err`: the exit code, the error printed.
 fn deploy_session(
     a: &SessionArgs,
+    regions: &[naam_proto::control::NewRegion],
 ) -> Result<
     (
         naam_runtime::udp::UdpClient,
@@ -573,6 +606,12 @@ fn deploy_session(
     };
     if !(a.timeout.is_finite() && (0.1..=3600.0).contains(&a.timeout)) {
         return Err(fail(2, "--timeout must be 0.1 to 3600 seconds".into()));
+    }
+    if !regions.is_empty() && a.tenant.is_none() {
+        return Err(fail(
+            2,
+            "--region creates the app for a tenant: name it with --tenant".into(),
+        ));
     }
     let tenant = a.tenant.clone().unwrap_or_else(|| a.app.clone());
     let key_path = a
@@ -590,12 +629,31 @@ fn deploy_session(
     })?;
     let mut config = UdpConfig::new(a.server, &tenant, credential);
     config.liveness = std::time::Duration::from_secs_f64(a.timeout);
-    let client = UdpClient::connect(&config).map_err(|e| {
+    let mut client = UdpClient::connect(&config).map_err(|e| {
         fail(
             1,
             format!("connecting to naam-server at {} as {tenant}: {e}", a.server),
         )
     })?;
+    if !regions.is_empty() {
+        if let Err(e) = client.create_app(&a.app, regions.to_vec()) {
+            return Err(fail(1, format!("creating app {}: {e}", a.app)));
+        }
+    }
+    let app = find_app(&client, a, &tenant)?;
+    Ok((client, app))
+}
+
+/// The app `a` names in `client`'s session of `tenant`; `Err`: exit 1, the error printed.
+fn find_app(
+    client: &naam_runtime::udp::UdpClient,
+    a: &SessionArgs,
+    tenant: &str,
+) -> Result<naam_proto::control::AppManifest, ExitCode> {
+    let fail = |code: u8, m: String| {
+        eprintln!("naam: error: {m}");
+        ExitCode::from(code)
+    };
     let manifest = client.manifest();
     let Some(app) = manifest
         .apps
@@ -614,7 +672,7 @@ fn deploy_session(
             ),
         ));
     };
-    Ok((client, app))
+    Ok(app)
 }
 
 /// Prints what a deploy or undeploy made, as JSON.
@@ -668,7 +726,7 @@ fn deploy(a: DeployArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let (mut client, app) = match deploy_session(&a.session) {
+    let (mut client, app) = match deploy_session(&a.session, &a.regions) {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
@@ -726,7 +784,7 @@ fn deploy(a: DeployArgs) -> anyhow::Result<ExitCode> {
 
 /// `naam undeploy` (see [`Cmd::Undeploy`]).
 fn undeploy(a: UndeployArgs) -> anyhow::Result<ExitCode> {
-    let (mut client, app) = match deploy_session(&a.session) {
+    let (mut client, app) = match deploy_session(&a.session, &[]) {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };

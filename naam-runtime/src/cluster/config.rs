@@ -158,7 +158,7 @@ pub struct ClusterConfig {
 }
 
 /// Regions an app created at run time ([`super::Cluster::create_app`]) may have.
-pub const MAX_CREATED_APP_REGIONS: usize = 16;
+pub use naam_proto::limits::MAX_CREATED_APP_REGIONS;
 
 /// What a message that ran did, for a [`ServiceModel`] to turn into a service time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -813,6 +813,39 @@ impl UdpClient {
         self.deployed(app, &m, Some(hash))
     }
 
+    /// Creates app `name` on the server for this session's tenant, with `regions` (zeroed)
+    /// and no handlers ([`UdpClient::deploy`] installs them), and takes up the manifest that
+    /// has it; returns its id. An app of that name the tenant has with the same regions is
+    /// kept, data and all, and its id returned. Refused ([`UdpError::Refused`], with the
+    /// server's reason) past the tenant's quotas on apps and region bytes, for a name taken
+    /// by another app, and by a server that lets tenants create no apps.
+    pub fn create_app(
+        &mut self,
+        name: &str,
+        regions: Vec<naam_proto::control::NewRegion>,
+    ) -> Result<u32, UdpError> {
+        let server = self.path.transport().endpoint.server();
+        let refused = |message: String| UdpError::Refused { server, message };
+        let m = Control::CreateApp {
+            name: name.to_string(),
+            regions,
+        };
+        match self.exchange(&m)? {
+            Control::AppCreated { app, version, .. } => {
+                self.refresh_manifest(version.max(self.manifest.version))?;
+                if self.manifest.app(app).is_none() {
+                    return Err(refused(format!(
+                        "app {name} was created as app {app}, but this session's manifest \
+                         does not have it"
+                    )));
+                }
+                Ok(app)
+            }
+            Control::Error { message } => Err(refused(message)),
+            other => Err(refused(format!("unexpected answer: {other:?}"))),
+        }
+    }
+
     /// Takes every handler of `app` away on the server (its regions and data stay).
     pub fn undeploy(&mut self, app: u32) -> Result<Deployment, UdpError> {
         self.deployed(app, &Control::Undeploy { app }, None)

@@ -324,6 +324,16 @@ pub fn start_host_persistent(
     })
 }
 
+/// The shared-memory file of `app`'s region `name` in `shm_dir`.
+pub(crate) fn region_file(shm_dir: &Path, app: u32, name: &str) -> PathBuf {
+    shm_dir.join(format!("app{app}-{name}.region"))
+}
+
+/// The shared-memory file of `app`'s write journal in `shm_dir`.
+pub(crate) fn journal_file(shm_dir: &Path, app: u32) -> PathBuf {
+    shm_dir.join(format!("app{app}.journal"))
+}
+
 /// Files a start made, gathered from inside the cluster's backing closures.
 #[derive(Clone, Default)]
 struct Made(Arc<std::sync::Mutex<Vec<PathBuf>>>);
@@ -357,12 +367,18 @@ fn build_host(
     config.remote_clients = true;
     config.nic_executors = 0;
     let dir = shm_dir.to_path_buf();
-    let region_path = move |app: u32, name: &str| dir.join(format!("app{app}-{name}.region"));
+    let region_path = move |app: u32, name: &str| region_file(&dir, app, name);
     let rp = region_path.clone();
     let credentials: std::collections::HashMap<u32, naam_proto::session::Credential> = apps
         .iter()
         .filter_map(|a| a.credential.clone().map(|c| (a.spec.id, c)))
         .collect();
+    // Apps created at run time (`Cluster::create_app`) are not the config's: their files
+    // are mapped when a record brought them back at a start, made when they are new.
+    let configured: std::sync::Arc<std::collections::HashSet<u32>> =
+        std::sync::Arc::new(apps.iter().map(|a| a.spec.id).collect());
+    let in_config = configured.clone();
+    let records = shm_dir.to_path_buf();
     let made_regions = made.clone();
     let mut builder =
         Cluster::builder()
@@ -375,7 +391,20 @@ fn build_host(
                     region: r.name.clone(),
                     message: e.to_string(),
                 };
+                let created = !in_config.contains(&app);
                 match kept {
+                    HostRegions::SharedFiles if created => {
+                        // Brought back by its record: under the rkey it was created with.
+                        let rkey =
+                            rkey.or_else(|| super::created::recorded_rkey(&records, app, &r.name));
+                        if path.exists() {
+                            RegionMemory::map_shared(&path, r.contents.len())
+                        } else {
+                            RegionMemory::create_shared(&path, &r.contents)
+                        }
+                        .map(|m| (m, rkey))
+                        .map_err(fail)
+                    }
                     HostRegions::SharedFiles if reattach => {
                         RegionMemory::map_shared(&path, r.contents.len())
                             .map(|m| (m, rkey))
@@ -395,13 +424,14 @@ fn build_host(
     if journaled {
         let (dir, made, rolled) = (shm_dir.to_path_buf(), made.clone(), rolled_back.clone());
         builder = builder.write_journals(Box::new(move |app, regions| {
-            let path = dir.join(format!("app{app}.journal"));
+            let path = journal_file(&dir, app);
             let fail = |message: String| ClusterError::Region {
                 app,
                 region: "(journal)".into(),
                 message: format!("{}: {message}", path.display()),
             };
-            if reattach {
+            let created = !configured.contains(&app);
+            if reattach || (created && path.exists()) {
                 let mem =
                     RegionMemory::map_shared(&path, JOURNAL_SIZE).map_err(|e| fail(e.to_string()))?;
                 let (j, undone) = WriteJournal::open(mem, regions).map_err(|e| fail(e.to_string()))?;
@@ -417,7 +447,9 @@ fn build_host(
             } else {
                 let mem = RegionMemory::create_shared(&path, &vec![0; JOURNAL_SIZE])
                     .map_err(|e| fail(e.to_string()))?;
-                made.note(path.clone());
+                if !created {
+                    made.note(path.clone());
+                }
                 WriteJournal::create(mem, regions)
                     .map(Some)
                     .map_err(|e| fail(e.to_string()))
@@ -563,14 +595,21 @@ fn start_nic_over(
     config.remote_nic = false;
     config.policy = PolicyChoice::Always(Placement::Nic);
     let regions = manifest.apps.clone();
+    let dir = shm_dir.to_path_buf();
     let mut builder =
         Cluster::builder()
             .config(config)
             .region_backing(Box::new(move |app, r: &RegionSpec| {
-                let m = regions
-                    .iter()
-                    .find(|a| a.id == app)
-                    .and_then(|a| a.regions.iter().find(|x| x.name == r.name));
+                let find = |apps: &[AppManifest]| {
+                    apps.iter()
+                        .find(|a| a.id == app)
+                        .and_then(|a| a.regions.iter().find(|x| x.name == r.name))
+                        .cloned()
+                };
+                // An app created after the start ([`redeploy_nic`]) is in the manifest as
+                // the host wrote it since.
+                let m =
+                    find(&regions).or_else(|| read_manifest(&dir).ok().and_then(|m| find(&m.apps)));
                 let fail = |message: String| ClusterError::Region {
                     app,
                     region: r.name.clone(),
@@ -592,25 +631,38 @@ fn start_nic_over(
                 Ok((mem, Some(m.rkey)))
             }));
     for a in &manifest.apps {
-        let object = load_manifest_object(a, &mpath)?;
-        builder = builder.app(AppSpec {
-            id: a.id,
-            name: a.name.clone(),
-            owner: Placement::Host,
-            regions: a
-                .regions
-                .iter()
-                .map(|r| RegionSpec {
-                    name: r.name.clone(),
-                    access: r.access,
-                    contents: Vec::new(),
-                })
-                .collect(),
-            object: Arc::new(object),
-            handlers: handler_specs(a),
-        });
+        builder = builder.app(nic_app_spec(a, &mpath)?);
     }
     Ok((Arc::new(builder.build()?), manifest))
+}
+
+/// The spec the NIC builds app `a` of the manifest at `mpath` from: its regions mapped (the
+/// backing finds them in the manifest), its handlers from its object (none for an app
+/// created at run time that has no handlers yet, whose manifest names no object).
+fn nic_app_spec(a: &AppManifest, mpath: &Path) -> Result<AppSpec, DeployError> {
+    let object = if a.handlers.is_empty() && a.object.is_empty() {
+        LoadedObject {
+            programs: Vec::new(),
+        }
+    } else {
+        load_manifest_object(a, mpath)?
+    };
+    Ok(AppSpec {
+        id: a.id,
+        name: a.name.clone(),
+        owner: Placement::Host,
+        regions: a
+            .regions
+            .iter()
+            .map(|r| RegionSpec {
+                name: r.name.clone(),
+                access: r.access,
+                contents: Vec::new(),
+            })
+            .collect(),
+        object: Arc::new(object),
+        handlers: handler_specs(a),
+    })
 }
 
 /// App `a`'s handler object, as the manifest at `mpath` names it, checked against the hash
@@ -678,7 +730,18 @@ pub fn redeploy_nic(
         if same {
             continue;
         }
-        let result = if a.handlers.is_empty() {
+        let result = if before.is_none() && cluster.registry().app(a.id).is_none() {
+            // Created at run time: its regions mapped from the files the host made.
+            nic_app_spec(a, &mpath).and_then(|spec| {
+                cluster
+                    .create_app(&spec)
+                    .map_err(|e| DeployError::Manifest {
+                        path: mpath.clone(),
+                        message: format!("app {}: {e}", a.id),
+                    })
+            })?;
+            continue;
+        } else if a.handlers.is_empty() {
             cluster.undeploy(a.id)
         } else {
             let object = load_manifest_object(a, &mpath)?;
@@ -701,7 +764,8 @@ pub fn cleanup(shm_dir: &Path) {
             let ours = name == MANIFEST_FILE
                 || (name.starts_with("app") && name.ends_with(".region"))
                 || (name.starts_with("object-") && name.ends_with(".o"))
-                || (name.starts_with("deployed-app") && name.ends_with(".json"));
+                || (name.starts_with("deployed-app") && name.ends_with(".json"))
+                || (name.starts_with("created-app") && name.ends_with(".json"));
             if ours {
                 let _ = std::fs::remove_file(e.path());
             }

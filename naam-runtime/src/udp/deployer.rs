@@ -29,12 +29,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use crossbeam_channel::{bounded, Receiver, Sender as JobSender, TrySendError};
 
+use super::created::{clear_leftovers, created_path, created_records, CreatedRecord};
 use super::socket::Sender;
 use super::telemetry::{LoopCounters, Telemetry};
 use crate::cluster::{Cluster, Deployed};
 use crate::HandlerSpec;
-use naam_proto::control::{object_hash, Control, DeployReport, HandlerManifest, Manifest};
-use naam_proto::endpoint::{Channel, DeployChange, DeployJob, SessionDirectory};
+use naam_proto::control::{
+    object_hash, AppManifest, Control, DeployReport, HandlerManifest, Manifest, NewRegion,
+};
+use naam_proto::endpoint::{AppGrant, Channel, DeployChange, DeployJob, SessionDirectory};
 use naam_proto::step::HandlerKind;
 use naam_proto::EngineKind;
 use serde::{Deserialize, Serialize};
@@ -120,6 +123,7 @@ pub fn forget_deploys(shm_dir: &Path) {
             let _ = std::fs::remove_file(e.path());
         }
     }
+    super::created::forget_created(shm_dir);
 }
 
 /// [`restore_deploys`] of one record.
@@ -187,12 +191,17 @@ pub struct DeployPolicy {
     pub budget: u64,
     /// Deploys and undeploys one tenant may make a second (as many in a burst).
     pub deploys_per_second: f64,
+    /// Apps one tenant may create while the server runs ([`Control::CreateApp`]); 0: none.
+    pub max_apps: usize,
+    /// Bytes of regions one tenant's created apps may have together.
+    pub max_region_bytes: u64,
 }
 
 impl DeployPolicy {
     /// Deploys into `shm_dir`'s manifest with the default quotas: 64 handlers and 1 MiB of
     /// code per tenant, budgets up to 1,000,000 instructions (100,000 by default), on the
-    /// tiered engine, at most [`naam_proto::limits::DEPLOYS_PER_SECOND`] a second.
+    /// tiered engine, at most [`naam_proto::limits::DEPLOYS_PER_SECOND`] a second; no app
+    /// created by a tenant (64 MiB of regions once `max_apps` allows some).
     pub fn new(shm_dir: PathBuf) -> DeployPolicy {
         DeployPolicy {
             shm_dir,
@@ -202,6 +211,8 @@ impl DeployPolicy {
             engine: EngineKind::Tiered,
             budget: 100_000,
             deploys_per_second: naam_proto::limits::DEPLOYS_PER_SECOND,
+            max_apps: 0,
+            max_region_bytes: 64 << 20,
         }
     }
 }
@@ -262,8 +273,13 @@ pub(crate) fn spawn(
         directory,
         manifest,
         answered: HashMap::new(),
+        created: Vec::new(),
         counts: DeployCounts::default(),
     };
+    d.created = created_records(&d.policy.shm_dir)
+        .into_iter()
+        .filter_map(|(_, r)| r.ok())
+        .collect();
     let handle = std::thread::Builder::new()
         .name("naam-deployer".into())
         .spawn(move || d.run(rx, &telemetry, &counters))?;
@@ -277,6 +293,7 @@ struct DeployCounts {
     undeploys: u64,
     refused: u64,
     build_us: u64,
+    created: u64,
 }
 
 struct Deployer {
@@ -289,6 +306,9 @@ struct Deployer {
     /// retransmission gets its answer again rather than a second deploy, whichever of the
     /// tenant's sessions deployed since.
     answered: HashMap<String, std::collections::VecDeque<Answered>>,
+    /// Apps tenants created, as recorded in the shared-memory directory (restored ones
+    /// included, and any a start could not restore: their ids are not given again).
+    created: Vec<CreatedRecord>,
     counts: DeployCounts,
 }
 
@@ -352,6 +372,11 @@ impl Deployer {
             ),
             ("undeploys", "Undeploys carried out.", c.undeploys),
             (
+                "apps_created",
+                "Apps tenants created at run time.",
+                c.created,
+            ),
+            (
                 "deploys_refused",
                 "Deploys and undeploys refused (quota, verifier, files).",
                 c.refused,
@@ -400,6 +425,7 @@ impl Deployer {
                 self.counts.undeploys += 1;
                 (d, None)
             }
+            DeployChange::Create { name, regions } => return self.create(job, name, regions),
             other => return Err(format!("this server does not know the change {other:?}")),
         };
         let (deployed, object) = deployed;
@@ -444,7 +470,14 @@ impl Deployer {
                 })
                 .collect(),
         };
-        Ok((answer, Done { deployed, object }))
+        Ok((
+            answer,
+            Done {
+                deployed,
+                created: false,
+                object,
+            },
+        ))
     }
 
     /// The specs `handlers` ask for, within the policy's budget limit.
@@ -613,7 +646,9 @@ impl Deployer {
         if let Some(o) = &done.object {
             self.remove_older_objects(deployed.app, o);
         }
-        self.record(deployed);
+        if !done.created {
+            self.record(deployed);
+        }
         let written = serde_json::to_vec_pretty(&self.manifest)
             .map_err(|e| e.to_string())
             .and_then(|b| write_atomically(&self.policy.shm_dir.join(super::MANIFEST_FILE), &b));
@@ -639,6 +674,175 @@ impl Deployer {
 }
 
 impl Deployer {
+    /// Creates app `name` with `regions` for `job`'s tenant, within its quotas: its
+    /// regions made (zeroed files beside the others, which the NIC maps), the app in the
+    /// cluster with no handlers, its record written, the manifest published and the app
+    /// given to the tenant's credential in every loop. The tenant's app of that name with
+    /// the same regions is answered as created again; any other app of that name refuses.
+    fn create(
+        &mut self,
+        job: &DeployJob,
+        name: &str,
+        regions: &[NewRegion],
+    ) -> Result<(Control, Done), String> {
+        let version = self.manifest.version;
+        if let Some(c) = self.created.iter().find(|c| c.name == name) {
+            let mine = job.tenant_apps.contains(&c.app) || c.owner == job.tenant;
+            return match (mine, c.regions == regions) {
+                (true, true) => {
+                    // Asked again (a tool run once more): the app and its data are kept.
+                    let d = Deployed {
+                        app: c.app,
+                        version,
+                        handlers: Vec::new(),
+                    };
+                    let answer = Control::AppCreated {
+                        app: c.app,
+                        name: name.to_string(),
+                        version,
+                    };
+                    Ok((
+                        answer,
+                        Done {
+                            deployed: d,
+                            created: true,
+                            object: None,
+                        },
+                    ))
+                }
+                (true, false) => Err(format!(
+                    "app {name} exists with other regions ({}): its regions and data are kept",
+                    describe_regions(&c.regions)
+                )),
+                (false, _) => Err(format!("the app name {name} is taken")),
+            };
+        }
+        if self.manifest.apps.iter().any(|a| a.name == name) {
+            return Err(format!("the app name {name} is taken"));
+        }
+        let owned: Vec<&CreatedRecord> = self
+            .created
+            .iter()
+            .filter(|c| job.tenant_apps.contains(&c.app))
+            .collect();
+        if self.policy.max_apps == 0 {
+            return Err(format!(
+                "this server lets tenant {} create no apps (its [deploy] max_apps is 0)",
+                job.tenant
+            ));
+        }
+        if owned.len() >= self.policy.max_apps {
+            return Err(format!(
+                "over quota: tenant {} has created {} apps, this server allows {}",
+                job.tenant,
+                owned.len(),
+                self.policy.max_apps
+            ));
+        }
+        let bytes = owned
+            .iter()
+            .map(|c| c.region_bytes())
+            .sum::<u64>()
+            .saturating_add(
+                regions
+                    .iter()
+                    .map(|r| r.len)
+                    .fold(0u64, u64::saturating_add),
+            );
+        if bytes > self.policy.max_region_bytes {
+            return Err(format!(
+                "over quota: tenant {}'s created apps would have {bytes} bytes of regions, this \
+                 server allows {}",
+                job.tenant, self.policy.max_region_bytes
+            ));
+        }
+        let app = self
+            .manifest
+            .apps
+            .iter()
+            .map(|a| a.id)
+            .chain(self.created.iter().map(|c| c.app))
+            .max()
+            .unwrap_or(0)
+            .checked_add(1)
+            .ok_or("no app id is left on this server")?;
+        let record = CreatedRecord {
+            app,
+            name: name.to_string(),
+            owner: job.tenant.clone(),
+            regions: regions.to_vec(),
+            rkeys: Vec::new(),
+        };
+        let mut tenant_apps = job.tenant_apps.clone();
+        tenant_apps.push(app);
+        // The pages are checked before anything is made, with rkeys as long as any.
+        let mut next = self.manifest.clone();
+        let mut entry: AppManifest = record.manifest_entry(&self.cluster, &self.policy.shm_dir);
+        for r in &mut entry.regions {
+            r.rkey = u64::MAX;
+        }
+        next.apps.push(entry);
+        next.scoped(&tenant_apps)
+            .pages()
+            .map_err(|e| format!("the tenant's manifest would not fit: {e}"))?;
+        clear_leftovers(&self.policy.shm_dir, app);
+        let deployed = self
+            .cluster
+            .create_app(&record.spec())
+            .map_err(|e| e.to_string())?;
+        let mut record = record;
+        record.rkeys = regions
+            .iter()
+            .map(|r| {
+                let k = self.cluster.region_key(app, &r.name).unwrap_or(0);
+                (r.name.clone(), k)
+            })
+            .collect();
+        // Recorded before the answer: an app a tenant was told exists outlives any restart.
+        let rpath = created_path(&self.policy.shm_dir, app);
+        let written = serde_json::to_vec_pretty(&record)
+            .map_err(|e| e.to_string())
+            .and_then(|b| write_atomically(&rpath, &b));
+        if let Err(e) = written {
+            tracing::error!(
+                app,
+                "app {name} is created but not recorded, so the next start will not have it: {e}"
+            );
+        }
+        self.manifest
+            .apps
+            .push(record.manifest_entry(&self.cluster, &self.policy.shm_dir));
+        self.manifest.version = deployed.version;
+        self.directory.publish_manifest(self.manifest.clone());
+        self.directory.grant(AppGrant {
+            owner: job.tenant.clone(),
+            app,
+            name: name.to_string(),
+        });
+        self.created.push(record);
+        self.counts.created += 1;
+        tracing::info!(
+            tenant = %job.tenant,
+            app,
+            version = deployed.version,
+            "created app {name} ({})",
+            describe_regions(regions)
+        );
+        let answer = Control::AppCreated {
+            app,
+            name: name.to_string(),
+            version: deployed.version,
+        };
+        Ok((
+            answer,
+            Done {
+                deployed,
+                created: true,
+                object: None,
+            },
+        ))
+    }
+
     /// Records what `deployed` made of its app for the next start ([`restore_deploys`]); a
     /// record that cannot be written is logged (this start serves the deploy all the same).
     fn record(&self, deployed: &Deployed) {
@@ -665,6 +869,8 @@ impl Deployer {
 /// What a deploy leaves to do once it is answered ([`Deployer::write_out`]).
 struct Done {
     deployed: Deployed,
+    /// An app created (its record was written before the answer).
+    created: bool,
     /// The object it wrote (none after an undeploy).
     object: Option<ObjectFile>,
 }
@@ -674,6 +880,15 @@ struct ObjectFile {
     path: PathBuf,
     /// The file the app's manifest named before the deploy, kept while the NIC may read it.
     previous: String,
+}
+
+/// `regions` as a person reads them: `name:len:access`, comma-separated.
+fn describe_regions(regions: &[NewRegion]) -> String {
+    regions
+        .iter()
+        .map(|r| format!("{}:{}:{}", r.name, r.len, naam_ebpf::abi::Rights(r.access)))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The start of the names of the objects deployed into `app`.

@@ -20,6 +20,7 @@
 //!   [`spawn_metrics`].
 
 mod client;
+mod created;
 mod deploy;
 mod deploy_error;
 mod deployer;
@@ -34,6 +35,7 @@ mod socket;
 mod telemetry;
 
 pub use client::{Deployment, UdpClient, UdpConfig, UdpError};
+pub use created::{created_app_count, restore_created_apps};
 pub use deploy::{
     cleanup, read_manifest, redeploy_nic, snapshot, start_host, start_host_persistent,
     start_host_with, start_nic, start_nic_in_process, HostApp, HostRegions, PersistentHost,

@@ -167,7 +167,8 @@ impl Deployment {
             ));
         }
         // Tenants may deploy into their own apps (tests/deploys.rs), up to 8 handlers each.
-        config.push_str("[deploy]\nmax_handlers = 8\n");
+        // Tenants may create two apps each, of 64 KiB of regions together (tests/deploys.rs).
+        config.push_str("[deploy]\nmax_handlers = 8\nmax_apps = 2\nmax_region_bytes = 65536\n");
         std::fs::write(d.join("naam-server.toml"), config).expect("config");
         let nic_addr = free_loopback_port();
         let (server_metrics, nic_metrics) = (free_tcp_port(), free_tcp_port());

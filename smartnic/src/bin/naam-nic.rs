@@ -226,6 +226,9 @@ fn run(
     let mut cc = ClusterConfig::default();
     cc.nic_executors = cores.max(1);
     cc.nic = model;
+    // Room for the apps tenants create on the server while this NIC runs (a restart makes
+    // room for more: the apps it starts with are not counted here).
+    cc.run_time_apps = 1024;
     let (cluster, manifest) = udp::start_nic(shm_dir, cc.clone())
         .with_context(|| format!("mapping the server's regions from {}", shm_dir.display()))?;
     let datagram = datagram.unwrap_or_else(|| naam_runtime::udp::datagram_for(listen));

@@ -307,7 +307,7 @@ fn verbs_side(
 fn run(
     config: &Config,
     apps: Vec<naam_runtime::udp::HostApp>,
-    tenants: Vec<naam_runtime::proto::session::TenantEntry>,
+    mut tenants: Vec<naam_runtime::proto::session::TenantEntry>,
     code_cache: Option<Arc<naam_runtime::vm::CodeCache>>,
     metrics: Option<std::net::SocketAddr>,
     inject_loss: Option<f64>,
@@ -322,6 +322,13 @@ fn run(
     if let Some(cache) = code_cache {
         cc.code_cache = cache;
     }
+    // Room for the apps tenants may create, and for those they created before.
+    cc.run_time_apps = match &config.deploy {
+        Some(d) => d
+            .max_created_apps
+            .max(udp::created_app_count(&config.shm_dir)),
+        None => 0,
+    };
     let mut sockets = udp::bind_group(config.listen, config.datagram_size(), config.loops())
         .with_context(|| format!("binding {}", config.listen))?;
     for s in &mut sockets {
@@ -371,6 +378,11 @@ fn run(
         if matches!(host.started, udp::Started::Fresh { .. }) {
             // New regions: what was deployed into the old ones goes with them.
             udp::forget_deploys(&config.shm_dir);
+        }
+        for line in
+            udp::restore_created_apps(&cluster, &mut manifest, &mut tenants, &config.shm_dir)
+        {
+            tracing::info!("{line}");
         }
         for line in udp::restore_deploys(&cluster, &mut manifest, &config.shm_dir)? {
             tracing::info!("{line}");
