@@ -550,6 +550,8 @@ fn a_tenant_creates_an_app_deploys_into_it_and_it_outlives_a_restart() {
     assert!(m.contains("taken"), "{m}");
     let m = refusal(b.create_app("a", vec![region("data", 64)]));
     assert!(m.contains("taken"), "a config app's name: {m}");
+    let m = refusal(b.create_app("naam-nic", vec![region("data", 64)]));
+    assert!(m.contains("taken"), "a role's name: {m}");
     // Names that would be paths, empty regions, wild rights: refused for their form.
     let m = refusal(b.create_app("../etc", vec![region("data", 64)]));
     assert!(m.contains("names are 1 to"), "{m}");

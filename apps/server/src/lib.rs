@@ -1001,7 +1001,11 @@ mod tests {
         let p = c.deploy.expect("deploys").policy(Path::new("/dev/shm/x"));
         assert_eq!((p.max_handlers, p.max_code_bytes), (3, 1 << 20));
         assert_eq!((p.deploys_per_second, p.engine), (2.5, EngineKind::Jit));
-        assert_eq!((p.max_apps, p.max_region_bytes), (0, 64 << 20), "no apps created by default");
+        assert_eq!(
+            (p.max_apps, p.max_region_bytes),
+            (0, 64 << 20),
+            "no apps created by default"
+        );
         let c = Config::parse(&format!(
             "{base}[deploy]\nmax_apps = 3\nmax_region_bytes = 4096\nmax_created_apps = 10\n"
         ))

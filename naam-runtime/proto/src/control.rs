@@ -904,7 +904,11 @@ mod tests {
     /// Names of created apps and regions become file names: only plain ones pass.
     #[test]
     fn created_names_are_plain_and_short() {
-        for ok in ["mine", "a-b_c9", &"x".repeat(crate::limits::MAX_CREATED_NAME)] {
+        for ok in [
+            "mine",
+            "a-b_c9",
+            &"x".repeat(crate::limits::MAX_CREATED_NAME),
+        ] {
             assert!(super::check_created_name("an app", ok).is_ok(), "{ok}");
         }
         let long = "x".repeat(crate::limits::MAX_CREATED_NAME + 1);

@@ -2150,7 +2150,8 @@ impl<B: HostBackend> ServerEndpoint<B> {
             ) => {
                 let checked = self
                     .deploy_allowed(now, name, sid, id)
-                    .and_then(|()| new_app_fits(&app_name, &regions));
+                    .and_then(|()| new_app_fits(&app_name, &regions))
+                    .and_then(|()| self.name_free_for(name, &app_name));
                 match checked {
                     Ok(()) => {
                         let change = DeployChange::Create {
@@ -2315,6 +2316,29 @@ impl<B: HostBackend> ServerEndpoint<B> {
             change,
         };
         self.backend.deploy(job, ch)
+    }
+
+    /// Whether tenant `tenant` may give a new app the name `app_name`: no other credential's
+    /// hello names it (a tenant's own created app's name is its own), and it is not a role's
+    /// reserved name; else why not.
+    fn name_free_for(&self, tenant: &str, app_name: &str) -> Result<(), String> {
+        use crate::session::{NIC_TENANT, OPERATOR_TENANT};
+        let mine = self
+            .config
+            .tenants
+            .iter()
+            .find(|t| t.name == tenant)
+            .map(|t| &t.credential);
+        let clash = self
+            .config
+            .tenants
+            .iter()
+            .any(|t| t.name == app_name && Some(&t.credential) != mine);
+        if clash || app_name == NIC_TENANT || app_name == OPERATOR_TENANT {
+            Err(format!("the app name {app_name} is taken"))
+        } else {
+            Ok(())
+        }
     }
 
     /// Takes one of tenant `tenant`'s deploy tokens ([`ServerConfig::deploys_per_second`],
