@@ -349,7 +349,7 @@ fn an_app_that_cannot_be_created_changes_nothing_and_says_why() {
     assert!(e.to_string().contains("sorted"), "{e}");
     // Too many regions.
     let mut many = spec(52);
-    many.regions = (0..=naam_runtime::cluster::MAX_CREATED_APP_REGIONS)
+    many.regions = (0..=naam_proto::limits::MAX_CREATED_APP_REGIONS)
         .map(|i| naam_runtime::cluster::RegionSpec {
             name: format!("r{i}"),
             ..many.regions[0].clone()

@@ -151,14 +151,11 @@ pub struct ClusterConfig {
     /// Run inside a discrete-event simulation (`naam-sim`); `None`: on this machine's clock.
     pub simulated: Option<Simulated>,
     /// Apps [`super::Cluster::create_app`] may add while the cluster serves, beyond those it
-    /// starts with, each with up to [`MAX_CREATED_APP_REGIONS`] regions: the tables of
+    /// starts with, each with up to [`naam_proto::limits::MAX_CREATED_APP_REGIONS`] regions: the tables of
     /// per-app state and regions are sized for them at the start (read without a lock, they
     /// never grow).
     pub run_time_apps: usize,
 }
-
-/// Regions an app created at run time ([`super::Cluster::create_app`]) may have.
-pub use naam_proto::limits::MAX_CREATED_APP_REGIONS;
 
 /// What a message that ran did, for a [`ServiceModel`] to turn into a service time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -275,7 +272,7 @@ pub enum ClusterError {
     #[error("app {0} exists already")]
     AppExists(u32),
     /// No more apps can be created ([`ClusterConfig::run_time_apps`]), or the app to create
-    /// has more than [`MAX_CREATED_APP_REGIONS`] regions.
+    /// has more than [`naam_proto::limits::MAX_CREATED_APP_REGIONS`] regions.
     #[error("app {app} cannot be created: {why}")]
     NoRoom {
         /// The app.

@@ -12,11 +12,11 @@ use naam_proto::step::HandlerKind;
 use naam_proto::EngineKind;
 use naam_vm::LoadedObject;
 
-use super::config::MAX_CREATED_APP_REGIONS;
 use super::{register_region, AppSpec, AppState, Cluster, ClusterError};
 use crate::intmap::IntMap;
 use crate::registry::{BuiltHandlers, HandlerEntry};
 use crate::HandlerSpec;
+use naam_proto::limits::MAX_CREATED_APP_REGIONS;
 
 /// One handler a deploy made callable, with the verifier's report on it.
 #[derive(Clone, Debug, PartialEq, Eq)]

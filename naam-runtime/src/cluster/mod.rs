@@ -870,7 +870,7 @@ impl ClusterBuilder {
         });
         let spare_regions = config
             .run_time_apps
-            .saturating_mul(config::MAX_CREATED_APP_REGIONS);
+            .saturating_mul(naam_proto::limits::MAX_CREATED_APP_REGIONS);
         let Installed {
             regions,
             registry,

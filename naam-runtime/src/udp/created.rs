@@ -89,7 +89,7 @@ impl CreatedRecord {
                     client_access: r.access & naam_ebpf::abi::ACCESS_READ,
                     len: r.len,
                     path: Some(
-                        super::deploy::region_file(shm_dir, self.app, &r.name)
+                        super::shm_dir::region_file(shm_dir, self.app, &r.name)
                             .display()
                             .to_string(),
                     ),
@@ -205,10 +205,11 @@ pub(crate) fn forget_created(shm_dir: &Path) {
     for (id, record) in created_records(shm_dir) {
         if let Ok(r) = record {
             for region in &r.regions {
-                let _ = std::fs::remove_file(super::deploy::region_file(shm_dir, id, &region.name));
+                let _ =
+                    std::fs::remove_file(super::shm_dir::region_file(shm_dir, id, &region.name));
             }
         }
-        let _ = std::fs::remove_file(super::deploy::journal_file(shm_dir, id));
+        let _ = std::fs::remove_file(super::shm_dir::journal_file(shm_dir, id));
         let _ = std::fs::remove_file(created_path(shm_dir, id));
     }
 }
@@ -226,5 +227,5 @@ pub(crate) fn clear_leftovers(shm_dir: &Path, app: u32) {
             }
         }
     }
-    let _ = std::fs::remove_file(super::deploy::journal_file(shm_dir, app));
+    let _ = std::fs::remove_file(super::shm_dir::journal_file(shm_dir, app));
 }

@@ -324,16 +324,6 @@ pub fn start_host_persistent(
     })
 }
 
-/// The shared-memory file of `app`'s region `name` in `shm_dir`.
-pub(crate) fn region_file(shm_dir: &Path, app: u32, name: &str) -> PathBuf {
-    shm_dir.join(format!("app{app}-{name}.region"))
-}
-
-/// The shared-memory file of `app`'s write journal in `shm_dir`.
-pub(crate) fn journal_file(shm_dir: &Path, app: u32) -> PathBuf {
-    shm_dir.join(format!("app{app}.journal"))
-}
-
 /// Files a start made, gathered from inside the cluster's backing closures.
 #[derive(Clone, Default)]
 struct Made(Arc<std::sync::Mutex<Vec<PathBuf>>>);
@@ -367,7 +357,7 @@ fn build_host(
     config.remote_clients = true;
     config.nic_executors = 0;
     let dir = shm_dir.to_path_buf();
-    let region_path = move |app: u32, name: &str| region_file(&dir, app, name);
+    let region_path = move |app: u32, name: &str| super::shm_dir::region_file(&dir, app, name);
     let rp = region_path.clone();
     let credentials: std::collections::HashMap<u32, naam_proto::session::Credential> = apps
         .iter()
@@ -424,7 +414,7 @@ fn build_host(
     if journaled {
         let (dir, made, rolled) = (shm_dir.to_path_buf(), made.clone(), rolled_back.clone());
         builder = builder.write_journals(Box::new(move |app, regions| {
-            let path = journal_file(&dir, app);
+            let path = super::shm_dir::journal_file(&dir, app);
             let fail = |message: String| ClusterError::Region {
                 app,
                 region: "(journal)".into(),

@@ -12,6 +12,16 @@ use serde::{Deserialize, Serialize};
 
 use super::deploy_error::DeployError;
 
+/// The shared-memory file of `app`'s region `name` in `shm_dir`.
+pub(crate) fn region_file(shm_dir: &Path, app: u32, name: &str) -> PathBuf {
+    shm_dir.join(format!("app{app}-{name}.region"))
+}
+
+/// The shared-memory file of `app`'s write journal in `shm_dir`.
+pub(crate) fn journal_file(shm_dir: &Path, app: u32) -> PathBuf {
+    shm_dir.join(format!("app{app}.journal"))
+}
+
 /// The lock file naam-server holds in its directory (its pid inside).
 pub const LOCK_FILE: &str = ".naam-server.lock";
 /// The header of the regions in a directory.
