@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use bytes::Bytes;
-use naam_proto::control::Control;
+use naam_proto::control::{AppManifest, Control};
 use naam_proto::dedup::RecentAnswers;
 use naam_proto::endpoint::{
     Channel, ClientConfig, ClientEndpoint, ClientEvent, DeployChange, DeployJob, ExchangeError,
@@ -1457,6 +1457,90 @@ fn an_upload_is_taken_in_order_and_a_deploy_needs_its_whole_object_in_its_own_ap
     w.now += 1_000 * MS;
     assert_eq!(received(w.ask(&fresh)), 2);
     assert!(matches!(w.ask(&deploy(small)), Control::Deployed { .. }));
+}
+
+#[test]
+fn a_created_app_is_checked_for_form_then_granted_to_its_owners_sessions() {
+    use naam_proto::control::NewRegion;
+    use naam_proto::endpoint::AppGrant;
+    let mut w = World::new(47);
+    w.connected();
+    let region = |name: &str, len: u64| NewRegion {
+        name: name.into(),
+        len,
+        access: naam_ebpf::abi::ACCESS_READ,
+    };
+    let create = |name: &str, regions: Vec<NewRegion>| Control::CreateApp {
+        name: name.into(),
+        regions,
+    };
+    // Refused by the endpoint for their form, or a name another credential's hello gives:
+    // the backend never sees them (it refuses the names of the apps it has).
+    for (bad, why) in [
+        (create("../x", vec![region("d", 8)]), "names are 1 to"),
+        (create("ok", vec![region("d/e", 8)]), "names are 1 to"),
+        (create("ok", Vec::new()), "0 regions"),
+        (create("ok", vec![region("d", 0)]), "0 bytes"),
+        (
+            create("ok", vec![region("d", 8), region("d", 8)]),
+            "two regions",
+        ),
+        (create("naam-nic", vec![region("d", 8)]), "taken"),
+    ] {
+        let m = refusal(w.ask(&bad));
+        assert!(m.contains(why), "{bad:?}: {m}");
+    }
+    assert!(w.server.backend().deploys.is_empty());
+    // A well-formed one reaches the backend, for the session's tenant, with no app id yet.
+    assert!(matches!(
+        w.ask(&create("mine", vec![region("d", 8)])),
+        Control::Deployed { .. }
+    ));
+    let jobs = &w.server.backend().deploys;
+    assert_eq!(
+        (jobs.len(), jobs[0].app, jobs[0].tenant.as_str()),
+        (1, 0, "counter")
+    );
+    match &jobs[0].change {
+        DeployChange::Create { name, regions } => {
+            assert_eq!((name.as_str(), regions.len()), ("mine", 1))
+        }
+        other => panic!("{other:?}"),
+    }
+    // The backend made app 7 and granted it: the session may use it from its next message,
+    // and its manifest page shows it.
+    let mut m = manifest(47);
+    m.apps.push(AppManifest {
+        id: 7,
+        name: "mine".into(),
+        ..manifest(47).apps[0].clone()
+    });
+    m.version = 2;
+    w.server.directory().publish_manifest(m);
+    let chunk = |app: u32| Control::DeployChunk {
+        app,
+        total: 1,
+        object_hash: 0,
+        offset: 0,
+        bytes: vec![1],
+    };
+    assert!(refusal(w.ask(&chunk(7))).contains("not this tenant's"));
+    w.server.directory().grant(AppGrant {
+        owner: "counter".into(),
+        app: 7,
+        name: "mine".into(),
+    });
+    assert!(matches!(
+        w.ask(&chunk(7)),
+        Control::DeployReceived { app: 7, .. }
+    ));
+    match w.ask(&Control::QueryManifest { page: 0 }) {
+        Control::ManifestPage { apps, version, .. } => {
+            let ids: Vec<u32> = apps.iter().map(|a| a.id).collect();
+            assert_eq!((ids, version), (vec![APP, 7], 2));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
