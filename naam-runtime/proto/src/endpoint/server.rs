@@ -1976,7 +1976,15 @@ impl<B: HostBackend> ServerEndpoint<B> {
             }
         }
         let newest = self.config.directory.manifest_newer_than(0);
-        let m = newest.as_deref().unwrap_or(&self.config.manifest);
+        let m = newest.unwrap_or_else(|| Arc::new(self.config.manifest.clone()));
+        if self.make_pages(&m) {
+            self.pages_version = m.version;
+        }
+    }
+
+    /// Makes every tenant's manifest pages from `m` (and the head the pages go out with);
+    /// `false`, with the old pages kept and the error logged, when `m` cannot be paged.
+    fn make_pages(&mut self, m: &Manifest) -> bool {
         match tenant_pages(&self.config.tenants, m) {
             Ok(pages) => {
                 self.pages = pages;
@@ -1984,12 +1992,15 @@ impl<B: HostBackend> ServerEndpoint<B> {
                     apps: Vec::new(),
                     ..m.clone()
                 };
-                self.pages_version = m.version;
+                true
             }
-            Err(e) => tracing::error!(
-                version = m.version,
-                "the manifest with a created app cannot be paged, the previous one is served: {e}"
-            ),
+            Err(e) => {
+                tracing::error!(
+                    version = m.version,
+                    "a published manifest cannot be paged, the previous one is served: {e}"
+                );
+                false
+            }
         }
     }
 
@@ -2280,19 +2291,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
         else {
             return;
         };
-        match tenant_pages(&self.config.tenants, &m) {
-            Ok(pages) => {
-                self.pages = pages;
-                self.head = Manifest {
-                    apps: Vec::new(),
-                    ..Manifest::clone(&m)
-                };
-            }
-            Err(e) => tracing::error!(
-                version = m.version,
-                "a published manifest cannot be paged, the previous one is served: {e}"
-            ),
-        }
+        self.make_pages(&m);
         self.pages_version = m.version;
     }
 
