@@ -17,17 +17,70 @@ use common::words;
 use naam_ebpf::abi::{Descriptor, ACCESS_ATOMIC, ACCESS_READ, ACCESS_WRITE};
 use naam_proto::control::{Control, DeployHandler};
 use naam_proto::handler_id;
+use naam_proto::session::Credential;
 use naam_proto::transport::Transport;
 use naam_proto::wire::Status;
 use naam_proto::Placement;
 use naam_runtime::udp::{UdpClient, UdpConfig, UdpError};
 
+/// A session of tenant `a` or `b` with its own credential, pinned to `pin` if given.
 fn client(server: SocketAddr, tenant: &str, pin: Option<Placement>) -> UdpClient {
     let key = if tenant == "a" { key_a() } else { key_b() };
+    UdpClient::connect(&session_config(server, tenant, key, pin)).expect("a session")
+}
+
+/// A session of tenant `tenant` (a hello naming it) with credential `key`.
+fn session_as(server: SocketAddr, tenant: &str, key: Credential) -> UdpClient {
+    UdpClient::connect(&session_config(server, tenant, key, None)).expect("a session")
+}
+
+/// The config of a session of `tenant` with `key`, pinned to `pin` if given, retransmitting
+/// after 10 ms.
+fn session_config(
+    server: SocketAddr,
+    tenant: &str,
+    key: Credential,
+    pin: Option<Placement>,
+) -> UdpConfig {
     let mut cfg = UdpConfig::new(server, tenant, key);
     cfg.pin = pin;
     cfg.rto = Duration::from_millis(10);
-    UdpClient::connect(&cfg).expect("a session")
+    cfg
+}
+
+/// A session of `tenant` with `key` to a server just started again: tried until it
+/// answers, for at most 20 s.
+fn reconnect(server: SocketAddr, tenant: &str, key: Credential) -> UdpClient {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut cfg = session_config(server, tenant, key.clone(), None);
+        cfg.liveness = Duration::from_millis(500);
+        match UdpClient::connect(&cfg) {
+            Ok(c) => return c,
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the server did not come back: {e}"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Calls `call` (which checks its answer and says where it ran) until the NIC runs it,
+/// for at most 10 s; until then the host must have run it.
+fn until_the_nic_serves(what: &str, mut call: impl FnMut() -> Placement) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let placement = call();
+        if placement == Placement::Nic {
+            return;
+        }
+        assert_eq!(placement, Placement::Host);
+        assert!(Instant::now() < deadline, "the NIC never served {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// `naam ARGS` in the deployment's directory (where `a.key` and `b.key` are).
@@ -39,13 +92,30 @@ fn naam(dir: &Path, args: &[&str]) -> std::process::Output {
         .expect("naam runs")
 }
 
-/// The counter at offset 0 of region `data`, read with app a's deployed `sum_words`.
-fn read_counter(c: &mut UdpClient, data: u64) -> u64 {
+/// The counter at offset 0 of `app`'s region `data`, read with a deployed `sum_words`:
+/// where the read ran, and the value.
+fn read_counter(c: &mut UdpClient, app: u32, data: u64) -> (Placement, u64) {
     let r = c
-        .call(A, handler_id("sum_words"), &[], &[common::rd(data, 0, 8)])
+        .call(app, handler_id("sum_words"), &[], &[common::rd(data, 0, 8)])
         .expect("an answer");
     assert_eq!(r.status, Status::Ok, "{r:?}");
-    u64::from_le_bytes(r.payload[..8].try_into().expect("eight bytes"))
+    let v = u64::from_le_bytes(r.payload[..8].try_into().expect("eight bytes"));
+    (r.placement, v)
+}
+
+/// Adds `by` to the counter at offset 0 of `app`'s region `data` with a deployed
+/// `counter_add`.
+fn counter_add(c: &mut UdpClient, app: u32, data: u64, by: u64) {
+    let counter = Descriptor {
+        rkey: data,
+        offset: 0,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    let r = c
+        .call(app, handler_id("counter_add"), &words(&[by]), &[counter])
+        .expect("an answer");
+    assert_eq!(r.status, Status::Ok, "{r:?}");
 }
 
 /// The names of `app`'s handlers in `c`'s manifest.
@@ -144,23 +214,14 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
     assert_eq!(r.status, Status::UnknownHandler);
 
     // The NIC reads the new manifest and serves the deployed handler too.
+    // Until it does, the host serves the app's reads (the NIC's old handlers would not be
+    // the deployed ones).
     let mut at_nic = client(d.server(), "a", Some(Placement::Nic));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    until_the_nic_serves("the deployed handler", || {
         let (status, placement, v) = add(&mut at_nic, A, 1, 2);
         assert_eq!((status, v), (Status::Ok, Some(3)));
-        if placement == Placement::Nic {
-            break;
-        }
-        // Until it does, the host serves the app's reads (the NIC's old handlers would not
-        // be the deployed ones).
-        assert_eq!(placement, Placement::Host);
-        assert!(
-            Instant::now() < deadline,
-            "the NIC never served the deployed handler"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        placement
+    });
 
     // Into another tenant's app: refused by the server, nothing changes.
     let bytes = std::fs::read(object).expect("the object");
@@ -271,16 +332,7 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
         .app(A)
         .and_then(|m| m.region_key("data"))
         .expect("app a's data region");
-    let counter = Descriptor {
-        rkey: data,
-        offset: 0,
-        len: 8,
-        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
-    };
-    let r = a
-        .call(A, handler_id("counter_add"), &words(&[7]), &[counter])
-        .expect("an answer");
-    assert_eq!(r.status, Status::Ok, "{r:?}");
+    counter_add(&mut a, A, data, 7);
     let out = naam(
         &dir,
         &[
@@ -307,30 +359,18 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
         .expect("deployed again");
     assert_eq!(again.handlers.len(), 1);
     assert_eq!(
-        read_counter(&mut a, data),
+        read_counter(&mut a, A, data).1,
         7,
         "the region kept its counter across the undeploy"
     );
     // The NIC takes this deploy up too: its deploy thread, which took up the first, serves
     // every later one.
     let mut at_nic = client(d.server(), "a", Some(Placement::Nic));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = at_nic
-            .call(A, handler_id("sum_words"), &[], &[common::rd(data, 0, 8)])
-            .expect("an answer");
-        assert_eq!(r.status, Status::Ok, "{r:?}");
-        assert_eq!(r.payload[..8], 7u64.to_le_bytes());
-        if r.placement == Placement::Nic {
-            break;
-        }
-        assert_eq!(r.placement, Placement::Host);
-        assert!(
-            Instant::now() < deadline,
-            "the NIC never served the handler deployed again"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_the_nic_serves("the handler deployed again", || {
+        let (placement, v) = read_counter(&mut at_nic, A, data);
+        assert_eq!(v, 7);
+        placement
+    });
     // Deployed objects are the app's own files (another tenant's deploy cannot write over
     // them), and only the one its manifest names is kept.
     let mine: Vec<String> = std::fs::read_dir(dir.join("shm"))
@@ -364,60 +404,15 @@ fn a_tenant_deploys_and_undeploys_its_own_handlers_and_nobody_elses() {
     // the regions kept; the NIC takes it up from the new manifest.
     let mut d = d;
     d.restart_server();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut a = loop {
-        let mut cfg = UdpConfig::new(d.server(), "a", key_a());
-        cfg.rto = Duration::from_millis(10);
-        cfg.liveness = Duration::from_millis(500);
-        match UdpClient::connect(&cfg) {
-            Ok(c) => break c,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the server did not come back: {e}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    };
+    let mut a = reconnect(d.server(), "a", key_a());
     let names = handler_names(&a, A);
     assert_eq!(
         names,
         ["sum_words"],
         "the deploy is served after the restart"
     );
-    assert_eq!(read_counter(&mut a, data), 7, "and its data");
+    assert_eq!(read_counter(&mut a, A, data).1, 7, "and its data");
     assert_eq!(add(&mut a, A, 1, 1).0, Status::UnknownHandler);
-}
-
-/// A session of tenant `tenant` (a hello naming it) with credential `key`.
-fn session_as(server: SocketAddr, tenant: &str, key: naam_proto::session::Credential) -> UdpClient {
-    let mut cfg = UdpConfig::new(server, tenant, key);
-    cfg.rto = Duration::from_millis(10);
-    UdpClient::connect(&cfg).expect("a session")
-}
-
-/// The counter at offset 0 of region `data` of `app`, added to with `counter_add` (`by`)
-/// and read back with `sum_words`; `by` 0 only reads. Returns (where the read ran, value).
-fn counter(c: &mut UdpClient, app: u32, data: u64, by: u64) -> (Placement, u64) {
-    if by > 0 {
-        let counter = Descriptor {
-            rkey: data,
-            offset: 0,
-            len: 8,
-            access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
-        };
-        let r = c
-            .call(app, handler_id("counter_add"), &words(&[by]), &[counter])
-            .expect("an answer");
-        assert_eq!(r.status, Status::Ok, "{r:?}");
-    }
-    let r = c
-        .call(app, handler_id("sum_words"), &[], &[common::rd(data, 0, 8)])
-        .expect("an answer");
-    assert_eq!(r.status, Status::Ok, "{r:?}");
-    let v = u64::from_le_bytes(r.payload[..8].try_into().expect("eight bytes"));
-    (r.placement, v)
 }
 
 fn refusal(r: Result<u32, UdpError>) -> String {
@@ -474,9 +469,10 @@ fn a_tenant_creates_an_app_deploys_into_it_and_it_outlives_a_restart() {
         .app(mine)
         .and_then(|m| m.region_key("data"))
         .expect("the created app's region");
-    assert_eq!(counter(&mut a, mine, data, 5), (Placement::Host, 5));
+    counter_add(&mut a, mine, data, 5);
+    assert_eq!(read_counter(&mut a, mine, data), (Placement::Host, 5));
     let mut as_mine = session_as(d.server(), "mine", key_a());
-    assert_eq!(counter(&mut as_mine, mine, data, 0).1, 5);
+    assert_eq!(read_counter(&mut as_mine, mine, data).1, 5);
     // So does the session opened before it was created, once it asks for the manifest.
     match before.control(&Control::QueryManifest { page: 0 }) {
         Ok(Control::ManifestPage { apps, .. }) => {
@@ -484,23 +480,14 @@ fn a_tenant_creates_an_app_deploys_into_it_and_it_outlives_a_restart() {
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(counter(&mut before, mine, data, 0).1, 5);
+    assert_eq!(read_counter(&mut before, mine, data).1, 5);
     // The NIC maps the new region and serves the app's reads over the same bytes.
     let mut at_nic = client(d.server(), "a", Some(Placement::Nic));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (placement, v) = counter(&mut at_nic, mine, data, 0);
+    until_the_nic_serves("the created app", || {
+        let (placement, v) = read_counter(&mut at_nic, mine, data);
         assert_eq!(v, 5);
-        if placement == Placement::Nic {
-            break;
-        }
-        assert_eq!(placement, Placement::Host);
-        assert!(
-            Instant::now() < deadline,
-            "the NIC never served the created app"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        placement
+    });
 
     // Tenant b can neither deploy into it nor take its name; its own calls are served.
     let out = naam(
@@ -607,14 +594,14 @@ fn a_tenant_creates_an_app_deploys_into_it_and_it_outlives_a_restart() {
         "{}",
         text(&out.stderr)
     );
-    assert_eq!(counter(&mut a, mine, data, 0).1, 5);
+    assert_eq!(read_counter(&mut a, mine, data).1, 5);
 
     // The same command again keeps the app and its data, and deploys again.
     let out = naam(&dir, &create_mine);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let again: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(again["id"], mine);
-    assert_eq!(counter(&mut a, mine, data, 0).1, 5);
+    assert_eq!(read_counter(&mut a, mine, data).1, 5);
     // Asked for with other regions: refused, the app kept as it is.
     let m = refusal(a.create_app("mine", vec![region("data", 128)]));
     assert!(m.contains("other regions"), "{m}");
@@ -631,22 +618,7 @@ fn a_tenant_creates_an_app_deploys_into_it_and_it_outlives_a_restart() {
     // it gives are new ones.
     let mut d = d;
     d.restart_server();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut a = loop {
-        let mut cfg = UdpConfig::new(d.server(), "mine", key_a());
-        cfg.rto = Duration::from_millis(10);
-        cfg.liveness = Duration::from_millis(500);
-        match UdpClient::connect(&cfg) {
-            Ok(c) => break c,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the server did not come back: {e}"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    };
+    let mut a = reconnect(d.server(), "mine", key_a());
     let mut names = handler_names(&a, mine);
     names.sort();
     assert_eq!(names, ["counter_add", "sum_words"]);
@@ -655,7 +627,8 @@ fn a_tenant_creates_an_app_deploys_into_it_and_it_outlives_a_restart() {
         Some(data),
         "the same rkey"
     );
-    assert_eq!(counter(&mut a, mine, data, 1), (Placement::Host, 6));
+    counter_add(&mut a, mine, data, 1);
+    assert_eq!(read_counter(&mut a, mine, data), (Placement::Host, 6));
     let m = refusal(a.create_app("third", vec![region("data", 64)]));
     assert!(
         m.contains("created 2 apps"),
