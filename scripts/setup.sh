@@ -13,9 +13,12 @@
 #     the JIT's aarch64 code, and qemu-user, which runs it: BlueField-2's Arm cores, emulated;
 #   - bpf-linker 0.13 (built from crates.io against LLVM 22), the last step of the
 #     Rust-to-eBPF handler pipeline (see DESIGN.md section 3);
+#   - redis-server and redis-tools (redis-cli, redis-benchmark), the real RESP peers that tests
+#     drive naam-server's RESP front end with and the baseline its benchmark compares against;
 #   - python3-venv, and in target/pytools a virtual environment with hdrhistogram 0.10.8
 #     (PyPI), HdrHistogram's Python reader, which a test reads naam-bench's interval logs with,
-#     and prometheus-client 0.21.1 (PyPI), whose parser a test reads naam-server's metrics with.
+#     and prometheus-client 0.21.1 (PyPI), whose parser a test reads naam-server's metrics with,
+#     and redis 8.1.0 (PyPI, redis-py), the single-node and cluster client a test drives NAAM with.
 set -euo pipefail
 
 log() { printf '[setup] %s\n' "$*"; }
@@ -23,7 +26,7 @@ log() { printf '[setup] %s\n' "$*"; }
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
-APT_PACKAGES=(llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22 pkg-config memcached fonts-dejavu-core iproute2 libibverbs-dev librdmacm-dev libclang1-14 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user python3-venv)
+APT_PACKAGES=(llvm-22-dev libpolly-22-dev libzstd-dev zlib1g-dev clang-22 pkg-config memcached fonts-dejavu-core iproute2 libibverbs-dev librdmacm-dev libclang1-14 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user python3-venv redis-server redis-tools)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -52,12 +55,12 @@ else
     cargo install "bpf-linker@$BPF_LINKER_VERSION" --locked --no-default-features --features llvm-22
 fi
 PYTOOLS="$(pwd)/target/pytools"
-if [ -x "$PYTOOLS/bin/python" ] && "$PYTOOLS/bin/python" -c 'import hdrh, prometheus_client' 2>/dev/null; then
-  log "python hdrhistogram and prometheus-client present"
+if [ -x "$PYTOOLS/bin/python" ] && "$PYTOOLS/bin/python" -c 'import hdrh, prometheus_client, redis' 2>/dev/null; then
+  log "python hdrhistogram, prometheus-client and redis present"
 else
-  log "installing hdrhistogram 0.10.8 and prometheus-client 0.21.1 (PyPI) into $PYTOOLS"
+  log "installing hdrhistogram 0.10.8, prometheus-client 0.21.1 and redis 8.1.0 (PyPI) into $PYTOOLS"
   python3 -m venv "$PYTOOLS"
   "$PYTOOLS/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "hdrhistogram==0.10.8" "prometheus-client==0.21.1"
+    "hdrhistogram==0.10.8" "prometheus-client==0.21.1" "redis==8.1.0"
 fi
 log "done"

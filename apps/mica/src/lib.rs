@@ -749,6 +749,10 @@ pub enum MicaDone {
     Put(bool),
     /// An `rmw_field`: the old value, or `None` when the key is absent.
     Patched(Option<bytes::Bytes>),
+    /// An update: whether the key existed (and so was replaced).
+    Updated(bool),
+    /// A delete: whether the key existed.
+    Deleted(bool),
 }
 
 /// One operation in flight.
@@ -805,6 +809,19 @@ impl<T: Pipeline> MicaPipeline<T> {
     pub fn put(&mut self, tag: u64, key: &[u8], value: &[u8]) -> Result<(), MicaError> {
         let id = self.client.ids[1];
         self.start(tag, "put", id, key, value, true)
+    }
+
+    /// Starts an update of `key` to `value`: replaces it if the table holds it, changes
+    /// nothing otherwise.
+    pub fn update(&mut self, tag: u64, key: &[u8], value: &[u8]) -> Result<(), MicaError> {
+        let id = self.client.ids[2];
+        self.start(tag, "update", id, key, value, true)
+    }
+
+    /// Starts a delete of `key`.
+    pub fn delete(&mut self, tag: u64, key: &[u8]) -> Result<(), MicaError> {
+        let id = self.client.ids[3];
+        self.start(tag, "delete", id, key, &[], true)
     }
 
     /// Starts a read-modify-write of `key` (YCSB's update of one field): `patch` over the
@@ -888,9 +905,16 @@ impl<T: Pipeline> MicaPipeline<T> {
                         if r.status == Status::HandlerError
                             && r.code
                                 == naam_ebpf::abi::error_code::APP_BASE + l::error::NOT_FOUND
-                            && f.op == "rmw" =>
+                            && matches!(f.op, "rmw" | "update") =>
                     {
-                        out.push((f.tag, Ok(MicaDone::Patched(None))))
+                        out.push((
+                            f.tag,
+                            Ok(if f.op == "rmw" {
+                                MicaDone::Patched(None)
+                            } else {
+                                MicaDone::Updated(false)
+                            }),
+                        ))
                     }
                     Ok(r) => out.push((
                         f.tag,
@@ -946,6 +970,8 @@ fn done(op: &str, payload: bytes::Bytes) -> MicaDone {
             _ => None,
         }),
         "put" => MicaDone::Put(payload.first() == Some(&1)),
+        "update" => MicaDone::Updated(true),
+        "delete" => MicaDone::Deleted(payload.first() == Some(&1)),
         _ => MicaDone::Patched(Some(payload)),
     }
 }

@@ -702,5 +702,27 @@ fn a_pipeline_and_a_multi_get_answer_as_single_calls_do() {
     );
     let values = p.multi_get(&[&key(3)]).unwrap();
     assert_eq!(&values[0].as_deref().unwrap()[..5], b"PATCH");
+    // Updates and deletes of present and absent keys (the RESP front's SET XX and DEL).
+    p.update(1, &key(4), b"new").unwrap();
+    p.update(2, &key(45), b"new").unwrap();
+    p.delete(3, &key(5)).unwrap();
+    p.delete(4, &key(46)).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 4 {
+        got.extend(p.poll(true).into_iter().map(|(t, r)| (t, r.unwrap())));
+    }
+    got.sort_by_key(|g| g.0);
+    assert_eq!(
+        got,
+        vec![
+            (1, MicaDone::Updated(true)),
+            (2, MicaDone::Updated(false)),
+            (3, MicaDone::Deleted(true)),
+            (4, MicaDone::Deleted(false)),
+        ]
+    );
+    let values = p.multi_get(&[&key(4), &key(5), &key(45)]).unwrap();
+    assert_eq!(values[0].as_deref(), Some(&b"new"[..]));
+    assert_eq!((values[1].clone(), values[2].clone()), (None, None));
     assert_eq!(p.in_flight(), 0);
 }

@@ -89,9 +89,24 @@ pub struct Config {
     /// and the handlers are this config's.
     #[serde(default)]
     pub deploy: Option<DeployConfig>,
+    /// Where Redis clients connect (RESP2/RESP3: redis-cli, redis-benchmark, redis-py); each
+    /// connection authenticates as a tenant with `AUTH <tenant> <credential hex>` and its
+    /// commands run as active messages on the tenant's MICA table (README "Redis clients").
+    /// Absent: no RESP front.
+    #[serde(default, deserialize_with = "optional_addr")]
+    pub resp_listen: Option<SocketAddr>,
+    /// The cluster file when this server is one node of a Redis Cluster of naam-servers
+    /// (the nodes' addresses and hash slots; the same file on every node). Relative to the
+    /// config file; needs `resp_listen`, which must be one of the file's nodes.
+    #[serde(default)]
+    pub resp_cluster: Option<PathBuf>,
     /// The `[[app]]` entries: at least one, and no app id twice (instance ranges included).
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
+}
+
+fn optional_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    naam_runtime::addr::deserialize(d).map(Some)
 }
 
 /// The `[deploy]` section: what one tenant may deploy into its apps while the server runs.
@@ -474,6 +489,7 @@ impl Config {
         c.operator_credential.iter_mut().for_each(fix);
         fix(&mut c.shm_dir);
         c.code_cache.iter_mut().for_each(fix);
+        c.resp_cluster.iter_mut().for_each(fix);
         Ok(c)
     }
 
@@ -543,6 +559,12 @@ impl Config {
         let bad = |m: String| Err(ConfigError::Invalid(PathBuf::new(), m));
         if c.apps.is_empty() {
             return bad("no [[app]] to serve".into());
+        }
+        if c.resp_cluster.is_some() && c.resp_listen.is_none() {
+            return bad(
+                "resp_cluster needs resp_listen (this node's RESP address in the cluster file)"
+                    .into(),
+            );
         }
         let mut ids = std::collections::HashSet::new();
         for a in &c.apps {

@@ -1408,6 +1408,13 @@ impl naam_proto::transport::Pipeline for UdpClient {
         if self.path.transport().flush().is_err() {
             self.fail_pending();
         }
+        if !block && !self.pending.is_empty() && self.path.transport().turn(Duration::ZERO).is_err()
+        {
+            // Without waiting, what the socket holds already: a caller polling several
+            // clients in turn (a gateway's sessions with several servers) must see answers
+            // without blocking on any one of them.
+            self.fail_pending();
+        }
         self.collect();
         if block && self.ready.is_empty() && !self.pending.is_empty() {
             // On the connection's clock, which each receive reads anyway.

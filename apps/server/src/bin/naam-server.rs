@@ -158,6 +158,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // A cluster file that is not a map of every slot, or that does not name this node, is
+    // a config error (the front reads it again when it starts).
+    if let (Some(file), Some(me)) = (&config.resp_cluster, config.resp_listen) {
+        if let Err(e) =
+            naam_resp::cluster_file::ClusterFile::load(file).and_then(|f| f.map_for(me, file))
+        {
+            eprintln!("naam-server: error: {}: resp_cluster: {e}", path.display());
+            return ExitCode::from(2);
+        }
+    }
     let tenants = match config.tenants() {
         Ok(t) => t,
         Err(e) => {
@@ -304,6 +314,63 @@ fn verbs_side(
     None
 }
 
+/// What starts the RESP front on `resp_listen`: its socket, bound, and its cluster map (if
+/// the config names a cluster file), checked; started, a thread serving until `stop`.
+type RespStart = Box<
+    dyn FnOnce(
+        &'static std::sync::atomic::AtomicBool,
+    ) -> std::io::Result<
+        std::thread::JoinHandle<std::io::Result<naam_resp::server::ServeStats>>,
+    >,
+>;
+
+/// Binds the RESP front's socket and reads its cluster file. Its store is a NAAM client of
+/// this server's own UDP address (`udp`), so every command is an active message that the
+/// switch places like any other request.
+fn resp_front(
+    config: &Config,
+    addr: std::net::SocketAddr,
+    udp: std::net::SocketAddr,
+) -> anyhow::Result<RespStart> {
+    let listener = naam_resp::server::bind(addr).with_context(|| format!("resp_listen {addr}"))?;
+    let bound = listener.local_addr()?;
+    let mut front = naam_resp::front::FrontConfig {
+        process: "naam-server",
+        ..Default::default()
+    };
+    if let Some(path) = &config.resp_cluster {
+        let map = naam_resp::cluster_file::ClusterFile::load(path)
+            .and_then(|f| f.map_for(addr, path))
+            .context("resp_cluster")?;
+        front.cluster = Some(map);
+    }
+    // The server's own address as a client reaches it.
+    let server = match udp.ip() {
+        ip if ip.is_unspecified() => {
+            std::net::SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), udp.port())
+        }
+        _ => udp,
+    };
+    tracing::info!(
+        "RESP on tcp://{bound} ({}), commands to naam-server {server}",
+        if front.cluster.is_some() {
+            "a cluster node"
+        } else {
+            "standalone"
+        }
+    );
+    Ok(Box::new(move |stop| {
+        std::thread::Builder::new()
+            .name("naam-resp".into())
+            .spawn(move || {
+                let mut store =
+                    naam_resp::naam::NaamStore::new(naam_resp::naam::NaamStoreConfig::new(server))
+                        .map_err(|e| std::io::Error::other(e.to_string()))?;
+                naam_resp::server::serve(listener, &front, &mut store, stop)
+            })
+    }))
+}
+
 fn run(
     config: &Config,
     apps: Vec<naam_runtime::udp::HostApp>,
@@ -335,6 +402,11 @@ fn run(
         s.inject_loss(inject_loss);
     }
     let listening = sockets[0].local_addr()?;
+    // Bound now, so that a RESP port in use is an error before any region exists.
+    let resp = match config.resp_listen {
+        Some(addr) => Some(resp_front(config, addr, listening)?),
+        None => None,
+    };
     // Bound before the regions exist, so that a port in use leaves nothing behind; it
     // renders the cluster once there is one.
     let telemetry = Arc::new(naam_runtime::udp::Telemetry::default());
@@ -409,7 +481,15 @@ fn run(
     options.congestion_control = config.allow_congestion_control;
     options.telemetry = telemetry;
     options.deploy = config.deploy.as_ref().map(|d| d.policy(&config.shm_dir));
+    let resp = resp.map(|start| start(stop)).transpose()?;
     let stats = udp::serve_host_loops(cluster, sockets, options, stop)?;
+    if let Some(thread) = resp {
+        match thread.join() {
+            Ok(Ok(s)) => tracing::info!("RESP front stopped; {s:?}"),
+            Ok(Err(e)) => tracing::error!("RESP front: {e}"),
+            Err(_) => tracing::error!("RESP front: its thread panicked"),
+        }
+    }
     host.stop()?;
     tracing::info!(
         "regions kept in {} for the next start (--reset-regions discards them)",

@@ -1,0 +1,391 @@
+//! The store behind the front: each tenant's MICA table on a naam-server, every op an active
+//! message through a [`UdpClient`] session of that tenant (the server's steering places it at
+//! the host, on the NIC or at this client, as it does any request). A tenant authenticates
+//! with its NAAM credential: `AUTH <tenant> <64 hex digits>`; the server's handshake is the
+//! check, so the front holds no secrets of its own. Sessions are kept per (tenant,
+//! credential) and shared by that tenant's connections.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+
+use naam_mica::{MicaConfig, MicaDone, MicaError, MicaHandle, MicaPipeline};
+use naam_runtime::proto::control::{object_hash, AppManifest};
+use naam_runtime::proto::session::{Credential, CREDENTIAL_LEN};
+use naam_runtime::udp::{UdpClient, UdpConfig, UdpError};
+
+use crate::store::{AuthError, KeyLimits, Op, OpKind, Outcome, Store};
+
+/// Where the store's sessions go, and the tenant that needs no `AUTH`.
+#[derive(Clone, Debug)]
+pub struct NaamStoreConfig {
+    /// The naam-servers: one, or a cluster's, each serving the slots `route` gives it.
+    pub servers: Vec<SocketAddr>,
+    /// Which server (an index of `servers`) serves each of the 16,384 slots; `None` with a
+    /// single server.
+    pub route: Option<Vec<u16>>,
+    /// The tenant (and its credential) of connections that do not authenticate; `None`:
+    /// every connection must `AUTH`.
+    pub default_tenant: Option<(String, Credential)>,
+    /// Each session's settings, from [`UdpConfig::new`]; a hook for tests and drivers.
+    pub tune: fn(&mut UdpConfig),
+}
+
+fn no_tuning(_: &mut UdpConfig) {}
+
+impl NaamStoreConfig {
+    /// Sessions to the naam-server at `server`, every connection authenticating.
+    pub fn new(server: SocketAddr) -> Self {
+        NaamStoreConfig {
+            servers: vec![server],
+            route: None,
+            default_tenant: None,
+            tune: no_tuning,
+        }
+    }
+
+    /// Sessions to every naam-server of a cluster (their UDP addresses, in the map's node
+    /// order), each key's op sent to the server of its slot.
+    pub fn cluster(servers: Vec<SocketAddr>, map: &crate::slots::ClusterMap) -> Self {
+        let index: Vec<u16> = (0..crate::slots::SLOTS)
+            .map(|slot| {
+                let owner = map.owner(slot);
+                map.nodes()
+                    .iter()
+                    .position(|n| n.addr == owner.addr)
+                    .unwrap_or(0) as u16
+            })
+            .collect();
+        NaamStoreConfig {
+            servers,
+            route: Some(index),
+            default_tenant: None,
+            tune: no_tuning,
+        }
+    }
+}
+
+/// One session: a tenant's MICA table on one naam-server.
+struct Session {
+    table: MicaPipeline<UdpClient>,
+    limits: KeyLimits,
+    app: u32,
+    server: SocketAddr,
+}
+
+/// An authenticated tenant: its sessions, one per server.
+struct Tenant {
+    name: String,
+    credential: [u8; CREDENTIAL_LEN],
+    sessions: Vec<usize>,
+    limits: KeyLimits,
+}
+
+/// The NAAM store: one [`MicaPipeline`] per authenticated tenant and server.
+pub struct NaamStore {
+    config: NaamStoreConfig,
+    sessions: Vec<Session>,
+    tenants: Vec<Tenant>,
+    default: Option<usize>,
+    /// Ops run, and ops that failed, since the start (`INFO`).
+    ran: u64,
+    failed: u64,
+}
+
+impl std::fmt::Debug for NaamStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NaamStore")
+            .field("servers", &self.config.servers)
+            .field("sessions", &self.sessions.len())
+            .finish()
+    }
+}
+
+/// The MICA app a tenant's session uses: the one named after the tenant, else its first.
+fn table_of<'m>(apps: &'m [AppManifest], tenant: &str) -> Option<&'m AppManifest> {
+    let mica = || apps.iter().filter(|a| a.kind == "mica");
+    mica().find(|a| a.name == tenant).or_else(|| mica().next())
+}
+
+impl NaamStore {
+    /// A store whose sessions go to `config.servers`; the default tenant's sessions (if
+    /// any) are opened now, so that a wrong default credential fails at start, not at the
+    /// first command.
+    pub fn new(config: NaamStoreConfig) -> Result<NaamStore, AuthError> {
+        let mut s = NaamStore {
+            config,
+            sessions: Vec::new(),
+            tenants: Vec::new(),
+            default: None,
+            ran: 0,
+            failed: 0,
+        };
+        if let Some((tenant, credential)) = s.config.default_tenant.clone() {
+            s.default = Some(s.open(&tenant, credential)?);
+        }
+        Ok(s)
+    }
+
+    /// Opens `tenant`'s sessions on every server.
+    fn open(&mut self, tenant: &str, credential: Credential) -> Result<usize, AuthError> {
+        let mut sessions = Vec::new();
+        for server in self.config.servers.clone() {
+            sessions.push(self.open_one(server, tenant, &credential)?);
+        }
+        let limits = KeyLimits {
+            key_cap: sessions
+                .iter()
+                .map(|&i| self.sessions[i].limits.key_cap)
+                .min()
+                .unwrap_or(0),
+            value_cap: sessions
+                .iter()
+                .map(|&i| self.sessions[i].limits.value_cap)
+                .min()
+                .unwrap_or(0),
+        };
+        self.tenants.push(Tenant {
+            name: tenant.to_string(),
+            credential: secret_bytes(&credential),
+            sessions,
+            limits,
+        });
+        Ok(self.tenants.len() - 1)
+    }
+
+    fn open_one(
+        &mut self,
+        server: SocketAddr,
+        tenant: &str,
+        credential: &Credential,
+    ) -> Result<usize, AuthError> {
+        let mut udp = UdpConfig::new(server, tenant, credential.clone());
+        (self.config.tune)(&mut udp);
+        let mut client = UdpClient::connect(&udp).map_err(|e| match e {
+            UdpError::Refused { message, .. } if message.contains("authentication failed") => {
+                tracing::debug!("AUTH {tenant}: naam-server {server} refused: {message}");
+                AuthError::WrongPass
+            }
+            other => {
+                AuthError::Unavailable(format!("no session with naam-server {server}: {other}"))
+            }
+        })?;
+        let served = table_of(&client.manifest().apps, tenant)
+            .ok_or_else(|| {
+                AuthError::Unavailable(format!(
+                    "tenant {tenant} has no MICA table on naam-server {server}"
+                ))
+            })?
+            .clone();
+        let config: MicaConfig = serde_json::from_value(served.params.clone()).map_err(|e| {
+            AuthError::Unavailable(format!(
+                "app {}: the server's MICA parameters: {e}",
+                served.id
+            ))
+        })?;
+        let handle = MicaHandle::with_keys(served.id, config, |n| served.region_key(n))
+            .ok_or_else(|| {
+                AuthError::Unavailable(format!(
+                    "app {}: MICA regions missing from the manifest",
+                    served.id
+                ))
+            })?;
+        // The Client placement runs the handlers here: this build's, if they are the server's.
+        if object_hash(naam_mica::HANDLERS_OBJECT) != served.object_hash {
+            return Err(AuthError::Unavailable(format!(
+                "naam-server {server}'s MICA handlers (object hash {:016x}) are not this build's: run a build of the same source",
+                served.object_hash
+            )));
+        }
+        client
+            .install_handlers(served.id, naam_mica::HANDLERS_OBJECT)
+            .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        self.sessions.push(Session {
+            table: MicaPipeline::new(client, handle),
+            limits: KeyLimits {
+                key_cap: config.key_cap,
+                value_cap: config.value_cap,
+            },
+            app: served.id,
+            server,
+        });
+        tracing::info!(
+            "AUTH {tenant}: session with naam-server {server} (MICA app {})",
+            served.id
+        );
+        Ok(self.sessions.len() - 1)
+    }
+
+    /// The session `tenant`'s op on `key` goes to.
+    fn session_of(&self, tenant: usize, key: &[u8]) -> usize {
+        let t = &self.tenants[tenant];
+        match &self.config.route {
+            None => t.sessions[0],
+            Some(route) => t.sessions[usize::from(route[usize::from(crate::slots::key_slot(key))])],
+        }
+    }
+}
+
+/// What an increment is answered while MICA has no handler that adds atomically: a get and a
+/// put from here would lose increments that race.
+const INCR_UNSUPPORTED: &str =
+    "ERR INCR, INCRBY, DECR and DECRBY are not supported: MICA has no atomic increment handler";
+
+fn failed(e: &MicaError) -> Outcome {
+    Outcome::Failed(match e {
+        MicaError::TooLarge { .. } => format!("ERR {e}"),
+        other => format!("ERR naam: {other}"),
+    })
+}
+
+impl Store for NaamStore {
+    type Tenant = usize;
+
+    fn default_tenant(&self) -> Option<usize> {
+        self.default
+    }
+
+    fn authenticate(&mut self, user: Option<&[u8]>, password: &[u8]) -> Result<usize, AuthError> {
+        let tenant = match user {
+            Some(u) => std::str::from_utf8(u)
+                .map_err(|_| AuthError::WrongPass)?
+                .to_string(),
+            None => match self.default.map(|d| self.tenants[d].name.clone()) {
+                Some(t) => t,
+                None => return Err(AuthError::WrongPass),
+            },
+        };
+        let mut bytes = [0u8; CREDENTIAL_LEN];
+        hex::decode_to_slice(password, &mut bytes).map_err(|_| AuthError::WrongPass)?;
+        // The same secret again: the sessions it opened. Compared in full, so that a wrong
+        // password for a known tenant opens nothing.
+        if let Some(i) = self
+            .tenants
+            .iter()
+            .position(|t| t.name == tenant && constant_eq(&t.credential, &bytes))
+        {
+            return Ok(i);
+        }
+        self.open(&tenant, Credential::from_bytes(bytes))
+    }
+
+    fn key_limits(&self, tenant: usize) -> KeyLimits {
+        self.tenants[tenant].limits
+    }
+
+    fn run(&mut self, ops: &mut [Op<usize>]) {
+        let n = ops.len();
+        if n == 0 {
+            return;
+        }
+        // Ops chained behind another wait in its list until it finishes.
+        let mut waiting: HashMap<u32, Vec<u32>> = HashMap::new();
+        let mut ready: VecDeque<u32> = VecDeque::with_capacity(n);
+        for (i, op) in ops.iter().enumerate() {
+            match op.after {
+                Some(a) => waiting.entry(a).or_default().push(i as u32),
+                None => ready.push_back(i as u32),
+            }
+        }
+        let mut left = n;
+        let mut flying = vec![0usize; self.sessions.len()];
+        let mut blocked: Vec<u32> = Vec::new();
+        while left > 0 {
+            // Everything ready goes out, within each session's window.
+            while let Some(i) = ready.pop_front() {
+                let session = self.session_of(ops[i as usize].tenant, &ops[i as usize].key);
+                let op = &mut ops[i as usize];
+                let s = &mut self.sessions[session];
+                if s.table.in_flight() >= s.table.window() {
+                    blocked.push(i);
+                    continue;
+                }
+                let tag = u64::from(i);
+                let started: Result<(), Outcome> = match op.kind {
+                    OpKind::Get => s.table.get(tag, &op.key).map_err(Some),
+                    OpKind::Put => s.table.put(tag, &op.key, &op.value).map_err(Some),
+                    OpKind::Update => s.table.update(tag, &op.key, &op.value).map_err(Some),
+                    OpKind::Delete => s.table.delete(tag, &op.key).map_err(Some),
+                    OpKind::IncrBy(_) => Err(None::<MicaError>),
+                }
+                .map_err(|e| e.map_or(Outcome::Failed(INCR_UNSUPPORTED.into()), |e| failed(&e)));
+                match started {
+                    Ok(()) => flying[session] += 1,
+                    Err(outcome) => {
+                        op.outcome = outcome;
+                        self.failed += 1;
+                        left -= 1;
+                        if let Some(next) = waiting.remove(&i) {
+                            ready.extend(next);
+                        }
+                    }
+                }
+            }
+            ready.extend(blocked.drain(..));
+            if left == 0 {
+                break;
+            }
+            let busy: Vec<usize> = (0..flying.len()).filter(|&t| flying[t] > 0).collect();
+            let block = busy.len() == 1;
+            for t in busy {
+                for (tag, result) in self.sessions[t].table.poll(block) {
+                    let i = tag as u32;
+                    let Some(op) = ops.get_mut(i as usize) else {
+                        continue;
+                    };
+                    flying[t] -= 1;
+                    left -= 1;
+                    self.ran += 1;
+                    op.outcome = match result {
+                        Ok(MicaDone::Got(v)) => Outcome::Got(v),
+                        Ok(MicaDone::Put(existed))
+                        | Ok(MicaDone::Updated(existed))
+                        | Ok(MicaDone::Deleted(existed)) => Outcome::Wrote(existed),
+                        Ok(other) => {
+                            Outcome::Failed(format!("ERR naam: unexpected answer {other:?}"))
+                        }
+                        Err(e) => {
+                            self.failed += 1;
+                            failed(&e)
+                        }
+                    };
+                    if let Some(next) = waiting.remove(&i) {
+                        ready.extend(next);
+                    }
+                }
+            }
+        }
+    }
+
+    fn info(&self) -> String {
+        let mut s = format!(
+            "store:naam\r\nnaam_servers:{}\r\nsessions:{}\r\nops_run:{}\r\nops_failed:{}\r\n",
+            self.config.servers.len(),
+            self.sessions.len(),
+            self.ran,
+            self.failed
+        );
+        for (i, t) in self.tenants.iter().enumerate() {
+            for &sid in &t.sessions {
+                let sess = &self.sessions[sid];
+                s.push_str(&format!(
+                    "session{sid}:tenant={},tenant_index={i},server={},app={}\r\n",
+                    t.name, sess.server, sess.app
+                ));
+            }
+        }
+        s
+    }
+}
+
+/// Compares two secrets in time independent of where they differ.
+fn constant_eq(a: &[u8; CREDENTIAL_LEN], b: &[u8; CREDENTIAL_LEN]) -> bool {
+    a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// A credential's 32 bytes (from its file text: the type keeps them to itself).
+fn secret_bytes(c: &Credential) -> [u8; CREDENTIAL_LEN] {
+    let mut b = [0u8; CREDENTIAL_LEN];
+    // The text is the credential's own hex: it always decodes.
+    let _ = hex::decode_to_slice(c.file_text().trim(), &mut b);
+    b
+}
