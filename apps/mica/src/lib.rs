@@ -789,6 +789,11 @@ impl<T: Pipeline> MicaPipeline<T> {
         &mut self.client.transport
     }
 
+    /// The transport, to read.
+    pub fn transport_ref(&self) -> &T {
+        &self.client.transport
+    }
+
     /// Operations submitted and not yet handed back.
     pub fn in_flight(&self) -> usize {
         self.flying.len()

@@ -730,6 +730,54 @@ mod tests {
             .starts_with(b"ERR This instance has cluster support disabled"));
     }
 
+    proptest::proptest! {
+        /// Any bytes: every command gets exactly one well-formed answer, a protocol error
+        /// one more, and nothing panics (the fuzz target `resp` runs the same check).
+        #[test]
+        fn any_bytes_get_one_well_formed_answer_per_command(
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            words in proptest::collection::vec(
+                proptest::sample::select(vec!["GET", "SET", "MGET", "MSET", "DEL", "PING", "HELLO", "AUTH", "QUIT", "CLUSTER", "COMMAND", "INCR", "k", "v", "3", "XX"]),
+                0..12,
+            ),
+        ) {
+            // Half the cases are commands of known words, so the front is reached.
+            let mut input = cmds(&[&words]);
+            input.extend_from_slice(&data);
+            let front = FrontConfig::default();
+            let mut store = MemoryStore::default();
+            let mut c = Connection::new(1, store.default_tenant());
+            let (mut out, mut ops, mut ranges) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut at, mut commands) = (0, 0);
+            while at < input.len() && !c.closing() {
+                match parse_command(&input[at..], &front.limits, &mut ranges) {
+                    Ok(Some(n)) => {
+                        let buf = Bytes::copy_from_slice(&input[at..at + n]);
+                        let args: Vec<Bytes> = ranges.iter().map(|r| buf.slice(r.clone())).collect();
+                        commands += usize::from(!args.is_empty());
+                        c.command(&front, 0, &args, &mut store, &mut ops, &mut out);
+                        at += n;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        c.protocol_error(&e, &mut out);
+                        commands += 1;
+                    }
+                }
+            }
+            store.run(&mut ops);
+            c.finish(&ops, &mut out);
+            let mut answers = 0;
+            let mut rest = &out[..];
+            while let Some((_, n)) = parse_frame(rest, &Limits::default()).unwrap() {
+                answers += 1;
+                rest = &rest[n..];
+            }
+            proptest::prop_assert!(rest.is_empty());
+            proptest::prop_assert_eq!(answers, commands);
+        }
+    }
+
     #[test]
     fn a_protocol_error_is_answered_after_what_came_before_and_closes() {
         let mut store = MemoryStore::default();

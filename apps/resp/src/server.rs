@@ -91,6 +91,7 @@ pub fn serve<S: Store>(
     let mut ranges: Vec<Range<usize>> = Vec::new();
     let mut args: Vec<Bytes> = Vec::new();
     let mut next_id: u64 = 1;
+    let mut scratch = vec![0u8; READ_CHUNK];
     while !stop.load(Ordering::Relaxed) {
         let timeout = if leftover.is_empty() {
             TICK
@@ -127,7 +128,7 @@ pub fn serve<S: Store>(
                 flush(c);
             }
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
-                fill(c, front);
+                fill(c, front, &mut scratch);
             }
             push_active(&mut active, &mut queued, i);
         }
@@ -250,30 +251,25 @@ fn accept_all<S: Store>(
 }
 
 /// Reads what the socket holds, unless the connection's input or output is already full.
-fn fill<T>(c: &mut Client<T>, front: &FrontConfig) {
+/// Through `scratch` (zeroed once, shared by the loop's connections): reading into the
+/// input's own spare room needed it zeroed first, 64 KiB per read (2.7% of the front's time
+/// under redis-benchmark -P 16 -c 50).
+fn fill<T>(c: &mut Client<T>, front: &FrontConfig, scratch: &mut [u8]) {
     let cap = front.limits.max_bulk + front.limits.max_inline + READ_CHUNK;
     while !c.gone && c.input.len() < cap && c.output.len() - c.sent < front.max_output {
-        let at = c.input.len();
-        c.input.resize(at + READ_CHUNK, 0);
-        match c.stream.read(&mut c.input[at..]) {
-            Ok(0) => {
-                c.input.truncate(at);
-                c.gone = true;
-            }
+        match c.stream.read(scratch) {
+            Ok(0) => c.gone = true,
             Ok(n) => {
-                c.input.truncate(at + n);
-                if n < READ_CHUNK {
+                c.input.extend_from_slice(&scratch[..n]);
+                if n < scratch.len() {
                     return;
                 }
             }
-            Err(e) => {
-                c.input.truncate(at);
-                match e.kind() {
-                    io::ErrorKind::WouldBlock => return,
-                    io::ErrorKind::Interrupted => {}
-                    _ => c.gone = true,
-                }
-            }
+            Err(e) => match e.kind() {
+                io::ErrorKind::WouldBlock => return,
+                io::ErrorKind::Interrupted => {}
+                _ => c.gone = true,
+            },
         }
     }
 }

@@ -100,9 +100,27 @@ pub struct Config {
     /// config file; needs `resp_listen`, which must be one of the file's nodes.
     #[serde(default)]
     pub resp_cluster: Option<PathBuf>,
+    /// How the RESP front's commands reach the server: `udp` (default), as a client's
+    /// datagrams to the listen address, so the switch places each at the host, on the NIC or
+    /// at the client; or `inline`, handed to a server endpoint in this process and run in
+    /// the front's thread (no datagram, no seal; no NIC placement, since naam-nic pairs with
+    /// the UDP endpoints).
+    #[serde(default)]
+    pub resp_path: RespPath,
     /// The `[[app]]` entries: at least one, and no app id twice (instance ranges included).
     #[serde(rename = "app", default)]
     pub apps: Vec<AppConfig>,
+}
+
+/// `resp_path`: see [`Config::resp_path`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RespPath {
+    /// Datagrams to the listen address, steered like any client's.
+    #[default]
+    Udp,
+    /// Handed in to an endpoint in this process and run in the front's thread.
+    Inline,
 }
 
 fn optional_addr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {

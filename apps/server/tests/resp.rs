@@ -102,7 +102,7 @@ impl Server {
         );
         if let Some(text) = cluster {
             std::fs::write(d.join("cluster.toml"), text).expect("cluster file");
-            config = format!("resp_cluster = \"cluster.toml\"\n{config}");
+            config = format!("resp_cluster = \"cluster.toml\"\nresp_path = \"inline\"\n{config}");
         }
         std::fs::write(d.join("naam-server.toml"), config).expect("config");
         let child = Command::new(env!("CARGO_BIN_EXE_naam-server"))
@@ -251,8 +251,18 @@ fn local(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
+/// A gateway process, killed when the test ends (or fails).
+struct Gateway(Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// naam-resp, the gateway, from the same build.
-fn gateway(args: &[String], dir: &Path) -> Child {
+fn gateway(args: &[String], dir: &Path) -> Gateway {
     let exe = std::env::current_exe().expect("test binary");
     let bin = exe
         .parent()
@@ -264,12 +274,14 @@ fn gateway(args: &[String], dir: &Path) -> Child {
         "no {} (cargo build --workspace --bins first)",
         bin.display()
     );
-    Command::new(bin)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(log(dir, "naam-resp.log"))
-        .spawn()
-        .expect("naam-resp starts")
+    Gateway(
+        Command::new(bin)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(log(dir, "naam-resp.log"))
+            .spawn()
+            .expect("naam-resp starts"),
+    )
 }
 
 fn wait_for_pong(at: SocketAddr, child: &mut Child, dir: &Path) {
@@ -541,7 +553,7 @@ fn three_naam_servers_are_one_redis_cluster_for_unmodified_clients_and_for_the_g
         ],
         dir.path(),
     );
-    wait_for_pong(listen, &mut gw, dir.path());
+    wait_for_pong(listen, &mut gw.0, dir.path());
     let mut sets = Vec::new();
     for i in 0..60 {
         sets.extend(command(&["SET", &format!("gw:{i}"), &format!("{i}")]));
@@ -576,8 +588,7 @@ fn three_naam_servers_are_one_redis_cluster_for_unmodified_clients_and_for_the_g
         held.iter().all(|&h| h > 0) && held.iter().sum::<usize>() == 60,
         "{held:?}"
     );
-    let _ = gw.kill();
-    let _ = gw.wait();
+    drop(gw);
 }
 
 #[test]
@@ -600,14 +611,12 @@ fn the_gateway_refuses_a_wrong_credential_at_start_and_serves_one_server_without
             dir.path().join(cred).display().to_string(),
         ]
     };
-    let out = gateway(&args("other.key"), dir.path())
-        .wait_with_output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    let mut refused = gateway(&args("other.key"), dir.path());
+    assert_eq!(refused.0.wait().unwrap().code(), Some(1));
     let log = std::fs::read_to_string(dir.path().join("naam-resp.log")).unwrap();
     assert!(log.contains("WRONGPASS"), "{log}");
     let mut gw = gateway(&args("mica.key"), dir.path());
-    wait_for_pong(listen, &mut gw, dir.path());
+    wait_for_pong(listen, &mut gw.0, dir.path());
     let r = exchange(
         listen,
         &[
@@ -629,6 +638,5 @@ fn the_gateway_refuses_a_wrong_credential_at_start_and_serves_one_server_without
     )
     .unwrap();
     assert_eq!(r, b"+OK\r\n$7\r\ngateway\r\n");
-    let _ = gw.kill();
-    let _ = gw.wait();
+    drop(gw);
 }

@@ -6,6 +6,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
 
+/// The table's hasher: foldhash, seeded per process. Every write looks its key up and
+/// inserts it; with std's SipHash that was 9% of a RESP front's time under redis-benchmark
+/// SETs (bench/RESULTS.md). The seed keeps a client that picks its request ids from making
+/// them collide.
+type Hasher = foldhash::fast::RandomState;
+
 /// How many answers a server or NIC keeps per table by default: a retransmission arrives
 /// within a few round trips, long before 65,536 newer mutations have.
 pub const DEFAULT_CAPACITY: usize = 1 << 16;
@@ -14,7 +20,7 @@ pub const DEFAULT_CAPACITY: usize = 1 << 16;
 /// Replacing a key's answer (a pending write that completed) keeps its age.
 #[derive(Clone, Debug)]
 pub struct RecentAnswers<K, V> {
-    answers: HashMap<K, V>,
+    answers: HashMap<K, V, Hasher>,
     order: VecDeque<K>,
     capacity: usize,
 }
@@ -29,7 +35,7 @@ impl<K: Eq + Hash + Copy, V> RecentAnswers<K, V> {
     /// An empty table keeping at most `capacity` answers (at least one).
     pub fn new(capacity: usize) -> Self {
         RecentAnswers {
-            answers: HashMap::new(),
+            answers: HashMap::with_hasher(Hasher::default()),
             order: VecDeque::new(),
             capacity: capacity.max(1),
         }

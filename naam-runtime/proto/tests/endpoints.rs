@@ -915,6 +915,20 @@ fn a_silent_server_times_out_then_is_declared_gone() {
 }
 
 #[test]
+fn a_client_idle_past_the_liveness_bound_is_answered_when_it_asks_again() {
+    let mut w = World::new(4);
+    w.connected();
+    assert_eq!(counter(&w.roundtrip(INCREMENT).expect("answered")), 1);
+    // Nothing asked for twice the bound (a gateway with no clients overnight).
+    let idle_until = 20_000 * MS;
+    w.run_until(idle_until, |_| false);
+    assert_eq!(
+        counter(&w.roundtrip(INCREMENT).expect("answered after idling")),
+        2
+    );
+}
+
+#[test]
 fn after_a_server_restart_the_client_sets_up_a_new_session_by_itself() {
     let mut w = World::new(5);
     w.connected();

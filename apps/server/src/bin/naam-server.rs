@@ -315,18 +315,21 @@ fn verbs_side(
 }
 
 /// What starts the RESP front on `resp_listen`: its socket, bound, and its cluster map (if
-/// the config names a cluster file), checked; started, a thread serving until `stop`.
+/// the config names a cluster file), checked; started (given the stop flag and, for
+/// `resp_path = "inline"`, the in-process network its server endpoint is bound in), a thread
+/// serving until `stop`.
 type RespStart = Box<
     dyn FnOnce(
         &'static std::sync::atomic::AtomicBool,
+        Option<(udp::MemoryNet, std::net::SocketAddr)>,
     ) -> std::io::Result<
         std::thread::JoinHandle<std::io::Result<naam_resp::server::ServeStats>>,
     >,
 >;
 
 /// Binds the RESP front's socket and reads its cluster file. Its store is a NAAM client of
-/// this server's own UDP address (`udp`), so every command is an active message that the
-/// switch places like any other request.
+/// this server: of its own UDP address (`udp`), so every command is an active message that the
+/// switch places like any other request, or of an endpoint in this process.
 fn resp_front(
     config: &Config,
     addr: std::net::SocketAddr,
@@ -352,20 +355,28 @@ fn resp_front(
         _ => udp,
     };
     tracing::info!(
-        "RESP on tcp://{bound} ({}), commands to naam-server {server}",
+        "RESP on tcp://{bound} ({}), commands {}",
         if front.cluster.is_some() {
             "a cluster node"
         } else {
             "standalone"
+        },
+        match config.resp_path {
+            naam_server::RespPath::Udp => format!("to naam-server {server} over UDP"),
+            naam_server::RespPath::Inline => "run inline in the front's thread".to_string(),
         }
     );
-    Ok(Box::new(move |stop| {
+    Ok(Box::new(move |stop, inline| {
         std::thread::Builder::new()
             .name("naam-resp".into())
             .spawn(move || {
-                let mut store =
-                    naam_resp::naam::NaamStore::new(naam_resp::naam::NaamStoreConfig::new(server))
-                        .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let mut store_config = naam_resp::naam::NaamStoreConfig::new(server);
+                if let Some((net, at)) = inline {
+                    store_config = naam_resp::naam::NaamStoreConfig::new(at);
+                    store_config.network = Some(net);
+                }
+                let mut store = naam_resp::naam::NaamStore::new(store_config)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
                 naam_resp::server::serve(listener, &front, &mut store, stop)
             })
     }))
@@ -481,7 +492,24 @@ fn run(
     options.congestion_control = config.allow_congestion_control;
     options.telemetry = telemetry;
     options.deploy = config.deploy.as_ref().map(|d| d.policy(&config.shm_dir));
-    let resp = resp.map(|start| start(stop)).transpose()?;
+    // `resp_path = "inline"`: one more endpoint over the same cluster and tenants, bound in an
+    // in-process network, which the front's sessions hand their requests to.
+    let inline = match (&resp, config.resp_path) {
+        (Some(_), naam_server::RespPath::Inline) => {
+            let net = udp::MemoryNet::new();
+            let mut o = options.clone();
+            o.deploy = None;
+            o.telemetry = Arc::default();
+            let at = std::net::SocketAddr::from(([127, 0, 0, 1], 6379));
+            let server = udp::serve_host_inline(cluster.clone(), &net, at, o, 1)?;
+            let addr = server.addr();
+            Some((server, net, addr))
+        }
+        _ => None,
+    };
+    let resp = resp
+        .map(|start| start(stop, inline.as_ref().map(|(_, n, a)| (n.clone(), *a))))
+        .transpose()?;
     let stats = udp::serve_host_loops(cluster, sockets, options, stop)?;
     if let Some(thread) = resp {
         match thread.join() {
@@ -489,6 +517,9 @@ fn run(
             Ok(Err(e)) => tracing::error!("RESP front: {e}"),
             Err(_) => tracing::error!("RESP front: its thread panicked"),
         }
+    }
+    if let Some((server, _, _)) = inline {
+        server.stop();
     }
     host.stop()?;
     tracing::info!(

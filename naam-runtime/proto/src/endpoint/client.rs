@@ -290,7 +290,12 @@ pub struct ClientEndpoint {
     timers: Retransmit,
     /// Exchanges waiting for a session (set up, or set up again after a restart).
     parked: Vec<u64>,
+    /// When the server was last heard from, or when the client, idle after an answered
+    /// exchange, asked again ([`ClientEndpoint::resume`]): the liveness bound measures silence
+    /// while asked.
     last_heard: Nanos,
+    /// When an exchange last failed (given up after its attempts).
+    last_failed: Nanos,
     transmits: VecDeque<Transmit>,
     events: VecDeque<ClientEvent>,
     /// Round trips per destination (the server, the NIC's agent).
@@ -364,6 +369,7 @@ impl ClientEndpoint {
             exchanges: IntMap::default(),
             parked: Vec::new(),
             last_heard: now,
+            last_failed: 0,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             paths: IntMap::default(),
@@ -504,6 +510,21 @@ impl ClientEndpoint {
         self.exchanges.len()
     }
 
+    /// Before a new exchange: a client that had none outstanding, and whose last exchange
+    /// was answered, was idle, and a server asked nothing was not silent. Without this a
+    /// client idle for longer than the liveness bound (a gateway overnight) failed its next
+    /// call with `ServerGone` although the server was well. After an exchange that failed,
+    /// the silence goes on counting, so calls to a dead server still fail fast.
+    fn resume(&mut self, now: Nanos) {
+        // After a failure the server stays suspect: its silence goes on counting.
+        if self.exchanges.is_empty()
+            && self.parked.is_empty()
+            && self.last_failed <= self.last_heard
+        {
+            self.last_heard = now;
+        }
+    }
+
     /// Fails fast once the server has been silent for longer than the liveness bound.
     pub fn check_alive(&self, now: Nanos) -> Result<(), ExchangeError> {
         let silent_ns = now.saturating_sub(self.last_heard);
@@ -520,6 +541,7 @@ impl ClientEndpoint {
     /// answer is a reply. The request is encoded where it lies: a `Request` is 360 bytes, and
     /// taken by value it was copied in and out with a call to `memcpy` each way.
     pub fn request(&mut self, now: Nanos, req: &mut Request) -> Result<u64, ExchangeError> {
+        self.resume(now);
         self.check_alive(now)?;
         req.request_id = self.next_id();
         let mut encoded = Ok(());
@@ -540,6 +562,7 @@ impl ClientEndpoint {
         now: Nanos,
         req: &mut Request,
     ) -> Result<Option<u64>, ExchangeError> {
+        self.resume(now);
         self.check_alive(now)?;
         let Some(session) = &self.session else {
             return Ok(None);
@@ -572,6 +595,7 @@ impl ClientEndpoint {
         app: u32,
         descs: &[Descriptor],
     ) -> Result<u64, ExchangeError> {
+        self.resume(now);
         self.check_alive(now)?;
         let agent = self.agent.ok_or(ExchangeError::NoAgent)?;
         let id = self.next_id();
@@ -586,6 +610,7 @@ impl ClientEndpoint {
 
     /// Sends control query `message` to the server; its answer is a control message.
     pub fn query(&mut self, now: Nanos, message: &Control) -> Result<u64, ExchangeError> {
+        self.resume(now);
         self.check_alive(now)?;
         let id = self.next_id();
         let server = self.config.server;
@@ -734,6 +759,7 @@ impl ClientEndpoint {
                 }
                 Timeout::GiveUp => {
                     let waited_ns = now.saturating_sub(x.started);
+                    self.last_failed = now;
                     self.fail(id, ExchangeError::TimedOut { waited_ns });
                 }
             }

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""naam-server's RESP front against Debian's redis-server, with the same client (redis-benchmark).
+
+    python3 bench/resp_vs_redis.py [--rounds 3] [--bin target/release] [--out FILE]
+
+Starts, on loopback and in a temporary directory, one naam-server per RESP path (`udp`: the
+front's commands are datagrams to the server's own UDP port, steered like any client's;
+`inline`: handed to an endpoint in the process and run in the front's thread) and one
+redis-server (no persistence: `--save "" --appendonly no`). Then, in alternating rounds (the
+order of the targets rotates every round), runs
+
+    redis-benchmark -t set,get -d 1024 -r 100000 -P {1,16} -c {1,8,50} --csv
+
+against each, and a three-node cluster of each (three naam-servers with a cluster file; three
+redis-servers joined by `redis-cli --cluster create`) driven by `redis-benchmark --cluster`.
+Prints a Markdown table of the median requests per second and p99 latency per point, and
+NAAM's ratio to redis-server. Everything it starts it stops; every run is bounded by -n.
+
+Needs redis-server, redis-cli and redis-benchmark (scripts/setup.sh installs them) and
+release builds of naam-server (`cargo build --release -p naam-server`).
+"""
+
+import argparse
+import csv
+import io
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+POINTS = [(p, c) for p in (1, 16) for c in (1, 8, 50)]
+# Requests per test: enough for a second or more at each point, bounded.
+REQUESTS = {1: 30000, 16: 200000}
+
+
+def free_port():
+    """A loopback port free for TCP and UDP whose cluster bus port (+10000) is free too."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 > 65535:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                u.bind(("127.0.0.1", port))
+            with socket.socket() as t:
+                t.bind(("127.0.0.1", port + 10000))
+            return port
+        except OSError:
+            continue
+
+
+def wait_tcp(port, proc, what, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"{what} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f"{what} did not listen on {port} within {timeout} s")
+
+
+class Naam:
+    """One naam-server with a MICA table of 1 KB values and a RESP front."""
+
+    def __init__(self, binary, work, path, cluster=None, ports=None, key=None):
+        self.dir = tempfile.mkdtemp(dir=work)
+        if key:
+            # A cluster's nodes share the tenant's credential, as its clients AUTH once.
+            shutil.copy(key, f"{self.dir}/mica.key")
+            os.chmod(f"{self.dir}/mica.key", 0o600)
+        else:
+            subprocess.run([binary, "keygen", "--out", f"{self.dir}/mica.key"], check=True,
+                           stderr=subprocess.DEVNULL)
+        with open(f"{self.dir}/mica.key") as f:
+            self.password = f.read().strip()
+        self.resp, self.udp = ports or (free_port(), free_port())
+        config = (f'listen = "127.0.0.1:{self.udp}"\nresp_listen = "127.0.0.1:{self.resp}"\n'
+                  f'resp_path = "{path}"\nreceive_loops = 1\nshm_dir = "/dev/shm/naam-bench-{self.resp}"\n')
+        if cluster:
+            with open(f"{self.dir}/cluster.toml", "w") as f:
+                f.write(cluster)
+            config += 'resp_cluster = "cluster.toml"\n'
+        config += ('[[app]]\nkind = "mica"\nid = 1\ncredential = "mica.key"\n'
+                   'items = 300000\nkey_cap = 32\nvalue_cap = 1100\n')
+        with open(f"{self.dir}/naam-server.toml", "w") as f:
+            f.write(config)
+        self.proc = subprocess.Popen(
+            [binary, "--config", f"{self.dir}/naam-server.toml", "--reset-regions", "-q"],
+            cwd=self.dir, stdout=subprocess.DEVNULL, stderr=open(f"{self.dir}/log", "w"))
+        wait_tcp(self.resp, self.proc, "naam-server")
+
+    def auth(self):
+        return ["--user", "mica", "-a", self.password]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        shutil.rmtree(f"/dev/shm/naam-bench-{self.resp}", ignore_errors=True)
+
+
+class Redis:
+    def __init__(self, work, cluster=False, port=None):
+        self.resp = port or free_port()
+        d = tempfile.mkdtemp(dir=work)
+        args = ["redis-server", "--port", str(self.resp), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", d, "--protected-mode", "no"]
+        if cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file", f"{d}/nodes.conf"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_tcp(self.resp, self.proc, "redis-server")
+
+    def auth(self):
+        return []
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+
+
+def benchmark(port, auth, p, c, cluster=False):
+    """{test: (rps, p99 ms)} of one redis-benchmark run."""
+    args = ["redis-benchmark", "-p", str(port), *auth, "-t", "set,get", "-d", "1024",
+            "-r", "100000", "-P", str(p), "-c", str(c), "-n", str(REQUESTS[p]), "--csv"]
+    if cluster:
+        args.insert(1, "--cluster")
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    rows = [r for r in csv.reader(io.StringIO(out.stdout)) if r and r[0] in ("SET", "GET")]
+    if len(rows) != 2 or "rror" in out.stdout + out.stderr:
+        sys.exit(f"redis-benchmark {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+    return {r[0]: (float(r[1]), float(r[6])) for r in rows}
+
+
+def cluster_file(nodes):
+    ranges = ["0-5460", "5461-10922", "10923-16383"]
+    return "".join(
+        f'[[node]]\nresp = "127.0.0.1:{r}"\nnaam = "127.0.0.1:{u}"\nslots = ["{s}"]\n'
+        for (r, u), s in zip(nodes, ranges))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--bin", default="target/release")
+    ap.add_argument("--no-cluster", action="store_true")
+    args = ap.parse_args()
+    binary = os.path.abspath(os.path.join(args.bin, "naam-server"))
+    for tool in ("redis-server", "redis-cli", "redis-benchmark"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is not installed (bash scripts/setup.sh)")
+    if not os.access(binary, os.X_OK):
+        sys.exit(f"no {binary}: cargo build --release -p naam-server")
+    work = tempfile.mkdtemp(prefix="resp-vs-redis-")
+    started = []
+    try:
+        targets = {
+            "naam (udp)": Naam(binary, work, "udp"),
+            "naam (inline)": Naam(binary, work, "inline"),
+            "redis-server": Redis(work),
+        }
+        started += targets.values()
+        results = {}  # (target, p, c, test) -> [(rps, p99)]
+        names = list(targets)
+        for rnd in range(args.rounds):
+            order = names[rnd % len(names):] + names[:rnd % len(names)]
+            for p, c in POINTS:
+                for name in order:
+                    t = targets[name]
+                    for test, v in benchmark(t.resp, t.auth(), p, c).items():
+                        results.setdefault((name, p, c, test), []).append(v)
+            print(f"round {rnd + 1} of {args.rounds} done", file=sys.stderr)
+        cluster_results = {}
+        if not args.no_cluster:
+            for t in targets.values():
+                t.stop()
+            started.clear()
+            ports = [(free_port(), free_port()) for _ in range(3)]
+            text = cluster_file(ports)
+            first = Naam(binary, work, "inline", cluster=text, ports=ports[0])
+            naam_nodes = [first] + [
+                Naam(binary, work, "inline", cluster=text, ports=pp, key=f"{first.dir}/mica.key")
+                for pp in ports[1:]
+            ]
+            started += naam_nodes
+            redis_nodes = [Redis(work, cluster=True) for _ in range(3)]
+            started += redis_nodes
+            subprocess.run(["redis-cli", "--cluster", "create",
+                            *[f"127.0.0.1:{r.resp}" for r in redis_nodes],
+                            "--cluster-replicas", "0", "--cluster-yes"],
+                           check=True, capture_output=True, timeout=60)
+            time.sleep(2)
+            clusters = {"naam x3 (inline)": naam_nodes[0], "redis x3": redis_nodes[0]}
+            for rnd in range(args.rounds):
+                order = list(clusters) if rnd % 2 == 0 else list(clusters)[::-1]
+                for p, c in [(1, 50), (16, 50)]:
+                    for name in order:
+                        t = clusters[name]
+                        for test, v in benchmark(t.resp, t.auth(), p, c, cluster=True).items():
+                            cluster_results.setdefault((name, p, c, test), []).append(v)
+    finally:
+        for t in started:
+            try:
+                t.stop()
+            except Exception as e:  # keep stopping the others
+                print(f"stopping: {e}", file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
+
+    def med(vals, i):
+        return statistics.median(v[i] for v in vals)
+
+    print(f"{args.rounds} alternating rounds; median of the rounds; 1024-byte values, "
+          f"-r 100000 keys; requests per test: {REQUESTS}\n")
+    print("| test | -P | -c | redis-server ops/s | naam udp ops/s (ratio) | naam inline ops/s (ratio) "
+          "| p99 ms redis / udp / inline |")
+    print("|---|---|---|---|---|---|---|")
+    for test in ("SET", "GET"):
+        for p, c in POINTS:
+            r = results[("redis-server", p, c, test)]
+            u = results[("naam (udp)", p, c, test)]
+            i = results[("naam (inline)", p, c, test)]
+            print(f"| {test} | {p} | {c} | {med(r, 0):,.0f} | {med(u, 0):,.0f} ({med(u, 0) / med(r, 0):.2f}) "
+                  f"| {med(i, 0):,.0f} ({med(i, 0) / med(r, 0):.2f}) "
+                  f"| {med(r, 1):.2f} / {med(u, 1):.2f} / {med(i, 1):.2f} |")
+    if cluster_results:
+        print("\nThree-node clusters, `redis-benchmark --cluster`:\n")
+        print("| test | -P | -c | redis x3 ops/s | naam x3 inline ops/s (ratio) | p99 ms redis / naam |")
+        print("|---|---|---|---|---|---|")
+        for test in ("SET", "GET"):
+            for p, c in [(1, 50), (16, 50)]:
+                r = cluster_results[("redis x3", p, c, test)]
+                n = cluster_results[("naam x3 (inline)", p, c, test)]
+                print(f"| {test} | {p} | {c} | {med(r, 0):,.0f} | {med(n, 0):,.0f} ({med(n, 0) / med(r, 0):.2f}) "
+                      f"| {med(r, 1):.2f} / {med(n, 1):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
