@@ -47,6 +47,8 @@ pub mod handlers {
     pub const DELETE: &str = "mica_delete";
     /// RMW: patch a field of the value, return the old value.
     pub const RMW: &str = "mica_rmw";
+    /// INCR: add to the value as a decimal integer (absent: 0), return the new one.
+    pub const INCR: &str = "mica_incr";
 }
 
 /// Errors of the MICA library.
@@ -273,6 +275,7 @@ pub fn app_spec(
             HandlerSpec::write(handlers::UPDATE),
             HandlerSpec::write(handlers::DELETE),
             HandlerSpec::write(handlers::RMW),
+            HandlerSpec::write(handlers::INCR),
         ],
     })
 }
@@ -441,7 +444,7 @@ pub struct MicaClient<T: Transport> {
     args: Vec<u8>,
     /// The descriptors of the message being sent, next to its args.
     descs: [Descriptor; 2],
-    ids: [u32; 5],
+    ids: [u32; 6],
 }
 
 impl<T: Transport> MicaClient<T> {
@@ -465,6 +468,7 @@ impl<T: Transport> MicaClient<T> {
                 handlers::UPDATE,
                 handlers::DELETE,
                 handlers::RMW,
+                handlers::INCR,
             ]
             .map(handler_id),
         }
@@ -723,6 +727,24 @@ impl<T: Transport> MicaClient<T> {
         }
     }
 
+    /// Adds `delta` to the value of `key` read as a decimal integer (0 if absent), at the
+    /// owner in one message, and returns the new value; `None` when the value is not an
+    /// integer or the sum overflows (nothing changes then).
+    pub fn incr_by(&mut self, key: &[u8], delta: i64) -> Result<Option<i64>, MicaError> {
+        match self.send_with("incr", self.ids[5], key, &delta.to_le_bytes(), true, |p| {
+            p.get(..8)
+                .map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+        }) {
+            Ok(v) => Ok(v),
+            Err(MicaError::Server {
+                status: Status::HandlerError,
+                code,
+                ..
+            }) if code == naam_ebpf::abi::error_code::APP_BASE + l::error::NOT_INTEGER => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Read-modify-write with any function, on the client: reads the value, applies `f`, writes
     /// the result back (two messages, not atomic); returns the new value, or `None` if absent.
     pub fn rmw(
@@ -753,6 +775,9 @@ pub enum MicaDone {
     Updated(bool),
     /// A delete: whether the key existed.
     Deleted(bool),
+    /// An increment: the new value, or `None` when the value is not an integer or the sum
+    /// overflows (nothing changed).
+    Counted(Option<i64>),
 }
 
 /// One operation in flight.
@@ -827,6 +852,12 @@ impl<T: Pipeline> MicaPipeline<T> {
     pub fn delete(&mut self, tag: u64, key: &[u8]) -> Result<(), MicaError> {
         let id = self.client.ids[3];
         self.start(tag, "delete", id, key, &[], true)
+    }
+
+    /// Starts an increment of `key` by `delta` ([`MicaClient::incr_by`]).
+    pub fn incr_by(&mut self, tag: u64, key: &[u8], delta: i64) -> Result<(), MicaError> {
+        let id = self.client.ids[5];
+        self.start(tag, "incr", id, key, &delta.to_le_bytes(), true)
     }
 
     /// Starts a read-modify-write of `key` (YCSB's update of one field): `patch` over the
@@ -921,6 +952,14 @@ impl<T: Pipeline> MicaPipeline<T> {
                             }),
                         ))
                     }
+                    Ok(r)
+                        if r.status == Status::HandlerError
+                            && r.code
+                                == naam_ebpf::abi::error_code::APP_BASE + l::error::NOT_INTEGER
+                            && f.op == "incr" =>
+                    {
+                        out.push((f.tag, Ok(MicaDone::Counted(None))))
+                    }
                     Ok(r) => out.push((
                         f.tag,
                         Err(MicaError::Server {
@@ -977,6 +1016,12 @@ fn done(op: &str, payload: bytes::Bytes) -> MicaDone {
         "put" => MicaDone::Put(payload.first() == Some(&1)),
         "update" => MicaDone::Updated(true),
         "delete" => MicaDone::Deleted(payload.first() == Some(&1)),
+        "incr" => MicaDone::Counted(
+            payload
+                .get(..8)
+                .and_then(|b| b.try_into().ok())
+                .map(i64::from_le_bytes),
+        ),
         _ => MicaDone::Patched(Some(payload)),
     }
 }

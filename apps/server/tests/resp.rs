@@ -336,6 +336,18 @@ fn redis_cli_redis_benchmark_and_redis_py_speak_to_naam_server_and_bad_bytes_har
     assert_eq!(s.cli(&cli, &["DEL", "a", "nothing"]), "1\n");
     assert_eq!(s.cli(&cli, &["SET", "b", "3", "XX"]), "OK\n");
     assert_eq!(s.cli(&cli, &["GET", "b"]), "3\n");
+    assert_eq!(s.cli(&cli, &["INCR", "counter"]), "1\n");
+    assert_eq!(s.cli(&cli, &["INCRBY", "counter", "41"]), "42\n");
+    assert_eq!(s.cli(&cli, &["DECRBY", "counter", "50"]), "-8\n");
+    assert_eq!(s.cli(&cli, &["GET", "counter"]), "-8\n");
+    assert!(s
+        .cli(&cli, &["INCR", "greeting"])
+        .contains("not an integer"));
+    assert_eq!(
+        s.cli(&cli, &["GET", "greeting"]),
+        "hello\n",
+        "a refused INCR changes nothing"
+    );
     assert!(s
         .cli(&cli, &["FLUSHALL"])
         .starts_with("ERR unknown command 'FLUSHALL'"));

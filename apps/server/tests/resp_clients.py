@@ -28,6 +28,14 @@ def single(host, port, user, password):
         assert r.delete(f"py:{protocol}:a", f"py:{protocol}:x") == 1
         assert r.client_setname("tester") is True
         assert r.client_getname() in ("tester", b"tester")
+        assert r.incr(f"py:{protocol}:n") == 1
+        assert r.incrby(f"py:{protocol}:n", 9) == 10
+        assert r.decr(f"py:{protocol}:n") == 9
+        # Increments pipelined together are all counted (each is one write batch).
+        p = r.pipeline(transaction=False)
+        for _ in range(100):
+            p.incr(f"py:{protocol}:n")
+        assert p.execute()[-1] == 109
         big = bytes(range(256)) * 4
         assert r.set(f"py:{protocol}:big", big) is True
         assert r.get(f"py:{protocol}:big") == big

@@ -297,6 +297,153 @@ fn find_slot(ctx: &Context, key: &Key, first: usize, item_size: u64) -> Result<O
     Ok(None)
 }
 
+/// The bucket slot a new key takes: a free one (empty, or naming an item the log overwrote),
+/// else the oldest item's.
+#[inline(always)]
+fn slot_for_new(bucket: &SegmentRef, tail: u64, log_items: u64) -> Result<usize, Fault> {
+    let mut free = 99usize;
+    let mut oldest = 0usize;
+    let mut oldest_item = u64::MAX;
+    for i in 0..l::SLOTS {
+        let w = bucket.read_u64(l::slot_offset(i))?;
+        let item = (w & l::ITEM_MASK).wrapping_sub(1);
+        if free == 99 && (w == 0 || item + log_items <= tail) {
+            free = i;
+        }
+        if w != 0 && item < oldest_item {
+            oldest_item = item;
+            oldest = i;
+        }
+    }
+    Ok(if free != 99 { free } else { oldest })
+}
+
+/// The value at `seg[at..at + len]` as a decimal 64-bit integer (an optional `-`, then 1 to
+/// 19 digits, as Redis's counters are), else [`l::error::NOT_INTEGER`].
+#[inline(always)]
+fn parse_counter(seg: &SegmentRef, at: usize, len: usize) -> Result<i64, Fault> {
+    let bad = Fault::app(l::error::NOT_INTEGER);
+    if len == 0 || len > 20 {
+        return Err(bad);
+    }
+    let negative = seg.read_u8(at)? == b'-';
+    let first = usize::from(negative);
+    if first == len {
+        return Err(bad);
+    }
+    // Accumulated negative, so that i64::MIN parses.
+    let mut v: i64 = 0;
+    for i in first..len {
+        let d = seg.read_u8(at + i)?;
+        if !d.is_ascii_digit() {
+            return Err(bad);
+        }
+        // Overflow checked by hand: `checked_mul` is a 128-bit multiply, which eBPF lacks.
+        let d = i64::from(d - b'0');
+        if v < i64::MIN / 10 {
+            return Err(bad);
+        }
+        let tens = v.wrapping_mul(10);
+        if tens < i64::MIN + d {
+            return Err(bad);
+        }
+        v = tens - d;
+    }
+    if negative {
+        Ok(v)
+    } else {
+        v.checked_neg().ok_or(bad)
+    }
+}
+
+/// `v` in decimal into the little-endian bytes of `w0`, `w1`, `w2` (at most 20 characters);
+/// returns how many characters. Built in registers, and out through references: a returned
+/// array is a large return, which eBPF lacks.
+#[inline(always)]
+fn counter_words(v: i64, w0: &mut u64, w1: &mut u64, w2: &mut u64) -> usize {
+    let negative = v < 0;
+    let mut m = v.unsigned_abs();
+    let mut digits = 1usize;
+    let mut probe = m;
+    while probe >= 10 {
+        probe /= 10;
+        digits += 1;
+    }
+    let n = digits + usize::from(negative);
+    let mut put = |i: usize, c: u8| {
+        let bits = u64::from(c) << (8 * (i % 8));
+        match i / 8 {
+            0 => *w0 |= bits,
+            1 => *w1 |= bits,
+            _ => *w2 |= bits,
+        }
+    };
+    if negative {
+        put(0, b'-');
+    }
+    let mut i = n;
+    while i > usize::from(negative) {
+        i -= 1;
+        put(i, b'0' + (m % 10) as u8);
+        m /= 10;
+    }
+    n
+}
+
+/// INCR, step 1: the key's value as a decimal integer (0 if the key is absent) plus the
+/// signed delta in the args' value, written back as a new item at the tail in one write batch
+/// at the owner; replies the new value (little-endian i64). A value that is not an integer, or
+/// a sum that overflows, is [`l::error::NOT_INTEGER`] and changes nothing.
+#[inline(always)]
+fn incr_item(ctx: &mut Context, key: &Key) -> StepResult {
+    let meta = ctx.segment(0)?;
+    let bucket = ctx.segment(1)?;
+    let g = geometry(ctx, &meta, key, 0)?;
+    let value_cap = meta.read_u64(l::META_VALUE_CAP)? as usize;
+    if key.value_len != 8 {
+        return Err(Fault::app(l::error::TOO_LARGE));
+    }
+    let delta = ctx.arg_u64(a::KEY + key.len)? as i64;
+    let tail = ctx.state(0)?;
+    let version = ctx.state(1)?;
+    let (old, slot) = match find_slot(ctx, key, 3, g.item_size)? {
+        Some((seg, slot)) => {
+            let item = ctx.segment(seg)?;
+            let len = item.read_u32(l::ITEM_VALUE_LEN)? as usize;
+            (parse_counter(&item, l::item_value(g.key_cap), len)?, slot)
+        }
+        None => (0, slot_for_new(&bucket, tail, g.log_items)?),
+    };
+    let new = old.checked_add(delta).ok_or(Fault::app(l::error::NOT_INTEGER))?;
+    let (mut w0, mut w1, mut w2) = (0u64, 0u64, 0u64);
+    let n = counter_words(new, &mut w0, &mut w1, &mut w2);
+    if n > value_cap {
+        return Err(Fault::app(l::error::TOO_LARGE));
+    }
+    ctx.begin_writes();
+    let version_at = ctx.stage_u64(tail + 1)?;
+    let slot_at = ctx.stage_u64(l::slot(l::tag(key.hash), tail))?;
+    let unlocked_at = ctx.stage_u64(version + 2)?;
+    let hash_at = ctx.stage_u64(key.hash)?;
+    let lens_at = ctx.stage_u64(key.len as u64 | ((n as u64) << 32))?;
+    let digits_at = ctx.stage_u64(w0)?;
+    ctx.stage_u64(w1)?;
+    ctx.stage_u64(w2)?;
+    let key_at = ctx.stage(ctx.arg_range(a::KEY, key.len)?, key.len as u32)?;
+    ctx.push_cas(0, l::META_TAIL as u32, tail, tail + 1)?;
+    ctx.push_cas(1, 0, version, version + 1)?;
+    ctx.push_staged(2, l::item_back(g.item_size as usize) as u32, version_at, 8)?;
+    ctx.push_staged(2, l::ITEM_KEYHASH as u32, hash_at, 8)?;
+    ctx.push_staged(2, l::ITEM_KEY_LEN as u32, lens_at, 8)?;
+    ctx.push_staged(2, l::ITEM_KEY as u32, key_at, key.len as u32)?;
+    ctx.push_staged(2, l::item_value(g.key_cap) as u32, digits_at, n as u32)?;
+    ctx.push_staged(2, l::ITEM_FRONT as u32, version_at, 8)?;
+    ctx.push_staged(1, l::slot_offset(slot) as u32, slot_at, 8)?;
+    ctx.push_staged(1, 0, unlocked_at, 8)?;
+    ctx.reply_u64(new as u64)?;
+    Ok(Return::Write)
+}
+
 /// PUT or UPDATE, step 1: append the item at the tail and publish it in the bucket.
 #[inline(always)]
 fn write_item(ctx: &mut Context, key: &Key, update_only: bool) -> StepResult {
@@ -311,24 +458,7 @@ fn write_item(ctx: &mut Context, key: &Key, update_only: bool) -> StepResult {
     }
     let slot = match found {
         Some(s) => s,
-        None => {
-            // A free slot (empty, or naming an item the log overwrote), else the oldest item.
-            let mut free = 99usize;
-            let mut oldest = 0usize;
-            let mut oldest_item = u64::MAX;
-            for i in 0..l::SLOTS {
-                let w = bucket.read_u64(l::slot_offset(i))?;
-                let item = (w & l::ITEM_MASK).wrapping_sub(1);
-                if free == 99 && (w == 0 || item + g.log_items <= tail) {
-                    free = i;
-                }
-                if w != 0 && item < oldest_item {
-                    oldest_item = item;
-                    oldest = i;
-                }
-            }
-            if free != 99 { free } else { oldest }
-        }
+        None => slot_for_new(&bucket, tail, g.log_items)?,
     };
     let item_version = tail + 1;
     // Claim the log slot, then lock the bucket: a lost race on either is a Conflict reply and
@@ -470,5 +600,19 @@ handler! {
                 Ok(Return::Done)
             }
         }
+    }
+}
+
+handler! {
+    /// INCR (Redis's INCR/INCRBY/DECR/DECRBY): adds the args' value (a little-endian i64) to
+    /// the key's decimal value, 0 if absent, in one write batch at the owner; replies the new
+    /// value. Atomic as every write is: a writer that changed the bucket since step 0 fails
+    /// the batch's compare-and-swap and the client retries.
+    fn mica_incr(ctx) {
+        let key = key_of(ctx)?;
+        if ctx.step == 0 {
+            return write_step0(ctx, &key, true, 0);
+        }
+        incr_item(ctx, &key)
     }
 }

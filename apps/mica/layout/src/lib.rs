@@ -151,11 +151,14 @@ pub mod error {
     pub const NOT_FOUND: u32 = 2;
     /// The bucket is locked by another writer: retry.
     pub const BUSY: u32 = 3;
+    /// INCR of a value that is not a decimal 64-bit integer, or a sum that overflows one.
+    pub const NOT_INTEGER: u32 = 4;
     /// Each code with its name (a handler returns `Fault::app(code)`).
-    pub const NAMED: [(u32, &str); 3] = [
+    pub const NAMED: [(u32, &str); 4] = [
         (TOO_LARGE, "mica:too-large"),
         (NOT_FOUND, "mica:not-found"),
         (BUSY, "mica:busy"),
+        (NOT_INTEGER, "mica:not-an-integer"),
     ];
 }
 
