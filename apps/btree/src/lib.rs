@@ -632,6 +632,11 @@ impl<T: Pipeline> BTreePipeline<T> {
         &mut self.client.transport
     }
 
+    /// The transport, to read.
+    pub fn transport_ref(&self) -> &T {
+        &self.client.transport
+    }
+
     /// Root refreshes made (stale roots detected).
     pub fn root_refreshes(&self) -> u64 {
         self.client.root_refreshes

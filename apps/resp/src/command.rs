@@ -84,7 +84,11 @@ pub const COMMANDS: &[Spec] = &[
     spec("readonly", 1, &["loading", "stale", "fast"], NO_KEYS),
     spec("readwrite", 1, &["loading", "stale", "fast"], NO_KEYS),
     spec("dbsize", 1, &["readonly", "fast"], NO_KEYS),
+    spec("scan", -2, &["readonly"], NO_KEYS),
 ];
+
+/// The most keys one `SCAN` returns (its `COUNT`, at most this).
+pub const MAX_SCAN_COUNT: usize = 1000;
 
 /// The spec of the command named `name` (any case).
 pub fn lookup(name: &[u8]) -> Option<&'static Spec> {
@@ -229,6 +233,13 @@ pub enum Command {
     ReadMode,
     /// `DBSIZE`: the table's live items are not counted; answered by the error.
     DbSize,
+    /// `SCAN cursor [MATCH *] [COUNT n]`: keys in order from `cursor` (a B-tree tenant).
+    Scan {
+        /// The key to start at.
+        cursor: u64,
+        /// How many keys at most.
+        count: usize,
+    },
 }
 
 /// What `COMMAND` is asked.
@@ -522,6 +533,47 @@ pub fn parse(args: &[Bytes]) -> Result<Command, CommandError> {
         }
         "readonly" | "readwrite" => Command::ReadMode,
         "dbsize" => Command::DbSize,
+        "scan" => {
+            let cursor = std::str::from_utf8(&rest[0])
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or(CommandError::Unsupported {
+                    what: "A cursor that is not a decimal integer".into(),
+                    why: "SCAN's cursor is the B-tree key to go on from",
+                })?;
+            let mut count = 10usize;
+            let mut i = 1;
+            while i < rest.len() {
+                let Some(v) = rest.get(i + 1) else {
+                    return Err(CommandError::Syntax);
+                };
+                if is(&rest[i], "COUNT") {
+                    let n = int(v)?;
+                    if n < 1 {
+                        return Err(CommandError::Syntax);
+                    }
+                    count = (n as usize).min(MAX_SCAN_COUNT);
+                } else if is(&rest[i], "MATCH") {
+                    if &v[..] != b"*" {
+                        return Err(CommandError::Unsupported {
+                            what: "SCAN MATCH with a pattern".into(),
+                            why: "only MATCH * is taken: a B-tree's keys are integers in order",
+                        });
+                    }
+                } else if is(&rest[i], "TYPE") {
+                    if !is(v, "string") {
+                        return Err(CommandError::Unsupported {
+                            what: "SCAN TYPE other than string".into(),
+                            why: "every key is a string",
+                        });
+                    }
+                } else {
+                    return Err(CommandError::Syntax);
+                }
+                i += 2;
+            }
+            Command::Scan { cursor, count }
+        }
         other => {
             // The table has a name the match does not: a bug here, answered as unknown.
             return Err(CommandError::Unknown {

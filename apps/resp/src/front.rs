@@ -60,6 +60,7 @@ enum Shape {
     MGet,
     MSet,
     Incr,
+    Scan,
 }
 
 #[derive(Debug)]
@@ -339,6 +340,18 @@ impl<T: Copy + Eq + std::fmt::Debug> Connection<T> {
                 self.frame(out, &f)
             }
             Command::ReadMode => self.ok(out),
+            Command::Scan { cursor, count } => {
+                // In a cluster a node's SCAN covers its own keys, as in Redis Cluster: clients
+                // scan each node.
+                let start = Bytes::from(cursor.to_string());
+                self.data(
+                    store,
+                    ops,
+                    out,
+                    Shape::Scan,
+                    vec![(OpKind::Scan(count), start, Bytes::new())],
+                )
+            }
             Command::DbSize => self.error(
                 out,
                 "ERR DBSIZE is not supported: MICA's table does not count its live keys",
@@ -390,7 +403,7 @@ impl<T: Copy + Eq + std::fmt::Debug> Connection<T> {
             return self.error(out, "NOAUTH Authentication required.");
         };
         let limits = store.key_limits(tenant);
-        for (_, k, v) in &wanted {
+        for (_, k, v) in wanted.iter().filter(|w| !matches!(w.0, OpKind::Scan(_))) {
             if k.is_empty() || k.len() > limits.key_cap {
                 return self.error(
                     out,
@@ -505,6 +518,36 @@ impl<T: Copy + Eq + std::fmt::Debug> Connection<T> {
                     }
                 }
             }
+            Shape::Scan => match &ops[0].outcome {
+                Outcome::Scanned(pairs) => {
+                    // The next cursor: the key after the last one found, 0 when the scan is done
+                    // (fewer keys than asked for).
+                    let asked = match ops[0].kind {
+                        OpKind::Scan(n) => n,
+                        _ => 0,
+                    };
+                    let next = match pairs.last() {
+                        Some((k, _)) if pairs.len() >= asked => std::str::from_utf8(k)
+                            .ok()
+                            .and_then(|t| t.parse::<u64>().ok())
+                            .and_then(|k| k.checked_add(1))
+                            .unwrap_or(0),
+                        _ => 0,
+                    };
+                    header(out, b'*', 2);
+                    let cursor = next.to_string();
+                    header(out, b'$', cursor.len() as i64);
+                    out.extend_from_slice(cursor.as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                    header(out, b'*', pairs.len() as i64);
+                    for (k, _) in pairs {
+                        header(out, b'$', k.len() as i64);
+                        out.extend_from_slice(k);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
+                _ => error_line(out, "ERR the store answered a scan with no keys"),
+            },
             Shape::Incr => match ops[0].outcome {
                 Outcome::Counted(n) => header(out, b':', n),
                 _ => error_line(out, "ERR the store answered an increment with no number"),
@@ -633,6 +676,31 @@ mod tests {
                 Frame::NullBulk,
             ]
         );
+    }
+
+    #[test]
+    fn scan_walks_the_keys_in_order_with_the_next_key_as_its_cursor() {
+        let mut store = MemoryStore::default();
+        let front = FrontConfig::default();
+        let input = cmds(&[
+            &["MSET", "5", "50", "1", "10", "3", "30", "x", "y"],
+            &["SCAN", "0", "COUNT", "2"],
+            &["SCAN", "4", "COUNT", "2", "MATCH", "*"],
+            &["SCAN", "0", "MATCH", "user:*"],
+            &["SCAN", "nope"],
+        ]);
+        let got = session(&mut store, &front, &[&input]);
+        let keys = |ks: &[&str]| Frame::Array(ks.iter().map(Frame::bulk).collect());
+        assert_eq!(
+            got[1],
+            Frame::Array(vec![Frame::bulk("4"), keys(&["1", "3"])])
+        );
+        assert_eq!(got[2], Frame::Array(vec![Frame::bulk("0"), keys(&["5"])]));
+        assert!(got[3]
+            .as_bytes()
+            .unwrap()
+            .starts_with(b"ERR SCAN MATCH with a pattern"));
+        assert!(matches!(&got[4], Frame::Error(_)));
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use naam_btree::{BTreeConfig, BTreeDone, BTreeError, BTreeHandle, BTreePipeline};
 use naam_mica::{MicaConfig, MicaDone, MicaError, MicaHandle, MicaPipeline};
 use naam_runtime::proto::control::{object_hash, AppManifest};
 use naam_runtime::proto::session::{Credential, CREDENTIAL_LEN};
@@ -85,9 +87,149 @@ impl NaamStoreConfig {
     }
 }
 
-/// One session: a tenant's MICA table on one naam-server.
+/// A tenant's table: a MICA hash table (every command but `SCAN`) or a B-tree (decimal keys
+/// and values: `GET`, `SET`, `MGET`, `MSET`, `EXISTS`, `SCAN`).
+enum Table {
+    Mica(MicaPipeline<UdpClient>),
+    BTree(BTreePipeline<UdpClient>),
+}
+
+/// What a table's op came to, whichever the table.
+enum Done {
+    Mica(Result<MicaDone, MicaError>),
+    BTree(Result<BTreeDone, BTreeError>),
+}
+
+impl Table {
+    fn in_flight(&self) -> usize {
+        match self {
+            Table::Mica(t) => t.in_flight(),
+            Table::BTree(t) => t.in_flight(),
+        }
+    }
+
+    fn window(&self) -> usize {
+        match self {
+            Table::Mica(t) => t.window(),
+            Table::BTree(t) => t.window(),
+        }
+    }
+
+    fn transport_counts(&self) -> naam_runtime::TransportCounts {
+        match self {
+            Table::Mica(t) => t.transport_ref().transport_counts(),
+            Table::BTree(t) => t.transport_ref().transport_counts(),
+        }
+    }
+
+    fn poll(&mut self, block: bool) -> Vec<(u64, Done)> {
+        match self {
+            Table::Mica(t) => t
+                .poll(block)
+                .into_iter()
+                .map(|(k, r)| (k, Done::Mica(r)))
+                .collect(),
+            Table::BTree(t) => t
+                .poll(block)
+                .into_iter()
+                .map(|(k, r)| (k, Done::BTree(r)))
+                .collect(),
+        }
+    }
+
+    /// Starts `op` under `tag`; when it cannot start, its outcome and whether the server is
+    /// gone.
+    fn start(&mut self, tag: u64, op: &Op<usize>) -> Result<(), (Outcome, bool)> {
+        match self {
+            Table::Mica(t) => match op.kind {
+                OpKind::Get => t.get(tag, &op.key),
+                OpKind::Put => t.put(tag, &op.key, &op.value),
+                OpKind::Update => t.update(tag, &op.key, &op.value),
+                OpKind::Delete => t.delete(tag, &op.key),
+                OpKind::IncrBy(by) => t.incr_by(tag, &op.key, by),
+                OpKind::Scan(_) => return Err((Outcome::Failed(SCAN_ON_MICA.into()), false)),
+            }
+            .map_err(|e| (failed(&e), is_gone(&e))),
+            Table::BTree(t) => {
+                let refused = |why: &str| (Outcome::Failed(why.into()), false);
+                let key = decimal(&op.key).ok_or_else(|| refused(BTREE_KEYS))?;
+                let value = || decimal(&op.value).ok_or_else(|| refused(BTREE_KEYS));
+                match op.kind {
+                    OpKind::Get => t.get(tag, key),
+                    OpKind::Put => t.insert(tag, key, value()?),
+                    OpKind::Update => t.update(tag, key, value()?),
+                    OpKind::Scan(n) => t.scan(tag, key, n),
+                    OpKind::Delete | OpKind::IncrBy(_) => return Err(refused(NOT_ON_BTREE)),
+                }
+                .map_err(|e| {
+                    let gone = matches!(e, BTreeError::Client(ClientError::ServerGone { .. }));
+                    (Outcome::Failed(format!("ERR naam: {e}")), gone)
+                })
+            }
+        }
+    }
+}
+
+/// What `done` says of the op (and whether the server is gone).
+fn outcome_of(done: Done) -> (Outcome, bool) {
+    match done {
+        Done::Mica(Ok(d)) => (
+            match d {
+                MicaDone::Got(v) => Outcome::Got(v),
+                MicaDone::Put(existed)
+                | MicaDone::Updated(existed)
+                | MicaDone::Deleted(existed) => Outcome::Wrote(existed),
+                MicaDone::Counted(Some(n)) => Outcome::Counted(n),
+                MicaDone::Counted(None) => Outcome::Failed(crate::store::NOT_AN_INTEGER.into()),
+                other => Outcome::Failed(format!("ERR naam: unexpected answer {other:?}")),
+            },
+            false,
+        ),
+        Done::Mica(Err(e)) => (failed(&e), is_gone(&e)),
+        Done::BTree(Ok(d)) => (
+            match d {
+                BTreeDone::Got(v) => Outcome::Got(v.map(bytes_of)),
+                BTreeDone::Written(w) => Outcome::Wrote(w == Some(naam_btree::Written::Replaced)),
+                BTreeDone::Scanned(pairs) => Outcome::Scanned(
+                    pairs
+                        .into_iter()
+                        .map(|(k, v)| (bytes_of(k), bytes_of(v)))
+                        .collect(),
+                ),
+                other => Outcome::Failed(format!("ERR naam: unexpected answer {other:?}")),
+            },
+            false,
+        ),
+        Done::BTree(Err(e)) => {
+            let gone = matches!(e, BTreeError::Client(ClientError::ServerGone { .. }));
+            (Outcome::Failed(format!("ERR naam: {e}")), gone)
+        }
+    }
+}
+
+/// A B-tree's key or value as RESP carries it: a decimal u64.
+fn decimal(b: &[u8]) -> Option<u64> {
+    std::str::from_utf8(b)
+        .ok()
+        .filter(|t| !t.starts_with('+'))
+        .and_then(|t| t.parse().ok())
+}
+
+fn bytes_of(n: u64) -> Bytes {
+    Bytes::from(n.to_string())
+}
+
+const SCAN_ON_MICA: &str = "ERR SCAN is not supported on a MICA table: a hash table has no key order (a B-tree tenant's table has)";
+const BTREE_KEYS: &str = "ERR this tenant's table is a B-tree: its keys and values are decimal integers below 18446744073709551615";
+const NOT_ON_BTREE: &str = "ERR DEL, INCR, INCRBY, DECR and DECRBY are not supported on a B-tree: its handlers look up, scan, insert and update";
+
+fn is_gone(e: &MicaError) -> bool {
+    matches!(e, MicaError::Client(ClientError::ServerGone { .. }))
+}
+
+/// One session: a tenant's table on one naam-server.
 struct Session {
-    table: MicaPipeline<UdpClient>,
+    table: Table,
     limits: KeyLimits,
     app: u32,
     server: SocketAddr,
@@ -129,10 +271,17 @@ impl std::fmt::Debug for NaamStore {
     }
 }
 
-/// The MICA app a tenant's session uses: the one named after the tenant, else its first.
+/// The app a tenant's session uses: the MICA table or B-tree named after the tenant, else its
+/// first MICA table, else its first B-tree.
 fn table_of<'m>(apps: &'m [AppManifest], tenant: &str) -> Option<&'m AppManifest> {
-    let mica = || apps.iter().filter(|a| a.kind == "mica");
-    mica().find(|a| a.name == tenant).or_else(|| mica().next())
+    let tables = || {
+        apps.iter()
+            .filter(|a| a.kind == "mica" || a.kind == "btree")
+    };
+    tables()
+        .find(|a| a.name == tenant)
+        .or_else(|| tables().find(|a| a.kind == "mica"))
+        .or_else(|| tables().next())
 }
 
 impl NaamStore {
@@ -222,43 +371,65 @@ impl NaamStore {
         let served = table_of(&client.manifest().apps, tenant)
             .ok_or_else(|| {
                 AuthError::Unavailable(format!(
-                    "tenant {tenant} has no MICA table on naam-server {server}"
+                    "tenant {tenant} has no MICA table or B-tree on naam-server {server}"
                 ))
             })?
             .clone();
-        let config: MicaConfig = serde_json::from_value(served.params.clone()).map_err(|e| {
+        let params = |e: serde_json::Error| {
             AuthError::Unavailable(format!(
-                "app {}: the server's MICA parameters: {e}",
+                "app {}: the server's {} parameters: {e}",
+                served.id, served.kind
+            ))
+        };
+        let no_regions = || {
+            AuthError::Unavailable(format!(
+                "app {}: regions missing from the manifest",
                 served.id
             ))
-        })?;
-        let handle = MicaHandle::with_keys(served.id, config, |n| served.region_key(n))
-            .ok_or_else(|| {
-                AuthError::Unavailable(format!(
-                    "app {}: MICA regions missing from the manifest",
-                    served.id
-                ))
-            })?;
+        };
+        let (carried, kind) = match served.kind.as_str() {
+            "mica" => (naam_mica::HANDLERS_OBJECT, "MICA"),
+            _ => (naam_btree::HANDLERS_OBJECT, "B-tree"),
+        };
         // The Client placement runs the handlers here: this build's, if they are the server's.
-        if object_hash(naam_mica::HANDLERS_OBJECT) != served.object_hash {
+        if object_hash(carried) != served.object_hash {
             return Err(AuthError::Unavailable(format!(
-                "naam-server {server}'s MICA handlers (object hash {:016x}) are not this build's: run a build of the same source",
+                "naam-server {server}'s {kind} handlers (object hash {:016x}) are not this build's: run a build of the same source",
                 served.object_hash
             )));
         }
         client
-            .install_handlers(served.id, naam_mica::HANDLERS_OBJECT)
+            .install_handlers(served.id, carried)
             .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        let (table, limits) = if served.kind == "mica" {
+            let config: MicaConfig =
+                serde_json::from_value(served.params.clone()).map_err(params)?;
+            let handle = MicaHandle::with_keys(served.id, config, |n| served.region_key(n))
+                .ok_or_else(no_regions)?;
+            let limits = KeyLimits {
+                key_cap: config.key_cap,
+                value_cap: config.value_cap,
+            };
+            (Table::Mica(MicaPipeline::new(client, handle)), limits)
+        } else {
+            let config: BTreeConfig =
+                serde_json::from_value(served.params.clone()).map_err(params)?;
+            let handle = BTreeHandle::with_keys(served.id, config, |n| served.region_key(n))
+                .ok_or_else(no_regions)?;
+            // Decimal u64s: at most 20 digits.
+            let limits = KeyLimits {
+                key_cap: 20,
+                value_cap: 20,
+            };
+            (Table::BTree(BTreePipeline::new(client, handle)), limits)
+        };
         tracing::info!(
-            "AUTH {tenant}: session with naam-server {server} (MICA app {})",
+            "AUTH {tenant}: session with naam-server {server} ({kind} app {})",
             served.id
         );
         Ok(Session {
-            table: MicaPipeline::new(client, handle),
-            limits: KeyLimits {
-                key_cap: config.key_cap,
-                value_cap: config.value_cap,
-            },
+            table,
+            limits,
             app: served.id,
             server,
             tenant: tenant.to_string(),
@@ -388,20 +559,13 @@ impl Store for NaamStore {
                     continue;
                 }
                 let tag = u64::from(i);
-                let started = match op.kind {
-                    OpKind::Get => s.table.get(tag, &op.key),
-                    OpKind::Put => s.table.put(tag, &op.key, &op.value),
-                    OpKind::Update => s.table.update(tag, &op.key, &op.value),
-                    OpKind::Delete => s.table.delete(tag, &op.key),
-                    OpKind::IncrBy(by) => s.table.incr_by(tag, &op.key, by),
-                };
-                match started {
+                match s.table.start(tag, op) {
                     Ok(()) => flying[session] += 1,
-                    Err(e) => {
-                        if let MicaError::Client(ClientError::ServerGone { .. }) = &e {
-                            self.sessions[session].gone.get_or_insert_with(Instant::now);
+                    Err((outcome, gone)) => {
+                        if gone {
+                            s.gone.get_or_insert_with(Instant::now);
                         }
-                        op.outcome = failed(&e);
+                        op.outcome = outcome;
                         self.failed += 1;
                         left -= 1;
                         if let Some(next) = waiting.remove(&i) {
@@ -425,26 +589,14 @@ impl Store for NaamStore {
                     flying[t] -= 1;
                     left -= 1;
                     self.ran += 1;
-                    op.outcome = match result {
-                        Ok(MicaDone::Got(v)) => Outcome::Got(v),
-                        Ok(MicaDone::Put(existed))
-                        | Ok(MicaDone::Updated(existed))
-                        | Ok(MicaDone::Deleted(existed)) => Outcome::Wrote(existed),
-                        Ok(MicaDone::Counted(Some(n))) => Outcome::Counted(n),
-                        Ok(MicaDone::Counted(None)) => {
-                            Outcome::Failed(crate::store::NOT_AN_INTEGER.into())
-                        }
-                        Ok(other) => {
-                            Outcome::Failed(format!("ERR naam: unexpected answer {other:?}"))
-                        }
-                        Err(e) => {
-                            self.failed += 1;
-                            if let MicaError::Client(ClientError::ServerGone { .. }) = e {
-                                self.sessions[t].gone.get_or_insert_with(Instant::now);
-                            }
-                            failed(&e)
-                        }
-                    };
+                    let (outcome, gone) = outcome_of(result);
+                    if let Outcome::Failed(_) = outcome {
+                        self.failed += 1;
+                    }
+                    if gone {
+                        self.sessions[t].gone.get_or_insert_with(Instant::now);
+                    }
+                    op.outcome = outcome;
                     if let Some(next) = waiting.remove(&i) {
                         ready.extend(next);
                     }
@@ -464,7 +616,7 @@ impl Store for NaamStore {
         for (i, t) in self.tenants.iter().enumerate() {
             for &sid in &t.sessions {
                 let sess = &self.sessions[sid];
-                let counts = sess.table.transport_ref().transport_counts();
+                let counts = sess.table.transport_counts();
                 s.push_str(&format!(
                     "session{sid}:tenant={},tenant_index={i},server={},app={},window={},sent={},resends={},duplicates={}\r\n",
                     t.name,

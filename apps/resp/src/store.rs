@@ -38,6 +38,9 @@ pub enum OpKind {
     Delete,
     /// Add to the decimal integer the key holds (absent: 0), atomically.
     IncrBy(i64),
+    /// Up to this many keys in order, from the op's key (a decimal integer) on: `SCAN` on a
+    /// B-tree tenant.
+    Scan(usize),
 }
 
 /// What an op came to.
@@ -51,6 +54,8 @@ pub enum Outcome {
     Wrote(bool),
     /// An increment: the new value.
     Counted(i64),
+    /// A scan: the keys and values found, in key order.
+    Scanned(Vec<(Bytes, Bytes)>),
     /// Failed; the text is the RESP error's (without the leading `-`).
     Failed(String),
 }
@@ -161,6 +166,21 @@ impl Store for MemoryStore {
                     None => Outcome::Wrote(false),
                 },
                 OpKind::Delete => Outcome::Wrote(self.data.remove(&k).is_some()),
+                OpKind::Scan(count) => {
+                    // As a B-tree scans: the keys that are decimal integers, in numeric order.
+                    let number = |b: &[u8]| std::str::from_utf8(b).ok()?.parse::<u64>().ok();
+                    let from = number(&op.key).unwrap_or(u64::MAX);
+                    let mut keys: Vec<(u64, Bytes, Bytes)> = self
+                        .data
+                        .iter()
+                        .filter(|((t, _), _)| *t == op.tenant)
+                        .filter_map(|((_, k), v)| Some((number(k)?, k.clone(), v.clone())))
+                        .filter(|(n, _, _)| *n >= from)
+                        .collect();
+                    keys.sort();
+                    keys.truncate(count);
+                    Outcome::Scanned(keys.into_iter().map(|(_, k, v)| (k, v)).collect())
+                }
                 OpKind::IncrBy(by) => {
                     let old = match self.data.get(&k) {
                         Some(v) => parse_counter(v),

@@ -98,7 +98,8 @@ impl Server {
         let mut config = format!(
             "listen = \"{udp}\"\nresp_listen = \"{resp}\"\nreceive_loops = 1\n\
              [[app]]\nkind = \"mica\"\nid = 1\ncredential = \"mica.key\"\n\
-             items = 20000\nkey_cap = 32\nvalue_cap = 1100\n"
+             items = 20000\nkey_cap = 32\nvalue_cap = 1100\n\
+             [[app]]\nkind = \"btree\"\nid = 2\ncredential = \"mica.key\"\nkeys = 2000\n"
         );
         if let Some(text) = cluster {
             std::fs::write(d.join("cluster.toml"), text).expect("cluster file");
@@ -371,6 +372,35 @@ fn redis_cli_redis_benchmark_and_redis_py_speak_to_naam_server_and_bad_bytes_har
     assert!(
         redis_cli(&cli, s.resp, Some(&"0".repeat(64)), &["GET", "greeting"]).contains("NOAUTH")
     );
+    // The B-tree, as the same credential's other app: decimal keys, SET/GET/MGET and SCAN in
+    // key order with the next key as the cursor.
+    let bt = |args: &[&str]| {
+        let out = Command::new(&cli)
+            .args([
+                "-p",
+                &s.resp.port().to_string(),
+                "--user",
+                "btree",
+                "--pass",
+                &s.password,
+            ])
+            .arg("--no-auth-warning")
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        bt(&["MSET", "30", "3", "10", "1", "20", "2", "40", "4"]),
+        "OK\n"
+    );
+    assert_eq!(bt(&["GET", "20"]), "2\n");
+    assert_eq!(bt(&["MGET", "10", "15", "40"]), "1\n\n4\n");
+    assert_eq!(bt(&["SCAN", "0", "COUNT", "3"]), "31\n10\n20\n30\n");
+    assert_eq!(bt(&["SCAN", "31", "COUNT", "3"]), "0\n40\n");
+    assert!(bt(&["GET", "not-a-number"]).contains("decimal integers"));
+    assert!(bt(&["DEL", "10"]).contains("not supported on a B-tree"));
+    assert!(s.cli(&cli, &["SCAN", "0"]).contains("no key order"));
     // Pipelining: redis-cli --pipe writes 5,000 commands without waiting for answers.
     let mut pipe = command(&["AUTH", "mica", &s.password]);
     for i in 0..5000 {
