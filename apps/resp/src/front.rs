@@ -83,8 +83,9 @@ pub struct Connection<T> {
     name: Option<Bytes>,
     closing: bool,
     queue: VecDeque<Awaiting>,
-    /// The last op of this round on each key, and the round it is of.
-    last_op: HashMap<Bytes, u32>,
+    /// The last op of this round on each key, and the round it is of (foldhash: every op
+    /// hashes its key here).
+    last_op: HashMap<Bytes, u32, foldhash::fast::RandomState>,
     round: u64,
     /// Commands taken this round.
     pub taken: usize,
@@ -100,7 +101,7 @@ impl<T: Copy + Eq + std::fmt::Debug> Connection<T> {
             name: None,
             closing: false,
             queue: VecDeque::new(),
-            last_op: HashMap::new(),
+            last_op: HashMap::default(),
             round: u64::MAX,
             taken: 0,
         }

@@ -1126,6 +1126,32 @@ mod tests {
     }
 
     #[test]
+    fn the_resp_keys_parse_and_a_cluster_file_needs_a_resp_address() {
+        let app = "[[app]]\nkind=\"mica\"\nid=1\nitems=1\ncredential=\"k\"\n";
+        let c = Config::parse(&format!(
+            "listen = \"127.0.0.1:1\"\nresp_listen = \"127.0.0.1:6379\"\nresp_path = \"inline\"\n{app}"
+        ))
+        .unwrap();
+        assert_eq!(c.resp_listen, Some("127.0.0.1:6379".parse().unwrap()));
+        assert_eq!(c.resp_path, RespPath::Inline);
+        let c = Config::parse(&format!("listen = \"127.0.0.1:1\"\n{app}")).unwrap();
+        assert_eq!((c.resp_listen, c.resp_path), (None, RespPath::Udp));
+        for (text, needle) in [
+            (
+                "resp_cluster = \"c.toml\"\n",
+                "resp_cluster needs resp_listen",
+            ),
+            ("resp_path = \"tcp\"\n", "resp_path"),
+            ("resp_listen = \"nowhere\"\n", "resp_listen"),
+        ] {
+            let e = Config::parse(&format!("listen = \"127.0.0.1:1\"\n{text}{app}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(needle), "{text}: {e}");
+        }
+    }
+
+    #[test]
     fn wrong_configs_say_what_is_wrong() {
         for (text, needle) in [
             ("listen = \"x\"", "listen"),
