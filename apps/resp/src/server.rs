@@ -31,6 +31,10 @@ const TICK: Duration = Duration::from_millis(50);
 /// Bytes read from a socket at a time.
 const READ_CHUNK: usize = 64 << 10;
 
+/// The most a closing connection's peer may send after its answer before the connection is
+/// closed regardless.
+const LINGER_BYTES: usize = 16 << 20;
+
 /// What a front served, for its log line at the end.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServeStats {
@@ -55,6 +59,14 @@ struct Client<T> {
     gone: bool,
     /// Registered for writability (output is waiting on the kernel).
     writing: bool,
+    /// The write side is shut (a closing connection, answered).
+    shut: bool,
+    /// Bytes read and dropped since the connection began closing.
+    discarded: usize,
+    /// Reading stopped at a limit (input or unsent output full) with the socket perhaps not
+    /// drained: read again once the limit clears, since the kernel (edge-triggered) says
+    /// nothing more about bytes it already holds.
+    paused: bool,
 }
 
 /// Binds the front's listening socket (at start, so that a port in use is an error then).
@@ -141,6 +153,9 @@ pub fn serve<S: Store>(
                 more.push(false);
                 continue;
             };
+            if c.paused {
+                fill(c, front, &mut scratch);
+            }
             more.push(take_commands(
                 c,
                 front,
@@ -161,6 +176,17 @@ pub fn serve<S: Store>(
             c.conn.finish(&ops, &mut c.output);
             flush(c);
             let done = c.sent == c.output.len();
+            if done && c.conn.closing() && !c.gone && c.discarded < LINGER_BYTES {
+                // Answered (QUIT, or the error that ends a protocol violation): the write side
+                // closes after the answer, and what the client still sends is read and dropped
+                // until it closes too. Closing at once, with its bytes unread, would reset the
+                // connection, and a reset can drop the answer before the client reads it.
+                if !c.shut {
+                    let _ = c.stream.shutdown(std::net::Shutdown::Write);
+                    c.shut = true;
+                }
+                continue;
+            }
             if done && (c.conn.closing() || (c.gone && !more)) {
                 let mut c = clients[i].take().expect("checked above");
                 let _ = poll.registry().deregister(&mut c.stream);
@@ -245,18 +271,52 @@ fn accept_all<S: Store>(
             sent: 0,
             gone: false,
             writing: false,
+            paused: false,
+            shut: false,
+            discarded: 0,
         });
         *next_id += 1;
     }
+}
+
+/// The most unparsed input a connection may have: one largest bulk string and its headers, and
+/// a read's worth more. A command that does not fit (many large arguments) is refused.
+fn query_cap(front: &FrontConfig) -> usize {
+    front.limits.max_bulk + front.limits.max_inline + READ_CHUNK
 }
 
 /// Reads what the socket holds, unless the connection's input or output is already full.
 /// Through `scratch` (zeroed once, shared by the loop's connections): reading into the
 /// input's own spare room needed it zeroed first, 64 KiB per read (2.7% of the front's time
 /// under redis-benchmark -P 16 -c 50).
-fn fill<T>(c: &mut Client<T>, front: &FrontConfig, scratch: &mut [u8]) {
-    let cap = front.limits.max_bulk + front.limits.max_inline + READ_CHUNK;
-    while !c.gone && c.input.len() < cap && c.output.len() - c.sent < front.max_output {
+fn fill<T: Copy + Eq + std::fmt::Debug>(
+    c: &mut Client<T>,
+    front: &FrontConfig,
+    scratch: &mut [u8],
+) {
+    let cap = query_cap(front);
+    c.paused = false;
+    if c.conn.closing() {
+        // Nothing more is taken: read and drop, until the peer closes or has sent too much.
+        while !c.gone && c.discarded < LINGER_BYTES {
+            match c.stream.read(scratch) {
+                Ok(0) => c.gone = true,
+                Ok(n) => c.discarded += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => c.gone = true,
+            }
+        }
+        return;
+    }
+    loop {
+        if c.gone {
+            return;
+        }
+        if c.input.len() >= cap || c.output.len() - c.sent >= front.max_output {
+            c.paused = true;
+            return;
+        }
         match c.stream.read(scratch) {
             Ok(0) => c.gone = true,
             Ok(n) => {
@@ -299,6 +359,18 @@ fn take_commands<S: Store>(
                     .command(front, round, args, store, ops, &mut c.output);
                 taken += 1;
                 stats.commands += 1;
+            }
+            Ok(None) if c.input.len() >= query_cap(front) => {
+                stats.protocol_errors += 1;
+                let e = crate::codec::ProtocolError::TooLarge {
+                    what: "unfinished command",
+                    len: c.input.len() as u64,
+                    limit: query_cap(front),
+                };
+                tracing::debug!("RESP connection {}: {e}; closing it", c.conn.id);
+                c.conn.protocol_error(&e, &mut c.output);
+                c.input.clear();
+                break;
             }
             Ok(None) => break,
             Err(e) => {

@@ -225,22 +225,44 @@ fn exchange(at: SocketAddr, bytes: &[u8]) -> std::io::Result<Vec<u8>> {
     }
 }
 
-/// Sends `commands` pipelined on one connection and reads one answer per command.
-fn ask(at: SocketAddr, commands: &[Vec<u8>]) -> Vec<Frame> {
-    let mut s = TcpStream::connect_timeout(&at, Duration::from_secs(1)).expect("connects");
+/// As [`ask`], with the client writing everything (from another thread) and reading nothing
+/// for `wait` first: the server's output for it piles up.
+fn ask_slowly(at: SocketAddr, commands: &[Vec<u8>], wait: Duration) -> Vec<Frame> {
+    let s = TcpStream::connect_timeout(&at, Duration::from_secs(1)).expect("connects");
+    let mut w = s.try_clone().unwrap();
+    let all = commands.concat();
+    let writer = std::thread::spawn(move || w.write_all(&all));
+    std::thread::sleep(wait);
+    let frames = read_answers(s, commands.len());
+    writer.join().unwrap().expect("all written");
+    frames
+}
+
+fn read_answers(mut s: TcpStream, n: usize) -> Vec<Frame> {
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&commands.concat()).unwrap();
-    let (mut buf, mut frames, mut chunk) = (Vec::new(), Vec::new(), [0u8; 4096]);
-    while frames.len() < commands.len() {
-        let n = s.read(&mut chunk).expect("an answer within 10 s");
-        assert!(n > 0, "closed after {} answers", frames.len());
-        buf.extend_from_slice(&chunk[..n]);
-        while let Some((f, used)) = parse_frame(&buf, &Limits::default()).expect("RESP") {
+    let (mut buf, mut frames, mut chunk) = (Vec::new(), Vec::new(), vec![0u8; 1 << 16]);
+    let mut at = 0;
+    while frames.len() < n {
+        let got = s.read(&mut chunk).expect("an answer within 10 s");
+        assert!(got > 0, "closed after {} answers", frames.len());
+        buf.extend_from_slice(&chunk[..got]);
+        while let Some((f, used)) = parse_frame(&buf[at..], &Limits::default()).expect("RESP") {
             frames.push(f);
-            buf.drain(..used);
+            at += used;
+        }
+        if at > (1 << 20) {
+            buf.drain(..at);
+            at = 0;
         }
     }
     frames
+}
+
+/// Sends `commands` pipelined on one connection and reads one answer per command.
+fn ask(at: SocketAddr, commands: &[Vec<u8>]) -> Vec<Frame> {
+    let mut s = TcpStream::connect_timeout(&at, Duration::from_secs(1)).expect("connects");
+    s.write_all(&commands.concat()).unwrap();
+    read_answers(s, commands.len())
 }
 
 fn key() -> naam_runtime::proto::session::Credential {
@@ -325,6 +347,29 @@ fn redis_cli_redis_benchmark_and_redis_py_speak_to_naam_server_and_bad_bytes_har
             String::from_utf8_lossy(&r)
         );
     }
+    // A command larger than a connection's input may hold (two 1 MiB arguments) closes that
+    // connection with the limit; it does not wait for bytes that could never be parsed.
+    let mut huge = command(&["AUTH", "mica", &s.password]);
+    let mb = "x".repeat(1 << 20);
+    huge.extend(command(&["MSET", "h1", &mb, "h2", &mb]));
+    let r = exchange(s.resp, &huge).expect("an answer");
+    assert!(
+        String::from_utf8_lossy(&r).starts_with("+OK\r\n-ERR Protocol error: unfinished command"),
+        "{:?}",
+        String::from_utf8_lossy(&r[..r.len().min(200)])
+    );
+    // A client that writes 6,000 pipelined GETs of a 1 KB value (6 MB of answers, over the
+    // 4 MiB a connection may leave unsent) before it reads a byte gets every answer, in order.
+    let mut setup = command(&["AUTH", "mica", &s.password]);
+    setup.extend(command(&["SET", "kb", &"v".repeat(1024)]));
+    let gets: Vec<Vec<u8>> = std::iter::once(setup)
+        .chain((0..6000).map(|_| command(&["GET", "kb"])))
+        .collect();
+    let answers = ask_slowly(s.resp, &gets, Duration::from_millis(300));
+    assert_eq!(answers.len(), 6002);
+    assert!(answers[2..]
+        .iter()
+        .all(|f| matches!(f, Frame::Bulk(b) if b.len() == 1024)));
     let noauth = exchange(s.resp, &command(&["GET", "k"])).unwrap();
     assert_eq!(noauth, b"-NOAUTH Authentication required.\r\n");
     let Some(cli) = tool("redis-cli") else { return };
