@@ -592,7 +592,7 @@ fn info_text<T: Copy + Eq + std::fmt::Debug, S: Store<Tenant = T>>(
         conn.id,
         conn.protocol(),
         u8::from(front.cluster.is_some()),
-        store.info(),
+        store.info(conn.tenant),
     )
 }
 

@@ -249,6 +249,9 @@ struct Tenant {
     credential: [u8; CREDENTIAL_LEN],
     sessions: Vec<usize>,
     limits: KeyLimits,
+    /// Its ops answered, and those that failed, since it authenticated (its `INFO`).
+    ran: u64,
+    failed: u64,
 }
 
 /// The NAAM store: one [`MicaPipeline`] per authenticated tenant and server.
@@ -257,9 +260,6 @@ pub struct NaamStore {
     sessions: Vec<Session>,
     tenants: Vec<Tenant>,
     default: Option<usize>,
-    /// Ops run, and ops that failed, since the start (`INFO`).
-    ran: u64,
-    failed: u64,
 }
 
 impl std::fmt::Debug for NaamStore {
@@ -294,8 +294,6 @@ impl NaamStore {
             sessions: Vec::new(),
             tenants: Vec::new(),
             default: None,
-            ran: 0,
-            failed: 0,
         };
         if let Some((tenant, credential)) = s.config.default_tenant.clone() {
             s.default = Some(s.open(&tenant, credential)?);
@@ -326,6 +324,8 @@ impl NaamStore {
             credential: secret_bytes(&credential),
             sessions,
             limits,
+            ran: 0,
+            failed: 0,
         });
         Ok(self.tenants.len() - 1)
     }
@@ -547,7 +547,7 @@ impl Store for NaamStore {
                         s.server,
                         RECONNECT_EVERY.as_secs()
                     ));
-                    self.failed += 1;
+                    self.tenants[op.tenant].failed += 1;
                     left -= 1;
                     if let Some(next) = waiting.remove(&i) {
                         ready.extend(next);
@@ -566,7 +566,7 @@ impl Store for NaamStore {
                             s.gone.get_or_insert_with(Instant::now);
                         }
                         op.outcome = outcome;
-                        self.failed += 1;
+                        self.tenants[op.tenant].failed += 1;
                         left -= 1;
                         if let Some(next) = waiting.remove(&i) {
                             ready.extend(next);
@@ -588,10 +588,11 @@ impl Store for NaamStore {
                     };
                     flying[t] -= 1;
                     left -= 1;
-                    self.ran += 1;
                     let (outcome, gone) = outcome_of(result);
+                    let tenant = &mut self.tenants[op.tenant];
+                    tenant.ran += 1;
                     if let Outcome::Failed(_) = outcome {
-                        self.failed += 1;
+                        tenant.failed += 1;
                     }
                     if gone {
                         self.sessions[t].gone.get_or_insert_with(Instant::now);
@@ -605,29 +606,34 @@ impl Store for NaamStore {
         }
     }
 
-    fn info(&self) -> String {
+    fn info(&self, tenant: Option<usize>) -> String {
+        // Only the asking tenant's own sessions and counts: another tenant's name, servers or
+        // traffic are not this one's to see.
+        let Some(t) = tenant.and_then(|t| self.tenants.get(t)) else {
+            return format!(
+                "store:naam\r\nnaam_servers:{}\r\n",
+                self.config.servers.len()
+            );
+        };
         let mut s = format!(
-            "store:naam\r\nnaam_servers:{}\r\nsessions:{}\r\nops_run:{}\r\nops_failed:{}\r\n",
+            "store:naam\r\nnaam_servers:{}\r\ntenant:{}\r\nops_run:{}\r\nops_failed:{}\r\n",
             self.config.servers.len(),
-            self.sessions.len(),
-            self.ran,
-            self.failed
+            t.name,
+            t.ran,
+            t.failed
         );
-        for (i, t) in self.tenants.iter().enumerate() {
-            for &sid in &t.sessions {
-                let sess = &self.sessions[sid];
-                let counts = sess.table.transport_counts();
-                s.push_str(&format!(
-                    "session{sid}:tenant={},tenant_index={i},server={},app={},window={},sent={},resends={},duplicates={}\r\n",
-                    t.name,
-                    sess.server,
-                    sess.app,
-                    sess.table.window(),
-                    counts.sent,
-                    counts.resends,
-                    counts.duplicates
-                ));
-            }
+        for (k, &sid) in t.sessions.iter().enumerate() {
+            let sess = &self.sessions[sid];
+            let counts = sess.table.transport_counts();
+            s.push_str(&format!(
+                "session{k}:server={},app={},window={},sent={},resends={},duplicates={}\r\n",
+                sess.server,
+                sess.app,
+                sess.table.window(),
+                counts.sent,
+                counts.resends,
+                counts.duplicates
+            ));
         }
         s
     }

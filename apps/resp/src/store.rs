@@ -103,8 +103,9 @@ pub trait Store {
     /// finished, all others in any order or together.
     fn run(&mut self, ops: &mut [Op<Self::Tenant>]);
 
-    /// Lines for `INFO` about the store (`key:value`, CRLF-separated, no section header).
-    fn info(&self) -> String;
+    /// Lines for `INFO` about the store as `tenant` may see it (`key:value`, CRLF-separated,
+    /// no section header): nothing of other tenants.
+    fn info(&self, tenant: Option<Self::Tenant>) -> String;
 }
 
 /// Parses a value as Redis's counters are: a decimal 64-bit integer with no spaces.
@@ -198,7 +199,8 @@ impl Store for MemoryStore {
         }
     }
 
-    fn info(&self) -> String {
-        format!("store:memory\r\nkeys:{}\r\n", self.data.len())
+    fn info(&self, tenant: Option<usize>) -> String {
+        let keys = self.data.keys().filter(|(t, _)| Some(*t) == tenant).count();
+        format!("store:memory\r\nkeys:{keys}\r\n")
     }
 }

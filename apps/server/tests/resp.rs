@@ -446,6 +446,12 @@ fn redis_cli_redis_benchmark_and_redis_py_speak_to_naam_server_and_bad_bytes_har
     assert!(bt(&["GET", "not-a-number"]).contains("decimal integers"));
     assert!(bt(&["DEL", "10"]).contains("not supported on a B-tree"));
     assert!(s.cli(&cli, &["SCAN", "0"]).contains("no key order"));
+    // INFO shows a tenant its own sessions only: not the B-tree tenant's, which is connected.
+    let info = s.cli(&cli, &["INFO"]);
+    assert!(
+        info.contains("tenant:mica") && !info.contains("btree"),
+        "{info}"
+    );
     // Pipelining: redis-cli --pipe writes 5,000 commands without waiting for answers.
     let mut pipe = command(&["AUTH", "mica", &s.password]);
     for i in 0..5000 {
