@@ -87,8 +87,6 @@ pub struct Connection<T> {
     /// hashes its key here).
     last_op: HashMap<Bytes, u32, foldhash::fast::RandomState>,
     round: u64,
-    /// Commands taken this round.
-    pub taken: usize,
 }
 
 impl<T: Copy + Eq + std::fmt::Debug> Connection<T> {
@@ -103,7 +101,6 @@ impl<T: Copy + Eq + std::fmt::Debug> Connection<T> {
             queue: VecDeque::new(),
             last_op: HashMap::default(),
             round: u64::MAX,
-            taken: 0,
         }
     }
 
@@ -166,9 +163,7 @@ impl<T: Copy + Eq + std::fmt::Debug> Connection<T> {
         if self.round != round {
             self.round = round;
             self.last_op.clear();
-            self.taken = 0;
         }
-        self.taken += 1;
         if args.is_empty() {
             return;
         }

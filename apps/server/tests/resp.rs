@@ -55,6 +55,23 @@ fn python() -> Option<PathBuf> {
     Some(p)
 }
 
+/// Runs resp_clients.py's `mode` checks with redis-py against the RESP port `port` as tenant
+/// `mica` (skipped outside CI when redis-py is missing).
+fn redis_py(mode: &str, port: u16, password: &str) {
+    let Some(py) = python() else { return };
+    let out = Command::new(py)
+        .arg(repo().join("apps/server/tests/resp_clients.py"))
+        .args([mode, "127.0.0.1", &port.to_string(), "mica", password])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "redis-py {mode}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A loopback port free a moment ago (TCP and UDP alike are tried), never handed out before
 /// in this process.
 fn free_port() -> u16 {
@@ -510,25 +527,7 @@ fn redis_cli_redis_benchmark_and_redis_py_speak_to_naam_server_and_bad_bytes_har
             keys.len()
         );
     }
-    if let Some(py) = python() {
-        let out = Command::new(py)
-            .arg(repo().join("apps/server/tests/resp_clients.py"))
-            .args([
-                "single",
-                "127.0.0.1",
-                &s.resp.port().to_string(),
-                "mica",
-                &s.password,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "redis-py: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    redis_py("single", s.resp.port(), &s.password);
 }
 
 #[test]
@@ -608,25 +607,7 @@ fn three_naam_servers_are_one_redis_cluster_for_unmodified_clients_and_for_the_g
             assert!(text.contains("SET:") && text.contains("GET:"), "{text}");
         }
     }
-    if let Some(py) = python() {
-        let out = Command::new(py)
-            .arg(repo().join("apps/server/tests/resp_clients.py"))
-            .args([
-                "cluster",
-                "127.0.0.1",
-                &resp[1].to_string(),
-                "mica",
-                &n0.password,
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "redis-py cluster: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    redis_py("cluster", resp[1], &n0.password);
     // The gateway: one standalone server to its clients, each key sent to its slot's
     // naam-server as a NAAM client (no AUTH: it runs as the tenant of its credential).
     let dir = tempfile::tempdir().unwrap();
