@@ -126,6 +126,7 @@ pub fn auth_cost(out: &Path, c: &AuthCostConfig) -> anyhow::Result<serde_json::V
                     executors: (1, 1),
                     fabric: "udp".into(),
                     server: Some(d.server),
+                    shards: Vec::new(),
                     run: Default::default(),
                 };
                 run_udp_with(&cfg, client, &|_, _| {})

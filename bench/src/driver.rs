@@ -99,8 +99,12 @@ pub struct YcsbConfig {
     pub executors: (usize, usize),
     /// Fabric (`inproc` or `udp`).
     pub fabric: String,
-    /// The server (`udp`).
+    /// The server (`udp`; with shards, the first of them).
     pub server: Option<std::net::SocketAddr>,
+    /// The servers of a sharded run (`--server A,B,C`, `--cluster FILE`) and their hash
+    /// slots; empty for one server.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<crate::sharded::Shard>,
     /// Phases, pacing, time limit and what is reported while running.
     pub run: RunOptions,
 }
@@ -845,6 +849,62 @@ fn run_udp_on(
     let mut setup = UdpSetup::with_config(cfg.app, client)?;
     tracing::debug!(server = %setup.config.server, app = setup.app.id, "connected to naam-server");
     setup.rdma = rdma;
+    let make = udp_store_factory(cfg, &setup, records_needed(cfg))?;
+    run_phases(cfg, make, Some(&setup.metrics), progress, mode)
+}
+
+/// Runs `cfg` over the UDP fabric against every server of `cfg.shards`, each operation sent
+/// to the server of its key's hash slot (see [`crate::sharded`]); one set of metrics for all.
+pub fn run_udp_sharded(
+    cfg: &YcsbConfig,
+    progress: &(dyn Fn(u64, u64) + Sync),
+) -> anyhow::Result<YcsbResult> {
+    check(cfg)?;
+    let rdma = (cfg.fabric == "rdma").then(rdma_device).transpose()?;
+    let route = Arc::new(crate::sharded::SlotRoute::new(
+        &cfg.shards,
+        cfg.app,
+        cfg.workload.naming,
+    )?);
+    // Each server must hold the records of its slots, counted exactly.
+    let per_shard = route.counts(cfg.shards.len(), records_needed(cfg));
+    let metrics = Arc::new(naam_runtime::Metrics::default());
+    let mut makes = Vec::with_capacity(cfg.shards.len());
+    for (shard, needed) in cfg.shards.iter().zip(per_shard) {
+        let mut client = crate::udp_client::config(shard.server, cfg.app.kind())?;
+        client.pin = match cfg.placement {
+            PlacementChoice::Auto => None,
+            PlacementChoice::Fixed(p) => Some(p),
+        };
+        let mut setup = UdpSetup::with_config(cfg.app, client)?;
+        setup.metrics = metrics.clone();
+        // An `Arc` with the `verbs` feature, `Infallible` (and `Copy`) without it.
+        #[allow(clippy::clone_on_copy)]
+        {
+            setup.rdma = rdma.clone();
+        }
+        makes.push(udp_store_factory(cfg, &setup, needed)?);
+    }
+    let make: StoreFactory = Arc::new(move || {
+        let stores = makes
+            .iter()
+            .map(|m| m())
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(
+            Box::new(crate::sharded::ShardedStore::new(stores, route.clone()))
+                as Box<dyn Store + Send>,
+        )
+    });
+    run_phases(cfg, make, Some(&metrics), progress, udp_mode(cfg))
+}
+
+/// Makes the store of each client thread of a run against `setup`'s server, after checking
+/// that its table holds `needed` records.
+fn udp_store_factory(
+    cfg: &YcsbConfig,
+    setup: &UdpSetup,
+    needed: u64,
+) -> anyhow::Result<StoreFactory> {
     let connect = {
         let setup = setup.clone();
         move || setup.connect()
@@ -852,12 +912,13 @@ fn run_udp_on(
     let naming = cfg.workload.naming;
     // A table too small for the run would lose records (MICA's log wraps) or fill up (the
     // B-tree): refuse before loading anything.
-    let (held, needed) = (setup.holds()?, records_needed(cfg));
+    let held = setup.holds()?;
     if needed > held {
         bail!(
-            "naam-server's {} app {} holds about {held} items; this run needs {needed} \
-             ({} records plus the inserts it may make): give it `{} = {needed}` or more in \
-             naam-server's config, or load fewer records",
+            "naam-server {}'s {} app {} holds about {held} items; this run needs {needed} \
+             there ({} records in all plus the inserts it may make): give it `{} = {needed}` \
+             or more in naam-server's config, or load fewer records",
+            setup.config.server,
             cfg.app.kind(),
             setup.app.id,
             cfg.records,
@@ -910,7 +971,7 @@ fn run_udp_on(
             })
         }
     };
-    run_phases(cfg, make, Some(&setup.metrics), progress, mode)
+    Ok(make)
 }
 
 /// What every UDP client thread of a run shares: the server's app, the handler object it runs,

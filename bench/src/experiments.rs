@@ -103,6 +103,7 @@ impl Fabric {
                 let cfg = YcsbConfig {
                     fabric: "udp".into(),
                     server: Some(server),
+                    shards: Vec::new(),
                     ..cfg
                 };
                 run_udp(&cfg, server, &|_, _| {})
@@ -434,6 +435,7 @@ pub fn capacity(
                 executors: (1, nic_executors),
                 fabric: "inproc".into(),
                 server: None,
+                shards: Vec::new(),
                 run: Default::default(),
             };
             let r = fabric.ycsb(cfg)?;

@@ -15,6 +15,7 @@ pub mod phase;
 pub mod plot;
 pub mod properties;
 pub mod report;
+pub mod sharded;
 pub mod sim;
 pub mod udp_ceiling;
 pub mod udp_client;

@@ -592,6 +592,9 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             // is printed, the JSON and HDR logs written, and the exit code is 130.
             naam_bench::phase::stop_on(naam_runtime::udp::stop_flag());
             let result = match cfg.server {
+                Some(_) if !cfg.shards.is_empty() => {
+                    naam_bench::driver::run_udp_sharded(&cfg, &|_, _| {})?
+                }
                 Some(addr) => run_udp(&cfg, addr, &|_, _| {})?,
                 None if cfg.fabric == "inproc-endpoints" => {
                     naam_bench::driver::run_inproc_endpoints(&cfg, &|_, _| {})?
@@ -785,6 +788,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
                     executors: (1, 1),
                     fabric: "inproc".into(),
                     server: None,
+                    shards: Vec::new(),
                     run: Default::default(),
                 };
                 let naam = run_inproc(&cfg, &|_, _| {})?;

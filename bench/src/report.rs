@@ -271,6 +271,7 @@ pub fn json(r: &YcsbResult, command: &str, handler_names: &[(u32, String)]) -> V
             },
             "fabric": c.fabric,
             "server": c.server.map(|s| s.to_string()),
+            "shards": c.shards,
             "host_executors": c.executors.0,
             "nic_executors": c.executors.1,
             "seed": c.seed,

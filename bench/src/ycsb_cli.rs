@@ -65,9 +65,16 @@ pub struct YcsbArgs {
     /// `verbs` feature and an RDMA device).
     #[arg(long, default_value = "inproc")]
     pub fabric: String,
-    /// naam-server's address (with --fabric udp or rdma).
-    #[arg(value_parser = naam_runtime::addr::parse, long)]
-    pub server: Option<std::net::SocketAddr>,
+    /// naam-server's address (with --fabric udp or rdma). Several, comma-separated
+    /// (`A,B,C`): the records are sharded over them by Redis Cluster hash slot, the slots
+    /// split as `redis-cli --cluster create` splits them, in the order given.
+    #[arg(value_parser = naam_runtime::addr::parse, long, value_delimiter = ',')]
+    pub server: Vec<std::net::SocketAddr>,
+    /// A cluster file (naam-server's `resp_cluster`): the records sharded over its nodes'
+    /// `naam` addresses by the slots it gives them (with --fabric udp or rdma; not with
+    /// --server).
+    #[arg(long, value_name = "FILE", conflicts_with = "server")]
+    pub cluster: Option<PathBuf>,
     /// Host executor threads (in-process cluster).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
     pub host_executors: u64,
@@ -223,7 +230,21 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
         Some("run") => Phases::Run,
         _ => Phases::Both,
     };
-    if phases != Phases::Both && args.server.is_none() {
+    let shards = match (&args.cluster, args.server.len()) {
+        (Some(path), _) => {
+            crate::sharded::cluster_file_shards(path).map_err(|e| format!("--cluster: {e:#}"))?
+        }
+        (None, 0 | 1) => Vec::new(),
+        (None, _) => crate::sharded::even_shards(&args.server).map_err(|e| e.to_string())?,
+    };
+    let server = shards
+        .first()
+        .map(|s| s.server)
+        .or(args.server.first().copied());
+    if args.cluster.is_some() && args.fabric.as_str() == "inproc" {
+        return Err("--cluster shards over naam-servers: give --fabric udp (or rdma)".into());
+    }
+    if phases != Phases::Both && server.is_none() {
         return Err(format!(
             "`ycsb {}` alone needs a server that keeps the records between commands (--fabric \
              udp --server ADDR); the in-process cluster lives for one command: omit the phase \
@@ -232,7 +253,7 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
         ));
     }
     let checked_fabric =
-        match (args.fabric.as_str(), args.server) {
+        match (args.fabric.as_str(), server) {
             ("rdma", _) => "udp",
             // One process like inproc: it starts its own deployment.
             ("inproc-endpoints", None) => "inproc",
@@ -248,7 +269,7 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
                 ))
             }
         };
-    crate::experiments::Fabric::parse(checked_fabric, args.server).map_err(|e| e.to_string())?;
+    crate::experiments::Fabric::parse(checked_fabric, server).map_err(|e| e.to_string())?;
     let mut workload = settings.workload;
     workload.name = name;
     let config = YcsbConfig {
@@ -263,7 +284,8 @@ pub fn plan(args: &YcsbArgs) -> Result<Planned, String> {
         seed: args.seed,
         executors: (args.host_executors as usize, args.nic_executors as usize),
         fabric: args.fabric.clone(),
-        server: args.server,
+        server,
+        shards,
         run: RunOptions {
             phases,
             target_ops_per_sec: settings.target_ops_per_sec,

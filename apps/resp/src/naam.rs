@@ -69,13 +69,7 @@ impl NaamStoreConfig {
     /// order), each key's op sent to the server of its slot.
     pub fn cluster(servers: Vec<SocketAddr>, map: &crate::slots::ClusterMap) -> Self {
         let index: Vec<u16> = (0..crate::slots::SLOTS)
-            .map(|slot| {
-                let owner = map.owner(slot);
-                map.nodes()
-                    .iter()
-                    .position(|n| n.addr == owner.addr)
-                    .unwrap_or(0) as u16
-            })
+            .map(|slot| map.owner_index(slot) as u16)
             .collect();
         NaamStoreConfig {
             servers,

@@ -13,21 +13,55 @@ use crate::codec::Frame;
 /// Slots in Redis Cluster's key space.
 pub const SLOTS: u16 = 16_384;
 
-/// CRC16/XMODEM (polynomial 0x1021, initial value 0), the checksum Redis Cluster hashes keys
-/// with.
-pub fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
+/// CRC16/XMODEM's value for each byte value, built at compile time (one lookup per byte of a
+/// key: naam-bench routes every operation by it, the front checks every key's slot).
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
             crc = if crc & 0x8000 != 0 {
                 (crc << 1) ^ 0x1021
             } else {
                 crc << 1
             };
+            bit += 1;
         }
+        table[i] = crc;
+        i += 1;
     }
-    crc
+    table
+};
+
+/// CRC16/XMODEM (polynomial 0x1021, initial value 0), the checksum Redis Cluster hashes keys
+/// with.
+pub fn crc16(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0u16, |crc, &b| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+/// The slot ranges `redis-cli --cluster create` gives `nodes` primaries: 16,384 / `nodes`
+/// slots each (rounded to the nearest slot, the last node up to 16,383), in node order. For 3
+/// nodes: 0-5460, 5461-10922, 10923-16383. `nodes` is at least 1 and at most [`SLOTS`].
+pub fn even_ranges(nodes: usize) -> Vec<(u16, u16)> {
+    let nodes = nodes.clamp(1, usize::from(SLOTS));
+    let per_node = f64::from(SLOTS) / nodes as f64;
+    let mut out = Vec::with_capacity(nodes);
+    let (mut first, mut cursor) = (0u16, 0f64);
+    for i in 0..nodes {
+        let mut last = (cursor + per_node - 1.0).round() as u16;
+        if last >= SLOTS || i == nodes - 1 {
+            last = SLOTS - 1;
+        }
+        last = last.max(first);
+        out.push((first, last));
+        first = last + 1;
+        cursor += per_node;
+    }
+    out
 }
 
 /// The slot of `key`: of its hash tag when it has one (the bytes between its first `{` and
@@ -193,6 +227,11 @@ impl ClusterMap {
         &self.nodes[self.owner[usize::from(slot % SLOTS)] as usize]
     }
 
+    /// The position in [`ClusterMap::nodes`] of the node serving `slot`.
+    pub fn owner_index(&self, slot: u16) -> usize {
+        usize::from(self.owner[usize::from(slot % SLOTS)])
+    }
+
     /// Whether this node serves `slot`.
     pub fn is_mine(&self, slot: u16) -> bool {
         usize::from(self.owner[usize::from(slot % SLOTS)]) == self.me
@@ -352,10 +391,57 @@ mod tests {
         assert_eq!(key_slot(b"foo"), 12182);
         assert_eq!(key_slot(b"bar"), 5061);
         assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        // The table-driven CRC against the bitwise definition.
+        let bitwise = |bytes: &[u8]| {
+            let mut crc: u16 = 0;
+            for &b in bytes {
+                crc ^= u16::from(b) << 8;
+                for _ in 0..8 {
+                    crc = if crc & 0x8000 != 0 {
+                        (crc << 1) ^ 0x1021
+                    } else {
+                        crc << 1
+                    };
+                }
+            }
+            crc
+        };
+        for key in [&b""[..], b"a", b"user6284781860667377211", &[0xff; 40]] {
+            assert_eq!(crc16(key), bitwise(key), "{key:?}");
+        }
         assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}"));
         assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % SLOTS);
         assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
         assert_eq!(key_slot(b"foo{bar}{zap}"), key_slot(b"bar"));
+    }
+
+    #[test]
+    fn even_ranges_are_redis_clis_and_cover_every_slot_once() {
+        // What `redis-cli --cluster create` assigns three and five primaries.
+        assert_eq!(
+            even_ranges(3),
+            vec![(0, 5460), (5461, 10922), (10923, 16383)]
+        );
+        assert_eq!(
+            even_ranges(5),
+            vec![
+                (0, 3276),
+                (3277, 6553),
+                (6554, 9829),
+                (9830, 13106),
+                (13107, 16383)
+            ]
+        );
+        assert_eq!(even_ranges(1), vec![(0, 16383)]);
+        for n in [2, 7, 100, 16_383, 16_384] {
+            let r = even_ranges(n);
+            assert_eq!(r.len(), n);
+            assert_eq!(r[0].0, 0);
+            assert_eq!(r[n - 1].1, SLOTS - 1);
+            assert!(r
+                .windows(2)
+                .all(|w| w[1].0 == w[0].1 + 1 && w[0].0 <= w[0].1));
+        }
     }
 
     #[test]

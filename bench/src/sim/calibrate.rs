@@ -292,6 +292,7 @@ fn stack_read(ops: u64) -> anyhow::Result<f64> {
         executors: (1, 1),
         fabric: "udp".into(),
         server: Some(d.server),
+        shards: Vec::new(),
         run: Default::default(),
     };
     let r = run_udp_with(&cfg, d.client_config(), &|_, _| {});

@@ -22,6 +22,7 @@ pub(crate) fn small_run(app: App, w: char, placement: PlacementChoice, fabric: &
         executors: (1, 1),
         fabric: fabric.into(),
         server: None,
+        shards: Vec::new(),
         run: Default::default(),
     }
 }
