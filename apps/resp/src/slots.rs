@@ -175,8 +175,8 @@ pub struct ClusterMap {
 }
 
 impl ClusterMap {
-    /// Checks `nodes` (every slot served exactly once, distinct addresses and ids) and finds
-    /// `me` among them by its RESP address.
+    /// Checks `nodes` (ranges within 0-16383, every slot served exactly once, distinct
+    /// addresses and ids) and finds `me` among them by its RESP address.
     pub fn new(nodes: Vec<Node>, me: SocketAddr) -> Result<ClusterMap, MapError> {
         const NONE: u16 = u16::MAX;
         let mut owner = vec![NONE; SLOTS as usize];
@@ -194,6 +194,12 @@ impl ClusterMap {
                 });
             }
             for &(a, b) in &n.ranges {
+                if a > b || b >= SLOTS {
+                    return Err(MapError::BadRange {
+                        node: n.addr,
+                        range: format!("{a}-{b}"),
+                    });
+                }
                 for s in a..=b {
                     let o = &mut owner[s as usize];
                     if *o != NONE {
@@ -465,6 +471,13 @@ mod tests {
         assert!(matches!(
             ClusterMap::new(three(), addr(9)),
             Err(MapError::NotAMember { .. })
+        ));
+        // A range built in code, not parsed, is checked too: refused, never an index panic.
+        let mut beyond = three();
+        beyond[2].ranges = vec![(10923, 16384)];
+        assert!(matches!(
+            ClusterMap::new(beyond, addr(7001)),
+            Err(MapError::BadRange { .. })
         ));
         assert!(parse_range(addr(1), "5-4").is_err());
         assert!(parse_range(addr(1), "0-16384").is_err());
