@@ -58,6 +58,16 @@ pub enum PlacementChoice {
     Fixed(Placement),
 }
 
+impl PlacementChoice {
+    /// The placement a client pins every request to: none when the cost policy steers.
+    pub fn pin(self) -> Option<Placement> {
+        match self {
+            PlacementChoice::Auto => None,
+            PlacementChoice::Fixed(p) => Some(p),
+        }
+    }
+}
+
 impl std::str::FromStr for PlacementChoice {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -842,10 +852,7 @@ fn run_udp_on(
     progress: &(dyn Fn(u64, u64) + Sync),
     mode: &'static str,
 ) -> anyhow::Result<YcsbResult> {
-    client.pin = match cfg.placement {
-        PlacementChoice::Auto => None,
-        PlacementChoice::Fixed(p) => Some(p),
-    };
+    client.pin = cfg.placement.pin();
     let mut setup = UdpSetup::with_config(cfg.app, client)?;
     tracing::debug!(server = %setup.config.server, app = setup.app.id, "connected to naam-server");
     setup.rdma = rdma;
@@ -872,10 +879,7 @@ pub fn run_udp_sharded(
     let mut makes = Vec::with_capacity(cfg.shards.len());
     for (shard, needed) in cfg.shards.iter().zip(per_shard) {
         let mut client = crate::udp_client::config(shard.server, cfg.app.kind())?;
-        client.pin = match cfg.placement {
-            PlacementChoice::Auto => None,
-            PlacementChoice::Fixed(p) => Some(p),
-        };
+        client.pin = cfg.placement.pin();
         let mut setup = UdpSetup::with_config(cfg.app, client)?;
         setup.metrics = metrics.clone();
         // An `Arc` with the `verbs` feature, `Infallible` (and `Copy`) without it.

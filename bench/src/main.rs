@@ -481,10 +481,7 @@ fn sim(what: SimCmd) -> anyhow::Result<ExitCode> {
             cfg.warmup_ns = warmup_ns;
             cfg.servers = servers as usize;
             cfg.loop_waits = loop_waits;
-            cfg.pin = match placement {
-                PlacementChoice::Auto => None,
-                PlacementChoice::Fixed(p) => Some(p),
-            };
+            cfg.pin = placement.pin();
             let started = std::time::Instant::now();
             let report = naam_bench::sim::run(&cfg)?;
             let wall = started.elapsed().as_secs_f64();
@@ -540,10 +537,7 @@ fn run(cmd: Cmd) -> anyhow::Result<ExitCode> {
             seconds,
             max_errors,
         } => {
-            let pin = match placement {
-                PlacementChoice::Auto => None,
-                PlacementChoice::Fixed(p) => Some(p),
-            };
+            let pin = placement.pin();
             let setup = naam_bench::driver::UdpSetup::new(app, server, pin)?;
             let mut seed = [0u8; 8];
             getrandom::fill(&mut seed).map_err(|e| anyhow::anyhow!("random seed: {e}"))?;

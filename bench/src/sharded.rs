@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
-use naam_resp::slots::{even_ranges, key_slot, SLOTS};
+use naam_resp::slots::{derived_id, even_ranges, key_slot, ClusterMap, MapError, Node, SLOTS};
 use serde::Serialize;
 
 use crate::driver::App;
@@ -43,11 +43,7 @@ pub fn even_shards(servers: &[SocketAddr]) -> anyhow::Result<Vec<Shard>> {
             servers.len()
         );
     }
-    if let Some((i, a)) = servers
-        .iter()
-        .enumerate()
-        .find(|(i, a)| servers[..*i].contains(a))
-    {
+    if let Some((i, a)) = first_repeat(servers) {
         bail!("--server: {a} is named twice (position {})", i + 1);
     }
     Ok(servers
@@ -58,6 +54,15 @@ pub fn even_shards(servers: &[SocketAddr]) -> anyhow::Result<Vec<Shard>> {
             slots: vec![range],
         })
         .collect())
+}
+
+/// The first address of `servers` that an earlier one repeats, with its position.
+fn first_repeat(servers: &[SocketAddr]) -> Option<(usize, SocketAddr)> {
+    servers
+        .iter()
+        .enumerate()
+        .find(|(i, a)| servers[..*i].contains(a))
+        .map(|(i, &a)| (i, a))
 }
 
 /// The shards of a cluster file (naam-server's `resp_cluster`, naam-resp's `--cluster`): each
@@ -71,14 +76,10 @@ pub fn cluster_file_shards(path: &Path) -> anyhow::Result<Vec<Shard>> {
         .map(|n| n.addr)
         .with_context(|| format!("cluster file {}: no [[node]]", path.display()))?;
     // The map's checks (coverage, overlaps, ids); the map itself is of RESP addresses.
-    naam_resp::slots::ClusterMap::new(nodes.clone(), first)
+    ClusterMap::new(nodes.clone(), first)
         .with_context(|| format!("cluster file {}", path.display()))?;
     let servers: Vec<SocketAddr> = file.node.iter().map(|n| n.naam).collect();
-    if let Some(dup) = servers
-        .iter()
-        .enumerate()
-        .find_map(|(i, a)| servers[..i].contains(a).then_some(a))
-    {
+    if let Some((_, dup)) = first_repeat(&servers) {
         bail!(
             "cluster file {}: naam address {dup} is given to two nodes",
             path.display()
@@ -97,7 +98,8 @@ pub fn cluster_file_shards(path: &Path) -> anyhow::Result<Vec<Shard>> {
 /// Which shard owns each slot, and how a record's key is spelt for its slot.
 #[derive(Clone, Debug)]
 pub struct SlotRoute {
-    owner: Vec<u16>,
+    /// The shards as a cluster map (node `i` is shard `i`), checked as naam-server checks one.
+    map: ClusterMap,
     app: App,
     naming: KeyNaming,
 }
@@ -106,30 +108,30 @@ impl SlotRoute {
     /// The route of `shards` (every slot owned by exactly one of them) for `app`'s keys named
     /// by `naming`.
     pub fn new(shards: &[Shard], app: App, naming: KeyNaming) -> anyhow::Result<SlotRoute> {
-        const NONE: u16 = u16::MAX;
-        let mut owner = vec![NONE; usize::from(SLOTS)];
-        for (i, s) in shards.iter().enumerate() {
-            for &(a, b) in &s.slots {
-                if a > b || b >= SLOTS {
-                    bail!("{}: slot range {a}-{b} is not within 0-16383", s.server);
-                }
-                for slot in a..=b {
-                    let o = &mut owner[usize::from(slot)];
-                    if *o != NONE {
-                        bail!(
-                            "slot {slot} is owned by both {} and {}",
-                            shards[usize::from(*o)].server,
-                            s.server
-                        );
-                    }
-                    *o = i as u16;
-                }
+        let nodes = shards
+            .iter()
+            .map(|s| Node {
+                id: derived_id(s.server),
+                addr: s.server,
+                ranges: s.slots.clone(),
+            })
+            .collect();
+        let me = shards
+            .first()
+            .map_or(SocketAddr::from(([0, 0, 0, 0], 0)), |s| s.server);
+        let map = ClusterMap::new(nodes, me).map_err(|e| match e {
+            MapError::Uncovered { slot } => anyhow::anyhow!("slot {slot} is owned by no server"),
+            MapError::Overlap {
+                slot,
+                first,
+                second,
+            } => anyhow::anyhow!("slot {slot} is owned by both {first} and {second}"),
+            MapError::BadRange { node, range } => {
+                anyhow::anyhow!("{node}: slot range {range} is not within 0-16383")
             }
-        }
-        if let Some(slot) = owner.iter().position(|&o| o == NONE) {
-            bail!("slot {slot} is owned by no server");
-        }
-        Ok(SlotRoute { owner, app, naming })
+            other => anyhow::Error::new(other),
+        })?;
+        Ok(SlotRoute { map, app, naming })
     }
 
     /// The shard of record number `n`; `key` is scratch space for its spelling.
@@ -142,7 +144,7 @@ impl SlotRoute {
                 let _ = write!(key, "{}", self.naming.number(n));
             }
         }
-        usize::from(self.owner[usize::from(key_slot(key.as_bytes()))])
+        self.map.owner_index(key_slot(key.as_bytes()))
     }
 
     /// How many of the record numbers `0..records` each of the `shards` shards owns.
@@ -353,6 +355,9 @@ mod tests {
         shards[1].slots = vec![(8000, 16383)];
         let e = SlotRoute::new(&shards, App::Mica, KeyNaming::default()).unwrap_err();
         assert!(e.to_string().contains("owned by both"), "{e}");
+        shards[1].slots = vec![(8192, 16384)];
+        let e = SlotRoute::new(&shards, App::Mica, KeyNaming::default()).unwrap_err();
+        assert!(e.to_string().contains("is not within 0-16383"), "{e}");
     }
 
     #[test]
