@@ -294,6 +294,50 @@ fn retried_writes_apply_once() {
     assert_eq!(counter, 5, "three deliveries of one request id add once");
 }
 
+/// A request handed in by a client in the server's process exists once (its client never
+/// sends it again), so its write takes no deduplication entry: the table's insert and
+/// eviction are spared. Seen from outside: the same id handed in again (which no client does)
+/// is applied again, and a datagram's write under that id afterwards is still deduplicated
+/// against its own first delivery.
+#[test]
+fn handed_in_writes_take_no_dedup_entry() {
+    let c = cluster(ClusterConfig::functional());
+    let data = c.region_key(APP, "data").unwrap();
+    let w = Descriptor {
+        rkey: data,
+        offset: 16,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    };
+    let counter = || {
+        u64::from_le_bytes(
+            c.region_snapshot(APP, "data").unwrap()[16..24]
+                .try_into()
+                .unwrap(),
+        )
+    };
+    let mut client = c.client();
+    let mut req = Request::new(
+        APP,
+        handler_id("counter_add"),
+        0xbeef,
+        Bytes::from(words(&[5])),
+        Descriptors::from_slice(&[w]).unwrap(),
+    );
+    // RETRY: the client keeps the id given, as a resend does.
+    req.flags = flags::WRITE | flags::RETRY;
+    req.handed_in = true;
+    for _ in 0..2 {
+        assert_eq!(client.send(None, req.clone()).unwrap().status, Status::Ok);
+    }
+    assert_eq!(counter(), 10, "no entry: each hand-in is applied");
+    req.handed_in = false;
+    for _ in 0..2 {
+        assert_eq!(client.send(None, req.clone()).unwrap().status, Status::Ok);
+    }
+    assert_eq!(counter(), 15, "a datagram's copies apply once");
+}
+
 #[test]
 fn owner_handoff_loses_and_duplicates_nothing() {
     // The handoff mechanism alone: a static policy never moves the owner by itself.

@@ -217,6 +217,12 @@ pub struct Request {
     /// driver sets it after checking the seal, and writes are deduplicated per (origin,
     /// request id), so one client cannot answer for another's ids.
     pub origin: u64,
+    /// Handed over by a client in the server's own process (`ServerEndpoint::
+    /// request_in_process`), never in a datagram. Not on the wire, false when decoded: such a
+    /// request exists once and is never sent again (its client waits, it does not resend), so
+    /// a write of it takes no deduplication entry, whose insert and eviction were most of the
+    /// hash-table share of a RESP front's writes (bench/RESULTS.md).
+    pub handed_in: bool,
 }
 
 impl Default for Request {
@@ -253,6 +259,7 @@ impl Request {
             descriptors,
             partial_reply: Bytes::new(),
             origin: 0,
+            handed_in: false,
         }
     }
 
@@ -315,6 +322,7 @@ impl Request {
         self.state = [0; STATE_WORDS];
         self.partial_reply = Bytes::new();
         self.origin = 0;
+        self.handed_in = false;
         Ok(())
     }
 
@@ -499,6 +507,7 @@ impl Request {
             descriptors,
             partial_reply,
             origin: 0,
+            handed_in: false,
         })
     }
 }
@@ -897,6 +906,7 @@ mod tests {
                     descriptors: Descriptors::from_slice(&ds).unwrap(),
                     partial_reply: Bytes::from(reply),
                     origin: 0,
+                    handed_in: false,
                 },
             )
     }

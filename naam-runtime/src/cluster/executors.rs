@@ -67,7 +67,8 @@ pub(super) fn serve_handler<P: DataPath>(
         let driven = executor::start(req, handler, at, &mut |_, _| Err(WriteError::NotOwner));
         return served(inner, req, driven, false);
     }
-    // Writes: only at the owner, once per (origin, request id).
+    // Writes: only at the owner, once per (origin, request id); one handed in within the
+    // process exists once ([`Request::handed_in`]), so it takes no entry.
     let refused = |c: Outcome| {
         release_owner(inner, req.app);
         Served::Done(c, 0)
@@ -80,7 +81,7 @@ pub(super) fn serve_handler<P: DataPath>(
             req.steps,
         ));
     }
-    {
+    if !req.handed_in {
         let Some(dedup) = inner.dedup(req.app) else {
             return refused(Outcome::error(
                 Status::UnknownApp,
@@ -180,7 +181,7 @@ pub(super) fn served(inner: &Inner, req: &Request, driven: Driven, write: bool) 
         }
         Driven::Done(c, cost) => {
             if write {
-                if let Some(dedup) = inner.dedup(req.app) {
+                if let Some(dedup) = inner.dedup(req.app).filter(|_| !req.handed_in) {
                     let mut t = dedup.lock().unwrap_or_else(|e| e.into_inner());
                     t.insert((req.origin, req.request_id), Dedup::Done(c.clone()));
                 }

@@ -1810,6 +1810,7 @@ impl<B: HostBackend> ServerEndpoint<B> {
             return InProcess::Dropped;
         }
         req.origin = sid;
+        req.handed_in = true;
         let refused = if let Err(e) = req.validate() {
             self.stats.malformed += 1;
             Some(malformed(
