@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """naam-server's RESP front against Debian's redis-server, with the same client (redis-benchmark).
 
-    python3 bench/resp_vs_redis.py [--rounds 3] [--bin target/release] [--out FILE]
+    python3 bench/resp_vs_redis.py [--rounds 3] [--bin target/release] [--points 16:50,1:8]
+    python3 bench/resp_vs_redis.py --baseline OTHER/naam-server   # an A/B of two builds
 
 Starts, on loopback and in a temporary directory, one naam-server per RESP path (`udp`: the
 front's commands are datagrams to the server's own UDP port, steered like any client's;
@@ -156,7 +157,25 @@ def main():
     ap.add_argument("--bin", default="target/release")
     ap.add_argument("--no-cluster", action="store_true", help="skip the three-node clusters")
     ap.add_argument("--only-cluster", action="store_true", help="only the three-node clusters")
+    ap.add_argument("--baseline", metavar="BIN",
+                    help="also an inline naam-server of this binary (another build), in the same "
+                         "rotation, for an A/B of two builds; no udp target, no clusters")
+    ap.add_argument("--points", metavar="P:C,...",
+                    help="only these (-P, -c) points, e.g. 16:50,1:8")
     args = ap.parse_args()
+    points = POINTS
+    if args.points:
+        try:
+            points = [tuple(int(x) for x in pc.split(":")) for pc in args.points.split(",")]
+        except ValueError:
+            sys.exit(f"--points {args.points!r}: write P:C pairs separated by commas")
+        if any(len(pc) != 2 or pc[0] not in REQUESTS or pc[1] < 1 for pc in points):
+            sys.exit(f"--points {args.points!r}: -P is 1 or 16, -c at least 1")
+    if args.baseline:
+        args.no_cluster = True
+        baseline = os.path.abspath(args.baseline)
+        if not os.access(baseline, os.X_OK):
+            sys.exit(f"--baseline {baseline}: not an executable")
     binary = os.path.abspath(os.path.join(args.bin, "naam-server"))
     for tool in ("redis-server", "redis-cli", "redis-benchmark"):
         if not shutil.which(tool):
@@ -166,17 +185,17 @@ def main():
     work = tempfile.mkdtemp(prefix="resp-vs-redis-")
     started = []
     try:
-        targets = {
-            "naam (udp)": Naam(binary, work, "udp"),
-            "naam (inline)": Naam(binary, work, "inline"),
-            "redis-server": Redis(work),
-        }
+        targets = {"naam (inline)": Naam(binary, work, "inline"), "redis-server": Redis(work)}
+        if args.baseline:
+            targets["baseline (inline)"] = Naam(baseline, work, "inline")
+        else:
+            targets["naam (udp)"] = Naam(binary, work, "udp")
         started += targets.values()
         results = {}  # (target, p, c, test) -> [(rps, p99)]
         names = list(targets)
         for rnd in range(0 if args.only_cluster else args.rounds):
             order = names[rnd % len(names):] + names[:rnd % len(names)]
-            for p, c in POINTS:
+            for p, c in points:
                 for name in order:
                     t = targets[name]
                     for test, v in benchmark(t.resp, t.auth(), p, c).items():
@@ -223,12 +242,28 @@ def main():
 
     print(f"{args.rounds} alternating rounds; median of the rounds; 1024-byte values, "
           f"-r 100000 keys; requests per test: {REQUESTS}, x{CLUSTER_FACTOR} for clusters\n")
+    if results and args.baseline:
+        print(f"naam: {binary}; baseline: {baseline}\n")
+        print("| test | -P | -c | redis-server ops/s | baseline inline ops/s (ratio) "
+              "| naam inline ops/s (ratio) | naam / baseline | p99 ms redis / baseline / naam |")
+        print("|---|---|---|---|---|---|---|---|")
+        for test in ("SET", "GET"):
+            for p, c in points:
+                r = results[("redis-server", p, c, test)]
+                b = results[("baseline (inline)", p, c, test)]
+                i = results[("naam (inline)", p, c, test)]
+                print(f"| {test} | {p} | {c} | {med(r, 0):,.0f} "
+                      f"| {med(b, 0):,.0f} ({med(b, 0) / med(r, 0):.2f}) "
+                      f"| {med(i, 0):,.0f} ({med(i, 0) / med(r, 0):.2f}) "
+                      f"| {med(i, 0) / med(b, 0):.2f} "
+                      f"| {med(r, 1):.2f} / {med(b, 1):.2f} / {med(i, 1):.2f} |")
+        results = {}
     if results:
         print("| test | -P | -c | redis-server ops/s | naam udp ops/s (ratio) | naam inline ops/s (ratio) "
               "| p99 ms redis / udp / inline |")
         print("|---|---|---|---|---|---|---|")
     for test in ("SET", "GET") if results else ():
-        for p, c in POINTS:
+        for p, c in points:
             r = results[("redis-server", p, c, test)]
             u = results[("naam (udp)", p, c, test)]
             i = results[("naam (inline)", p, c, test)]
