@@ -14,8 +14,9 @@ order of the targets rotates every round), runs
 
 against each, and a three-node cluster of each (three naam-servers with a cluster file; three
 redis-servers joined by `redis-cli --cluster create`) driven by `redis-benchmark --cluster`.
-Prints a Markdown table of the median requests per second and p99 latency per point, and
-NAAM's ratio to redis-server. Everything it starts it stops; every run is bounded by -n.
+Prints a Markdown table of the median requests per second, p99 latency and the server's CPU
+time per request (every thread of the server process, from /proc; SET and GET are run as two
+invocations so each has its own) per point, and NAAM's ratio to redis-server. Everything it starts it stops; every run is bounded by -n.
 
 Needs redis-server, redis-cli and redis-benchmark (scripts/setup.sh installs them) and
 release builds of naam-server (`cargo build --release -p naam-server`).
@@ -130,18 +131,36 @@ class Redis:
         self.proc.wait(timeout=20)
 
 
-def benchmark(port, auth, p, c, cluster=False):
-    """{test: (rps, p99 ms)} of one redis-benchmark run."""
+def cpu_ns(pid):
+    """Nanoseconds every thread of process `pid` has run, from /proc (schedstat)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # a thread that ended in between
+    return total
+
+
+def benchmark(port, auth, p, c, cluster=False, pid=None):
+    """{test: (rps, p99 ms, server CPU us per request or None)} of one SET run then one GET
+    run (as `-t set,get` runs them), the server's CPU read around each when `pid` is given."""
     n = REQUESTS[p] * (CLUSTER_FACTOR if cluster else 1)
-    args = ["redis-benchmark", "-p", str(port), *auth, "-t", "set,get", "-d", "1024",
-            "-r", "100000", "-P", str(p), "-c", str(c), "-n", str(n), "--csv"]
-    if cluster:
-        args.insert(1, "--cluster")
-    out = subprocess.run(args, capture_output=True, text=True, timeout=600)
-    rows = [r for r in csv.reader(io.StringIO(out.stdout)) if r and r[0] in ("SET", "GET")]
-    if len(rows) != 2 or "rror" in out.stdout + out.stderr:
-        sys.exit(f"redis-benchmark {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
-    return {r[0]: (float(r[1]), float(r[6])) for r in rows}
+    result = {}
+    for test in ("set", "get"):
+        args = ["redis-benchmark", "-p", str(port), *auth, "-t", test, "-d", "1024",
+                "-r", "100000", "-P", str(p), "-c", str(c), "-n", str(n), "--csv"]
+        if cluster:
+            args.insert(1, "--cluster")
+        before = cpu_ns(pid) if pid else None
+        out = subprocess.run(args, capture_output=True, text=True, timeout=600)
+        cpu = (cpu_ns(pid) - before) / n / 1000 if pid else None
+        rows = [r for r in csv.reader(io.StringIO(out.stdout)) if r and r[0] == test.upper()]
+        if len(rows) != 1 or "rror" in out.stdout + out.stderr:
+            sys.exit(f"redis-benchmark {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
+        result[test.upper()] = (float(rows[0][1]), float(rows[0][6]), cpu)
+    return result
 
 
 def cluster_file(nodes):
@@ -160,9 +179,15 @@ def main():
     ap.add_argument("--baseline", metavar="BIN",
                     help="also an inline naam-server of this binary (another build), in the same "
                          "rotation, for an A/B of two builds; no udp target, no clusters")
+    ap.add_argument("--scale", type=int, default=1, metavar="F",
+                    help="F times the requests per test (longer runs, steadier rates)")
     ap.add_argument("--points", metavar="P:C,...",
                     help="only these (-P, -c) points, e.g. 16:50,1:8")
     args = ap.parse_args()
+    if args.scale < 1:
+        sys.exit(f"--scale {args.scale}: at least 1")
+    for p in REQUESTS:
+        REQUESTS[p] *= args.scale
     points = POINTS
     if args.points:
         try:
@@ -191,14 +216,19 @@ def main():
         else:
             targets["naam (udp)"] = Naam(binary, work, "udp")
         started += targets.values()
-        results = {}  # (target, p, c, test) -> [(rps, p99)]
+        # One unmeasured pass each: a fresh server's first writes fault its regions' pages in
+        # (and its handlers' JIT code is built), which showed as 21 µs of server CPU a SET.
+        for t in targets.values():
+            if not args.only_cluster:
+                benchmark(t.resp, t.auth(), 16, 8)
+        results = {}  # (target, p, c, test) -> [(rps, p99 ms, server CPU µs per request)]
         names = list(targets)
         for rnd in range(0 if args.only_cluster else args.rounds):
             order = names[rnd % len(names):] + names[:rnd % len(names)]
             for p, c in points:
                 for name in order:
                     t = targets[name]
-                    for test, v in benchmark(t.resp, t.auth(), p, c).items():
+                    for test, v in benchmark(t.resp, t.auth(), p, c, pid=t.proc.pid).items():
                         results.setdefault((name, p, c, test), []).append(v)
             print(f"round {rnd + 1} of {args.rounds} done", file=sys.stderr)
         cluster_results = {}
@@ -245,8 +275,9 @@ def main():
     if results and args.baseline:
         print(f"naam: {binary}; baseline: {baseline}\n")
         print("| test | -P | -c | redis-server ops/s | baseline inline ops/s (ratio) "
-              "| naam inline ops/s (ratio) | naam / baseline | p99 ms redis / baseline / naam |")
-        print("|---|---|---|---|---|---|---|---|")
+              "| naam inline ops/s (ratio) | naam / baseline | p99 ms redis / baseline / naam "
+              "| server CPU µs/request redis / baseline / naam |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for test in ("SET", "GET"):
             for p, c in points:
                 r = results[("redis-server", p, c, test)]
@@ -256,12 +287,13 @@ def main():
                       f"| {med(b, 0):,.0f} ({med(b, 0) / med(r, 0):.2f}) "
                       f"| {med(i, 0):,.0f} ({med(i, 0) / med(r, 0):.2f}) "
                       f"| {med(i, 0) / med(b, 0):.2f} "
-                      f"| {med(r, 1):.2f} / {med(b, 1):.2f} / {med(i, 1):.2f} |")
+                      f"| {med(r, 1):.2f} / {med(b, 1):.2f} / {med(i, 1):.2f} "
+                      f"| {med(r, 2):.2f} / {med(b, 2):.2f} / {med(i, 2):.2f} |")
         results = {}
     if results:
         print("| test | -P | -c | redis-server ops/s | naam udp ops/s (ratio) | naam inline ops/s (ratio) "
-              "| p99 ms redis / udp / inline |")
-        print("|---|---|---|---|---|---|---|")
+              "| p99 ms redis / udp / inline | server CPU µs/request redis / udp / inline |")
+        print("|---|---|---|---|---|---|---|---|")
     for test in ("SET", "GET") if results else ():
         for p, c in points:
             r = results[("redis-server", p, c, test)]
@@ -269,7 +301,8 @@ def main():
             i = results[("naam (inline)", p, c, test)]
             print(f"| {test} | {p} | {c} | {med(r, 0):,.0f} | {med(u, 0):,.0f} ({med(u, 0) / med(r, 0):.2f}) "
                   f"| {med(i, 0):,.0f} ({med(i, 0) / med(r, 0):.2f}) "
-                  f"| {med(r, 1):.2f} / {med(u, 1):.2f} / {med(i, 1):.2f} |")
+                  f"| {med(r, 1):.2f} / {med(u, 1):.2f} / {med(i, 1):.2f} "
+                  f"| {med(r, 2):.2f} / {med(u, 2):.2f} / {med(i, 2):.2f} |")
     if cluster_results:
         print("\nThree-node clusters, `redis-benchmark --cluster`:\n")
         print("| test | -P | -c | redis x3 ops/s | naam x3 inline ops/s (ratio) | p99 ms redis / naam |")
