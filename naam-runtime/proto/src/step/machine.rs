@@ -48,6 +48,10 @@ impl Limits {
 /// Longest wait between two attempts of a torn optimistic read.
 pub const MAX_RETRY_BACKOFF_NS: u64 = 1_000_000;
 
+/// How much a kept reply buffer grows by at once: sixteen replies of a kilobyte, a
+/// pipeline's window of MICA values.
+const REPLY_CHUNK: usize = 16 << 10;
+
 /// The writes of one step, applied in order by the write owner: the operations as the handler
 /// queued them, read where the engine left them (no copy), the descriptors of the step's
 /// segments they name by index, and the staged bytes. The machine checked each operation
@@ -278,11 +282,12 @@ impl StepMachine {
         // what is left takes the whole allocation back if every earlier payload was dropped,
         // else starts a new one (at least as large).
         self.reply.clear();
+        self.keep_buffer = true;
         // A message that starts here has replied nothing yet: no `memcpy` call for no bytes.
         if !start.partial_reply.is_empty() {
+            self.reserve_reply(start.partial_reply.len());
             self.reply.extend_from_slice(start.partial_reply);
         }
-        self.keep_buffer = true;
         self.app = app;
         self.kind = kind;
         self.placement = placement;
@@ -447,6 +452,17 @@ impl StepMachine {
         }
     }
 
+    /// Room for a reply of `len` bytes in the (empty) reply buffer. A kept buffer grows by
+    /// [`REPLY_CHUNK`]s: the reads' payloads split off it share one allocation until every
+    /// one of them is dropped, where growing by what one reply needs made each payload that
+    /// was still held (pipelined answers waiting for their poll) an allocation of its own.
+    #[inline]
+    fn reserve_reply(&mut self, len: usize) {
+        if self.keep_buffer && self.reply.capacity() < len {
+            self.reply.reserve(REPLY_CHUNK.max(len));
+        }
+    }
+
     /// The fetch failed: the message ends with the matching error.
     pub fn fetch_failed(&mut self, e: &FetchError) -> Action {
         self.fail(e.status(), e.to_string())
@@ -485,6 +501,7 @@ impl StepMachine {
             // for no bytes) when there was and is nothing.
             if !(out.reply.is_empty() && self.reply.is_empty()) {
                 self.reply.clear();
+                self.reserve_reply(out.reply.len());
                 self.reply.extend_from_slice(out.reply);
             }
             self.state = *out.state;
