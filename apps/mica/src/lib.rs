@@ -798,7 +798,13 @@ struct InFlight {
 pub struct MicaPipeline<T: Pipeline> {
     client: MicaClient<T>,
     flying: naam_proto::intmap::IntMap<u64, InFlight>,
+    /// Args buffers of finished operations, for the next ones: an operation keeps its args
+    /// for a resubmission, and a fresh copy each was an allocation per operation.
+    spare_args: Vec<Vec<u8>>,
 }
+
+/// Args buffers a pipeline keeps for reuse at most (about a window's).
+const SPARE_ARGS: usize = 256;
 
 impl<T: Pipeline> MicaPipeline<T> {
     /// A pipeline of the table `handle` over `transport`.
@@ -806,6 +812,7 @@ impl<T: Pipeline> MicaPipeline<T> {
         MicaPipeline {
             client: MicaClient::new(transport, handle),
             flying: Default::default(),
+            spare_args: Vec::new(),
         }
     }
 
@@ -887,11 +894,14 @@ impl<T: Pipeline> MicaPipeline<T> {
     ) -> Result<(), MicaError> {
         let n_descs = self.client.prepare(handler, key, value, write)?;
         let descs = self.client.descs;
+        // The args just built go with the operation; the next are built in a spare buffer
+        // (`prepare` clears it first).
+        let spare = self.spare_args.pop().unwrap_or_default();
         let f = InFlight {
             tag,
             op,
             handler,
-            args: self.client.args.clone(),
+            args: std::mem::replace(&mut self.client.args, spare),
             descs,
             n_descs,
             attempt: 1,
@@ -909,6 +919,14 @@ impl<T: Pipeline> MicaPipeline<T> {
         Ok(())
     }
 
+    /// Keeps `args` (cleared) for a later operation's args.
+    fn spare(&mut self, mut args: Vec<u8>) {
+        if self.spare_args.len() < SPARE_ARGS {
+            args.clear();
+            self.spare_args.push(args);
+        }
+    }
+
     /// The operations that finished since the last poll, by tag; with `block`, waits a while
     /// for one when any is in flight. Operations the server answered `Busy` or `Conflict` are
     /// resubmitted (up to [`MAX_ATTEMPTS`]) and show up later.
@@ -917,66 +935,37 @@ impl<T: Pipeline> MicaPipeline<T> {
         let mut block = block;
         loop {
             let answers = self.client.transport.poll(block);
+            // One allocation for the round's answers, not one per doubling.
+            out.reserve(answers.len());
             for (token, result) in answers {
-                let Some(f) = self.flying.remove(&token) else {
+                let Some(mut f) = self.flying.remove(&token) else {
                     continue;
                 };
-                match result {
-                    Ok(r) if r.status == Status::Ok => out.push((f.tag, Ok(done(f.op, r.payload)))),
-                    Ok(r) if matches!(r.status, Status::Conflict | Status::Busy) => {
-                        if f.attempt >= MAX_ATTEMPTS {
-                            out.push((f.tag, Err(MicaError::Contended(f.op, MAX_ATTEMPTS))));
-                            continue;
-                        }
-                        let tag = f.tag;
-                        let again = InFlight {
+                // Back among the spares unless the operation is resubmitted (which takes it
+                // back from here).
+                let args = std::mem::take(&mut f.args);
+                let tag = f.tag;
+                let again = match result {
+                    Ok(r)
+                        if matches!(r.status, Status::Conflict | Status::Busy)
+                            && f.attempt < MAX_ATTEMPTS =>
+                    {
+                        InFlight {
                             attempt: f.attempt + 1,
+                            args,
                             ..f
-                        };
-                        if let Err(e) = self.submit(again) {
-                            out.push((tag, Err(e)));
                         }
                     }
-                    Ok(r)
-                        if r.status == Status::HandlerError
-                            && r.code
-                                == naam_ebpf::abi::error_code::APP_BASE + l::error::NOT_FOUND
-                            && matches!(f.op, "rmw" | "update") =>
-                    {
-                        out.push((
-                            f.tag,
-                            Ok(if f.op == "rmw" {
-                                MicaDone::Patched(None)
-                            } else {
-                                MicaDone::Updated(false)
-                            }),
-                        ))
+                    // The window was full when it was resubmitted: try on the next poll.
+                    Err(ClientError::Busy(_)) => InFlight { args, ..f },
+                    other => {
+                        self.spare(args);
+                        out.push((tag, answer(f.op, other)));
+                        continue;
                     }
-                    Ok(r)
-                        if r.status == Status::HandlerError
-                            && r.code
-                                == naam_ebpf::abi::error_code::APP_BASE + l::error::NOT_INTEGER
-                            && f.op == "incr" =>
-                    {
-                        out.push((f.tag, Ok(MicaDone::Counted(None))))
-                    }
-                    Ok(r) => out.push((
-                        f.tag,
-                        Err(MicaError::Server {
-                            op: f.op,
-                            status: r.status,
-                            code: r.code,
-                            message: String::from_utf8_lossy(&r.payload).into_owned(),
-                        }),
-                    )),
-                    Err(ClientError::Busy(_)) => {
-                        // The window was full when it was resubmitted: try on the next poll.
-                        let tag = f.tag;
-                        if let Err(e) = self.submit(f) {
-                            out.push((tag, Err(e)));
-                        }
-                    }
-                    Err(e) => out.push((f.tag, Err(e.into()))),
+                };
+                if let Err(e) = self.submit(again) {
+                    out.push((tag, Err(e)));
                 }
             }
             if !out.is_empty() || !block || self.flying.is_empty() {
@@ -1003,6 +992,45 @@ impl<T: Pipeline> MicaPipeline<T> {
             },
         )?;
         Ok(values)
+    }
+}
+
+/// What operation `op` came to, answered `result` for good (not to be resubmitted).
+fn answer(
+    op: &'static str,
+    result: Result<naam_proto::wire::Reply, ClientError>,
+) -> Result<MicaDone, MicaError> {
+    use naam_ebpf::abi::error_code::APP_BASE;
+    match result {
+        Ok(r) if r.status == Status::Ok => Ok(done(op, r.payload)),
+        Ok(r) if matches!(r.status, Status::Conflict | Status::Busy) => {
+            Err(MicaError::Contended(op, MAX_ATTEMPTS))
+        }
+        Ok(r)
+            if r.status == Status::HandlerError
+                && r.code == APP_BASE + l::error::NOT_FOUND
+                && matches!(op, "rmw" | "update") =>
+        {
+            Ok(if op == "rmw" {
+                MicaDone::Patched(None)
+            } else {
+                MicaDone::Updated(false)
+            })
+        }
+        Ok(r)
+            if r.status == Status::HandlerError
+                && r.code == APP_BASE + l::error::NOT_INTEGER
+                && op == "incr" =>
+        {
+            Ok(MicaDone::Counted(None))
+        }
+        Ok(r) => Err(MicaError::Server {
+            op,
+            status: r.status,
+            code: r.code,
+            message: String::from_utf8_lossy(&r.payload).into_owned(),
+        }),
+        Err(e) => Err(e.into()),
     }
 }
 
@@ -1038,6 +1066,7 @@ mod tests {
     struct Scripted {
         replies: Vec<Result<Status, ClientError>>,
         calls: Vec<(u32, usize)>,
+        args: Vec<Vec<u8>>,
         backoffs: Vec<u32>,
     }
 
@@ -1046,10 +1075,11 @@ mod tests {
             &mut self,
             app: u32,
             handler: u32,
-            _args: &[u8],
+            args: &[u8],
             descs: &[Descriptor],
         ) -> Result<Reply, ClientError> {
             self.calls.push((handler, descs.len()));
+            self.args.push(args.to_vec());
             let status = self.replies.remove(0)?;
             Ok(Reply {
                 app,
@@ -1074,9 +1104,64 @@ mod tests {
         let t = Scripted {
             replies,
             calls: Vec::new(),
+            args: Vec::new(),
             backoffs: Vec::new(),
         };
         MicaClient::new(t, handle)
+    }
+
+    /// A pipeline over the scripted transport, answering each submission at once.
+    fn pipeline(
+        replies: Vec<Result<Status, ClientError>>,
+    ) -> MicaPipeline<naam_proto::transport::Immediate<Scripted>> {
+        let c = client(replies);
+        MicaPipeline::new(naam_proto::transport::Immediate::new(c.transport), c.handle)
+    }
+
+    /// Polls until `p` hands back an answer.
+    fn answered<T: Pipeline>(p: &mut MicaPipeline<T>) -> (u64, Result<MicaDone, MicaError>) {
+        loop {
+            if let Some(a) = p.poll(true).pop() {
+                return a;
+            }
+        }
+    }
+
+    #[test]
+    fn a_pipeline_resubmits_busy_and_conflict_with_the_same_args_until_attempts_run_out() {
+        let mut p = pipeline(vec![
+            Ok(Status::Conflict),
+            Ok(Status::Busy),
+            Err(ClientError::Busy(Placement::Host)),
+            Ok(Status::Ok),
+            Ok(Status::Ok),
+        ]);
+        p.get(7, b"key").unwrap();
+        let (tag, done) = answered(&mut p);
+        assert_eq!(tag, 7);
+        assert!(matches!(done, Ok(MicaDone::Got(Some(_)))), "{done:?}");
+        // The next operation's args are built in a recycled buffer, its own.
+        p.put(8, b"other", b"value").unwrap();
+        let (tag, done) = answered(&mut p);
+        assert_eq!(tag, 8);
+        assert!(done.is_ok(), "{done:?}");
+        let t = p.transport().get_mut();
+        assert_eq!(t.args.len(), 5);
+        assert!(
+            t.args[..4].iter().all(|a| a == &t.args[0]),
+            "one get's args, resent"
+        );
+        assert_ne!(t.args[4], t.args[0]);
+        assert!(t.args[4].ends_with(b"othervalue"));
+
+        let mut p = pipeline(vec![Ok(Status::Conflict); MAX_ATTEMPTS as usize]);
+        p.get(9, b"key").unwrap();
+        let (_, done) = answered(&mut p);
+        assert!(
+            matches!(done, Err(MicaError::Contended("get", MAX_ATTEMPTS))),
+            "{done:?}"
+        );
+        assert_eq!(p.in_flight(), 0);
     }
 
     #[test]

@@ -123,3 +123,63 @@ fn run_to_completion_in_the_cluster_allocates_nothing_per_message() {
         "{MESSAGES} UPDATEs allocated {updates} times"
     );
 }
+
+/// Pipelined, as the RESP front and YCSB's `--pipeline` run: `WINDOW` operations in flight
+/// and their answers held until the next poll. Each operation's args are kept for its
+/// resubmission and each read's payload outlives the next message: kept in recycled buffers
+/// and shared chunks, they cost an allocation now and then, not one per message.
+#[test]
+fn pipelined_operations_in_the_cluster_allocate_less_than_once_per_message() {
+    use naam_mica::MicaPipeline;
+    use naam_proto::transport::Immediate;
+    const WINDOW: usize = 16;
+    let object = Arc::new(handlers().unwrap());
+    let mut host_only = ClusterConfig::default();
+    host_only.policy = PolicyChoice::Always(Placement::Host);
+    let cluster = Cluster::builder()
+        .config(host_only)
+        .app(app_spec(APP, &config(), object, Placement::Host).unwrap())
+        .build()
+        .unwrap();
+    let handle = MicaHandle::from_cluster(&cluster, APP, config()).unwrap();
+    let mut pipe = MicaPipeline::new(Immediate::new(cluster.client()), handle);
+    let keys: Vec<[u8; 16]> = (0..KEYS).map(key).collect();
+    let value = [7u8; 64];
+    let run = |pipe: &mut MicaPipeline<_>, writes: bool| {
+        let before = allocations();
+        let mut i = 0;
+        while i < MESSAGES {
+            for j in 0..WINDOW {
+                let k = &keys[((i + j) * 7919) % KEYS];
+                let tag = (i + j) as u64;
+                if writes {
+                    pipe.put(tag, k, &value).unwrap();
+                } else {
+                    pipe.get(tag, k).unwrap();
+                }
+            }
+            let mut answered = 0;
+            while answered < WINDOW {
+                for (_, done) in pipe.poll(true) {
+                    done.unwrap();
+                    answered += 1;
+                }
+            }
+            i += WINDOW;
+        }
+        allocations() - before
+    };
+    run(&mut pipe, true);
+    run(&mut pipe, false);
+    let (puts, gets) = (run(&mut pipe, true), run(&mut pipe, false));
+    // Per poll round, a few (the answers' vectors); per message, none.
+    let rounds = (MESSAGES / WINDOW) as u64;
+    assert!(
+        gets <= 3 * rounds,
+        "{MESSAGES} pipelined GETs allocated {gets} times ({rounds} rounds)"
+    );
+    assert!(
+        puts <= 3 * rounds + MESSAGES as u64 / 50,
+        "{MESSAGES} pipelined PUTs allocated {puts} times ({rounds} rounds)"
+    );
+}
