@@ -52,8 +52,9 @@ impl Drop for Killed {
     }
 }
 
-/// One RESP exchange: `commands` sent at once, the answers read until `replies` lines came.
-fn resp(at: SocketAddr, commands: &[Vec<&str>], replies: usize) -> Vec<String> {
+/// One RESP exchange: `commands` sent at once, and each answer's kind: a simple line
+/// (`+OK`, `-MOVED …`), `nil`, or `bulk` (a value, whatever bytes it holds).
+fn resp(at: SocketAddr, commands: &[Vec<&str>]) -> Vec<String> {
     let mut s = TcpStream::connect(at).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
@@ -65,37 +66,38 @@ fn resp(at: SocketAddr, commands: &[Vec<&str>], replies: usize) -> Vec<String> {
         }
     }
     s.write_all(&out).expect("send");
-    // Each answer here is one line (`+OK`, `-MOVED …`, `$-1`) or a bulk's header and body.
-    let mut text = String::new();
-    let mut buf = [0u8; 65536];
-    let answers = |t: &str| {
-        let mut n = 0;
-        let mut lines = t.split("\r\n");
-        while let Some(l) = lines.next() {
-            if l.starts_with('$') && l != "$-1" {
-                if lines.next().is_none() {
-                    break;
-                }
-            } else if l.is_empty() {
-                continue;
-            }
-            n += 1;
-        }
-        n
-    };
-    while answers(&text) < replies || !text.ends_with("\r\n") {
-        let n = s.read(&mut buf).expect("read");
-        assert!(n > 0, "connection closed after {text:?}");
-        text.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
+    let mut input: Vec<u8> = Vec::new();
     let mut kinds = Vec::new();
-    let mut lines = text.split("\r\n");
-    while let Some(l) = lines.next() {
-        if l.starts_with('$') && l != "$-1" {
-            lines.next();
-            kinds.push("bulk".to_string());
-        } else if !l.is_empty() {
-            kinds.push(l.to_string());
+    let mut at = 0;
+    let mut buf = [0u8; 65536];
+    while kinds.len() < commands.len() {
+        // The next answer, if `input` holds all of it: a line, or a bulk's header and body.
+        let line_end = input[at..]
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .map(|i| at + i);
+        let parsed = line_end.and_then(|end| {
+            let line = String::from_utf8_lossy(&input[at..end]).into_owned();
+            match line.strip_prefix('$').map(|n| n.parse::<i64>()) {
+                Some(Ok(-1)) => Some(("nil".to_string(), end + 2)),
+                Some(Ok(len)) => {
+                    let stop = end + 2 + len as usize + 2;
+                    (input.len() >= stop).then(|| ("bulk".to_string(), stop))
+                }
+                Some(Err(e)) => panic!("bad bulk header {line:?}: {e}"),
+                None => Some((line, end + 2)),
+            }
+        });
+        match parsed {
+            Some((kind, next)) => {
+                kinds.push(kind);
+                at = next;
+            }
+            None => {
+                let n = s.read(&mut buf).expect("read");
+                assert!(n > 0, "connection closed after {} answers", kinds.len());
+                input.extend_from_slice(&buf[..n]);
+            }
         }
     }
     kinds
@@ -211,7 +213,7 @@ fn a_sharded_ycsb_run_puts_every_record_on_its_slot_s_node() {
         let at = SocketAddr::from(([127, 0, 0, 1], *port));
         let mut asked = vec![vec!["AUTH", "mica", password.as_str()]];
         asked.extend(names.iter().map(|k| vec!["GET", k.as_str()]));
-        let answers = resp(at, &asked, asked.len());
+        let answers = resp(at, &asked);
         assert_eq!(answers[0], "+OK");
         for (name, answer) in names.iter().zip(&answers[1..]) {
             let slot = key_slot(name.as_bytes());

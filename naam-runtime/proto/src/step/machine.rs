@@ -280,7 +280,7 @@ impl StepMachine {
     ) -> Action {
         // Payloads split off the reply buffer share its allocation; a reply that does not fit
         // what is left takes the whole allocation back if every earlier payload was dropped,
-        // else starts a new one (at least as large).
+        // else starts a new one ([`StepMachine::reserve_reply`]).
         self.reply.clear();
         self.keep_buffer = true;
         // A message that starts here has replied nothing yet: no `memcpy` call for no bytes.
