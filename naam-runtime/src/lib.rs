@@ -35,7 +35,8 @@ pub mod verbs;
 
 pub use clock::{Clock, SystemClock, VirtualClock};
 pub use metrics::{
-    Metrics, MetricsShard, Percentiles, Snapshot, TransportCounts, WeightSample, MAX_LATENCY_NS,
+    HandlerSlot, Metrics, MetricsShard, Percentiles, Snapshot, TransportCounts, WeightSample,
+    MAX_LATENCY_NS,
 };
 pub use region::{
     Region, RegionMemory, RegionTable, RegisterError, Resolved, ShmError, ALL_RIGHTS, READ_ONLY,

@@ -7,10 +7,10 @@ use super::{
     bounded, error_reply, executor, recv_polling, reply_for, resume_served, run_message, serve,
     spin_for, submit, thread_vm, AgentJob, AgentResult, AgentSink, Arc, ByteArena, Bytes,
     ClientError, ClientPath, Clock, Cluster, Descriptor, Descriptors, FetchError, HandlerEntry,
-    HandlerKey, HandlerKind, HostPath, Inner, Instant, IntMap, Limits, LoadFeedback, LocalLoad,
-    MessageStart, MetricsShard, Nanos, OneSided, Ordering, Placement, Receiver, Refusal, Registry,
-    RegistryView, Reply, ReplySink, Request, Selector, Sender, Served, Status, StepMachine,
-    ThreadVm, WeightCell, Weights, WriteError,
+    HandlerKey, HandlerKind, HandlerSlot, HostPath, Inner, Instant, IntMap, Limits, LoadFeedback,
+    LocalLoad, MessageStart, MetricsShard, Nanos, OneSided, Ordering, Placement, Receiver, Refusal,
+    Registry, RegistryView, Reply, ReplySink, Request, Selector, Sender, Served, Status,
+    StepMachine, ThreadVm, WeightCell, Weights, WriteError,
 };
 
 impl Cluster {
@@ -95,6 +95,9 @@ impl OneSided for AgentTransport {
 struct Steered {
     selector: Selector,
     weights: Option<Arc<WeightCell>>,
+    /// The handler's place in this client's metrics shard, taken the first time a call runs
+    /// here: its latency is then recorded with no second lookup by handler.
+    metrics_slot: Option<HandlerSlot>,
 }
 
 /// A synchronous client of the in-process cluster (one call at a time).
@@ -360,6 +363,17 @@ impl Client {
             return self.send(choice, req);
         }
         let request_id = self.next_id();
+        let slot = {
+            // Found by `choose` just now: this lookup finds its lines in cache.
+            let Client {
+                steered, metrics, ..
+            } = self;
+            *steered
+                .entry(key)
+                .or_default()
+                .metrics_slot
+                .get_or_insert_with(|| metrics.slot(key))
+        };
         // The fields are borrowed apart: no reference count of the shared cluster state is
         // touched per message (two client threads would bounce its cache line).
         let Client {
@@ -388,9 +402,9 @@ impl Client {
             descs,
             start,
         );
-        metrics.record(
+        metrics.record_at(
             reply.placement,
-            key,
+            slot,
             end.saturating_sub(start),
             reply.status,
         );

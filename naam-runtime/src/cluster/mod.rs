@@ -40,7 +40,7 @@ use crate::fair::{FairQueue, PushError};
 use crate::intmap::IntMap;
 use crate::{Clock, SystemClock};
 use crate::{HandlerEntry, HandlerSpec, Registry, RegistryError};
-use crate::{Metrics, MetricsShard};
+use crate::{HandlerSlot, Metrics, MetricsShard};
 use crate::{RegionMemory, RegionTable};
 use naam_proto::arena::ByteArena;
 use naam_proto::steering::Selector;
