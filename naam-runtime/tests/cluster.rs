@@ -30,6 +30,26 @@ fn cluster(config: ClusterConfig) -> Cluster {
         .unwrap()
 }
 
+/// The counter word the `counter_add` tests write: the data region's third word, with every
+/// right a write needs.
+fn counter_cell(c: &Cluster) -> Descriptor {
+    Descriptor {
+        rkey: c.region_key(APP, "data").unwrap(),
+        offset: 16,
+        len: 8,
+        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
+    }
+}
+
+/// The counter word's value now.
+fn counter(c: &Cluster) -> u64 {
+    u64::from_le_bytes(
+        c.region_snapshot(APP, "data").unwrap()[16..24]
+            .try_into()
+            .unwrap(),
+    )
+}
+
 #[test]
 fn same_replies_at_every_placement_and_multi_step() {
     let c = cluster(ClusterConfig::functional());
@@ -183,12 +203,7 @@ fn full_queues_give_back_pressure_errors() {
         .unwrap();
     let ac = c.async_client();
     let data = c.region_key(APP, "data").unwrap();
-    let w = Descriptor {
-        rkey: data,
-        offset: 16,
-        len: 8,
-        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
-    };
+    let w = counter_cell(&c);
     let results = rt.block_on(async {
         let calls = (0..12).map(|_| {
             let ac = ac.clone();
@@ -219,11 +234,7 @@ fn full_queues_give_back_pressure_errors() {
     c.move_owner(APP, Placement::Nic, Duration::from_secs(1))
         .expect("no leaked in-flight writes");
     // Nothing was lost: every accepted increment landed exactly once.
-    let counter = u64::from_le_bytes(
-        c.region_snapshot(APP, "data").unwrap()[16..24]
-            .try_into()
-            .unwrap(),
-    );
+    let counter = counter(&c);
     assert_eq!(counter as usize, ok);
 }
 
@@ -265,13 +276,7 @@ async fn futures_join_all<F: std::future::Future>(
 #[test]
 fn retried_writes_apply_once() {
     let c = cluster(ClusterConfig::functional());
-    let data = c.region_key(APP, "data").unwrap();
-    let w = Descriptor {
-        rkey: data,
-        offset: 16,
-        len: 8,
-        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
-    };
+    let w = counter_cell(&c);
     let mut client = c.client();
     let mut req = Request::new(
         APP,
@@ -286,11 +291,7 @@ fn retried_writes_apply_once() {
         let r = client.send(None, req.clone()).unwrap();
         assert_eq!(r.status, Status::Ok);
     }
-    let counter = u64::from_le_bytes(
-        c.region_snapshot(APP, "data").unwrap()[16..24]
-            .try_into()
-            .unwrap(),
-    );
+    let counter = counter(&c);
     assert_eq!(counter, 5, "three deliveries of one request id add once");
 }
 
@@ -302,20 +303,7 @@ fn retried_writes_apply_once() {
 #[test]
 fn handed_in_writes_take_no_dedup_entry() {
     let c = cluster(ClusterConfig::functional());
-    let data = c.region_key(APP, "data").unwrap();
-    let w = Descriptor {
-        rkey: data,
-        offset: 16,
-        len: 8,
-        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
-    };
-    let counter = || {
-        u64::from_le_bytes(
-            c.region_snapshot(APP, "data").unwrap()[16..24]
-                .try_into()
-                .unwrap(),
-        )
-    };
+    let w = counter_cell(&c);
     let mut client = c.client();
     let mut req = Request::new(
         APP,
@@ -330,12 +318,12 @@ fn handed_in_writes_take_no_dedup_entry() {
     for _ in 0..2 {
         assert_eq!(client.send(None, req.clone()).unwrap().status, Status::Ok);
     }
-    assert_eq!(counter(), 10, "no entry: each hand-in is applied");
+    assert_eq!(counter(&c), 10, "no entry: each hand-in is applied");
     req.handed_in = false;
     for _ in 0..2 {
         assert_eq!(client.send(None, req.clone()).unwrap().status, Status::Ok);
     }
-    assert_eq!(counter(), 15, "a datagram's copies apply once");
+    assert_eq!(counter(&c), 15, "a datagram's copies apply once");
 }
 
 #[test]
@@ -345,13 +333,7 @@ fn owner_handoff_loses_and_duplicates_nothing() {
     config.policy = PolicyChoice::Always(Placement::Host);
     config.nic_executors = 1;
     let c = Arc::new(cluster(config));
-    let data = c.region_key(APP, "data").unwrap();
-    let w = Descriptor {
-        rkey: data,
-        offset: 16,
-        len: 8,
-        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
-    };
+    let w = counter_cell(&c);
     let writer = {
         let c = c.clone();
         std::thread::spawn(move || {
@@ -389,11 +371,7 @@ fn owner_handoff_loses_and_duplicates_nothing() {
     }
     let applied = writer.join().unwrap();
     assert_eq!(epochs, 10);
-    let counter = u64::from_le_bytes(
-        c.region_snapshot(APP, "data").unwrap()[16..24]
-            .try_into()
-            .unwrap(),
-    );
+    let counter = counter(&c);
     assert_eq!(counter, applied);
     assert_eq!(applied, 3000);
 }
@@ -518,13 +496,7 @@ fn optimistic_reads_are_never_torn_at_any_placement() {
 #[test]
 fn steering_moves_the_write_owner_off_a_congested_host() {
     let c = Arc::new(cluster(ClusterConfig::functional()));
-    let data = c.region_key(APP, "data").unwrap();
-    let w = Descriptor {
-        rkey: data,
-        offset: 16,
-        len: 8,
-        access: ACCESS_READ | ACCESS_WRITE | ACCESS_ATOMIC,
-    };
+    let w = counter_cell(&c);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // Reads keep every placement's signals fresh (probes); writes go to the owner.
     let reader = {
@@ -574,11 +546,7 @@ fn steering_moves_the_write_owner_off_a_congested_host() {
         Some(Placement::Nic),
         "the owner left the congested host"
     );
-    let counter = u64::from_le_bytes(
-        c.region_snapshot(APP, "data").unwrap()[16..24]
-            .try_into()
-            .unwrap(),
-    );
+    let counter = counter(&c);
     assert_eq!(
         counter, applied,
         "no write lost or doubled across the handoff"

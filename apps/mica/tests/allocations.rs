@@ -102,8 +102,9 @@ fn direct_execution_allocates_nothing_per_message() {
     assert_eq!(updates, 0, "{MESSAGES} UPDATEs allocated {updates} times");
 }
 
-#[test]
-fn run_to_completion_in_the_cluster_allocates_nothing_per_message() {
+/// A cluster whose steering keeps every read at the host (so a client runs it to completion
+/// in its own thread), serving the MICA table, and the table's handle.
+fn host_only_cluster() -> (Cluster, MicaHandle) {
     let object = Arc::new(handlers().unwrap());
     let mut host_only = ClusterConfig::default();
     host_only.policy = PolicyChoice::Always(Placement::Host);
@@ -113,6 +114,12 @@ fn run_to_completion_in_the_cluster_allocates_nothing_per_message() {
         .build()
         .unwrap();
     let handle = MicaHandle::from_cluster(&cluster, APP, config()).unwrap();
+    (cluster, handle)
+}
+
+#[test]
+fn run_to_completion_in_the_cluster_allocates_nothing_per_message() {
+    let (cluster, handle) = host_only_cluster();
     let mut client = MicaClient::new(cluster.client(), handle);
     let (gets, updates) = count(&mut client);
     assert_eq!(gets, 0, "{MESSAGES} GETs allocated {gets} times");
@@ -133,15 +140,7 @@ fn pipelined_operations_in_the_cluster_allocate_less_than_once_per_message() {
     use naam_mica::MicaPipeline;
     use naam_proto::transport::Immediate;
     const WINDOW: usize = 16;
-    let object = Arc::new(handlers().unwrap());
-    let mut host_only = ClusterConfig::default();
-    host_only.policy = PolicyChoice::Always(Placement::Host);
-    let cluster = Cluster::builder()
-        .config(host_only)
-        .app(app_spec(APP, &config(), object, Placement::Host).unwrap())
-        .build()
-        .unwrap();
-    let handle = MicaHandle::from_cluster(&cluster, APP, config()).unwrap();
+    let (cluster, handle) = host_only_cluster();
     let mut pipe = MicaPipeline::new(Immediate::new(cluster.client()), handle);
     let keys: Vec<[u8; 16]> = (0..KEYS).map(key).collect();
     let value = [7u8; 64];
