@@ -272,37 +272,30 @@ def main():
 
     print(f"{args.rounds} alternating rounds; median of the rounds; 1024-byte values, "
           f"-r 100000 keys; requests per test: {REQUESTS}, x{CLUSTER_FACTOR} for clusters\n")
-    if results and args.baseline:
-        print(f"naam: {binary}; baseline: {baseline}\n")
-        print("| test | -P | -c | redis-server ops/s | baseline inline ops/s (ratio) "
-              "| naam inline ops/s (ratio) | naam / baseline | p99 ms redis / baseline / naam "
-              "| server CPU µs/request redis / baseline / naam |")
-        print("|---|---|---|---|---|---|---|---|---|")
+    if results:
+        # The inline path against redis-server and a second naam target: the UDP path, or
+        # with --baseline the other build's inline path (and the ratio of the two builds).
+        if args.baseline:
+            print(f"naam: {binary}; baseline: {baseline}\n")
+            other, label, short, mine = "baseline (inline)", "baseline inline", "baseline", "naam"
+        else:
+            other, label, short, mine = "naam (udp)", "naam udp", "udp", "inline"
+        builds = " naam / baseline |" if args.baseline else ""
+        print(f"| test | -P | -c | redis-server ops/s | {label} ops/s (ratio) "
+              f"| naam inline ops/s (ratio) |{builds} p99 ms redis / {short} / {mine} "
+              f"| server CPU µs/request redis / {short} / {mine} |")
+        print("|---" * (9 if args.baseline else 8) + "|")
         for test in ("SET", "GET"):
             for p, c in points:
                 r = results[("redis-server", p, c, test)]
-                b = results[("baseline (inline)", p, c, test)]
+                o = results[(other, p, c, test)]
                 i = results[("naam (inline)", p, c, test)]
+                ratio = f" {med(i, 0) / med(o, 0):.2f} |" if args.baseline else ""
                 print(f"| {test} | {p} | {c} | {med(r, 0):,.0f} "
-                      f"| {med(b, 0):,.0f} ({med(b, 0) / med(r, 0):.2f}) "
-                      f"| {med(i, 0):,.0f} ({med(i, 0) / med(r, 0):.2f}) "
-                      f"| {med(i, 0) / med(b, 0):.2f} "
-                      f"| {med(r, 1):.2f} / {med(b, 1):.2f} / {med(i, 1):.2f} "
-                      f"| {med(r, 2):.2f} / {med(b, 2):.2f} / {med(i, 2):.2f} |")
-        results = {}
-    if results:
-        print("| test | -P | -c | redis-server ops/s | naam udp ops/s (ratio) | naam inline ops/s (ratio) "
-              "| p99 ms redis / udp / inline | server CPU µs/request redis / udp / inline |")
-        print("|---|---|---|---|---|---|---|---|")
-    for test in ("SET", "GET") if results else ():
-        for p, c in points:
-            r = results[("redis-server", p, c, test)]
-            u = results[("naam (udp)", p, c, test)]
-            i = results[("naam (inline)", p, c, test)]
-            print(f"| {test} | {p} | {c} | {med(r, 0):,.0f} | {med(u, 0):,.0f} ({med(u, 0) / med(r, 0):.2f}) "
-                  f"| {med(i, 0):,.0f} ({med(i, 0) / med(r, 0):.2f}) "
-                  f"| {med(r, 1):.2f} / {med(u, 1):.2f} / {med(i, 1):.2f} "
-                  f"| {med(r, 2):.2f} / {med(u, 2):.2f} / {med(i, 2):.2f} |")
+                      f"| {med(o, 0):,.0f} ({med(o, 0) / med(r, 0):.2f}) "
+                      f"| {med(i, 0):,.0f} ({med(i, 0) / med(r, 0):.2f}) |{ratio} "
+                      f"{med(r, 1):.2f} / {med(o, 1):.2f} / {med(i, 1):.2f} "
+                      f"| {med(r, 2):.2f} / {med(o, 2):.2f} / {med(i, 2):.2f} |")
     if cluster_results:
         print("\nThree-node clusters, `redis-benchmark --cluster`:\n")
         print("| test | -P | -c | redis x3 ops/s | naam x3 inline ops/s (ratio) | p99 ms redis / naam |")
