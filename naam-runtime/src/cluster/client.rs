@@ -100,6 +100,23 @@ struct Steered {
     metrics_slot: Option<HandlerSlot>,
 }
 
+impl Steered {
+    /// A read's weighted pick among the placements that can take it, by the weights the
+    /// steering published for handler `key` (the host's alone until it has).
+    fn pick(&mut self, inner: &Inner, key: HandlerKey) -> Option<Placement> {
+        if self.weights.is_none() {
+            self.weights = inner.weight_cell(key);
+        }
+        let weights = self
+            .weights
+            .as_ref()
+            .map_or(Weights::all(Placement::Host), |c| c.load());
+        self.selector.pick(&weights, |p| {
+            (p == Placement::Client && inner.agent_available()) || inner.queues[p.index()].is_some()
+        })
+    }
+}
+
 /// A synchronous client of the in-process cluster (one call at a time).
 pub struct Client {
     inner: Arc<Inner>,
@@ -169,21 +186,7 @@ impl Client {
     ) -> Option<Placement> {
         match placement {
             Some(p) => Some(p),
-            None if is_read => {
-                let inner = &self.inner;
-                let steered = self.steered.entry(key).or_default();
-                if steered.weights.is_none() {
-                    steered.weights = inner.weight_cell(key);
-                }
-                let weights = steered
-                    .weights
-                    .as_ref()
-                    .map_or(Weights::all(Placement::Host), |c| c.load());
-                steered.selector.pick(&weights, |p| {
-                    (p == Placement::Client && inner.agent_available())
-                        || inner.queues[p.index()].is_some()
-                })
-            }
+            None if is_read => self.steered.entry(key).or_default().pick(&self.inner, key),
             None => None,
         }
     }
@@ -357,23 +360,18 @@ impl Client {
             let req = self.request(app, handler, args, descs)?;
             return self.send(placement, req);
         }
-        let choice = self.choose(placement, key, true);
+        // One lookup of the handler's steering entry serves the pick and the metrics slot.
+        let steered = self.steered.entry(key).or_default();
+        let choice = placement.or_else(|| steered.pick(&self.inner, key));
         if choice != Some(Placement::Host) || self.inner.queues[Placement::Host.index()].is_none() {
             let req = self.request(app, handler, args, descs)?;
             return self.send(choice, req);
         }
+        let metrics = &self.metrics;
+        let slot = *steered
+            .metrics_slot
+            .get_or_insert_with(|| metrics.slot(key));
         let request_id = self.next_id();
-        let slot = {
-            // Found by `choose` just now: this lookup finds its lines in cache.
-            let Client {
-                steered, metrics, ..
-            } = self;
-            *steered
-                .entry(key)
-                .or_default()
-                .metrics_slot
-                .get_or_insert_with(|| metrics.slot(key))
-        };
         // The fields are borrowed apart: no reference count of the shared cluster state is
         // touched per message (two client threads would bounce its cache line).
         let Client {
