@@ -202,7 +202,6 @@ fn full_queues_give_back_pressure_errors() {
         .build()
         .unwrap();
     let ac = c.async_client();
-    let data = c.region_key(APP, "data").unwrap();
     let w = counter_cell(&c);
     let results = rt.block_on(async {
         let calls = (0..12).map(|_| {
